@@ -1,0 +1,195 @@
+"""The typed schema every run is checked against, and the loader that merges
+YAML presets with `key=value` overrides through omegaconf.
+
+Every error here is a `ConfigError` whose message is one line naming the key and
+what is allowed, so the CLI can print it instead of a traceback.
+"""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+CONFIG_DIR = Path(__file__).resolve().parent
+PRECISIONS = ("fp32", "bf16", "fp16")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+class ConfigError(ValueError):
+    """A bad key or value in the run configuration (one line, says what to do)."""
+
+
+@dataclass
+class RunConfig:
+    # What to train.
+    strategy: str = "single"
+    model: str = "gpt-nano"
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    # `markov` (synthetic, known loss floor) or a path to a nanoGPT-style uint16 token file.
+    data: str = "markov"
+    data_samples: int = 4096  # sequences in the synthetic data set (one epoch)
+    seq_len: int = 64
+    # Batch: `batch_size` is the global batch in sequences, the same for every world size;
+    # the per-rank micro-batch and the accumulation steps are derived from it.
+    batch_size: int = 16
+    micro_batch: Optional[int] = None  # per rank and micro-step; default batch_size / world size
+    grad_accum: Optional[int] = None  # alternative to micro_batch
+    steps: int = 20
+    # Optimisation (AdamW, linear warmup then cosine to min_lr).
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 2
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping
+    precision: str = "fp32"
+    seed: int = 1337
+    # Where and how it runs.
+    device: str = "auto"
+    nproc: Optional[int] = None  # start this many local processes when no launcher did
+    pg_timeout_s: float = 300.0  # process-group timeout: a lost rank fails the job after this
+    out_dir: str = "runs/train"
+    log_every: int = 10  # host sync and metrics flush interval, in steps
+    timing_warmup: int = 2  # steps left out of throughput figures
+    # Backend options: passed to the strategy plugin as keyword arguments.
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    deepspeed_config: Optional[str] = None  # a user's DeepSpeed JSON, merged over the built one
+    compile: bool = False
+    activation_checkpointing: bool = False
+    # Checkpoints.
+    checkpoint_every: int = 0  # 0: never
+    keep_last: int = 2
+    resume: Optional[str] = None  # `auto` or a checkpoint path
+
+    def world_batch(self, world_size: int) -> tuple[int, int]:
+        """(micro_batch, grad_accum) for this world size; the product with world_size is batch_size."""
+        per_rank, rem = divmod(self.batch_size, world_size)
+        if rem:
+            raise ConfigError(
+                f"batch_size={self.batch_size} does not divide over {world_size} processes: "
+                f"choose a batch_size that is a multiple of {world_size}"
+            )
+        if self.micro_batch is not None and self.grad_accum is not None:
+            if self.micro_batch * self.grad_accum != per_rank:
+                raise ConfigError(
+                    f"micro_batch={self.micro_batch} x grad_accum={self.grad_accum} x {world_size} processes "
+                    f"!= batch_size={self.batch_size}: set only one of micro_batch and grad_accum"
+                )
+            return self.micro_batch, self.grad_accum
+        if self.grad_accum is not None:
+            micro, rem = divmod(per_rank, self.grad_accum)
+            if rem or micro == 0:
+                raise ConfigError(
+                    f"grad_accum={self.grad_accum} does not divide the per-process batch {per_rank} "
+                    f"(batch_size={self.batch_size} / {world_size} processes)"
+                )
+            return micro, self.grad_accum
+        micro = self.micro_batch or per_rank
+        accum, rem = divmod(per_rank, micro)
+        if rem or accum == 0:
+            raise ConfigError(
+                f"micro_batch={micro} does not divide the per-process batch {per_rank} "
+                f"(batch_size={self.batch_size} / {world_size} processes)"
+            )
+        return micro, accum
+
+
+_POSITIVE_INTS = ("data_samples", "seq_len", "batch_size", "steps", "log_every", "keep_last")
+_NON_NEGATIVE = ("warmup_steps", "timing_warmup", "checkpoint_every", "grad_clip", "weight_decay", "min_lr")
+
+
+def _validate(cfg: RunConfig) -> None:
+    for name in _POSITIVE_INTS:
+        if getattr(cfg, name) <= 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must be a positive number")
+    for name in _NON_NEGATIVE:
+        if getattr(cfg, name) < 0:
+            raise ConfigError(f"{name}={getattr(cfg, name)} must not be negative")
+    for name in ("micro_batch", "grad_accum", "nproc"):
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise ConfigError(f"{name}={value} must be a positive number (or leave it unset)")
+    if cfg.lr <= 0:
+        raise ConfigError(f"lr={cfg.lr} must be positive")
+    if cfg.precision not in PRECISIONS:
+        raise ConfigError(f"precision={cfg.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if cfg.device not in DEVICES:
+        raise ConfigError(f"device={cfg.device!r} is not one of {', '.join(DEVICES)}")
+    if not 0 <= cfg.beta1 < 1 or not 0 <= cfg.beta2 < 1:
+        raise ConfigError(f"beta1={cfg.beta1}, beta2={cfg.beta2}: each must be in [0, 1)")
+    if cfg.pg_timeout_s <= 0:
+        raise ConfigError(f"pg_timeout_s={cfg.pg_timeout_s} must be positive")
+
+
+def _key_help(bad_key: str) -> str:
+    known = [f.name for f in fields(RunConfig)]
+    close = difflib.get_close_matches(bad_key, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return f"unknown config key {bad_key!r}: {hint}known keys: {', '.join(known)}"
+
+
+def _read_yaml(path: str) -> DictConfig:
+    candidate = Path(path)
+    if not candidate.exists() and (CONFIG_DIR / path).exists():
+        candidate = CONFIG_DIR / path
+    if not candidate.exists() and (CONFIG_DIR / f"{path}.yaml").exists():
+        candidate = CONFIG_DIR / f"{path}.yaml"
+    if not candidate.is_file():
+        raise ConfigError(f"config file {path!r} not found: give a YAML path or a preset name from {CONFIG_DIR}")
+    try:
+        loaded = OmegaConf.load(candidate)
+    except Exception as exc:  # yaml.YAMLError and friends: one line, not a parser traceback
+        raise ConfigError(f"config file {candidate} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"config file {candidate} must hold a mapping of key: value")
+    return loaded
+
+
+def parse_overrides(args: list[str]) -> list[str]:
+    """Check that each argument is `key=value` and return them as an omegaconf dotlist."""
+    for arg in args:
+        if "=" not in arg or arg.startswith("="):
+            raise ConfigError(f"argument {arg!r} is not key=value (for example steps=20)")
+    return list(args)
+
+
+def load_config(args: list[str], schema: type = RunConfig) -> Any:
+    """Merge the schema defaults, an optional `config=<yaml>` preset and `key=value` overrides.
+
+    Returns an instance of `schema` (a plain dataclass), checked key by key.
+    """
+    overrides = parse_overrides(args)
+    preset = [a.split("=", 1)[1] for a in overrides if a.startswith("config=")]
+    overrides = [a for a in overrides if not a.startswith("config=")]
+    base = OmegaConf.structured(schema)
+    try:
+        layers = [base] + [_read_yaml(p) for p in preset] + [OmegaConf.from_dotlist(overrides)]
+        merged = OmegaConf.merge(*layers)
+        cfg = OmegaConf.to_object(merged)
+    except ConfigError:
+        raise
+    except OmegaConfBaseException as exc:
+        raise ConfigError(_omegaconf_message(exc)) from None
+    if isinstance(cfg, RunConfig):
+        _validate(cfg)
+    return cfg
+
+
+def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+    key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
+    text = str(exc).splitlines()[0]
+    if "not in struct" in text or "Key '" in text and "not in" in text:
+        return _key_help(str(key).split(".")[0])
+    if key:
+        return f"bad value for {key!r}: {text}"
+    return text
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A JSON-friendly copy of a config dataclass."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True)  # type: ignore[return-value]

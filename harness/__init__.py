@@ -1,0 +1,1 @@
+"""What runs the strategies: launching, the training loop, measurement, comparison, reports."""

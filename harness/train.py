@@ -1,0 +1,180 @@
+"""`runner.py train`: one strategy, one model, one data set, under any launcher.
+
+The loop is the same for every backend; what differs lives behind the Strategy
+verbs. Writes <out_dir>/metrics.jsonl (a line per step) and <out_dir>/summary.json.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from configs.schema import RunConfig, to_dict
+from harness import distributed, hardware
+from harness.metrics import StepMetrics
+from harness.optim import adamw_factory, lr_at
+from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
+from models.zoo import build_model, flops_per_token, num_params
+from strategies.base import RunContext, Strategy
+from strategies.registry import default_registry
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def library_versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"python": platform.python_version(), "torch": torch.__version__}
+    for name in ("deepspeed", "accelerate"):
+        module = sys.modules.get(name)
+        if module is None:
+            try:
+                from importlib.metadata import version
+
+                versions[name] = version(name)
+            except Exception:
+                versions[name] = None
+        else:
+            versions[name] = getattr(module, "__version__", None)
+    return versions
+
+
+def _prepare_model(cfg: RunConfig) -> torch.nn.Module:
+    # Built on the CPU from the seed, identically on every rank, before any wrapping:
+    # every strategy starts from the same weights.
+    seed_everything(cfg.seed)
+    model = build_model(cfg.model, cfg.model_kwargs)
+    if cfg.activation_checkpointing:
+        if not hasattr(model, "activation_checkpointing"):
+            raise ValueError(f"model {cfg.model!r} has no activation_checkpointing switch")
+        model.activation_checkpointing = True
+    if cfg.compile:
+        # Per block, as torchtitan does: each block compiles once and FSDP can wrap it.
+        blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
+        for block in blocks or [model]:
+            block.compile()
+    return model
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Train under the current launcher's process group; returns the summary (on every rank)."""
+    env = distributed.init(cfg.device, cfg.pg_timeout_s)
+    strategy: Strategy | None = None
+    try:
+        micro_batch, grad_accum = cfg.world_batch(env.world_size)
+        model = _prepare_model(cfg)
+        data = load_data(
+            cfg.data, vocab_size=getattr(model, "vocab_size", None), seq_len=cfg.seq_len,
+            num_samples=cfg.data_samples, seed=cfg.seed,
+        )
+        schedule = GlobalBatchSchedule(len(data), cfg.batch_size, cfg.seed)
+        ctx = RunContext(
+            rank=env.rank, world_size=env.world_size, local_rank=env.local_rank, device=env.device,
+            precision=cfg.precision, micro_batch=micro_batch, grad_accum=grad_accum,
+            grad_clip=cfg.grad_clip, config=cfg,
+        )
+        strategy = default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+        n_params, fpt = num_params(model), flops_per_token(model, cfg.seq_len)
+        hardware.reset_peak_memory(env.device)
+        model, _ = strategy.setup(model, adamw_factory(cfg.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay))
+        metrics = StepMetrics(
+            env=env, out_dir=Path(cfg.out_dir), tokens_per_step=cfg.batch_size * cfg.seq_len,
+            flops_per_token=fpt, precision=cfg.precision, timing_warmup=cfg.timing_warmup,
+            printer=_rank0_print(env),
+        )
+        _rank0_print(env)(
+            f"parabench train | strategy {cfg.strategy} | model {cfg.model} ({n_params / 1e6:.2f}M params) | "
+            f"{env.world_size} x {hardware.device_name(env.device)} | {cfg.precision} | global batch "
+            f"{cfg.batch_size} = {env.world_size} ranks x {micro_batch} x {grad_accum} accum | "
+            f"loss floor {_fmt(getattr(data, 'loss_floor', None))}"
+        )
+        started = time.time()
+        metrics.start(first_step=0)
+        memory = None
+        for step in range(cfg.steps):
+            lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
+            strategy.set_lr(lr)
+            step_loss = torch.zeros((), device=env.device)
+            for micro in range(grad_accum):
+                rows = data.batch(schedule.micro_indices(step, micro, env.rank, env.world_size, micro_batch))
+                inputs, targets = (t.to(env.device, non_blocking=True) for t in split_inputs_targets(_pin(rows, env)))
+                sync_ctx = strategy.no_sync() if micro < grad_accum - 1 else contextlib.nullcontext()
+                with sync_ctx:
+                    with strategy.autocast():
+                        loss = model(inputs, targets)
+                    strategy.backward(loss)
+                step_loss += loss.detach().float() / grad_accum
+            if step == min(1, cfg.steps - 1):
+                # Measured between backward and step of the second step: gradients are
+                # held, and the optimizer state exists since the first step.
+                memory = strategy.memory_breakdown()
+            strategy.step()
+            metrics.record(step, lr, step_loss)
+            if metrics.should_flush(step, cfg.log_every, cfg.steps - 1):
+                metrics.flush(memory or strategy.memory_breakdown())
+        summary = _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started)
+        if env.is_main:
+            (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        return summary
+    finally:
+        if strategy is not None:
+            strategy.teardown()
+        distributed.shutdown()
+
+
+def _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started) -> dict:
+    last = metrics.rows[-1] if metrics.rows else {}
+    return {
+        "strategy": cfg.strategy,
+        "description": type(strategy).description,
+        "config": to_dict(cfg),
+        "world_size": env.world_size,
+        "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1),
+        "device": hardware.device_name(env.device),
+        "device_type": env.device.type,
+        "micro_batch": micro_batch,
+        "grad_accum": grad_accum,
+        "num_params": n_params,
+        "flops_per_token": fpt,
+        "tokens_per_step": cfg.batch_size * cfg.seq_len,
+        "loss_floor": getattr(data, "loss_floor", None),
+        "steps": len(metrics.rows),
+        "final_loss": last.get("loss"),
+        **metrics.throughput(),
+        "peak_mem_allocated_bytes": last.get("peak_mem_allocated_bytes"),
+        "peak_mem_reserved_bytes": last.get("peak_mem_reserved_bytes"),
+        "mem_params_bytes": last.get("mem_params_bytes"),
+        "mem_grads_bytes": last.get("mem_grads_bytes"),
+        "mem_optimizer_bytes": last.get("mem_optimizer_bytes"),
+        "memory_by_device_rank0": memory.as_dict(),
+        "wall_time_s": time.time() - started,
+        "versions": library_versions(),
+    }
+
+
+def _pin(rows: torch.Tensor, env: distributed.DistEnv) -> torch.Tensor:
+    # Pinned host memory lets the copy to the GPU run asynchronously (non_blocking).
+    return rows.pin_memory() if env.device.type == "cuda" else rows
+
+
+def _rank0_print(env: distributed.DistEnv):
+    def printer(message: str) -> None:
+        if env.is_main:
+            print(message, flush=True)
+
+    return printer
+
+
+def _fmt(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.4f}"

@@ -1,0 +1,141 @@
+"""A GPT in the nanoGPT style: pre-norm blocks, SDPA attention, tied embeddings.
+
+The contract every parabench model keeps: `forward(inputs, targets) -> loss`,
+plus `num_params()` and `flops_per_token(seq_len)` for MFU.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    vocab_size: int = 50304  # GPT-2's 50257 padded to a multiple of 64 for fast matmuls
+    block_size: int = 1024
+    bias: bool = False
+    dropout: float = 0.0
+
+
+PRESETS: dict[str, GPTConfig] = {
+    "gpt-nano": GPTConfig(n_layer=2, n_head=2, n_embd=64, vocab_size=128, block_size=256),
+    "gpt-micro": GPTConfig(n_layer=4, n_head=4, n_embd=128, vocab_size=512, block_size=256),
+    "gpt-mini": GPTConfig(n_layer=6, n_head=6, n_embd=384, vocab_size=4096, block_size=512),
+    "gpt2-124m": GPTConfig(n_layer=12, n_head=12, n_embd=768),
+    "gpt2-350m": GPTConfig(n_layer=24, n_head=16, n_embd=1024),
+    "gpt2-774m": GPTConfig(n_layer=36, n_head=20, n_embd=1280),
+    "gpt2-1.5b": GPTConfig(n_layer=48, n_head=25, n_embd=1600),
+}
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        if cfg.n_embd % cfg.n_head:
+            raise ValueError(f"n_embd={cfg.n_embd} must be a multiple of n_head={cfg.n_head}")
+        self.n_head = cfg.n_head
+        self.dropout = cfg.dropout
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # SDPA picks flash/memory-efficient kernels on GPU: the T x T score matrix is never stored.
+        y = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
+        )
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.gelu(self.c_fc(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.config = cfg
+        self.activation_checkpointing = False
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+        self.apply(self._init_weights)
+        # GPT-2's scaled init of the residual projections.
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def transformer_blocks(self) -> list[nn.Module]:
+        """The repeated blocks: the unit that FSDP shards and checkpointing recomputes."""
+        return list(self.blocks)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        T = inputs.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
+        pos = torch.arange(T, device=inputs.device)
+        x = self.drop(self.wte(inputs) + self.wpe(pos))
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters, counted once though tied; position embeddings left out by default
+        (they cost no matmul flops), as nanoGPT and PaLM count N."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """6N + 12·L·H·Q·T (PaLM appendix B): the matmuls plus attention, forward and backward."""
+        c = self.config
+        return 6 * self.num_params() + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * seq_len

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""parabench: train the same model on the same data under DDP, FSDP, DeepSpeed ZeRO
+and Accelerate, and compare memory, throughput and loss curves.
+
+    python runner.py train   strategy=fsdp nproc=2 model=gpt-nano steps=20 out_dir=runs/x
+    python runner.py compare [strategies=[ddp,fsdp]] [key=value ...]
+    python runner.py plan    model=gpt2-1.5b gpus=8 gpu_mem_gb=80
+    python runner.py report  <compare out_dir>
+    python runner.py export  <checkpoint> <file.safetensors>
+    python runner.py list
+
+Works unchanged under torchrun, `deepspeed` and `accelerate launch`.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import sys
+
+# Each subcommand lives in its own module with `main(args) -> int`.
+COMMANDS = {
+    "train": "harness.train_cli",
+    "compare": "harness.compare",
+    "report": "harness.report",
+    "plan": "harness.plan",
+    "list": "harness.listing",
+    "export": "harness.export",
+}
+
+_LOCAL_RANK_FLAG = re.compile(r"^--local[_-]rank(=(\d+))?$")
+
+
+def _strip_launcher_flags(args: list[str]) -> list[str]:
+    """The `deepspeed` launcher passes --local_rank=N ahead of our own arguments."""
+    out: list[str] = []
+    skip_next = False
+    for i, arg in enumerate(args):
+        if skip_next:
+            skip_next = False
+            continue
+        match = _LOCAL_RANK_FLAG.match(arg)
+        if not match:
+            out.append(arg)
+            continue
+        value = match.group(2)
+        if value is None and i + 1 < len(args):
+            value, skip_next = args[i + 1], True
+        if value is not None:
+            os.environ.setdefault("LOCAL_RANK", value)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _strip_launcher_flags(list(sys.argv[1:] if argv is None else argv))
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        return 0
+    command, rest = args[0], args[1:]
+    if command not in COMMANDS:
+        print(f"parabench: error: unknown command {command!r}: use one of {', '.join(COMMANDS)}", file=sys.stderr)
+        return 2
+    # Imported late: `list` and `plan` need not pay for torch.distributed start-up.
+    module = importlib.import_module(COMMANDS[command])
+    try:
+        return int(module.main(rest) or 0)
+    except ValueError as exc:  # every user-facing error class derives from ValueError
+        print(f"parabench: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,50 @@
+"""`ddp`: torch DistributedDataParallel, every rank a full replica, gradients all-reduced."""
+from __future__ import annotations
+
+from typing import ContextManager
+
+import torch
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+from strategies.base import OptimizerFactory, RunContext
+from strategies.single import SingleDeviceStrategy
+
+
+class DDPStrategy(SingleDeviceStrategy):
+    description = "DistributedDataParallel: full replica per rank, bucketed gradient all-reduce"
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        bucket_cap_mb: float = 25.0,
+        find_unused_parameters: bool = False,
+        gradient_as_bucket_view: bool = True,
+        static_graph: bool = False,
+    ):
+        super().__init__(ctx)
+        self.ddp_kwargs = dict(
+            bucket_cap_mb=float(bucket_cap_mb),
+            find_unused_parameters=bool(find_unused_parameters),
+            # Gradients live in the all-reduce buckets: one copy of them, not two.
+            gradient_as_bucket_view=bool(gradient_as_bucket_view),
+            static_graph=bool(static_graph),
+        )
+
+    def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model = model.to(self.ctx.device)
+        device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
+        # DDP broadcasts rank 0's parameters at construction: every rank starts identical.
+        self.model = DistributedDataParallel(model, device_ids=device_ids, **self.ddp_kwargs)
+        self.optimizer = optimizer_factory(self.model)
+        self.scaler = self._make_scaler()
+        return self.model, self.optimizer
+
+    def no_sync(self) -> ContextManager:
+        assert isinstance(self.model, DistributedDataParallel)
+        return self.model.no_sync()
+
+
+def register_strategies(registry) -> None:
+    registry.register("ddp", DDPStrategy)

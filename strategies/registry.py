@@ -1,0 +1,118 @@
+"""Strategy names -> plugin classes, with preset options per name.
+
+Built-in backends register through `register_strategies(registry)` in their module;
+third-party ones through the `parabench.strategies` entry-point group, whose object
+is either such a function or a `Strategy` subclass (registered under the entry
+point's name). A plugin whose dependency is missing stays listed, with the reason.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+from strategies.base import RunContext, Strategy, StrategyError
+
+ENTRY_POINT_GROUP = "parabench.strategies"
+BUILTIN_MODULES = ("strategies.single", "strategies.ddp", "strategies.fsdp")
+
+
+@dataclass(frozen=True)
+class StrategyEntry:
+    name: str
+    cls: type[Strategy] | None
+    description: str = ""
+    options: dict[str, Any] = field(default_factory=dict)
+    load_error: str | None = None  # set when the plugin itself could not be loaded
+
+    @property
+    def unavailable_reason(self) -> str | None:
+        if self.load_error:
+            return self.load_error
+        return self.cls.unavailable_reason() if self.cls else "not loaded"
+
+    @property
+    def available(self) -> bool:
+        return self.unavailable_reason is None
+
+
+class StrategyRegistry:
+    def __init__(self) -> None:
+        self._entries: dict[str, StrategyEntry] = {}
+
+    def register(self, name: str, cls: type[Strategy], description: str = "", **options: Any) -> None:
+        if name in self._entries:
+            raise StrategyError(f"strategy name {name!r} is registered twice")
+        self._entries[name] = StrategyEntry(name, cls, description or cls.description, options)
+
+    def register_broken(self, name: str, reason: str) -> None:
+        self._entries.setdefault(name, StrategyEntry(name, None, load_error=reason))
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def available_names(self) -> list[str]:
+        return [n for n, e in self._entries.items() if e.available]
+
+    def entries(self) -> list[StrategyEntry]:
+        return list(self._entries.values())
+
+    def get(self, name: str) -> StrategyEntry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise StrategyError(f"unknown strategy {name!r}: known strategies are {', '.join(self._entries)}") from None
+
+    def create(self, name: str, ctx: RunContext, **user_options: Any) -> Strategy:
+        """Instantiate `name` with its preset options overlaid by the user's."""
+        entry = self.get(name)
+        reason = entry.unavailable_reason
+        if reason:
+            raise StrategyError(f"strategy {name!r} is unavailable here: {reason}")
+        assert entry.cls is not None
+        allowed = _option_names(entry.cls)
+        unknown = sorted(set(user_options) - allowed)
+        if unknown:
+            listed = ", ".join(sorted(allowed)) or "none"
+            raise StrategyError(f"strategy {name!r} has no option {', '.join(unknown)}: its options are {listed}")
+        strategy = entry.cls(ctx, **{**entry.options, **user_options})
+        strategy.name = name
+        return strategy
+
+
+def _option_names(cls: type[Strategy]) -> set[str]:
+    params = inspect.signature(cls.__init__).parameters.values()
+    return {p.name for p in params if p.name not in ("self", "ctx") and p.kind is p.KEYWORD_ONLY}
+
+
+def _load_entry_points(registry: StrategyRegistry) -> None:
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            obj = ep.load()
+            if inspect.isclass(obj) and issubclass(obj, Strategy):
+                registry.register(ep.name, obj)
+            elif callable(obj):
+                obj(registry)
+            else:
+                registry.register_broken(ep.name, f"entry point {ep.value} is neither a Strategy nor a register function")
+        except StrategyError:
+            raise
+        except Exception as exc:  # a broken third-party plugin is listed, not fatal
+            registry.register_broken(ep.name, f"plugin {ep.value} failed to load: {type(exc).__name__}: {exc}")
+
+
+_DEFAULT: StrategyRegistry | None = None
+
+
+def default_registry() -> StrategyRegistry:
+    """The built-in strategies plus every installed entry-point plugin (built once per process)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        registry = StrategyRegistry()
+        for module_name in BUILTIN_MODULES:
+            importlib.import_module(module_name).register_strategies(registry)
+        _load_entry_points(registry)
+        _DEFAULT = registry
+    return _DEFAULT
