@@ -61,6 +61,12 @@ class Strategy(ABC):
         """Why this backend cannot run here (a missing package), or None when it can."""
         return None
 
+    @classmethod
+    def unsupported_reason(cls, device_type: str, options: dict[str, Any]) -> str | None:
+        """Why this backend, with these preset options, cannot run on `device_type`
+        ("cpu" or "cuda"), or None when it can. Compare skips such names with the reason."""
+        return None
+
     @abstractmethod
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Move, wrap or shard `model` and build its optimizer; returns what the loop calls."""

@@ -37,6 +37,12 @@ class StrategyEntry:
     def available(self) -> bool:
         return self.unavailable_reason is None
 
+    def unsupported_reason(self, device_type: str) -> str | None:
+        """Why this name cannot run on `device_type` ("cpu" or "cuda"), or None."""
+        if self.cls is None:
+            return self.unavailable_reason
+        return self.cls.unsupported_reason(device_type, self.options)
+
 
 class StrategyRegistry:
     def __init__(self) -> None:
