@@ -73,3 +73,24 @@ def all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) -> 
 def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def topology(env: DistEnv) -> dict[str, object]:
+    """Nodes, processes per node and backend, for the results.
+
+    torchrun says how many agents (nodes) joined in GROUP_WORLD_SIZE; other
+    launchers leave it out, and then distinct host names count the nodes.
+    """
+    if "GROUP_WORLD_SIZE" in os.environ:
+        nodes = int(os.environ["GROUP_WORLD_SIZE"])
+    elif dist.is_initialized() and env.world_size > 1:
+        hosts: list[str | None] = [None] * env.world_size
+        dist.all_gather_object(hosts, socket.gethostname())
+        nodes = len(set(hosts))
+    else:
+        nodes = 1
+    return {
+        "nodes": nodes,
+        "procs_per_node": env.world_size // max(nodes, 1),
+        "backend": dist.get_backend() if dist.is_initialized() else None,
+    }

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import platform
 import random
 import sys
@@ -140,7 +139,7 @@ def _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_bat
         "description": type(strategy).description,
         "config": to_dict(cfg),
         "world_size": env.world_size,
-        "nodes": int(os.environ.get("GROUP_WORLD_SIZE", os.environ.get("NNODES", "1")) or 1),
+        **distributed.topology(env),
         "device": hardware.device_name(env.device),
         "device_type": env.device.type,
         "micro_batch": micro_batch,
