@@ -1,0 +1,77 @@
+"""SLURM batch scripts for multi-node runs: `srun` starts one torchrun agent per
+node, and the agents meet through torchrun's c10d rendezvous on the first node.
+
+parabench brings no launcher of its own: the script is what a user would write
+by hand, so it can be read, edited and submitted without parabench.
+"""
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.launch import RUNNER
+
+
+@dataclass(frozen=True)
+class SlurmJob:
+    name: str
+    nodes: int
+    gpus_per_node: int
+    runner_args: list[str]  # e.g. ["train", "strategy=fsdp", "out_dir=..."]
+    log_path: Path
+    rdzv_port: int = 29500
+    time_limit: str = "01:00:00"
+    partition: str | None = None
+    python: str = sys.executable
+
+    def script(self) -> str:
+        partition = f"#SBATCH --partition={self.partition}\n" if self.partition else ""
+        gpus = f"#SBATCH --gpus-per-node={self.gpus_per_node}\n" if self.gpus_per_node else ""
+        torchrun = [
+            self.python, "-m", "torch.distributed.run",
+            "--nnodes=$SLURM_JOB_NUM_NODES", f"--nproc_per_node={max(self.gpus_per_node, 1)}",
+            "--rdzv_backend=c10d", f"--rdzv_endpoint=$head_node:{self.rdzv_port}", "--rdzv_id=$SLURM_JOB_ID",
+            RUNNER, *self.runner_args,
+        ]
+        # $-variables stay unquoted for the shell to expand; everything else is quoted.
+        command = " ".join(part if "$" in part else shlex.quote(part) for part in torchrun)
+        return (
+            "#!/bin/bash\n"
+            f"#SBATCH --job-name={self.name}\n"
+            f"#SBATCH --nodes={self.nodes}\n"
+            "#SBATCH --ntasks-per-node=1\n"  # one torchrun agent per node; it starts the GPU workers
+            f"{gpus}{partition}"
+            f"#SBATCH --time={self.time_limit}\n"
+            f"#SBATCH --output={self.log_path}\n"
+            "set -euo pipefail\n"
+            f"cd {shlex.quote(str(Path(RUNNER).parent))}\n"
+            "# The first node of the allocation hosts the c10d rendezvous store.\n"
+            'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
+            "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}\n"
+            # --kill-on-bad-exit: a node that fails takes the others down instead of leaving them waiting.
+            f"srun --kill-on-bad-exit=1 --ntasks={self.nodes} --ntasks-per-node=1 {command}\n"
+        )
+
+
+def write_scripts(jobs: list[SlurmJob], directory: Path) -> list[Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for job in jobs:
+        path = directory / f"{job.name}.sbatch"
+        path.write_text(job.script())
+        paths.append(path)
+    return paths
+
+
+def sbatch_available() -> bool:
+    return shutil.which("sbatch") is not None
+
+
+def submit_and_wait(script: Path) -> int:
+    """Submit one script and block until the job ends (`sbatch --wait`): strategies
+    run one after another on the same nodes, as a local compare does."""
+    return subprocess.call(["sbatch", "--wait", str(script)])

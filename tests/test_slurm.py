@@ -1,0 +1,70 @@
+"""The generated sbatch scripts: right node and task counts, and a rendezvous that
+works. The test plays SLURM: a stand-in `srun` starts one copy of the command per
+node with the variables SLURM would set, and `scontrol` names the nodes."""
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+
+from harness.distributed import free_port
+from harness.slurm import SlurmJob
+from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run
+
+FAKE_SRUN = """#!/bin/bash
+# Stand-in for srun: start --ntasks copies of the command, one per "node", and wait.
+ntasks=1
+while [[ "$1" == --* ]]; do
+  case "$1" in --ntasks=*) ntasks="${1#--ntasks=}";; esac
+  shift
+done
+pids=()
+for ((i = 0; i < ntasks; i++)); do
+  SLURM_PROCID=$i SLURM_NODEID=$i SLURM_LOCALID=0 "$@" &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
+exit $status
+"""
+FAKE_SCONTROL = """#!/bin/bash
+# Stand-in for `scontrol show hostnames LIST`: one host a line.
+tr ',' '\\n' <<< "$3"
+"""
+
+
+def _executable(path, text):
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+
+
+def test_script_asks_for_the_right_nodes_and_tasks(tmp_path):
+    job = SlurmJob(name="parabench-fsdp", nodes=2, gpus_per_node=8, runner_args=["train", "strategy=fsdp"],
+                   log_path=tmp_path / "log.txt", partition="gpu")
+    script = job.script()
+    assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
+    assert "#SBATCH --gpus-per-node=8" in script and "#SBATCH --partition=gpu" in script
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--ntasks=2" in srun and "--nproc_per_node=8" in srun and "--nnodes=$SLURM_JOB_NUM_NODES" in srun
+    assert re.search(r"--rdzv_endpoint=\$head_node:29500", srun) and "--rdzv_backend=c10d" in srun
+    assert srun.endswith("train strategy=fsdp")
+
+
+def test_script_runs_two_nodes_through_the_rendezvous(tmp_path, reference_run):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "srun", FAKE_SRUN)
+    _executable(bin_dir / "scontrol", FAKE_SCONTROL)
+    out = tmp_path / "run"
+    job = SlurmJob(name="parabench-ddp", nodes=2, gpus_per_node=0, rdzv_port=free_port(),
+                   runner_args=["train", "strategy=ddp", f"out_dir={out}", *NANO], log_path=tmp_path / "slurm.log")
+    script = tmp_path / "job.sbatch"
+    script.write_text(job.script())
+    env = env_for_tests(SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="4242")
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    summary, rows = read_run(out)
+    assert (summary["nodes"], summary["procs_per_node"]) == (2, 1)
+    assert max_rel_diff(rows, reference_run[1]) < 1e-4
