@@ -53,11 +53,16 @@ def build_model(spec: str, kwargs: dict[str, Any] | None = None) -> nn.Module:
     kwargs = dict(kwargs or {})
     if spec in ZOO:
         factory = ZOO[spec]
+    elif spec.startswith("hf:"):
+        from models.hf import hf_factory  # late: transformers is heavy to import
+
+        factory = hf_factory(spec[3:])
     elif ":" in spec:
         factory = _resolve_import(spec)
     else:
         raise ModelError(
-            f"unknown model {spec!r}: use one of {', '.join(ZOO)} or an import path like mypkg.module:build"
+            f"unknown model {spec!r}: use one of {', '.join(ZOO)}, an import path like mypkg.module:build, "
+            "or a transformers config class like hf:LlamaConfig"
         )
     try:
         model = factory(**kwargs)

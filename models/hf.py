@@ -1,0 +1,139 @@
+"""Hugging Face transformers architectures, built from their config class with no download.
+
+`model=hf:LlamaConfig model_kwargs.hidden_size=256 model_kwargs.num_hidden_layers=4`
+builds `AutoModelForCausalLM.from_config(LlamaConfig(...))` with random weights
+(`hf:llama`, a model type, works too). The wrapper keeps parabench's model
+contract: `forward(inputs, targets) -> loss`, `num_params()`, `flops_per_token()`,
+`transformer_blocks()`, `vocab_size` and an `activation_checkpointing` switch.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any, Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class HFModelError(ValueError):
+    """An `hf:` spec that cannot be built (one line, says what to do)."""
+
+
+def _config_class(name: str) -> type:
+    try:
+        import transformers
+    except ImportError as exc:
+        raise HFModelError(f"model hf:{name} needs the transformers package ({exc}): pip install transformers") from None
+    if name.endswith("Config"):
+        cls = getattr(transformers, name, None)
+        if cls is None or not isinstance(cls, type):
+            raise HFModelError(f"model hf:{name}: transformers has no config class {name!r} (for example hf:LlamaConfig)")
+        return cls
+    try:
+        return type(transformers.AutoConfig.for_model(name))
+    except ValueError:
+        raise HFModelError(
+            f"model hf:{name}: not a transformers config class or model type (for example hf:LlamaConfig or hf:llama)"
+        ) from None
+
+
+def _known_fields(cls: type) -> set[str]:
+    names = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    if dataclasses.is_dataclass(cls):
+        names |= {f.name for f in dataclasses.fields(cls)}
+    return names | set(getattr(cls, "attribute_map", {}))
+
+
+def build_config(name: str, kwargs: dict[str, Any]) -> Any:
+    """The config object for `hf:<name>` with `kwargs` as its sizes; a misspelt field is an error
+    (a config class would keep it as a stray attribute and silently build the default size)."""
+    cls = _config_class(name)
+    unknown = sorted(set(kwargs) - _known_fields(cls))
+    if unknown:
+        raise HFModelError(f"model hf:{name}: {cls.__name__} has no field {', '.join(unknown)}; check the spelling")
+    for key, value in kwargs.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and key != "pad_token_id":
+            raise HFModelError(f"model hf:{name}: model_kwargs.{key}={value} must be positive")
+    try:
+        return cls(**kwargs)
+    except Exception as exc:  # the config's own validators: one line, not a traceback
+        raise HFModelError(f"model hf:{name}: {cls.__name__} rejected {kwargs}: {str(exc).splitlines()[-1].strip()}") from None
+
+
+class HFCausalLM(nn.Module):
+    """A transformers causal LM behind parabench's contract."""
+
+    def __init__(self, config: Any):
+        super().__init__()
+        from transformers import AutoModelForCausalLM
+
+        # SDPA: flash/memory-efficient kernels on GPU, no T x T score matrix kept for backward.
+        # fp32 weights whatever the config says: the strategy decides the precision.
+        self.hf = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        self.config = config
+        self._checkpointing = False
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.config.vocab_size)
+
+    @property
+    def activation_checkpointing(self) -> bool:
+        return self._checkpointing
+
+    @activation_checkpointing.setter
+    def activation_checkpointing(self, on: bool) -> None:
+        self._checkpointing = bool(on)
+        # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*.
+        if on:
+            enable = getattr(self.hf, "activation_checkpointing_enable", None) or self.hf.gradient_checkpointing_enable
+            enable({"use_reentrant": False})
+        else:
+            disable = getattr(self.hf, "activation_checkpointing_disable", None) or self.hf.gradient_checkpointing_disable
+            disable()
+
+    def transformer_blocks(self) -> list[nn.Module]:
+        """The decoder layers: transformers names their class in `_no_split_modules`."""
+        block_names = set(getattr(self.hf, "_no_split_modules", None) or ())
+        return [m for m in self.hf.modules() if type(m).__name__ in block_names]
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        # Targets are already shifted by parabench's data; the loss is computed as the GPT's is.
+        logits = self.hf(input_ids=inputs, use_cache=False).logits
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+    def _position_embeddings(self) -> list[nn.Module]:
+        # Learned absolute positions (GPT-2's wpe, OPT's embed_positions): every embedding
+        # table but the token one. Rotary models have none.
+        token = self.hf.get_input_embeddings()
+        return [m for m in self.hf.modules() if isinstance(m, nn.Embedding) and m is not token]
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameters counted once though tied; position embeddings left out by default."""
+        n = sum(p.numel() for p in self.parameters())
+        if non_embedding:
+            n -= sum(p.numel() for m in self._position_embeddings() for p in m.parameters())
+        return n
+
+    def attention_shape(self) -> tuple[int, int, int]:
+        """(layers, heads, head_dim) of the attention, for the 12·L·H·Q·T term."""
+        c = self.config
+        heads = int(c.num_attention_heads)
+        head_dim = getattr(c, "head_dim", None) or int(c.hidden_size) // heads
+        return int(c.num_hidden_layers), heads, int(head_dim)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """6N + 12·L·H·Q·T (PaLM appendix B), as for the zoo's GPT."""
+        layers, heads, head_dim = self.attention_shape()
+        return 6 * self.num_params() + 12 * layers * heads * head_dim * seq_len
+
+
+def hf_factory(name: str) -> Callable[..., nn.Module]:
+    """`build(**model_kwargs)` for the zoo: config fields come from model_kwargs."""
+
+    def build(**kwargs: Any) -> nn.Module:
+        return HFCausalLM(build_config(name, kwargs))
+
+    return build
