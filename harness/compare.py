@@ -1,0 +1,278 @@
+"""`runner.py compare`: the same model, data, seed, global batch and steps under each
+strategy, one launcher job after another, then results.json and the report.
+
+Every strategy is its own job in its own session (harness.supervise), so a crash,
+an out-of-memory error, a signal or a hang is one strategy's result and the sweep
+goes on; Ctrl-C (or SIGTERM) stops the running job, skips the rest and still
+writes the report for what finished. `single` runs in one process with the same
+global batch: it is the reference the others' loss curves are held to.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import platform
+import signal
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator
+
+from omegaconf import OmegaConf
+
+from configs.schema import RunConfig, to_dict
+from harness import batch_search
+from harness.compare_schema import CompareConfig, load_compare_config, train_options
+from harness.launch import RUNNER, torchrun_command, worker_env
+from harness.progress import SweepProgress
+from harness.results import StrategyResult, assign_verdicts, from_run, write_results
+from harness.supervise import JobOutcome, run_job
+from harness.train_cli import preflight
+from strategies.registry import StrategyRegistry, default_registry
+
+REFERENCE = "single"
+STALE_RUN_FILES = ("metrics.jsonl", "summary.json", "log.txt")
+
+
+def main(args: list[str]) -> int:
+    cfg = load_compare_config(args)
+    device_type = _device_type(cfg)
+    nproc = cfg.nproc or _default_nproc(device_type)
+    registry = default_registry()
+    names = _strategy_names(cfg, registry)
+    planned = [(name, _skip_reason(registry, name, device_type)) for name in names]
+    runnable = [name for name, reason in planned if reason is None]
+    _preflight(cfg, runnable, nproc)
+
+    out = Path(cfg.out_dir).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    sweep = Sweep(cfg, out, nproc, SweepProgress(names, cfg.steps))
+    started = time.time()
+    print(f"parabench compare | {cfg.model} | {cfg.precision} | {nproc} x {device_type} | global batch "
+          f"{cfg.batch_size} | {cfg.steps} steps | {len(runnable)} of {len(names)} strategies to run | {out}")
+
+    results: list[StrategyResult] = []
+    interrupted = False
+    searched: dict | None = None
+    with _sigterm_as_interrupt():
+        for name, reason in planned:
+            description = registry.get(name).description
+            if reason is not None:
+                results.append(sweep.skipped(name, description, reason))
+            elif interrupted:
+                results.append(sweep.not_run(name, description))
+            else:
+                try:
+                    result = sweep.run(name, description)
+                except KeyboardInterrupt:  # between jobs: the job itself is over already
+                    result = sweep.interrupted(name, description)
+                results.append(result)
+                interrupted = result.status == "interrupted"
+        if cfg.batch_search and not interrupted:
+            try:
+                searched = _batch_search(cfg, sweep, results, device_type)
+            except KeyboardInterrupt:
+                interrupted, searched = True, {"skipped": "batch search interrupted by Ctrl-C"}
+
+    reference = assign_verdicts(results, out, cfg.tolerance())
+    facts = _sweep_facts(cfg, args, results, device_type, nproc, reference, started, interrupted, searched)
+    write_results(out, facts, results)
+    from harness.report import build_report  # matplotlib is only needed once the runs are over
+
+    md_path, html_path = build_report(out)
+    _print_summary(results, reference)
+    print(f"results: {out / 'results.json'}\nreport:  {md_path}\n         {html_path}")
+    if interrupted:
+        print("interrupted: the report covers the strategies that finished")
+        return 130
+    return 0 if any(r.ran for r in results) else 1
+
+
+class Sweep:
+    """Runs strategies as supervised launcher jobs into `<out>/<strategy>/`."""
+
+    def __init__(self, cfg: CompareConfig, out: Path, nproc: int, progress: SweepProgress):
+        self.cfg, self.out, self.nproc, self.progress = cfg, out, nproc, progress
+        # One file with the shared options: every run reads the very same configuration.
+        self.train_config = out / "train_config.yaml"
+        OmegaConf.save(OmegaConf.create(train_options(cfg)), self.train_config)
+
+    def nproc_for(self, name: str) -> int:
+        return 1 if name == REFERENCE else self.nproc
+
+    def launch(self, name: str, run_dir: Path, extra: list[str], on_poll=None) -> JobOutcome:
+        nproc = self.nproc_for(name)
+        for stale in STALE_RUN_FILES:
+            (run_dir / stale).unlink(missing_ok=True)
+        args = ["train", f"config={self.train_config}", f"strategy={name}", f"nproc={nproc}",
+                f"out_dir={run_dir}", *extra]
+        # One process runs without torchrun, as `runner.py train` would run it for a user.
+        cmd = torchrun_command(nproc, args) if nproc > 1 else [sys.executable, RUNNER, *args]
+        return run_job(cmd, log_path=run_dir / "log.txt", timeout_s=self.cfg.timeout_s, env=worker_env(),
+                       on_poll=on_poll)
+
+    def run(self, name: str, description: str) -> StrategyResult:
+        run_dir = self.out / name
+        self.progress.start(name, run_dir / "metrics.jsonl")
+        outcome = self.launch(name, run_dir, [], on_poll=self.progress.poll)
+        result = from_run(name, description, self.nproc_for(name), run_dir, self.out, outcome)
+        self.progress.finish(name, result.status, _finish_detail(result))
+        return result
+
+    def skipped(self, name: str, description: str, reason: str) -> StrategyResult:
+        self.progress.finish(name, "skipped", reason)
+        return StrategyResult(name=name, description=description, status="skipped", error=reason)
+
+    def interrupted(self, name: str, description: str) -> StrategyResult:
+        self.progress.finish(name, "interrupted", "stopped by Ctrl-C")
+        return StrategyResult(name=name, description=description, status="interrupted",
+                              error_kind="interrupted", error="stopped by Ctrl-C")
+
+    def not_run(self, name: str, description: str) -> StrategyResult:
+        reason = "not run: the sweep was interrupted before it"
+        self.progress.finish(name, "not run", reason)
+        return StrategyResult(name=name, description=description, status="not run", error=reason)
+
+
+def _finish_detail(result: StrategyResult) -> str:
+    if not result.ran:
+        return f"{result.error_kind}: {result.error}"
+    speed = f"{result.tokens_per_s:,.0f} tok/s" if result.tokens_per_s else "tok/s n/a"
+    return f"{result.steps_done} steps  loss {result.final_loss:.4f}  {speed}  {result.wall_time_s:.1f}s"
+
+
+def _device_type(cfg: CompareConfig) -> str:
+    import torch
+
+    if cfg.device == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return "cuda"
+
+
+def _default_nproc(device_type: str) -> int:
+    import torch
+
+    # Every visible GPU; on a CPU-only machine two gloo processes, the smallest real world.
+    return torch.cuda.device_count() if device_type == "cuda" else 2
+
+
+def _strategy_names(cfg: CompareConfig, registry: StrategyRegistry) -> list[str]:
+    names = list(dict.fromkeys(cfg.strategies or registry.names()))  # keep order, drop repeats
+    for name in names:
+        registry.get(name)  # an unknown name is an error that lists the known ones
+    return names
+
+
+def _skip_reason(registry: StrategyRegistry, name: str, device_type: str) -> str | None:
+    entry = registry.get(name)
+    if entry.unavailable_reason:
+        return f"unavailable: {entry.unavailable_reason}"
+    unsupported = entry.unsupported_reason(device_type)
+    return f"unsupported on {device_type}: {unsupported}" if unsupported else None
+
+
+def _preflight(cfg: CompareConfig, runnable: list[str], nproc: int) -> None:
+    """Bad input fails once, here, as one line, rather than once per strategy."""
+    shared = train_options(cfg)
+    for name in runnable:
+        preflight(RunConfig(**shared, strategy=name), 1 if name == REFERENCE else nproc)
+
+
+def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult], device_type: str) -> dict:
+    if device_type == "cpu":
+        sweep.progress.note(batch_search.CPU_SKIP_MESSAGE)
+        return {"skipped": batch_search.CPU_SKIP_MESSAGE}
+    found = []
+    for result in (r for r in results if r.ran):
+        sweep.progress.note(f"batch search: {result.name}")
+        nproc = sweep.nproc_for(result.name)
+        start = cfg.micro_batch or max(1, cfg.batch_size // nproc)
+        found.append(asdict(batch_search.largest_fitting(result.name, _prober(cfg, sweep, result.name, nproc), start)))
+    return {"results": found}
+
+
+def _prober(cfg: CompareConfig, sweep: Sweep, name: str, nproc: int):
+    def probe(micro_batch: int) -> batch_search.Probe:
+        run_dir = sweep.out / "batch_search" / name / f"micro_batch_{micro_batch}"
+        global_batch = micro_batch * nproc
+        steps = cfg.timing_warmup + 4  # enough steps after warm-up for a throughput figure
+        outcome = sweep.launch(name, run_dir, [
+            f"micro_batch={micro_batch}", "grad_accum=null", f"batch_size={global_batch}", f"steps={steps}",
+            f"log_every={steps}", f"data_samples={max(cfg.data_samples, global_batch)}",
+        ])
+        if outcome.kind == "interrupted":
+            raise KeyboardInterrupt
+        if not outcome.ok:
+            return batch_search.Probe(micro_batch, fits=False, oom=outcome.kind == "oom", error=outcome.message)
+        summary = from_run(name, "", nproc, run_dir, sweep.out, outcome)
+        return batch_search.Probe(micro_batch, fits=True, tokens_per_s=summary.tokens_per_s)
+
+    return probe
+
+
+def _sweep_facts(cfg: CompareConfig, args: list[str], results: list[StrategyResult], device_type: str,
+                 nproc: int, reference: str | None, started: float, interrupted: bool,
+                 searched: dict | None) -> dict[str, Any]:
+    summary = _first_summary(Path(cfg.out_dir).resolve(), results)
+    from harness.train import library_versions
+
+    return {
+        "command": " ".join(["python", "runner.py", "compare", *args]),
+        "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
+        "wall_time_s": time.time() - started,
+        "interrupted": interrupted,
+        "config": to_dict(cfg),
+        "precision": cfg.precision,
+        "tolerance": cfg.tolerance(),
+        "reference": reference,
+        "device_type": device_type,
+        "nproc": nproc,
+        "loss_floor": summary.get("loss_floor"),
+        "model": {"name": cfg.model, "num_params": summary.get("num_params"),
+                  "flops_per_token": summary.get("flops_per_token")},
+        "environment": {
+            "device": summary.get("device") or device_type,
+            "devices": nproc,
+            "world_size": nproc,
+            "host": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores",
+            "versions": summary.get("versions") or library_versions(),
+        },
+        "batch_search": searched,
+    }
+
+
+def _first_summary(out: Path, results: list[StrategyResult]) -> dict[str, Any]:
+    for result in results:
+        path = out / str(result.run_dir) / "summary.json"
+        if result.ran and path.is_file():
+            return json.loads(path.read_text())
+    return {}
+
+
+def _print_summary(results: list[StrategyResult], reference: str | None) -> None:
+    ran = sorted((r for r in results if r.ran), key=lambda r: -(r.tokens_per_s or 0))
+    print(f"\n{'strategy':<18} {'tokens/s':>10} {'final loss':>10}  vs reference ({reference or 'none'})")
+    for r in ran:
+        speed = f"{r.tokens_per_s:,.0f}" if r.tokens_per_s else "n/a"
+        print(f"{r.name:<18} {speed:>10} {r.final_loss:>10.4f}  {r.verdict}")
+    for r in results:
+        if not r.ran:
+            print(f"{r.name:<18} {r.status}: {r.error_kind + ': ' if r.error_kind else ''}{r.error}")
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM to compare stops the sweep as Ctrl-C does: the running job's whole group is
+    killed and the report is written (the jobs live in their own sessions: nothing else would stop them)."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,71 @@
+"""The options of `runner.py compare`: every `train` option (inherited from
+RunConfig, so the two never drift apart) plus the sweep's own."""
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields
+from typing import Any, Optional
+
+from configs.schema import ConfigError, RunConfig, load_config, to_dict
+
+DEFAULT_PRESET = "default"
+
+# Largest relative loss difference from the reference, at any step, that still "matches".
+# fp32 differs only by the order of floating-point reductions; bf16/fp16 round every
+# matmul input, and backends round in different places (autocast vs. cast parameters).
+TOLERANCE_BY_PRECISION = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
+
+
+@dataclass
+class CompareConfig(RunConfig):
+    # None: every available strategy that can run on the devices present.
+    strategies: Optional[list[str]] = None
+    timeout_s: float = 600.0  # per strategy run: past it the run's whole process group is killed
+    batch_search: bool = False  # also find each strategy's largest micro-batch (GPU only)
+    loss_tolerance: Optional[float] = None  # None: TOLERANCE_BY_PRECISION[precision]
+    out_dir: str = "runs/compare"
+
+    def tolerance(self) -> float:
+        return self.loss_tolerance if self.loss_tolerance is not None else TOLERANCE_BY_PRECISION[self.precision]
+
+
+COMPARE_ONLY = ("strategies", "timeout_s", "batch_search", "loss_tolerance")
+# Set per strategy by the sweep, never taken from the shared config.
+PER_RUN = ("strategy", "nproc", "out_dir")
+
+
+def load_compare_config(args: list[str]) -> CompareConfig:
+    """`key=value` arguments over configs/default.yaml (or the preset named by config=)."""
+    args = [_check_key(arg) for arg in args]
+    if not any(arg.startswith("config=") for arg in args):
+        args = [f"config={DEFAULT_PRESET}", *args]
+    cfg = load_config(args, schema=CompareConfig)
+    if cfg.timeout_s <= 0:
+        raise ConfigError(f"timeout_s={cfg.timeout_s} must be positive (seconds per strategy run)")
+    if cfg.loss_tolerance is not None and cfg.loss_tolerance <= 0:
+        raise ConfigError(f"loss_tolerance={cfg.loss_tolerance} must be positive (a relative loss difference)")
+    if cfg.strategies is not None and not cfg.strategies:
+        raise ConfigError("strategies=[] names no strategy: list some, or leave it out to run every available one")
+    return cfg
+
+
+def _check_key(arg: str) -> str:
+    """Name compare's own keys in the error (the shared loader only knows train's), and
+    accept `strategies=a,b` as well as `strategies=[a,b]`."""
+    key, _, value = arg.partition("=")
+    if key == "strategy":
+        raise ConfigError("compare runs several strategies: use strategies=[a,b] instead of strategy=")
+    known = [f.name for f in fields(CompareConfig) if f.name != "strategy"]
+    if key.split(".")[0] not in (*known, "config") and "=" in arg:
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown compare option {key!r}: {hint}options are {', '.join(known)}")
+    if key == "strategies" and value and not value.startswith("["):
+        return f"strategies=[{value}]"
+    return arg
+
+
+def train_options(cfg: CompareConfig) -> dict[str, Any]:
+    """The RunConfig fields every strategy's run shares (what makes the comparison fair)."""
+    shared = {f.name for f in fields(RunConfig)} - set(PER_RUN)
+    return {k: v for k, v in to_dict(cfg).items() if k in shared}

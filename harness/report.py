@@ -1,0 +1,191 @@
+"""The compare report (report.md and a self-contained report.html), built from
+results.json and the run folders, so `runner.py report <dir>` can rebuild it at
+any time; `compare` calls the same `build_report` when its sweep ends.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness import report_figures as figures
+from harness.recommend import recommend
+from harness.report_document import (Block, Bullets, Figure, Heading, Paragraph, Preformatted, Table, human_bytes,
+                                     to_html, to_markdown)
+from harness.results import StrategyResult, load_metrics, read_results
+
+FIGURE_DIR = "figures"
+PREDICTED = (("mem_params_bytes", "params / rank", "bytes"), ("mem_grads_bytes", "grads / rank", "bytes"),
+             ("mem_optimizer_bytes", "optimizer / rank", "bytes"),
+             ("peak_mem_allocated_bytes", "peak allocated / rank", "bytes"), ("tokens_per_s", "tokens/s", "rate"))
+
+
+def main(args: list[str]) -> int:
+    if len(args) != 1 or "=" in args[0]:
+        raise ValueError("usage: runner.py report <dir>: the out_dir of a `runner.py compare` run")
+    md_path, html_path = build_report(Path(args[0]))
+    print(f"report: {md_path}\n        {html_path}")
+    return 0
+
+
+def build_report(compare_dir: Path) -> tuple[Path, Path]:
+    """Write report.md, report.html and figures/*.png into `compare_dir`; returns the two reports."""
+    sweep, results = read_results(compare_dir)
+    curves = {r.name: load_metrics(compare_dir / str(r.run_dir)) for r in results if r.ran}
+    curves = {name: rows for name, rows in curves.items() if rows}
+    title = _title(sweep)
+    blocks = _blocks(compare_dir, sweep, results, curves)
+    md_path, html_path = compare_dir / "report.md", compare_dir / "report.html"
+    md_path.write_text(to_markdown(title, blocks, compare_dir))
+    html_path.write_text(to_html(title, blocks))
+    return md_path, html_path
+
+
+def _title(sweep: dict[str, Any]) -> str:
+    model = sweep.get("model", {})
+    params = f" ({model['num_params'] / 1e6:.2f}M params)" if model.get("num_params") else ""
+    env = sweep.get("environment", {})
+    return (f"parabench compare: {model.get('name', '?')}{params}, {sweep.get('precision')}, "
+            f"{sweep.get('nproc')} x {env.get('device', sweep.get('device_type'))}")
+
+
+def _blocks(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResult], curves) -> list[Block]:
+    device_type = sweep.get("device_type", "cpu")
+    reference = sweep.get("reference")
+    tolerance = float(sweep.get("tolerance", 1e-4))
+    figure_dir = compare_dir / FIGURE_DIR
+    for stale in figure_dir.glob("*.png"):
+        stale.unlink()  # a figure with nothing to draw this time must not survive from an earlier run
+    colour = figures.colours([r.name for r in results])
+    ran = [r for r in results if r.ran]
+
+    blocks: list[Block] = [*_overview(sweep, results)]
+    blocks += [Heading("Summary (fastest first)"), _summary_table(ran, device_type)]
+    if device_type == "cpu":
+        blocks.append(Paragraph("Peak memory is not measured on CPU (no allocator statistics): the memory columns "
+                                "and figures show the model states each rank holds, measured from the tensors."))
+    drawn = [
+        ("Loss curves", figures.loss_curves(curves, colour, sweep.get("loss_floor"), reference, figure_dir / "loss.png"),
+         "Training loss of every strategy that finished; the dashed line is the data set's lowest reachable loss."),
+        ("Loss minus the reference", figures.loss_vs_reference(curves, colour, reference, tolerance,
+                                                                figure_dir / "loss_vs_reference.png"),
+         f"Each strategy's loss minus `{reference}`'s, and its relative size against the tolerance {tolerance:.0e}."),
+        ("Memory per rank", figures.memory_per_rank(results, device_type, figure_dir / "memory.png"),
+         "Parameters, gradients and optimizer state each rank holds"
+         + (", and the rest of the peak allocated memory." if device_type == "cuda" else " (CPU: model states only).")),
+        ("Throughput", figures.throughput(results, colour, figure_dir / "throughput.png"),
+         "Tokens per second over the whole job after the warm-up steps."),
+        ("Memory against throughput", figures.memory_vs_throughput(results, colour, device_type,
+                                                                   figure_dir / "memory_vs_throughput.png"),
+         "Each finished strategy's memory per rank against its throughput."),
+    ]
+    for heading, path, caption in drawn:
+        if path is not None:
+            blocks += [Heading(heading), Figure(path, caption)]
+    blocks += _predictions(ran)
+    blocks += _batch_search(sweep.get("batch_search"))
+    blocks += _problems(results)
+    blocks += _environment(sweep)
+    blocks += [Heading("Recommendation"), Bullets(recommend(results, reference, device_type))]
+    return blocks
+
+
+def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Block]:
+    config = sweep.get("config", {})
+    reference = sweep.get("reference")
+    ran = [r for r in results if r.ran]
+    matching = [r for r in ran if r.matches_reference]
+    counts = {s: sum(r.status == s for r in results) for s in ("failed", "skipped", "interrupted", "not run")}
+    tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    ref_text = (f"`{reference}`" + (" (one process)" if reference == "single" else " (`single` did not run)")
+                if reference else "none (no strategy finished)")
+    blocks: list[Block] = []
+    if sweep.get("interrupted"):
+        blocks.append(Paragraph("**Interrupted (Ctrl-C): this report covers only the strategies that finished.**"))
+    blocks.append(Paragraph(
+        f"Every strategy trained the same model on the same data from the same seed, with global batch "
+        f"{config.get('batch_size')} x {config.get('seq_len')} tokens for {config.get('steps')} steps, on "
+        f"{sweep.get('nproc')} {sweep.get('device_type')} processes (`single`: one). "
+        f"{len(ran)} of {len(results)} strategies finished, {len(matching)} match the reference"
+        + (f"; {tally}" if tally else "") + f". Reference: {ref_text}; a strategy matches when its loss is within "
+        f"{sweep.get('tolerance', 0):.0e} (relative) of the reference's at every step ({sweep.get('precision')})."
+    ))
+    blocks.append(Paragraph(f"Command: `{sweep.get('command', 'python runner.py compare')}` "
+                            f"(started {sweep.get('started_at', '?')}, {sweep.get('wall_time_s', 0):.0f} s)."))
+    return blocks
+
+
+def _summary_table(ran: list[StrategyResult], device_type: str) -> Table:
+    rows = []
+    for r in sorted(ran, key=lambda r: -(r.tokens_per_s or 0)):
+        peak = (lambda v: human_bytes(v)) if device_type == "cuda" else (lambda v: "n/a (CPU)")
+        rows.append([
+            f"`{r.name}`", str(r.nproc), _number(r.tokens_per_s, "{:,.0f}"), _number(r.step_time_s, "{:.1f}", 1e3),
+            _number(r.mfu, "{:.1%}"), peak(r.peak_mem_allocated_bytes), peak(r.peak_mem_reserved_bytes),
+            human_bytes(r.mem_params_bytes), human_bytes(r.mem_grads_bytes), human_bytes(r.mem_optimizer_bytes),
+            _number(r.final_loss, "{:.4f}"), r.verdict,
+        ])
+    headers = ["strategy", "ranks", "tokens/s", "step ms", "MFU", "peak alloc / rank", "peak reserved / rank",
+               "params / rank", "grads / rank", "optimizer / rank", "final loss", "vs reference"]
+    return Table(headers, rows, right_aligned=set(range(1, 11)))
+
+
+def _number(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "n/a" if value is None else fmt.format(value * scale)
+
+
+def _predictions(ran: list[StrategyResult]) -> list[Block]:
+    rows = []
+    for r in ran:
+        for key, label, kind in PREDICTED:
+            predicted, measured = (r.prediction or {}).get(key), getattr(r, key)
+            if predicted is None:
+                continue
+            show = human_bytes if kind == "bytes" else (lambda v: f"{v:,.0f}")
+            error = f"{(predicted - measured) / measured:+.1%}" if measured else "n/a"
+            rows.append([f"`{r.name}`", label, show(predicted), "n/a" if measured is None else show(measured), error])
+    if not rows:
+        return []
+    return [Heading("Predicted against measured"),
+            Paragraph("The planner's prediction for each run, and its error relative to what was measured."),
+            Table(["strategy", "quantity", "predicted", "measured", "error"], rows, right_aligned={2, 3, 4})]
+
+
+def _batch_search(found: dict | None) -> list[Block]:
+    if not found:
+        return []
+    blocks: list[Block] = [Heading("Largest micro-batch per strategy")]
+    if "skipped" in found:
+        return blocks + [Paragraph(found["skipped"])]
+    rows = []
+    for s in found.get("results", []):
+        size = "none fits" if s["largest_micro_batch"] is None else str(s["largest_micro_batch"])
+        if s.get("hit_limit"):
+            size += " (search limit)"
+        tried = ", ".join(f"{p['micro_batch']}{'' if p['fits'] else ' (OOM)' if p['oom'] else ' (error)'}"
+                          for p in s["probes"])
+        rows.append([f"`{s['strategy']}`", size, _number(s.get("tokens_per_s"), "{:,.0f}"), tried, s.get("error") or ""])
+    blocks.append(Paragraph("Found by doubling the micro-batch until out of memory, then bisecting; each probe is "
+                            "a short run. Throughput is at the largest size that fits."))
+    return blocks + [Table(["strategy", "largest micro-batch", "tokens/s", "probes", "error"], rows, right_aligned={1, 2})]
+
+
+def _problems(results: list[StrategyResult]) -> list[Block]:
+    troubled = [r for r in results if not r.ran]
+    if not troubled:
+        return []
+    rows = [[f"`{r.name}`", r.status, r.error_kind or "", r.error or ""] for r in troubled]
+    blocks: list[Block] = [Heading("Failed and skipped strategies"),
+                           Table(["strategy", "status", "kind", "reason"], rows)]
+    for r in troubled:
+        if r.log_tail:
+            blocks.append(Preformatted(f"{r.name}: last lines of {r.run_dir}/log.txt", "\n".join(r.log_tail)))
+    return blocks
+
+
+def _environment(sweep: dict[str, Any]) -> list[Block]:
+    env = sweep.get("environment", {})
+    versions = env.get("versions", {})
+    rows = [["device", str(env.get("device"))], ["devices used (world size)", str(env.get("world_size"))],
+            ["host", str(env.get("host"))]]
+    rows += [[name, str(versions.get(name) or "not installed")] for name in ("torch", "deepspeed", "accelerate", "python")]
+    return [Heading("Environment"), Table(["", "value"], rows)]

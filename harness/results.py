@@ -1,0 +1,178 @@
+"""results.json: one entry per strategy (ran, failed or skipped) and the sweep's facts.
+
+Each entry carries what the report needs without the run folders (status, error,
+throughput, memory, the loss verdict against the reference); the loss curves
+themselves stay in each run's metrics.jsonl, which `report` reads again.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from harness.supervise import JobOutcome
+
+RESULTS_FILE = "results.json"
+FORMAT_VERSION = 1
+# Statuses: ok (ran to the end), failed (error_kind says how), skipped (never started:
+# unavailable or unsupported here), interrupted (stopped by Ctrl-C), not run (after Ctrl-C).
+STATUSES = ("ok", "failed", "skipped", "interrupted", "not run")
+# Figures copied from each run's summary.json.
+SUMMARY_FIELDS = (
+    "final_loss", "tokens_per_s", "step_time_s", "mfu", "peak_mem_allocated_bytes", "peak_mem_reserved_bytes",
+    "mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "prediction",
+)
+
+
+class ResultsError(ValueError):
+    """A compare folder without usable results (one line, says what to do)."""
+
+
+@dataclass
+class StrategyResult:
+    name: str
+    description: str = ""
+    status: str = "ok"
+    error_kind: str | None = None  # oom | crash | signal | timeout | interrupted
+    error: str | None = None  # one line: the reason it failed or was skipped
+    log_tail: list[str] = field(default_factory=list)
+    nproc: int | None = None
+    run_dir: str | None = None  # relative to the compare folder
+    wall_time_s: float | None = None
+    steps_done: int = 0
+    final_loss: float | None = None
+    tokens_per_s: float | None = None
+    step_time_s: float | None = None
+    mfu: float | None = None
+    # Per rank (the maximum over ranks); peak figures are None on CPU, where nothing measures them.
+    peak_mem_allocated_bytes: int | None = None
+    peak_mem_reserved_bytes: int | None = None
+    mem_params_bytes: int | None = None
+    mem_grads_bytes: int | None = None
+    mem_optimizer_bytes: int | None = None
+    prediction: dict[str, Any] | None = None  # the planner's figures, where the run made them
+    # Against the reference: the largest relative loss difference over all steps, and the
+    # first step where it passes the tolerance (None: never).
+    max_rel_loss_diff: float | None = None
+    first_step_over_tolerance: int | None = None
+    matches_reference: bool | None = None
+    verdict: str = ""
+
+    @property
+    def ran(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def model_state_bytes(self) -> int | None:
+        parts = (self.mem_params_bytes, self.mem_grads_bytes, self.mem_optimizer_bytes)
+        return None if any(p is None for p in parts) else sum(parts)  # type: ignore[arg-type]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "StrategyResult":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def from_run(name: str, description: str, nproc: int, run_dir: Path, compare_dir: Path,
+             outcome: JobOutcome) -> StrategyResult:
+    """The entry for a strategy that was started, from its outcome and whatever it wrote."""
+    result = StrategyResult(
+        name=name, description=description, nproc=nproc, run_dir=str(run_dir.relative_to(compare_dir)),
+        wall_time_s=outcome.wall_time_s, steps_done=len(load_metrics(run_dir)),
+    )
+    summary_path = run_dir / "summary.json"
+    if outcome.ok and summary_path.is_file():
+        summary = json.loads(summary_path.read_text())
+        for key in SUMMARY_FIELDS:
+            setattr(result, key, summary.get(key))
+        result.description = summary.get("description") or description
+        return result
+    result.status = "interrupted" if outcome.kind == "interrupted" else "failed"
+    result.error_kind = outcome.kind or "crash"
+    result.error = outcome.message if not outcome.ok else "exited 0 but wrote no summary.json"
+    result.log_tail = outcome.log_tail
+    return result
+
+
+def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The run's per-step rows (empty when it logged none); a torn last line is left out."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            break
+    return rows
+
+
+def loss_difference(rows: list[dict], reference: list[dict], tolerance: float) -> tuple[float, int | None]:
+    """(largest relative loss difference, first step over `tolerance`) over the steps both logged."""
+    ref_by_step = {r["step"]: r["loss"] for r in reference}
+    worst, first_over = 0.0, None
+    for row in rows:
+        ref = ref_by_step.get(row["step"])
+        if ref is None:
+            continue
+        rel = abs(row["loss"] - ref) / max(abs(ref), 1e-12)
+        worst = max(worst, rel)
+        if rel > tolerance and first_over is None:
+            first_over = row["step"]
+    return worst, first_over
+
+
+def pick_reference(results: list[StrategyResult]) -> StrategyResult | None:
+    """`single` when it ran; otherwise the first strategy that did (named as such in the report)."""
+    ran = [r for r in results if r.ran]
+    return next((r for r in ran if r.name == "single"), ran[0] if ran else None)
+
+
+def assign_verdicts(results: list[StrategyResult], compare_dir: Path, tolerance: float) -> str | None:
+    """Fill each finished strategy's loss comparison and verdict; returns the reference's name."""
+    reference = pick_reference(results)
+    if reference is None:
+        return None
+    ref_rows = load_metrics(compare_dir / str(reference.run_dir))
+    for result in results:
+        if not result.ran:
+            continue
+        if result is reference:
+            result.max_rel_loss_diff, result.first_step_over_tolerance = 0.0, None
+            result.matches_reference, result.verdict = True, "reference"
+            continue
+        rows = load_metrics(compare_dir / str(result.run_dir))
+        if len(rows) != len(ref_rows) or not rows:
+            result.matches_reference = False
+            result.verdict = f"not comparable: {len(rows)} steps logged, the reference logged {len(ref_rows)}"
+            continue
+        worst, first_over = loss_difference(rows, ref_rows, tolerance)
+        result.max_rel_loss_diff, result.first_step_over_tolerance = worst, first_over
+        result.matches_reference = first_over is None
+        result.verdict = (
+            f"matches (max rel. diff {worst:.1e})" if first_over is None
+            else f"drifts: up to {worst:.1e} relative, over {tolerance:.0e} from step {first_over}"
+        )
+    return reference.name
+
+
+def write_results(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResult]) -> Path:
+    doc = {"format": FORMAT_VERSION, **sweep, "strategies": [asdict(r) for r in results]}
+    path = compare_dir / RESULTS_FILE
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def read_results(compare_dir: Path) -> tuple[dict[str, Any], list[StrategyResult]]:
+    """(the sweep's facts, the entries) from `<compare_dir>/results.json`."""
+    path = compare_dir / RESULTS_FILE
+    if not path.is_file():
+        raise ResultsError(f"{compare_dir} has no {RESULTS_FILE}: give the out_dir of a `runner.py compare` run")
+    try:
+        doc = json.loads(path.read_text())
+        results = [StrategyResult.from_dict(entry) for entry in doc.pop("strategies")]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ResultsError(f"{path} is not a parabench results file ({exc}): run `runner.py compare` again") from None
+    return doc, results

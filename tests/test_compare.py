@@ -1,0 +1,267 @@
+"""`runner.py compare`: failures are results, Ctrl-C still reports, nothing is left
+running, and a small real sweep gives matching fp32 verdicts.
+
+Failing strategies come from a test plugin registered through the
+`parabench.strategies` entry-point group by a temporary *.dist-info on PYTHONPATH,
+exactly as a third-party package would register them.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from harness import compare
+from harness.batch_search import Probe, largest_fitting
+from harness.progress import MetricsTail
+from harness.results import StrategyResult, assign_verdicts, loss_difference
+from harness.supervise import classify
+from tests.helpers import NANO, ROOT, RUNNER, env_for_tests, run_cli
+
+PLUGIN_MODULE = '''
+import os, signal, time
+import torch
+from strategies.single import SingleDeviceStrategy
+
+class Raises(SingleDeviceStrategy):
+    description = "test plugin: raises in setup"
+    def setup(self, model, optimizer_factory):
+        raise RuntimeError("deliberate failure from a test plugin")
+
+class RunsOutOfMemory(SingleDeviceStrategy):
+    description = "test plugin: CUDA out of memory in setup"
+    def setup(self, model, optimizer_factory):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB (from a test plugin)")
+
+class KillsItself(SingleDeviceStrategy):
+    description = "test plugin: rank 1 SIGKILLs itself"
+    def setup(self, model, optimizer_factory):
+        if self.ctx.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(600)
+
+class Hangs(SingleDeviceStrategy):
+    description = "test plugin: ignores SIGTERM and never returns"
+    def setup(self, model, optimizer_factory):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only the SIGKILL that follows can stop it
+        open(os.path.join(os.environ["HANG_FLAG_DIR"], f"hanging.{self.ctx.rank}"), "w").close()
+        time.sleep(3600)
+
+class GpuOnly(SingleDeviceStrategy):
+    description = "test plugin: needs CUDA"
+    @classmethod
+    def unsupported_reason(cls, device_type, options):
+        return None if device_type == "cuda" else "this test plugin needs CUDA"
+'''
+ENTRY_POINTS = {
+    "raises": "Raises", "ooms": "RunsOutOfMemory", "kills-itself": "KillsItself", "hangs": "Hangs",
+    "gpu-only": "GpuOnly",
+}
+# Per run: ample for a one-process NANO run on a loaded 2-core machine, short for a hang.
+TIMEOUT_S = 30
+
+
+@pytest.fixture
+def plugin_env(tmp_path: Path) -> dict[str, str]:
+    """Environment whose PYTHONPATH holds the failing plugins and their entry points."""
+    site = tmp_path / "site"
+    (site / "parabench_failing_plugins-1.0.dist-info").mkdir(parents=True)
+    (site / "parabench_failing_plugins.py").write_text(textwrap.dedent(PLUGIN_MODULE))
+    dist = site / "parabench_failing_plugins-1.0.dist-info"
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: parabench-failing-plugins\nVersion: 1.0\n")
+    lines = [f"{name} = parabench_failing_plugins:{cls}" for name, cls in ENTRY_POINTS.items()]
+    (dist / "entry_points.txt").write_text("[parabench.strategies]\n" + "\n".join(lines) + "\n")
+    env = env_for_tests(HANG_FLAG_DIR=str(tmp_path))
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(site)])
+    return env
+
+
+def processes_with(marker: str) -> list[str]:
+    """Command lines of live processes that mention `marker` (in their out_dir)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = next((l for l in (entry / "status").read_text().splitlines() if l.startswith("State:")), "")
+        except OSError:
+            continue  # it exited while we looked
+        if marker in cmdline and "zombie" not in state:
+            found.append(f"{entry.name}: {cmdline}")
+    return found
+
+
+def by_name(out: Path) -> dict[str, dict]:
+    doc = json.loads((out / "results.json").read_text())
+    return {entry["name"]: entry for entry in doc["strategies"]}
+
+
+@pytest.mark.slow
+def test_failures_are_results_and_nothing_is_left_running(tmp_path, plugin_env):
+    marker = f"pbmark{uuid.uuid4().hex[:10]}"
+    out = tmp_path / marker
+    # The sweep must go on after each failure, the hang included: `single` runs last.
+    strategies = "[raises,ooms,kills-itself,hangs,gpu-only,single]"
+    proc = run_cli(["compare", f"strategies={strategies}", "nproc=2", f"timeout_s={TIMEOUT_S}", f"out_dir={out}", *NANO],
+                   env=plugin_env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = by_name(out)
+    assert results["single"]["status"] == "ok" and results["single"]["verdict"] == "reference"
+    expected_kinds = {"raises": "crash", "ooms": "oom", "kills-itself": "signal", "hangs": "timeout"}
+    assert {n: results[n]["error_kind"] for n in expected_kinds} == expected_kinds
+    assert all(results[n]["status"] == "failed" for n in expected_kinds)
+    assert "deliberate failure from a test plugin" in results["raises"]["error"]
+    assert "SIGKILL" in results["kills-itself"]["error"]
+    assert "CUDA out of memory" in results["ooms"]["error"]
+    assert any("deliberate failure" in line for line in results["raises"]["log_tail"])
+    assert results["gpu-only"]["status"] == "skipped" and "needs CUDA" in results["gpu-only"]["error"]
+    # The hanging workers ignored SIGTERM: only the SIGKILL to their process group stopped them.
+    assert sorted(p.name for p in tmp_path.glob("hanging.*")) == ["hanging.0", "hanging.1"]
+    assert processes_with(marker) == []
+    report = (out / "report.md").read_text()
+    for name in expected_kinds:
+        assert f"`{name}`" in report.split("## Failed and skipped strategies")[1]
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_sweep_and_still_reports(tmp_path, plugin_env):
+    marker = f"pbmark{uuid.uuid4().hex[:10]}"
+    out = tmp_path / marker
+    cmd = [sys.executable, RUNNER, "compare", "strategies=[single,hangs,ddp]", "nproc=2", f"out_dir={out}", *NANO]
+    proc = subprocess.Popen(cmd, env=plugin_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("hanging.*"))) < 2:  # both hanging workers are up
+            assert proc.poll() is None and time.monotonic() < deadline, "the hanging strategy never started"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        output, _ = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, output[-3000:]
+    results = by_name(out)
+    assert [results[n]["status"] for n in ("single", "hangs", "ddp")] == ["ok", "interrupted", "not run"]
+    assert json.loads((out / "results.json").read_text())["interrupted"] is True
+    assert "Interrupted" in (out / "report.md").read_text() and (out / "report.html").stat().st_size > 0
+    assert processes_with(marker) == []
+
+
+@pytest.mark.slow
+def test_small_real_compare_matches_the_reference(tmp_path):
+    out = tmp_path / "compare"
+    proc = run_cli(["compare", "strategies=single,ddp,fsdp", f"out_dir={out}", "batch_search=true", *NANO], timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["reference"] == "single" and doc["tolerance"] == 1e-4 and doc["nproc"] == 2
+    assert "no device memory limit" in doc["batch_search"]["skipped"]
+    results = {e["name"]: e for e in doc["strategies"]}
+    assert [results[n]["nproc"] for n in ("single", "ddp", "fsdp")] == [1, 2, 2]
+    for name in ("ddp", "fsdp"):
+        entry = results[name]
+        assert entry["status"] == "ok" and entry["matches_reference"] is True, entry
+        assert entry["max_rel_loss_diff"] < 1e-4 and entry["verdict"].startswith("matches")
+        assert entry["tokens_per_s"] > 0 and entry["steps_done"] == 10
+        assert (out / name / "log.txt").is_file() and (out / name / "summary.json").is_file()
+    # FSDP shards what DDP replicates: about half the parameter bytes per rank on 2 ranks.
+    assert results["fsdp"]["mem_params_bytes"] < 0.6 * results["ddp"]["mem_params_bytes"]
+    assert results["single"]["final_loss"] < json.loads((out / "single" / "metrics.jsonl").read_text()
+                                                       .splitlines()[0])["loss"]
+    assert (out / "report.html").is_file() and len(list((out / "figures").glob("*.png"))) == 5
+
+
+def test_bad_compare_input_is_one_line(tmp_path):
+    proc = run_cli(["compare", "strategies=[single,no-such-thing]", f"out_dir={tmp_path}"], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "unknown strategy 'no-such-thing'" in proc.stderr
+    with pytest.raises(ValueError, match=r"strategies=\[a,b\]"):
+        compare.main(["strategy=ddp"])
+    with pytest.raises(ValueError, match="multiple of 2"):
+        compare.main(["batch_size=15", "strategies=ddp", "nproc=2", f"out_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="did you mean 'strategies'"):
+        compare.main(["strategis=[ddp]"])
+    assert not (tmp_path / "results.json").exists()
+
+
+TORCHRUN_SIGKILL = """
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 6376)  (SIGKILL)
+  traceback : Signal 9 (SIGKILL) received by PID 6376
+"""
+
+
+@pytest.mark.parametrize("returncode, log, kind, words", [
+    (0, "", None, "exited 0"),
+    (1, "Traceback\nRuntimeError: boom\nE1122 failed (exitcode: 1)\n"
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n", "crash", "RuntimeError: boom"),
+    (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", "oom", "Tried to allocate"),
+    (1, TORCHRUN_SIGKILL, "signal", "SIGKILL"),
+    (-15, "", "signal", "SIGTERM"),
+    (3, "no exception here\n", "crash", "exited with code 3"),
+])
+def test_failure_classification(returncode, log, kind, words):
+    got_kind, message = classify(returncode, log, None, 10)
+    assert got_kind == kind and words in message
+
+
+def test_timeout_and_interrupt_win_over_exit_status():
+    assert classify(-9, "CUDA out of memory", "timeout", 12)[0] == "timeout"
+    assert classify(-15, "", "interrupted", 12)[0] == "interrupted"
+
+
+def test_batch_search_doubles_then_bisects():
+    tried = []
+
+    def probe(micro_batch: int) -> Probe:
+        tried.append(micro_batch)
+        fits = micro_batch <= 37
+        return Probe(micro_batch, fits=fits, oom=not fits, tokens_per_s=float(micro_batch) if fits else None)
+
+    found = largest_fitting("x", probe, start=4)
+    assert tried[:5] == [4, 8, 16, 32, 64]  # doubling until out of memory
+    assert 35 <= found.largest_micro_batch <= 37 and found.tokens_per_s == found.largest_micro_batch
+    assert len(tried) <= 9
+    assert largest_fitting("x", probe, start=64).largest_micro_batch in range(35, 38)  # searching down
+    crash = largest_fitting("y", lambda m: Probe(m, fits=m < 8, error=None if m < 8 else "segfault"), start=2)
+    assert crash.largest_micro_batch == 4 and "segfault" in crash.error
+    assert largest_fitting("z", lambda m: Probe(m, fits=True), start=1, limit=8).hit_limit
+
+
+def test_metrics_tail_reads_only_whole_new_lines(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    tail = MetricsTail(path)
+    assert not tail.poll()  # no file yet
+    path.write_text('{"step": 1, "loss": 4.0}\n{"step": 2, "lo')
+    assert tail.poll() and tail.last["step"] == 1
+    with path.open("a") as f:
+        f.write('ss": 3.5}\n')
+    assert tail.poll() and tail.last == {"step": 2, "loss": 3.5}
+    assert not tail.poll()
+
+
+def test_verdicts_name_the_first_step_over_tolerance(tmp_path):
+    curves = {"single": [4.0, 3.0, 2.0, 1.5], "same": [4.0, 3.0000001, 2.0, 1.5], "drifts": [4.0, 3.0, 2.1, 1.7]}
+    results = []
+    for name, losses in curves.items():
+        (tmp_path / name).mkdir()
+        rows = [json.dumps({"step": i + 1, "loss": v}) for i, v in enumerate(losses)]
+        (tmp_path / name / "metrics.jsonl").write_text("\n".join(rows) + "\n")
+        results.append(StrategyResult(name=name, run_dir=name))
+    results.append(StrategyResult(name="broken", status="failed", error_kind="crash"))
+    assert assign_verdicts(results, tmp_path, 1e-4) == "single"
+    single, same, drifts, broken = results
+    assert single.verdict == "reference" and same.matches_reference and same.verdict.startswith("matches")
+    assert drifts.matches_reference is False and drifts.first_step_over_tolerance == 3
+    assert "from step 3" in drifts.verdict and broken.verdict == ""
+    assert loss_difference([{"step": 1, "loss": 2.0}], [{"step": 1, "loss": 1.0}], 0.5) == (1.0, 1)
