@@ -1,0 +1,87 @@
+"""Temporary memory each backend allocates beside the model states and activations, named
+after the buffer, with the phase in which it is alive.
+
+torch engine: autocast's bf16 copies of every matmul weight (cached from forward until
+each layer's backward); DDP's gradient buckets when .grad is not a view into them; FSDP2's
+gathered parameters (the root for the whole step, a block in use plus one prefetched, or
+every block when it does not reshard after forward) and one block's reduce-scatter.
+DeepSpeed: ZeRO-3's gathered blocks (the one in use plus its prefetch bucket) and the fp32
+gradient partition ZeRO-1/2 build for the optimizer step. Buffers DeepSpeed's own
+memory_breakdown already counts (reduction buckets, whole-kept ZeRO-3 parameters) are part
+of the model states instead (memory.py), not repeated here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.planner.backends import Backend
+from harness.planner.memory import BYTES
+from harness.planner.model_shape import ModelShape
+
+
+@dataclass(frozen=True)
+class Buffers:
+    backward: dict[str, int] = field(default_factory=dict)  # alive at the start of backward, beside the activations
+    step: dict[str, int] = field(default_factory=dict)  # alive during the optimizer step
+    # Gradients allocated through the whole step (DDP's buckets, DeepSpeed's flat partitions)
+    # rather than made in backward and freed by zero_grad(set_to_none=True).
+    grads_resident: bool = False
+
+
+def matmul_weights(shape: ModelShape) -> int:
+    """Elements of the weights matmuls read: every block matrix and the output head."""
+    head = shape.dims.vocab * shape.dims.width if shape.dims else 0
+    if shape.tensors is None:
+        return sum(shape.block_params()) + head
+    return sum(t.numel for t in shape.tensors if t.block is not None and len(t.shape) >= 2) + head
+
+
+def _compute_bytes(backend: Backend, precision: str) -> int:
+    """Bytes per element of the parameters a forward reads once gathered or cast."""
+    return 4 if precision == "fp32" else BYTES[precision]
+
+
+def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, grad_accum: int) -> Buffers:
+    backward: dict[str, int] = {}
+    blocks = shape.block_params()
+    if backend.stage == 0:
+        if precision != "fp32":
+            backward["autocast weight copies"] = matmul_weights(shape) * BYTES[precision]
+        ddp = backend.name != "single"
+        if ddp and not backend.option("gradient_as_bucket_view"):
+            backward["DDP gradient buckets (besides .grad)"] = shape.params * 4
+        return Buffers(backward=backward, grads_resident=ddp)
+    unsharded = _compute_bytes(backend, precision)
+    backward["root parameters gathered for the step"] = shape.root_params() * unsharded
+    largest = max(blocks) if blocks else 0
+    if backend.reshard_after_forward:
+        backward["blocks gathered (in use + prefetched)"] = 2 * largest * unsharded
+    else:
+        backward["every block kept gathered until backward"] = sum(blocks) * unsharded
+    reduce_bytes = 4 if backend.reduce_in_fp32 or precision == "fp32" else BYTES[precision]
+    backward["one block's unsharded gradients and reduce-scatter input"] = largest * (unsharded + reduce_bytes)
+    if grad_accum > 1:
+        # Without gradient sync FSDP2 keeps each block's unsharded gradient until the last micro-step.
+        backward["unsharded gradients kept while accumulating"] = shape.params * reduce_bytes
+    return Buffers(backward=backward)
+
+
+def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, world: int) -> Buffers:
+    low = BYTES[precision]
+    backward: dict[str, int] = {}
+    step: dict[str, int] = {}
+    if backend.stage == 3:
+        blocks = shape.block_params()
+        largest = max(blocks) if blocks else shape.params
+        prefetch = min(int(backend.option("stage3_prefetch_bucket_size")), largest)
+        backward["gathered block in use + prefetch bucket"] = (largest + prefetch) * low
+    elif not backend.offload_optimizer:
+        # ZeRO-1/2 build the fp32 gradient of their partition for the optimizer step.
+        step["fp32 gradient partition for the step"] = -(-shape.params // world) * 4
+    return Buffers(backward=backward, step=step, grads_resident=True)
+
+
+def backend_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
+    if backend.engine == "deepspeed":
+        return _deepspeed_buffers(shape, backend, precision, world)
+    return _torch_buffers(shape, backend, precision, grad_accum)

@@ -1,0 +1,43 @@
+"""The plan's prediction for one training run, recorded in its summary beside what it measured
+(the compare report shows predicted, measured and the error)."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from harness import hardware
+from harness.planner.backends import known_backends
+from harness.planner.comm import INTER_NODE, INTERCONNECTS, Topology
+from harness.planner.model_shape import shape_of_spec
+from harness.planner.predict import Question, plan_strategy
+from strategies.memory import CATEGORIES
+
+DEFAULT_MFU = 0.4  # the MFU `runner.py plan` assumes unless told
+
+
+def prediction_for_run(cfg: Any, world_size: int, nodes: int, device: torch.device) -> dict[str, Any]:
+    """Predicted bytes per rank (params, grads, optimizer, as memory_breakdown counts them),
+    peak allocated on the GPU and tokens/s; None for what is not predicted here (peak and
+    speed on a CPU, everything for a strategy the planner has no model of)."""
+    keys = [f"mem_{c}_bytes" for c in CATEGORIES] + ["peak_mem_allocated_bytes", "tokens_per_s"]
+    if cfg.strategy not in known_backends():
+        return {**dict.fromkeys(keys), "note": f"the planner has no model of strategy {cfg.strategy!r}"}
+    micro_batch, grad_accum = cfg.world_batch(world_size)
+    on_gpu = device.type == "cuda"
+    q = Question(
+        shape=shape_of_spec(cfg.model, cfg.model_kwargs), gpus=world_size, nodes=nodes,
+        gpu_mem_bytes=torch.cuda.get_device_properties(device).total_memory if on_gpu else float("inf"),
+        micro_batch=micro_batch, grad_accum=grad_accum, seq_len=cfg.seq_len, precision=cfg.precision,
+        checkpointing=cfg.activation_checkpointing,
+        topology=Topology(world_size, nodes, INTERCONNECTS["nvlink"], INTER_NODE["infiniband"]),
+        peak_flops=hardware.peak_flops(device, cfg.precision), mfu=DEFAULT_MFU,
+        strategy_options=dict(cfg.strategy_options),
+    )
+    plan = plan_strategy(cfg.strategy, q)
+    return {
+        **{f"mem_{c}_bytes": plan.states.total(c) for c in CATEGORIES},
+        "peak_mem_allocated_bytes": plan.peak_bytes if on_gpu else None,
+        "tokens_per_s": plan.time.tokens_per_s if plan.time else None,
+        "assumed": f"MFU {DEFAULT_MFU:.0%}, nvlink inside a node, infiniband between" if plan.time else None,
+    }
