@@ -21,6 +21,7 @@ from configs.schema import RunConfig, to_dict
 from harness import distributed, hardware
 from harness.metrics import StepMetrics
 from harness.optim import adamw_factory, lr_at
+from harness.planner.for_run import prediction_for_run
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.base import RunContext, Strategy
@@ -134,12 +135,13 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 
 def _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started) -> dict:
     last = metrics.rows[-1] if metrics.rows else {}
+    topology = distributed.topology(env)
     return {
         "strategy": cfg.strategy,
         "description": type(strategy).description,
         "config": to_dict(cfg),
         "world_size": env.world_size,
-        **distributed.topology(env),
+        **topology,
         "device": hardware.device_name(env.device),
         "device_type": env.device.type,
         "micro_batch": micro_batch,
@@ -157,6 +159,8 @@ def _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_bat
         "mem_grads_bytes": last.get("mem_grads_bytes"),
         "mem_optimizer_bytes": last.get("mem_optimizer_bytes"),
         "memory_by_device_rank0": memory.as_dict(),
+        # What `runner.py plan` predicts for this run, beside the measured figures above.
+        "prediction": prediction_for_run(cfg, env.world_size, topology["nodes"], env.device),
         "wall_time_s": time.time() - started,
         "versions": library_versions(),
     }
