@@ -1,0 +1,273 @@
+"""`zero1`, `zero2`, `zero3`, `zero2-offload`, `zero3-offload`: DeepSpeed ZeRO.
+
+One class, five names. The DeepSpeed config is built in code from the run
+(strategies/deepspeed_config.py); the optimizer is the runner's own torch AdamW, so
+the learning rate (set by the runner every step) and clipping match every other
+strategy. No DeepSpeed scheduler, and no FusedAdam (DeepSpeed would JIT-build it with
+nvcc, which fails on some GPU images). Under optimizer offload on a GPU the same
+AdamW groups are handed to DeepSpeedCPUAdam, DeepSpeed's vectorised host optimizer
+(a C++-only JIT build, no nvcc); on a CPU-only run, where offload moves nothing,
+torch AdamW steps the partitions and nothing is built.
+
+Accumulation is DeepSpeed's own: engine.backward scales by 1/grad_accum, and the
+micro-step counter DeepSpeed keeps in engine.step() is advanced after every micro-step
+but the last, so its accumulation boundary falls on the runner's last micro-step.
+
+deepspeed is imported lazily: this module loads (and the names are listed, as
+unavailable) where deepspeed is not installed.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+import torch.nn as nn
+
+from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError
+from strategies.deepspeed_config import (
+    check_user_config,
+    check_zero_options,
+    final_config,
+    model_hidden_size,
+    read_user_config,
+    run_config,
+    sizing_config,
+)
+from strategies.memory import MemoryBreakdown
+
+CONFIG_FILE = "deepspeed_config.json"  # written to the run's out_dir
+# DeepSpeed's buffers, by the attribute names its ZeRO optimizers (stage_1_and_2.py,
+# stage3.py, and bf16_optimizer.py, which DeepSpeed picks for ZeRO-1 in bf16 with
+# data_types.grad_accum_dtype=fp32) keep them under; an attribute absent is skipped.
+PARAM_BUFFERS = (
+    "bit16_groups_flat",  # ZeRO-1/2: the whole model's parameters, flat, on every rank
+    "param_buffer_of_bit16_for_cpu_offload_groups",  # ZeRO-1/2 offload: host copy of the partition
+    "fp16_partitioned_groups_flat",  # ZeRO-3: this rank's partitions (the ds_tensors), flat
+    "param_groups_fp16_flat_cpu_memory",  # ZeRO-3 parameter offload: the partitions on the host
+    "bf16_groups_flat",  # BF16_Optimizer: the whole model, flat
+)
+MASTER_BUFFERS = (
+    "single_partition_of_fp32_groups",  # ZeRO-1/2: this rank's fp32 master partition
+    "fp32_partitioned_groups_flat",  # ZeRO-3: the same (the optimizer's param_groups hold it only during step)
+    "fp32_groups_flat_partition",  # BF16_Optimizer: the same
+)
+GRAD_BUFFERS = (
+    "averaged_gradients",  # this rank's reduced gradient partitions
+    "grads_in_partition",  # ZeRO-2 contiguous gradient partition
+    "accumulated_grads_in_cpu",  # ZeRO-1/2 offload: gradients accumulated on the host
+    "temp_grad_buffer_for_cpu_offload",
+    "temp_grad_buffer_for_gpu_offload",
+    "grad_partitions_flat_buffer",  # ZeRO-3: every partition's gradient, flat
+    "ipg_buckets",  # the reduction buckets gradients are copied into before reducing
+    "fp32_groups_gradients_flat",  # BF16_Optimizer: the whole model's fp32 gradients
+)
+
+
+class DeepSpeedStrategy(Strategy):
+    description = "DeepSpeed ZeRO"
+
+    def __init__(self, ctx: RunContext, *, stage: int = 1, offload_optimizer: bool = False,
+                 offload_params: bool = False, cpu_adam: bool | None = None):
+        super().__init__(ctx)
+        self.stage, self.offload_optimizer, self.offload_params = check_zero_options(
+            stage, offload_optimizer, offload_params
+        )
+        if cpu_adam is not None and not isinstance(cpu_adam, bool):
+            raise StrategyError(f"strategy_options.cpu_adam={cpu_adam} must be true or false (or left unset)")
+        # DeepSpeedCPUAdam only where it pays: optimizer state on the host, model on a GPU.
+        self.cpu_adam = (self.offload_optimizer and ctx.device.type == "cuda") if cpu_adam is None else cpu_adam
+        if self.cpu_adam and not self.offload_optimizer:
+            raise StrategyError("strategy_options.cpu_adam=true needs the optimizer offloaded: use strategy=zero2-offload "
+                                "or zero3-offload")
+        self.run_config = run_config(
+            ctx, stage=self.stage, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params,
+            torch_optimizer_offloaded=self.offload_optimizer and not self.cpu_adam,
+        )
+        source = getattr(ctx.config, "deepspeed_config", None)
+        self.user_config = read_user_config(source) if source else {}
+        check_user_config(self.user_config, self.run_config, source or "")
+        self.config: dict[str, Any] = {}
+        self.engine: Any = None  # deepspeed.DeepSpeedEngine after setup
+        self._micro_step = 0
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if importlib.util.find_spec("deepspeed") is None:
+            return "deepspeed is not installed: pip install deepspeed"
+        return None
+
+    def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        deepspeed = _import_deepspeed(self.ctx)
+        if not self.offload_params:
+            model = model.to(self.ctx.device)
+        optimizer = optimizer_factory(model)
+        if self.cpu_adam:
+            optimizer = _as_cpu_adam(optimizer)
+        self.config = final_config(sizing_config(model_hidden_size(model), self.stage), self.run_config,
+                                   self.user_config)
+        self._write_config()
+        # The runner's process group already exists: DeepSpeed wraps it, never makes its own.
+        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
+                                               dist_init_required=False)
+        if engine.dp_world_size != self.ctx.world_size:
+            raise StrategyError(
+                f"DeepSpeed sees {engine.dp_world_size} data-parallel ranks but the run has {self.ctx.world_size}"
+            )
+        self.engine = self.model = engine
+        self.optimizer = engine.optimizer
+        return engine, engine.optimizer
+
+    def _write_config(self) -> None:
+        """The exact DeepSpeed config of this run, next to its metrics, to reproduce or inspect it."""
+        if self.ctx.rank != 0 or self.ctx.config is None:
+            return
+        out_dir = Path(self.ctx.config.out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / CONFIG_FILE).write_text(json.dumps(self.config, indent=2) + "\n")
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.engine.backward(loss)  # scales by 1/gradient_accumulation_steps itself
+        self._micro_step += 1
+        if self._micro_step < self.ctx.grad_accum:
+            # Below the boundary engine.step() only counts the micro-step, keeping
+            # DeepSpeed's boundary on the runner's last micro-step.
+            self.engine.step()
+
+    def step(self) -> None:
+        if not self.engine.is_gradient_accumulation_boundary():
+            raise StrategyError(
+                f"DeepSpeed's micro-step counter is off the accumulation boundary after {self._micro_step} micro-steps"
+            )
+        self.engine.step()  # reduce, clip, optimizer step, zero the gradients
+        self._micro_step = 0
+
+    def set_lr(self, lr: float) -> None:
+        # The optimizer DeepSpeed steps (ZeRO-3's own set_lr is a no-op).
+        for group in self.engine.basic_optimizer.param_groups:
+            group["lr"] = lr
+
+    def memory_breakdown(self) -> MemoryBreakdown:
+        assert self.engine is not None, "setup() first"
+        return zero_memory_breakdown(self.engine)
+
+    def teardown(self) -> None:
+        if self.engine is not None and hasattr(self.engine, "destroy"):
+            self.engine.destroy()
+        self.engine = None
+        super().teardown()
+
+
+def _import_deepspeed(ctx: RunContext) -> Any:
+    """deepspeed, with its accelerator matching the run's device (DS_ACCELERATOR) and precision."""
+    device = ctx.device.type
+    os.environ.setdefault("DS_ACCELERATOR", device)
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.device_name() != device:
+        raise StrategyError(
+            f"DeepSpeed's accelerator is {accelerator.device_name()!r} but the run trains on {device}: "
+            f"unset DS_ACCELERATOR or set DS_ACCELERATOR={device}"
+        )
+    if ctx.precision == "fp16" and not accelerator.is_fp16_supported():
+        raise StrategyError(f"DeepSpeed cannot train in fp16 on this {device}: use precision=bf16 or precision=fp32")
+    # DeepSpeed logs every setting at INFO on every rank; the runner reports the run.
+    deepspeed.utils.logger.setLevel(logging.WARNING)
+    return deepspeed
+
+
+def _as_cpu_adam(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The runner's AdamW, same groups and hyper-parameters, as DeepSpeedCPUAdam."""
+    if not isinstance(optimizer, torch.optim.AdamW):
+        raise StrategyError(
+            f"strategy_options.cpu_adam=true replaces AdamW, but the run's optimizer is {type(optimizer).__name__}: "
+            "set strategy_options.cpu_adam=false"
+        )
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    d = optimizer.defaults
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"], "lr": g["lr"]} for g in optimizer.param_groups]
+    return DeepSpeedCPUAdam(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
+                            adamw_mode=True, bias_correction=True)
+
+
+def zero_memory_breakdown(engine: Any) -> MemoryBreakdown:
+    """What this rank holds under a DeepSpeed engine, measured from DeepSpeed's tensors.
+
+    params: the model's parameters as DeepSpeed stores them (ZeRO-1/2: the whole flat
+    model; ZeRO-3: this rank's ds_tensor partitions plus any parameter kept whole).
+    optimizer: the fp32 master partitions and the optimizer's moments; the master copy
+    counts as optimizer state, as the ZeRO paper's K=12 bytes per parameter does.
+    grads: this rank's gradient partitions and the buffers DeepSpeed reduces them in.
+    Each storage counts once (most of these tensors are views into a few flat
+    buffers), under the first category that claims it: under ZeRO-3 in fp32 the master
+    partition is the parameter partition itself, and counts as parameters.
+    """
+    zero = engine.optimizer
+    module_params = list(engine.module.parameters())
+    master = list(_tensors_in(getattr(zero, name, None) for name in MASTER_BUFFERS))
+    tally = _StorageTally()
+    params = tally.count(
+        [p.data for p in module_params],
+        [getattr(p, "ds_tensor", None) for p in module_params],
+        _tensors_in(getattr(zero, name, None) for name in PARAM_BUFFERS),
+    )
+    optimizer = tally.count(master, _tensors_in(engine.basic_optimizer.state.values()))
+    grads = tally.count(
+        [p.grad for p in module_params],
+        [p.grad for p in master],
+        _tensors_in(getattr(zero, name, None) for name in GRAD_BUFFERS),
+    )
+    return MemoryBreakdown(params=params, grads=grads, optimizer=optimizer)
+
+
+class _StorageTally:
+    """Bytes per device type, each underlying storage counted once across all calls."""
+
+    def __init__(self) -> None:
+        self._seen: set[tuple[str, int | None, int]] = set()
+
+    def count(self, *groups: Iterable[torch.Tensor | None]) -> dict[str, int]:
+        out: dict[str, int] = {}
+        for tensors in groups:
+            for t in tensors:
+                if t is None or t.device.type == "meta":
+                    continue
+                storage = t.untyped_storage()
+                key = (t.device.type, t.device.index, storage.data_ptr())
+                if storage.nbytes() == 0 or key in self._seen:
+                    continue
+                self._seen.add(key)
+                out[t.device.type] = out.get(t.device.type, 0) + storage.nbytes()
+        return out
+
+
+def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor in nested dicts, other iterables and reduction buckets (their .buffer)."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, dict):
+        for value in obj.values():
+            yield from _tensors_in(value)
+    elif hasattr(obj, "buffer"):
+        yield from _tensors_in(obj.buffer)
+    elif isinstance(obj, Iterable) and not isinstance(obj, (str, bytes)):
+        for value in obj:
+            yield from _tensors_in(value)
+
+
+def register_strategies(registry) -> None:
+    registry.register("zero1", DeepSpeedStrategy, "DeepSpeed ZeRO-1: optimizer state sharded", stage=1)
+    registry.register("zero2", DeepSpeedStrategy, "DeepSpeed ZeRO-2: optimizer state and gradients sharded", stage=2)
+    registry.register("zero3", DeepSpeedStrategy, "DeepSpeed ZeRO-3: parameters, gradients, optimizer state sharded",
+                      stage=3)
+    registry.register("zero2-offload", DeepSpeedStrategy, "DeepSpeed ZeRO-2, optimizer state on the CPU",
+                      stage=2, offload_optimizer=True)
+    registry.register("zero3-offload", DeepSpeedStrategy, "DeepSpeed ZeRO-3, parameters and optimizer state on the CPU",
+                      stage=3, offload_optimizer=True, offload_params=True)
