@@ -16,7 +16,7 @@ from typing import Any
 from strategies.base import RunContext, Strategy, StrategyError
 
 ENTRY_POINT_GROUP = "parabench.strategies"
-BUILTIN_MODULES = ("strategies.single", "strategies.ddp", "strategies.fsdp", "strategies.deepspeed")
+BUILTIN_MODULES = ("strategies.single", "strategies.ddp", "strategies.fsdp", "strategies.deepspeed", "strategies.accelerate")
 
 
 @dataclass(frozen=True)

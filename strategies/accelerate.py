@@ -1,0 +1,397 @@
+"""`accelerate-ddp`, `accelerate-fsdp`, `accelerate-zero1/2/3`: the same backends as
+`ddp`, `fsdp` and `zero1-3`, driven through Hugging Face Accelerate.
+
+Accelerate is configured in code (an `Accelerator` with an FSDP2 or DeepSpeed plugin,
+mixed precision from the run's precision, accumulation from its micro-batching).
+Under `accelerate launch` it takes Accelerate's own settings from the ACCELERATE_*
+environment the launcher sets, and refuses, in one line, settings that contradict
+the chosen strategy name or the run. Either way it reuses the process group the
+runner created; Accelerate's state is checked to agree with it.
+
+On CPU, Accelerate 1.15 has no distributed type for FSDP or DeepSpeed (it only knows
+MULTI_CPU = DDP over gloo), and without `cpu=True` it counts a world of one. Two
+small, checked nudges make every mode run over gloo: Accelerate is told the process
+group's backend (then it counts the ranks right, and its DeepSpeed path works on
+CPU), and for FSDP the distributed type it gates on the device type is set to FSDP.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ContextManager, Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError
+from strategies.memory import MemoryBreakdown
+
+MODES = {
+    "ddp": "Accelerate driving DistributedDataParallel",
+    "fsdp": "Accelerate driving FSDP2 (fully_shard per transformer block)",
+    "zero1": "Accelerate driving DeepSpeed ZeRO-1 (optimizer state sharded)",
+    "zero2": "Accelerate driving DeepSpeed ZeRO-2 (optimizer state and gradients sharded)",
+    "zero3": "Accelerate driving DeepSpeed ZeRO-3 (parameters, gradients, optimizer state sharded)",
+}
+ACCELERATE_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+# Environment variables Accelerator() writes into os.environ; restored at teardown.
+_ENV_WRITTEN_BY_ACCELERATE = ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING")
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "false").strip().lower() in ("1", "true", "yes")
+
+
+def launched_by_accelerate(env: Mapping[str, str]) -> bool:
+    """Every `accelerate launch` launcher (simple, multi-GPU, DeepSpeed) sets this one."""
+    return "ACCELERATE_MIXED_PRECISION" in env
+
+
+def _deepspeed_stage(env: Mapping[str, str]) -> str:
+    if env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE"):
+        return env["ACCELERATE_DEEPSPEED_ZERO_STAGE"]
+    config_file = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE", "none")
+    if config_file != "none":
+        try:
+            stage = json.loads(Path(config_file).read_text()).get("zero_optimization", {}).get("stage")
+        except (OSError, ValueError) as exc:
+            raise StrategyError(
+                f"cannot read the DeepSpeed config file {config_file!r} that accelerate launch names: {exc}"
+            ) from None
+        if stage is not None:
+            return str(stage)
+    return "2"  # DeepSpeedPlugin's default stage
+
+
+def launcher_mode(env: Mapping[str, str]) -> str | None:
+    """The mode an `accelerate launch` config or flags chose, or None when not launched by it."""
+    if not launched_by_accelerate(env):
+        return None
+    if _flag(env, "ACCELERATE_USE_MEGATRON_LM"):
+        return "megatron-lm"
+    if _flag(env, "ACCELERATE_USE_DEEPSPEED"):
+        return f"zero{_deepspeed_stage(env)}"
+    if _flag(env, "ACCELERATE_USE_FSDP"):
+        return "fsdp"
+    return "ddp"
+
+
+def check_launcher_settings(env: Mapping[str, str], mode: str, ctx: RunContext) -> None:
+    """Refuse, in one line, `accelerate launch` settings that contradict the strategy or the run."""
+    launched = launcher_mode(env)
+    if launched is None:
+        return
+    if launched != mode:
+        fix = f"strategy=accelerate-{launched}" if launched in MODES else "a config from configs/accelerate/"
+        raise StrategyError(
+            f"accelerate launch is set up for {launched} (its config file or flags) but the strategy is "
+            f"accelerate-{mode}: use {fix}, or launch with --config_file configs/accelerate/{mode}.yaml"
+        )
+    if _flag(env, "ACCELERATE_USE_CPU") and (mode != "ddp" or ctx.device.type != "cpu"):
+        raise StrategyError(
+            f"accelerate launch --cpu (use_cpu: true) makes Accelerate ignore FSDP, DeepSpeed and GPUs, and starts one "
+            f"process: drop --cpu and launch with --config_file configs/accelerate/{mode}.yaml (parabench uses gloo on CPU)"
+        )
+    launched_precision = env["ACCELERATE_MIXED_PRECISION"].strip().lower()
+    if launched_precision != ACCELERATE_PRECISION[ctx.precision]:
+        wanted = {v: k for k, v in ACCELERATE_PRECISION.items()}.get(launched_precision, launched_precision)
+        raise StrategyError(
+            f"accelerate launch set mixed_precision={launched_precision} but the run has precision={ctx.precision}: "
+            f"add precision={wanted}, or launch with --mixed_precision {ACCELERATE_PRECISION[ctx.precision]}"
+        )
+    launched_accum = env.get("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "").strip()
+    if launched_accum.isdigit() and int(launched_accum) != ctx.grad_accum:
+        raise StrategyError(
+            f"accelerate launch set gradient_accumulation_steps={launched_accum} but this run accumulates "
+            f"{ctx.grad_accum} micro-steps: add grad_accum={launched_accum}, or drop it from the accelerate config"
+        )
+    if mode == "fsdp" and env.get("FSDP_VERSION", "1").strip() != "2":
+        raise StrategyError(
+            "accelerate-fsdp runs FSDP2 but the accelerate config asks for FSDP1: set fsdp_version: 2 in its "
+            "fsdp_config (as configs/accelerate/fsdp.yaml does)"
+        )
+
+
+class AccelerateStrategy(Strategy):
+    description = "Hugging Face Accelerate"
+
+    def __init__(self, ctx: RunContext, *, mode: str = "ddp"):
+        super().__init__(ctx)
+        if mode not in MODES:
+            raise StrategyError(f"accelerate mode {mode!r} is not one of {', '.join(MODES)}")
+        self.mode = mode
+        check_launcher_settings(os.environ, mode, ctx)
+        self.accelerator = None
+        self._env_before: dict[str, str | None] = {}
+        self._held_before_step: MemoryBreakdown | None = None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if importlib.util.find_spec("accelerate") is None:
+            return "Accelerate is not installed: pip install accelerate"
+        return None
+
+    # ---- setup -------------------------------------------------------------------------
+
+    def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        runner_group = dist.group.WORLD
+        self.accelerator = self._build_accelerator(model)
+        if dist.group.WORLD is not runner_group:
+            raise StrategyError("Accelerate replaced the runner's process group: launch with torchrun or accelerate launch")
+        self._check_state_matches_runner()
+        if self.ctx.rank == 0:
+            print(self._mode_line(), flush=True)
+        # On the device before the optimizer exists, so that it is built there (fused AdamW on CUDA).
+        model = model.to(self.ctx.device)
+        optimizer = optimizer_factory(model)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        if self.mode.startswith("zero"):
+            self._measure_before_engine_steps(self.model)
+        return self.model, self.optimizer
+
+    def _measure_before_engine_steps(self, engine) -> None:
+        """Accelerate's DeepSpeed backward() runs the engine's step at the accumulation
+        boundary, so when the loop asks (between backward and step) the gradient partitions
+        are already released. Measure just before the engine steps: the point every other
+        strategy is measured at. Only tensor metadata is read: no copy, no device sync."""
+        from strategies.deepspeed import zero_memory_breakdown
+
+        engine_step = engine.step
+
+        def step_after_measuring(*args: Any, **kwargs: Any) -> Any:
+            self._held_before_step = zero_memory_breakdown(engine)
+            return engine_step(*args, **kwargs)
+
+        engine.step = step_after_measuring
+
+    def _build_accelerator(self, model: nn.Module):
+        from accelerate import Accelerator
+        from accelerate.utils import InitProcessGroupKwargs
+
+        self._env_before = {k: os.environ.get(k) for k in _ENV_WRITTEN_BY_ACCELERATE}
+        plugins: dict[str, Any] = {}
+        if self.mode == "fsdp":
+            plugins["fsdp_plugin"] = self._fsdp_plugin(model)
+        elif self.mode.startswith("zero"):
+            plugins["deepspeed_plugin"] = self._deepspeed_plugin(model)
+        handlers = []
+        if self.ctx.device.type == "cpu":
+            # Told the backend of the group that already exists, Accelerate counts the
+            # ranks from it; left to guess on a CPU, it sees a world of one.
+            timeout = timedelta(seconds=getattr(self.ctx.config, "pg_timeout_s", 1800))
+            handlers.append(InitProcessGroupKwargs(backend=dist.get_backend(), timeout=timeout))
+        accelerator = Accelerator(
+            mixed_precision=ACCELERATE_PRECISION[self.ctx.precision],
+            gradient_accumulation_steps=self.ctx.grad_accum,
+            # MULTI_CPU (gloo DDP) is what cpu=True means; it would also drop FSDP and DeepSpeed.
+            cpu=self.mode == "ddp" and self.ctx.device.type == "cpu",
+            kwargs_handlers=handlers,
+            **plugins,
+        )
+        if self.mode == "fsdp" and self.ctx.device.type == "cpu":
+            self._enable_fsdp_on_cpu(accelerator, plugins["fsdp_plugin"])
+        return accelerator
+
+    def _fsdp_plugin(self, model: nn.Module):
+        from accelerate.utils import FullyShardedDataParallelPlugin
+
+        if launched_by_accelerate(os.environ):
+            return FullyShardedDataParallelPlugin()  # every setting from the launcher's FSDP_* environment
+        blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
+        block_classes = sorted({type(block).__name__ for block in blocks})
+        return FullyShardedDataParallelPlugin(
+            fsdp_version=2,
+            reshard_after_forward=True,
+            # One FSDP unit per transformer block, then the root: as `fsdp` does.
+            auto_wrap_policy="transformer_based_wrap" if block_classes else "no_wrap",
+            transformer_cls_names_to_wrap=block_classes or None,
+            cpu_ram_efficient_loading=False,  # every rank already holds the same seeded weights
+        )
+
+    def _deepspeed_plugin(self, model: nn.Module):
+        from accelerate.utils import DeepSpeedPlugin
+
+        from strategies.deepspeed_config import model_hidden_size, sizing_config
+
+        if launched_by_accelerate(os.environ):
+            plugin = DeepSpeedPlugin()  # stage, offload, config file: from the launcher's environment
+        else:
+            plugin = DeepSpeedPlugin(
+                zero_stage=int(self.mode[-1]),
+                gradient_accumulation_steps=self.ctx.grad_accum,
+                gradient_clipping=self.ctx.grad_clip,
+                offload_optimizer_device="none",
+                offload_param_device="none",
+                zero3_init_flag=False,  # the model is built before the engine, the same for every strategy
+            )
+        config = plugin.deepspeed_config
+        for key in ("optimizer", "scheduler"):
+            if key in config:
+                raise StrategyError(
+                    f"the DeepSpeed config sets its own {key}: remove it; every parabench strategy shares the runner's "
+                    "AdamW and learning-rate schedule"
+                )
+        # With no DataLoader passed to prepare(), Accelerate cannot infer the micro-batch; the runner
+        # knows it. Left "auto", Accelerate would also clip at 1.0 whatever grad_clip says.
+        expected = {
+            "train_micro_batch_size_per_gpu": self.ctx.micro_batch,
+            "gradient_accumulation_steps": self.ctx.grad_accum,
+            "train_batch_size": self.ctx.micro_batch * self.ctx.grad_accum * self.ctx.world_size,
+            "gradient_clipping": self.ctx.grad_clip,  # 0: DeepSpeed does not clip
+        }
+        for key, value in expected.items():
+            configured = config.get(key, "auto" if key != "gradient_clipping" else 0.0)
+            if configured == "auto":
+                config[key] = value
+            elif float(configured) != value:
+                raise StrategyError(
+                    f"the DeepSpeed config sets {key}={configured} but this run has {value} (from batch_size, "
+                    f"micro_batch, grad_clip and the world size): set it to \"auto\" in the DeepSpeed config"
+                )
+        # Bucket sizes by the rule Accelerate applies to a transformers model (hidden_size based);
+        # DeepSpeed's fixed defaults would allocate 2 GB reduction buckets and, under ZeRO-3,
+        # keep every parameter of a small model whole. Values the user's config sets stay.
+        zero_config = config.setdefault("zero_optimization", {})
+        sizing = sizing_config(model_hidden_size(model), plugin.zero_stage).get("zero_optimization", {})
+        for key, value in sizing.items():
+            if zero_config.get(key, "auto") == "auto":
+                zero_config[key] = value
+        return plugin
+
+    @staticmethod
+    def _enable_fsdp_on_cpu(accelerator, fsdp_plugin) -> None:
+        """Accelerate picks FSDP only for accelerator devices; on CPU its FSDP2 path itself
+        (fully_shard on a gloo mesh) works, so set the distributed type it gates on."""
+        from accelerate.state import AcceleratorState, PartialState
+        from accelerate.utils import DistributedType
+
+        mixed_precision = accelerator.state.mixed_precision
+        if mixed_precision != "no":
+            fsdp_plugin.set_mixed_precision(mixed_precision)
+        AcceleratorState._shared_state["fsdp_plugin"] = fsdp_plugin
+        AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+        PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    def _check_state_matches_runner(self) -> None:
+        """Accelerate must see the runner's world, not build its own."""
+        from accelerate.utils import DistributedType
+
+        acc, ctx = self.accelerator, self.ctx
+        if (acc.num_processes, acc.process_index) != (ctx.world_size, ctx.rank):
+            raise StrategyError(
+                f"Accelerate sees rank {acc.process_index} of {acc.num_processes} but the launcher started rank "
+                f"{ctx.rank} of {ctx.world_size}: launch with torchrun, accelerate launch or nproc=N, not a mix"
+            )
+        if acc.device.type != ctx.device.type or (ctx.device.type == "cuda" and acc.device != ctx.device):
+            raise StrategyError(
+                f"Accelerate placed this rank on {acc.device} but the run uses {ctx.device}: use device=auto"
+            )
+        wanted = {"ddp": None, "fsdp": DistributedType.FSDP}.get(self.mode, DistributedType.DEEPSPEED)
+        if ctx.world_size > 1 and self.mode == "ddp" and not acc.use_distributed:
+            raise StrategyError(f"Accelerate chose {acc.distributed_type} for {ctx.world_size} processes, not DDP")
+        if wanted is not None and acc.distributed_type != wanted:
+            raise StrategyError(
+                f"Accelerate chose {acc.distributed_type} although accelerate-{self.mode} asks for {wanted}: "
+                "check the accelerate config (accelerate env) against configs/accelerate/"
+            )
+        if self.mode == "fsdp" and not acc.is_fsdp2:
+            raise StrategyError("accelerate-fsdp runs FSDP2: set fsdp_version: 2 in the accelerate config")
+
+    def _mode_line(self) -> str:
+        acc = self.accelerator
+        source = "accelerate launch config" if launched_by_accelerate(os.environ) else "configured in code"
+        detail = str(acc.distributed_type).split(".")[-1]
+        if self.mode.startswith("zero"):
+            detail += f", ZeRO stage {acc.state.deepspeed_plugin.zero_stage}"
+        elif self.mode == "fsdp":
+            detail += f" v{acc.state.fsdp_plugin.fsdp_version}"
+        return (
+            f"accelerate: mode {self.mode} ({source}): {detail}, {acc.num_processes} processes, "
+            f"mixed_precision {acc.mixed_precision}, gradient_accumulation_steps {acc.gradient_accumulation_steps}"
+        )
+
+    # ---- the loop's verbs -----------------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor) -> None:
+        # Accelerate divides by gradient_accumulation_steps (DeepSpeed's engine does, under DeepSpeed);
+        # at a boundary (sync_gradients) its DeepSpeed path also runs the engine's step.
+        self.accelerator.backward(loss)
+
+    def step(self) -> None:
+        acc = self.accelerator
+        if self.ctx.grad_clip > 0 and not self.mode.startswith("zero"):
+            # DeepSpeed clips inside its own step, from gradient_clipping in its config.
+            acc.clip_grad_norm_(self.model.parameters(), self.ctx.grad_clip)
+        self.optimizer.step()  # a no-op under DeepSpeed: the engine stepped in backward()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    @contextlib.contextmanager
+    def _accumulating(self) -> Iterator[None]:
+        """What `Accelerator.accumulate` does on a micro-step that is not a boundary."""
+        acc = self.accelerator
+        acc.sync_gradients = False  # no DeepSpeed step and no reduction boundary on this micro-step
+        try:
+            with acc.no_sync(self.model):
+                yield
+        finally:
+            acc.sync_gradients = True
+
+    def no_sync(self) -> ContextManager:
+        return self._accumulating()
+
+    # ---- measurement and teardown -----------------------------------------------------------
+
+    def memory_breakdown(self) -> MemoryBreakdown:
+        if self.mode.startswith("zero"):
+            from strategies.deepspeed import zero_memory_breakdown
+
+            return self._held_before_step or zero_memory_breakdown(self.model)
+        return MemoryBreakdown.of(self.model, _innermost_optimizer(self.optimizer))
+
+    def teardown(self) -> None:
+        if self.accelerator is not None:
+            from accelerate.state import AcceleratorState, GradientState
+
+            self.accelerator.free_memory()
+            # Accelerate's state is a process-wide singleton; the process group stays the runner's.
+            AcceleratorState._reset_state(reset_partial_state=True)
+            GradientState._reset_state()
+            for key, value in self._env_before.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+            self.accelerator = None
+        super().teardown()
+
+
+def _innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The torch optimizer under Accelerate's (and DeepSpeed's) wrappers, which holds the state."""
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+class AccelerateDeepSpeedStrategy(AccelerateStrategy):
+    """The ZeRO modes also need DeepSpeed itself, and transformers for Accelerate's plugin."""
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        missing = super().unavailable_reason()
+        if missing is None and importlib.util.find_spec("deepspeed") is None:
+            missing = "DeepSpeed is not installed: pip install deepspeed"
+        if missing is None and importlib.util.find_spec("transformers") is None:
+            # DeepSpeedPlugin.select() imports transformers' HfDeepSpeedConfig, whatever the model.
+            missing = "Accelerate's DeepSpeed plugin needs transformers: pip install transformers"
+        return missing
+
+
+def register_strategies(registry) -> None:
+    for mode, description in MODES.items():
+        cls = AccelerateDeepSpeedStrategy if mode.startswith("zero") else AccelerateStrategy
+        registry.register(f"accelerate-{mode}", cls, description, mode=mode)
