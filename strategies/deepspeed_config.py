@@ -163,12 +163,13 @@ def check_user_config(user: dict[str, Any], run: dict[str, Any], source: str) ->
     }
     for path, fix in fixes.items():
         _refuse_if_different(user, run, path, source, fix)
-    wanted = _precision_of(user)
-    if any(_get(user, (name, "enabled")) is not None for name in ("fp16", "bf16")) and wanted != _precision_of(run):
-        raise DeepSpeedConfigError(
-            f"deepspeed_config {source} enables {wanted} but the run's precision is {_precision_of(run)}: "
-            f"set precision={wanted} on the command line instead"
-        )
+    for name in ("fp16", "bf16"):
+        enabled = _get(user, (name, "enabled"))
+        if enabled is not None and enabled != run[name]["enabled"]:
+            raise DeepSpeedConfigError(
+                f"deepspeed_config {source} sets {name}.enabled={json.dumps(enabled)} but the run's precision is "
+                f"{_precision_of(run)}: set precision={name if enabled else 'fp32'} on the command line instead"
+            )
     zero_run = run["zero_optimization"]
     stage = _get(user, ("zero_optimization", "stage"))
     if stage is not None and stage != zero_run["stage"]:

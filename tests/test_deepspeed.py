@@ -188,7 +188,7 @@ def _run(stage: int = 2, **kw) -> dict:
 
 
 @pytest.mark.parametrize("user, expected", [
-    ({"bf16": {"enabled": True}}, "enables bf16 but the run's precision is fp32: set precision=bf16"),
+    ({"bf16": {"enabled": True}}, "sets bf16.enabled=true but the run's precision is fp32: set precision=bf16"),
     ({"bfloat16": {"enabled": True}}, "set precision=bf16"),
     ({"zero_optimization": {"stage": 3}}, "sets zero_optimization.stage=3 but the strategy runs stage 2: use strategy=zero3"),
     ({"gradient_accumulation_steps": 4}, "set grad_accum="),
