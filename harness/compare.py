@@ -19,11 +19,11 @@ import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from omegaconf import OmegaConf
 
-from configs.schema import RunConfig, to_dict
+from configs.schema import ConfigError, RunConfig, to_dict
 from harness import batch_search
 from harness.compare_schema import CompareConfig, load_compare_config, train_options
 from harness.launch import RUNNER, torchrun_command, worker_env
@@ -103,7 +103,8 @@ class Sweep:
     def nproc_for(self, name: str) -> int:
         return 1 if name == REFERENCE else self.nproc
 
-    def launch(self, name: str, run_dir: Path, extra: list[str], on_poll=None) -> JobOutcome:
+    def launch(self, name: str, run_dir: Path, extra: list[str],
+               on_poll: Callable[[], None] | None = None) -> JobOutcome:
         nproc = self.nproc_for(name)
         for stale in STALE_RUN_FILES:
             (run_dir / stale).unlink(missing_ok=True)
@@ -147,6 +148,8 @@ def _finish_detail(result: StrategyResult) -> str:
 def _device_type(cfg: CompareConfig) -> str:
     import torch
 
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but no CUDA device is visible: use device=cpu or device=auto")
     if cfg.device == "cpu" or not torch.cuda.is_available():
         return "cpu"
     return "cuda"
@@ -194,7 +197,7 @@ def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult
     return {"results": found}
 
 
-def _prober(cfg: CompareConfig, sweep: Sweep, name: str, nproc: int):
+def _prober(cfg: CompareConfig, sweep: Sweep, name: str, nproc: int) -> Callable[[int], batch_search.Probe]:
     def probe(micro_batch: int) -> batch_search.Probe:
         run_dir = sweep.out / "batch_search" / name / f"micro_batch_{micro_batch}"
         global_batch = micro_batch * nproc

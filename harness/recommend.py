@@ -76,6 +76,7 @@ def _leanest(leanest: StrategyResult, fastest: StrategyResult, device_type: str,
 
 def _avoid(results: list[StrategyResult], good: list[StrategyResult], device_type: str, memory_word: str) -> list[str]:
     lines = []
+    beaten = []
     for r in results:
         if r.status == "failed":
             lines.append(f"Avoid `{r.name}` as configured: it failed ({_failure(r)}).")
@@ -84,10 +85,10 @@ def _avoid(results: list[StrategyResult], good: list[StrategyResult], device_typ
         elif r in good:
             better = _dominating(r, good, device_type)
             if better is not None:
-                lines.append(
-                    f"`{r.name}` buys nothing here: `{better.name}` is faster ({better.tokens_per_s:,.0f} vs "
-                    f"{r.tokens_per_s:,.0f} tokens/s) with no more {memory_word} per rank."
-                )
+                beaten.append(f"`{r.name}` (by `{better.name}`, {better.tokens_per_s / r.tokens_per_s:.1f}x faster)")
+    if beaten:
+        lines.append(f"These buy nothing here, as another strategy is faster with no more {memory_word} per rank: "
+                     + ", ".join(beaten) + ".")
     return lines
 
 

@@ -115,9 +115,11 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Bloc
 
 
 def _summary_table(ran: list[StrategyResult], device_type: str) -> Table:
+    def peak(value: int | None) -> str:
+        return human_bytes(value) if device_type == "cuda" else "n/a (CPU)"
+
     rows = []
     for r in sorted(ran, key=lambda r: -(r.tokens_per_s or 0)):
-        peak = (lambda v: human_bytes(v)) if device_type == "cuda" else (lambda v: "n/a (CPU)")
         rows.append([
             f"`{r.name}`", str(r.nproc), _number(r.tokens_per_s, "{:,.0f}"), _number(r.step_time_s, "{:.1f}", 1e3),
             _number(r.mfu, "{:.1%}"), peak(r.peak_mem_allocated_bytes), peak(r.peak_mem_reserved_bytes),

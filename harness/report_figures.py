@@ -154,9 +154,12 @@ def memory_vs_throughput(results: list[StrategyResult], colour: dict, device_typ
     memory = [_memory_figure(r, device_type) for r in ran]
     scale, unit = byte_unit(max(memory))
     fig, ax = plt.subplots(figsize=(8, 5))
-    for r, mem in zip(ran, memory):
-        ax.scatter(mem / scale, r.tokens_per_s, s=60, color=colour[r.name], edgecolor="black", linewidth=0.5, zorder=3)
-        ax.annotate(r.name, (mem / scale, r.tokens_per_s), textcoords="offset points", xytext=(6, 4), fontsize=8)
+    points = [(mem / scale, r.tokens_per_s, r) for r, mem in zip(ran, memory)]
+    size_pt = (fig.get_figwidth() * 72 * 0.8, fig.get_figheight() * 72 * 0.75)
+    offsets = _label_offsets([(x, y) for x, y, _ in points], [r.name for _, _, r in points], size_pt)
+    for (x, y, r), dy in zip(points, offsets):
+        ax.scatter(x, y, s=60, color=colour[r.name], edgecolor="black", linewidth=0.5, zorder=3)
+        ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(6, 4 - dy), fontsize=8)
     what = "peak memory allocated" if device_type == "cuda" else "model states (params + grads + optimizer)"
     ax.set(xlabel=f"{what} per rank ({unit})", ylabel="tokens/s",
            title="Memory against throughput (up and left is better)")
@@ -166,6 +169,25 @@ def memory_vs_throughput(results: list[StrategyResult], colour: dict, device_typ
     ax.yaxis.set_major_formatter(THOUSANDS)
     ax.grid(alpha=0.3)
     return _save(fig, path)
+
+
+def _label_offsets(points: list[tuple[float, float]], names: list[str], size_pt: tuple[float, float]) -> list[float]:
+    """Downward offsets (in points) so that no two labels overlap: labels are placed top to
+    bottom, each moved down a line at a time while it would cover one placed before it."""
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    x_span, y_span = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    # Approximate positions in points (the axes keep a margin around the data).
+    where = [((x - min(xs)) / x_span * size_pt[0] * 0.75, (y - min(ys)) / y_span * size_pt[1] * 0.75) for x, y in points]
+    line, char = 11.0, 5.0  # label height and mean character width at fontsize 8
+    placed: list[tuple[float, float, float]] = []  # x, y, width of labels already placed
+    offsets = [0.0] * len(points)
+    for i in sorted(range(len(points)), key=lambda k: -where[k][1]):
+        x, y = where[i]
+        width = char * len(names[i])
+        while any(abs(y - offsets[i] - py) < line and x < px + pw and px < x + width for px, py, pw in placed):
+            offsets[i] += line
+        placed.append((x, y - offsets[i], width))
+    return offsets
 
 
 def _memory_figure(r: StrategyResult, device_type: str) -> float | None:
