@@ -17,6 +17,7 @@ from configs.schema import PRECISIONS, load_config
 from harness.hardware import PEAK_FLOPS
 from harness.planner.backends import known_backends
 from harness.planner.comm import INTER_NODE, INTERCONNECTS, Topology, parse_link
+from harness.planner.memory import zero_paper_bytes_per_gpu
 from harness.planner.model_shape import ModelShape, PlanError, shape_of_description, shape_of_spec
 from harness.planner.predict import Question, StrategyPlan, plan_all
 from harness.planner.recommend import Recommendation, recommend
@@ -189,6 +190,14 @@ def _heading(cfg: PlanConfig, q: Question) -> list[str]:
     return lines
 
 
+PAPER_STAGES = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3}
+
+
+def zero_paper_view(q: Question) -> dict[str, float]:
+    """Model states per GPU in the ZeRO paper's accounting (mixed-precision Adam, K=12)."""
+    return {name: zero_paper_bytes_per_gpu(q.shape.params, stage, q.gpus) for name, stage in PAPER_STAGES.items()}
+
+
 def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recommendation) -> dict[str, Any]:
     s = q.shape
     return {
@@ -198,6 +207,7 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
                   "flops_per_token": s.flops_per_token(q.seq_len), "dims": asdict(s.dims) if s.dims else None,
                   "note": s.note},
         "strategies": [p.as_dict() for p in plans],
+        "zero_paper_model_states_bytes": zero_paper_view(q),
         "recommendation": rec.as_dict(),
     }
 
@@ -216,6 +226,10 @@ def main(args: list[str]) -> int:
     if cfg.format == "json":
         print(json.dumps(as_json(cfg, q, plans, rec) | {"plots": [str(p) for p in plots]}, indent=2))
     else:
-        lines = _heading(cfg, q) + [""] + _table(plans) + [""] + rec.lines
+        paper = ", ".join(f"{name} {b / GB:.1f} GB" for name, b in zero_paper_view(q).items())
+        lines = _heading(cfg, q) + [""] + _table(plans) + [
+            f"ZeRO paper's accounting (mixed-precision Adam, K=12), model states per GPU: {paper}.",
+            "The columns are what each backend as installed holds: DeepSpeed's ZeRO-1 reduces gradients into "
+            "its partition during the last micro-step's backward, so it keeps ZeRO-2's gradients at rest.", ""] + rec.lines
         print("\n".join(lines + [f"wrote {p}" for p in plots]))
     return 0

@@ -96,14 +96,7 @@ def _plugin_defaults(name: str) -> dict[str, Any]:
 
 
 def _deepspeed_sizing(backend: Backend, shape: ModelShape) -> dict[str, Any]:
-    """The bucket sizes each plugin gives DeepSpeed for this model."""
-    if backend.via_accelerate:
-        # Accelerate fills its "auto" sizes from model.config.hidden_size only when the model has one.
-        h = shape.config_hidden_size
-        if h is None:
-            return {}
-        return {"reduce_bucket_size": h * h, "stage3_prefetch_bucket_size": int(0.9 * h * h),
-                "stage3_param_persistence_threshold": 10 * h}
+    """The bucket sizes both DeepSpeed plugins (direct and through Accelerate) give this model."""
     from strategies.deepspeed_config import sizing_config
 
     return sizing_config(shape.matrix_width(), backend.stage).get("zero_optimization", {})

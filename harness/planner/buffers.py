@@ -5,10 +5,11 @@ torch engine: autocast's bf16 copies of every matmul weight (cached from forward
 each layer's backward); DDP's gradient buckets when .grad is not a view into them; FSDP2's
 gathered parameters (the root for the whole step, a block in use plus one prefetched, or
 every block when it does not reshard after forward) and one block's reduce-scatter.
-DeepSpeed: ZeRO-3's gathered blocks (the one in use plus its prefetch bucket) and the fp32
-gradient partition ZeRO-1/2 build for the optimizer step. Buffers DeepSpeed's own
-memory_breakdown already counts (reduction buckets, whole-kept ZeRO-3 parameters) are part
-of the model states instead (memory.py), not repeated here.
+DeepSpeed: ZeRO-1/2's reduction bucket(s) (two with overlap_comm), ZeRO-1's whole
+gradients while accumulating, the fp32 gradient built for the optimizer step; ZeRO-3's
+gathered blocks (the one in use plus its prefetch bucket). What the strategies' own
+memory_breakdown already counts (ZeRO-3's reduction bucket and whole-kept parameters, the
+offload staging buffers) is part of the model states instead (memory.py), not repeated here.
 """
 from __future__ import annotations
 
@@ -66,22 +67,31 @@ def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, grad_acc
     return Buffers(backward=backward)
 
 
-def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, world: int) -> Buffers:
+def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
     low = BYTES[precision]
     backward: dict[str, int] = {}
     step: dict[str, int] = {}
+    part = -(-shape.params // world)
     if backend.stage == 3:
         blocks = shape.block_params()
         largest = max(blocks) if blocks else shape.params
         prefetch = min(int(backend.option("stage3_prefetch_bucket_size")), largest)
         backward["gathered block in use + prefetch bucket"] = (largest + prefetch) * low
-    elif not backend.offload_optimizer:
-        # ZeRO-1/2 build the fp32 gradient of their partition for the optimizer step.
-        step["fp32 gradient partition for the step"] = -(-shape.params // world) * 4
+        if not backend.offload_optimizer:
+            step["fp32 gradient of one optimizer sub-group"] = min(part, int(backend.option("sub_group_size"))) * 4
+        return Buffers(backward=backward, step=step, grads_resident=True)
+    buckets = 2 if backend.option("overlap_comm") else 1
+    backward["gradient reduction bucket" + ("s" if buckets > 1 else "")] = \
+        buckets * int(backend.option("reduce_bucket_size")) * low
+    if backend.stage == 1 and grad_accum > 1:
+        # ZeRO-1 reduces only in the last micro-step's backward: until then every gradient is whole.
+        backward["whole gradients accumulated between micro-steps"] = shape.params * low
+    if not backend.offload_optimizer:
+        step["fp32 gradient partition for the step"] = part * 4
     return Buffers(backward=backward, step=step, grads_resident=True)
 
 
 def backend_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
     if backend.engine == "deepspeed":
-        return _deepspeed_buffers(shape, backend, precision, world)
+        return _deepspeed_buffers(shape, backend, precision, world, grad_accum)
     return _torch_buffers(shape, backend, precision, grad_accum)

@@ -56,7 +56,6 @@ class ModelShape:
     dims: TransformerDims | None  # None for a model that is not a recognisable transformer
     tensors: tuple[ParamTensor, ...] | None  # None when only a parameter count was given
     note: str = ""  # how the shape was obtained where it was not read from a model
-    config_hidden_size: int | None = None  # `model.config.hidden_size`, which Accelerate sizes DeepSpeed buckets by
 
     def matrix_width(self) -> int | None:
         """The size most weight matrices share, as strategies/deepspeed_config.model_hidden_size counts it."""
@@ -127,9 +126,7 @@ def shape_of_module(name: str, model: nn.Module) -> ModelShape:
     tensors = tuple(ParamTensor(tuple(p.shape), block_of.get(key)) for key, p in unique.items())
     total = sum(t.numel for t in tensors)
     flops_params = int(model.num_params()) if hasattr(model, "num_params") else total
-    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
-    return ModelShape(name, total, flops_params, _dims_of(model), tensors,
-                      config_hidden_size=int(hidden) if isinstance(hidden, int) else None)
+    return ModelShape(name, total, flops_params, _dims_of(model), tensors)
 
 
 def shape_of_spec(spec: str, model_kwargs: dict[str, Any] | None = None) -> ModelShape:

@@ -91,11 +91,14 @@ def _fits_with(name: str, q: Question) -> list[str]:
 def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     ranked = sorted([p for p in plans if p.fits is not False], key=_speed_key)
     if ranked:
-        # Among the strategies tied for fastest, the one that leaves the most memory free.
+        # Among the strategies tied for fastest, the one that leaves the most memory free;
+        # among those as lean (within 2%), the first listed: the registry lists simpler ones first.
         tied = [p for p in ranked if p is ranked[0] or _tied(p, ranked[0])]
-        leanest = min(tied, key=lambda p: p.peak_bytes if p.peak_bytes is not None else float("inf"))
-        ranked.remove(leanest)
-        ranked.insert(0, leanest)
+        peak = {p.name: p.peak_bytes if p.peak_bytes is not None else float("inf") for p in tied}
+        least = min(peak.values())
+        choice = next(p for p in plans if p.name in peak and peak[p.name] <= (1 + TIE) * least)
+        ranked.remove(choice)
+        ranked.insert(0, choice)
     lines: list[str] = []
     if not ranked:
         lines.append(f"Nothing fits in {q.gpus} x {q.gpu_mem_bytes / GB:.0f} GB as asked.")
