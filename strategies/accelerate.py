@@ -120,7 +120,9 @@ def check_launcher_settings(env: Mapping[str, str], mode: str, ctx: RunContext) 
 class AccelerateStrategy(Strategy):
     description = "Hugging Face Accelerate"
 
-    def __init__(self, ctx: RunContext, *, mode: str = "ddp"):
+    # `mode` is fixed by the registered name: not keyword-only, so the registry does not
+    # offer it as a strategy_options key (accelerate-ddp cannot quietly become ZeRO-3).
+    def __init__(self, ctx: RunContext, mode: str = "ddp"):
         super().__init__(ctx)
         if mode not in MODES:
             raise StrategyError(f"accelerate mode {mode!r} is not one of {', '.join(MODES)}")
@@ -311,7 +313,8 @@ class AccelerateStrategy(Strategy):
         elif self.mode == "fsdp":
             detail += f" v{acc.state.fsdp_plugin.fsdp_version}"
         return (
-            f"accelerate: mode {self.mode} ({source}): {detail}, {acc.num_processes} processes, "
+            f"accelerate: mode {self.mode} ({source}): {detail}, {acc.num_processes} "
+            f"process{'es' if acc.num_processes != 1 else ''}, "
             f"mixed_precision {acc.mixed_precision}, gradient_accumulation_steps {acc.gradient_accumulation_steps}"
         )
 

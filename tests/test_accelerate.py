@@ -26,6 +26,7 @@ from strategies.accelerate import (
     launcher_mode,
 )
 from strategies.base import RunContext, StrategyError
+from strategies.registry import default_registry
 from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_cli
 
 TOLERANCE = 1e-4  # relative, every step: only the order of floating-point sums differs
@@ -193,6 +194,15 @@ def _ctx(precision: str = "fp32", grad_accum: int = 1) -> RunContext:
 
 
 LAUNCHED = {"ACCELERATE_MIXED_PRECISION": "no"}
+
+
+@needs_backends
+def test_each_name_fixes_its_mode():
+    registry = default_registry()
+    for mode in MODES:
+        assert registry.create(f"accelerate-{mode}", _ctx()).mode == mode
+    with pytest.raises(StrategyError, match="has no option mode"):
+        registry.create("accelerate-ddp", _ctx(), mode="zero3")
 
 
 @pytest.mark.parametrize("env, mode", [
