@@ -168,8 +168,3 @@ def model_states(shape: ModelShape, backend: Backend, precision: str, world: int
     if backend.stage == 3:
         return _zero3_states(shape, backend, precision, world).breakdown()
     return _zero12_states(shape, backend, precision, world).breakdown()
-
-
-def gpu_bytes(breakdown: MemoryBreakdown) -> int:
-    """What of a breakdown lives in GPU memory."""
-    return sum(getattr(breakdown, c).get(GPU, 0) for c in ("params", "grads", "optimizer"))

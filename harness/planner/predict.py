@@ -57,7 +57,7 @@ class StrategyPlan:
     time: StepTime | None
 
     def states_on(self, device: str = GPU) -> dict[str, int]:
-        return {c: getattr(self.states, c).get(device, 0) for c in CATEGORIES}
+        return on_device(self.states, device)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +83,11 @@ class StrategyPlan:
         }
 
 
+def on_device(states: MemoryBreakdown, device: str = GPU) -> dict[str, int]:
+    """Bytes per category that live on `device` ("cuda" or "cpu")."""
+    return {c: getattr(states, c).get(device, 0) for c in CATEGORIES}
+
+
 def peak_allocated(states: dict[str, int], acts: Activations | None, buffers: Buffers, grads_held: bool) -> int | None:
     """Most GPU memory allocated at once: at the start of backward (everything forward kept,
     the backend's buffers, gradients where they persist) or in the optimizer step."""
@@ -100,9 +105,8 @@ def plan_strategy(name: str, q: Question) -> StrategyPlan:
     acts = activations(q.shape, micro_batch=q.micro_batch, seq_len=q.seq_len, precision=q.precision,
                        mixed_precision=backend.mixed_precision, checkpointing=q.checkpointing)
     buffers = backend_buffers(q.shape, backend, q.precision, q.gpus, q.grad_accum)
-    plan_states = {c: getattr(states, c).get(GPU, 0) for c in CATEGORIES}
     grads_held = buffers.grads_resident or q.grad_accum > 1
-    peak = peak_allocated(plan_states, acts, buffers, grads_held)
+    peak = peak_allocated(on_device(states), acts, buffers, grads_held)
     fits = None if peak is None else peak <= USABLE_FRACTION * q.gpu_mem_bytes
     comms = collectives(q.shape, backend, q.precision, q.gpus)
     timing = None

@@ -50,8 +50,18 @@ def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:
     return f"{slower:.0%} slower: {cause}"
 
 
+def _largest_part(p: StrategyPlan) -> str:
+    parts = {{"optimizer": "optimizer state"}.get(c, c): b for c, b in p.states_on().items()}
+    if p.activations:
+        parts["activations"] = p.activations.total
+    parts.update(p.buffers.backward)
+    name, nbytes = max(parts.items(), key=lambda kv: kv[1])
+    return f"{name} {_gb(nbytes)}"
+
+
 def _why_not(p: StrategyPlan, q: Question) -> str:
-    return f"does not fit: needs {_gb(p.peak_bytes)} per GPU, {_gb(USABLE_FRACTION * q.gpu_mem_bytes)} usable"
+    return (f"does not fit: needs {_gb(p.peak_bytes)} per GPU, {_gb(USABLE_FRACTION * q.gpu_mem_bytes)} usable "
+            f"(largest part: {_largest_part(p)})")
 
 
 def _fewest_gpus(name: str, q: Question) -> tuple[int, StrategyPlan] | None:
@@ -102,6 +112,15 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     lines: list[str] = []
     if not ranked:
         lines.append(f"Nothing fits in {q.gpus} x {q.gpu_mem_bytes / GB:.0f} GB as asked.")
+        if not q.checkpointing:
+            checkpointed = replace(q, checkpointing=True)
+            fitting = sorted((p for p in (plan_strategy(p.name, checkpointed) for p in plans) if p.fits), key=_speed_key)
+            if fitting:
+                best = fitting[0]
+                speed = f" at {best.time.tokens_per_s:,.0f} tokens/s" if best.time else ""
+                lines.append(f"Use {best.name} with activation checkpointing on: the fastest that then fits, "
+                             f"{_gb(best.peak_bytes)} per GPU{speed}.")
+                return Recommendation(best.name, fitting[1].name if len(fitting) > 1 else None, lines)
         for p in sorted(plans, key=lambda p: p.peak_bytes or 0)[:3]:
             ways = _fits_with(p.name, q)
             lines.append(f"{p.name} needs {_gb(p.peak_bytes)} per GPU" + (f"; it fits with {' or '.join(ways)}." if ways else "."))
