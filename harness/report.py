@@ -136,20 +136,32 @@ def _number(value: float | None, fmt: str, scale: float = 1.0) -> str:
 
 
 def _predictions(ran: list[StrategyResult]) -> list[Block]:
+    """One row per strategy, one column per predicted quantity: `predicted / measured (error)`."""
+    predicted_keys = [key for key, _, _ in PREDICTED if any((r.prediction or {}).get(key) is not None for r in ran)]
+    if not predicted_keys:
+        return []
+    columns = [(key, label, kind) for key, label, kind in PREDICTED if key in predicted_keys]
     rows = []
     for r in ran:
-        for key, label, kind in PREDICTED:
-            predicted, measured = (r.prediction or {}).get(key), getattr(r, key)
-            if predicted is None:
-                continue
-            show = human_bytes if kind == "bytes" else (lambda v: f"{v:,.0f}")
-            error = f"{(predicted - measured) / measured:+.1%}" if measured else "n/a"
-            rows.append([f"`{r.name}`", label, show(predicted), "n/a" if measured is None else show(measured), error])
-    if not rows:
-        return []
+        prediction = r.prediction or {}
+        if not any(prediction.get(key) is not None for key in predicted_keys):
+            continue
+        rows.append([f"`{r.name}`"] + [_predicted_cell(prediction.get(key), getattr(r, key), kind)
+                                       for key, _, kind in columns])
     return [Heading("Predicted against measured"),
-            Paragraph("The planner's prediction for each run, and its error relative to what was measured."),
-            Table(["strategy", "quantity", "predicted", "measured", "error"], rows, right_aligned={2, 3, 4})]
+            Paragraph("The planner's prediction for each run beside what the run measured: "
+                      "`predicted / measured (error)`, where error = (predicted - measured) / measured."),
+            Table(["strategy"] + [label for _, label, _ in columns], rows, right_aligned=set(range(1, len(columns) + 1)))]
+
+
+def _predicted_cell(predicted: float | None, measured: float | None, kind: str) -> str:
+    if predicted is None:
+        return "n/a"
+    show = human_bytes if kind == "bytes" else (lambda v: f"{v:,.0f}")
+    if measured is None:
+        return f"{show(predicted)} / n/a"
+    error = f" ({(predicted - measured) / measured:+.1%})" if measured else ""
+    return f"{show(predicted)} / {show(measured)}{error}"
 
 
 def _batch_search(found: dict | None) -> list[Block]:
