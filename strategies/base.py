@@ -2,14 +2,18 @@
 
 The runner's loop holds a `Strategy` and never asks which one: setup wraps the
 model and builds the optimizer, backward/step/no_sync drive accumulation, and
-memory_breakdown reports what this rank holds. Checkpoint verbs: save/load/export.
+memory_breakdown reports what this rank holds. Checkpoint verbs: save/load in the
+backend's own format (exact resume), full_state_dict/load_full_state_dict for the
+consolidated weights, read_full_state_dict to get those weights out of a checkpoint
+offline (export, and resuming under a strategy whose format differs).
 """
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Callable, ContextManager
+from pathlib import Path
+from typing import Any, Callable, ClassVar, ContextManager
 
 import torch
 import torch.nn as nn
@@ -50,6 +54,11 @@ class Strategy(ABC):
 
     name: str = ""
     description: str = ""
+    # Checkpoints of equal format load natively (model, optimizer, scaler) across strategies;
+    # "" means the backend cannot checkpoint yet, and a run that asks it to is refused up front.
+    checkpoint_format: ClassVar[str] = ""
+    # Whether load() accepts a checkpoint saved by another number of ranks.
+    checkpoint_reshards: ClassVar[bool] = True
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -96,6 +105,39 @@ class Strategy(ABC):
         """Bytes this rank holds in parameters, gradients and optimizer state."""
         assert self.model is not None, "setup() first"
         return MemoryBreakdown.of(self.model, self.optimizer)
+
+    def save(self, path: Path) -> None:
+        """Collective: write model, optimizer and gradient-scaler state into the directory
+        `path` (which exists) in the backend's own format. Every rank calls it."""
+        raise self._no_checkpoints()
+
+    def load(self, path: Path) -> None:
+        """Collective: restore what save() wrote into `path`, after setup()."""
+        raise self._no_checkpoints()
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Collective: the consolidated model state on the CPU, with the bare model's parameter
+        names, on rank 0 (an empty dict on the other ranks)."""
+        raise self._no_checkpoints()
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        """Collective: load consolidated weights (every rank passes the whole dict) into the
+        set-up model; the optimizer state is left as it is."""
+        raise self._no_checkpoints()
+
+    @classmethod
+    def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Offline, in one process without a process group: the consolidated weights in the
+        checkpoint directory `path` that save() wrote, keyed like `model.state_dict()`.
+        `model` is a bare model of the checkpoint's shape, for formats that read into a
+        template; its values are not used."""
+        raise StrategyError(f"strategy {cls.name or cls.__name__!r} cannot read its checkpoints back")
+
+    def _no_checkpoints(self) -> StrategyError:
+        return StrategyError(
+            f"strategy {self.name!r} cannot save or load checkpoints yet: run it with checkpoint_every=0 "
+            "and no resume="
+        )
 
     def teardown(self) -> None:
         """Release what setup built (the process group belongs to the runner)."""

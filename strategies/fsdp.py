@@ -2,15 +2,26 @@
 
 Parameters, gradients and optimizer state are sharded over the ranks as DTensors;
 mixed precision goes through `MixedPrecisionPolicy` (compute in bf16/fp16, reduce
-in fp32) rather than autocast, as FSDP2 intends.
+in fp32) rather than autocast, as FSDP2 intends. Checkpoints are
+torch.distributed.checkpoint directories: each rank writes its own shards, and a
+load reshards to whatever the new world size is.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import ContextManager, Iterator
+import warnings
+from pathlib import Path
+from typing import Any, ContextManager, Iterator
 
 import torch
+import torch.distributed.checkpoint as dcp
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import (
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -21,6 +32,7 @@ from strategies.single import SingleDeviceStrategy
 
 class FSDPStrategy(SingleDeviceStrategy):
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded"
+    checkpoint_format = "dcp"
 
     def __init__(self, ctx: RunContext, *, reshard_after_forward: bool = True, cpu_offload: bool = False):
         super().__init__(ctx)
@@ -86,6 +98,43 @@ class FSDPStrategy(SingleDeviceStrategy):
 
     def no_sync(self) -> ContextManager:
         return self._gradient_sync_off()
+
+    def _sharded_state(self) -> dict[str, Any]:
+        # Keyed by parameter name, not by position, and sharded as the model is: what DCP
+        # needs to write each rank's part and to reshard it on load.
+        state: dict[str, Any] = {
+            "model": get_model_state_dict(self.model),
+            # On a fresh optimizer this takes one zero-lr step to create the state DCP loads into.
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
+        }
+        if self.scaler:
+            state["scaler"] = self.scaler.state_dict()
+        return state
+
+    def save(self, path: Path) -> None:
+        assert self.model is not None and self.optimizer is not None, "setup() first"
+        dcp.save(self._sharded_state(), checkpoint_id=path)
+
+    def load(self, path: Path) -> None:
+        assert self.model is not None and self.optimizer is not None, "setup() first"
+        state = self._sharded_state()
+        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+        if not any(key.startswith("scaler.") for key in saved):
+            state.pop("scaler", None)  # saved in another precision: the scaler starts afresh
+        dcp.load(state, checkpoint_id=path)
+        set_model_state_dict(self.model, state["model"])
+        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        self._load_scaler_state(state.get("scaler"))
+
+    @classmethod
+    def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+        # Read only the model's entries into the bare model's tensors: DCP stitches the shards
+        # together whatever the world size that wrote them.
+        state = {name: t.detach().clone() for name, t in model.state_dict().items()}
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
+        return state
 
 
 def register_strategies(registry) -> None:

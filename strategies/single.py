@@ -1,21 +1,30 @@
 """`single`: one process, no parallelism: the reference every other strategy is held to.
 
 Also the home of the plain-PyTorch precision handling (autocast, GradScaler for
-fp16, clipping) that `ddp` and `fsdp` inherit.
+fp16, clipping) and of the "torch" checkpoint format that `ddp` and `fsdp` inherit.
 """
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 from typing import ContextManager
 
 import torch
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError
 
 
+MODEL_FILE = "model.pt"  # the consolidated weights, plain parameter names
+OPTIMIZER_FILE = "optimizer.pt"  # optimizer and gradient-scaler state
+
+
 class SingleDeviceStrategy(Strategy):
     description = "one process, no parallelism (the reference)"
+    # Every rank holds the whole model and the same optimizer state: rank 0's copy is the
+    # checkpoint, readable at any world size, by single and ddp alike.
+    checkpoint_format = "torch"
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)
@@ -64,6 +73,44 @@ class SingleDeviceStrategy(Strategy):
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        # The state-dict utilities strip wrapper prefixes ("module.", "_orig_mod.") and gather
+        # sharded parameters, so one call serves a plain, DDP or FSDP model.
+        assert self.model is not None, "setup() first"
+        return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        assert self.model is not None, "setup() first"
+        set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=True))
+
+    def save(self, path: Path) -> None:
+        assert self.optimizer is not None, "setup() first"
+        model = self.full_state_dict()
+        if self.ctx.rank == 0:
+            torch.save(model, path / MODEL_FILE)
+            torch.save({"optimizer": self.optimizer.state_dict(), "scaler": self._scaler_state()}, path / OPTIMIZER_FILE)
+
+    def load(self, path: Path) -> None:
+        assert self.optimizer is not None, "setup() first"
+        # Every rank reads rank 0's copy: the same bytes wherever the checkpoint came from.
+        self.load_full_state_dict(torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True))
+        rest = torch.load(path / OPTIMIZER_FILE, map_location="cpu", weights_only=True)
+        self.optimizer.load_state_dict(rest["optimizer"])
+        self._load_scaler_state(rest["scaler"])
+
+    @classmethod
+    def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+        return torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
+
+    def _scaler_state(self) -> dict | None:
+        return self.scaler.state_dict() if self.scaler else None
+
+    def _load_scaler_state(self, state: dict | None) -> None:
+        # A checkpoint from another precision carries no scaler (or one this run has no use for):
+        # the scaler then starts afresh, as it would at step 0.
+        if self.scaler and state:
+            self.scaler.load_state_dict(state)
 
 
 def register_strategies(registry) -> None:
