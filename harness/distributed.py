@@ -3,7 +3,10 @@ accelerate launch, srun+torchrun), or none: then a world of one."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import sys
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -42,6 +45,21 @@ def pick_device(requested: str, local_rank: int) -> torch.device:
     return torch.device("cpu")
 
 
+def restart_hazard() -> str | None:
+    """Why a torchrun restart of this job may fail to form its process group, or None.
+
+    torchrun shares its own store with the workers by default, and a restarted attempt
+    can read the previous attempt's peer addresses from it and fail to connect
+    (pytorch/pytorch#135712); torchrun then gives up with restarts left unused."""
+    restartable = int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0
+    if restartable and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return (
+            "torchrun --max-restarts shares its store with the workers, so a restart can read a dead "
+            "rank's address and fail (pytorch#135712): export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 before torchrun"
+        )
+    return None
+
+
 def init(requested_device: str, timeout_s: float) -> DistEnv:
     """Join (or, with no launcher, create) the default process group.
 
@@ -54,6 +72,9 @@ def init(requested_device: str, timeout_s: float) -> DistEnv:
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    hazard = restart_hazard()
+    if hazard and rank == 0:
+        print(f"parabench: warning: {hazard}", file=sys.stderr, flush=True)
     device = pick_device(requested_device, local_rank)
     if not dist.is_initialized():
         # CPU tensors (gloo) still need a path on a GPU machine: offload and host-side metrics use it.
@@ -68,6 +89,29 @@ def all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) -> 
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(t, op=op)
     return t.tolist()
+
+
+FAULT_ENV = "PARABENCH_TEST_FAULT"
+
+
+def inject_fault(steps_done: int, rank: int) -> None:
+    """Test hook for the fault tests: `PARABENCH_TEST_FAULT=kill@<rank>:<step>` makes that rank
+    SIGKILL itself once <step> steps (and that step's checkpoint) are done;
+    `hang@<rank>:<step>` makes it stop answering instead. It fires in an elastic job's first
+    attempt only, so that the job torchrun restarts runs clean."""
+    spec = os.environ.get(FAULT_ENV)
+    if not spec or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        return
+    kind, _, where = spec.partition("@")
+    fault_rank, _, fault_step = where.partition(":")
+    if kind not in ("kill", "hang") or not fault_rank.isdigit() or not fault_step.isdigit():
+        raise ValueError(f"{FAULT_ENV}={spec!r}: write kill@<rank>:<step> or hang@<rank>:<step>")
+    if (int(fault_rank), int(fault_step)) != (rank, steps_done):
+        return
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    while True:  # hang: alive, holding its sockets, answering nothing
+        time.sleep(3600)
 
 
 def shutdown() -> None:

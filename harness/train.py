@@ -1,12 +1,15 @@
 """`runner.py train`: one strategy, one model, one data set, under any launcher.
 
 The loop is the same for every backend; what differs lives behind the Strategy
-verbs. Writes <out_dir>/metrics.jsonl (a line per step) and <out_dir>/summary.json.
+verbs. Writes <out_dir>/metrics.jsonl (a line per step), <out_dir>/summary.json and,
+with checkpoint_every, <out_dir>/checkpoints/step_<N>. A resumed run continues at the
+checkpoint's step: the data position and the learning rate are functions of the step.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import platform
 import random
 import sys
@@ -19,12 +22,13 @@ import torch
 
 from configs.schema import RunConfig, to_dict
 from harness import distributed, hardware
+from harness.checkpoint import CheckpointError, CheckpointManager, Manifest, param_shapes
 from harness.metrics import StepMetrics
 from harness.optim import adamw_factory, lr_at
 from harness.planner.for_run import prediction_for_run
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
-from strategies.base import RunContext, Strategy
+from strategies.base import RunContext, Strategy, StrategyError
 from strategies.registry import default_registry
 
 
@@ -74,6 +78,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     try:
         micro_batch, grad_accum = cfg.world_batch(env.world_size)
         model = _prepare_model(cfg)
+        shapes = param_shapes(model)
         data = load_data(
             cfg.data, vocab_size=getattr(model, "vocab_size", None), seq_len=cfg.seq_len,
             num_samples=cfg.data_samples, seed=cfg.seed,
@@ -85,9 +90,24 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             grad_clip=cfg.grad_clip, config=cfg,
         )
         strategy = default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+        checkpoints = CheckpointManager(
+            Path(cfg.out_dir) / "checkpoints", env.rank, env.world_size, cfg.keep_last, printer=_rank0_print(env)
+        )
+        resume_from = _find_checkpoint(cfg, strategy, checkpoints)
         n_params, fpt = num_params(model), flops_per_token(model, cfg.seq_len)
         hardware.reset_peak_memory(env.device)
         model, _ = strategy.setup(model, adamw_factory(cfg.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay))
+        start_step = 0
+        if resume_from is not None:
+            path, manifest = resume_from
+            message = checkpoints.restore(
+                path, manifest, strategy, shapes, bare_model=lambda: build_model(cfg.model, cfg.model_kwargs),
+                config=to_dict(cfg),
+            )
+            _rank0_print(env)(message)
+            start_step = manifest.step
+            if env.is_main:
+                _keep_metrics_up_to(Path(cfg.out_dir) / "metrics.jsonl", start_step)
         metrics = StepMetrics(
             env=env, out_dir=Path(cfg.out_dir), tokens_per_step=cfg.batch_size * cfg.seq_len,
             flops_per_token=fpt, precision=cfg.precision, timing_warmup=cfg.timing_warmup,
@@ -100,9 +120,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             f"loss floor {_fmt(getattr(data, 'loss_floor', None))}"
         )
         started = time.time()
-        metrics.start(first_step=0)
+        metrics.start(first_step=start_step, append=start_step > 0)
         memory = None
-        for step in range(cfg.steps):
+        for step in range(start_step, cfg.steps):
             lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
             strategy.set_lr(lr)
             step_loss = torch.zeros((), device=env.device)
@@ -115,7 +135,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                         loss = model(inputs, targets)
                     strategy.backward(loss)
                 step_loss += loss.detach().float() / grad_accum
-            if step == min(1, cfg.steps - 1):
+            if step == min(start_step + 1, cfg.steps - 1):
                 # Measured between backward and step of the second step: gradients are
                 # held, and the optimizer state exists since the first step.
                 memory = strategy.memory_breakdown()
@@ -123,7 +143,12 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             metrics.record(step, lr, step_loss)
             if metrics.should_flush(step, cfg.log_every, cfg.steps - 1):
                 metrics.flush(memory or strategy.memory_breakdown())
+            done = step + 1
+            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+                checkpoints.save(done, strategy, to_dict(cfg), shapes)
+            distributed.inject_fault(done, env.rank)
         summary = _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started)
+        summary["resumed_from_step"] = start_step
         if env.is_main:
             (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
@@ -131,6 +156,41 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         if strategy is not None:
             strategy.teardown()
         distributed.shutdown()
+
+
+def _find_checkpoint(cfg: RunConfig, strategy: Strategy,
+                     checkpoints: CheckpointManager) -> tuple[Path, Manifest] | None:
+    """Where this run starts: refused up front if the backend cannot checkpoint at all."""
+    if (cfg.checkpoint_every or cfg.resume) and not strategy.checkpoint_format:
+        raise StrategyError(
+            f"strategy {cfg.strategy!r} cannot save or load checkpoints yet: set checkpoint_every=0 and no resume="
+        )
+    found = checkpoints.find(cfg.resume, will_write=cfg.checkpoint_every > 0)
+    if found is not None and found[1].step >= cfg.steps:
+        raise CheckpointError(
+            f"checkpoint {found[0]} is at step {found[1].step}, and this run ends at steps={cfg.steps}: "
+            "raise steps= to train further"
+        )
+    return found
+
+
+def _keep_metrics_up_to(path: Path, step: int) -> None:
+    """Drop the lines of steps after `step` that a killed run logged: they are about to be redone."""
+    if not path.is_file():
+        return
+    lines = path.read_text().splitlines(keepends=True)
+    kept = [line for line in lines if _logged_step(line) <= step]
+    if len(kept) != len(lines):
+        partial = path.with_name(path.name + ".tmp")
+        partial.write_text("".join(kept))
+        os.replace(partial, path)
+
+
+def _logged_step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")  # a line torn by the kill: dropped with the steps after the checkpoint
 
 
 def _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started) -> dict:
