@@ -43,6 +43,10 @@ USER_JSON = {
     "zero_optimization": {"stage": 2, "overlap_comm": False, "reduce_bucket_size": 2048},
 }
 EXTRA_ARGS = {"zero1": ["grad_accum=2"], "zero2-offload": [], "zero3-offload": ["grad_accum=2"]}
+# On a fresh machine the first DeepSpeed run JIT-builds its shared-memory op with g++
+# (~80 s of CPU, minutes on a loaded two-core host): room for that in the run that pays it.
+RUN_TIMEOUT = 480
+runs_deepspeed = pytest.mark.timeout(600)
 
 
 def _launched_by_deepspeed(out_dir: Path) -> tuple[dict, list[dict]]:
@@ -50,7 +54,7 @@ def _launched_by_deepspeed(out_dir: Path) -> tuple[dict, list[dict]]:
     # --num_accelerators: the launcher counts no GPUs on a CPU host; a free port: other
     # jobs on this host may hold DeepSpeed's default 29500.
     prefix = [str(launcher), "--num_accelerators", "2", "--master_port", str(free_port())]
-    proc = run_cli(["train", "strategy=zero3", f"out_dir={out_dir}", *NANO], prefix=prefix, timeout=300)
+    proc = run_cli(["train", "strategy=zero3", f"out_dir={out_dir}", *NANO], prefix=prefix, timeout=RUN_TIMEOUT)
     assert proc.returncode == 0, f"deepspeed launcher exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return read_run(out_dir)
 
@@ -68,9 +72,10 @@ def zero_run(tmp_path_factory):
             elif name == "zero2":
                 user_json = out_dir / "user_ds.json"
                 user_json.write_text(json.dumps(USER_JSON))
-                summary, rows = train(out_dir, name, nproc=2, extra=[f"deepspeed_config={user_json}"], timeout=300)
+                summary, rows = train(out_dir, name, nproc=2, extra=[f"deepspeed_config={user_json}"],
+                                      timeout=RUN_TIMEOUT)
             else:
-                summary, rows = train(out_dir, name, nproc=2, extra=EXTRA_ARGS[name], timeout=300)
+                summary, rows = train(out_dir, name, nproc=2, extra=EXTRA_ARGS[name], timeout=RUN_TIMEOUT)
             runs[name] = (summary, rows, out_dir)
         return runs[name]
 
@@ -82,6 +87,7 @@ def _ds_config(out_dir: Path) -> dict:
 
 
 @needs_deepspeed
+@runs_deepspeed
 @pytest.mark.parametrize("name", ["zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"])
 def test_losses_match_single_at_every_step(name, zero_run, reference_run):
     summary, rows, _ = zero_run(name)
@@ -96,6 +102,7 @@ def _held(summary: dict, category: str) -> int:
 
 
 @needs_deepspeed
+@runs_deepspeed
 def test_each_stage_shards_what_it_names(zero_run, reference_run):
     single = reference_run[0]
     # AdamW's moments are 8 bytes a parameter; DeepSpeed adds its fp32 master copy (4 more),
@@ -113,6 +120,7 @@ def test_each_stage_shards_what_it_names(zero_run, reference_run):
 
 
 @needs_deepspeed
+@runs_deepspeed
 def test_offload_variants_put_optimizer_state_on_the_cpu(zero_run, reference_run):
     single = reference_run[0]
     zero2, zero2_offload, zero3_offload = (zero_run(n) for n in ("zero2", "zero2-offload", "zero3-offload"))
@@ -132,6 +140,7 @@ def test_offload_variants_put_optimizer_state_on_the_cpu(zero_run, reference_run
 
 
 @needs_deepspeed
+@runs_deepspeed
 def test_user_json_is_merged_over_the_built_config(zero_run):
     config = _ds_config(zero_run("zero2")[2])
     zero = config["zero_optimization"]
@@ -141,6 +150,7 @@ def test_user_json_is_merged_over_the_built_config(zero_run):
 
 
 @needs_deepspeed
+@runs_deepspeed
 def test_deepspeed_launcher_writes_the_same_files(zero_run):
     summary, rows, out_dir = zero_run("zero3")
     assert {p.name for p in out_dir.iterdir()} >= {"metrics.jsonl", "summary.json", CONFIG_FILE}
@@ -148,6 +158,7 @@ def test_deepspeed_launcher_writes_the_same_files(zero_run):
     assert [r["step"] for r in rows] == list(range(1, 11))
 
 
+@needs_deepspeed
 @pytest.mark.parametrize("args, json_text, expected", [
     (["strategy=zero2", "strategy_options.stage=4"], None, "strategy_options.stage=4 is not a ZeRO stage: use 1, 2 or 3"),
     (["strategy=ddp", "strategy_options.offload_optimizer=true"], None, "strategy 'ddp' has no option offload_optimizer"),
