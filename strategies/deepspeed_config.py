@@ -33,13 +33,6 @@ class DeepSpeedConfigError(StrategyError):
     """A DeepSpeed setting that cannot run as asked (one line, says what to do)."""
 
 
-def strategy_name(stage: int, offload_optimizer: bool, offload_params: bool) -> str:
-    """The parabench name that gives this stage and offload (for error messages)."""
-    if offload_params:
-        return "zero3-offload"
-    return f"zero{stage}-offload" if offload_optimizer else f"zero{stage}"
-
-
 def check_zero_options(stage: Any, offload_optimizer: Any, offload_params: Any) -> tuple[int, bool, bool]:
     """Validate the plugin's options; returns them typed."""
     if isinstance(stage, bool) or not isinstance(stage, int) or stage not in ZERO_STAGES:
