@@ -23,6 +23,9 @@ def worker_env() -> dict[str, str]:
     # torchrun sets 1 thread per worker with a warning; say so ourselves, quietly.
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // 2)))
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # With the rendezvous store shared, a restarted gloo group can read the dead
+    # attempt's addresses and fail (pytorch#135712); a store of its own avoids that.
+    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     return env
 
 

@@ -34,7 +34,8 @@ class StepMetrics:
     _interval_start: float = 0.0
     _warm_start: float | None = None
     _warm_steps: int = 0
-    rows: list[dict[str, Any]] = field(default_factory=list)
+    last_row: dict[str, Any] = field(default_factory=dict)
+    steps_logged: int = 0
 
     def __post_init__(self) -> None:
         self.peak_flops = hardware.peak_flops(self.env.device, self.precision)
@@ -74,8 +75,9 @@ class StepMetrics:
         tokens_per_s = self.tokens_per_step / step_time
         mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.env.world_size) if self.peak_flops else None
 
+        rows = []
         for (step, lr, _), loss in zip(self._pending, losses):
-            row = {
+            rows.append({
                 "step": step + 1,
                 "loss": loss,
                 "lr": lr,
@@ -87,21 +89,22 @@ class StepMetrics:
                 "mem_params_bytes": int(reduced[2]),
                 "mem_grads_bytes": int(reduced[3]),
                 "mem_optimizer_bytes": int(reduced[4]),
-            }
-            self.rows.append(row)
+            })
+        # Only the interval's rows are kept in memory: a million-step run must not grow the host heap.
+        self.last_row, self.steps_logged = rows[-1], self.steps_logged + len(rows)
         last_step = self._pending[-1][0]
         self._track_warm_time(last_step, now, len(self._pending))
         self._pending.clear()
         if self.env.is_main:
             with self.path.open("a") as f:
-                for row in self.rows[-len(losses):]:
+                for row in rows:
                     f.write(json.dumps(row) + "\n")
             self.printer(
-                f"step {last_step + 1:>5} | loss {self.rows[-1]['loss']:.4f} | lr {self.rows[-1]['lr']:.2e} | "
+                f"step {last_step + 1:>5} | loss {self.last_row['loss']:.4f} | lr {self.last_row['lr']:.2e} | "
                 f"{step_time * 1e3:8.1f} ms/step | {tokens_per_s:>10,.0f} tok/s"
                 + (f" | mfu {mfu:.1%}" if mfu is not None else "")
             )
-        return self.rows[-1]
+        return self.last_row
 
     def _track_warm_time(self, last_step: int, now: float, n: int) -> None:
         # Throughput leaves out the first `timing_warmup` steps of this process

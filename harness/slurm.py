@@ -52,6 +52,8 @@ class SlurmJob:
             "# The first node of the allocation hosts the c10d rendezvous store.\n"
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
             "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}\n"
+            "# torchrun restarts need a store of their own (pytorch#135712).\n"
+            "export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1\n"
             # --kill-on-bad-exit: a node that fails takes the others down instead of leaving them waiting.
             f"srun --kill-on-bad-exit=1 --ntasks={self.nodes} --ntasks-per-node=1 {command}\n"
         )

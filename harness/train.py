@@ -128,7 +128,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             step_loss = torch.zeros((), device=env.device)
             for micro in range(grad_accum):
                 rows = data.batch(schedule.micro_indices(step, micro, env.rank, env.world_size, micro_batch))
-                inputs, targets = (t.to(env.device, non_blocking=True) for t in split_inputs_targets(_pin(rows, env)))
+                # One contiguous pinned copy, split on the device (views would go through pageable memory).
+                inputs, targets = split_inputs_targets(_pin(rows, env).to(env.device, non_blocking=True))
                 sync_ctx = strategy.no_sync() if micro < grad_accum - 1 else contextlib.nullcontext()
                 with sync_ctx:
                     with strategy.autocast():
@@ -194,11 +195,11 @@ def _logged_step(line: str) -> float:
 
 
 def _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started) -> dict:
-    last = metrics.rows[-1] if metrics.rows else {}
+    last = metrics.last_row
     topology = distributed.topology(env)
     return {
         "strategy": cfg.strategy,
-        "description": type(strategy).description,
+        "description": default_registry().get(cfg.strategy).description,
         "config": to_dict(cfg),
         "world_size": env.world_size,
         **topology,
@@ -210,7 +211,7 @@ def _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_bat
         "flops_per_token": fpt,
         "tokens_per_step": cfg.batch_size * cfg.seq_len,
         "loss_floor": getattr(data, "loss_floor", None),
-        "steps": len(metrics.rows),
+        "steps": metrics.steps_logged,
         "final_loss": last.get("loss"),
         **metrics.throughput(),
         "peak_mem_allocated_bytes": last.get("peak_mem_allocated_bytes"),

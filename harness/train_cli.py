@@ -2,30 +2,34 @@
 start `nproc` local processes under torchrun when no launcher did."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from configs.schema import RunConfig, load_config
 from harness.distributed import launched_by_launcher
 from harness.launch import run_under_torchrun
 from models.data import TokenFileData
 from models.zoo import build_model
+from strategies.base import RunContext
 from strategies.registry import default_registry
 
 
 def preflight(cfg: RunConfig, world_size: int) -> None:
-    """Catch bad input in the parent, once, before any worker starts: one line, not N tracebacks."""
-    cfg.world_batch(world_size)
-    entry = default_registry().get(cfg.strategy)
-    if entry.unavailable_reason:
-        raise ValueError(f"strategy {cfg.strategy!r} is unavailable here: {entry.unavailable_reason}")
+    """Catch bad input in the parent, once, before any worker starts: one line, not N tracebacks.
+
+    The strategy is constructed (not set up) for the planned world size: plugins check
+    their options and configuration files in __init__, so those errors surface here too.
+    """
     import torch
 
+    micro_batch, grad_accum = cfg.world_batch(world_size)
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    ctx = RunContext(
+        rank=0, world_size=world_size, local_rank=0, device=torch.device("cuda" if use_cuda else "cpu"),
+        precision=cfg.precision, micro_batch=micro_batch, grad_accum=grad_accum, grad_clip=cfg.grad_clip, config=cfg,
+    )
+    default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
     with torch.device("meta"):
         build_model(cfg.model, cfg.model_kwargs)
     if cfg.data != "markov":
         TokenFileData(cfg.data, cfg.seq_len)
-    if cfg.deepspeed_config and not Path(cfg.deepspeed_config).is_file():
-        raise ValueError(f"deepspeed_config {cfg.deepspeed_config!r} not found: give the path of a DeepSpeed JSON file")
 
 
 def main(args: list[str]) -> int:

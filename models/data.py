@@ -10,6 +10,7 @@ whatever the world size, micro-batch or accumulation, reshuffled every epoch.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,7 +138,7 @@ class GlobalBatchSchedule:
         return step // self.steps_per_epoch
 
     def global_indices(self, step: int) -> np.ndarray:
-        perm = np.random.default_rng([self.seed, self.epoch_of(step)]).permutation(self.num_samples)
+        perm = _epoch_permutation(self.num_samples, self.seed, self.epoch_of(step))
         start = (step % self.steps_per_epoch) * self.batch_size
         return perm[start : start + self.batch_size]
 
@@ -147,6 +148,14 @@ class GlobalBatchSchedule:
             raise ValueError(f"micro layout {world_size}x{micro_batch} does not tile batch_size={self.batch_size}")
         layout = self.global_indices(step).reshape(grad_accum, world_size, micro_batch)
         return layout[micro_step, rank]
+
+
+@functools.lru_cache(maxsize=2)
+def _epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    # Cached: a token file of millions of windows would otherwise be reshuffled every micro-step.
+    perm = np.random.default_rng([seed, epoch]).permutation(num_samples)
+    perm.flags.writeable = False
+    return perm
 
 
 def split_inputs_targets(rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -102,7 +102,8 @@ def sizing_config(hidden_size: int | None, stage: int) -> dict[str, Any]:
         # keep every matrix of a small model whole, and ZeRO-3 would shard nothing.
         zero["stage3_param_persistence_threshold"] = 10 * hidden_size
     else:
-        zero["allgather_bucket_size"] = hidden_size * hidden_size
+        # DeepSpeed asserts the all-gather bucket is a multiple of its NCCL alignment (2 elements).
+        zero["allgather_bucket_size"] = hidden_size * hidden_size + (hidden_size * hidden_size) % 2
     return {"zero_optimization": zero}
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = str(ROOT / "runner.py")
 # Small and quick, yet long enough for the curves to mean something.
-NANO = ["model=gpt-nano", "steps=10", "batch_size=8", "seq_len=32", "data_samples=256", "log_every=5"]
+NANO = ["device=cpu", "model=gpt-nano", "steps=10", "batch_size=8", "seq_len=32", "data_samples=256", "log_every=5"]
 
 
 def env_for_tests(**extra: str) -> dict[str, str]:
