@@ -10,7 +10,7 @@ from harness.report_document import human_bytes
 from harness.results import StrategyResult
 
 # Throughput differences under this are noise on a shared machine: no "dominated" verdict for them.
-SPEED_MARGIN = 1.10
+SPEED_MARGIN = 1.25
 
 
 def memory_per_rank(r: StrategyResult, device_type: str) -> float | None:
@@ -32,13 +32,16 @@ def recommend(results: list[StrategyResult], reference: str | None, device_type:
         advice.append("No strategy both finished and matched the reference's loss: fix the drifts before comparing speed.")
     else:
         fastest = max(good, key=lambda r: r.tokens_per_s or 0)
-        leanest = min(good, key=lambda r: memory_per_rank(r, device_type) or float("inf"))
+        # Among strategies tied on memory, the fastest.
+        leanest = min(good, key=lambda r: (memory_per_rank(r, device_type) or float("inf"), -(r.tokens_per_s or 0)))
         advice.append(_fastest(fastest, good))
         if fastest.name == "single" and len(ran) > 1:
             advice.append("One process beats every parallel strategy here: at this model size the communication costs "
                           "more than the work it shares out. Parallelism pays once the model or batch is larger, or "
                           "when the model does not fit one device.")
-        advice.append(_leanest(leanest, fastest, device_type, memory_word))
+        tied = [r.name for r in good if r is not leanest
+                and memory_per_rank(r, device_type) == memory_per_rank(leanest, device_type)]
+        advice.append(_leanest(leanest, fastest, device_type, memory_word, tied))
     advice += _avoid(results, good, device_type, memory_word)
     skipped = [r.name for r in results if r.status == "skipped"]
     if skipped:
@@ -59,9 +62,11 @@ def _fastest(fastest: StrategyResult, good: list[StrategyResult]) -> str:
     return f"**Fastest that matches the reference: `{fastest.name}`** at {fastest.tokens_per_s:,.0f} tokens/s{versus}."
 
 
-def _leanest(leanest: StrategyResult, fastest: StrategyResult, device_type: str, memory_word: str) -> str:
+def _leanest(leanest: StrategyResult, fastest: StrategyResult, device_type: str, memory_word: str,
+             tied: list[str]) -> str:
     lean_mem = memory_per_rank(leanest, device_type)
-    head = f"**Least memory per rank: `{leanest.name}`** with {human_bytes(lean_mem)} of {memory_word}"
+    also = f" (tied with {', '.join(f'`{n}`' for n in tied)}, and the fastest of them)" if tied else ""
+    head = f"**Least memory per rank: `{leanest.name}`** with {human_bytes(lean_mem)} of {memory_word}{also}"
     if leanest is fastest:
         return head + ": it is also the fastest, so it is the clear choice here."
     fast_mem = memory_per_rank(fastest, device_type)
@@ -87,7 +92,8 @@ def _avoid(results: list[StrategyResult], good: list[StrategyResult], device_typ
             if better is not None:
                 beaten.append(f"`{r.name}` (by `{better.name}`, {better.tokens_per_s / r.tokens_per_s:.1f}x faster)")
     if beaten:
-        lines.append(f"These buy nothing here, as another strategy is faster with no more {memory_word} per rank: "
+        lines.append(f"These buy nothing here, as another strategy is over {SPEED_MARGIN - 1:.0%} faster with no more "
+                     f"{memory_word} per rank: "
                      + ", ".join(beaten) + ".")
     return lines
 

@@ -101,7 +101,7 @@ def memory_per_rank(results: list[StrategyResult], device_type: str, path: Path)
     on_gpu = device_type == "cuda" and any(r.peak_mem_allocated_bytes for r in ran)
     totals = [max(r.peak_mem_allocated_bytes or 0, r.model_state_bytes or 0) if on_gpu else r.model_state_bytes for r in ran]
     scale, unit = byte_unit(max(totals))
-    fig, ax = plt.subplots(figsize=(max(8, 0.9 * len(ran) + 5), 4.8))
+    fig, ax = plt.subplots(figsize=(min(13, max(8, 0.5 * len(ran) + 5)), 4.8))
     names = [r.name for r in ran]
     bottom = [0.0] * len(ran)
     for label, key, colour in MEMORY_PARTS:
