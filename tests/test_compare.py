@@ -7,6 +7,7 @@ exactly as a third-party package would register them.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -21,7 +22,7 @@ import pytest
 
 from harness import compare
 from harness.batch_search import Probe, largest_fitting
-from harness.progress import MetricsTail
+from harness.progress import MetricsTail, SweepProgress
 from harness.results import StrategyResult, assign_verdicts, loss_difference
 from harness.supervise import classify, run_job
 from tests.helpers import NANO, ROOT, RUNNER, env_for_tests, run_cli
@@ -267,6 +268,22 @@ def test_metrics_tail_reads_only_whole_new_lines(tmp_path):
         f.write('ss": 3.5}\n')
     assert tail.poll() and tail.last == {"step": 2, "loss": 3.5}
     assert not tail.poll()
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_progress_shows_the_running_strategy_its_step_and_what_is_left(tmp_path, live):
+    stream = io.StringIO()
+    progress = SweepProgress(["single", "ddp", "fsdp"], total_steps=30, stream=stream, live=live)
+    progress.finish("single", "ok", "30 steps")
+    progress.start("ddp", tmp_path / "metrics.jsonl")
+    (tmp_path / "metrics.jsonl").write_text('{"step": 10, "loss": 3.5}\n')
+    progress.poll()
+    text = stream.getvalue()
+    assert "+ single" in text and "ddp" in text and "step 10/30" in text and "3.5000" in text
+    if live:  # one status line redrawn in place, with the bar and what is left
+        assert "\r[" in text and "1/3" in text and "left: fsdp" in text
+    else:  # plain lines only, for logs
+        assert "\r" not in text and "[2/3] ddp: running" in text
 
 
 def test_verdicts_name_the_first_step_over_tolerance(tmp_path):
