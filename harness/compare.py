@@ -227,7 +227,7 @@ def _sweep_facts(cfg: CompareConfig, args: list[str], results: list[StrategyResu
         "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
         "wall_time_s": time.time() - started,
         "interrupted": interrupted,
-        "config": to_dict(cfg),
+        "config": {**to_dict(cfg), "strategies": [r.name for r in results]},  # as resolved, defaults included
         "precision": cfg.precision,
         "tolerance": cfg.tolerance(),
         "reference": reference,

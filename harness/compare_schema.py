@@ -20,7 +20,7 @@ TOLERANCE_BY_PRECISION = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
 class CompareConfig(RunConfig):
     # None: every available strategy that can run on the devices present.
     strategies: Optional[list[str]] = None
-    timeout_s: float = 600.0  # per strategy run: past it the run's whole process group is killed
+    timeout_s: float = 600.0  # per strategy run: past it every process of the run is killed
     batch_search: bool = False  # also find each strategy's largest micro-batch (GPU only)
     loss_tolerance: Optional[float] = None  # None: TOLERANCE_BY_PRECISION[precision]
     out_dir: str = "runs/compare"
@@ -29,7 +29,6 @@ class CompareConfig(RunConfig):
         return self.loss_tolerance if self.loss_tolerance is not None else TOLERANCE_BY_PRECISION[self.precision]
 
 
-COMPARE_ONLY = ("strategies", "timeout_s", "batch_search", "loss_tolerance")
 # Set per strategy by the sweep, never taken from the shared config.
 PER_RUN = ("strategy", "nproc", "out_dir")
 

@@ -15,9 +15,6 @@ from harness.supervise import JobOutcome
 
 RESULTS_FILE = "results.json"
 FORMAT_VERSION = 1
-# Statuses: ok (ran to the end), failed (error_kind says how), skipped (never started:
-# unavailable or unsupported here), interrupted (stopped by Ctrl-C), not run (after Ctrl-C).
-STATUSES = ("ok", "failed", "skipped", "interrupted", "not run")
 # Figures copied from each run's summary.json.
 SUMMARY_FIELDS = (
     "final_loss", "tokens_per_s", "step_time_s", "mfu", "peak_mem_allocated_bytes", "peak_mem_reserved_bytes",
@@ -33,6 +30,8 @@ class ResultsError(ValueError):
 class StrategyResult:
     name: str
     description: str = ""
+    # ok (ran to the end), failed (error_kind says how), skipped (never started: unavailable or
+    # unsupported here), interrupted (stopped by Ctrl-C), not run (after a Ctrl-C).
     status: str = "ok"
     error_kind: str | None = None  # oom | crash | signal | timeout | interrupted
     error: str | None = None  # one line: the reason it failed or was skipped
