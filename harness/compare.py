@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import signal
 import sys
 import time
@@ -223,7 +224,7 @@ def _sweep_facts(cfg: CompareConfig, args: list[str], results: list[StrategyResu
     from harness.train import library_versions
 
     return {
-        "command": " ".join(["python", "runner.py", "compare", *args]),
+        "command": shlex.join(["python", "runner.py", "compare", *args]),
         "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
         "wall_time_s": time.time() - started,
         "interrupted": interrupted,
