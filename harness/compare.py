@@ -30,7 +30,7 @@ from harness.compare_schema import CompareConfig, load_compare_config, train_opt
 from harness.launch import RUNNER, torchrun_command, worker_env
 from harness.progress import SweepProgress
 from harness.results import StrategyResult, assign_verdicts, from_run, write_results
-from harness.supervise import JobOutcome, run_job
+from harness.supervise import INTERRUPTED, JobOutcome, run_job
 from harness.train_cli import preflight
 from strategies.registry import StrategyRegistry, default_registry
 
@@ -129,19 +129,21 @@ class Sweep:
         return StrategyResult(name=name, description=description, status="skipped", error=reason)
 
     def interrupted(self, name: str, description: str) -> StrategyResult:
-        self.progress.finish(name, "interrupted", "stopped by Ctrl-C")
+        self.progress.finish(name, "interrupted", INTERRUPTED)
         return StrategyResult(name=name, description=description, status="interrupted",
-                              error_kind="interrupted", error="stopped by Ctrl-C")
+                              error_kind="interrupted", error=INTERRUPTED)
 
     def not_run(self, name: str, description: str) -> StrategyResult:
-        reason = "not run: the sweep was interrupted before it"
+        reason = "the sweep was interrupted before it"
         self.progress.finish(name, "not run", reason)
         return StrategyResult(name=name, description=description, status="not run", error=reason)
 
 
 def _finish_detail(result: StrategyResult) -> str:
-    if not result.ran:
+    if result.status == "failed":
         return f"{result.error_kind}: {result.error}"
+    if not result.ran:
+        return str(result.error)
     speed = f"{result.tokens_per_s:,.0f} tok/s" if result.tokens_per_s else "tok/s n/a"
     return f"{result.steps_done} steps  loss {result.final_loss:.4f}  {speed}  {result.wall_time_s:.1f}s"
 
@@ -264,7 +266,8 @@ def _print_summary(results: list[StrategyResult], reference: str | None) -> None
         print(f"{r.name:<18} {speed:>10} {r.final_loss:>10.4f}  {r.verdict}")
     for r in results:
         if not r.ran:
-            print(f"{r.name:<18} {r.status}: {r.error_kind + ': ' if r.error_kind else ''}{r.error}")
+            kind = f" ({r.error_kind})" if r.error_kind and r.error_kind != r.status else ""
+            print(f"{r.name:<18} {r.status}{kind}: {r.error}")
 
 
 @contextlib.contextmanager

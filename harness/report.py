@@ -100,7 +100,7 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Bloc
                 if reference else "none (no strategy finished)")
     blocks: list[Block] = []
     if sweep.get("interrupted"):
-        blocks.append(Paragraph("**Interrupted (Ctrl-C): this report covers only the strategies that finished.**"))
+        blocks.append(Paragraph("**Interrupted (Ctrl-C or SIGTERM): this report covers only the strategies that finished.**"))
     blocks.append(Paragraph(
         f"Every strategy trained the same model on the same data from the same seed, with global batch "
         f"{config.get('batch_size')} x {config.get('seq_len')} tokens for {config.get('steps')} steps, on "

@@ -21,6 +21,7 @@ from typing import Callable
 
 FAILURE_KINDS = ("oom", "crash", "signal", "timeout", "interrupted")
 LOG_TAIL_LINES = 40
+INTERRUPTED = "stopped by Ctrl-C (or SIGTERM to compare)"
 
 # Device out-of-memory as PyTorch, the CUDA caching allocator, cuBLAS/cuDNN and DeepSpeed word it.
 _OOM = re.compile(
@@ -187,7 +188,7 @@ def classify(returncode: int | None, log_text: str, stopped_for: str | None, tim
     if stopped_for == "timeout":
         return "timeout", f"still running after timeout_s={timeout_s:g}: all its processes were killed"
     if stopped_for == "interrupted":
-        return "interrupted", "stopped by Ctrl-C"
+        return "interrupted", INTERRUPTED
     if returncode == 0:
         return None, "exited 0"
     oom = _last_match_line(log_text, _OOM)
