@@ -25,7 +25,7 @@ from typing import Any, Callable, Iterator
 from omegaconf import OmegaConf
 
 from configs.schema import ConfigError, RunConfig, to_dict
-from harness import batch_search
+from harness import batch_search, slurm
 from harness.compare_schema import CompareConfig, load_compare_config, train_options
 from harness.launch import RUNNER, torchrun_command, worker_env
 from harness.progress import SweepProgress
@@ -40,8 +40,11 @@ STALE_RUN_FILES = ("metrics.jsonl", "summary.json", "log.txt")
 
 def main(args: list[str]) -> int:
     cfg = load_compare_config(args)
-    device_type = _device_type(cfg)
-    nproc = cfg.nproc or _default_nproc(device_type)
+    if cfg.launcher == "slurm":
+        device_type, nproc = _slurm_world(cfg)
+    else:
+        device_type = _device_type(cfg)
+        nproc = cfg.nproc or _default_nproc(device_type)
     registry = default_registry()
     names = _strategy_names(cfg, registry)
     planned = [(name, _skip_reason(registry, name, device_type)) for name in names]
@@ -50,7 +53,9 @@ def main(args: list[str]) -> int:
 
     out = Path(cfg.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    sweep = Sweep(cfg, out, nproc, SweepProgress(names, cfg.steps))
+    sweep = Sweep(cfg, out, nproc, SweepProgress(names, cfg.steps), device_type)
+    if cfg.dry_run:
+        return _print_slurm_scripts(sweep, runnable)
     started = time.time()
     print(f"parabench compare | {cfg.model} | {cfg.precision} | {nproc} x {device_type} | global batch "
           f"{cfg.batch_size} | {cfg.steps} steps | {len(runnable)} of {len(names)} strategies to run | {out}")
@@ -95,8 +100,9 @@ def main(args: list[str]) -> int:
 class Sweep:
     """Runs strategies as supervised launcher jobs into `<out>/<strategy>/`."""
 
-    def __init__(self, cfg: CompareConfig, out: Path, nproc: int, progress: SweepProgress):
+    def __init__(self, cfg: CompareConfig, out: Path, nproc: int, progress: SweepProgress, device_type: str = "cpu"):
         self.cfg, self.out, self.nproc, self.progress = cfg, out, nproc, progress
+        self.device_type = device_type
         # One file with the shared options: every run reads the very same configuration.
         self.train_config = out / "train_config.yaml"
         OmegaConf.save(OmegaConf.create(train_options(cfg)), self.train_config)
@@ -111,10 +117,29 @@ class Sweep:
             (run_dir / stale).unlink(missing_ok=True)
         args = ["train", f"config={self.train_config}", f"strategy={name}", f"nproc={nproc}",
                 f"out_dir={run_dir}", *extra]
-        # One process runs without torchrun, as `runner.py train` would run it for a user.
-        cmd = torchrun_command(nproc, args) if nproc > 1 else [sys.executable, RUNNER, *args]
-        return run_job(cmd, log_path=run_dir / "log.txt", timeout_s=self.cfg.timeout_s, env=worker_env(),
-                       on_poll=on_poll)
+        if self.cfg.launcher == "slurm":
+            script = self.slurm_script(name, run_dir, args)
+            cmd = slurm.submit_and_wait_command(script, run_dir / "slurm.log")
+        else:
+            # One process runs without torchrun, as `runner.py train` would run it for a user.
+            cmd = torchrun_command(nproc, args) if nproc > 1 else [sys.executable, RUNNER, *args]
+        outcome = run_job(cmd, log_path=run_dir / "log.txt", timeout_s=self.cfg.timeout_s, env=worker_env(),
+                          on_poll=on_poll)
+        if self.cfg.launcher == "slurm" and outcome.kind in ("timeout", "interrupted"):
+            slurm.cancel_submitted((run_dir / "log.txt").read_text(errors="replace"))
+        return outcome
+
+    def slurm_script(self, name: str, run_dir: Path, args: list[str]) -> Path:
+        """Write `<out>/slurm/<strategy>.sbatch`: the reference on one process, the rest on
+        nodes x gpus_per_node."""
+        nodes, per_node = (1, 1) if name == REFERENCE else (self.cfg.nodes, self.nproc // self.cfg.nodes)
+        job = slurm.SlurmJob(
+            name=f"parabench-{name}", nodes=nodes, procs_per_node=per_node, runner_args=args,
+            log_path=run_dir / "slurm.log", rdzv_port=self.cfg.rdzv_port, time_limit=self.cfg.slurm_time,
+            partition=self.cfg.slurm_partition, request_gpus=self.device_type == "cuda",
+        )
+        run_dir.mkdir(parents=True, exist_ok=True)
+        return slurm.write_scripts([job], self.out / "slurm")[0]
 
     def run(self, name: str, description: str) -> StrategyResult:
         run_dir = self.out / name
@@ -146,6 +171,30 @@ def _finish_detail(result: StrategyResult) -> str:
         return str(result.error)
     speed = f"{result.tokens_per_s:,.0f} tok/s" if result.tokens_per_s else "tok/s n/a"
     return f"{result.steps_done} steps  loss {result.final_loss:.4f}  {speed}  {result.wall_time_s:.1f}s"
+
+
+def _slurm_world(cfg: CompareConfig) -> tuple[str, int]:
+    """(device type of the compute nodes, world size) for launcher=slurm."""
+    if not cfg.dry_run and not slurm.sbatch_available():
+        raise ConfigError("launcher=slurm but sbatch is not on PATH: run on a SLURM login node, "
+                          "or add dry_run=true to write the scripts only")
+    device_type = "cpu" if cfg.device == "cpu" else "cuda"
+    per_node = cfg.gpus_per_node or _default_nproc(device_type)
+    if per_node < 1:
+        raise ConfigError("no GPU is visible here to count: give gpus_per_node= for the compute nodes")
+    return device_type, cfg.nodes * per_node
+
+
+def _print_slurm_scripts(sweep: Sweep, runnable: list[str]) -> int:
+    """dry_run=true: write one sbatch script per strategy and print them; submit nothing."""
+    for name in runnable:
+        run_dir = sweep.out / name
+        args = ["train", f"config={sweep.train_config}", f"strategy={name}", f"out_dir={run_dir}"]
+        script = sweep.slurm_script(name, run_dir, args)
+        print(f"# ---- {script}\n{script.read_text()}")
+    print(f"{len(runnable)} scripts written to {sweep.out / 'slurm'}; run the same command without "
+          "dry_run=true to submit them one after another and gather the results into one report")
+    return 0
 
 
 def _device_type(cfg: CompareConfig) -> str:

@@ -14,6 +14,7 @@ DEFAULT_PRESET = "default"
 # fp32 differs only by the order of floating-point reductions; bf16/fp16 round every
 # matmul input, and backends round in different places (autocast vs. cast parameters).
 TOLERANCE_BY_PRECISION = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
+LAUNCHERS = ("local", "slurm")
 
 
 @dataclass
@@ -24,6 +25,14 @@ class CompareConfig(RunConfig):
     batch_search: bool = False  # also find each strategy's largest micro-batch (GPU only)
     loss_tolerance: Optional[float] = None  # None: TOLERANCE_BY_PRECISION[precision]
     out_dir: str = "runs/compare"
+    # Where the jobs run: `local` (this machine) or `slurm` (one sbatch script per strategy).
+    launcher: str = "local"
+    nodes: int = 1  # slurm: nodes per job
+    gpus_per_node: Optional[int] = None  # slurm: default, the GPUs visible here
+    dry_run: bool = False  # slurm: write and print the scripts, submit nothing
+    slurm_partition: Optional[str] = None
+    slurm_time: str = "01:00:00"
+    rdzv_port: int = 29500  # slurm: the c10d rendezvous port on each job's first node
 
     def tolerance(self) -> float:
         return self.loss_tolerance if self.loss_tolerance is not None else TOLERANCE_BY_PRECISION[self.precision]
@@ -45,7 +54,19 @@ def load_compare_config(args: list[str]) -> CompareConfig:
         raise ConfigError(f"loss_tolerance={cfg.loss_tolerance} must be positive (a relative loss difference)")
     if cfg.strategies is not None and not cfg.strategies:
         raise ConfigError("strategies=[] names no strategy: list some, or leave it out to run every available one")
+    _check_launcher(cfg)
     return cfg
+
+
+def _check_launcher(cfg: CompareConfig) -> None:
+    if cfg.launcher not in LAUNCHERS:
+        raise ConfigError(f"launcher={cfg.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    if cfg.nodes < 1 or (cfg.gpus_per_node is not None and cfg.gpus_per_node < 1):
+        raise ConfigError(f"nodes={cfg.nodes}, gpus_per_node={cfg.gpus_per_node}: each must be at least 1")
+    if cfg.launcher == "local" and (cfg.nodes > 1 or cfg.dry_run):
+        raise ConfigError("nodes= and dry_run= are for launcher=slurm; a local compare runs on this machine's devices")
+    if cfg.launcher == "slurm" and cfg.nproc is not None:
+        raise ConfigError("with launcher=slurm the world size is nodes x gpus_per_node: leave nproc= out")
 
 
 def _check_key(arg: str) -> str:

@@ -6,6 +6,7 @@ by hand, so it can be read, edited and submitted without parabench.
 """
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,20 +21,21 @@ from harness.launch import RUNNER
 class SlurmJob:
     name: str
     nodes: int
-    gpus_per_node: int
+    procs_per_node: int  # torchrun workers per node: one per GPU
     runner_args: list[str]  # e.g. ["train", "strategy=fsdp", "out_dir=..."]
     log_path: Path
     rdzv_port: int = 29500
     time_limit: str = "01:00:00"
     partition: str | None = None
+    request_gpus: bool = True  # False for CPU-only nodes (gloo)
     python: str = sys.executable
 
     def script(self) -> str:
         partition = f"#SBATCH --partition={self.partition}\n" if self.partition else ""
-        gpus = f"#SBATCH --gpus-per-node={self.gpus_per_node}\n" if self.gpus_per_node else ""
+        gpus = f"#SBATCH --gpus-per-node={self.procs_per_node}\n" if self.request_gpus else ""
         torchrun = [
             self.python, "-m", "torch.distributed.run",
-            "--nnodes=$SLURM_JOB_NUM_NODES", f"--nproc_per_node={max(self.gpus_per_node, 1)}",
+            "--nnodes=$SLURM_JOB_NUM_NODES", f"--nproc_per_node={self.procs_per_node}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint=$head_node:{self.rdzv_port}", "--rdzv_id=$SLURM_JOB_ID",
             RUNNER, *self.runner_args,
         ]
@@ -73,7 +75,18 @@ def sbatch_available() -> bool:
     return shutil.which("sbatch") is not None
 
 
-def submit_and_wait(script: Path) -> int:
-    """Submit one script and block until the job ends (`sbatch --wait`): strategies
-    run one after another on the same nodes, as a local compare does."""
-    return subprocess.call(["sbatch", "--wait", str(script)])
+def submit_and_wait_command(script: Path, job_log: Path) -> list[str]:
+    """Submit one script and block until the job ends (`sbatch --wait`), then print the
+    job's own log: the supervisor's log then holds the job id, the job's output (for
+    failure classification) and the job's exit status. Strategies run one after
+    another on the same allocation size, as a local compare does."""
+    return ["bash", "-c", 'sbatch --wait --parsable "$1"; status=$?; cat "$2" 2>/dev/null; exit $status',
+            "sbatch-wait", str(script), str(job_log)]
+
+
+def cancel_submitted(log_text: str) -> None:
+    """scancel the job whose id `sbatch --parsable` printed: stopping `sbatch --wait`
+    (timeout, Ctrl-C) leaves the job itself queued or running."""
+    match = re.search(r"^(\d+)(;\S+)?$", log_text, re.M)
+    if match and shutil.which("scancel"):
+        subprocess.call(["scancel", match.group(1)])

@@ -3,6 +3,7 @@ works. The test plays SLURM: a stand-in `srun` starts one copy of the command pe
 node with the variables SLURM would set, and `scontrol` names the nodes."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import stat
@@ -10,7 +11,7 @@ import subprocess
 
 from harness.distributed import free_port
 from harness.slurm import SlurmJob
-from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run
+from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
 
 FAKE_SRUN = """#!/bin/bash
 # Stand-in for srun: start --ntasks copies of the command, one per "node", and wait.
@@ -28,6 +29,16 @@ status=0
 for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
 exit $status
 """
+FAKE_SBATCH = """#!/bin/bash
+# Stand-in for `sbatch --wait --parsable SCRIPT`: print a job id, run the script as the
+# allocation would (its nodes, its output file), return its exit status.
+script="${@: -1}"
+nodes=$(sed -n 's/^#SBATCH --nodes=//p' "$script")
+output=$(sed -n 's/^#SBATCH --output=//p' "$script")
+job_id=$RANDOM
+echo "$job_id"
+SLURM_JOB_ID=$job_id SLURM_JOB_NUM_NODES=$nodes SLURM_JOB_NODELIST=127.0.0.1 bash "$script" > "$output" 2>&1
+"""
 FAKE_SCONTROL = """#!/bin/bash
 # Stand-in for `scontrol show hostnames LIST`: one host a line.
 tr ',' '\\n' <<< "$3"
@@ -39,8 +50,19 @@ def _executable(path, text):
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
+def _fake_slurm(tmp_path) -> dict[str, str]:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    _executable(bin_dir / "srun", FAKE_SRUN)
+    _executable(bin_dir / "scontrol", FAKE_SCONTROL)
+    _executable(bin_dir / "sbatch", FAKE_SBATCH)
+    env = env_for_tests()
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    return env
+
+
 def test_script_asks_for_the_right_nodes_and_tasks(tmp_path):
-    job = SlurmJob(name="parabench-fsdp", nodes=2, gpus_per_node=8, runner_args=["train", "strategy=fsdp"],
+    job = SlurmJob(name="parabench-fsdp", nodes=2, procs_per_node=8, runner_args=["train", "strategy=fsdp"],
                    log_path=tmp_path / "log.txt", partition="gpu")
     script = job.script()
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
@@ -52,19 +74,38 @@ def test_script_asks_for_the_right_nodes_and_tasks(tmp_path):
 
 
 def test_script_runs_two_nodes_through_the_rendezvous(tmp_path, reference_run):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    _executable(bin_dir / "srun", FAKE_SRUN)
-    _executable(bin_dir / "scontrol", FAKE_SCONTROL)
     out = tmp_path / "run"
-    job = SlurmJob(name="parabench-ddp", nodes=2, gpus_per_node=0, rdzv_port=free_port(),
+    job = SlurmJob(name="parabench-ddp", nodes=2, procs_per_node=1, request_gpus=False, rdzv_port=free_port(),
                    runner_args=["train", "strategy=ddp", f"out_dir={out}", *NANO], log_path=tmp_path / "slurm.log")
     script = tmp_path / "job.sbatch"
     script.write_text(job.script())
-    env = env_for_tests(SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="4242")
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env = _fake_slurm(tmp_path)
+    env.update(SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="4242")
     proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary, rows = read_run(out)
     assert (summary["nodes"], summary["procs_per_node"]) == (2, 1)
     assert max_rel_diff(rows, reference_run[1]) < 1e-4
+
+
+def test_compare_through_slurm_gathers_one_report(tmp_path):
+    out = tmp_path / "compare"
+    proc = run_cli(["compare", "launcher=slurm", "nodes=2", "gpus_per_node=1", "device=cpu",
+                    "strategies=[single,ddp]", f"rdzv_port={free_port()}", f"out_dir={out}", *NANO[1:]],
+                   env=_fake_slurm(tmp_path), timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert sorted(p.name for p in (out / "slurm").iterdir()) == ["parabench-ddp.sbatch", "parabench-single.sbatch"]
+    assert "#SBATCH --nodes=2" in (out / "slurm" / "parabench-ddp.sbatch").read_text()
+    results = json.loads((out / "results.json").read_text())
+    by_name = {r["name"]: r for r in results["strategies"]}
+    assert by_name["ddp"]["status"] == "ok" and by_name["ddp"]["max_rel_loss_diff"] < 1e-4
+    summary = json.loads((out / "ddp" / "summary.json").read_text())
+    assert (summary["nodes"], summary["world_size"]) == (2, 2)
+    assert (out / "report.html").is_file()
+
+
+def test_slurm_without_sbatch_says_what_to_do(tmp_path):
+    env = env_for_tests()
+    env["PATH"] = "/usr/bin:/bin"
+    proc = run_cli(["compare", "launcher=slurm", "gpus_per_node=8"], env=env, timeout=60)
+    assert proc.returncode == 2 and "sbatch is not on PATH" in proc.stderr and "dry_run=true" in proc.stderr
