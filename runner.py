@@ -62,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # Imported late: `list` and `plan` need not pay for torch.distributed start-up.
     module = importlib.import_module(COMMANDS[command])
+    if rest[:1] in (["-h"], ["--help"]):
+        print((module.__doc__ or "").strip())
+        return 0
     try:
         return int(module.main(rest) or 0)
     except ValueError as exc:  # every user-facing error class derives from ValueError

@@ -1,5 +1,12 @@
 """`runner.py train key=value ...`: check the run up front, then train here or
-start `nproc` local processes under torchrun when no launcher did."""
+start `nproc` local processes under torchrun when no launcher did.
+
+    python runner.py train strategy=fsdp nproc=2 model=gpt-nano steps=20 out_dir=runs/x
+    torchrun --nproc_per_node=8 runner.py train strategy=zero3 model=gpt2-350m precision=bf16
+
+The keys, their defaults and meanings are the fields of RunConfig in configs/schema.py;
+`config=<file.yaml>` loads a preset first, `strategy_options.<name>=` reach the plugin.
+"""
 from __future__ import annotations
 
 from configs.schema import RunConfig, load_config
