@@ -13,6 +13,14 @@ MULTI_CPU = DDP over gloo), and without `cpu=True` it counts a world of one. Two
 small, checked nudges make every mode run over gloo: Accelerate is told the process
 group's backend (then it counts the ranks right, and its DeepSpeed path works on
 CPU), and for FSDP the distributed type it gates on the device type is set to FSDP.
+
+Checkpoints are Accelerate's own `save_state`/`load_state` directories, one format per
+mode: under ddp the wrapped model's state dict and the optimizer's (rank 0), under
+fsdp what Accelerate's FSDP2 plugin writes (a full state dict by default, DCP shards
+with fsdp_state_dict_type: SHARDED_STATE_DICT), under zero1-3 DeepSpeed's checkpoint
+(engine.save_checkpoint, tag "pytorch_model"), which, as for `zero1-3`, only the same
+world size loads. Accelerate's per-rank RNG files ride along; the checkpoint manager
+restores every generator after them.
 """
 from __future__ import annotations
 
@@ -27,9 +35,17 @@ from typing import Any, ContextManager, Iterator, Mapping
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
 from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError
 from strategies.memory import MemoryBreakdown
+
+# What Accelerate's save_state writes (accelerate.utils.constants), by mode: the offline
+# reader tells the modes apart by these names alone.
+DEEPSPEED_TAG = "pytorch_model"  # save_state's ckpt_id for the first (only) DeepSpeed model
+DDP_WEIGHTS = "pytorch_model.bin"
+FSDP_FULL_WEIGHTS = "pytorch_model_fsdp.bin"
+FSDP_SHARDED_WEIGHTS = "pytorch_model_fsdp_0"
 
 MODES = {
     "ddp": "Accelerate driving DistributedDataParallel",
@@ -119,6 +135,7 @@ def check_launcher_settings(env: Mapping[str, str], mode: str, ctx: RunContext) 
 
 class AccelerateStrategy(Strategy):
     description = "Hugging Face Accelerate"
+    checkpoint_format = "accelerate"  # the family; each instance narrows it to its mode
 
     # `mode` is fixed by the registered name: not keyword-only, so the registry does not
     # offer it as a strategy_options key (accelerate-ddp cannot quietly become ZeRO-3).
@@ -128,6 +145,10 @@ class AccelerateStrategy(Strategy):
             raise StrategyError(f"accelerate mode {mode!r} is not one of {', '.join(MODES)}")
         self.mode = mode
         check_launcher_settings(os.environ, mode, ctx)
+        # Each mode writes its own layout; the ZeRO modes' DeepSpeed partitions load only at the
+        # world size that wrote them, as under `zero1-3`.
+        self.checkpoint_format = f"accelerate-{mode}"
+        self.checkpoint_reshards = not mode.startswith("zero")
         self.accelerator = None
         self._env_before: dict[str, str | None] = {}
         self._held_before_step: MemoryBreakdown | None = None
@@ -346,6 +367,56 @@ class AccelerateStrategy(Strategy):
 
     def no_sync(self) -> ContextManager:
         return self._accumulating()
+
+    # ---- checkpoints ----------------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        assert self.accelerator is not None, "setup() first"
+        # A pickle rather than safetensors: safetensors would drop one of the tied names
+        # (lm_head.weight) with a warning at every save.
+        self.accelerator.save_state(str(path), safe_serialization=False)
+
+    def load(self, path: Path) -> None:
+        assert self.accelerator is not None, "setup() first"
+        self.accelerator.load_state(str(path))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        assert self.model is not None, "setup() first"
+        if self.mode.startswith("zero"):
+            from strategies.deepspeed import zero_full_state_dict
+
+            return zero_full_state_dict(self.model, self.ctx.rank)
+        # Strips DDP's "module." prefix and gathers FSDP2's shards; rank 0 keeps the result.
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return state if self.ctx.rank == 0 else {}
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        assert self.model is not None, "setup() first"
+        if self.mode.startswith("zero"):
+            from strategies.deepspeed import load_zero_full_state_dict
+
+            load_zero_full_state_dict(self.model, state)
+        else:
+            # A copy: under DDP, set_model_state_dict renames the keys of the dict it is given in place.
+            set_model_state_dict(self.model, dict(state), options=StateDictOptions(full_state_dict=True, strict=True))
+
+    @classmethod
+    def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+        if (path / DEEPSPEED_TAG).is_dir():
+            from strategies.deepspeed import read_zero_checkpoint
+
+            return read_zero_checkpoint(path, DEEPSPEED_TAG)
+        if (path / DDP_WEIGHTS).is_file():
+            state = torch.load(path / DDP_WEIGHTS, map_location="cpu", weights_only=True)
+            return {name.removeprefix("module."): t for name, t in state.items()}  # DDP's wrapper prefix
+        if (path / FSDP_FULL_WEIGHTS).is_file():
+            return torch.load(path / FSDP_FULL_WEIGHTS, map_location="cpu", weights_only=True)
+        if (path / FSDP_SHARDED_WEIGHTS).is_dir():
+            from strategies.fsdp import FSDPStrategy
+
+            return FSDPStrategy.read_full_state_dict(path / FSDP_SHARDED_WEIGHTS, model)
+        raise StrategyError(f"{path} holds none of the files Accelerate's save_state writes: give a checkpoint an "
+                            "accelerate-* strategy wrote")
 
     # ---- measurement and teardown -----------------------------------------------------------
 

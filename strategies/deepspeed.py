@@ -13,12 +13,22 @@ Accumulation is DeepSpeed's own: engine.backward scales by 1/grad_accum, and the
 micro-step counter DeepSpeed keeps in engine.step() is advanced after every micro-step
 but the last, so its accumulation boundary falls on the runner's last micro-step.
 
+Checkpoints are DeepSpeed's own (engine.save_checkpoint under one fixed tag): every
+rank writes its optimizer partition, and the fp32 master weights come back exactly.
+They are read back only by the same ZeRO stage at the same world size: DeepSpeed
+0.19.8 refuses another data-parallel size for plain ZeRO checkpoints (resharding needs
+its offline universal-checkpoint conversion, which parabench does not run), and
+ZeRO-3 partitions its state unlike ZeRO-1/2. Export and a resume under any other
+strategy read the consolidated fp32 weights offline with deepspeed.utils.zero_to_fp32.
+
 deepspeed is imported lazily: this module loads (and the names are listed, as
 unavailable) where deepspeed is not installed.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -41,6 +51,7 @@ from strategies.deepspeed_config import (
 from strategies.memory import MemoryBreakdown
 
 CONFIG_FILE = "deepspeed_config.json"  # written to the run's out_dir
+CHECKPOINT_TAG = "zero"  # the sub-directory of state/ that engine.save_checkpoint writes
 # DeepSpeed's buffers, by the attribute names its ZeRO optimizers (stage_1_and_2.py,
 # stage3.py, and bf16_optimizer.py, which DeepSpeed picks for ZeRO-1 in bf16 with
 # data_types.grad_accum_dtype=fp32) keep them under; an attribute absent is skipped.
@@ -70,6 +81,10 @@ GRAD_BUFFERS = (
 
 class DeepSpeedStrategy(Strategy):
     description = "DeepSpeed ZeRO"
+    checkpoint_format = "deepspeed"  # the family; each instance narrows it to its stage
+    # Plain ZeRO checkpoints hold one optimizer partition per rank, and DeepSpeed refuses to
+    # load them at another data-parallel size (it would need a universal checkpoint).
+    checkpoint_reshards = False
 
     def __init__(self, ctx: RunContext, *, stage: int = 1, offload_optimizer: bool = False,
                  offload_params: bool = False, cpu_adam: bool | None = None):
@@ -94,6 +109,9 @@ class DeepSpeedStrategy(Strategy):
         self.config: dict[str, Any] = {}
         self.engine: Any = None  # deepspeed.DeepSpeedEngine after setup
         self._micro_step = 0
+        # ZeRO-1/2 and ZeRO-3 lay their optimizer partitions out differently: only the same
+        # stage loads natively (offloaded or not); any other resume carries the weights over.
+        self.checkpoint_format = f"deepspeed-zero{self.stage}"
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -155,6 +173,26 @@ class DeepSpeedStrategy(Strategy):
         assert self.engine is not None, "setup() first"
         return zero_memory_breakdown(self.engine)
 
+    def save(self, path: Path) -> None:
+        assert self.engine is not None, "setup() first"
+        save_zero_checkpoint(self.engine, path, CHECKPOINT_TAG)
+
+    def load(self, path: Path) -> None:
+        assert self.engine is not None, "setup() first"
+        load_zero_checkpoint(self.engine, path, CHECKPOINT_TAG)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        assert self.engine is not None, "setup() first"
+        return zero_full_state_dict(self.engine, self.ctx.rank)
+
+    def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        assert self.engine is not None, "setup() first"
+        load_zero_full_state_dict(self.engine, state)
+
+    @classmethod
+    def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+        return read_zero_checkpoint(path, CHECKPOINT_TAG)
+
     def teardown(self) -> None:
         if self.engine is not None and hasattr(self.engine, "destroy"):
             self.engine.destroy()
@@ -195,6 +233,75 @@ def _as_cpu_adam(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     groups = [{"params": g["params"], "weight_decay": g["weight_decay"], "lr": g["lr"]} for g in optimizer.param_groups]
     return DeepSpeedCPUAdam(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
                             adamw_mode=True, bias_correction=True)
+
+
+def save_zero_checkpoint(engine: Any, path: Path, tag: str) -> None:
+    """Collective: DeepSpeed's checkpoint of `engine` in `path`/`tag` (plus DeepSpeed's 'latest'
+    file and its zero_to_fp32.py script, so that DeepSpeed's own tools read it as well)."""
+    engine.save_checkpoint(str(path), tag=tag)
+
+
+def load_zero_checkpoint(engine: Any, path: Path, tag: str) -> None:
+    """Collective: model, fp32 master weights and optimizer partitions back from `path`/`tag`."""
+    loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_optimizer_states=True,
+                                       load_lr_scheduler_states=False)
+    if loaded is None:  # DeepSpeed only logs a warning when it finds nothing to load
+        raise StrategyError(f"DeepSpeed found no checkpoint in {path / tag}: resume from another checkpoint")
+
+
+def zero_full_state_dict(engine: Any, rank: int) -> dict[str, torch.Tensor]:
+    """Collective: the fp32 master weights (not the module's low-precision copy) under the bare
+    model's names on rank 0, gathered one parameter at a time; {} on the other ranks."""
+    from deepspeed.utils import safe_get_full_fp32_param
+
+    module = engine.module
+    # Every rank gathers every parameter in the same order: each call is a collective.
+    master = {id(p): safe_get_full_fp32_param(p).detach().cpu() for p in module.parameters()}
+    if rank != 0:
+        return {}
+    # state_dict(keep_vars=True) names tied parameters twice (wte and lm_head), as the bare model does.
+    return {name: master[id(t)] if id(t) in master else t.detach().cpu().clone()
+            for name, t in module.state_dict(keep_vars=True).items()}
+
+
+def load_zero_full_state_dict(engine: Any, state: dict[str, torch.Tensor]) -> None:
+    """Collective: consolidated weights into both the module's parameters and DeepSpeed's fp32
+    master partitions (which the optimizer steps from, and would otherwise copy back over
+    the module's at the next step). Every rank passes the whole dict."""
+    module = engine.module
+    expected = set(module.state_dict().keys())
+    if set(state) != expected:
+        missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
+        raise StrategyError(f"the weights do not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}): "
+                            "resume from a checkpoint of the same model")
+    import deepspeed
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    params = dict(module.named_parameters())  # a tied parameter once, under its first name
+    # ZeRO-3: gathered whole, then re-partitioned from rank 0's values (every rank writes the
+    # same); a no-op for ZeRO-1/2, whose ranks hold every parameter whole.
+    with deepspeed.zero.GatheredParameters(list(params.values()), modifier_rank=0):
+        for name, p in params.items():
+            p.data.copy_(state[name].to(p.device, p.dtype))
+    for name, p in params.items():
+        safe_set_full_fp32_param(p, state[name].to(p.device, torch.float32))
+    for name, buffer in module.named_buffers():
+        if name in state:
+            buffer.data.copy_(state[name].to(buffer.device, buffer.dtype))
+
+
+def read_zero_checkpoint(path: Path, tag: str) -> dict[str, torch.Tensor]:
+    """Offline: the fp32 master weights of the DeepSpeed checkpoint `path`/`tag` under the bare
+    model's names (tied weights under each of theirs)."""
+    if not (path / tag).is_dir():
+        raise StrategyError(f"{path} holds no DeepSpeed checkpoint {tag!r}: give a checkpoint a ZeRO strategy wrote")
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    # It reports its progress (prints, and tqdm bars on stderr) into the middle of a run's log or
+    # an export's output, which say what was read themselves; failures still raise.
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        # Tied names come back from the checkpoint's shared_params, as one tensor under both.
+        return dict(get_fp32_state_dict_from_zero_checkpoint(str(path), tag=tag))
 
 
 def zero_memory_breakdown(engine: Any) -> MemoryBreakdown:
