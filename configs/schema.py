@@ -126,8 +126,8 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(f"pg_timeout_s={cfg.pg_timeout_s} must be positive")
 
 
-def _key_help(bad_key: str) -> str:
-    known = [f.name for f in fields(RunConfig)]
+def _key_help(bad_key: str, schema: type) -> str:
+    known = [f.name for f in fields(schema)]
     close = difflib.get_close_matches(bad_key, known, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown config key {bad_key!r}: {hint}known keys: {', '.join(known)}"
@@ -174,17 +174,17 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
     except ConfigError:
         raise
     except OmegaConfBaseException as exc:
-        raise ConfigError(_omegaconf_message(exc)) from None
+        raise ConfigError(_omegaconf_message(exc, schema)) from None
     if isinstance(cfg, RunConfig):
         _validate(cfg)
     return cfg
 
 
-def _omegaconf_message(exc: OmegaConfBaseException) -> str:
+def _omegaconf_message(exc: OmegaConfBaseException, schema: type) -> str:
     key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
     text = str(exc).splitlines()[0]
     if "not in struct" in text or "Key '" in text and "not in" in text:
-        return _key_help(str(key).split(".")[0])
+        return _key_help(str(key).split(".")[0], schema)
     if key:
         return f"bad value for {key!r}: {text}"
     return text
