@@ -1,6 +1,7 @@
-"""Accelerate checkpoints (save_state/load_state): exact resume after a SIGKILL under
-accelerate-ddp and accelerate-zero2, export from both, ZeRO-3 weights carried into
-accelerate-zero3, and a world-size change refused for the ZeRO modes.
+"""Accelerate checkpoints (save_state/load_state): ZeRO-3 weights carried into
+accelerate-zero3, and a world-size change refused for the ZeRO modes. Exact resume after
+a SIGKILL and export for accelerate-ddp and accelerate-zero2 are checked in
+test_checkpoint_zero, beside the ZeRO stages'.
 
 The straight runs and the zero3 checkpoint come from test_checkpoint_zero's session cache.
 """
@@ -9,14 +10,8 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
-import torch
-from safetensors.torch import load_file
-
-import runner
-from tests.test_checkpoint import SUM_ORDER_RTOL, _loss_on_step, losses
-from tests.test_checkpoint_zero import continued, killed_and_resumed, refuse_one_rank, straight_run
-
-STRATEGIES = ("accelerate-ddp", "accelerate-zero2")
+from tests.test_checkpoint import SUM_ORDER_RTOL, losses
+from tests.test_checkpoint_zero import continued, refuse_one_rank, straight_run
 
 pytestmark = [
     pytest.mark.skipif(
@@ -25,25 +20,6 @@ pytestmark = [
     ),
     pytest.mark.timeout(600),
 ]
-
-
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_killed_rank_then_resume_matches_the_uninterrupted_run_bit_for_bit(strategy, tmp_path_factory, tmp_path):
-    reference = losses(straight_run(strategy, tmp_path_factory.getbasetemp()))
-    left, stdout = killed_and_resumed(strategy, tmp_path / "killed")
-    assert left == ["step_10"]
-    assert "resumed at step 10" in stdout and "model and optimizer state" in stdout
-    assert losses(tmp_path / "killed") == reference
-
-
-@pytest.mark.parametrize("strategy", STRATEGIES)
-def test_export_loads_strictly_and_gives_the_live_models_loss(strategy, tmp_path_factory, tmp_path):
-    out = straight_run(strategy, tmp_path_factory.getbasetemp())
-    target = tmp_path / f"{strategy}.safetensors"
-    assert runner.main(["export", str(out / "checkpoints" / "step_10"), str(target)]) == 0
-    weights = load_file(target)
-    assert all(t.dtype == torch.float32 for t in weights.values())
-    assert _loss_on_step(weights, 10) == pytest.approx(losses(out)[11], rel=SUM_ORDER_RTOL)
 
 
 def test_zero3_weights_carried_into_accelerate_zero3_set_the_fp32_master_copy(tmp_path_factory):

@@ -1,5 +1,6 @@
 """DeepSpeed ZeRO checkpoints: exact resume after a SIGKILL, export, a resume under `ddp`,
-and a world-size change refused in one line.
+and a world-size change refused in one line. The resume and export checks also run for two
+Accelerate modes (test_checkpoint_accelerate has the rest of Accelerate's).
 
 Each 2-rank run costs ~10 s on two cores, mostly start-up: one straight 20-step run per
 strategy serves every check that needs a checkpoint or a reference curve.
@@ -9,6 +10,7 @@ fp32 master weights, Adam's moments, the generators and the step all come back.
 from __future__ import annotations
 
 import functools
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -24,6 +26,11 @@ from strategies.registry import default_registry
 from tests.test_checkpoint import SUM_ORDER_RTOL, _loss_on_step, launch, log, losses
 
 STAGES = ("zero1", "zero2", "zero3")
+_NEEDS_ACCELERATE = pytest.mark.skipif(
+    any(importlib.util.find_spec(m) is None for m in ("accelerate", "transformers")),
+    reason="needs accelerate and transformers",
+)
+RESUMABLE = (*STAGES, *(pytest.param(name, marks=_NEEDS_ACCELERATE) for name in ("accelerate-ddp", "accelerate-zero2")))
 # Room for DeepSpeed's one-time JIT build of its shared-memory op in whichever run comes first.
 RUN_TIMEOUT = 480
 
@@ -65,7 +72,7 @@ def continued(strategy: str, source: Path, base: Path) -> tuple[Path, str]:
     return out, proc.stdout
 
 
-@pytest.mark.parametrize("strategy", STAGES)
+@pytest.mark.parametrize("strategy", RESUMABLE)
 def test_killed_rank_then_resume_matches_the_uninterrupted_run_bit_for_bit(strategy, tmp_path_factory, tmp_path):
     reference = losses(straight_run(strategy, tmp_path_factory.getbasetemp()))
     left, stdout = killed_and_resumed(strategy, tmp_path / "killed")
@@ -74,7 +81,7 @@ def test_killed_rank_then_resume_matches_the_uninterrupted_run_bit_for_bit(strat
     assert losses(tmp_path / "killed") == reference
 
 
-@pytest.mark.parametrize("strategy", STAGES)
+@pytest.mark.parametrize("strategy", RESUMABLE)
 def test_export_loads_strictly_and_gives_the_live_models_loss(strategy, tmp_path_factory, tmp_path):
     out = straight_run(strategy, tmp_path_factory.getbasetemp())
     target = tmp_path / f"{strategy}.safetensors"
