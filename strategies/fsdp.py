@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from strategies.base import OptimizerFactory, RunContext
+from strategies.base import OptimizerFactory, RunContext, StrategyError
 from strategies.single import SingleDeviceStrategy
 
 
@@ -34,10 +34,15 @@ class FSDPStrategy(SingleDeviceStrategy):
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded"
     checkpoint_format = "dcp"
 
-    def __init__(self, ctx: RunContext, *, reshard_after_forward: bool = True, cpu_offload: bool = False):
+    def __init__(self, ctx: RunContext, *, reshard_after_forward: bool = True, cpu_offload: bool = False,
+                 prefetch_blocks: int = 0):
         super().__init__(ctx)
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
+        if not isinstance(prefetch_blocks, int) or prefetch_blocks < 0:
+            raise StrategyError(f"strategy_options.prefetch_blocks={prefetch_blocks} must be a whole number >= 0 "
+                                "(0: FSDP2's own one-block prefetch)")
+        self.prefetch_blocks = prefetch_blocks
 
     def _policies(self) -> dict:
         mp = MixedPrecisionPolicy()
@@ -57,6 +62,7 @@ class FSDPStrategy(SingleDeviceStrategy):
         blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
         for block in blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward, **policies)
+        self._set_explicit_prefetch(blocks)
         # The root holds what no block does (embeddings, final norm, head); it is
         # gathered again for backward at once, so resharding it after forward buys nothing.
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward and not blocks, **policies)
@@ -64,6 +70,16 @@ class FSDPStrategy(SingleDeviceStrategy):
         self.optimizer = optimizer_factory(model)
         self.scaler = self._make_scaler()
         return self.model, self.optimizer
+
+    def _set_explicit_prefetch(self, blocks: list[nn.Module]) -> None:
+        """Issue the all-gathers of the next `prefetch_blocks` blocks early (forward and
+        backward), trading memory for overlap as torchtitan's explicit prefetching does."""
+        n = self.prefetch_blocks
+        if not n:
+            return
+        for i, block in enumerate(blocks):
+            block.set_modules_to_forward_prefetch(blocks[i + 1 : i + 1 + n])
+            block.set_modules_to_backward_prefetch(blocks[max(0, i - n) : i][::-1])
 
     def _make_scaler(self) -> torch.amp.GradScaler | None:
         if self.ctx.precision != "fp16":

@@ -16,10 +16,13 @@ def runs(tmp_path_factory, reference_run):
         out[strategy] = train(tmp_path_factory.mktemp(strategy), strategy, nproc=2)
     # Same global batch of 8: 2 ranks x micro-batch 2 x 2 accumulation steps.
     out["ddp-accum"] = train(tmp_path_factory.mktemp("accum"), "ddp", nproc=2, extra=["micro_batch=2"])
+    # Explicit prefetch and accumulation without gradient sync on FSDP2's side.
+    out["fsdp-prefetch-accum"] = train(tmp_path_factory.mktemp("prefetch"), "fsdp", nproc=2,
+                                       extra=["micro_batch=2", "strategy_options.prefetch_blocks=1"])
     return out
 
 
-@pytest.mark.parametrize("name", ["ddp", "fsdp", "ddp-accum"])
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "ddp-accum", "fsdp-prefetch-accum"])
 def test_loss_matches_single(runs, name, record_property):
     summary, rows = runs[name]
     _, reference = runs["single"]

@@ -56,7 +56,9 @@ def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, grad_acc
     backward["root parameters gathered for the step"] = shape.root_params() * unsharded
     largest = max(blocks) if blocks else 0
     if backend.reshard_after_forward:
-        backward["blocks gathered (in use + prefetched)"] = 2 * largest * unsharded
+        # FSDP2 prefetches one block by itself; strategy_options.prefetch_blocks=n keeps n ahead.
+        in_flight = 1 + max(1, int(backend.options.get("prefetch_blocks") or 0))
+        backward["blocks gathered (in use + prefetched)"] = in_flight * largest * unsharded
     else:
         backward["every block kept gathered until backward"] = sum(blocks) * unsharded
     reduce_bytes = 4 if backend.reduce_in_fp32 or precision == "fp32" else BYTES[precision]
