@@ -29,6 +29,7 @@ class SlurmJob:
     partition: str | None = None
     request_gpus: bool = True  # False for CPU-only nodes (gloo)
     python: str = sys.executable
+    workdir: str = str(Path(RUNNER).parent)  # the checkout, as the nodes see it ($VARIABLES expand)
 
     def script(self) -> str:
         partition = f"#SBATCH --partition={self.partition}\n" if self.partition else ""
@@ -37,10 +38,9 @@ class SlurmJob:
             self.python, "-m", "torch.distributed.run",
             "--nnodes=$SLURM_JOB_NUM_NODES", f"--nproc_per_node={self.procs_per_node}",
             "--rdzv_backend=c10d", f"--rdzv_endpoint=$head_node:{self.rdzv_port}", "--rdzv_id=$SLURM_JOB_ID",
-            RUNNER, *self.runner_args,
+            "runner.py", *self.runner_args,
         ]
-        # $-variables stay unquoted for the shell to expand; everything else is quoted.
-        command = " ".join(part if "$" in part else shlex.quote(part) for part in torchrun)
+        command = " ".join(_shell_word(part) for part in torchrun)
         return (
             "#!/bin/bash\n"
             f"#SBATCH --job-name={self.name}\n"
@@ -50,7 +50,7 @@ class SlurmJob:
             f"#SBATCH --time={self.time_limit}\n"
             f"#SBATCH --output={self.log_path}\n"
             "set -euo pipefail\n"
-            f"cd {shlex.quote(str(Path(RUNNER).parent))}\n"
+            f"cd {_shell_word(self.workdir)}\n"
             "# The first node of the allocation hosts the c10d rendezvous store.\n"
             'head_node=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)\n'
             "export OMP_NUM_THREADS=${OMP_NUM_THREADS:-8}\n"
@@ -59,6 +59,11 @@ class SlurmJob:
             # --kill-on-bad-exit: a node that fails takes the others down instead of leaving them waiting.
             f"srun --kill-on-bad-exit=1 --ntasks={self.nodes} --ntasks-per-node=1 {command}\n"
         )
+
+
+def _shell_word(part: str) -> str:
+    """Words with $-variables go in double quotes, for the shell to expand; the rest in single."""
+    return f'"{part}"' if "$" in part else shlex.quote(part)
 
 
 def write_scripts(jobs: list[SlurmJob], directory: Path) -> list[Path]:

@@ -8,10 +8,11 @@ import os
 import re
 import stat
 import subprocess
+from pathlib import Path
 
 from harness.distributed import free_port
 from harness.slurm import SlurmJob
-from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
+from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_cli
 
 FAKE_SRUN = """#!/bin/bash
 # Stand-in for srun: start --ntasks copies of the command, one per "node", and wait.
@@ -68,7 +69,7 @@ def test_script_asks_for_the_right_nodes_and_tasks(tmp_path):
     assert "#SBATCH --nodes=2" in script and "#SBATCH --ntasks-per-node=1" in script
     assert "#SBATCH --gpus-per-node=8" in script and "#SBATCH --partition=gpu" in script
     srun = next(line for line in script.splitlines() if line.startswith("srun "))
-    assert "--ntasks=2" in srun and "--nproc_per_node=8" in srun and "--nnodes=$SLURM_JOB_NUM_NODES" in srun
+    assert "--ntasks=2" in srun and "--nproc_per_node=8" in srun and '"--nnodes=$SLURM_JOB_NUM_NODES"' in srun
     assert re.search(r"--rdzv_endpoint=\$head_node:29500", srun) and "--rdzv_backend=c10d" in srun
     assert srun.endswith("train strategy=fsdp")
 
@@ -109,3 +110,16 @@ def test_slurm_without_sbatch_says_what_to_do(tmp_path):
     env["PATH"] = "/usr/bin:/bin"
     proc = run_cli(["compare", "launcher=slurm", "gpus_per_node=8"], env=env, timeout=60)
     assert proc.returncode == 2 and "sbatch is not on PATH" in proc.stderr and "dry_run=true" in proc.stderr
+
+
+def test_the_example_in_configs_is_what_the_generator_writes():
+    """configs/slurm/train.sbatch is documentation: it must not drift from harness.slurm."""
+    example = (ROOT / "configs" / "slurm" / "train.sbatch").read_text().splitlines()
+    generated = SlurmJob(
+        name="parabench-fsdp", nodes=2, procs_per_node=8, log_path=Path("slurm-%j.log"),
+        runner_args=["train", "strategy=fsdp", "model=gpt2-1.5b", "precision=bf16", "out_dir=runs/slurm-fsdp"],
+        python="python", workdir="$SLURM_SUBMIT_DIR",
+    ).script().splitlines()
+    # The example adds only comment lines of its own.
+    assert [line for line in example if line in generated] == generated
+    assert all(line.startswith("# ") for line in example if line not in generated)
