@@ -13,9 +13,11 @@ Works unchanged under torchrun, `deepspeed` and `accelerate launch`.
 """
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import os
 import re
+import signal
 import sys
 
 # Each subcommand lives in its own module with `main(args) -> int`.
@@ -52,6 +54,8 @@ def _strip_launcher_flags(args: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # `kill -USR1 <pid>` prints every thread's stack: how to see where a stuck run is.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = _strip_launcher_flags(list(sys.argv[1:] if argv is None else argv))
     if not args or args[0] in ("-h", "--help", "help"):
         print(__doc__.strip())

@@ -139,7 +139,13 @@ def test_ctrl_c_stops_the_sweep_and_still_reports(tmp_path, plugin_env):
             assert proc.poll() is None and time.monotonic() < deadline, "the hanging strategy never started"
             time.sleep(0.2)
         proc.send_signal(signal.SIGINT)
-        output, _ = proc.communicate(timeout=90)
+        try:
+            output, _ = proc.communicate(timeout=180)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)  # runner.py dumps its stacks: where did it stick?
+            time.sleep(2)
+            proc.kill()
+            pytest.fail(f"compare did not stop after Ctrl-C:\n{proc.communicate()[0][-6000:]}")
     finally:
         if proc.poll() is None:
             proc.kill()
