@@ -25,7 +25,6 @@ restores every generator after them.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 from datetime import timedelta
@@ -37,7 +36,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError
+from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, missing_package_reason
 from strategies.memory import MemoryBreakdown
 
 # What Accelerate's save_state writes (accelerate.utils.constants), by mode: the offline
@@ -155,9 +154,7 @@ class AccelerateStrategy(Strategy):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        if importlib.util.find_spec("accelerate") is None:
-            return "Accelerate is not installed: pip install accelerate"
-        return None
+        return missing_package_reason("accelerate", "pip install accelerate")
 
     # ---- setup -------------------------------------------------------------------------
 
@@ -456,13 +453,10 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        missing = super().unavailable_reason()
-        if missing is None and importlib.util.find_spec("deepspeed") is None:
-            missing = "DeepSpeed is not installed: pip install deepspeed"
-        if missing is None and importlib.util.find_spec("transformers") is None:
-            # DeepSpeedPlugin.select() imports transformers' HfDeepSpeedConfig, whatever the model.
-            missing = "Accelerate's DeepSpeed plugin needs transformers: pip install transformers"
-        return missing
+        # DeepSpeedPlugin.select() imports transformers' HfDeepSpeedConfig, whatever the model.
+        return (super().unavailable_reason()
+                or missing_package_reason("deepspeed", "pip install deepspeed")
+                or missing_package_reason("transformers", "Accelerate's DeepSpeed plugin needs it: pip install transformers"))
 
 
 def register_strategies(registry) -> None:

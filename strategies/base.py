@@ -10,6 +10,7 @@ offline (export, and resuming under a strategy whose format differs).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,13 @@ OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
 """Builds the run's optimizer over a (wrapped or sharded) model's parameters."""
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def missing_package_reason(module: str, install: str) -> str | None:
+    """The unavailable_reason of a plugin whose backend package may be absent."""
+    if importlib.util.find_spec(module) is None:
+        return f"{module} is not installed: {install}"
+    return None
 
 
 class StrategyError(ValueError):

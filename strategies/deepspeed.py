@@ -27,7 +27,6 @@ unavailable) where deepspeed is not installed.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import logging
@@ -38,7 +37,7 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.nn as nn
 
-from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError
+from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, missing_package_reason
 from strategies.deepspeed_config import (
     check_user_config,
     check_zero_options,
@@ -115,9 +114,7 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
-        if importlib.util.find_spec("deepspeed") is None:
-            return "deepspeed is not installed: pip install deepspeed"
-        return None
+        return missing_package_reason("deepspeed", "pip install deepspeed")
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         deepspeed = _import_deepspeed(self.ctx)

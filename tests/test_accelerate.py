@@ -170,13 +170,13 @@ def test_listed_as_unavailable_without_accelerate():
     assert proc.returncode == 0, proc.stderr[-2000:]
     listed = dict(line.split(" | ") for line in proc.stdout.splitlines())
     assert set(listed) == {f"accelerate-{mode}" for mode in MODES}
-    assert all(reason == "Accelerate is not installed: pip install accelerate" for reason in listed.values())
+    assert all(reason == "accelerate is not installed: pip install accelerate" for reason in listed.values())
 
 
 @needs_backends
 @pytest.mark.parametrize("missing, reason", [
-    ("deepspeed", "DeepSpeed is not installed: pip install deepspeed"),
-    ("transformers", "Accelerate's DeepSpeed plugin needs transformers: pip install transformers"),
+    ("deepspeed", "deepspeed is not installed: pip install deepspeed"),
+    ("transformers", "transformers is not installed: Accelerate's DeepSpeed plugin needs it: pip install transformers"),
 ])
 def test_zero_modes_say_what_else_to_install(monkeypatch, missing, reason):
     real_find_spec = importlib.util.find_spec
