@@ -54,8 +54,6 @@ def _strip_launcher_flags(args: list[str]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # `kill -USR1 <pid>` prints every thread's stack: how to see where a stuck run is.
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
     args = _strip_launcher_flags(list(sys.argv[1:] if argv is None else argv))
     if not args or args[0] in ("-h", "--help", "help"):
         print(__doc__.strip())
@@ -77,4 +75,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # `kill -USR1 <pid>` prints every thread's stack: how to see where a stuck run is.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     sys.exit(main())

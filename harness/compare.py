@@ -63,7 +63,7 @@ def main(args: list[str]) -> int:
     results: list[StrategyResult] = []
     interrupted = False
     searched: dict | None = None
-    with _sigterm_as_interrupt():
+    with _stop_signals_interrupt():
         for name, reason in planned:
             description = registry.get(name).description
             if reason is not None:
@@ -320,15 +320,19 @@ def _print_summary(results: list[StrategyResult], reference: str | None) -> None
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
+def _stop_signals_interrupt() -> Iterator[None]:
     """SIGTERM to compare stops the sweep as Ctrl-C does: the running job's whole group is
-    killed and the report is written (the jobs live in their own sessions: nothing else would stop them)."""
+    killed and the report is written (the jobs live in their own sessions: nothing else would stop them).
+
+    SIGINT gets Python's handler explicitly: a shell without job control starts background
+    commands with SIGINT ignored, and Python keeps an ignored SIGINT ignored."""
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
