@@ -28,8 +28,8 @@ _OOM = re.compile(
     r"CUDA out of memory|OutOfMemoryError|CUBLAS_STATUS_ALLOC_FAILED|CUDNN_STATUS_ALLOC_FAILED"
     r"|HIP out of memory|out of memory on device",
 )
-# torchrun's failure summary: the first failed worker's exit code (negative: a signal).
-_ROOT_CAUSE_EXIT = re.compile(r"Root Cause.*?exitcode\s*:\s*(-?\d+)", re.S)
+# torchrun's failure summary: each failed worker's exit code (negative: a signal).
+_WORKER_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b|parabench: error:).*")
 
 
@@ -205,11 +205,12 @@ def classify(returncode: int | None, log_text: str, stopped_for: str | None, tim
 def _signal_number(returncode: int | None, log_text: str) -> int | None:
     if returncode is not None and returncode < 0:
         return -returncode
-    # Under torchrun the launcher exits 1 and names the first failed worker's exit code.
-    match = _ROOT_CAUSE_EXIT.search(log_text)
-    if match and int(match.group(1)) < 0:
-        return -int(match.group(1))
-    return None
+    # Under torchrun the launcher exits 1 and lists each failed worker's exit code. A
+    # SIGTERM there is torchrun's own doing (it stops the survivors when one worker fails),
+    # and may even be "first observed": the signal that matters is any other.
+    codes = [int(code) for code in _WORKER_EXIT.findall(log_text)]
+    signals = [-code for code in codes if code < 0 and -code != signal.SIGTERM]
+    return signals[0] if signals else None
 
 
 def _signal_name(signum: int) -> str:

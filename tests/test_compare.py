@@ -226,6 +226,19 @@ Root Cause (first observed failure):
   traceback : Signal 9 (SIGKILL) received by PID 6376
 """
 
+# One worker raised; torchrun then stopped the other with SIGTERM, and saw that first.
+TORCHRUN_RAISE_THEN_SIGTERM = """
+RuntimeError: deliberate failure
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 7001)
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -15 (pid: 7002)  (SIGTERM)
+"""
+
 
 @pytest.mark.parametrize("returncode, log, kind, words", [
     (0, "", None, "exited 0"),
@@ -233,6 +246,7 @@ Root Cause (first observed failure):
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n", "crash", "RuntimeError: boom"),
     (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", "oom", "Tried to allocate"),
     (1, TORCHRUN_SIGKILL, "signal", "SIGKILL"),
+    (1, TORCHRUN_RAISE_THEN_SIGTERM, "crash", "RuntimeError: deliberate failure"),
     (-15, "", "signal", "SIGTERM"),
     (3, "no exception here\n", "crash", "exited with code 3"),
 ])
