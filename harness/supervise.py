@@ -31,6 +31,11 @@ _OOM = re.compile(
 # torchrun's failure summary: each failed worker's exit code (negative: a signal).
 _WORKER_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b|parabench: error:).*")
+# What a worker raises because a peer vanished: a symptom of another rank's death, never its cause.
+_PEER_LOST = re.compile(
+    r"Connection (?:closed|reset) by peer|Broken pipe|DistNetworkError|DistBackendError|communicator was aborted"
+    r"|recvValue failed|failed to recv|Socket Timeout|Connection refused",
+)
 
 
 @dataclass
@@ -194,6 +199,12 @@ def classify(returncode: int | None, log_text: str, stopped_for: str | None, tim
     oom = _last_match_line(log_text, _OOM)
     if oom:
         return "oom", _shorten(oom)
+    # A worker's own exception is the cause even when the failure table shows a signal: a
+    # process that raised may still abort in its C++ teardown ("terminate called ...") while
+    # its peer's store or sockets go away, and torchrun SIGTERMs the survivors.
+    cause = _last_exception_line(log_text, skip=_PEER_LOST)
+    if cause:
+        return "crash", f"exited with code {returncode}: {_shorten(cause)}"
     signum = _signal_number(returncode, log_text)
     if signum is not None:
         return "signal", f"a process was killed by {_signal_name(signum)} (signal {signum})"
@@ -227,11 +238,11 @@ def _last_match_line(text: str, pattern: re.Pattern) -> str | None:
     return None
 
 
-def _last_exception_line(text: str) -> str | None:
+def _last_exception_line(text: str, skip: re.Pattern | None = None) -> str | None:
     for line in reversed(text.splitlines()):
         line = line.strip()
         # The launcher's own ChildFailedError says only that a child failed: keep looking for the child's.
-        if _EXCEPTION_LINE.match(line) and "ChildFailedError" not in line:
+        if _EXCEPTION_LINE.match(line) and "ChildFailedError" not in line and not (skip and skip.search(line)):
             return line
     return None
 

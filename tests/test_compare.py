@@ -239,6 +239,29 @@ Root Cause (first observed failure):
   exitcode  : -15 (pid: 7002)  (SIGTERM)
 """
 
+# Both workers raised; one then aborted in its C++ teardown (seen under load) and torchrun SIGTERMed the other.
+TORCHRUN_RAISE_THEN_ABORT = """
+[rank1]: RuntimeError: deliberate failure
+terminate called without an active exception
+Failures:
+[1]:
+  rank      : 0 (local_rank: 0)
+  exitcode  : -15 (pid: 7001)  (SIGTERM)
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -6 (pid: 7002)  (SIGABRT)
+"""
+
+# One worker was SIGKILLed (say by the host's OOM killer): its peer's error is only the symptom.
+TORCHRUN_SIGKILL_PEER_LOST = """
+[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:4411
+Root Cause (first observed failure):
+[0]:
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 6376)  (SIGKILL)
+"""
+
 
 @pytest.mark.parametrize("returncode, log, kind, words", [
     (0, "", None, "exited 0"),
@@ -247,6 +270,8 @@ Root Cause (first observed failure):
     (1, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n", "oom", "Tried to allocate"),
     (1, TORCHRUN_SIGKILL, "signal", "SIGKILL"),
     (1, TORCHRUN_RAISE_THEN_SIGTERM, "crash", "RuntimeError: deliberate failure"),
+    (1, TORCHRUN_RAISE_THEN_ABORT, "crash", "RuntimeError: deliberate failure"),
+    (1, TORCHRUN_SIGKILL_PEER_LOST, "signal", "SIGKILL"),
     (-15, "", "signal", "SIGTERM"),
     (3, "no exception here\n", "crash", "exited with code 3"),
 ])
