@@ -78,10 +78,10 @@ RUNS: list[Run] = [
         note="FSDP2 reshard_after_forward=False (gathered parameters kept from forward to backward)"),
     Run("single+compile", ("strategy=single", "compile=true"), "plain.py", ("--compile",), torchrun=False,
         group="fast path", goal_mfu=GOAL_COMPILE_MFU,
-        note="parabench compiles each block; the hand-written loop compiles the whole model (loss included)"),
+        note="both sides compile the whole model, loss included"),
     Run("ddp+compile", ("strategy=ddp", "compile=true"), "ddp.py", ("--compile",), group="fast path",
         goal_mfu=GOAL_COMPILE_MFU,
-        note="parabench compiles each block; the hand-written loop compiles the whole model, then wraps it"),
+        note="both sides compile the whole model, then wrap it (nanoGPT's order)"),
     # Not in the default set (they would not fit one 10-minute command with the rest): --only NAME.
     Run("fsdp+compile", ("strategy=fsdp", "compile=true"), "fsdp.py", ("--compile",), group="fast path",
         default=False, note="both sides compile per block before sharding"),

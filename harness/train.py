@@ -63,11 +63,6 @@ def _prepare_model(cfg: RunConfig) -> torch.nn.Module:
         if not hasattr(model, "activation_checkpointing"):
             raise ValueError(f"model {cfg.model!r} has no activation_checkpointing switch")
         model.activation_checkpointing = True
-    if cfg.compile:
-        # Per block, as torchtitan does: each block compiles once and FSDP can wrap it.
-        blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
-        for block in blocks or [model]:
-            block.compile()
     return model
 
 
@@ -90,6 +85,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             grad_clip=cfg.grad_clip, config=cfg,
         )
         strategy = default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+        # The whole model or per block: the backend knows which it can take.
+        compiled = strategy.compile(model) if cfg.compile else None
         checkpoints = CheckpointManager(
             Path(cfg.out_dir) / "checkpoints", env.rank, env.world_size, cfg.keep_last, printer=_rank0_print(env)
         )
@@ -117,7 +114,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             f"parabench train | strategy {cfg.strategy} | model {cfg.model} ({n_params / 1e6:.2f}M params) | "
             f"{env.world_size} x {hardware.device_name(env.device)} | {cfg.precision} | global batch "
             f"{cfg.batch_size} = {env.world_size} ranks x {micro_batch} x {grad_accum} accum | "
-            f"loss floor {_fmt(getattr(data, 'loss_floor', None))}"
+            f"loss floor {_fmt(getattr(data, 'loss_floor', None))}" + (f" | compiled: {compiled}" if compiled else "")
         )
         started = time.time()
         metrics.start(first_step=start_step, append=start_step > 0)
@@ -150,6 +147,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             distributed.inject_fault(done, env.rank)
         summary = _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started)
         summary["resumed_from_step"] = start_step
+        summary["compiled"] = compiled  # None: eager
         if env.is_main:
             (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary

@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
-from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, missing_package_reason
+from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, compile_blocks, missing_package_reason
 from strategies.memory import MemoryBreakdown
 
 # What Accelerate's save_state writes (accelerate.utils.constants), by mode: the offline
@@ -157,6 +157,11 @@ class AccelerateStrategy(Strategy):
         return missing_package_reason("accelerate", "pip install accelerate")
 
     # ---- setup -------------------------------------------------------------------------
+
+    def compile(self, model: nn.Module) -> str:
+        # FSDP and ZeRO-3 hook each block (gather and release its parameters): per block, as
+        # under the native fsdp and zero3; DDP and ZeRO-1/2 take the whole model.
+        return compile_blocks(model) if self.mode in ("fsdp", "zero3") else super().compile(model)
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         runner_group = dist.group.WORLD

@@ -34,6 +34,16 @@ def missing_package_reason(module: str, install: str) -> str | None:
     return None
 
 
+def compile_blocks(model: nn.Module) -> str:
+    """torch.compile each transformer block in place, as torchtitan does under FSDP: a block
+    compiles once for all its copies, and the backend's per-block hooks (all-gather, reshard,
+    ZeRO-3 fetch and release) stay between the graphs. A model without blocks compiles whole."""
+    blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
+    for block in blocks or [model]:
+        block.compile()
+    return f"per block ({len(blocks)} blocks)" if blocks else "whole model"
+
+
 class StrategyError(ValueError):
     """A strategy that cannot run as asked (one line, says what to do)."""
 
@@ -83,6 +93,15 @@ class Strategy(ABC):
         """Why this backend, with these preset options, cannot run on `device_type`
         ("cpu" or "cuda"), or None when it can. Compare skips such names with the reason."""
         return None
+
+    def compile(self, model: nn.Module) -> str:
+        """compile=true, before setup: torch.compile `model` in place, so its state-dict
+        names stay plain; returns what was compiled, for the run's summary. By default the
+        whole forward, loss included, is one graph (the head's matmul fuses with the
+        cross-entropy), as in nanoGPT's compiled loop; backends that wrap or hook the model
+        block by block compile per block instead (compile_blocks)."""
+        model.compile()
+        return "whole model"
 
     @abstractmethod
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -37,7 +37,7 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.nn as nn
 
-from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, missing_package_reason
+from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, compile_blocks, missing_package_reason
 from strategies.deepspeed_config import (
     check_user_config,
     check_zero_options,
@@ -115,6 +115,11 @@ class DeepSpeedStrategy(Strategy):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         return missing_package_reason("deepspeed", "pip install deepspeed")
+
+    def compile(self, model: nn.Module) -> str:
+        # ZeRO-3 fetches and releases each module's partitioned parameters in hooks around
+        # it: those hooks must stay outside the graphs. ZeRO-1/2 only hook the gradients.
+        return compile_blocks(model) if self.stage == 3 else super().compile(model)
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         deepspeed = _import_deepspeed(self.ctx)

@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from strategies.base import OptimizerFactory, RunContext, StrategyError
+from strategies.base import OptimizerFactory, RunContext, StrategyError, compile_blocks
 from strategies.single import SingleDeviceStrategy
 
 
@@ -53,6 +53,9 @@ class FSDPStrategy(SingleDeviceStrategy):
             # Pinned host memory only helps (and only exists) with an accelerator to copy to.
             offload = CPUOffloadPolicy(pin_memory=self.ctx.device.type == "cuda")
         return {"mp_policy": mp, "offload_policy": offload}
+
+    def compile(self, model: nn.Module) -> str:
+        return compile_blocks(model)  # each block before it is sharded: FSDP's hooks stay between the graphs
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
