@@ -122,11 +122,13 @@ def shutdown() -> None:
 def topology(env: DistEnv) -> dict[str, object]:
     """Nodes, processes per node and backend, for the results.
 
-    torchrun says how many agents (nodes) joined in GROUP_WORLD_SIZE; other
-    launchers leave it out, and then distinct host names count the nodes.
+    The launcher says how many nodes joined where it can: torchrun (and accelerate
+    launch, which runs it) in GROUP_WORLD_SIZE, the deepspeed launcher in CROSS_SIZE.
+    Others leave it out, and then distinct host names count the nodes.
     """
-    if "GROUP_WORLD_SIZE" in os.environ:
-        nodes = int(os.environ["GROUP_WORLD_SIZE"])
+    said = next((os.environ[name] for name in ("GROUP_WORLD_SIZE", "CROSS_SIZE") if name in os.environ), None)
+    if said is not None:
+        nodes = int(said)
     elif dist.is_initialized() and env.world_size > 1:
         hosts: list[str | None] = [None] * env.world_size
         dist.all_gather_object(hosts, socket.gethostname())
