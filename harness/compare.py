@@ -26,7 +26,9 @@ from omegaconf import OmegaConf
 
 from configs.schema import ConfigError, RunConfig, to_dict
 from harness import batch_search, slurm
-from harness.compare_schema import CompareConfig, load_compare_config, train_options
+from harness.compare_schema import (
+    CompareConfig, check_own_options, load_compare_config, own_option_args, own_options, train_options,
+)
 from harness.launch import RUNNER, torchrun_command, worker_env
 from harness.progress import SweepProgress
 from harness.results import StrategyResult, assign_verdicts, from_run, write_results
@@ -47,13 +49,15 @@ def main(args: list[str]) -> int:
         nproc = cfg.nproc or _default_nproc(device_type)
     registry = default_registry()
     names = _strategy_names(cfg, registry)
+    check_own_options(cfg, names, registry.names())
     planned = [(name, _skip_reason(registry, name, device_type)) for name in names]
     runnable = [name for name, reason in planned if reason is None]
-    _preflight(cfg, runnable, nproc)
+    shared = train_options(cfg, registry.names())
+    _preflight(cfg, shared, runnable, nproc)
 
     out = Path(cfg.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    sweep = Sweep(cfg, out, nproc, SweepProgress(names, cfg.steps), device_type)
+    sweep = Sweep(cfg, shared, out, nproc, SweepProgress(names, cfg.steps), device_type)
     if cfg.dry_run:
         return _print_slurm_scripts(sweep, runnable)
     started = time.time()
@@ -100,12 +104,18 @@ def main(args: list[str]) -> int:
 class Sweep:
     """Runs strategies as supervised launcher jobs into `<out>/<strategy>/`."""
 
-    def __init__(self, cfg: CompareConfig, out: Path, nproc: int, progress: SweepProgress, device_type: str = "cpu"):
+    def __init__(self, cfg: CompareConfig, shared: dict[str, Any], out: Path, nproc: int, progress: SweepProgress,
+                 device_type: str = "cpu"):
         self.cfg, self.out, self.nproc, self.progress = cfg, out, nproc, progress
         self.device_type = device_type
-        # One file with the shared options: every run reads the very same configuration.
+        # One file with the shared options: every run reads the very same configuration
+        # (plus, on its command line, the strategy_options section of its own strategy).
         self.train_config = out / "train_config.yaml"
-        OmegaConf.save(OmegaConf.create(train_options(cfg)), self.train_config)
+        OmegaConf.save(OmegaConf.create(shared), self.train_config)
+
+    def train_args(self, name: str, run_dir: Path) -> list[str]:
+        return ["train", f"config={self.train_config}", f"strategy={name}", f"out_dir={run_dir}",
+                *own_option_args(self.cfg, name)]
 
     def nproc_for(self, name: str) -> int:
         return 1 if name == REFERENCE else self.nproc
@@ -115,8 +125,7 @@ class Sweep:
         nproc = self.nproc_for(name)
         for stale in STALE_RUN_FILES:
             (run_dir / stale).unlink(missing_ok=True)
-        args = ["train", f"config={self.train_config}", f"strategy={name}", f"nproc={nproc}",
-                f"out_dir={run_dir}", *extra]
+        args = [*self.train_args(name, run_dir), f"nproc={nproc}", *extra]
         if self.cfg.launcher == "slurm":
             script = self.slurm_script(name, run_dir, args)
             cmd = slurm.submit_and_wait_command(script, run_dir / "slurm.log")
@@ -189,8 +198,7 @@ def _print_slurm_scripts(sweep: Sweep, runnable: list[str]) -> int:
     """dry_run=true: write one sbatch script per strategy and print them; submit nothing."""
     for name in runnable:
         run_dir = sweep.out / name
-        args = ["train", f"config={sweep.train_config}", f"strategy={name}", f"out_dir={run_dir}"]
-        script = sweep.slurm_script(name, run_dir, args)
+        script = sweep.slurm_script(name, run_dir, sweep.train_args(name, run_dir))
         print(f"# ---- {script}\n{script.read_text()}")
     print(f"{len(runnable)} scripts written to {sweep.out / 'slurm'}; run the same command without "
           "dry_run=true to submit them one after another and gather the results into one report")
@@ -229,11 +237,11 @@ def _skip_reason(registry: StrategyRegistry, name: str, device_type: str) -> str
     return f"unsupported on {device_type}: {unsupported}" if unsupported else None
 
 
-def _preflight(cfg: CompareConfig, runnable: list[str], nproc: int) -> None:
+def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], nproc: int) -> None:
     """Bad input fails once, here, as one line, rather than once per strategy."""
-    shared = train_options(cfg)
     for name in runnable:
-        preflight(RunConfig(**shared, strategy=name), 1 if name == REFERENCE else nproc)
+        options = {**shared, "strategy_options": {**shared["strategy_options"], **own_options(cfg, name)}}
+        preflight(RunConfig(**options, strategy=name), 1 if name == REFERENCE else nproc)
 
 
 def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult], device_type: str) -> dict:

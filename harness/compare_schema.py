@@ -3,8 +3,9 @@ RunConfig, so the two never drift apart) plus the sweep's own."""
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass, fields
-from typing import Any, Optional
+from typing import Any, Collection, Optional
 
 from configs.schema import ConfigError, RunConfig, load_config, to_dict
 
@@ -85,7 +86,34 @@ def _check_key(arg: str) -> str:
     return arg
 
 
-def train_options(cfg: CompareConfig) -> dict[str, Any]:
-    """The RunConfig fields every strategy's run shares (what makes the comparison fair)."""
+def train_options(cfg: CompareConfig, strategy_names: Collection[str]) -> dict[str, Any]:
+    """The RunConfig fields every strategy's run shares (what makes the comparison fair).
+
+    `strategy_options.<key>=` reaches every strategy; a section named after one of
+    `strategy_names` (`strategy_options.fsdp.prefetch_blocks=2`) only that strategy, so it
+    is left out here: see own_options."""
     shared = {f.name for f in fields(RunConfig)} - set(PER_RUN)
-    return {k: v for k, v in to_dict(cfg).items() if k in shared}
+    options = {k: v for k, v in to_dict(cfg).items() if k in shared}
+    options["strategy_options"] = {
+        k: v for k, v in options["strategy_options"].items() if not (isinstance(v, dict) and k in strategy_names)
+    }
+    return options
+
+
+def own_options(cfg: CompareConfig, name: str) -> dict[str, Any]:
+    """The options of `strategy_options.<name>.<key>=`: for strategy `name` alone."""
+    section = cfg.strategy_options.get(name)
+    return dict(section) if isinstance(section, dict) else {}
+
+
+def own_option_args(cfg: CompareConfig, name: str) -> list[str]:
+    """own_options as `train` arguments (JSON values read back as the same YAML scalars)."""
+    return [f"strategy_options.{key}={json.dumps(value)}" for key, value in own_options(cfg, name).items()]
+
+
+def check_own_options(cfg: CompareConfig, compared: Collection[str], registered: Collection[str]) -> None:
+    """A section for a strategy this compare does not run is a mistake worth one line."""
+    for key, value in cfg.strategy_options.items():
+        if isinstance(value, dict) and key in registered and key not in compared:
+            raise ConfigError(f"strategy_options.{key} is for strategy {key!r}, which this compare does not run: "
+                              f"add it to strategies= or drop the section")

@@ -160,7 +160,9 @@ def test_ctrl_c_stops_the_sweep_and_still_reports(tmp_path, plugin_env):
 @pytest.mark.slow
 def test_small_real_compare_matches_the_reference(tmp_path):
     out = tmp_path / "compare"
-    proc = run_cli(["compare", "strategies=single,ddp,fsdp", f"out_dir={out}", "batch_search=true", *NANO], timeout=240)
+    # An option only FSDP knows, in fsdp's own section: ddp and single would refuse it.
+    proc = run_cli(["compare", "strategies=single,ddp,fsdp", f"out_dir={out}", "batch_search=true",
+                    "strategy_options.fsdp.prefetch_blocks=1", *NANO], timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     assert doc["reference"] == "single" and doc["tolerance"] == 1e-4 and doc["nproc"] == 2
@@ -175,6 +177,9 @@ def test_small_real_compare_matches_the_reference(tmp_path):
         assert (out / name / "log.txt").is_file() and (out / name / "summary.json").is_file()
     # FSDP shards what DDP replicates: about half the parameter bytes per rank on 2 ranks.
     assert results["fsdp"]["mem_params_bytes"] < 0.6 * results["ddp"]["mem_params_bytes"]
+    run_options = {n: json.loads((out / n / "summary.json").read_text())["config"]["strategy_options"]
+                   for n in ("single", "ddp", "fsdp")}
+    assert run_options == {"single": {}, "ddp": {}, "fsdp": {"prefetch_blocks": 1}}
     assert results["single"]["final_loss"] < json.loads((out / "single" / "metrics.jsonl").read_text()
                                                        .splitlines()[0])["loss"]
     assert (out / "report.html").is_file() and len(list((out / "figures").glob("*.png"))) == 5
@@ -190,6 +195,10 @@ def test_bad_compare_input_is_one_line(tmp_path):
         compare.main(["batch_size=15", "strategies=ddp", "nproc=2", f"out_dir={tmp_path}"])
     with pytest.raises(ValueError, match="did you mean 'strategies'"):
         compare.main(["strategis=[ddp]"])
+    with pytest.raises(ValueError, match="strategy_options.fsdp is for strategy 'fsdp', which this compare does not"):
+        compare.main(["strategies=[single,ddp]", "strategy_options.fsdp.prefetch_blocks=1", f"out_dir={tmp_path}"])
+    with pytest.raises(ValueError, match="prefetch_blocks"):  # a shared option every strategy must know
+        compare.main(["strategies=[single,ddp]", "strategy_options.prefetch_blocks=1", f"out_dir={tmp_path}"])
     assert not (tmp_path / "results.json").exists()
 
 
