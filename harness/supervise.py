@@ -4,11 +4,15 @@ The job gets its own session (so its own process group), but that is not the who
 tree: torchrun starts every worker in a session of its own. So the supervisor also
 keeps a record of the job's descendants (from /proc, refreshed while it polls) and a
 timeout or Ctrl-C stops all of them (SIGTERM, then SIGKILL after a grace period);
-stragglers are killed even after a clean exit. A failure is classified from the exit status and the log as one of
+stragglers are killed even after a clean exit. While a job runs the supervisor is a
+child subreaper (Linux): a worker forked just as its launcher died is adopted by the
+supervisor rather than by init, so it is found and stopped too. A failure is classified from the exit status and the log as one of
 FAILURE_KINDS, with a one-line message and the log's last lines.
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import re
 import shlex
@@ -17,7 +21,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 FAILURE_KINDS = ("oom", "crash", "signal", "timeout", "interrupted")
 LOG_TAIL_LINES = 40
@@ -61,26 +65,28 @@ def run_job(
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    with log_path.open("wb") as log:
-        log.write(f"$ {shlex.join(cmd)}\n".encode())  # the log says how to run the job again
-        log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
-    stopped_for: str | None = None
-    tree = ProcessTree(proc.pid)
-    try:
-        while not _exited(proc.pid):
-            tree.refresh()
-            if time.monotonic() - started > timeout_s:
-                stopped_for = "timeout"
-                break
-            if on_poll is not None:
-                on_poll()
-            time.sleep(poll_interval_s)
-    except KeyboardInterrupt:
-        stopped_for = "interrupted"
-    finally:
-        _stop_tree(proc, tree, grace_s)
+    own_children = _children_of(os.getpid())  # there before the job: not the job's
+    with _adopting_orphans() as adopting:
+        with log_path.open("wb") as log:
+            log.write(f"$ {shlex.join(cmd)}\n".encode())  # the log says how to run the job again
+            log.flush()
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, start_new_session=True)
+        stopped_for: str | None = None
+        tree = ProcessTree(proc.pid, adopted_by=os.getpid() if adopting else None, not_the_job=own_children)
+        try:
+            while not _exited(proc.pid):
+                tree.refresh()
+                if time.monotonic() - started > timeout_s:
+                    stopped_for = "timeout"
+                    break
+                if on_poll is not None:
+                    on_poll()
+                time.sleep(poll_interval_s)
+        except KeyboardInterrupt:
+            stopped_for = "interrupted"
+        finally:
+            _stop_tree(proc, tree, grace_s)
     wall = time.monotonic() - started
     text = _read_tail(log_path)
     tail = _without_launcher_traceback(text.splitlines())[-LOG_TAIL_LINES:]
@@ -98,23 +104,45 @@ class ProcessTree:
     """The job's processes: its leader's group and every descendant seen so far.
 
     Workers that torchrun put in sessions of their own are found through their
-    parent links while the launcher lives; they are remembered with their start
-    time, so a later signal never reaches an unrelated process that reused a pid.
+    parent links while the launcher lives, and after it died through the supervisor
+    that adopted them (`adopted_by`); they are remembered with their start time, so
+    a later signal never reaches an unrelated process that reused a pid.
     """
 
-    def __init__(self, leader: int):
+    def __init__(self, leader: int, adopted_by: int | None = None, not_the_job: set[int] = frozenset()):
         self.leader = leader
+        self.adopted_by = adopted_by
+        self.not_the_job = set(not_the_job) | {leader}
         self.known: dict[int, int] = {}  # pid -> start time (clock ticks after boot)
 
     def refresh(self) -> None:
         table = _process_table()
         frontier = [self.leader]
+        if self.adopted_by is not None:
+            frontier.append(self.adopted_by)
         while frontier:
             parent = frontier.pop()
             for pid, (ppid, _, start) in table.items():
-                if ppid == parent and pid not in self.known:
+                if ppid == parent and pid not in self.known and pid not in self.not_the_job:
                     self.known[pid] = start
                     frontier.append(pid)
+
+    def reap_adopted(self, timeout_s: float = 5.0) -> None:
+        """Collect the exit status of the killed orphans this process adopted (no zombies left)."""
+        if self.adopted_by is None:
+            return
+        pending = set(self.known)
+        deadline = time.monotonic() + timeout_s
+        while pending and time.monotonic() < deadline:
+            for pid in list(pending):
+                try:
+                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                        continue  # still dying
+                except ChildProcessError:
+                    pass  # not our child: its own parent reaps it
+                pending.discard(pid)
+            if pending:
+                time.sleep(0.05)
 
     def alive(self) -> list[tuple[int, bool]]:
         """(pid, leads its own process group) of each known descendant still running."""
@@ -167,11 +195,43 @@ def _stop_tree(proc: subprocess.Popen, tree: ProcessTree, grace_s: float) -> Non
             deadline = time.monotonic() + grace_s
             while time.monotonic() < deadline and not (_exited(proc.pid) and not tree.alive()):
                 time.sleep(0.1)
-        # Workers that outlive their launcher, or ignore SIGTERM, are still in the tree.
+        # Workers that outlive their launcher, or ignore SIGTERM, are still in the tree; one
+        # forked as the launcher died has been adopted by now, and this refresh finds it.
+        tree.refresh()
         tree.signal(signal.SIGKILL)
         proc.wait()
+        tree.reap_adopted()
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def _children_of(parent: int) -> set[int]:
+    return {pid for pid, (ppid, _, _) in _process_table().items() if ppid == parent}
+
+
+_PR_SET_CHILD_SUBREAPER, _PR_GET_CHILD_SUBREAPER = 36, 37  # linux/prctl.h
+
+
+@contextlib.contextmanager
+def _adopting_orphans() -> Iterator[bool]:
+    """While inside, this process adopts its orphaned descendants (a Linux child subreaper);
+    yields False where it cannot (then the leader's group and the descendants seen are what
+    can be stopped)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        yield False
+        return
+    before = ctypes.c_int(0)
+    if prctl(_PR_GET_CHILD_SUBREAPER, ctypes.byref(before), 0, 0, 0) != 0:
+        yield False
+        return
+    adopting = prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    try:
+        yield adopting
+    finally:
+        if adopting and not before.value:
+            prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def _signal_group(pgid: int, sig: signal.Signals) -> None:

@@ -218,6 +218,30 @@ def test_timeout_kills_workers_that_left_the_job_session(tmp_path):
     assert processes_with(marker) == []
 
 
+def test_timeout_kills_a_worker_forked_as_its_launcher_died(tmp_path):
+    """The launcher starts its worker in its SIGTERM handler, in a session of its own, then
+    exits: the worker was never seen as the launcher's child. Adopted by the supervisor
+    (a child subreaper), it must still be killed, and reaped."""
+    marker = f"pbmark{uuid.uuid4().hex[:10]}"
+    worker = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)"
+    launcher = ("import os, signal, subprocess, sys, time\n"
+                "def spawn_and_die(*_):\n"
+                f"    subprocess.Popen([sys.executable, '-c', {worker!r}, {marker!r}], start_new_session=True)\n"
+                "    os._exit(0)\n"
+                "signal.signal(signal.SIGTERM, spawn_and_die)\n"
+                f"open({str(tmp_path / 'up')!r}, 'w').close()\n"
+                "time.sleep(600)\n")
+    outcome = run_job([sys.executable, "-c", launcher], log_path=tmp_path / "log.txt", timeout_s=2,
+                      poll_interval_s=0.1, grace_s=3)
+    assert (tmp_path / "up").exists(), "the launcher never started"
+    assert outcome.kind == "timeout"
+    assert processes_with(marker) == []
+    zombies = [line for line in subprocess.run(["ps", "-o", "stat=,args=", "--ppid", str(os.getpid())],
+                                               capture_output=True, text=True).stdout.splitlines()
+               if line.startswith("Z")]
+    assert zombies == []
+
+
 def test_a_clean_exit_and_a_crash_are_told_apart(tmp_path):
     ok = run_job([sys.executable, "-c", "print('fine')"], log_path=tmp_path / "ok.txt", timeout_s=30)
     assert ok.ok and ok.returncode == 0 and ok.log_tail[-1] == "fine"
