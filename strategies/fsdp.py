@@ -35,10 +35,16 @@ class FSDPStrategy(SingleDeviceStrategy):
     checkpoint_format = "dcp"
 
     def __init__(self, ctx: RunContext, *, reshard_after_forward: bool = True, cpu_offload: bool = False,
-                 prefetch_blocks: int = 0):
+                 prefetch_blocks: int = 0, sync_each_micro_step: bool = True):
         super().__init__(ctx)
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
+        if not isinstance(sync_each_micro_step, bool):
+            raise StrategyError(f"strategy_options.sync_each_micro_step={sync_each_micro_step} must be true or false")
+        # True: reduce-scatter on every micro-step and accumulate sharded gradients, as torchtitan
+        # and DeepSpeed ZeRO-3 do. False: skip it until the last micro-step (less communication,
+        # but each rank keeps the whole unsharded gradient while accumulating).
+        self.sync_each_micro_step = sync_each_micro_step
         if not isinstance(prefetch_blocks, int) or prefetch_blocks < 0:
             raise StrategyError(f"strategy_options.prefetch_blocks={prefetch_blocks} must be a whole number >= 0 "
                                 "(0: FSDP2's own one-block prefetch)")
@@ -116,7 +122,7 @@ class FSDPStrategy(SingleDeviceStrategy):
             self.model.set_requires_gradient_sync(True)
 
     def no_sync(self) -> ContextManager:
-        return self._gradient_sync_off()
+        return contextlib.nullcontext() if self.sync_each_micro_step else self._gradient_sync_off()
 
     def _sharded_state(self) -> dict[str, Any]:
         # Keyed by parameter name, not by position, and sharded as the model is: what DCP

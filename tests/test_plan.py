@@ -196,6 +196,22 @@ def test_ring_volumes_and_zero3_moves_one_and_a_half_times_ddp():
     assert plans["fsdp"].time.wire_bytes == pytest.approx(1.5 * plans["ddp"].time.wire_bytes)
 
 
+def test_fsdp_accumulation_trades_reduce_scatters_for_unsharded_gradients():
+    """fsdp reduce-scatters on every micro-step (as ZeRO-3 does) by default; with
+    sync_each_micro_step=false it reduces once but holds the whole gradient meanwhile."""
+    common = dict(model="gpt2-124m", gpus=8, micro_batch=2, batch_size=64, precision="bf16", strategies=["fsdp"])
+    _, each = plan(**common)
+    _, once = plan(**common, strategy_options={"sync_each_micro_step": False})
+    kept = "unsharded gradients kept while accumulating"
+    assert kept not in each["fsdp"].buffers.backward
+    assert once["fsdp"].buffers.backward[kept] == shape_of_spec("gpt2-124m").params * 4  # reduced in fp32
+    assert once["fsdp"].peak_bytes > each["fsdp"].peak_bytes
+    reduce_scatter = next(c for c in each["fsdp"].collectives if c.kind == "reduce-scatter")
+    # 64 sequences = 8 GPUs x 2 x 4 micro-steps: three more reduce-scatters per step.
+    assert each["fsdp"].time.wire_bytes - once["fsdp"].time.wire_bytes == pytest.approx(
+        3 * reduce_scatter.wire_bytes(8), rel=1e-9)
+
+
 def test_step_time_is_compute_plus_what_cannot_hide():
     q, plans = plan(model="gpt2-124m", gpus=1, micro_batch=4, precision="bf16", strategies=["single", "ddp"])
     flops = shape_of_spec("gpt2-124m").flops_per_token(1024) * 4 * 1024

@@ -148,8 +148,10 @@ def collectives(shape: ModelShape, backend: Backend, precision: str, gpus: int) 
                                   "backward", per_micro_step=True))
         out.append(Collective("reduce-scatter gradients", "reduce-scatter", params * grad_bytes, calls, "backward",
                               tail_bytes=largest_block * grad_bytes,
-                              # FSDP2 skips it while accumulating; DeepSpeed ZeRO-3 reduces every micro-step.
-                              per_micro_step=backend.engine == "deepspeed"))
+                              # DeepSpeed ZeRO-3 reduces every micro-step, parabench's fsdp by default;
+                              # with gradient sync off (Accelerate's FSDP) FSDP2 waits for the last.
+                              per_micro_step=backend.engine == "deepspeed"
+                              or bool(backend.options.get("sync_each_micro_step", False))))
     out.extend(_offload_copies(shape, backend, precision, gpus))
     return out
 
