@@ -5,6 +5,13 @@ from models.zoo import describe, known_models
 from strategies.registry import default_registry
 
 
+def _as_typed(value: object) -> str:
+    """A default as one would type it on the command line."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return str(value)
+
+
 def main(args: list[str]) -> int:
     if args:
         raise ValueError(f"list takes no arguments (got {' '.join(args)})")
@@ -13,6 +20,9 @@ def main(args: list[str]) -> int:
         reason = entry.unavailable_reason
         status = "available" if reason is None else f"unavailable: {reason}"
         print(f"  {entry.name:<18} {entry.description}  [{status}]")
+        options = entry.user_options()
+        if options:
+            print(f"  {'':<18} strategy_options: {', '.join(f'{k}={_as_typed(v)}' for k, v in options.items())}")
     print("models:")
     for name in known_models():
         info = describe(name)

@@ -372,11 +372,14 @@ def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
 
 
 def register_strategies(registry) -> None:
-    registry.register("zero1", DeepSpeedStrategy, "DeepSpeed ZeRO-1: optimizer state sharded", stage=1)
-    registry.register("zero2", DeepSpeedStrategy, "DeepSpeed ZeRO-2: optimizer state and gradients sharded", stage=2)
+    # Each name presets (and so fixes) the stage and both offloads: zero2 is never offloaded.
+    registry.register("zero1", DeepSpeedStrategy, "DeepSpeed ZeRO-1: optimizer state sharded",
+                      stage=1, offload_optimizer=False, offload_params=False)
+    registry.register("zero2", DeepSpeedStrategy, "DeepSpeed ZeRO-2: optimizer state and gradients sharded",
+                      stage=2, offload_optimizer=False, offload_params=False)
     registry.register("zero3", DeepSpeedStrategy, "DeepSpeed ZeRO-3: parameters, gradients, optimizer state sharded",
-                      stage=3)
+                      stage=3, offload_optimizer=False, offload_params=False)
     registry.register("zero2-offload", DeepSpeedStrategy, "DeepSpeed ZeRO-2, optimizer state on the CPU",
-                      stage=2, offload_optimizer=True)
+                      stage=2, offload_optimizer=True, offload_params=False)
     registry.register("zero3-offload", DeepSpeedStrategy, "DeepSpeed ZeRO-3, parameters and optimizer state on the CPU",
                       stage=3, offload_optimizer=True, offload_params=True)

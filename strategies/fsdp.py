@@ -163,9 +163,10 @@ class FSDPStrategy(SingleDeviceStrategy):
 
 
 def register_strategies(registry) -> None:
-    registry.register("fsdp", FSDPStrategy, "FSDP2 full shard (ZeRO-3 analogue)")
-    registry.register(
-        "fsdp-grad-op", FSDPStrategy, "FSDP2 without resharding after forward (ZeRO-2 analogue)",
-        reshard_after_forward=False,
-    )
-    registry.register("fsdp-offload", FSDPStrategy, "FSDP2 full shard, parameters and optimizer on CPU", cpu_offload=True)
+    # Each name presets (and so fixes) both options that tell the variants apart.
+    registry.register("fsdp", FSDPStrategy, "FSDP2 full shard (ZeRO-3 analogue)",
+                      reshard_after_forward=True, cpu_offload=False)
+    registry.register("fsdp-grad-op", FSDPStrategy, "FSDP2 without resharding after forward (ZeRO-2 analogue)",
+                      reshard_after_forward=False, cpu_offload=False)
+    registry.register("fsdp-offload", FSDPStrategy, "FSDP2 full shard, parameters and optimizer on CPU",
+                      reshard_after_forward=True, cpu_offload=True)

@@ -4,6 +4,10 @@ Built-in backends register through `register_strategies(registry)` in their modu
 third-party ones through the `parabench.strategies` entry-point group, whose object
 is either such a function or a `Strategy` subclass (registered under the entry
 point's name). A plugin whose dependency is missing stays listed, with the reason.
+
+A plugin's options are the keyword-only parameters of its __init__; those a name
+presets (zero1's stage=1, fsdp-grad-op's reshard_after_forward=False) are what the
+name means, so a run cannot override them: results under a name mean one thing.
 """
 from __future__ import annotations
 
@@ -36,6 +40,16 @@ class StrategyEntry:
     @property
     def available(self) -> bool:
         return self.unavailable_reason is None
+
+    def user_options(self) -> dict[str, Any]:
+        """The options a run may set through strategy_options, with their defaults."""
+        if self.cls is None:
+            return {}
+        return {k: v for k, v in _keyword_options(self.cls).items() if k not in self.options}
+
+    def option_values(self) -> dict[str, Any]:
+        """Every option's value when a run sets none: the plugin's defaults, then the name's presets."""
+        return {**(_keyword_options(self.cls) if self.cls else {}), **self.options}
 
     def unsupported_reason(self, device_type: str) -> str | None:
         """Why this name cannot run on `device_type` ("cpu" or "cuda"), or None."""
@@ -78,7 +92,12 @@ class StrategyRegistry:
         if reason:
             raise StrategyError(f"strategy {name!r} is unavailable here: {reason}")
         assert entry.cls is not None
-        allowed = _option_names(entry.cls)
+        fixed = sorted(set(user_options) & set(entry.options))
+        if fixed:
+            preset = ", ".join(f"{k}={entry.options[k]}" for k in fixed)
+            raise StrategyError(f"strategy {name!r} means {preset}: drop strategy_options.{fixed[0]}, or pick the "
+                                f"strategy registered with the value you want (runner.py list)")
+        allowed = set(entry.user_options())
         unknown = sorted(set(user_options) - allowed)
         if unknown:
             listed = ", ".join(sorted(allowed)) or "none"
@@ -88,9 +107,9 @@ class StrategyRegistry:
         return strategy
 
 
-def _option_names(cls: type[Strategy]) -> set[str]:
+def _keyword_options(cls: type[Strategy]) -> dict[str, Any]:
     params = inspect.signature(cls.__init__).parameters.values()
-    return {p.name for p in params if p.name not in ("self", "ctx") and p.kind is p.KEYWORD_ONLY}
+    return {p.name: None if p.default is p.empty else p.default for p in params if p.kind is p.KEYWORD_ONLY}
 
 
 def _load_entry_points(registry: StrategyRegistry) -> None:

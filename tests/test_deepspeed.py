@@ -160,7 +160,7 @@ def test_deepspeed_launcher_writes_the_same_files(zero_run):
 
 @needs_deepspeed
 @pytest.mark.parametrize("args, json_text, expected", [
-    (["strategy=zero2", "strategy_options.stage=4"], None, "strategy_options.stage=4 is not a ZeRO stage: use 1, 2 or 3"),
+    (["strategy=zero2", "strategy_options.stage=3"], None, "strategy 'zero2' means stage=2: drop strategy_options.stage"),
     (["strategy=ddp", "strategy_options.offload_optimizer=true"], None, "strategy 'ddp' has no option offload_optimizer"),
     (["strategy=zero1"], '{"train_micro_batch_size_per_gpu": 3}',
      "sets train_micro_batch_size_per_gpu=3 but this run has 16: set micro_batch="),

@@ -40,7 +40,28 @@ def test_unknown_option_names_the_allowed_ones():
 def test_one_class_several_names_with_preset_options():
     registry = default_registry()
     assert registry.get("fsdp").cls is registry.get("fsdp-grad-op").cls
-    assert registry.get("fsdp-grad-op").options == {"reshard_after_forward": False}
+    assert registry.get("fsdp-grad-op").options == {"reshard_after_forward": False, "cpu_offload": False}
+
+
+@pytest.mark.parametrize("name, options, fixed", [
+    ("zero1", {"stage": 3}, "stage=1"),
+    ("zero2", {"offload_optimizer": True}, "offload_optimizer=False"),
+    ("fsdp", {"cpu_offload": True}, "cpu_offload=False"),
+])
+def test_what_a_name_means_cannot_be_overridden(name, options, fixed):
+    """Results under a name mean one thing: zero1 with stage=3 would be ZeRO-3 reported as zero1."""
+    with pytest.raises(StrategyError, match=f"strategy '{name}' means {fixed}"):
+        default_registry().create(name, _ctx(), **options)
+    assert set(options).isdisjoint(default_registry().get(name).user_options())
+
+
+def test_list_shows_the_options_a_run_may_set():
+    proc = run_cli(["list"], timeout=60)
+    lines = proc.stdout.splitlines()
+    ddp_options = lines[lines.index(next(l for l in lines if l.strip().startswith("ddp "))) + 1]
+    assert "strategy_options: bucket_cap_mb=25.0, find_unused_parameters=false" in ddp_options
+    zero1_options = lines[lines.index(next(l for l in lines if l.strip().startswith("zero1 "))) + 1]
+    assert zero1_options.split() == ["strategy_options:", "cpu_adam=null"]
 
 
 def test_missing_dependency_is_listed_with_reason():

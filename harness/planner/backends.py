@@ -6,7 +6,6 @@ prediction, and says so); the buffer sizes come from the same defaults the plugi
 """
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -84,15 +83,7 @@ def _plugin_defaults(name: str) -> dict[str, Any]:
     from strategies.registry import default_registry
 
     registry = default_registry()
-    if name not in registry.names():
-        return {}
-    entry = registry.get(name)
-    defaults: dict[str, Any] = {}
-    if entry.cls is not None:
-        for p in inspect.signature(entry.cls.__init__).parameters.values():
-            if p.kind is p.KEYWORD_ONLY and p.default is not p.empty:
-                defaults[p.name] = p.default
-    return {**defaults, **entry.options}
+    return registry.get(name).option_values() if name in registry.names() else {}
 
 
 def _deepspeed_sizing(backend: Backend, shape: ModelShape) -> dict[str, Any]:
