@@ -201,7 +201,7 @@ def test_each_name_fixes_its_mode():
     registry = default_registry()
     for mode in MODES:
         assert registry.create(f"accelerate-{mode}", _ctx()).mode == mode
-    with pytest.raises(StrategyError, match="has no option mode"):
+    with pytest.raises(StrategyError, match="strategy .accelerate-ddp. means mode=ddp"):
         registry.create("accelerate-ddp", _ctx(), mode="zero3")
 
 
