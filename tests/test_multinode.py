@@ -46,7 +46,7 @@ def _two_node_run(out_dir: Path, strategy: str, launcher: Callable[..., list[str
             [*launcher(node_rank, port, out_dir, strategy), RUNNER, "train", f"strategy={strategy}",
              f"out_dir={out_dir}", *NANO],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env_for_tests(), start_new_session=True,
-            cwd=out_dir,  # accelerate's multi-machine DeepSpeed path writes .deepspeed_env into the cwd
+            cwd=out_dir,  # launchers may write into their cwd (accelerate's pdsh path: .deepspeed_env)
         )
         for node_rank in range(2)
     ]
