@@ -263,13 +263,12 @@ def classify(returncode: int | None, log_text: str, stopped_for: str | None, tim
     # process that raised may still abort in its C++ teardown ("terminate called ...") while
     # its peer's store or sockets go away, and torchrun SIGTERMs the survivors.
     cause = _last_exception_line(log_text, skip=_PEER_LOST)
-    if cause:
-        return "crash", f"exited with code {returncode}: {_shorten(cause)}"
-    signum = _signal_number(returncode, log_text)
-    if signum is not None:
-        return "signal", f"a process was killed by {_signal_name(signum)} (signal {signum})"
-    exception = _last_exception_line(log_text)
-    detail = f": {_shorten(exception)}" if exception else ""
+    if cause is None:
+        signum = _signal_number(returncode, log_text)
+        if signum is not None:
+            return "signal", f"a process was killed by {_signal_name(signum)} (signal {signum})"
+        cause = _last_exception_line(log_text)  # a peer-lost error, with no signal to blame
+    detail = f": {_shorten(cause)}" if cause else ""
     return "crash", f"exited with code {returncode}{detail}"
 
 
