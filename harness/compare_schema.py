@@ -95,9 +95,14 @@ def train_options(cfg: CompareConfig, strategy_names: Collection[str]) -> dict[s
     shared = {f.name for f in fields(RunConfig)} - set(PER_RUN)
     options = {k: v for k, v in to_dict(cfg).items() if k in shared}
     options["strategy_options"] = {
-        k: v for k, v in options["strategy_options"].items() if not (isinstance(v, dict) and k in strategy_names)
+        k: v for k, v in options["strategy_options"].items() if not _is_section(k, v, strategy_names)
     }
     return options
+
+
+def _is_section(key: str, value: Any, strategy_names: Collection[str]) -> bool:
+    """Whether `strategy_options.<key>` is a strategy's own section rather than a shared option."""
+    return isinstance(value, dict) and key in strategy_names
 
 
 def own_options(cfg: CompareConfig, name: str) -> dict[str, Any]:
@@ -114,6 +119,6 @@ def own_option_args(cfg: CompareConfig, name: str) -> list[str]:
 def check_own_options(cfg: CompareConfig, compared: Collection[str], registered: Collection[str]) -> None:
     """A section for a strategy this compare does not run is a mistake worth one line."""
     for key, value in cfg.strategy_options.items():
-        if isinstance(value, dict) and key in registered and key not in compared:
+        if _is_section(key, value, registered) and key not in compared:
             raise ConfigError(f"strategy_options.{key} is for strategy {key!r}, which this compare does not run: "
                               f"add it to strategies= or drop the section")
