@@ -47,6 +47,13 @@ class Backend:
     def option(self, key: str) -> Any:
         return self.options[key]
 
+    @property
+    def sharded_grads_every_micro_step(self) -> bool:
+        """Stage 3 under accumulation: gradients reduce-scattered on every micro-step (DeepSpeed's
+        ZeRO-3 always, parabench's fsdp by default), or kept unsharded until the last
+        (FSDP2 with gradient sync off: Accelerate's FSDP, fsdp with sync_each_micro_step=false)."""
+        return self.engine == "deepspeed" or bool(self.options.get("sync_each_micro_step", False))
+
 
 _TORCH = {
     "single": Backend("single", "torch", 0),

@@ -63,9 +63,8 @@ def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, grad_acc
         backward["every block kept gathered until backward"] = sum(blocks) * unsharded
     reduce_bytes = 4 if backend.reduce_in_fp32 or precision == "fp32" else BYTES[precision]
     backward["one block's unsharded gradients and reduce-scatter input"] = largest * (unsharded + reduce_bytes)
-    if grad_accum > 1 and not backend.options.get("sync_each_micro_step", False):
-        # Without gradient sync FSDP2 keeps each block's unsharded gradient until the last micro-step
-        # (Accelerate's FSDP mode does so; parabench's fsdp only with sync_each_micro_step=false).
+    if grad_accum > 1 and not backend.sharded_grads_every_micro_step:
+        # Without gradient sync FSDP2 keeps each block's unsharded gradient until the last micro-step.
         backward["unsharded gradients kept while accumulating"] = shape.params * reduce_bytes
     return Buffers(backward=backward)
 

@@ -148,10 +148,7 @@ def collectives(shape: ModelShape, backend: Backend, precision: str, gpus: int) 
                                   "backward", per_micro_step=True))
         out.append(Collective("reduce-scatter gradients", "reduce-scatter", params * grad_bytes, calls, "backward",
                               tail_bytes=largest_block * grad_bytes,
-                              # DeepSpeed ZeRO-3 reduces every micro-step, parabench's fsdp by default;
-                              # with gradient sync off (Accelerate's FSDP) FSDP2 waits for the last.
-                              per_micro_step=backend.engine == "deepspeed"
-                              or bool(backend.options.get("sync_each_micro_step", False))))
+                              per_micro_step=backend.sharded_grads_every_micro_step))
     out.extend(_offload_copies(shape, backend, precision, gpus))
     return out
 
