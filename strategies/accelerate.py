@@ -136,9 +136,9 @@ class AccelerateStrategy(Strategy):
     description = "Hugging Face Accelerate"
     checkpoint_format = "accelerate"  # the family; each instance narrows it to its mode
 
-    # `mode` is fixed by the registered name: not keyword-only, so the registry does not
-    # offer it as a strategy_options key (accelerate-ddp cannot quietly become ZeRO-3).
-    def __init__(self, ctx: RunContext, mode: str = "ddp"):
+    # Each name presets `mode`, so the registry refuses it as a strategy_options key, as it
+    # does every option a name presets: accelerate-ddp cannot quietly become ZeRO-3.
+    def __init__(self, ctx: RunContext, *, mode: str = "ddp"):
         super().__init__(ctx)
         if mode not in MODES:
             raise StrategyError(f"accelerate mode {mode!r} is not one of {', '.join(MODES)}")
