@@ -237,7 +237,7 @@ def test_timeout_kills_a_worker_forked_as_its_launcher_died(tmp_path):
     assert outcome.kind == "timeout"
     assert processes_with(marker) == []
     zombies = [line for line in subprocess.run(["ps", "-o", "stat=,args=", "--ppid", str(os.getpid())],
-                                               capture_output=True, text=True).stdout.splitlines()
+                                               capture_output=True, text=True, timeout=30).stdout.splitlines()
                if line.startswith("Z")]
     assert zombies == []
 
