@@ -157,7 +157,7 @@ def _table(plans: list[StrategyPlan]) -> list[str]:
     for p in plans:
         gpu = p.states_on("cuda")
         cpu = sum(p.states_on("cpu").values())
-        buffers = sum(p.buffers.backward.values())
+        buffers = sum(p.buffers.backward.values()) + sum(p.buffers.hooks.values())
         t = p.time
         rows.append((
             p.name, _gb(gpu["params"]), _gb(gpu["grads"]), _gb(gpu["optimizer"]),

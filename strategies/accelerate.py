@@ -54,6 +54,8 @@ MODES = {
     "zero3": "Accelerate driving DeepSpeed ZeRO-3 (parameters, gradients, optimizer state sharded)",
 }
 ACCELERATE_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
+# The loop measures memory between backward and step of its second step (harness/train.py).
+MEASURED_STEPS = 2
 # Environment variables Accelerator() writes into os.environ; restored at teardown.
 _ENV_WRITTEN_BY_ACCELERATE = ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING")
 
@@ -183,13 +185,21 @@ class AccelerateStrategy(Strategy):
         """Accelerate's DeepSpeed backward() runs the engine's step at the accumulation
         boundary, so when the loop asks (between backward and step) the gradient partitions
         are already released. Measure just before the engine steps: the point every other
-        strategy is measured at. Only tensor metadata is read: no copy, no device sync."""
+        strategy is measured at. Only the first MEASURED_STEPS boundaries are measured (the
+        loop reads the second step's, once the optimizer state exists); then the engine's own
+        step is put back, so that the hot loop runs exactly what Accelerate runs."""
         from strategies.deepspeed import zero_memory_breakdown
 
         engine_step = engine.step
+        measured = 0
 
         def step_after_measuring(*args: Any, **kwargs: Any) -> Any:
-            self._held_before_step = zero_memory_breakdown(engine)
+            nonlocal measured
+            if engine.is_gradient_accumulation_boundary():
+                self._held_before_step = zero_memory_breakdown(engine)
+                measured += 1
+                if measured == MEASURED_STEPS:
+                    engine.step = engine_step
             return engine_step(*args, **kwargs)
 
         engine.step = step_after_measuring
@@ -241,7 +251,7 @@ class AccelerateStrategy(Strategy):
     def _deepspeed_plugin(self, model: nn.Module):
         from accelerate.utils import DeepSpeedPlugin
 
-        from strategies.deepspeed_config import model_hidden_size, sizing_config
+        from strategies.deepspeed_config import model_size, sizing_config
 
         if launched_by_accelerate(os.environ):
             plugin = DeepSpeedPlugin()  # stage, offload, config file: from the launcher's environment
@@ -278,11 +288,11 @@ class AccelerateStrategy(Strategy):
                     f"the DeepSpeed config sets {key}={configured} but this run has {value} (from batch_size, "
                     f"micro_batch, grad_clip and the world size): set it to \"auto\" in the DeepSpeed config"
                 )
-        # Bucket sizes by the rule Accelerate applies to a transformers model (hidden_size based);
-        # DeepSpeed's fixed defaults would allocate 2 GB reduction buckets and, under ZeRO-3,
-        # keep every parameter of a small model whole. Values the user's config sets stay.
+        # The same sizing as the zero1-3 strategies (DeepSpeed's defaults, the reduction bucket cut
+        # to the model's size); Accelerate's own "auto" rule would shrink the buckets to hidden x
+        # hidden for a transformers model. Values the user's config sets stay.
         zero_config = config.setdefault("zero_optimization", {})
-        sizing = sizing_config(model_hidden_size(model), plugin.zero_stage).get("zero_optimization", {})
+        sizing = sizing_config(model_size(model), plugin.zero_stage, self.ctx.world_size).get("zero_optimization", {})
         for key, value in sizing.items():
             if zero_config.get(key, "auto") == "auto":
                 zero_config[key] = value

@@ -42,7 +42,7 @@ from strategies.deepspeed_config import (
     check_user_config,
     check_zero_options,
     final_config,
-    model_hidden_size,
+    model_size,
     read_user_config,
     run_config,
     sizing_config,
@@ -128,7 +128,7 @@ class DeepSpeedStrategy(Strategy):
         optimizer = optimizer_factory(model)
         if self.cpu_adam:
             optimizer = _as_cpu_adam(optimizer)
-        self.config = final_config(sizing_config(model_hidden_size(model), self.stage), self.run_config,
+        self.config = final_config(sizing_config(model_size(model), self.stage, self.ctx.world_size), self.run_config,
                                    self.user_config)
         self._write_config()
         # The runner's process group already exists: DeepSpeed wraps it, never makes its own.

@@ -137,8 +137,10 @@ def test_sharding_measured_from_the_backends_tensors(runs):
     assert held["zero1"]["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"], rel=0.01)
     assert held["zero3"]["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"] / 2, rel=0.05)
     # Measured before DeepSpeed's step (which Accelerate runs inside backward): gradients present, sharded.
-    for mode in ("zero2", "zero3"):
-        assert 0 < held[mode]["mem_grads_bytes"] < single["mem_grads_bytes"] * 2 / 3, mode
+    assert 0 < held["zero2"]["mem_grads_bytes"] < single["mem_grads_bytes"] * 2 / 3
+    # ZeRO-3 also holds its reduction bucket all run long, one rank's share of the model (fp32 here):
+    # half the gradients in the partition, half in the bucket.
+    assert held["zero3"]["mem_grads_bytes"] == pytest.approx(single["mem_grads_bytes"], rel=0.05)
 
 
 @needs_backends

@@ -50,5 +50,6 @@ def test_accelerate_launch_picks_multi_gpu(tmp_path):
     summary, rows, stdout = train_accelerate(tmp_path, "ddp", launch_config="ddp", nproc=NPROC,
                                              extra=["precision=fp32", "device=cuda"])
     (line,) = mode_lines(stdout)
-    assert line.startswith(f"accelerate: mode ddp (accelerate launch config): MULTI_GPU, {NPROC} processes")
+    processes = f"{NPROC} process" + ("es" if NPROC != 1 else "")  # "1 process" on a one-GPU machine
+    assert line.startswith(f"accelerate: mode ddp (accelerate launch config): MULTI_GPU, {processes},")
     assert summary["device_type"] == "cuda" and len(rows) == 10

@@ -22,10 +22,11 @@ from strategies.base import RunContext, StrategyError
 from strategies.deepspeed import CONFIG_FILE, DeepSpeedStrategy
 from strategies.deepspeed_config import (
     DeepSpeedConfigError,
+    ModelSize,
     check_user_config,
     check_zero_options,
     final_config,
-    model_hidden_size,
+    model_size,
     read_user_config,
     run_config,
     sizing_config,
@@ -109,10 +110,16 @@ def test_each_stage_shards_what_it_names(zero_run, reference_run):
     # which parabench counts as optimizer state: 12 bytes a parameter, split over 2 ranks.
     half_optimizer = single["mem_optimizer_bytes"] * 12 / 8 / 2
     for name in ("zero1", "zero2", "zero3"):
-        summary, _, _ = zero_run(name)
+        summary, _, out_dir = zero_run(name)
         assert 0.9 < _held(summary, "optimizer") / half_optimizer < 1.1, name
+        grads = _held(summary, "grads")
+        if name == "zero3":
+            # ZeRO-3 also holds its reduction bucket all run long: one rank's share of the model, in fp32 here.
+            bucket = _ds_config(out_dir)["zero_optimization"]["reduce_bucket_size"] * 4
+            assert bucket == pytest.approx(_held(single, "grads") / 2, rel=0.01)
+            grads -= bucket
         # Reduced gradients are partitioned (a parameter straddling the partition edge is kept whole).
-        assert _held(summary, "grads") < 0.7 * _held(single, "grads"), name
+        assert grads < 0.7 * _held(single, "grads"), name
     for name in ("zero1", "zero2"):
         assert _held(zero_run(name)[0], "params") == _held(single, "params"), f"{name} keeps the whole model"
     zero3 = zero_run("zero3")[0]
@@ -218,9 +225,9 @@ def test_user_json_that_agrees_or_says_auto_is_accepted():
     user = {"train_micro_batch_size_per_gpu": 4, "train_batch_size": "auto", "fp16": {"enabled": False},
             "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "none"}, "overlap_comm": True}}
     check_user_config(user, _run(), "ds.json")
-    merged = final_config(sizing_config(64, 2), _run(), user)
+    merged = final_config(sizing_config(ModelSize(params=8193, hidden=64), 2, world_size=2), _run(), user)
     assert merged["train_batch_size"] == 16 and merged["zero_optimization"]["overlap_comm"] is True
-    assert merged["zero_optimization"]["reduce_bucket_size"] == 64 * 64
+    assert merged["zero_optimization"]["reduce_bucket_size"] == 4098  # one rank's share, made even
     assert merged["gradient_clipping"] == 0.0  # written even when off: DeepSpeed would clip at 1.0
 
 
@@ -240,18 +247,32 @@ def test_run_config_sets_what_the_run_fixes():
                          torch_optimizer_offloaded=True)
     assert offload["zero_optimization"]["offload_param"]["device"] == "cpu"
     assert offload["zero_force_ds_cpu_optimizer"] is False  # our torch AdamW steps the host partitions
-    assert offload["bf16"]["enabled"] and offload["communication_data_type"] == "fp32"
+    # Gradients are reduced in DeepSpeed's default dtype, the model's, as a hand-written loop does.
+    assert offload["bf16"]["enabled"] and "communication_data_type" not in offload
     assert offload["train_batch_size"] == 4 * 2 * 2
     fp16 = run_config(_ctx("fp16"), stage=1, offload_optimizer=False, offload_params=False,
                       torch_optimizer_offloaded=False)
     assert fp16["fp16"]["loss_scale"] == 0  # dynamic loss scaling
 
 
-def test_hidden_size_is_the_width_most_matrices_share():
+def test_model_size_counts_tied_parameters_once_and_finds_the_width_most_matrices_share():
     from models.zoo import build_model
 
-    assert model_hidden_size(build_model("gpt-nano")) == 64
-    assert model_hidden_size(torch.nn.LayerNorm(8)) is None
+    model = build_model("gpt-nano")
+    assert model_size(model) == ModelSize(params=sum(p.numel() for p in model.parameters()), hidden=64)
+    assert model_size(torch.nn.LayerNorm(8)) == ModelSize(params=16, hidden=None)
+
+
+def test_sizing_keeps_deepspeeds_defaults_and_cuts_only_what_exceeds_a_ranks_share():
+    small, large = ModelSize(params=124_000_000, hidden=768), ModelSize(params=7_000_000_000, hidden=4096)
+    # One rank's share of the model: one reduction per step on one rank, as DeepSpeed's 5e8 default.
+    assert sizing_config(small, 2, world_size=1) == {"zero_optimization": {"reduce_bucket_size": 124_000_000}}
+    assert sizing_config(small, 2, world_size=8)["zero_optimization"]["reduce_bucket_size"] == 15_500_000
+    assert sizing_config(large, 1, world_size=8) == {"zero_optimization": {"reduce_bucket_size": 500_000_000}}
+    # ZeRO-3 keeps DeepSpeed's persistence threshold unless it would keep every matrix of the model whole.
+    assert "stage3_param_persistence_threshold" not in sizing_config(small, 3, world_size=8)["zero_optimization"]
+    assert sizing_config(ModelSize(params=100_000, hidden=64), 3, world_size=1)["zero_optimization"] == {
+        "reduce_bucket_size": 100_000, "stage3_param_persistence_threshold": 640}
 
 
 def test_plugin_loads_and_is_listed_unavailable_without_deepspeed(monkeypatch):

@@ -38,11 +38,17 @@ class Backend:
     offload_params: bool = False  # the parameter shards in CPU memory
     reduce_in_fp32: bool = True  # torch engine under bf16: gradients reduced in fp32 (FSDP reduce_dtype, DDP's fp32 grads)
     via_accelerate: bool = False
+    data_parallel: bool = False  # stage 0 run through DistributedDataParallel (ddp, accelerate-ddp)
     options: dict[str, Any] = field(default_factory=dict)  # bucket sizes and other knobs, defaults filled in
 
     @property
     def replicated(self) -> bool:
         return self.stage == 0
+
+    def ddp_wrapped(self, world: int) -> bool:
+        """Whether the model runs inside DistributedDataParallel: ddp always, even on one rank;
+        Accelerate only with more than one process (for one it prepares the bare model)."""
+        return self.data_parallel and (world > 1 or not self.via_accelerate)
 
     def option(self, key: str) -> Any:
         return self.options[key]
@@ -57,11 +63,11 @@ class Backend:
 
 _TORCH = {
     "single": Backend("single", "torch", 0),
-    "ddp": Backend("ddp", "torch", 0),
+    "ddp": Backend("ddp", "torch", 0, data_parallel=True),
     "fsdp": Backend("fsdp", "torch", 3, "low_precision"),
     "fsdp-grad-op": Backend("fsdp-grad-op", "torch", 3, "low_precision", reshard_after_forward=False),
     "fsdp-offload": Backend("fsdp-offload", "torch", 3, "low_precision", offload_optimizer=True, offload_params=True),
-    "accelerate-ddp": Backend("accelerate-ddp", "torch", 0, via_accelerate=True),
+    "accelerate-ddp": Backend("accelerate-ddp", "torch", 0, via_accelerate=True, data_parallel=True),
     # Accelerate's FSDP2 plugin: a bf16 MixedPrecisionPolicy that also reduces in bf16, under its autocast.
     "accelerate-fsdp": Backend("accelerate-fsdp", "torch", 3, "low_precision", reduce_in_fp32=False, via_accelerate=True),
 }
@@ -93,26 +99,27 @@ def _plugin_defaults(name: str) -> dict[str, Any]:
     return registry.get(name).option_values() if name in registry.names() else {}
 
 
-def _deepspeed_sizing(backend: Backend, shape: ModelShape) -> dict[str, Any]:
+def _deepspeed_sizing(backend: Backend, shape: ModelShape, world: int) -> dict[str, Any]:
     """The bucket sizes both DeepSpeed plugins (direct and through Accelerate) give this model."""
-    from strategies.deepspeed_config import sizing_config
+    from strategies.deepspeed_config import ModelSize, sizing_config
 
-    return sizing_config(shape.matrix_width(), backend.stage).get("zero_optimization", {})
+    size = ModelSize(shape.params, shape.matrix_width())
+    return sizing_config(size, backend.stage, world).get("zero_optimization", {})
 
 
-def backend_for(name: str, shape: ModelShape, precision: str, user_options: dict[str, Any] | None = None) -> Backend:
-    """The planner's model of strategy `name` for this model, with its bucket sizes and knobs filled in."""
+def backend_for(name: str, shape: ModelShape, precision: str, world: int,
+                user_options: dict[str, Any] | None = None) -> Backend:
+    """The planner's model of strategy `name` for this model on `world` GPUs, with its bucket
+    sizes and knobs filled in."""
     if name not in BACKENDS:
         raise PlanError(f"no planner model for strategy {name!r}: the planner knows {', '.join(BACKENDS)}")
     backend = BACKENDS[name]
     options = {**_plugin_defaults(name), **(user_options or {})}
     if backend.engine == "deepspeed":
-        options = {**DEEPSPEED_DEFAULTS, **_deepspeed_sizing(backend, shape), **options}
+        options = {**DEEPSPEED_DEFAULTS, **_deepspeed_sizing(backend, shape, world), **options}
         options.setdefault("overlap_comm", backend.stage == 3)  # DeepSpeed's own default
-        # parabench's DeepSpeed plugin reduces in fp32 under bf16/fp16 (deepspeed_config.run_config);
-        # Accelerate leaves DeepSpeed's default, the model's dtype.
-        low_precision_comm = backend.via_accelerate or precision == "fp32"
-        options.setdefault("communication_data_type", precision if low_precision_comm else "fp32")
+        # Both DeepSpeed plugins leave DeepSpeed's default: gradients reduced in the model's dtype.
+        options.setdefault("communication_data_type", precision)
     else:
         options.setdefault("bucket_cap_mb", DDP_BUCKET_CAP_MB)
         # Accelerate builds DDP with torch's default (False); the ddp plugin turns it on.

@@ -5,7 +5,8 @@ torch engine: autocast's bf16 copies of every matmul weight (cached from forward
 each layer's backward); DDP's gradient buckets when .grad is not a view into them; FSDP2's
 gathered parameters (the root for the whole step, a block in use plus one prefetched, or
 every block when it does not reshard after forward) and one block's reduce-scatter.
-DeepSpeed: ZeRO-1/2's reduction bucket(s) (two with overlap_comm), ZeRO-1's whole
+DeepSpeed: ZeRO-1/2's reduction bucket(s) (two with overlap_comm; allocated by the first
+gradient hook, once the loss's buffers are freed), ZeRO-1's whole
 gradients while accumulating, the fp32 gradient built for the optimizer step; ZeRO-3's
 gathered blocks (the one in use plus its prefetch bucket). What the strategies' own
 memory_breakdown already counts (ZeRO-3's reduction bucket and whole-kept parameters, the
@@ -23,6 +24,8 @@ from harness.planner.model_shape import ModelShape
 @dataclass(frozen=True)
 class Buffers:
     backward: dict[str, int] = field(default_factory=dict)  # alive at the start of backward, beside the activations
+    # Allocated by the first gradient hook: the loss's buffers over the vocabulary are freed by then.
+    hooks: dict[str, int] = field(default_factory=dict)
     step: dict[str, int] = field(default_factory=dict)  # alive during the optimizer step
     # Gradients allocated through the whole step (DDP's buckets, DeepSpeed's flat partitions)
     # rather than made in backward and freed by zero_grad(set_to_none=True).
@@ -42,13 +45,13 @@ def _compute_bytes(backend: Backend, precision: str) -> int:
     return 4 if precision == "fp32" else BYTES[precision]
 
 
-def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, grad_accum: int) -> Buffers:
+def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
     backward: dict[str, int] = {}
     blocks = shape.block_params()
     if backend.stage == 0:
         if precision != "fp32":
             backward["autocast weight copies"] = matmul_weights(shape) * BYTES[precision]
-        ddp = backend.name != "single"
+        ddp = backend.ddp_wrapped(world)
         if ddp and not backend.option("gradient_as_bucket_view"):
             backward["DDP gradient buckets (besides .grad)"] = shape.params * 4
         return Buffers(backward=backward, grads_resident=ddp)
@@ -83,17 +86,17 @@ def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, worl
             step["fp32 gradient of one optimizer sub-group"] = min(part, int(backend.option("sub_group_size"))) * 4
         return Buffers(backward=backward, step=step, grads_resident=True)
     buckets = 2 if backend.option("overlap_comm") else 1
-    backward["gradient reduction bucket" + ("s" if buckets > 1 else "")] = \
-        buckets * int(backend.option("reduce_bucket_size")) * low
+    hooks = {"gradient reduction bucket" + ("s" if buckets > 1 else ""):
+             buckets * int(backend.option("reduce_bucket_size")) * low}
     if backend.stage == 1 and grad_accum > 1:
         # ZeRO-1 reduces only in the last micro-step's backward: until then every gradient is whole.
         backward["whole gradients accumulated between micro-steps"] = shape.params * low
     if not backend.offload_optimizer:
         step["fp32 gradient partition for the step"] = part * 4
-    return Buffers(backward=backward, step=step, grads_resident=True)
+    return Buffers(backward=backward, hooks=hooks, step=step, grads_resident=True)
 
 
 def backend_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
     if backend.engine == "deepspeed":
         return _deepspeed_buffers(shape, backend, precision, world, grad_accum)
-    return _torch_buffers(shape, backend, precision, grad_accum)
+    return _torch_buffers(shape, backend, precision, world, grad_accum)

@@ -67,7 +67,8 @@ class StrategyPlan:
                 "blocks": self.activations.blocks, "head_and_loss": self.activations.head,
                 "rebuilt_block": self.activations.rebuilt,
             },
-            "buffers_bytes": {"backward": self.buffers.backward, "step": self.buffers.step},
+            "buffers_bytes": {"backward": self.buffers.backward, "hooks": self.buffers.hooks,
+                              "step": self.buffers.step},
             "peak_allocated_bytes": self.peak_bytes,
             "fits": self.fits,
             "collectives": [
@@ -90,17 +91,20 @@ def on_device(states: MemoryBreakdown, device: str = GPU) -> dict[str, int]:
 
 def peak_allocated(states: dict[str, int], acts: Activations | None, buffers: Buffers, grads_held: bool) -> int | None:
     """Most GPU memory allocated at once: at the start of backward (everything forward kept,
-    the backend's buffers, gradients where they persist) or in the optimizer step."""
+    the backend's buffers, gradients where they persist), at the first gradient hook (the
+    loss's buffers freed, the hooks' buffers allocated) or in the optimizer step."""
     if acts is None:
         return None
     params, grads, optimizer = states["params"], states["grads"], states["optimizer"]
-    backward = params + optimizer + (grads if grads_held else 0) + acts.total + sum(buffers.backward.values())
+    held = params + optimizer + (grads if grads_held else 0) + sum(buffers.backward.values())
+    backward = held + acts.total
+    first_hook = held + acts.total - acts.head + sum(buffers.hooks.values())
     end_of_backward = params + optimizer + grads + sum(buffers.step.values())
-    return max(backward, end_of_backward)
+    return max(backward, first_hook, end_of_backward)
 
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:
-    backend = backend_for(name, q.shape, q.precision, q.strategy_options)
+    backend = backend_for(name, q.shape, q.precision, q.gpus, q.strategy_options)
     states = model_states(q.shape, backend, q.precision, q.gpus)
     acts = activations(q.shape, micro_batch=q.micro_batch, seq_len=q.seq_len, precision=q.precision,
                        mixed_precision=backend.mixed_precision, checkpointing=q.checkpointing)

@@ -55,6 +55,7 @@ def _largest_part(p: StrategyPlan) -> str:
     if p.activations:
         parts["activations"] = p.activations.total
     parts.update(p.buffers.backward)
+    parts.update(p.buffers.hooks)
     name, nbytes = max(parts.items(), key=lambda kv: kv[1])
     return f"{name} {_gb(nbytes)}"
 
