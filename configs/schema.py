@@ -39,16 +39,25 @@ class RunConfig:
     micro_batch: Optional[int] = None  # per rank and micro-step; default batch_size / world size
     grad_accum: Optional[int] = None  # alternative to micro_batch
     steps: int = 20
-    # Optimisation (AdamW, linear warmup then cosine to min_lr).
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    warmup_steps: int = 2
+    # Optimisation (AdamW, linear warmup then cosine to min_lr). Unset, they follow the model and
+    # the run (harness/optim.py): lr by model size (GPT-3's table), min_lr a tenth of it, warm-up
+    # over a tenth of the steps.
+    lr: Optional[float] = None
+    min_lr: Optional[float] = None
+    warmup_steps: Optional[int] = None
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
     precision: str = "fp32"
     seed: int = 1337
+    # Set: a noise run. Every gradient is nudged by one rounding step of the precision before each
+    # optimizer step, from this seed (harness/noise.py): how the compare measures the spread a
+    # correct backend may show.
+    noise_seed: Optional[int] = None
+    # torch.use_deterministic_algorithms(True) and what CUDA needs for it: the same run twice
+    # gives the same bits on a GPU too, at the cost of slower deterministic kernels.
+    deterministic: bool = False
     # Where and how it runs.
     device: str = "auto"
     nproc: Optional[int] = None  # start this many local processes when no launcher did
@@ -100,7 +109,7 @@ class RunConfig:
 
 
 _POSITIVE_INTS = ("data_samples", "seq_len", "batch_size", "steps", "log_every", "keep_last")
-_NON_NEGATIVE = ("warmup_steps", "timing_warmup", "checkpoint_every", "grad_clip", "weight_decay", "min_lr")
+_NON_NEGATIVE = ("warmup_steps", "timing_warmup", "checkpoint_every", "grad_clip", "weight_decay", "min_lr")  # or unset
 
 
 def _validate(cfg: RunConfig) -> None:
@@ -108,14 +117,15 @@ def _validate(cfg: RunConfig) -> None:
         if getattr(cfg, name) <= 0:
             raise ConfigError(f"{name}={getattr(cfg, name)} must be a positive number")
     for name in _NON_NEGATIVE:
-        if getattr(cfg, name) < 0:
-            raise ConfigError(f"{name}={getattr(cfg, name)} must not be negative")
+        value = getattr(cfg, name)
+        if value is not None and value < 0:
+            raise ConfigError(f"{name}={value} must not be negative")
     for name in ("micro_batch", "grad_accum", "nproc"):
         value = getattr(cfg, name)
         if value is not None and value <= 0:
             raise ConfigError(f"{name}={value} must be a positive number (or leave it unset)")
-    if cfg.lr <= 0:
-        raise ConfigError(f"lr={cfg.lr} must be positive")
+    if cfg.lr is not None and cfg.lr <= 0:
+        raise ConfigError(f"lr={cfg.lr} must be positive (or leave it unset: by model size)")
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"precision={cfg.precision!r} is not one of {', '.join(PRECISIONS)}")
     if cfg.device not in DEVICES:

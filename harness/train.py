@@ -24,12 +24,17 @@ from configs.schema import RunConfig, to_dict
 from harness import distributed, hardware
 from harness.checkpoint import CheckpointError, CheckpointManager, Manifest, param_shapes
 from harness.metrics import StepMetrics
-from harness.optim import adamw_factory, lr_at
+from harness.determinism import make_deterministic
+from harness.noise import RoundingNoise
+from harness.optim import adamw_factory, resolve_schedule
 from harness.planner.for_run import prediction_for_run
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
-from strategies.base import RunContext, Strategy, StrategyError
+from strategies.base import DTYPES, RunContext, Strategy, StrategyError
 from strategies.registry import default_registry
+
+
+DTYPE_NAMES = {dtype: name for name, dtype in DTYPES.items()}
 
 
 def seed_everything(seed: int) -> None:
@@ -68,6 +73,7 @@ def _prepare_model(cfg: RunConfig) -> torch.nn.Module:
 
 def run(cfg: RunConfig) -> dict[str, Any]:
     """Train under the current launcher's process group; returns the summary (on every rank)."""
+    determinism = make_deterministic() if cfg.deterministic else None  # before the first CUDA kernel
     env = distributed.init(cfg.device, cfg.pg_timeout_s)
     strategy: Strategy | None = None
     try:
@@ -92,8 +98,10 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         )
         resume_from = _find_checkpoint(cfg, strategy, checkpoints)
         n_params, fpt = num_params(model), flops_per_token(model, cfg.seq_len)
+        lr_schedule = resolve_schedule(cfg.lr, cfg.min_lr, cfg.warmup_steps, params=n_params, steps=cfg.steps)
         hardware.reset_peak_memory(env.device)
-        model, _ = strategy.setup(model, adamw_factory(cfg.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay))
+        noise = RoundingNoise(cfg.precision, cfg.noise_seed, env.rank) if cfg.noise_seed is not None else None
+        model, _ = strategy.setup(model, adamw_factory(lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise))
         start_step = 0
         if resume_from is not None:
             path, manifest = resume_from
@@ -114,13 +122,15 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             f"parabench train | strategy {cfg.strategy} | model {cfg.model} ({n_params / 1e6:.2f}M params) | "
             f"{env.world_size} x {hardware.device_name(env.device)} | {cfg.precision} | global batch "
             f"{cfg.batch_size} = {env.world_size} ranks x {micro_batch} x {grad_accum} accum | "
-            f"loss floor {_fmt(getattr(data, 'loss_floor', None))}" + (f" | compiled: {compiled}" if compiled else "")
+            f"{lr_schedule.describe()} | loss floor {_fmt(getattr(data, 'loss_floor', None))}"
+            + (f" | compiled: {compiled}" if compiled else "")
         )
         started = time.time()
         metrics.start(first_step=start_step, append=start_step > 0)
         memory = None
+        loss_dtype: torch.dtype | None = None  # as the backend returns it: its resolution bounds the comparison
         for step in range(start_step, cfg.steps):
-            lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
+            lr = lr_schedule.at(step, cfg.steps)
             strategy.set_lr(lr)
             step_loss = torch.zeros((), device=env.device)
             for micro in range(grad_accum):
@@ -133,6 +143,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                         loss = model(inputs, targets)
                     strategy.backward(loss)
                 step_loss += loss.detach().float() / grad_accum
+                loss_dtype = loss.dtype
             if step == min(start_step + 1, cfg.steps - 1):
                 # Measured between backward and step of the second step: gradients are
                 # held, and the optimizer state exists since the first step.
@@ -148,6 +159,9 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         summary = _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started)
         summary["resumed_from_step"] = start_step
         summary["compiled"] = compiled  # None: eager
+        summary["lr_schedule"] = lr_schedule.as_dict()  # the learning rates the run used, derived ones filled in
+        summary["loss_dtype"] = DTYPE_NAMES.get(loss_dtype, str(loss_dtype))
+        summary["deterministic"] = determinism or False
         if env.is_main:
             (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
