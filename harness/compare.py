@@ -31,9 +31,10 @@ from harness.compare_schema import (
 )
 from harness.launch import RUNNER, torchrun_command, worker_env
 from harness.progress import SweepProgress
-from harness.results import StrategyResult, assign_verdicts, from_run, write_results
+from harness.results import StrategyResult, assign_verdicts, from_run, load_metrics, pick_reference, write_results
 from harness.supervise import INTERRUPTED, JobOutcome, run_job
 from harness.train_cli import preflight
+from harness.verdict import NoiseBand, measure_noise
 from strategies.registry import StrategyRegistry, default_registry
 
 REFERENCE = "single"
@@ -57,12 +58,16 @@ def main(args: list[str]) -> int:
 
     out = Path(cfg.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    sweep = Sweep(cfg, shared, out, nproc, SweepProgress(names, cfg.steps), device_type)
+    # The reference runs again with rounding noise right after it finishes: the verdicts' yardstick.
+    intended_reference = REFERENCE if REFERENCE in runnable else next(iter(runnable), None)
+    noise = NoiseRuns(cfg.noise_runs if intended_reference else 0, intended_reference)
+    sweep = Sweep(cfg, shared, out, nproc, SweepProgress(noise.listed_after_reference(names), cfg.steps), device_type)
     if cfg.dry_run:
         return _print_slurm_scripts(sweep, runnable)
     started = time.time()
     print(f"parabench compare | {cfg.model} | {cfg.precision} | {nproc} x {device_type} | global batch "
-          f"{cfg.batch_size} | {cfg.steps} steps | {len(runnable)} of {len(names)} strategies to run | {out}")
+          f"{cfg.batch_size} | {cfg.steps} steps | {len(runnable)} of {len(names)} strategies to run"
+          + (f" + {noise.count} noise runs of {intended_reference}" if noise.count else "") + f" | {out}")
 
     results: list[StrategyResult] = []
     interrupted = False
@@ -77,6 +82,8 @@ def main(args: list[str]) -> int:
             else:
                 try:
                     result = sweep.run(name, description)
+                    if name == intended_reference:
+                        noise.run(sweep, result)
                 except KeyboardInterrupt:  # between jobs: the job itself is over already
                     result = sweep.interrupted(name, description)
                 results.append(result)
@@ -87,8 +94,10 @@ def main(args: list[str]) -> int:
             except KeyboardInterrupt:
                 interrupted, searched = True, {"skipped": "batch search interrupted by Ctrl-C"}
 
-    reference = assign_verdicts(results, out, cfg.tolerance())
+    band = noise.band(out, pick_reference(results))
+    reference = assign_verdicts(results, out, precision=cfg.precision, tolerance=cfg.tolerance(), band=band)
     facts = _sweep_facts(cfg, args, results, device_type, nproc, reference, started, interrupted, searched)
+    facts["noise"] = noise.facts(band)
     write_results(out, facts, results)
     from harness.report import build_report  # matplotlib is only needed once the runs are over
 
@@ -171,6 +180,69 @@ class Sweep:
         reason = "the sweep was interrupted before it"
         self.progress.finish(name, "not run", reason)
         return StrategyResult(name=name, description=description, status="not run", error=reason)
+
+
+class NoiseRuns:
+    """The reference again, `count` times, with rounding noise (noise_seed=1..count): how far a
+    correct backend may stray from the reference on this machine (harness/verdict.py)."""
+
+    def __init__(self, count: int, reference: str | None):
+        self.count, self.reference = count, reference
+        self.labels = [f"{reference} noise {seed}" for seed in range(1, count + 1)]
+        self.outcomes: list[dict[str, Any]] = []
+        self.skipped: str | None = None if count else "noise_runs=0: verdicts use the fixed loss_tolerance"
+
+    def listed_after_reference(self, names: list[str]) -> list[str]:
+        """The sweep's names with the noise runs where they run, for the progress view."""
+        if not self.count:
+            return names
+        at = names.index(self.reference) + 1
+        return [*names[:at], *self.labels, *names[at:]]
+
+    def run(self, sweep: "Sweep", reference: StrategyResult) -> None:
+        if not self.count:
+            return
+        if not reference.ran:
+            self.skipped = f"the reference {self.reference} did not finish: verdicts use the fixed loss_tolerance"
+            for label in self.labels:
+                sweep.progress.finish(label, "skipped", "the reference did not finish")
+            return
+        sweep.progress.note(
+            f"noise runs: {self.reference} again {self.count} time{'s' if self.count != 1 else ''}, its gradients "
+            f"nudged by one rounding step, {reference.wall_time_s or 0:.0f} s each as the reference took: the "
+            f"spread a correct backend may show (noise_runs=0 skips them)")
+        for seed, label in enumerate(self.labels, start=1):
+            run_dir = sweep.out / "noise" / str(seed)
+            sweep.progress.start(label, run_dir / "metrics.jsonl")
+            outcome = sweep.launch(self.reference, run_dir, [f"noise_seed={seed}"], on_poll=sweep.progress.poll)
+            if outcome.kind == "interrupted":
+                raise KeyboardInterrupt
+            steps = len(load_metrics(run_dir))
+            self.outcomes.append({"seed": seed, "run_dir": str(run_dir.relative_to(sweep.out)), "status":
+                                  "ok" if outcome.ok else outcome.kind, "error": None if outcome.ok else outcome.message,
+                                  "steps": steps, "wall_time_s": outcome.wall_time_s})
+            sweep.progress.finish(label, "ok" if outcome.ok else "failed",
+                                  f"{steps} steps  {outcome.wall_time_s:.1f}s" if outcome.ok else outcome.message)
+
+    def band(self, out: Path, reference: StrategyResult | None) -> NoiseBand | None:
+        """The measured band, or None (with the reason kept) where there is none to judge by."""
+        if self.skipped:
+            return None
+        if reference is None or reference.name != self.reference:
+            self.skipped = f"the noise runs are of {self.reference}, which is not the reference here"
+            return None
+        reference_rows = load_metrics(out / str(reference.run_dir))
+        curves = [load_metrics(out / o["run_dir"]) for o in self.outcomes if o["status"] == "ok"]
+        curves = [rows for rows in curves if len(rows) == len(reference_rows)]
+        if not curves:
+            self.skipped = "no noise run finished: verdicts use the fixed loss_tolerance"
+            return None
+        return measure_noise(reference_rows, curves)
+
+    def facts(self, band: NoiseBand | None) -> dict[str, Any]:
+        """What results.json records: the runs, the band per step and its rule, or why there is none."""
+        return {"reference": self.reference, "runs": self.outcomes, "skipped": self.skipped,
+                "band": band.as_dict() if band else None}
 
 
 def _finish_detail(result: StrategyResult) -> str:
@@ -289,7 +361,7 @@ def _sweep_facts(cfg: CompareConfig, args: list[str], results: list[StrategyResu
         "interrupted": interrupted,
         "config": {**to_dict(cfg), "strategies": [r.name for r in results]},  # as resolved, defaults included
         "precision": cfg.precision,
-        "tolerance": cfg.tolerance(),
+        "tolerance": cfg.tolerance(),  # the rule when there is no noise band (noise_runs=0)
         "reference": reference,
         "device_type": device_type,
         "nproc": nproc,

@@ -11,10 +11,12 @@ from configs.schema import ConfigError, RunConfig, load_config, to_dict
 
 DEFAULT_PRESET = "default"
 
-# Largest relative loss difference from the reference, at any step, that still "matches".
-# fp32 differs only by the order of floating-point reductions; bf16/fp16 round every
-# matmul input, and backends round in different places (autocast vs. cast parameters).
+# With noise_runs=0 only: the largest relative loss difference from the reference, at any
+# step, that still "matches". fp32 differs only by the order of floating-point reductions;
+# bf16/fp16 round every matmul input, and backends round in different places (autocast vs.
+# cast parameters). With noise runs the verdict is judged against measured noise instead.
 TOLERANCE_BY_PRECISION = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
+DEFAULT_NOISE_RUNS = 2
 LAUNCHERS = ("local", "slurm")
 
 
@@ -24,7 +26,10 @@ class CompareConfig(RunConfig):
     strategies: Optional[list[str]] = None
     timeout_s: float = 600.0  # per strategy run: past it every process of the run is killed
     batch_search: bool = False  # also find each strategy's largest micro-batch (GPU only)
-    loss_tolerance: Optional[float] = None  # None: TOLERANCE_BY_PRECISION[precision]
+    # The reference runs again this many times with rounding noise (harness/noise.py): the spread
+    # the loss verdicts are judged against (harness/verdict.py). 0: the fixed loss_tolerance instead.
+    noise_runs: int = DEFAULT_NOISE_RUNS
+    loss_tolerance: Optional[float] = None  # noise_runs=0 only; None: TOLERANCE_BY_PRECISION[precision]
     out_dir: str = "runs/compare"
     # Where the jobs run: `local` (this machine) or `slurm` (one sbatch script per strategy).
     launcher: str = "local"
@@ -40,7 +45,7 @@ class CompareConfig(RunConfig):
 
 
 # Set per strategy by the sweep, never taken from the shared config.
-PER_RUN = ("strategy", "nproc", "out_dir")
+PER_RUN = ("strategy", "nproc", "out_dir", "noise_seed")
 
 
 def load_compare_config(args: list[str]) -> CompareConfig:
@@ -53,6 +58,13 @@ def load_compare_config(args: list[str]) -> CompareConfig:
         raise ConfigError(f"timeout_s={cfg.timeout_s} must be positive (seconds per strategy run)")
     if cfg.loss_tolerance is not None and cfg.loss_tolerance <= 0:
         raise ConfigError(f"loss_tolerance={cfg.loss_tolerance} must be positive (a relative loss difference)")
+    if cfg.noise_runs < 0:
+        raise ConfigError(f"noise_runs={cfg.noise_runs} must be 0 (a fixed loss_tolerance) or more")
+    if cfg.loss_tolerance is not None and cfg.noise_runs:
+        raise ConfigError("loss_tolerance= is the rule without noise runs: add noise_runs=0 to use it, or drop it "
+                          "to judge the curves against the measured noise")
+    if cfg.noise_seed is not None:
+        raise ConfigError("noise_seed= is set by compare for its noise runs: set noise_runs= instead")
     if cfg.strategies is not None and not cfg.strategies:
         raise ConfigError("strategies=[] names no strategy: list some, or leave it out to run every available one")
     _check_launcher(cfg)

@@ -2,7 +2,8 @@
 
 Only strategies whose loss matches the reference are recommended; among them the
 fastest and the one that holds the least memory per rank. Strategies to avoid are
-those that failed, drifted, or are beaten on both speed and memory by another.
+those that failed, whose loss differs from the reference's, or that are beaten on both speed and
+memory by another.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def recommend(results: list[StrategyResult], reference: str | None, device_type:
     advice = []
     memory_word = "peak memory" if device_type == "cuda" else "model-state memory"
     if not good:
-        advice.append("No strategy both finished and matched the reference's loss: fix the drifts before comparing speed.")
+        advice.append("No strategy both finished and learned what the reference learns: explain the differing loss "
+                      "curves before comparing speed.")
     else:
         fastest = max(good, key=lambda r: r.tokens_per_s or 0)
         # Among strategies tied on memory, the fastest.
@@ -86,7 +88,7 @@ def _avoid(results: list[StrategyResult], good: list[StrategyResult], device_typ
         if r.status == "failed":
             lines.append(f"Avoid `{r.name}` as configured: it failed ({_failure(r)}).")
         elif r.ran and r.matches_reference is False:
-            lines.append(f"Avoid `{r.name}` until its loss is explained: {_drift(r)}.")
+            lines.append(f"Avoid `{r.name}` until its loss is explained: {_difference(r)}.")
         elif r in good:
             better = _dominating(r, good, device_type)
             if better is not None:
@@ -98,11 +100,12 @@ def _avoid(results: list[StrategyResult], good: list[StrategyResult], device_typ
     return lines
 
 
-def _drift(r: StrategyResult) -> str:
-    if r.first_step_over_tolerance is None:
+def _difference(r: StrategyResult) -> str:
+    if r.first_step_differs is None:
         return r.verdict  # not comparable step by step
-    return (f"it drifts from the reference by up to {r.max_rel_loss_diff:.1e} (relative), "
-            f"past the tolerance from step {r.first_step_over_tolerance}")
+    past = f", {r.noise_ratio:.1f}x what a correct backend differs by" if r.noise_ratio else ""
+    return (f"it differs from the reference by up to {r.max_rel_loss_diff:.1e} (relative) from step "
+            f"{r.first_step_differs}{past}")
 
 
 def _failure(r: StrategyResult) -> str:

@@ -12,6 +12,7 @@ from harness.recommend import recommend
 from harness.report_document import (Block, Bullets, Figure, Heading, Paragraph, Preformatted, Table, human_bytes,
                                      to_html, to_markdown)
 from harness.results import StrategyResult, load_metrics, read_results
+from harness.verdict import NoiseBand, bound_at, floor_of
 
 FIGURE_DIR = "figures"
 PREDICTED = (("mem_params_bytes", "params / rank", "bytes"), ("mem_grads_bytes", "grads / rank", "bytes"),
@@ -48,10 +49,33 @@ def _title(sweep: dict[str, Any]) -> str:
             f"{sweep.get('nproc')} x {env.get('device', sweep.get('device_type'))}")
 
 
+def loss_bound(compare_dir: Path, sweep: dict[str, Any], curves) -> figures.LossBound | None:
+    """The bound the verdicts used, step by step, for the figure (for a backend returning an fp32 loss)."""
+    reference_rows = curves.get(sweep.get("reference"))
+    if not reference_rows:
+        return None
+    steps = [r["step"] for r in reference_rows]
+    band = noise_band_of(sweep)
+    if band is None:
+        tolerance = float(sweep.get("tolerance", 1e-4))
+        return figures.LossBound(steps, [tolerance] * len(steps), f"fixed tolerance {tolerance:.0e}")
+    floor = floor_of(band, sweep.get("precision", "fp32"))
+    noise_curves = [load_metrics(compare_dir / run["run_dir"])
+                    for run in sweep["noise"]["runs"] if run["status"] == "ok"]
+    return figures.LossBound(steps, [bound_at(band, step, floor)[0] for step in steps],
+                             f"allowed: {band.factor:g}x the noise runs' spread, or {floor[1]} ({floor[0]:.0e})",
+                             spread=band.spread, noise_curves=noise_curves)
+
+
+def noise_band_of(sweep: dict[str, Any]) -> NoiseBand | None:
+    recorded = (sweep.get("noise") or {}).get("band")
+    return NoiseBand(**{k: v for k, v in recorded.items() if k != "rule"}) if recorded else None
+
+
 def _blocks(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResult], curves) -> list[Block]:
     device_type = sweep.get("device_type", "cpu")
     reference = sweep.get("reference")
-    tolerance = float(sweep.get("tolerance", 1e-4))
+    bound = loss_bound(compare_dir, sweep, curves)
     figure_dir = compare_dir / FIGURE_DIR
     for stale in figure_dir.glob("*.png"):
         stale.unlink()  # a figure with nothing to draw this time must not survive from an earlier run
@@ -60,15 +84,17 @@ def _blocks(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResu
 
     blocks: list[Block] = [*_overview(sweep, results)]
     blocks += [Heading("Summary (fastest first)"), _summary_table(ran, device_type)]
+    blocks += _verdict_rule(sweep) + _unstable_start(curves.get(reference, []), sweep)
     if device_type == "cpu":
         blocks.append(Paragraph("Peak memory is not measured on CPU (no allocator statistics): the memory columns "
                                 "and figures show the model states each rank holds, measured from the tensors."))
     drawn = [
         ("Loss curves", figures.loss_curves(curves, colour, sweep.get("loss_floor"), reference, figure_dir / "loss.png"),
          "Training loss of every strategy that finished; the dashed line is the data set's lowest reachable loss."),
-        ("Loss minus the reference", figures.loss_vs_reference(curves, colour, reference, tolerance,
-                                                                figure_dir / "loss_vs_reference.png"),
-         f"Each strategy's loss minus `{reference}`'s, and its relative size against the tolerance {tolerance:.0e}."),
+        ("Loss minus the reference", bound and figures.loss_vs_reference(curves, colour, reference, bound,
+                                                                          figure_dir / "loss_vs_reference.png"),
+         f"Each strategy's loss minus `{reference}`'s (grey: the noise runs), and its relative size against what a "
+         f"correct backend may differ by (shaded: {bound.label if bound else ''})."),
         ("Memory per rank", figures.memory_per_rank(results, device_type, figure_dir / "memory.png"),
          "Parameters, gradients and optimizer state each rank holds"
          + (", and the rest of the peak allocated memory." if device_type == "cuda" else " (CPU: model states only).")),
@@ -93,7 +119,8 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Bloc
     config = sweep.get("config", {})
     reference = sweep.get("reference")
     ran = [r for r in results if r.ran]
-    matching = [r for r in ran if r.matches_reference]
+    agreeing = [r for r in ran if r.matches_reference and r.name != reference]
+    within = sum(r.verdict_kind == "within noise" for r in agreeing)
     counts = {s: sum(r.status == s for r in results) for s in ("failed", "skipped", "interrupted", "not run")}
     tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
     ref_text = (f"`{reference}`" + (" (one process)" if reference == "single" else " (`single` did not run)")
@@ -105,13 +132,56 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Bloc
         f"Every strategy trained the same model on the same data from the same seed, with global batch "
         f"{config.get('batch_size')} x {config.get('seq_len')} tokens for {config.get('steps')} steps, on "
         f"{sweep.get('nproc')} {sweep.get('device_type')} processes (`single`: one). "
-        f"{len(ran)} of {len(results)} strategies finished, {len(matching)} match the reference"
-        + (f"; {tally}" if tally else "") + f". Reference: {ref_text}; a strategy matches when its loss is within "
-        f"{sweep.get('tolerance', 0):.0e} (relative) of the reference's at every step ({sweep.get('precision')})."
+        f"{len(ran)} of {len(results)} strategies finished; {len(agreeing)} of the others learn what the reference "
+        f"learns ({len(agreeing) - within} match it, {within} within noise)"
+        + (f"; {tally}" if tally else "") + f". Reference: {ref_text}."
     ))
     blocks.append(Paragraph(f"Command: `{sweep.get('command', 'python runner.py compare')}` "
                             f"(started {sweep.get('started_at', '?')}, {sweep.get('wall_time_s', 0):.0f} s)."))
     return blocks
+
+
+def _verdict_rule(sweep: dict[str, Any]) -> list[Block]:
+    """How the loss verdicts were reached: against measured noise, or a fixed tolerance, and why."""
+    noise = sweep.get("noise") or {}
+    band = noise_band_of(sweep)
+    precision = sweep.get("precision", "fp32")
+    if band is None:
+        why = noise.get("skipped") or "this compare ran no noise runs"
+        return [Paragraph(f"Loss verdicts: within {float(sweep.get('tolerance', 0)):.0e} relative of the reference "
+                          f"at every step ({precision}), a fixed tolerance ({why}).")]
+    ok = [run for run in noise.get("runs", []) if run["status"] == "ok"]
+    seconds = sum(run["wall_time_s"] for run in noise.get("runs", []))
+    peak = max(range(len(band.band)), key=band.band.__getitem__)
+    floor, what = floor_of(band, precision)
+    return [Paragraph(
+        f"Loss verdicts are judged against noise measured here: `{noise.get('reference')}` ran again {len(ok)} "
+        f"time{'s' if len(ok) != 1 else ''} with every gradient nudged by one rounding step of {precision} "
+        f"({seconds:.0f} s in all), and strayed from itself by up to {max(band.spread):.1e} (relative; band "
+        f"{band.band[peak]:.1e} at step {band.steps[peak]}). A strategy matches within {band.floor:.0e}, is within "
+        f"noise within {band.factor:g}x the band or {what} ({floor:.0e}), whichever is larger, and differs "
+        f"past that: the verdict names the step. `noise_runs=0` judges by a fixed tolerance instead.")]
+
+
+# The reference's loss rising this far above where it started marks an unstable start: differences
+# between strategies there are chaos the learning rate amplified, not the backends.
+UNSTABLE_RISE = 0.03
+
+
+def _unstable_start(reference_rows: list[dict], sweep: dict[str, Any]) -> list[Block]:
+    if not reference_rows:
+        return []
+    first = reference_rows[0]
+    peak = max(reference_rows, key=lambda r: r["loss"])
+    if peak["loss"] <= first["loss"] * (1 + UNSTABLE_RISE):
+        return []
+    config = sweep.get("config", {})
+    return [Paragraph(
+        f"**Unstable start:** the reference's loss rose from {first['loss']:.4f} at step {first['step']} to "
+        f"{peak['loss']:.4f} at step {peak['step']}. Rounding differences grow fastest there, so verdicts near it "
+        f"say more about the learning rate (lr={config.get('lr') or 'by model size'}, warmup_steps="
+        f"{config.get('warmup_steps') or 'a tenth of the run'}) than about the backends: lower lr= or lengthen "
+        "the warm-up and compare again.")]
 
 
 def _summary_table(ran: list[StrategyResult], device_type: str) -> Table:

@@ -6,6 +6,8 @@ finished). A strategy keeps its colour in every figure.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -13,6 +15,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after the backend is chosen)
 from matplotlib.patches import Patch  # noqa: E402
+from matplotlib.text import Text  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 from matplotlib.ticker import FuncFormatter, MaxNLocator  # noqa: E402
 
 from harness.results import StrategyResult  # noqa: E402
@@ -62,14 +66,29 @@ def loss_curves(curves: Curves, colour: dict, loss_floor: float | None, referenc
     return _save(fig, path)
 
 
-def loss_vs_reference(curves: Curves, colour: dict, reference: str | None, tolerance: float, path: Path) -> Path | None:
-    """Left: loss minus the reference's, step by step. Right: its relative size on a log
-    scale against the tolerance, where the fp32 differences of 1e-7 remain visible."""
+@dataclass(frozen=True)
+class LossBound:
+    """What a strategy's loss may differ from the reference's by, step by step (harness/verdict.py)."""
+
+    steps: list[int]
+    allowed: list[float]  # relative
+    label: str
+    spread: list[float] | None = None  # the noise runs' own relative distance from the reference
+    noise_curves: list[list[dict]] = field(default_factory=list)  # the noise runs' metrics rows
+
+
+def loss_vs_reference(curves: Curves, colour: dict, reference: str | None, bound: LossBound, path: Path) -> Path | None:
+    """Left: loss minus the reference's, step by step, with the noise runs in grey. Right: its
+    relative size on a log scale against the bound (shaded), where fp32's 1e-7 stays visible."""
     if reference not in curves or len(curves) < 2:
         return None
     ref = {r["step"]: r["loss"] for r in curves[reference]}
-    fig, (signed, relative) = plt.subplots(1, 2, figsize=(11, 4.4))
-    floor = tolerance * 1e-6  # where an exact match is drawn on the log scale
+    fig, (signed, relative) = plt.subplots(1, 2, figsize=(12, 4.8))
+    floor = min(bound.allowed) * 1e-4  # where an exact match is drawn on the log scale
+    for i, rows in enumerate(bound.noise_curves):
+        common = [r for r in rows if r["step"] in ref]
+        signed.plot([r["step"] for r in common], [r["loss"] - ref[r["step"]] for r in common], color="grey",
+                    linewidth=0.9, alpha=0.8, label="noise runs of the reference" if i == 0 else None)
     for i, (name, rows) in enumerate(curves.items()):
         if name == reference:
             continue
@@ -79,17 +98,23 @@ def loss_vs_reference(curves: Curves, colour: dict, reference: str | None, toler
         signed.plot(steps, diffs, color=colour[name], label=name, **_line_style(i))
         rel = [max(abs(d) / max(abs(ref[s]), 1e-12), floor) for d, s in zip(diffs, steps)]
         relative.plot(steps, rel, color=colour[name], label=name, **_line_style(i))
+    relative.fill_between(bound.steps, floor, bound.allowed, color="#9ecae1", alpha=0.35, step="mid",
+                          label=bound.label)
+    if bound.spread is not None:
+        relative.plot(bound.steps, [max(v, floor) for v in bound.spread], color="black", linewidth=1.0,
+                      linestyle=":", label="noise runs' spread")
     signed.axhline(0, color="black", linewidth=0.8)
     signed.set(xlabel="step", ylabel=f"loss - loss of {reference}", title=f"Loss minus the reference ({reference})")
     signed.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-    relative.axhline(tolerance, color="crimson", linestyle="--", linewidth=1.2, label=f"tolerance {tolerance:.0e}")
     relative.set_yscale("log")
     relative.set(xlabel="step", ylabel="|relative difference|",
                  title=f"Relative difference (exact match drawn at {floor:.0e})")
     for ax in (signed, relative):
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    relative.legend(fontsize=8, ncol=2 if len(curves) > 7 else 1)
+    if bound.noise_curves:
+        signed.legend(handles=signed.get_legend_handles_labels()[0][:1], fontsize=8, loc="best")
+    relative.legend(fontsize=7, ncol=2 if len(curves) > 7 else 1, loc="upper left", bbox_to_anchor=(1.01, 1))
     return _save(fig, path)
 
 
@@ -135,31 +160,35 @@ def throughput(results: list[StrategyResult], colour: dict, path: Path) -> Path 
     for bar, r in zip(bars, ran):
         if r.matches_reference is False:
             bar.set_hatch("//")
-        note = "" if r.matches_reference is not False else "  (loss drifts)"
+        note = "" if r.matches_reference is not False else "  (loss differs)"
         ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, f" {r.tokens_per_s:,.0f}{note}", va="center", fontsize=8)
     ax.set_xlim(0, max(values) * 1.25)
     ax.xaxis.set_major_formatter(THOUSANDS)
     ax.set(xlabel="tokens/s (after warm-up)", title="Throughput")
     ax.grid(axis="x", alpha=0.3)
     if any(r.matches_reference is False for r in ran):
-        ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="//", label="loss drifts from the reference")],
+        ax.legend(handles=[Patch(facecolor="white", edgecolor="black", hatch="//", label="loss differs from the reference")],
                   fontsize=8, loc="lower right")
     return _save(fig, path)
 
 
 def memory_vs_throughput(results: list[StrategyResult], colour: dict, device_type: str, path: Path) -> Path | None:
+    drawn = draw_memory_vs_throughput(results, colour, device_type)
+    return None if drawn is None else _save(drawn[0], path, layout=False)
+
+
+def draw_memory_vs_throughput(results: list[StrategyResult], colour: dict,
+                              device_type: str) -> tuple[plt.Figure, list] | None:
+    """The scatter with one label per point, none over another label or another point."""
     ran = [r for r in results if r.ran and r.tokens_per_s and _memory_figure(r, device_type)]
     if not ran:
         return None
     memory = [_memory_figure(r, device_type) for r in ran]
     scale, unit = byte_unit(max(memory))
-    fig, ax = plt.subplots(figsize=(8, 5))
-    points = [(mem / scale, r.tokens_per_s, r) for r, mem in zip(ran, memory)]
-    size_pt = (fig.get_figwidth() * 72 * 0.8, fig.get_figheight() * 72 * 0.75)
-    offsets = _label_offsets([(x, y) for x, y, _ in points], [r.name for _, _, r in points], size_pt)
-    for (x, y, r), dy in zip(points, offsets):
+    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    points = [(mem / scale, r.tokens_per_s) for r, mem in zip(ran, memory)]
+    for (x, y), r in zip(points, ran):
         ax.scatter(x, y, s=60, color=colour[r.name], edgecolor="black", linewidth=0.5, zorder=3)
-        ax.annotate(r.name, (x, y), textcoords="offset points", xytext=(6, 4 - dy), fontsize=8)
     what = "peak memory allocated" if device_type == "cuda" else "model states (params + grads + optimizer)"
     ax.set(xlabel=f"{what} per rank ({unit})", ylabel="tokens/s",
            title="Memory against throughput (up and left is better)")
@@ -168,26 +197,59 @@ def memory_vs_throughput(results: list[StrategyResult], colour: dict, device_typ
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(THOUSANDS)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    fig.tight_layout()  # fixed before the labels are placed: they are placed in display space
+    return fig, place_labels(fig, ax, points, [r.name for r in ran])
 
 
-def _label_offsets(points: list[tuple[float, float]], names: list[str], size_pt: tuple[float, float]) -> list[float]:
-    """Downward offsets (in points) so that no two labels overlap: labels are placed top to
-    bottom, each moved down a line at a time while it would cover one placed before it."""
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    x_span, y_span = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
-    # Approximate positions in points (the axes keep a margin around the data).
-    where = [((x - min(xs)) / x_span * size_pt[0] * 0.75, (y - min(ys)) / y_span * size_pt[1] * 0.75) for x, y in points]
-    line, char = 11.0, 5.0  # label height and mean character width at fontsize 8
-    placed: list[tuple[float, float, float]] = []  # x, y, width of labels already placed
-    offsets = [0.0] * len(points)
-    for i in sorted(range(len(points)), key=lambda k: -where[k][1]):
-        x, y = where[i]
-        width = char * len(names[i])
-        while any(abs(y - offsets[i] - py) < line and x < px + pw and px < x + width for px, py, pw in placed):
-            offsets[i] += line
-        placed.append((x, y - offsets[i], width))
-    return offsets
+def label_box(label, renderer) -> Bbox:
+    """Where an annotation's text is drawn (without its leader line, which Annotation's own extent includes)."""
+    label.update_positions(renderer)
+    return Text.get_window_extent(label, renderer)
+
+
+# Where a label may go, in points from its point: close first, then further out with a leader line.
+LABEL_ANGLES = (0, 35, -35, 180, 145, -145, 90, -90, 60, -60, 120, -120)
+LABEL_RADII = (7, 16, 26, 38, 52, 68, 86, 108, 134, 164)
+MARKER_HALF_WIDTH_PT = 5.0
+
+
+def place_labels(fig: plt.Figure, ax: plt.Axes, points: list[tuple[float, float]], names: list[str]) -> list:
+    """Annotate each point with its name at the first candidate spot, measured in display space,
+    that covers no label already placed, no point and nothing outside the axes; the top points
+    are labelled first. A label away from its point gets a thin leader line."""
+    renderer = fig.canvas.get_renderer()
+    inside = ax.get_window_extent(renderer)
+    px_per_pt = fig.dpi / 72
+    marker = MARKER_HALF_WIDTH_PT * px_per_pt
+    occupied = []
+    for x, y in points:
+        cx, cy = ax.transData.transform((x, y))
+        occupied.append(Bbox.from_extents(cx - marker, cy - marker, cx + marker, cy + marker))
+    labels = []
+    for i in sorted(range(len(points)), key=lambda k: -points[k][1]):
+        label = None
+        for radius in LABEL_RADII:
+            for angle in LABEL_ANGLES:
+                dx, dy = radius * math.cos(math.radians(angle)), radius * math.sin(math.radians(angle))
+                candidate = ax.annotate(
+                    names[i], points[i], xytext=(dx, dy), textcoords="offset points", fontsize=8,
+                    ha="left" if dx > 1e-9 else "right" if dx < -1e-9 else "center",
+                    va="bottom" if dy > 1e-9 else "top" if dy < -1e-9 else "center",
+                    arrowprops=dict(arrowstyle="-", color="grey", linewidth=0.6) if radius > LABEL_RADII[0] else None,
+                )
+                box = label_box(candidate, renderer).padded(1.5)
+                if inside.contains(box.x0, box.y0) and inside.contains(box.x1, box.y1) \
+                        and not any(box.overlaps(other) for other in occupied):
+                    label = candidate
+                    occupied.append(box)
+                    break
+                candidate.remove()
+            if label is not None:
+                break
+        if label is None:  # nowhere free: the last resort is beside the point, said in the test
+            label = ax.annotate(names[i], points[i], xytext=(6, 4), textcoords="offset points", fontsize=8)
+        labels.append(label)
+    return labels
 
 
 def _memory_figure(r: StrategyResult, device_type: str) -> float | None:
@@ -196,9 +258,10 @@ def _memory_figure(r: StrategyResult, device_type: str) -> float | None:
     return float(r.model_state_bytes) if r.model_state_bytes else None
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, layout: bool = True) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    if layout:
+        fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path

@@ -12,13 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from harness.supervise import JobOutcome
+from harness.verdict import NoiseBand, judge
 
 RESULTS_FILE = "results.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: verdicts against measured noise (verdict_kind, noise_ratio, the sweep's "noise")
 # Figures copied from each run's summary.json.
 SUMMARY_FIELDS = (
     "final_loss", "tokens_per_s", "step_time_s", "mfu", "peak_mem_allocated_bytes", "peak_mem_reserved_bytes",
-    "mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "prediction",
+    "mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes", "prediction", "loss_dtype",
 )
 
 
@@ -51,11 +52,15 @@ class StrategyResult:
     mem_grads_bytes: int | None = None
     mem_optimizer_bytes: int | None = None
     prediction: dict[str, Any] | None = None  # the planner's figures, where the run made them
-    # Against the reference: the largest relative loss difference over all steps, and the
-    # first step where it passes the tolerance (None: never).
+    loss_dtype: str | None = None  # the dtype the backend returned the loss in (its resolution)
+    # Against the reference (harness/verdict.py): the largest relative loss difference over all
+    # steps, the first step past what is allowed (None: never), and the largest share of the
+    # allowed bound used at any step (over 1: differs).
     max_rel_loss_diff: float | None = None
-    first_step_over_tolerance: int | None = None
-    matches_reference: bool | None = None
+    first_step_differs: int | None = None
+    noise_ratio: float | None = None
+    verdict_kind: str | None = None  # reference | matches | within noise | differs | not comparable
+    matches_reference: bool | None = None  # matches or within noise
     verdict: str = ""
 
     @property
@@ -108,29 +113,16 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def loss_difference(rows: list[dict], reference: list[dict], tolerance: float) -> tuple[float, int | None]:
-    """(largest relative loss difference, first step over `tolerance`) over the steps both logged."""
-    ref_by_step = {r["step"]: r["loss"] for r in reference}
-    worst, first_over = 0.0, None
-    for row in rows:
-        ref = ref_by_step.get(row["step"])
-        if ref is None:
-            continue
-        rel = abs(row["loss"] - ref) / max(abs(ref), 1e-12)
-        worst = max(worst, rel)
-        if rel > tolerance and first_over is None:
-            first_over = row["step"]
-    return worst, first_over
-
-
 def pick_reference(results: list[StrategyResult]) -> StrategyResult | None:
     """`single` when it ran; otherwise the first strategy that did (named as such in the report)."""
     ran = [r for r in results if r.ran]
     return next((r for r in ran if r.name == "single"), ran[0] if ran else None)
 
 
-def assign_verdicts(results: list[StrategyResult], compare_dir: Path, tolerance: float) -> str | None:
-    """Fill each finished strategy's loss comparison and verdict; returns the reference's name."""
+def assign_verdicts(results: list[StrategyResult], compare_dir: Path, *, precision: str, tolerance: float,
+                    band: NoiseBand | None) -> str | None:
+    """Fill each finished strategy's loss verdict against the reference (judged against `band`
+    where the compare measured one, else against the fixed `tolerance`); returns the reference's name."""
     reference = pick_reference(results)
     if reference is None:
         return None
@@ -139,21 +131,14 @@ def assign_verdicts(results: list[StrategyResult], compare_dir: Path, tolerance:
         if not result.ran:
             continue
         if result is reference:
-            result.max_rel_loss_diff, result.first_step_over_tolerance = 0.0, None
-            result.matches_reference, result.verdict = True, "reference"
+            result.max_rel_loss_diff, result.first_step_differs = 0.0, None
+            result.verdict_kind, result.matches_reference, result.verdict = "reference", True, "reference"
             continue
-        rows = load_metrics(compare_dir / str(result.run_dir))
-        if len(rows) != len(ref_rows) or not rows:
-            result.matches_reference = False
-            result.verdict = f"not comparable: {len(rows)} steps logged, the reference logged {len(ref_rows)}"
-            continue
-        worst, first_over = loss_difference(rows, ref_rows, tolerance)
-        result.max_rel_loss_diff, result.first_step_over_tolerance = worst, first_over
-        result.matches_reference = first_over is None
-        result.verdict = (
-            f"matches (max rel. diff {worst:.1e})" if first_over is None
-            else f"drifts: up to {worst:.1e} relative, over {tolerance:.0e} from step {first_over}"
-        )
+        verdict = judge(load_metrics(compare_dir / str(result.run_dir)), ref_rows, band, precision=precision,
+                        tolerance=tolerance, loss_dtype=result.loss_dtype, reference_loss_dtype=reference.loss_dtype)
+        result.max_rel_loss_diff, result.first_step_differs = verdict.max_rel_diff, verdict.first_step_over
+        result.noise_ratio, result.verdict_kind, result.verdict = verdict.noise_ratio, verdict.kind, verdict.text
+        result.matches_reference = verdict.agrees
     return reference.name
 
 

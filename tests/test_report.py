@@ -2,7 +2,8 @@
 rebuilt by `runner.py report <dir>`, and a recommendation drawn from the numbers.
 
 Built from a synthetic compare folder (no training): a GPU-shaped sweep with a
-reference, a faster strategy that drifts, a sharded one, a failure and a skip.
+reference, its noise run, a faster strategy whose loss differs, a sharded one, a failure
+and a skip.
 """
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ import pytest
 
 from harness.recommend import recommend
 from harness.report import build_report
-from harness.results import StrategyResult, assign_verdicts, read_results, write_results
+from harness.results import StrategyResult, assign_verdicts, load_metrics, read_results, write_results
+from harness.verdict import measure_noise
 from tests.helpers import run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -36,6 +38,7 @@ def make_compare_dir(compare_dir: Path, device_type: str) -> list[StrategyResult
     write_run(compare_dir, "ddp", [v * (1 + 3e-7) for v in base])
     write_run(compare_dir, "zero3", [v * (1 + 1e-7) for v in base])
     write_run(compare_dir, "fast-but-wrong", [v * (1 + 0.02 * (i >= 12)) for i, v in enumerate(base)])
+    write_run(compare_dir, "noise/1", [v * (1 + 2e-7 * (-1) ** i) for i, v in enumerate(base)])
     on_gpu = device_type == "cuda"
 
     def ran(name, nproc, tokens, params, grads, optim, peak, prediction=None):
@@ -57,13 +60,16 @@ def make_compare_dir(compare_dir: Path, device_type: str) -> list[StrategyResult
                        log_tail=["Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory"]),
         StrategyResult(name="needs-gpu", status="skipped", error="unsupported on cpu: needs CUDA"),
     ]
-    reference = assign_verdicts(results, compare_dir, 1e-4)
+    band = measure_noise(load_metrics(compare_dir / "single"), [load_metrics(compare_dir / "noise" / "1")])
+    reference = assign_verdicts(results, compare_dir, precision="fp32", tolerance=1e-4, band=band)
     env = {"device": "NVIDIA H100 80GB HBM3" if on_gpu else "cpu", "devices": 2, "world_size": 2, "host": "test",
            "versions": {"torch": "2.13.0", "deepspeed": "0.19.8", "accelerate": None, "python": "3.11"}}
     facts = {"command": "python runner.py compare", "config": {"batch_size": 16, "seq_len": 64, "steps": 20},
              "precision": "fp32", "tolerance": 1e-4, "reference": reference, "device_type": device_type, "nproc": 2,
              "loss_floor": 1.0, "model": {"name": "gpt-nano", "num_params": 110_000}, "environment": env,
              "wall_time_s": 12.0, "started_at": "2026-01-01T00:00:00+00:00", "interrupted": False,
+             "noise": {"reference": "single", "skipped": None, "band": band.as_dict(),
+                       "runs": [{"seed": 1, "run_dir": "noise/1", "status": "ok", "wall_time_s": 3.0}]},
              "batch_search": {"results": [{"strategy": "ddp", "largest_micro_batch": 48, "tokens_per_s": 81_000,
                                            "hit_limit": False, "error": None,
                                            "probes": [{"micro_batch": 32, "fits": True, "oom": False},
@@ -123,8 +129,11 @@ def test_summary_table_verdicts_and_failures(gpu_report):
     summary = markdown.split("## Summary")[1].split("##")[0]
     # Fastest first.
     assert summary.index("`fast-but-wrong`") < summary.index("`ddp`") < summary.index("`zero3`") < summary.index("`single`")
-    assert "drifts: up to 2.0e-02 relative, over 1e-04 from step 13" in summary
+    assert "differs from step 13: up to 2.0e-02 relative" in summary and "set by the fp32 floor" in summary
     assert summary.count("matches (max rel. diff") == 2
+    # How the verdicts were judged, with the noise the compare measured.
+    assert "`single` ran again 1 time with every gradient nudged by one rounding step of fp32" in summary
+    assert "strayed from itself by up to 2.0e-07" in summary
     problems = markdown.split("## Failed and skipped strategies")[1].split("## ")[0]
     assert "`broken`" in problems and "oom" in problems and "needs CUDA" in problems
     assert "torch.OutOfMemoryError" in problems  # its log tail
@@ -139,7 +148,7 @@ def test_summary_table_verdicts_and_failures(gpu_report):
 def test_recommendation_is_drawn_from_the_measurements(tmp_path):
     results = make_compare_dir(tmp_path, "cuda")
     advice = " ".join(recommend(results, "single", "cuda"))
-    # The fastest overall drifts: the advice names the fastest that matches instead.
+    # The fastest overall differs: the advice names the fastest that matches instead.
     assert "Fastest that matches the reference: `ddp`" in advice
     assert f"{70_000 / 50_000:.2f}x the next, `zero3`" in advice
     assert "Least memory per rank: `zero3`" in advice and "3 GiB" in advice
