@@ -67,6 +67,19 @@ class DropsRankOneGradients(DDPStrategy):
 
 PLUGINS = {"lr-off": LearningRateOff, "grads-not-reduced": GradientsNotReduced,
            "drops-rank1-grads": DropsRankOneGradients}
+# Relative learning-rate errors registered as lr-off-<error> (bench/verdict_sensitivity.py).
+LR_ERRORS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
+
+
+def lr_error_name(error: float) -> str:
+    return f"lr-off-{error:g}"
+
+
+def register_lr_errors(registry) -> None:
+    """An entry point's register function: one name per learning-rate error, its factor preset."""
+    for error in LR_ERRORS:
+        registry.register(lr_error_name(error), LearningRateOff, f"wrong on purpose: learning rate x {1 + error:g}",
+                          lr_factor=1 + error)
 
 
 def entry_points(site: Path) -> Path:
@@ -76,5 +89,6 @@ def entry_points(site: Path) -> Path:
     dist_info.mkdir(parents=True, exist_ok=True)
     (dist_info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {DIST_NAME}\nVersion: 1.0\n")
     lines = [f"{name} = bench.wrong_plugins:{cls.__name__}" for name, cls in PLUGINS.items()]
+    lines.append("lr-errors = bench.wrong_plugins:register_lr_errors")
     (dist_info / "entry_points.txt").write_text("[parabench.strategies]\n" + "\n".join(lines) + "\n")
     return site
