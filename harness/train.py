@@ -26,6 +26,8 @@ from harness.checkpoint import CheckpointError, CheckpointManager, Manifest, par
 from harness.metrics import StepMetrics
 from harness.optim import adamw_factory, lr_at
 from harness.planner.for_run import prediction_for_run
+from models.blocks import Blocks, find_blocks
+from models.checkpointing import enable_checkpointing
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.base import RunContext, Strategy, StrategyError
@@ -54,16 +56,17 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
-def _prepare_model(cfg: RunConfig) -> torch.nn.Module:
+def prepare_model(cfg: RunConfig) -> tuple[torch.nn.Module, Blocks, str | None]:
+    """The model, its blocks and what activation checkpointing recomputes (None: off).
+    Preflight calls it under the meta device, so a bad model_blocks= or a model that cannot
+    be checkpointed is one line before any worker starts."""
     # Built on the CPU from the seed, identically on every rank, before any wrapping:
     # every strategy starts from the same weights.
     seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.model_kwargs)
-    if cfg.activation_checkpointing:
-        if not hasattr(model, "activation_checkpointing"):
-            raise ValueError(f"model {cfg.model!r} has no activation_checkpointing switch")
-        model.activation_checkpointing = True
-    return model
+    blocks = find_blocks(model, cfg.model_blocks)
+    checkpointed = enable_checkpointing(model, blocks) if cfg.activation_checkpointing else None
+    return model, blocks, checkpointed
 
 
 def run(cfg: RunConfig) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     strategy: Strategy | None = None
     try:
         micro_batch, grad_accum = cfg.world_batch(env.world_size)
-        model = _prepare_model(cfg)
+        model, blocks, checkpointed = prepare_model(cfg)
         shapes = param_shapes(model)
         data = load_data(
             cfg.data, vocab_size=getattr(model, "vocab_size", None), seq_len=cfg.seq_len,
@@ -94,6 +97,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         n_params, fpt = num_params(model), flops_per_token(model, cfg.seq_len)
         hardware.reset_peak_memory(env.device)
         model, _ = strategy.setup(model, adamw_factory(cfg.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay))
+        # The discovery warning matters where the backend works block by block.
+        blocks_warning = blocks.warning if strategy.layout is not None else None
         start_step = 0
         if resume_from is not None:
             path, manifest = resume_from
@@ -115,7 +120,11 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             f"{env.world_size} x {hardware.device_name(env.device)} | {cfg.precision} | global batch "
             f"{cfg.batch_size} = {env.world_size} ranks x {micro_batch} x {grad_accum} accum | "
             f"loss floor {_fmt(getattr(data, 'loss_floor', None))}" + (f" | compiled: {compiled}" if compiled else "")
+            + (f" | {strategy.layout}" if strategy.layout else "")
+            + (f" | checkpointing: {checkpointed}" if checkpointed else "")
         )
+        if blocks_warning:
+            _rank0_print(env)(f"warning: {blocks_warning}")
         started = time.time()
         metrics.start(first_step=start_step, append=start_step > 0)
         memory = None
@@ -148,6 +157,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         summary = _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started)
         summary["resumed_from_step"] = start_step
         summary["compiled"] = compiled  # None: eager
+        summary["blocks"] = {**blocks.as_dict(), "warning": blocks_warning, "units": strategy.layout,
+                             "checkpointed": checkpointed}
         if env.is_main:
             (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary
