@@ -22,9 +22,9 @@ from models.zoo import build_model
 from strategies.accelerate import AccelerateStrategy
 from strategies.base import RunContext, StrategyError
 from strategies.deepspeed import DeepSpeedStrategy
-from strategies.fsdp import FSDPStrategy
+from strategies.fsdp import FSDPStrategy, tied_outside
 from strategies.registry import default_registry
-from tests.helpers import NANO, max_rel_diff, read_run, run_cli, env_for_tests
+from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
 
 TOLERANCE = 1e-4  # fp32, relative, every step
 RECURRENT, DECODER, NESTED = (f"tests.user_models:build_{name}" for name in ("recurrent", "decoder", "nested"))
@@ -154,6 +154,23 @@ def test_checkpointed_blocks_keep_their_names_and_gradients_and_save_less(spec):
     assert list(model.state_dict()) == names
     for name, p in model.named_parameters():
         torch.testing.assert_close(p.grad, plain[name])
+
+
+@pytest.mark.parametrize("spec, names, reason", [
+    (DECODER, None, None),
+    ("mlp", None, "Accelerate wraps by class, and head is a Linear outside the blocks"),
+    (DECODER, ["Linear"], "block unembed is tied to a parameter outside it"),
+])
+def test_accelerate_fsdp_wraps_by_class_only_where_that_means_exactly_the_blocks(spec, names, reason, monkeypatch):
+    """Accelerate's transformer_based_wrap takes class names: the mlp's blocks are Linears and
+    so is its tied head; naming Linear in the decoder makes the tied head a block."""
+    monkeypatch.delenv("FSDP_CPU_RAM_EFFICIENT_LOADING", raising=False)  # the plugin writes it: restored after
+    model = build_model(spec)
+    strategy = AccelerateStrategy(_ctx(RunConfig(model=spec, model_blocks=names)), mode="fsdp")
+    plugin = strategy._fsdp_plugin(model)
+    assert strategy._unwrapped_because == reason
+    assert plugin.transformer_cls_names_to_wrap == (None if reason else find_blocks(model, names).classes)
+    assert tied_outside(model, find_blocks(model, names)) == ({id(model.unembed): "unembed"} if names else {})
 
 
 def test_checkpointing_a_model_without_blocks_or_switch_is_one_line():
