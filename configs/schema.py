@@ -29,6 +29,9 @@ class RunConfig:
     strategy: str = "single"
     model: str = "gpt-nano"
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    # Class names of the model's blocks (FSDP units, per-block compile, checkpointing), as in
+    # `model_blocks=DecoderLayer`; None: found by models/blocks.py.
+    model_blocks: Optional[list[str]] = None
     # `markov` (synthetic, known loss floor) or a path to a nanoGPT-style uint16 token file.
     data: str = "markov"
     data_samples: int = 4096  # sequences in the synthetic data set (one epoch)
@@ -160,12 +163,23 @@ def _read_yaml(path: str) -> DictConfig:
     return loaded
 
 
+# Keys holding a list of names, which also take `key=a,b` and `key=a` for `key=[a,b]`.
+LIST_KEYS = ("model_blocks",)
+
+
 def parse_overrides(args: list[str]) -> list[str]:
     """Check that each argument is `key=value` and return them as an omegaconf dotlist."""
     for arg in args:
         if "=" not in arg or arg.startswith("="):
             raise ConfigError(f"argument {arg!r} is not key=value (for example steps=20)")
-    return list(args)
+    return [_bracketed(arg) for arg in args]
+
+
+def _bracketed(arg: str) -> str:
+    key, _, value = arg.partition("=")
+    if key in LIST_KEYS and value and not value.startswith("[") and value != "null":
+        return f"{key}=[{value}]"
+    return arg
 
 
 def load_config(args: list[str], schema: type = RunConfig) -> Any:

@@ -33,6 +33,7 @@ class PlanConfig:
     # The model: a zoo name, pkg.mod:fn, hf:ConfigClass (sizes in model_kwargs), or a description.
     model: Optional[str] = None
     model_kwargs: dict[str, Any] = field(default_factory=dict)
+    model_blocks: Optional[list[str]] = None  # class names of the blocks, as for train; None: found
     params: Optional[float] = None
     layers: Optional[int] = None
     width: Optional[int] = None
@@ -98,7 +99,7 @@ def _shape(cfg: PlanConfig) -> ModelShape:
     if cfg.model and described:
         raise PlanError("give either model= or a description (params=, layers=, width=, heads=, vocab=), not both")
     if cfg.model:
-        return shape_of_spec(cfg.model, cfg.model_kwargs)
+        return shape_of_spec(cfg.model, cfg.model_kwargs, cfg.model_blocks)
     return shape_of_description(params=cfg.params, layers=cfg.layers, width=cfg.width, heads=cfg.heads,
                                 vocab=cfg.vocab, seq_len=cfg.seq_len)
 

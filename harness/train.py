@@ -28,6 +28,8 @@ from harness.determinism import make_deterministic
 from harness.noise import RoundingNoise
 from harness.optim import adamw_factory, resolve_schedule
 from harness.planner.for_run import prediction_for_run
+from models.blocks import Blocks, find_blocks
+from models.checkpointing import enable_checkpointing
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.base import DTYPES, RunContext, Strategy, StrategyError
@@ -59,16 +61,17 @@ def library_versions() -> dict[str, str | None]:
     return versions
 
 
-def _prepare_model(cfg: RunConfig) -> torch.nn.Module:
+def prepare_model(cfg: RunConfig) -> tuple[torch.nn.Module, Blocks, str | None]:
+    """The model, its blocks and what activation checkpointing recomputes (None: off).
+    Preflight calls it under the meta device, so a bad model_blocks= or a model that cannot
+    be checkpointed is one line before any worker starts."""
     # Built on the CPU from the seed, identically on every rank, before any wrapping:
     # every strategy starts from the same weights.
     seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.model_kwargs)
-    if cfg.activation_checkpointing:
-        if not hasattr(model, "activation_checkpointing"):
-            raise ValueError(f"model {cfg.model!r} has no activation_checkpointing switch")
-        model.activation_checkpointing = True
-    return model
+    blocks = find_blocks(model, cfg.model_blocks)
+    checkpointed = enable_checkpointing(model, blocks) if cfg.activation_checkpointing else None
+    return model, blocks, checkpointed
 
 
 def run(cfg: RunConfig) -> dict[str, Any]:
@@ -78,7 +81,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     strategy: Strategy | None = None
     try:
         micro_batch, grad_accum = cfg.world_batch(env.world_size)
-        model = _prepare_model(cfg)
+        model, blocks, checkpointed = prepare_model(cfg)
         shapes = param_shapes(model)
         data = load_data(
             cfg.data, vocab_size=getattr(model, "vocab_size", None), seq_len=cfg.seq_len,
@@ -102,6 +105,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         hardware.reset_peak_memory(env.device)
         noise = RoundingNoise(cfg.precision, cfg.noise_seed, env.rank) if cfg.noise_seed is not None else None
         model, _ = strategy.setup(model, adamw_factory(lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise))
+        # The discovery warning matters where the backend works block by block.
+        blocks_warning = blocks.warning if strategy.layout is not None else None
         start_step = 0
         if resume_from is not None:
             path, manifest = resume_from
@@ -124,7 +129,11 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             f"{cfg.batch_size} = {env.world_size} ranks x {micro_batch} x {grad_accum} accum | "
             f"{lr_schedule.describe()} | loss floor {_fmt(getattr(data, 'loss_floor', None))}"
             + (f" | compiled: {compiled}" if compiled else "")
+            + (f" | {strategy.layout}" if strategy.layout else "")
+            + (f" | checkpointing: {checkpointed}" if checkpointed else "")
         )
+        if blocks_warning:
+            _rank0_print(env)(f"warning: {blocks_warning}")
         started = time.time()
         metrics.start(first_step=start_step, append=start_step > 0)
         memory = None
@@ -162,6 +171,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         summary["lr_schedule"] = lr_schedule.as_dict()  # the learning rates the run used, derived ones filled in
         summary["loss_dtype"] = DTYPE_NAMES.get(loss_dtype, str(loss_dtype))
         summary["deterministic"] = determinism or False
+        summary["blocks"] = {**blocks.as_dict(), "warning": blocks_warning, "units": strategy.layout,
+                             "checkpointed": checkpointed}
         if env.is_main:
             (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         return summary

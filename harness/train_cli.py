@@ -13,7 +13,6 @@ from configs.schema import RunConfig, load_config
 from harness.distributed import launched_by_launcher
 from harness.launch import run_under_torchrun
 from models.data import TokenFileData
-from models.zoo import build_model
 from strategies.base import RunContext
 from strategies.registry import default_registry
 
@@ -23,8 +22,12 @@ def preflight(cfg: RunConfig, world_size: int) -> None:
 
     The strategy is constructed (not set up) for the planned world size: plugins check
     their options and configuration files in __init__, so those errors surface here too.
+    The model is built on the meta device and prepared as the run will (its blocks found,
+    checkpointing turned on).
     """
     import torch
+
+    from harness.train import prepare_model
 
     micro_batch, grad_accum = cfg.world_batch(world_size)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
@@ -34,7 +37,7 @@ def preflight(cfg: RunConfig, world_size: int) -> None:
     )
     default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
     with torch.device("meta"):
-        build_model(cfg.model, cfg.model_kwargs)
+        prepare_model(cfg)
     if cfg.data != "markov":
         TokenFileData(cfg.data, cfg.seq_len)
 

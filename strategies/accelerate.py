@@ -36,6 +36,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 
+from models.blocks import Blocks
 from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, compile_blocks, missing_package_reason
 from strategies.memory import MemoryBreakdown
 
@@ -48,7 +49,7 @@ FSDP_SHARDED_WEIGHTS = "pytorch_model_fsdp_0"
 
 MODES = {
     "ddp": "Accelerate driving DistributedDataParallel",
-    "fsdp": "Accelerate driving FSDP2 (fully_shard per transformer block)",
+    "fsdp": "Accelerate driving FSDP2 (fully_shard per block)",
     "zero1": "Accelerate driving DeepSpeed ZeRO-1 (optimizer state sharded)",
     "zero2": "Accelerate driving DeepSpeed ZeRO-2 (optimizer state and gradients sharded)",
     "zero3": "Accelerate driving DeepSpeed ZeRO-3 (parameters, gradients, optimizer state sharded)",
@@ -153,6 +154,7 @@ class AccelerateStrategy(Strategy):
         self.accelerator = None
         self._env_before: dict[str, str | None] = {}
         self._held_before_step: MemoryBreakdown | None = None
+        self._unwrapped_because: str | None = None  # why accelerate-fsdp left the blocks unwrapped
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -163,7 +165,7 @@ class AccelerateStrategy(Strategy):
     def compile(self, model: nn.Module) -> str:
         # FSDP and ZeRO-3 hook each block (gather and release its parameters): per block, as
         # under the native fsdp and zero3; DDP and ZeRO-1/2 take the whole model.
-        return compile_blocks(model) if self.mode in ("fsdp", "zero3") else super().compile(model)
+        return compile_blocks(model, self.find_blocks(model)) if self.mode in ("fsdp", "zero3") else super().compile(model)
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         runner_group = dist.group.WORLD
@@ -176,10 +178,24 @@ class AccelerateStrategy(Strategy):
         # On the device before the optimizer exists, so that it is built there (fused AdamW on CUDA).
         model = model.to(self.ctx.device)
         optimizer = optimizer_factory(model)
+        blocks = self.find_blocks(model)  # before ZeRO-3 empties the parameters into its partitions
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         if self.mode.startswith("zero"):
             self._measure_before_engine_steps(self.model)
+        self.layout = self._layout(blocks)
         return self.model, self.optimizer
+
+    def _layout(self, blocks: Blocks) -> str | None:
+        if self.mode == "fsdp":
+            from strategies.fsdp import fsdp_units
+
+            units = fsdp_units(self.model, blocks)
+            return f"fsdp: {units}; {self._unwrapped_because}" if self._unwrapped_because else f"fsdp: {units}"
+        if self.mode == "zero3":
+            from strategies.deepspeed import zero3_layout
+
+            return zero3_layout(blocks)
+        return None
 
     def _measure_before_engine_steps(self, engine) -> None:
         """Accelerate's DeepSpeed backward() runs the engine's step at the accumulation
@@ -237,12 +253,17 @@ class AccelerateStrategy(Strategy):
 
         if launched_by_accelerate(os.environ):
             return FullyShardedDataParallelPlugin()  # every setting from the launcher's FSDP_* environment
-        blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
-        block_classes = sorted({type(block).__name__ for block in blocks})
+        blocks = self.find_blocks(model)
+        self._unwrapped_because = _why_not_wrapped_by_class(model, blocks)
+        if self._unwrapped_because and self.ctx.rank == 0:
+            print(f"warning: accelerate-fsdp: {self._unwrapped_because}, so the blocks are not sharded one by one and "
+                  "every parameter is gathered at once for the forward; name the blocks by a class only they have with "
+                  "model_blocks=<ClassName>, or use strategy=fsdp, which shards the blocks themselves", flush=True)
+        block_classes = [] if self._unwrapped_because else blocks.classes
         return FullyShardedDataParallelPlugin(
             fsdp_version=2,
             reshard_after_forward=True,
-            # One FSDP unit per transformer block, then the root: as `fsdp` does.
+            # One FSDP unit per block, then the root: as `fsdp` does.
             auto_wrap_policy="transformer_based_wrap" if block_classes else "no_wrap",
             transformer_cls_names_to_wrap=block_classes or None,
             cpu_ram_efficient_loading=False,  # every rank already holds the same seeded weights
@@ -454,6 +475,23 @@ class AccelerateStrategy(Strategy):
                     os.environ[key] = value
             self.accelerator = None
         super().teardown()
+
+
+def _why_not_wrapped_by_class(model: nn.Module, blocks: Blocks) -> str | None:
+    """Why Accelerate's transformer_based_wrap cannot shard exactly the blocks, or None. It
+    wraps every module of the named classes (isinstance: subclasses too), not the blocks
+    themselves, and FSDP2 refuses a block whose parameter is tied to one outside it."""
+    from strategies.fsdp import tied_outside
+
+    block_ids = {id(b) for b in blocks.modules}
+    block_types = tuple({type(b) for b in blocks.modules})
+    for name, m in model.named_modules():
+        if m is not model and id(m) not in block_ids and (isinstance(m, block_types) or type(m).__name__ in blocks.classes):
+            return f"Accelerate wraps by class, and {name} is a {type(m).__name__} outside the blocks"
+    tied = tied_outside(model, blocks)
+    if tied:
+        return f"block {next(iter(tied.values()))} is tied to a parameter outside it"
+    return None
 
 
 def _innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:

@@ -19,6 +19,7 @@ from typing import Any, Callable, ClassVar, ContextManager
 import torch
 import torch.nn as nn
 
+from models.blocks import Blocks, find_blocks
 from strategies.memory import MemoryBreakdown
 
 OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
@@ -34,14 +35,13 @@ def missing_package_reason(module: str, install: str) -> str | None:
     return None
 
 
-def compile_blocks(model: nn.Module) -> str:
-    """torch.compile each transformer block in place, as torchtitan does under FSDP: a block
-    compiles once for all its copies, and the backend's per-block hooks (all-gather, reshard,
-    ZeRO-3 fetch and release) stay between the graphs. A model without blocks compiles whole."""
-    blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
-    for block in blocks or [model]:
-        block.compile()
-    return f"per block ({len(blocks)} blocks)" if blocks else "whole model"
+def compile_blocks(model: nn.Module, blocks: Blocks) -> str:
+    """torch.compile each block in place, as torchtitan does under FSDP: a block compiles
+    once for all its copies, and the backend's per-block hooks (all-gather, reshard, ZeRO-3
+    fetch and release) stay between the graphs. A model without blocks compiles whole."""
+    for module in blocks.modules or (model,):
+        module.compile()
+    return f"per block ({blocks.describe()})" if blocks.modules else "whole model"
 
 
 class StrategyError(ValueError):
@@ -82,6 +82,9 @@ class Strategy(ABC):
         self.ctx = ctx
         self.model: nn.Module | None = None
         self.optimizer: torch.optim.Optimizer | None = None
+        # What the backend did with the model's blocks (its FSDP units, the blocks its hooks
+        # work through), set by setup() for the run's header and summary; None: nothing per block.
+        self.layout: str | None = None
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -93,6 +96,10 @@ class Strategy(ABC):
         """Why this backend, with these preset options, cannot run on `device_type`
         ("cpu" or "cuda"), or None when it can. Compare skips such names with the reason."""
         return None
+
+    def find_blocks(self, model: nn.Module) -> Blocks:
+        """The model's blocks as the run names or finds them (models/blocks.py)."""
+        return find_blocks(model, getattr(self.ctx.config, "model_blocks", None))
 
     def compile(self, model: nn.Module) -> str:
         """compile=true, before setup: torch.compile `model` in place, so its state-dict

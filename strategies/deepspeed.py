@@ -37,6 +37,7 @@ from typing import Any, Iterable, Iterator
 import torch
 import torch.nn as nn
 
+from models.blocks import Blocks
 from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, compile_blocks, missing_package_reason
 from strategies.deepspeed_config import (
     check_user_config,
@@ -119,7 +120,7 @@ class DeepSpeedStrategy(Strategy):
     def compile(self, model: nn.Module) -> str:
         # ZeRO-3 fetches and releases each module's partitioned parameters in hooks around
         # it: those hooks must stay outside the graphs. ZeRO-1/2 only hook the gradients.
-        return compile_blocks(model) if self.stage == 3 else super().compile(model)
+        return compile_blocks(model, self.find_blocks(model)) if self.stage == 3 else super().compile(model)
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         deepspeed = _import_deepspeed(self.ctx)
@@ -131,6 +132,8 @@ class DeepSpeedStrategy(Strategy):
         self.config = final_config(sizing_config(model_size(model), self.stage, self.ctx.world_size), self.run_config,
                                    self.user_config)
         self._write_config()
+        if self.stage == 3:  # found before DeepSpeed empties the parameters into its partitions
+            self.layout = zero3_layout(self.find_blocks(model))
         # The runner's process group already exists: DeepSpeed wraps it, never makes its own.
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
                                                dist_init_required=False)
@@ -200,6 +203,14 @@ class DeepSpeedStrategy(Strategy):
             self.engine.destroy()
         self.engine = None
         super().teardown()
+
+
+def zero3_layout(blocks: Blocks) -> str:
+    """What ZeRO-3 does per module, for the run's report: DeepSpeed's hooks gather each
+    module's own parameters and prefetch by the order they recorded, whatever the blocks;
+    the blocks are what compile and checkpointing work through."""
+    return (f"zero3: parameters gathered module by module in DeepSpeed's hooks, prefetched in its recorded order; "
+            f"blocks for compile and checkpointing: {blocks.describe()}")
 
 
 def _import_deepspeed(ctx: RunContext) -> Any:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
+from collections import Counter
 from pathlib import Path
 from typing import Any, ContextManager, Iterator
 
@@ -23,9 +24,10 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
+from models.blocks import Blocks
 from strategies.base import OptimizerFactory, RunContext, StrategyError, compile_blocks
 from strategies.single import SingleDeviceStrategy
 
@@ -61,20 +63,26 @@ class FSDPStrategy(SingleDeviceStrategy):
         return {"mp_policy": mp, "offload_policy": offload}
 
     def compile(self, model: nn.Module) -> str:
-        return compile_blocks(model)  # each block before it is sharded: FSDP's hooks stay between the graphs
+        # Each block before it is sharded: FSDP's hooks stay between the graphs.
+        return compile_blocks(model, self.find_blocks(model))
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
         policies = self._policies()
         if not self.cpu_offload:
             model = model.to(self.ctx.device)
-        blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
+        found = self.find_blocks(model)
+        tied = tied_outside(model, found)
+        blocks = [block for block in found.modules if id(block) not in tied]
         for block in blocks:
             fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward, **policies)
         self._set_explicit_prefetch(blocks)
         # The root holds what no block does (embeddings, final norm, head); it is
         # gathered again for backward at once, so resharding it after forward buys nothing.
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward and not blocks, **policies)
+        self.layout = f"fsdp: {fsdp_units(model, found)}"
+        if tied:
+            self.layout += f" ({', '.join(tied.values())}: tied to a parameter outside, kept in the root's unit)"
         self.model = model
         self.optimizer = optimizer_factory(model)
         self.scaler = self._make_scaler()
@@ -160,6 +168,49 @@ class FSDPStrategy(SingleDeviceStrategy):
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
         return state
+
+
+def tied_outside(model: nn.Module, blocks: Blocks) -> dict[int, str]:
+    """The blocks (id -> name) that share a parameter with a module outside them, as a head
+    tied to the embedding does: FSDP2 refuses a parameter in two units, so such a block
+    stays in the root's unit."""
+    owners: dict[int, set[int]] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners.setdefault(id(p), set()).add(id(module))
+    names = {id(m): name for name, m in model.named_modules()}
+    tied = {}
+    for block in blocks.modules:
+        inside = {id(m) for m in block.modules()}
+        if any(owners[id(p)] - inside for p in block.parameters()):
+            tied[id(block)] = names[id(block)]
+    return tied
+
+
+def fsdp_units(model: nn.Module, blocks: Blocks) -> str:
+    """The FSDP units `model` has once sharded, as the run reports them: '6 units of
+    DecoderLayer + root', plus any unit outside the blocks by its class ('+ 1 LayerNorm')."""
+    units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
+    block_ids = {id(b) for b in blocks.modules}
+    in_blocks = Counter(_unwrapped_class(m) for m in units if id(m) in block_ids)
+    others = Counter(_unwrapped_class(m) for m in units if id(m) not in block_ids)
+    parts = []
+    if in_blocks:
+        n = sum(in_blocks.values())
+        what = f"of {next(iter(in_blocks))}" if len(in_blocks) == 1 else f"({_counted(in_blocks)})"
+        parts.append(f"{n} unit{'s' if n != 1 else ''} {what}")
+    if others:
+        parts.append(_counted(others))
+    return " + ".join(parts + ["root"]) if parts else "1 unit (the root)"
+
+
+def _counted(classes: Counter) -> str:
+    return " + ".join(f"{n} {name}" for name, n in classes.items())
+
+
+def _unwrapped_class(module: nn.Module) -> str:
+    """The class fully_shard derived the module's class from (FSDPLayerNorm -> LayerNorm)."""
+    return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule)).__name__
 
 
 def register_strategies(registry) -> None:

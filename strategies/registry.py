@@ -102,6 +102,7 @@ class StrategyRegistry:
         if unknown:
             listed = ", ".join(sorted(allowed)) or "none"
             raise StrategyError(f"strategy {name!r} has no option {', '.join(unknown)}: its options are {listed}")
+        _check_option_types(name, user_options, _keyword_options(entry.cls))
         strategy = entry.cls(ctx, **{**entry.options, **user_options})
         strategy.name = name
         return strategy
@@ -110,6 +111,29 @@ class StrategyRegistry:
 def _keyword_options(cls: type[Strategy]) -> dict[str, Any]:
     params = inspect.signature(cls.__init__).parameters.values()
     return {p.name: None if p.default is p.empty else p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+
+# What a value must be, in words, for each option type a plugin's keyword default can have.
+_TYPE_WORDS = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+
+
+def _check_option_types(name: str, options: dict[str, Any], defaults: dict[str, Any]) -> None:
+    """Each option must have the type of the plugin's default for it (an int will do for a
+    float; a bool is not a number here). Options whose default is None take anything."""
+    for key, value in options.items():
+        default = defaults.get(key)
+        expected = type(default)
+        if default is None or expected not in _TYPE_WORDS:
+            continue
+        if expected is bool:
+            fits = isinstance(value, bool)
+        else:
+            accepted = (int, float) if expected is float else expected
+            fits = isinstance(value, accepted) and not isinstance(value, bool)
+        if not fits:
+            example = str(default).lower() if expected is bool else default
+            raise StrategyError(f"strategy {name!r}: strategy_options.{key}={value!r} must be {_TYPE_WORDS[expected]} "
+                                f"({expected.__name__}), e.g. strategy_options.{key}={example}")
 
 
 def _load_entry_points(registry: StrategyRegistry) -> None:

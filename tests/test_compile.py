@@ -16,8 +16,8 @@ TOLERANCE = 1e-4
     ("single", 1, "whole model"),
     ("ddp", 2, "whole model"),
     ("accelerate-zero2", 2, "whole model"),
-    ("fsdp", 2, "per block (2 blocks)"),
-    ("zero3", 2, "per block (2 blocks)"),
+    ("fsdp", 2, "per block (2 Block)"),
+    ("zero3", 2, "per block (2 Block)"),
 ])
 def test_compiled_run_matches_eager_single(tmp_path, strategy, nproc, compiled, reference_run):
     summary, rows = train(tmp_path, strategy, nproc, extra=["compile=true"])

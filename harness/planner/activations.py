@@ -20,15 +20,24 @@ makes. Under autocast the residual stream stays fp32 (the embeddings' dtype) and
 in bf16; FSDP's policy and DeepSpeed run everything in the low precision. With activation
 checkpointing each block keeps only its input and one block's activations are rebuilt at a
 time. tests/test_plan.py checks the saved-tensor part against autograd's own saved tensors.
+
+A model with no transformer sizes (a user's model) has its activations traced instead
+(activation_trace.py): the same accounting, measured rather than counted from shapes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from harness.planner.activation_trace import TraceError
 from harness.planner.memory import BYTES
 from harness.planner.model_shape import ModelShape, TransformerDims
 
 LOSS_BYTES_PER_LOGIT = 12
+# Of those, the log-softmax's incoming gradient and the one it makes (fp32): made in backward,
+# never saved, so a trace of the forward does not see them.
+LOSS_GRADIENT_BYTES_PER_LOGIT = 8
 LOGSUMEXP_BYTES = 4
 NORM_STATS_BYTES = {False: 8, True: 4}  # per token: LayerNorm's mean and 1/std; RMSNorm's 1/rms (fp32)
 
@@ -82,10 +91,12 @@ def head_bytes_per_token(dims: TransformerDims, precision: str, mixed_precision:
 
 def activations(shape: ModelShape, *, micro_batch: int, seq_len: int, precision: str, mixed_precision: str,
                 checkpointing: bool) -> Activations | None:
-    """One micro-batch's activations on one GPU; None for a model that is not a known transformer."""
+    """One micro-batch's activations on one GPU; None where they are unknown (a model neither
+    a known transformer nor traceable on the meta device: shape.note says which)."""
     dims = shape.dims
     if dims is None:
-        return None
+        return _traced(shape, micro_batch=micro_batch, seq_len=seq_len, precision=precision,
+                       mixed_precision=mixed_precision, checkpointing=checkpointing)
     tokens = micro_batch * seq_len
     block = block_bytes_per_token(dims, precision, mixed_precision) * tokens
     head = head_bytes_per_token(dims, precision, mixed_precision) * tokens
@@ -95,3 +106,26 @@ def activations(shape: ModelShape, *, micro_batch: int, seq_len: int, precision:
         # The head's loss buffers are freed before the first block is rebuilt.
         return Activations(blocks=kept_inputs, head=head, rebuilt=max(0, block - head))
     return Activations(blocks=dims.layers * block, head=head)
+
+
+TRACE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def _traced(shape: ModelShape, *, micro_batch: int, seq_len: int, precision: str, mixed_precision: str,
+            checkpointing: bool) -> Activations | None:
+    """The same accounting as the formulas, from a trace: what the blocks and the rest save,
+    plus the loss's gradient buffers over the vocabulary that autograd does not save."""
+    if shape.tracer is None:
+        return None
+    # Only a backend that casts the whole model runs the trace's ops in the low precision.
+    low = precision != "fp32" and mixed_precision == "low_precision"
+    try:
+        traced = shape.tracer.trace(micro_batch, seq_len, TRACE_DTYPES[precision] if low else torch.float32)
+    except TraceError:
+        return None
+    vocab = shape.tracer.vocab or 0
+    head = traced.rest + LOSS_GRADIENT_BYTES_PER_LOGIT * micro_batch * seq_len * vocab
+    if checkpointing and traced.blocks:
+        # The head's loss buffers are freed before the first block is rebuilt.
+        return Activations(blocks=sum(traced.block_inputs), head=head, rebuilt=max(0, max(traced.blocks) - head))
+    return Activations(blocks=sum(traced.blocks), head=head)

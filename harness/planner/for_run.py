@@ -26,7 +26,7 @@ def prediction_for_run(cfg: Any, world_size: int, nodes: int, device: torch.devi
     micro_batch, grad_accum = cfg.world_batch(world_size)
     on_gpu = device.type == "cuda"
     q = Question(
-        shape=shape_of_spec(cfg.model, cfg.model_kwargs), gpus=world_size, nodes=nodes,
+        shape=shape_of_spec(cfg.model, cfg.model_kwargs, cfg.model_blocks), gpus=world_size, nodes=nodes,
         gpu_mem_bytes=torch.cuda.get_device_properties(device).total_memory if on_gpu else float("inf"),
         micro_batch=micro_batch, grad_accum=grad_accum, seq_len=cfg.seq_len, precision=cfg.precision,
         checkpointing=cfg.activation_checkpointing,

@@ -9,13 +9,17 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.nn as nn
 
+from harness.planner.activation_trace import ActivationTracer, TraceError
+from models.blocks import Blocks, find_blocks
 from models.zoo import build_model
+
+PROBE_SEQ_LEN = 8  # tokens of the trial trace that tells whether a model can be traced at all
 
 
 class PlanError(ValueError):
@@ -27,7 +31,7 @@ class ParamTensor:
     """One parameter tensor (tied weights appear once)."""
 
     shape: tuple[int, ...]
-    block: int | None  # index of the transformer block holding it; None: the root (embeddings, final norm, head)
+    block: int | None  # index of the block holding it (models/blocks.py); None: the root (embeddings, final norm, head)
 
     @property
     def numel(self) -> int:
@@ -55,7 +59,9 @@ class ModelShape:
     flops_params: int  # N of 6N: position embeddings left out
     dims: TransformerDims | None  # None for a model that is not a recognisable transformer
     tensors: tuple[ParamTensor, ...] | None  # None when only a parameter count was given
-    note: str = ""  # how the shape was obtained where it was not read from a model
+    note: str = ""  # how the shape was obtained where it was not read from a model, and what was assumed
+    # Measures activations where no formula applies (dims is None); None where none can be traced.
+    tracer: ActivationTracer | None = field(default=None, compare=False, repr=False)
 
     def matrix_width(self) -> int | None:
         """The size most weight matrices share, as strategies/deepspeed_config.model_hidden_size counts it."""
@@ -92,7 +98,7 @@ class ModelShape:
         return self.dims.vocab * self.dims.width + self.dims.width
 
 
-def _dims_of(model: nn.Module) -> TransformerDims | None:
+def _dims_of(model: nn.Module, blocks: Blocks) -> TransformerDims | None:
     config = getattr(model, "config", None)
     if config is None:
         return None
@@ -103,9 +109,9 @@ def _dims_of(model: nn.Module) -> TransformerDims | None:
         width, heads = int(config.hidden_size), int(config.num_attention_heads)
         head_dim = getattr(config, "head_dim", None) or width // heads
         ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * width
-        blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
-        names = [name for block in blocks[:1] for name, _ in block.named_parameters()]
-        norms = [type(m).__name__ for block in blocks[:1] for m in block.modules()]
+        first = blocks.modules[:1]
+        names = [name for block in first for name, _ in block.named_parameters()]
+        norms = [type(m).__name__ for block in first for m in block.modules()]
         return TransformerDims(
             int(config.num_hidden_layers), width, heads, int(head_dim),
             int(getattr(config, "num_key_value_heads", None) or heads), int(ffn), int(config.vocab_size),
@@ -115,25 +121,57 @@ def _dims_of(model: nn.Module) -> TransformerDims | None:
     return None
 
 
-def shape_of_module(name: str, model: nn.Module) -> ModelShape:
-    """The shape of a built model (any device, meta included)."""
-    blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
+def shape_of_module(name: str, model: nn.Module, block_names: list[str] | None = None) -> ModelShape:
+    """The shape of a built model (any device, meta included); `block_names` as model_blocks=."""
+    blocks = find_blocks(model, block_names)
     block_of: dict[int, int] = {}
-    for index, block in enumerate(blocks):
+    for index, block in enumerate(blocks.modules):
         for p in block.parameters():
             block_of.setdefault(id(p), index)
     unique = {id(p): p for p in model.parameters()}
     tensors = tuple(ParamTensor(tuple(p.shape), block_of.get(key)) for key, p in unique.items())
     total = sum(t.numel for t in tensors)
     flops_params = int(model.num_params()) if hasattr(model, "num_params") else total
-    return ModelShape(name, total, flops_params, _dims_of(model), tensors)
+    dims = _dims_of(model, blocks)
+    if dims is not None:
+        return ModelShape(name, total, flops_params, dims, tensors)
+    tracer, note = _activation_tracer(model, blocks)
+    return ModelShape(name, total, flops_params, None, tensors, note, tracer)
 
 
-def shape_of_spec(spec: str, model_kwargs: dict[str, Any] | None = None) -> ModelShape:
+def _activation_tracer(model: nn.Module, blocks: Blocks) -> tuple[ActivationTracer | None, str]:
+    """A tracer for a model without transformer sizes, and the note that says what it assumes."""
+    vocab, vocab_note = _vocab(model)
+    tracer = ActivationTracer(model, blocks, vocab)
+    try:
+        tracer.trace(1, PROBE_SEQ_LEN)
+    except TraceError as exc:
+        return None, (f"activations unknown: the model does not run on the meta device ({exc}), so they cannot be "
+                      "traced and the peak is not predicted")
+    found = f"{blocks.describe()} ({blocks.found_by})" if blocks.modules else "none found, so no checkpointing"
+    return tracer, ("activations traced: what autograd saves in one micro-batch's forward on the meta device, in fp32 "
+                    "or cast to bf16/fp16 where the backend runs in it (under autocast the fp32 figure, an upper "
+                    f"bound); blocks: {found}; {vocab_note}")
+
+
+def _vocab(model: nn.Module) -> tuple[int | None, str]:
+    """The vocabulary the loss's backward buffers span, and how it was known."""
+    vocab = getattr(model, "vocab_size", None)
+    if isinstance(vocab, int):
+        return vocab, f"the loss's backward buffers over its vocabulary of {vocab}"
+    tables = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
+    if tables:
+        return max(tables), (f"the model has no vocab_size: vocabulary assumed {max(tables)} (its largest embedding) "
+                             "for the loss's backward buffers")
+    return None, "the model has no vocab_size or embedding: the loss's backward buffers are left out"
+
+
+def shape_of_spec(spec: str, model_kwargs: dict[str, Any] | None = None,
+                  block_names: list[str] | None = None) -> ModelShape:
     """A zoo preset, an import path or an `hf:` spec, built on the meta device."""
     with torch.device("meta"):
         model = build_model(spec, model_kwargs)
-    return shape_of_module(spec, model)
+    return shape_of_module(spec, model, block_names)
 
 
 GPT2_VOCAB = 50304
