@@ -1,19 +1,39 @@
-"""Device facts for the figures: peak matmul throughput (for MFU) and peak memory."""
+"""Device facts for the figures and the planner: peak matmul throughput (for MFU), memory
+bandwidth and size, and peak memory in use."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
-# Dense peak FLOP/s by precision (no sparsity), from the vendors' data sheets.
-# fp32 is the plain (non-TF32) rate: parabench runs fp32 as real fp32.
-PEAK_FLOPS = {
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12},
-    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12},
-    "L40S": {"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12},
-    "A10G": {"bf16": 70e12, "fp16": 70e12, "fp32": 31.2e12},
-    "L4": {"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12},
+
+@dataclass(frozen=True)
+class GPUSpec:
+    """A GPU as the vendor's data sheet gives it."""
+
+    peak_flops: dict[str, float]  # dense (no sparsity) FLOP/s by precision; fp32 is plain, not TF32
+    memory_gb: float  # per card, 1e9 bytes (the common variant where there are two)
+    hbm_bytes_per_s: float  # memory bandwidth
+
+
+# Most specific names first: "H100 PCIe" must match before "H100".
+GPUS = {
+    "H200": GPUSpec({"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 141, 4.8e12),
+    "H100 PCIe": GPUSpec({"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}, 80, 2.0e12),
+    "H100": GPUSpec({"bf16": 989e12, "fp16": 989e12, "fp32": 67e12}, 80, 3.35e12),
+    "A100": GPUSpec({"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}, 80, 2.0e12),
+    "L40S": GPUSpec({"bf16": 362e12, "fp16": 362e12, "fp32": 91.6e12}, 48, 0.864e12),
+    "A10G": GPUSpec({"bf16": 70e12, "fp16": 70e12, "fp32": 31.2e12}, 24, 0.6e12),
+    "L4": GPUSpec({"bf16": 121e12, "fp16": 121e12, "fp32": 30.3e12}, 24, 0.3e12),
 }
+PEAK_FLOPS = {name: spec.peak_flops for name, spec in GPUS.items()}
+
+
+def gpu_spec(name: str) -> GPUSpec | None:
+    """The spec of a GPU by (part of) its name, as `torch.cuda.get_device_name` or a user writes it."""
+    lowered = name.strip().lower()
+    exact = next((spec for key, spec in GPUS.items() if key.lower() == lowered), None)
+    return exact or next((spec for key, spec in GPUS.items() if key.lower() in lowered), None)
 
 
 def device_name(device: torch.device) -> str:
@@ -24,13 +44,8 @@ def device_name(device: torch.device) -> str:
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
     """Peak FLOP/s of one device at this precision, or None where unknown (CPUs)."""
-    if device.type != "cuda":
-        return None
-    name = device_name(device)
-    for key, table in PEAK_FLOPS.items():  # most specific names come first
-        if key in name:
-            return table[precision]
-    return None
+    spec = gpu_spec(device_name(device)) if device.type == "cuda" else None
+    return spec.peak_flops[precision] if spec else None
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -9,22 +9,24 @@ and a GPU count not yet run, and recommend one.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Optional
 
 from configs.schema import PRECISIONS, load_config
-from harness.hardware import PEAK_FLOPS
+from harness.hardware import GPUS, gpu_spec
+from harness.planner.calibration import calibrate_from, default_factors
 from harness.planner.backends import known_backends
+from harness.planner.engines import engine_differences
 from harness.planner.comm import INTER_NODE, INTERCONNECTS, Topology, parse_link
+from harness.planner.compute import HBM_EFFICIENCY, MATMUL_EFFICIENCY
 from harness.planner.memory import zero_paper_bytes_per_gpu
 from harness.planner.model_shape import ModelShape, PlanError, shape_of_description, shape_of_spec
 from harness.planner.predict import Question, StrategyPlan, plan_all
+from harness.planner.speed import SpeedFactors
 from harness.planner.recommend import Recommendation, recommend
 
 GB = 1e9
-# Memory per card of the GPUs hardware.PEAK_FLOPS knows (the common variant where there are two).
-GPU_MEMORY_GB = {"H200": 141, "H100 PCIe": 80, "H100": 80, "A100": 80, "L40S": 48, "A10G": 24, "L4": 24}
 FORMATS = ("table", "json")
 
 
@@ -45,7 +47,12 @@ class PlanConfig:
     gpu: str = "H100"
     gpu_mem_gb: Optional[float] = None  # default: the card's
     peak_tflops: Optional[float] = None  # default: the card's dense peak at this precision
-    mfu: float = 0.4  # model flops utilisation the compute is assumed to reach
+    hbm_tb_s: Optional[float] = None  # default: the card's memory bandwidth, TB/s
+    # Speed: the compute model with factors measured by `calibrate=<compare or train out_dir>` on
+    # this machine, or, without it, those of the reference H100 run shipped with parabench.
+    calibrate: Optional[str] = None
+    mfu: Optional[float] = None  # set: compute at this fixed MFU instead of the compute model
+    compile: bool = False  # plan for compile=true runs (most elementwise work fused)
     interconnect: str = "nvlink"  # inside a node: nvlink | pcie | infiniband | GB/s
     inter_node: str = "infiniband"  # between nodes: infiniband | ethernet | GB/s
     # The run.
@@ -83,15 +90,22 @@ def _grad_accum(cfg: PlanConfig) -> int:
     return accum
 
 
-def _gpu_facts(cfg: PlanConfig) -> tuple[float, float]:
-    """(memory bytes, peak flop/s) per GPU."""
-    known = next((k for k in PEAK_FLOPS if k.lower() == cfg.gpu.strip().lower()), None)
-    if known is None and (cfg.gpu_mem_gb is None or cfg.peak_tflops is None):
-        raise PlanError(f"unknown gpu {cfg.gpu!r}: use one of {', '.join(PEAK_FLOPS)}, "
-                        "or give gpu_mem_gb= and peak_tflops= for another card")
-    memory = cfg.gpu_mem_gb if cfg.gpu_mem_gb is not None else GPU_MEMORY_GB[known]
-    flops = cfg.peak_tflops * 1e12 if cfg.peak_tflops is not None else PEAK_FLOPS[known][cfg.precision]
-    return memory * GB, flops
+def _gpu_facts(cfg: PlanConfig) -> tuple[float, float, float]:
+    """(memory bytes, peak flop/s, memory bandwidth bytes/s) per GPU."""
+    spec = gpu_spec(cfg.gpu)
+    if spec is None and None in (cfg.gpu_mem_gb, cfg.peak_tflops, cfg.hbm_tb_s):
+        raise PlanError(f"unknown gpu {cfg.gpu!r}: use one of {', '.join(GPUS)}, "
+                        "or give gpu_mem_gb=, peak_tflops= and hbm_tb_s= for another card")
+    memory = cfg.gpu_mem_gb if cfg.gpu_mem_gb is not None else spec.memory_gb
+    flops = cfg.peak_tflops * 1e12 if cfg.peak_tflops is not None else spec.peak_flops[cfg.precision]
+    bandwidth = cfg.hbm_tb_s * 1e12 if cfg.hbm_tb_s is not None else spec.hbm_bytes_per_s
+    return memory * GB, flops, bandwidth
+
+
+def speed_factors(cfg: PlanConfig) -> SpeedFactors:
+    """Measured on this machine (calibrate=), else the reference run's; mfu= fixes the compute instead."""
+    factors = calibrate_from(Path(cfg.calibrate))[0] if cfg.calibrate else default_factors()
+    return replace(factors, fixed_mfu=cfg.mfu) if cfg.mfu is not None else factors
 
 
 def _shape(cfg: PlanConfig) -> ModelShape:
@@ -126,8 +140,8 @@ def strategy_names(cfg: PlanConfig) -> list[str]:
 def question(cfg: PlanConfig) -> Question:
     """Check the options and turn them into a planning question (one-line errors)."""
     _positive(cfg, "params", "layers", "width", "heads", "vocab", "gpus", "nodes", "gpu_mem_gb", "peak_tflops",
-              "micro_batch", "batch_size", "seq_len")
-    if not 0 < cfg.mfu <= 1:
+              "hbm_tb_s", "micro_batch", "batch_size", "seq_len")
+    if cfg.mfu is not None and not 0 < cfg.mfu <= 1:
         raise PlanError(f"mfu={cfg.mfu} must be in (0, 1]: the share of the peak flops the compute reaches")
     if cfg.gpus % cfg.nodes:
         raise PlanError(f"gpus={cfg.gpus} does not split over nodes={cfg.nodes}: give a multiple of {cfg.nodes}")
@@ -138,12 +152,12 @@ def question(cfg: PlanConfig) -> Question:
     topology = Topology(cfg.gpus, cfg.nodes, parse_link(cfg.interconnect, INTERCONNECTS, "interconnect"),
                         parse_link(cfg.inter_node, INTER_NODE, "inter_node link"))
     grad_accum = _grad_accum(cfg)
-    memory, flops = _gpu_facts(cfg)
+    memory, flops, bandwidth = _gpu_facts(cfg)
     return Question(
         shape=_shape(cfg), gpus=cfg.gpus, nodes=cfg.nodes, gpu_mem_bytes=memory, micro_batch=cfg.micro_batch,
         grad_accum=grad_accum, seq_len=cfg.seq_len, precision=cfg.precision,
-        checkpointing=cfg.activation_checkpointing, topology=topology, peak_flops=flops, mfu=cfg.mfu,
-        strategy_options=dict(cfg.strategy_options),
+        checkpointing=cfg.activation_checkpointing, topology=topology, peak_flops=flops, hbm_bytes_per_s=bandwidth,
+        factors=speed_factors(cfg), strategy_options=dict(cfg.strategy_options), compiled=cfg.compile,
     )
 
 
@@ -183,12 +197,43 @@ def _heading(cfg: PlanConfig, q: Question) -> list[str]:
         f"parabench plan | {s.name} ({shape})",
         f"  {q.topology.describe()} | {cfg.gpu} {q.gpu_mem_bytes / GB:.0f} GB | {q.precision} | micro-batch "
         f"{q.micro_batch} x {q.seq_len} tokens x {q.grad_accum} accumulation | checkpointing "
-        f"{'on' if q.checkpointing else 'off'} | compute at {q.mfu:.0%} MFU of {(q.peak_flops or 0) / 1e12:.0f} TFLOP/s",
+        f"{'on' if q.checkpointing else 'off'}" + (" | compiled" if q.compiled else ""),
+        *(f"  {line}" for line in basis_lines(q)),
     ]
     if s.note:
         lines.append(f"  note: {s.note}")
     lines.append("  GB = 1e9 bytes, per GPU; peak = predicted peak allocated; fits = peak within 90% of the card")
     return lines
+
+
+def basis_lines(q: Question) -> list[str]:
+    """Which of the plan's figures rest on a measurement of this machine, and which are assumed."""
+    f = q.factors
+    where = "measured" if f.measured else "assumed"
+    if f.fixed_mfu is not None:
+        compute = f"compute at {f.fixed_mfu:.0%} MFU of {(q.peak_flops or 0) / 1e12:.0f} TFLOP/s (mfu=, as given)"
+    else:
+        compute = (f"compute: matmuls at {MATMUL_EFFICIENCY:.0%} of {(q.peak_flops or 0) / 1e12:.0f} TFLOP/s and "
+                   f"memory-bound work at {HBM_EFFICIENCY:.0%} of {(q.hbm_bytes_per_s or 0) / 1e12:.2g} TB/s, "
+                   f"x {f.compute_scale:.2f} ({where})")
+    link = q.topology.link
+    lines = [f"speed: {compute}",
+             f"backend overheads and offload host steps {where} from {f.basis}",
+             f"communication assumed: {link.name} at {link.gb_per_s:g} GB/s per GPU"
+             + ("" if q.topology.nodes == 1 else f" ({q.topology.intra.name} inside a node)")]
+    if f.memory_per_param:
+        lines.append("memory: the model's, plus what the calibration run measured beyond it, scaled by parameters")
+    if not f.measured:
+        lines.append("calibrate=<out_dir of a compare on this machine> replaces the assumed figures with measured ones")
+    return lines
+
+
+def unmodelled(plans: list[StrategyPlan], q: Question) -> list[str]:
+    """What the memory model is known to leave out, where no calibration has measured it."""
+    return [f"{p.name}: DeepSpeed's GPU staging of offloaded parameters is not modelled (an H100 measured 4% above "
+            "this kind of peak at gpt2-124m, micro-batch 4); calibrate= adds what your compare measures."
+            for p in plans if p.backend.engine == "deepspeed" and p.backend.offload_params
+            and p.name not in q.factors.memory_per_param]
 
 
 PAPER_STAGES = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3}
@@ -210,6 +255,7 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
         "strategies": [p.as_dict() for p in plans],
         "zero_paper_model_states_bytes": zero_paper_view(q),
         "recommendation": rec.as_dict(),
+        "same_engine": engine_differences(plans, q),
     }
 
 
@@ -231,6 +277,7 @@ def main(args: list[str]) -> int:
         lines = _heading(cfg, q) + [""] + _table(plans) + [
             f"ZeRO paper's accounting (mixed-precision Adam, K=12), model states per GPU: {paper}.",
             "The columns are what each backend as installed holds: DeepSpeed's ZeRO-1 reduces gradients into "
-            "its partition during the last micro-step's backward, so it keeps ZeRO-2's gradients at rest.", ""] + rec.lines
+            "its partition during the last micro-step's backward, so it keeps ZeRO-2's gradients at rest.",
+            *engine_differences(plans, q), *unmodelled(plans, q), ""] + rec.lines
         print("\n".join(lines + [f"wrote {p}" for p in plots]))
     return 0

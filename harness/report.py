@@ -11,6 +11,8 @@ from harness import report_figures as figures
 from harness.recommend import recommend
 from harness.report_document import (Block, Bullets, Figure, Heading, Paragraph, Preformatted, Table, human_bytes,
                                      to_html, to_markdown)
+from harness.planner.calibration import calibrate_from
+from harness.planner.model_shape import PlanError
 from harness.results import StrategyResult, load_metrics, read_results
 from harness.verdict import NoiseBand, bound_at, floor_of
 
@@ -108,6 +110,7 @@ def _blocks(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResu
         if path is not None:
             blocks += [Heading(heading), Figure(path, caption)]
     blocks += _predictions(ran)
+    blocks += _calibration(compare_dir, sweep)
     blocks += _batch_search(sweep.get("batch_search"))
     blocks += _problems(results)
     blocks += _environment(sweep)
@@ -222,6 +225,24 @@ def _predictions(ran: list[StrategyResult]) -> list[Block]:
             Paragraph("The planner's prediction for each run beside what the run measured: "
                       "`predicted / measured (error)`, where error = (predicted - measured) / measured."),
             Table(["strategy"] + [label for _, label, _ in columns], rows, right_aligned=set(range(1, len(columns) + 1)))]
+
+
+def _calibration(compare_dir: Path, sweep: dict[str, Any]) -> list[Block]:
+    """What this machine measured against what the planner assumes, fitted as `plan calibrate=` fits it."""
+    try:
+        factors, rows = calibrate_from(compare_dir)
+    except PlanError as exc:  # a CPU run, or no `single`: nothing the planner can calibrate from
+        return [Heading("Calibration"), Paragraph(f"Not calibrated: {exc}")] if sweep.get("device_type") == "cuda" else []
+    table = [[f"`{r.strategy}`", f"{r.measured_s * 1e3:.1f}", f"{r.compute_s * 1e3:.1f}", f"{r.exposed_comm_s * 1e3:.1f}",
+              r.fitted, human_bytes(r.memory_missed_bytes) if r.memory_missed_bytes is not None else "n/a"] for r in rows]
+    config = sweep.get("config", {})
+    return [Heading("Calibration"),
+            Paragraph(f"The planner's speed model fitted to this machine (`harness/planner/calibration.py`): compute "
+                      f"scale {factors.compute_scale:.2f} against the compute model, then what each strategy measured "
+                      f"beyond it, per unit of its backend's own work. `python runner.py plan calibrate={compare_dir} "
+                      f"model={config.get('model')} gpus=...` predicts other sizes and GPU counts from these figures."),
+            Table(["strategy", "measured step ms", "model compute ms", "exposed comm ms", "fitted", "peak the model missed"],
+                  table, right_aligned={1, 2, 3, 5})]
 
 
 def _predicted_cell(predicted: float | None, measured: float | None, kind: str) -> str:

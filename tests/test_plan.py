@@ -18,6 +18,7 @@ from harness.plan import PlanConfig, question, strategy_names
 from harness.planner.activations import LOSS_BYTES_PER_LOGIT, activations
 from harness.planner.buffers import matmul_weights
 from harness.planner.comm import INTERCONNECTS, Topology
+from harness.planner.compute import MATMUL_EFFICIENCY
 from harness.planner.memory import zero_paper_bytes_per_gpu
 from harness.planner.model_shape import shape_of_description, shape_of_module, shape_of_spec
 from harness.planner.predict import plan_strategy
@@ -216,8 +217,12 @@ def test_step_time_is_compute_plus_what_cannot_hide():
     q, plans = plan(model="gpt2-124m", gpus=1, micro_batch=4, precision="bf16", strategies=["single", "ddp"])
     flops = shape_of_spec("gpt2-124m").flops_per_token(1024) * 4 * 1024
     single = plans["single"].time
-    assert single.compute_s == pytest.approx(flops / (989e12 * 0.4))
-    assert single.exposed_comm_s == 0 and single.efficiency == 1
+    work = single.work
+    assert work.matmul_s == pytest.approx(flops / (989e12 * MATMUL_EFFICIENCY))
+    assert single.compute_s == pytest.approx((work.micro_step_s + work.optimizer_s) * q.factors.compute_scale)
+    assert single.exposed_comm_s == single.overhead_s == 0 and single.efficiency == 1
+    _, fixed = plan(model="gpt2-124m", gpus=1, micro_batch=4, precision="bf16", strategies=["single"], mfu=0.4)
+    assert fixed["single"].time.compute_s == pytest.approx(flops / (989e12 * 0.4))  # mfu=: the old fixed rate
     assert single.tokens_per_s == pytest.approx(4 * 1024 / single.step_s)
     _, nvlink = plan(model="gpt2-1.5b", gpus=16, nodes=2, micro_batch=1, strategies=["ddp"])
     _, pcie = plan(model="gpt2-1.5b", gpus=16, nodes=2, micro_batch=1, strategies=["ddp"], interconnect="pcie",

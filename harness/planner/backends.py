@@ -87,6 +87,15 @@ BACKENDS: dict[str, Backend] = {**_TORCH, **_DEEPSPEED}
 DDP_BUCKET_CAP_MB = 25.0
 
 
+def counterpart(backend: Backend, *, offload: bool, via_accelerate: bool) -> str | None:
+    """The strategy with the same engine, stage and resharding, but with (or without) offload and
+    Accelerate as asked: zero3 for zero3-offload, fsdp for accelerate-fsdp."""
+    same = ("engine", "stage", "reshard_after_forward", "data_parallel")
+    return next((b.name for b in BACKENDS.values()
+                 if all(getattr(b, key) == getattr(backend, key) for key in same)
+                 and b.offload_optimizer == offload and b.via_accelerate == via_accelerate), None)
+
+
 def known_backends() -> list[str]:
     return list(BACKENDS)
 

@@ -8,12 +8,12 @@ import torch
 
 from harness import hardware
 from harness.planner.backends import known_backends
+from harness.planner.calibration import default_factors
 from harness.planner.comm import INTER_NODE, INTERCONNECTS, Topology
 from harness.planner.model_shape import shape_of_spec
 from harness.planner.predict import Question, plan_strategy
+from harness.planner.speed import SpeedFactors
 from strategies.memory import CATEGORIES
-
-DEFAULT_MFU = 0.4  # the MFU `runner.py plan` assumes unless told
 
 
 def prediction_for_run(cfg: Any, world_size: int, nodes: int, device: torch.device) -> dict[str, Any]:
@@ -25,19 +25,23 @@ def prediction_for_run(cfg: Any, world_size: int, nodes: int, device: torch.devi
         return {**dict.fromkeys(keys), "note": f"the planner has no model of strategy {cfg.strategy!r}"}
     micro_batch, grad_accum = cfg.world_batch(world_size)
     on_gpu = device.type == "cuda"
+    spec = hardware.gpu_spec(hardware.device_name(device)) if on_gpu else None
     q = Question(
         shape=shape_of_spec(cfg.model, cfg.model_kwargs, cfg.model_blocks), gpus=world_size, nodes=nodes,
         gpu_mem_bytes=torch.cuda.get_device_properties(device).total_memory if on_gpu else float("inf"),
         micro_batch=micro_batch, grad_accum=grad_accum, seq_len=cfg.seq_len, precision=cfg.precision,
         checkpointing=cfg.activation_checkpointing,
         topology=Topology(world_size, nodes, INTERCONNECTS["nvlink"], INTER_NODE["infiniband"]),
-        peak_flops=hardware.peak_flops(device, cfg.precision), mfu=DEFAULT_MFU,
-        strategy_options=dict(cfg.strategy_options),
+        peak_flops=spec.peak_flops[cfg.precision] if spec else None,
+        hbm_bytes_per_s=spec.hbm_bytes_per_s if spec else None,
+        factors=default_factors() if spec else SpeedFactors(),  # no speed is predicted off a known GPU
+        strategy_options=dict(cfg.strategy_options), compiled=cfg.compile,
     )
     plan = plan_strategy(cfg.strategy, q)
     return {
         **{f"mem_{c}_bytes": plan.states.total(c) for c in CATEGORIES},
         "peak_mem_allocated_bytes": plan.peak_bytes if on_gpu else None,
         "tokens_per_s": plan.time.tokens_per_s if plan.time else None,
-        "assumed": f"MFU {DEFAULT_MFU:.0%}, nvlink inside a node, infiniband between" if plan.time else None,
+        "assumed": (f"speed factors {q.factors.basis}; nvlink inside a node, infiniband between"
+                    if plan.time else None),
     }

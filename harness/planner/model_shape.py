@@ -62,6 +62,7 @@ class ModelShape:
     note: str = ""  # how the shape was obtained where it was not read from a model, and what was assumed
     # Measures activations where no formula applies (dims is None); None where none can be traced.
     tracer: ActivationTracer | None = field(default=None, compare=False, repr=False)
+    param_modules: int | None = None  # modules holding parameters directly (ZeRO-3 fetches each); None: unknown
 
     def matrix_width(self) -> int | None:
         """The size most weight matrices share, as strategies/deepspeed_config.model_hidden_size counts it."""
@@ -133,10 +134,11 @@ def shape_of_module(name: str, model: nn.Module, block_names: list[str] | None =
     total = sum(t.numel for t in tensors)
     flops_params = int(model.num_params()) if hasattr(model, "num_params") else total
     dims = _dims_of(model, blocks)
+    holders = sum(1 for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
     if dims is not None:
-        return ModelShape(name, total, flops_params, dims, tensors)
+        return ModelShape(name, total, flops_params, dims, tensors, param_modules=holders)
     tracer, note = _activation_tracer(model, blocks)
-    return ModelShape(name, total, flops_params, None, tensors, note, tracer)
+    return ModelShape(name, total, flops_params, None, tensors, note, tracer, param_modules=holders)
 
 
 def _activation_tracer(model: nn.Module, blocks: Blocks) -> tuple[ActivationTracer | None, str]:
@@ -209,7 +211,7 @@ def shape_of_description(*, params: float | None, layers: int | None, width: int
         return shape
     # A count given beside the sizes wins for the model states; the sizes still shape activations.
     return ModelShape(f"{params:.3g} params, {shape.name}", int(params), int(params), shape.dims, None,
-                      "parameter count as given; layer sizes as described")
+                      "parameter count as given; layer sizes as described", param_modules=shape.param_modules)
 
 
 def _shape_from_count(params: int, vocab: int, heads: int | None) -> ModelShape:

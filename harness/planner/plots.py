@@ -58,7 +58,8 @@ def scaling_chart(q: Question, names: list[str], path: Path) -> Path:
     axes[0].set_ylabel("predicted scaling efficiency vs 1 GPU")
     axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
     fig.suptitle(f"{q.shape.name}: {q.micro_batch} x {q.seq_len} tokens per GPU per micro-step, {q.grad_accum} "
-                 f"accumulation, {q.precision}, MFU {q.mfu:.0%} (missing points: does not fit)", fontsize=10)
+                 f"accumulation, {q.precision}, speed {'measured' if q.factors.measured else 'assumed'} "
+                 "(missing points: does not fit)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)

@@ -13,7 +13,7 @@ from harness.planner.buffers import Buffers, backend_buffers
 from harness.planner.comm import Collective, Topology, collectives
 from harness.planner.memory import GPU, model_states
 from harness.planner.model_shape import ModelShape
-from harness.planner.speed import StepTime, step_time
+from harness.planner.speed import SpeedFactors, StepTime, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
 # Peak allocated may use this share of the card; the rest goes to the CUDA context, cuBLAS
@@ -34,8 +34,10 @@ class Question:
     checkpointing: bool
     topology: Topology
     peak_flops: float | None  # per GPU at this precision; None: no speed prediction
-    mfu: float
+    hbm_bytes_per_s: float | None  # per GPU; None with peak_flops None
+    factors: SpeedFactors  # compute scale, backend overheads, memory corrections (calibration.py)
     strategy_options: dict[str, Any] = field(default_factory=dict)
+    compiled: bool = False  # compile=true: most elementwise work fused
 
     def with_gpus(self, gpus: int) -> "Question":
         """The same question on `gpus` GPUs, as many per node as now (more nodes as needed)."""
@@ -78,6 +80,8 @@ class StrategyPlan:
             "time": None if self.time is None else {
                 "step_s": self.time.step_s, "compute_s": self.time.compute_s,
                 "exposed_comm_s": self.time.exposed_comm_s, "offload_step_s": self.time.offload_step_s,
+                "overhead_s": self.time.overhead_s, "overhead_units": self.time.overhead_units,
+                "overhead_what": self.time.overhead_what,
                 "comm_s": self.time.comm_s, "wire_bytes_per_gpu": self.time.wire_bytes,
                 "tokens_per_s": self.time.tokens_per_s, "scaling_efficiency": self.time.efficiency,
             },
@@ -111,14 +115,18 @@ def plan_strategy(name: str, q: Question) -> StrategyPlan:
     buffers = backend_buffers(q.shape, backend, q.precision, q.gpus, q.grad_accum)
     grads_held = buffers.grads_resident or q.grad_accum > 1
     peak = peak_allocated(on_device(states), acts, buffers, grads_held)
+    missed = q.factors.memory_per_param.get(name)
+    if peak is not None and missed:
+        peak = int(peak + missed * q.shape.params)  # what a calibration found the model to miss
     fits = None if peak is None else peak <= USABLE_FRACTION * q.gpu_mem_bytes
     comms = collectives(q.shape, backend, q.precision, q.gpus)
     timing = None
-    if q.peak_flops:
+    if q.peak_flops and q.hbm_bytes_per_s:
         timing = step_time(
-            collectives=comms, topology=q.topology, backend=backend, flops_per_token=q.shape.flops_per_token(q.seq_len),
-            micro_batch=q.micro_batch, grad_accum=q.grad_accum, seq_len=q.seq_len, peak_flops=q.peak_flops,
-            mfu=q.mfu, checkpointing=q.checkpointing, shard_params=-(-q.shape.params // q.gpus),
+            collectives=comms, topology=q.topology, backend=backend, shape=q.shape, micro_batch=q.micro_batch,
+            grad_accum=q.grad_accum, seq_len=q.seq_len, precision=q.precision, compiled=q.compiled,
+            checkpointing=q.checkpointing, peak_flops=q.peak_flops, hbm_bytes_per_s=q.hbm_bytes_per_s,
+            shard_params=-(-q.shape.params // q.gpus), factors=q.factors,
         )
     return StrategyPlan(name, backend, states, acts, buffers, peak, fits, comms, timing)
 
