@@ -54,20 +54,20 @@ def test_the_uncalibrated_plan_prices_what_zero3_and_offload_cost_on_one_gpu():
     assert plan_tokens("gpt2-124m", "single", mfu=0.4) != pytest.approx(single, rel=0.01)
 
 
-def write_compare(out: Path) -> None:
-    """A compare folder whose figures are what TRUE predicts (as a machine with those costs would measure)."""
+def write_compare(out: Path, model: str = "gpt2-124m", machine: SpeedFactors = TRUE) -> None:
+    """A compare folder whose figures are what `machine` predicts (as a machine with those costs would measure)."""
     out.mkdir(parents=True, exist_ok=True)
     entries = []
     for name in STRATEGIES:
-        plan = plan_strategy(name, question_for(SETTINGS, Measurement(name, 0.0), TRUE))
+        plan = plan_strategy(name, question_for(replace(SETTINGS, model=model), Measurement(name, 0.0), machine))
         entries.append({"name": name, "status": "ok", "nproc": 1, "run_dir": name, "step_time_s": plan.time.step_s,
                         "tokens_per_s": plan.time.tokens_per_s, "peak_mem_allocated_bytes": plan.peak_bytes})
-    doc = {"format": 2, "config": {"model": "gpt2-124m", "model_kwargs": {}, "seq_len": 1024, "batch_size": 8,
+    doc = {"format": 2, "config": {"model": model, "model_kwargs": {}, "seq_len": 1024, "batch_size": 8,
                                    "micro_batch": None, "precision": "bf16", "compile": False,
                                    "activation_checkpointing": False, "strategy_options": {}, "steps": 10},
            "nproc": 1, "precision": "bf16", "device_type": "cuda", "reference": "single", "tolerance": 2e-2,
            "environment": {"device": H100, "devices": 1, "world_size": 1, "host": "test", "versions": {}},
-           "model": {"name": "gpt2-124m"}, "strategies": entries}
+           "model": {"name": model}, "strategies": entries}
     (out / "results.json").write_text(json.dumps(doc))
 
 
@@ -127,3 +127,19 @@ def test_strategies_sharing_an_engine_say_what_differs():
     one = question(PlanConfig(model="gpt2-124m", gpus=1, micro_batch=4))
     alone = engine_differences([plan_strategy("ddp", one), plan_strategy("accelerate-ddp", one)], one)
     assert "model wrapper: none (one process) (not DistributedDataParallel)" in alone[0]
+
+
+def test_the_calibration_check_holds_a_calibrated_plan_to_another_size(tmp_path):
+    from bench.calibration_check import check
+
+    write_compare(tmp_path / "124m")
+    write_compare(tmp_path / "350m", model="gpt2-350m")  # the same machine at another size: predicted exactly
+    lines, met = check(tmp_path / "124m", tmp_path / "350m")
+    assert met and len([line for line in lines if line.startswith("| zero3 ")]) == 1
+    assert "| single | " in "\n".join(lines) and "+0.0%" in "\n".join(lines)
+    # A machine whose ZeRO-3 hooks cost twice as much at 350m than the calibration saw: missed, and said.
+    slower = replace(TRUE, overhead_s={**TRUE.overhead_s, "zero3": 2.2e-3})
+    write_compare(tmp_path / "350m-slow", model="gpt2-350m", machine=slower)
+    lines, met = check(tmp_path / "124m", tmp_path / "350m-slow")
+    zero3 = next(line for line in lines if line.startswith("| zero3 |"))
+    assert not met and zero3.endswith("missed |") and "not met" in lines[-1]
