@@ -90,10 +90,8 @@ def main(args: list[str]) -> int:
                 results.append(result)
                 interrupted = result.status == "interrupted"
         if cfg.batch_search and not interrupted:
-            try:
-                searched = _batch_search(cfg, sweep, results, device_type)
-            except KeyboardInterrupt:
-                interrupted, searched = True, {"skipped": "batch search interrupted by Ctrl-C"}
+            searched = _batch_search(cfg, sweep, results, device_type)
+            interrupted = bool(searched.get("interrupted"))
 
     band = noise.band(out, pick_reference(results))
     reference = assign_verdicts(results, out, precision=cfg.precision, tolerance=cfg.tolerance(), band=band)
@@ -320,6 +318,7 @@ def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], 
 
 
 def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult], device_type: str) -> dict:
+    """Each finished strategy's search; Ctrl-C keeps the searches done and names the one it stopped."""
     from harness.planner.batch_limit import SEARCH_FRACTION
     from harness.probe import MEMORY_LIMIT_ENV, fake_memory_limit
 
@@ -330,12 +329,20 @@ def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult
         sweep.progress.note(f"batch search on the CPU against the limit {MEMORY_LIMIT_ENV} fakes (a test)")
     started = time.monotonic()
     found = []
-    for result in (r for r in results if r.ran):
-        sweep.progress.note(f"batch search: {result.name}")
-        searched = _search_one(cfg, sweep, result.name).as_result()
-        sweep.progress.note(f"batch search: {result.name}: {batch_search.describe(searched)}")
-        found.append(searched)
-    return {"results": found, "wall_time_s": time.monotonic() - started, "predicted_within": SEARCH_FRACTION}
+    current = interrupted = None
+    try:
+        for current in (r.name for r in results if r.ran):
+            sweep.progress.note(f"batch search: {current}")
+            searched = _search_one(cfg, sweep, current).as_result()
+            sweep.progress.note(f"batch search: {current}: {batch_search.describe(searched)}")
+            found.append(searched)
+    except KeyboardInterrupt:
+        interrupted = current
+        stopped = sweep.out / "batch_search" / str(current) / batch_search.SEARCH_FILE
+        if stopped.is_file():  # the probes it made before the stop
+            found.append(batch_search.load(stopped).as_result())
+    return {"results": found, "wall_time_s": time.monotonic() - started, "predicted_within": SEARCH_FRACTION,
+            "interrupted": interrupted}
 
 
 def _search_one(cfg: CompareConfig, sweep: Sweep, name: str) -> batch_search.Search:

@@ -260,7 +260,8 @@ def _batch_search(found: dict | None) -> list[Block]:
         "the size found fitted (✓) and the next size up ran out of memory (✗). Each [...] is one process: a backend "
         "that recovers from an out-of-memory error tries size after size in one process at world size 1, freeing "
         "everything in between; otherwise each probe has a process of its own. Throughput and peak are at the size "
-        f"found. The whole search took {found.get('wall_time_s') or 0:.0f} s."))
+        f"found. The whole search took {found['wall_time_s']:.0f} s"
+        + (f", until Ctrl-C (or SIGTERM) stopped it during `{found['interrupted']}`'s." if found["interrupted"] else ".")))
     headers = ["strategy", "predicted", "found", "next size up", "probes", "tokens/s", "peak alloc", "time", "note"]
     return blocks + [Table(headers, rows, right_aligned={1, 2, 3, 5, 6, 7})]
 

@@ -76,7 +76,7 @@ def make_compare_dir(compare_dir: Path, device_type: str) -> list[StrategyResult
              "noise": {"reference": "single", "skipped": None, "band": band.as_dict(),
                        "runs": [{"seed": 1, "run_dir": "noise/1", "status": "ok", "wall_time_s": 3.0}]},
              "batch_search": {"results": [searched.as_result()], "wall_time_s": 95.0,
-                              "predicted_within": 0.95}}
+                              "predicted_within": 0.95, "interrupted": None}}
     write_results(compare_dir, facts, results)
     return results
 
