@@ -66,7 +66,7 @@ def probe_job(cfg: RunConfig, env: distributed.DistEnv, path: Path) -> None:
     first, longest, baseline = True, 0.0, None
     while (size := _agreed(env, _size_to_probe(search, first, longest, time.monotonic() - started))) is not None:
         record, refs = probe_once(cfg, env, size, new_process=first, catch=search is not None and search.in_process)
-        leak, in_use = _free(env.device, refs, baseline)
+        leak, in_use = _free(env.device, refs, baseline, compiled=cfg.compile)
         if first:
             baseline = in_use  # what any process holds once it has trained: the next probes' yardstick
         longest = max(longest, record.wall_time_s or 0.0)
@@ -165,11 +165,17 @@ def _train_briefly(cfg: RunConfig, env: distributed.DistEnv,
         return metrics.throughput()["tokens_per_s"], metrics.last_row.get("peak_mem_allocated_bytes")
 
 
-def _free(device: torch.device, refs: list[tuple[str, weakref.ref]], baseline: int | None) -> tuple[str | None, int]:
-    """Free what the last probe left (cycles, the allocator's cache); returns (why the next probe
-    cannot run in this process, or None; the device bytes in use now)."""
+def _free(device: torch.device, refs: list[tuple[str, weakref.ref]], baseline: int | None,
+          compiled: bool) -> tuple[str | None, int]:
+    """Free what the last probe left (compiled graphs, cycles, the allocator's cache); returns (why
+    the next probe cannot run in this process, or None; the device bytes in use now)."""
+    if compiled:
+        # Each size compiles afresh, as in a process of its own: left cached, the next size would
+        # recompile with dynamic shapes (and after a few, stop compiling).
+        torch._dynamo.reset()
     gc.collect()
     if device.type == "cuda":
+        torch.cuda.synchronize(device)  # blocks still in use by queued kernels cannot be released
         torch.cuda.empty_cache()
     alive = [name for name, ref in refs if ref() is not None]
     held = _device_bytes_in_use(device)
