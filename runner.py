@@ -28,6 +28,7 @@ COMMANDS = {
     "plan": "harness.plan",
     "list": "harness.listing",
     "export": "harness.export",
+    "probe": "harness.probe",  # internal: one job of compare's batch search
 }
 
 _LOCAL_RANK_FLAG = re.compile(r"^--local[_-]rank(=(\d+))?$")

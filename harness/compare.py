@@ -10,14 +10,15 @@ global batch: it is the reference the others' loss curves are held to.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import platform
 import shlex
+import shutil
 import signal
 import sys
 import time
-from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -89,10 +90,8 @@ def main(args: list[str]) -> int:
                 results.append(result)
                 interrupted = result.status == "interrupted"
         if cfg.batch_search and not interrupted:
-            try:
-                searched = _batch_search(cfg, sweep, results, device_type)
-            except KeyboardInterrupt:
-                interrupted, searched = True, {"skipped": "batch search interrupted by Ctrl-C"}
+            searched = _batch_search(cfg, sweep, results, device_type)
+            interrupted = bool(searched.get("interrupted"))
 
     band = noise.band(out, pick_reference(results))
     reference = assign_verdicts(results, out, precision=cfg.precision, tolerance=cfg.tolerance(), band=band)
@@ -122,29 +121,31 @@ class Sweep:
         self.train_config = out / "train_config.yaml"
         OmegaConf.save(OmegaConf.create(shared), self.train_config)
 
-    def train_args(self, name: str, run_dir: Path) -> list[str]:
-        return ["train", f"config={self.train_config}", f"strategy={name}", f"out_dir={run_dir}",
+    def train_args(self, name: str, run_dir: Path, command: str = "train") -> list[str]:
+        return [command, f"config={self.train_config}", f"strategy={name}", f"out_dir={run_dir}",
                 *own_option_args(self.cfg, name)]
 
     def nproc_for(self, name: str) -> int:
         return 1 if name == REFERENCE else self.nproc
 
-    def launch(self, name: str, run_dir: Path, extra: list[str],
-               on_poll: Callable[[], None] | None = None) -> JobOutcome:
+    def launch(self, name: str, run_dir: Path, extra: list[str], on_poll: Callable[[], None] | None = None,
+               command: str = "train", log_path: Path | None = None) -> JobOutcome:
+        """`runner.py <command>` (train, or the batch search's probe) for strategy `name` into
+        `run_dir`, its output in `log_path` (default run_dir/log.txt)."""
         nproc = self.nproc_for(name)
         for stale in STALE_RUN_FILES:
             (run_dir / stale).unlink(missing_ok=True)
-        args = [*self.train_args(name, run_dir), f"nproc={nproc}", *extra]
+        args = [*self.train_args(name, run_dir, command), f"nproc={nproc}", *extra]
         if self.cfg.launcher == "slurm":
             script = self.slurm_script(name, run_dir, args)
             cmd = slurm.submit_and_wait_command(script, run_dir / "slurm.log")
         else:
             # One process runs without torchrun, as `runner.py train` would run it for a user.
             cmd = torchrun_command(nproc, args) if nproc > 1 else [sys.executable, RUNNER, *args]
-        outcome = run_job(cmd, log_path=run_dir / "log.txt", timeout_s=self.cfg.timeout_s, env=worker_env(),
-                          on_poll=on_poll)
+        log_path = log_path or run_dir / "log.txt"
+        outcome = run_job(cmd, log_path=log_path, timeout_s=self.cfg.timeout_s, env=worker_env(), on_poll=on_poll)
         if self.cfg.launcher == "slurm" and outcome.kind in ("timeout", "interrupted"):
-            slurm.cancel_submitted((run_dir / "log.txt").read_text(errors="replace"))
+            slurm.cancel_submitted(log_path.read_text(errors="replace"))
         return outcome
 
     def slurm_script(self, name: str, run_dir: Path, args: list[str]) -> Path:
@@ -317,35 +318,57 @@ def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], 
 
 
 def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult], device_type: str) -> dict:
-    if device_type == "cpu":
+    """Each finished strategy's search; Ctrl-C keeps the searches done and names the one it stopped."""
+    from harness.planner.batch_limit import SEARCH_FRACTION
+    from harness.probe import MEMORY_LIMIT_ENV, fake_memory_limit
+
+    if device_type == "cpu" and fake_memory_limit() is None:
         sweep.progress.note(batch_search.CPU_SKIP_MESSAGE)
         return {"skipped": batch_search.CPU_SKIP_MESSAGE}
+    if device_type == "cpu":
+        sweep.progress.note(f"batch search on the CPU against the limit {MEMORY_LIMIT_ENV} fakes (a test)")
+    started = time.monotonic()
     found = []
-    for result in (r for r in results if r.ran):
-        sweep.progress.note(f"batch search: {result.name}")
-        nproc = sweep.nproc_for(result.name)
-        start = cfg.micro_batch or max(1, cfg.batch_size // nproc)
-        found.append(asdict(batch_search.largest_fitting(result.name, _prober(cfg, sweep, result.name, nproc), start)))
-    return {"results": found}
+    current = interrupted = None
+    try:
+        for current in (r.name for r in results if r.ran):
+            sweep.progress.note(f"batch search: {current}")
+            searched = _search_one(cfg, sweep, current).as_result()
+            sweep.progress.note(f"batch search: {current}: {batch_search.describe(searched)}")
+            found.append(searched)
+    except KeyboardInterrupt:
+        interrupted = current
+        stopped = sweep.out / "batch_search" / str(current) / batch_search.SEARCH_FILE
+        if stopped.is_file():  # the probes it made before the stop
+            found.append(batch_search.load(stopped).as_result())
+    return {"results": found, "wall_time_s": time.monotonic() - started, "predicted_within": SEARCH_FRACTION,
+            "interrupted": interrupted}
 
 
-def _prober(cfg: CompareConfig, sweep: Sweep, name: str, nproc: int) -> Callable[[int], batch_search.Probe]:
-    def probe(micro_batch: int) -> batch_search.Probe:
-        run_dir = sweep.out / "batch_search" / name / f"micro_batch_{micro_batch}"
-        global_batch = micro_batch * nproc
-        steps = cfg.timing_warmup + 4  # enough steps after warm-up for a throughput figure
-        outcome = sweep.launch(name, run_dir, [
-            f"micro_batch={micro_batch}", "grad_accum=null", f"batch_size={global_batch}", f"steps={steps}",
-            f"log_every={steps}", f"data_samples={max(cfg.data_samples, global_batch)}",
-        ])
-        if outcome.kind == "interrupted":
-            raise KeyboardInterrupt
-        if not outcome.ok:
-            return batch_search.Probe(micro_batch, fits=False, oom=outcome.kind == "oom", error=outcome.message)
-        summary = from_run(name, "", nproc, run_dir, sweep.out, outcome)
-        return batch_search.Probe(micro_batch, fits=True, tokens_per_s=summary.tokens_per_s)
+def _search_one(cfg: CompareConfig, sweep: Sweep, name: str) -> batch_search.Search:
+    """One strategy's search, its files in <out>/batch_search/<name>/ (search.json, a log per job)."""
+    nproc = sweep.nproc_for(name)
+    folder = sweep.out / "batch_search" / name
+    shutil.rmtree(folder, ignore_errors=True)  # an earlier compare's probes into the same out_dir
+    folder.mkdir(parents=True)
+    cls = default_registry().get(name).cls
+    if nproc > 1:
+        why_not = (f"{nproc} ranks: one out of memory would leave the others blocked in a collective, so each "
+                   "probe is a job of its own")
+    elif not cls.recovers_from_oom:
+        why_not = "the backend does not recover from an out-of-memory error in one process: a process per probe"
+    else:
+        why_not = None
+    initial = batch_search.Search(
+        strategy=name, world_size=nproc, fallback_start=cfg.micro_batch or max(1, cfg.batch_size // nproc),
+        job_time_s=cfg.timeout_s, in_process=why_not is None, note=why_not,
+    )
+    jobs = itertools.count(1)
 
-    return probe
+    def launch() -> JobOutcome:
+        return sweep.launch(name, folder, [], command="probe", log_path=folder / f"job_{next(jobs)}.log")
+
+    return batch_search.search(folder / batch_search.SEARCH_FILE, initial, launch)
 
 
 def _sweep_facts(cfg: CompareConfig, args: list[str], results: list[StrategyResult], device_type: str,

@@ -264,14 +264,38 @@ def _batch_search(found: dict | None) -> list[Block]:
     rows = []
     for s in found.get("results", []):
         size = "none fits" if s["largest_micro_batch"] is None else str(s["largest_micro_batch"])
-        if s.get("hit_limit"):
+        if s["hit_limit"]:
             size += " (search limit)"
-        tried = ", ".join(f"{p['micro_batch']}{'' if p['fits'] else ' (OOM)' if p['oom'] else ' (error)'}"
-                          for p in s["probes"])
-        rows.append([f"`{s['strategy']}`", size, _number(s.get("tokens_per_s"), "{:,.0f}"), tried, s.get("error") or ""])
-    blocks.append(Paragraph("Found by doubling the micro-batch until out of memory, then bisecting; each probe is "
-                            "a short run. Throughput is at the largest size that fits."))
-    return blocks + [Table(["strategy", "largest micro-batch", "tokens/s", "probes", "error"], rows, right_aligned={1, 2})]
+        failed = s["next_size_failed"]
+        rows.append([
+            f"`{s['strategy']}`", "n/a" if s["predicted"] is None else str(s["predicted"]), size,
+            "n/a" if failed is None else f"{failed} ✗", _probes_by_process(s["probes"]),
+            _number(s["tokens_per_s"], "{:,.0f}"), human_bytes(s["peak_allocated_bytes"]),
+            _number(s["wall_time_s"], "{:.0f} s"), "; ".join(filter(None, [s["error"], s["note"], s["prediction_note"]])),
+        ])
+    blocks.append(Paragraph(
+        "Each search starts at the micro-batch the planner predicts is the largest that fits (its predicted peak "
+        f"allocated within {found['predicted_within']:.0%} of the device's memory; the compare's micro-batch where it "
+        "predicts none), tries the "
+        "next size up, then grows by 2, 4, ... (or shrinks by 1, 2, 4, ...) until the answer flips, and bisects: "
+        "the size found fitted (✓) and the next size up ran out of memory (✗). Each [...] is one process: a backend "
+        "that recovers from an out-of-memory error tries size after size in one process at world size 1, freeing "
+        "everything in between; otherwise each probe has a process of its own. Throughput and peak are at the size "
+        f"found. The whole search took {found['wall_time_s']:.0f} s"
+        + (f", until Ctrl-C (or SIGTERM) stopped it during `{found['interrupted']}`'s." if found["interrupted"] else ".")))
+    headers = ["strategy", "predicted", "found", "next size up", "probes", "tokens/s", "peak alloc", "time", "note"]
+    return blocks + [Table(headers, rows, right_aligned={1, 2, 3, 5, 6, 7})]
+
+
+def _probes_by_process(probes: list[dict]) -> str:
+    """'[24 ✓, 25 ✗] [26 error]': the probes in order, one bracket per process."""
+    marks = {"fits": "✓", "oom": "✗", "error": "error"}
+    groups: list[list[str]] = []
+    for p in probes:
+        if p["new_process"] or not groups:
+            groups.append([])
+        groups[-1].append(f"{p['micro_batch']} {marks[p['result']]}")
+    return " ".join(f"[{', '.join(group)}]" for group in groups)
 
 
 def _problems(results: list[StrategyResult]) -> list[Block]:

@@ -15,7 +15,9 @@ from harness.supervise import JobOutcome
 from harness.verdict import NoiseBand, judge
 
 RESULTS_FILE = "results.json"
-FORMAT_VERSION = 2  # 2: verdicts against measured noise (verdict_kind, noise_ratio, the sweep's "noise")
+# 2: verdicts against measured noise (verdict_kind, noise_ratio, the sweep's "noise");
+# 3: the batch search's prediction, probes and times.
+FORMAT_VERSION = 3
 # Figures copied from each run's summary.json.
 SUMMARY_FIELDS = (
     "final_loss", "tokens_per_s", "step_time_s", "mfu", "peak_mem_allocated_bytes", "peak_mem_reserved_bytes",

@@ -248,6 +248,11 @@ def _signal_pid(pid: int, sig: signal.Signals) -> None:
         pass
 
 
+def is_out_of_memory_message(text: str) -> bool:
+    """Whether `text` words a device out-of-memory error (as the log classification reads it)."""
+    return _OOM.search(text) is not None
+
+
 def classify(returncode: int | None, log_text: str, stopped_for: str | None, timeout_s: float) -> tuple[str | None, str]:
     """(kind, one-line message) for a finished job; kind None means success."""
     if stopped_for == "timeout":
@@ -258,7 +263,7 @@ def classify(returncode: int | None, log_text: str, stopped_for: str | None, tim
         return None, "exited 0"
     oom = _last_match_line(log_text, _OOM)
     if oom:
-        return "oom", _shorten(oom)
+        return "oom", shorten(oom)
     # A worker's own exception is the cause even when the failure table shows a signal: a
     # process that raised may still abort in its C++ teardown ("terminate called ...") while
     # its peer's store or sockets go away, and torchrun SIGTERMs the survivors.
@@ -268,7 +273,7 @@ def classify(returncode: int | None, log_text: str, stopped_for: str | None, tim
         if signum is not None:
             return "signal", f"a process was killed by {_signal_name(signum)} (signal {signum})"
         cause = _last_exception_line(log_text)  # a peer-lost error, with no signal to blame
-    detail = f": {_shorten(cause)}" if cause else ""
+    detail = f": {shorten(cause)}" if cause else ""
     return "crash", f"exited with code {returncode}{detail}"
 
 
@@ -316,7 +321,7 @@ def _without_launcher_traceback(lines: list[str]) -> list[str]:
     return lines[: starts[-1]] + lines[ends[-1] + 1:] if starts else lines
 
 
-def _shorten(line: str, limit: int = 300) -> str:
+def shorten(line: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 

@@ -14,8 +14,9 @@ import platform
 import random
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
@@ -26,13 +27,14 @@ from harness.checkpoint import CheckpointError, CheckpointManager, Manifest, par
 from harness.metrics import StepMetrics
 from harness.determinism import make_deterministic
 from harness.noise import RoundingNoise
-from harness.optim import adamw_factory, resolve_schedule
+from harness.optim import Schedule, adamw_factory, resolve_schedule
 from harness.planner.for_run import prediction_for_run
 from models.blocks import Blocks, find_blocks
 from models.checkpointing import enable_checkpointing
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.base import DTYPES, RunContext, Strategy, StrategyError
+from strategies.memory import MemoryBreakdown
 from strategies.registry import default_registry
 
 
@@ -74,10 +76,87 @@ def prepare_model(cfg: RunConfig) -> tuple[torch.nn.Module, Blocks, str | None]:
     return model, blocks, checkpointed
 
 
-def run(cfg: RunConfig) -> dict[str, Any]:
-    """Train under the current launcher's process group; returns the summary (on every rank)."""
-    determinism = make_deterministic() if cfg.deterministic else None  # before the first CUDA kernel
-    env = distributed.init(cfg.device, cfg.pg_timeout_s)
+@dataclass
+class Training:
+    """A run's pieces on this rank, built from its config: the model (wrapped or sharded once set
+    up), its strategy, the data and its global-batch schedule. `run()` trains one; the batch
+    search (harness/probe.py) builds one per micro-batch it tries, several in one process."""
+
+    cfg: RunConfig
+    env: distributed.DistEnv
+    model: torch.nn.Module
+    blocks: Blocks
+    checkpointed: str | None  # what activation checkpointing recomputes; None: off
+    shapes: dict[str, list[int]]  # the bare model's parameter shapes, what a checkpoint must fit
+    data: Any
+    schedule: GlobalBatchSchedule
+    micro_batch: int
+    grad_accum: int
+    strategy: Strategy
+    compiled: str | None  # None: eager
+    n_params: int = 0
+    fpt: float = 0.0
+    lr_schedule: Schedule | None = None
+
+    def set_up(self) -> None:
+        """Wrap or shard the model and build its optimizer; peak memory is counted from here."""
+        cfg, env = self.cfg, self.env
+        self.n_params, self.fpt = num_params(self.model), flops_per_token(self.model, cfg.seq_len)
+        self.lr_schedule = resolve_schedule(cfg.lr, cfg.min_lr, cfg.warmup_steps, params=self.n_params, steps=cfg.steps)
+        hardware.reset_peak_memory(env.device)
+        noise = RoundingNoise(cfg.precision, cfg.noise_seed, env.rank) if cfg.noise_seed is not None else None
+        self.model, _ = self.strategy.setup(
+            self.model, adamw_factory(self.lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise))
+
+    def step_metrics(self) -> StepMetrics:
+        return StepMetrics(
+            env=self.env, out_dir=Path(self.cfg.out_dir), tokens_per_step=self.cfg.batch_size * self.cfg.seq_len,
+            flops_per_token=self.fpt, precision=self.cfg.precision, timing_warmup=self.cfg.timing_warmup,
+            printer=_rank0_print(self.env),
+        )
+
+    def train(self, metrics: StepMetrics, start_step: int = 0,
+              after_step: Callable[[int], None] | None = None) -> tuple[MemoryBreakdown | None, torch.dtype | None]:
+        """Steps start_step..cfg.steps-1 (after_step(steps done) after each); returns the memory
+        held between backward and step of the second step, and the dtype the loss came back in."""
+        cfg, env, strategy, model = self.cfg, self.env, self.strategy, self.model
+        assert self.lr_schedule is not None, "set_up() first"
+        metrics.start(first_step=start_step, append=start_step > 0)
+        memory = None
+        loss_dtype: torch.dtype | None = None  # as the backend returns it: its resolution bounds the comparison
+        for step in range(start_step, cfg.steps):
+            lr = self.lr_schedule.at(step, cfg.steps)
+            strategy.set_lr(lr)
+            step_loss = torch.zeros((), device=env.device)
+            for micro in range(self.grad_accum):
+                rows = self.data.batch(self.schedule.micro_indices(step, micro, env.rank, env.world_size,
+                                                                   self.micro_batch))
+                # One contiguous pinned copy, split on the device (views would go through pageable memory).
+                inputs, targets = split_inputs_targets(_pin(rows, env).to(env.device, non_blocking=True))
+                sync_ctx = strategy.no_sync() if micro < self.grad_accum - 1 else contextlib.nullcontext()
+                with sync_ctx:
+                    with strategy.autocast():
+                        loss = model(inputs, targets)
+                    strategy.backward(loss)
+                step_loss += loss.detach().float() / self.grad_accum
+                loss_dtype = loss.dtype
+            if step == min(start_step + 1, cfg.steps - 1):
+                # Measured between backward and step of the second step: gradients are
+                # held, and the optimizer state exists since the first step.
+                memory = strategy.memory_breakdown()
+            strategy.step()
+            metrics.record(step, lr, step_loss)
+            if metrics.should_flush(step, cfg.log_every, cfg.steps - 1):
+                metrics.flush(memory or strategy.memory_breakdown())
+            if after_step is not None:
+                after_step(step + 1)
+        return memory, loss_dtype
+
+
+@contextlib.contextmanager
+def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
+    """The model, data and strategy of `cfg` on this rank, not yet set up; the strategy is torn
+    down on the way out, however the block ends."""
     strategy: Strategy | None = None
     try:
         micro_batch, grad_accum = cfg.world_batch(env.world_size)
@@ -96,90 +175,78 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         strategy = default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
         # The whole model or per block: the backend knows which it can take.
         compiled = strategy.compile(model) if cfg.compile else None
-        checkpoints = CheckpointManager(
-            Path(cfg.out_dir) / "checkpoints", env.rank, env.world_size, cfg.keep_last, printer=_rank0_print(env)
-        )
-        resume_from = _find_checkpoint(cfg, strategy, checkpoints)
-        n_params, fpt = num_params(model), flops_per_token(model, cfg.seq_len)
-        lr_schedule = resolve_schedule(cfg.lr, cfg.min_lr, cfg.warmup_steps, params=n_params, steps=cfg.steps)
-        hardware.reset_peak_memory(env.device)
-        noise = RoundingNoise(cfg.precision, cfg.noise_seed, env.rank) if cfg.noise_seed is not None else None
-        model, _ = strategy.setup(model, adamw_factory(lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise))
-        # The discovery warning matters where the backend works block by block.
-        blocks_warning = blocks.warning if strategy.layout is not None else None
-        start_step = 0
-        if resume_from is not None:
-            path, manifest = resume_from
-            message = checkpoints.restore(
-                path, manifest, strategy, shapes, bare_model=lambda: build_model(cfg.model, cfg.model_kwargs),
-                config=to_dict(cfg),
-            )
-            _rank0_print(env)(message)
-            start_step = manifest.step
-            if env.is_main:
-                _keep_metrics_up_to(Path(cfg.out_dir) / "metrics.jsonl", start_step)
-        metrics = StepMetrics(
-            env=env, out_dir=Path(cfg.out_dir), tokens_per_step=cfg.batch_size * cfg.seq_len,
-            flops_per_token=fpt, precision=cfg.precision, timing_warmup=cfg.timing_warmup,
-            printer=_rank0_print(env),
-        )
-        _rank0_print(env)(
-            f"parabench train | strategy {cfg.strategy} | model {cfg.model} ({n_params / 1e6:.2f}M params) | "
-            f"{env.world_size} x {hardware.device_name(env.device)} | {cfg.precision} | global batch "
-            f"{cfg.batch_size} = {env.world_size} ranks x {micro_batch} x {grad_accum} accum | "
-            f"{lr_schedule.describe()} | loss floor {_fmt(getattr(data, 'loss_floor', None))}"
-            + (f" | compiled: {compiled}" if compiled else "")
-            + (f" | {strategy.layout}" if strategy.layout else "")
-            + (f" | checkpointing: {checkpointed}" if checkpointed else "")
-        )
-        if blocks_warning:
-            _rank0_print(env)(f"warning: {blocks_warning}")
-        started = time.time()
-        metrics.start(first_step=start_step, append=start_step > 0)
-        memory = None
-        loss_dtype: torch.dtype | None = None  # as the backend returns it: its resolution bounds the comparison
-        for step in range(start_step, cfg.steps):
-            lr = lr_schedule.at(step, cfg.steps)
-            strategy.set_lr(lr)
-            step_loss = torch.zeros((), device=env.device)
-            for micro in range(grad_accum):
-                rows = data.batch(schedule.micro_indices(step, micro, env.rank, env.world_size, micro_batch))
-                # One contiguous pinned copy, split on the device (views would go through pageable memory).
-                inputs, targets = split_inputs_targets(_pin(rows, env).to(env.device, non_blocking=True))
-                sync_ctx = strategy.no_sync() if micro < grad_accum - 1 else contextlib.nullcontext()
-                with sync_ctx:
-                    with strategy.autocast():
-                        loss = model(inputs, targets)
-                    strategy.backward(loss)
-                step_loss += loss.detach().float() / grad_accum
-                loss_dtype = loss.dtype
-            if step == min(start_step + 1, cfg.steps - 1):
-                # Measured between backward and step of the second step: gradients are
-                # held, and the optimizer state exists since the first step.
-                memory = strategy.memory_breakdown()
-            strategy.step()
-            metrics.record(step, lr, step_loss)
-            if metrics.should_flush(step, cfg.log_every, cfg.steps - 1):
-                metrics.flush(memory or strategy.memory_breakdown())
-            done = step + 1
-            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-                checkpoints.save(done, strategy, to_dict(cfg), shapes)
-            distributed.inject_fault(done, env.rank)
-        summary = _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started)
-        summary["resumed_from_step"] = start_step
-        summary["compiled"] = compiled  # None: eager
-        summary["lr_schedule"] = lr_schedule.as_dict()  # the learning rates the run used, derived ones filled in
-        summary["loss_dtype"] = DTYPE_NAMES.get(loss_dtype, str(loss_dtype))
-        summary["deterministic"] = determinism or False
-        summary["blocks"] = {**blocks.as_dict(), "warning": blocks_warning, "units": strategy.layout,
-                             "checkpointed": checkpointed}
-        if env.is_main:
-            (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
-        return summary
+        yield Training(cfg, env, model, blocks, checkpointed, shapes, data, schedule, micro_batch, grad_accum,
+                       strategy, compiled)
     finally:
         if strategy is not None:
             strategy.teardown()
+
+
+def run(cfg: RunConfig) -> dict[str, Any]:
+    """Train under the current launcher's process group; returns the summary (on every rank)."""
+    determinism = make_deterministic() if cfg.deterministic else None  # before the first CUDA kernel
+    env = distributed.init(cfg.device, cfg.pg_timeout_s)
+    try:
+        with built(cfg, env) as training:
+            strategy = training.strategy
+            checkpoints = CheckpointManager(
+                Path(cfg.out_dir) / "checkpoints", env.rank, env.world_size, cfg.keep_last, printer=_rank0_print(env)
+            )
+            resume_from = _find_checkpoint(cfg, strategy, checkpoints)
+            training.set_up()
+            # The discovery warning matters where the backend works block by block.
+            blocks_warning = training.blocks.warning if strategy.layout is not None else None
+            start_step = 0
+            if resume_from is not None:
+                path, manifest = resume_from
+                message = checkpoints.restore(
+                    path, manifest, strategy, training.shapes,
+                    bare_model=lambda: build_model(cfg.model, cfg.model_kwargs), config=to_dict(cfg),
+                )
+                _rank0_print(env)(message)
+                start_step = manifest.step
+                if env.is_main:
+                    _keep_metrics_up_to(Path(cfg.out_dir) / "metrics.jsonl", start_step)
+            metrics = training.step_metrics()
+            _rank0_print(env)(_header(training))
+            if blocks_warning:
+                _rank0_print(env)(f"warning: {blocks_warning}")
+
+            def after_step(done: int) -> None:
+                if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+                    checkpoints.save(done, strategy, to_dict(cfg), training.shapes)
+                distributed.inject_fault(done, env.rank)
+
+            started = time.time()
+            memory, loss_dtype = training.train(metrics, start_step, after_step)
+            summary = _summary(cfg, env, strategy, metrics, memory, training.n_params, training.fpt, training.data,
+                               training.micro_batch, training.grad_accum, started)
+            summary["resumed_from_step"] = start_step
+            summary["compiled"] = training.compiled  # None: eager
+            # The learning rates the run used, derived ones filled in.
+            summary["lr_schedule"] = training.lr_schedule.as_dict()
+            summary["loss_dtype"] = DTYPE_NAMES.get(loss_dtype, str(loss_dtype))
+            summary["deterministic"] = determinism or False
+            summary["blocks"] = {**training.blocks.as_dict(), "warning": blocks_warning, "units": strategy.layout,
+                                 "checkpointed": training.checkpointed}
+            if env.is_main:
+                (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            return summary
+    finally:
         distributed.shutdown()
+
+
+def _header(training: Training) -> str:
+    cfg, env, strategy = training.cfg, training.env, training.strategy
+    return (
+        f"parabench train | strategy {cfg.strategy} | model {cfg.model} ({training.n_params / 1e6:.2f}M params) | "
+        f"{env.world_size} x {hardware.device_name(env.device)} | {cfg.precision} | global batch "
+        f"{cfg.batch_size} = {env.world_size} ranks x {training.micro_batch} x {training.grad_accum} accum | "
+        f"{training.lr_schedule.describe()} | loss floor {_fmt(getattr(training.data, 'loss_floor', None))}"
+        + (f" | compiled: {training.compiled}" if training.compiled else "")
+        + (f" | {strategy.layout}" if strategy.layout else "")
+        + (f" | checkpointing: {training.checkpointed}" if training.checkpointed else "")
+    )
 
 
 def _find_checkpoint(cfg: RunConfig, strategy: Strategy,

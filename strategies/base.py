@@ -77,6 +77,10 @@ class Strategy(ABC):
     checkpoint_format: ClassVar[str] = ""
     # Whether load() accepts a checkpoint saved by another number of ranks.
     checkpoint_reshards: ClassVar[bool] = True
+    # Whether, after an out-of-memory error, teardown() frees everything setup() and the steps
+    # built, leaving no global state or buffers behind: the batch search then tries one
+    # micro-batch after another in one process (at world size 1; harness/probe.py checks it).
+    recovers_from_oom: ClassVar[bool] = False
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx

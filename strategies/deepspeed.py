@@ -85,6 +85,9 @@ class DeepSpeedStrategy(Strategy):
     # Plain ZeRO checkpoints hold one optimizer partition per rank, and DeepSpeed refuses to
     # load them at another data-parallel size (it would need a universal checkpoint).
     checkpoint_reshards = False
+    # DeepSpeed keeps process-wide state (its communication backend, its accelerator, JIT-built
+    # ops) and pinned host buffers: the batch search gives each of its probes a process.
+    recovers_from_oom = False
 
     def __init__(self, ctx: RunContext, *, stage: int = 1, offload_optimizer: bool = False,
                  offload_params: bool = False, cpu_adam: bool | None = None):

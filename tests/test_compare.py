@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 
 from harness import compare
-from harness.batch_search import Probe, largest_fitting
 from harness.progress import MetricsTail, SweepProgress
 from harness.supervise import classify, run_job
 from tests.helpers import NANO, ROOT, RUNNER, env_for_tests, run_cli
@@ -287,24 +286,6 @@ def test_failure_classification(returncode, log, kind, words):
 def test_timeout_and_interrupt_win_over_exit_status():
     assert classify(-9, "CUDA out of memory", "timeout", 12)[0] == "timeout"
     assert classify(-15, "", "interrupted", 12)[0] == "interrupted"
-
-
-def test_batch_search_doubles_then_bisects():
-    tried = []
-
-    def probe(micro_batch: int) -> Probe:
-        tried.append(micro_batch)
-        fits = micro_batch <= 37
-        return Probe(micro_batch, fits=fits, oom=not fits, tokens_per_s=float(micro_batch) if fits else None)
-
-    found = largest_fitting("x", probe, start=4)
-    assert tried[:5] == [4, 8, 16, 32, 64]  # doubling until out of memory
-    assert 35 <= found.largest_micro_batch <= 37 and found.tokens_per_s == found.largest_micro_batch
-    assert len(tried) <= 9
-    assert largest_fitting("x", probe, start=64).largest_micro_batch in range(35, 38)  # searching down
-    crash = largest_fitting("y", lambda m: Probe(m, fits=m < 8, error=None if m < 8 else "segfault"), start=2)
-    assert crash.largest_micro_batch == 4 and "segfault" in crash.error
-    assert largest_fitting("z", lambda m: Probe(m, fits=True), start=1, limit=8).hit_limit
 
 
 def test_metrics_tail_reads_only_whole_new_lines(tmp_path):

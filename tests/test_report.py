@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.batch_search import FITS, OOM, Probe, Search
 from harness.recommend import recommend
 from harness.report import build_report
 from harness.results import StrategyResult, assign_verdicts, load_metrics, read_results, write_results
@@ -60,6 +61,10 @@ def make_compare_dir(compare_dir: Path, device_type: str) -> list[StrategyResult
                        log_tail=["Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory"]),
         StrategyResult(name="needs-gpu", status="skipped", error="unsupported on cpu: needs CUDA"),
     ]
+    # ddp at 2 ranks: a process per probe; the prediction one too high.
+    searched = Search("ddp", 2, 8, 120.0, in_process=False, note="2 ranks: each probe is a job of its own",
+                      predicted=49, start=49, jobs=2, wall_time_s=41.0,
+                      probes=[Probe(49, OOM, True, 20.0), Probe(48, FITS, True, 21.0, 81_000, 70 * GIB)])
     band = measure_noise(load_metrics(compare_dir / "single"), [load_metrics(compare_dir / "noise" / "1")])
     reference = assign_verdicts(results, compare_dir, precision="fp32", tolerance=1e-4, band=band)
     env = {"device": "NVIDIA H100 80GB HBM3" if on_gpu else "cpu", "devices": 2, "world_size": 2, "host": "test",
@@ -70,10 +75,8 @@ def make_compare_dir(compare_dir: Path, device_type: str) -> list[StrategyResult
              "wall_time_s": 12.0, "started_at": "2026-01-01T00:00:00+00:00", "interrupted": False,
              "noise": {"reference": "single", "skipped": None, "band": band.as_dict(),
                        "runs": [{"seed": 1, "run_dir": "noise/1", "status": "ok", "wall_time_s": 3.0}]},
-             "batch_search": {"results": [{"strategy": "ddp", "largest_micro_batch": 48, "tokens_per_s": 81_000,
-                                           "hit_limit": False, "error": None,
-                                           "probes": [{"micro_batch": 32, "fits": True, "oom": False},
-                                                      {"micro_batch": 64, "fits": False, "oom": True}]}]}}
+             "batch_search": {"results": [searched.as_result()], "wall_time_s": 95.0,
+                              "predicted_within": 0.95, "interrupted": None}}
     write_results(compare_dir, facts, results)
     return results
 
@@ -140,7 +143,9 @@ def test_summary_table_verdicts_and_failures(gpu_report):
     predicted = markdown.split("## Predicted against measured")[1].split("## ")[0]
     assert "| `ddp` | 1.1 GiB / 1 GiB (+10.0%) | 63,000 / 70,000 (-10.0%) |" in predicted
     assert "`zero3`" not in predicted  # no prediction: no row
-    assert "| `ddp` | 48 | 81,000 | 32, 64 (OOM) |" in markdown
+    searched = markdown.split("## Largest micro-batch per strategy")[1].split("## ")[0]
+    assert "| `ddp` | 49 | 48 | 49 ✗ | [49 ✗] [48 ✓] | 81,000 | 70 GiB | 41 s | 2 ranks" in searched
+    assert "The whole search took 95 s." in searched
     for version in ("2.13.0", "0.19.8", "not installed"):
         assert version in markdown.split("## Environment")[1]
 
