@@ -351,11 +351,10 @@ def _search_one(cfg: CompareConfig, sweep: Sweep, name: str) -> batch_search.Sea
     folder = sweep.out / "batch_search" / name
     shutil.rmtree(folder, ignore_errors=True)  # an earlier compare's probes into the same out_dir
     folder.mkdir(parents=True)
-    cls = default_registry().get(name).cls
     if nproc > 1:
         why_not = (f"{nproc} ranks: one out of memory would leave the others blocked in a collective, so each "
                    "probe is a job of its own")
-    elif not cls.recovers_from_oom:
+    elif not default_registry().get(name).recovers_from_oom():
         why_not = "the backend does not recover from an out-of-memory error in one process: a process per probe"
     else:
         why_not = None

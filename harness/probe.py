@@ -99,7 +99,8 @@ def _record(search: Search, record: Probe, leak: str | None) -> None:
 
 def predicted_limit(cfg: RunConfig, env: distributed.DistEnv, limit: int) -> tuple[int | None, str | None]:
     """(the planner's largest micro-batch on this job's devices, why there is none)."""
-    from harness.planner.batch_limit import largest_micro_batch, question_for_run
+    from harness.planner.batch_limit import largest_micro_batch
+    from harness.planner.for_run import question_for_run
     from harness.planner.model_shape import PlanError
 
     if env.device.type != "cuda":

@@ -138,9 +138,11 @@ def check_launcher_settings(env: Mapping[str, str], mode: str, ctx: RunContext) 
 class AccelerateStrategy(Strategy):
     description = "Hugging Face Accelerate"
     checkpoint_format = "accelerate"  # the family; each instance narrows it to its mode
-    # ddp and fsdp: teardown frees the Accelerator and resets its process-wide state. The ZeRO
-    # modes (AccelerateDeepSpeedStrategy) keep DeepSpeed's, as `zero1-3` do.
-    recovers_from_oom = True
+
+    @classmethod
+    def recovers_from_oom(cls, options: dict) -> bool:
+        # Teardown frees the Accelerator and resets its process-wide state; under DeepSpeed, as zero1-3 do.
+        return options.get("mode") in ("ddp", "fsdp", "zero1", "zero2")
 
     # Each name presets `mode`, so the registry refuses it as a strategy_options key, as it
     # does every option a name presets: accelerate-ddp cannot quietly become ZeRO-3.
@@ -506,8 +508,6 @@ def _innermost_optimizer(optimizer: torch.optim.Optimizer) -> torch.optim.Optimi
 
 class AccelerateDeepSpeedStrategy(AccelerateStrategy):
     """The ZeRO modes also need DeepSpeed itself, and transformers for Accelerate's plugin."""
-
-    recovers_from_oom = False  # DeepSpeed's state, as under `zero1-3`
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

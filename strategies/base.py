@@ -77,10 +77,6 @@ class Strategy(ABC):
     checkpoint_format: ClassVar[str] = ""
     # Whether load() accepts a checkpoint saved by another number of ranks.
     checkpoint_reshards: ClassVar[bool] = True
-    # Whether, after an out-of-memory error, teardown() frees everything setup() and the steps
-    # built, leaving no global state or buffers behind: the batch search then tries one
-    # micro-batch after another in one process (at world size 1; harness/probe.py checks it).
-    recovers_from_oom: ClassVar[bool] = False
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -94,6 +90,14 @@ class Strategy(ABC):
     def unavailable_reason(cls) -> str | None:
         """Why this backend cannot run here (a missing package), or None when it can."""
         return None
+
+    @classmethod
+    def recovers_from_oom(cls, options: dict[str, Any]) -> bool:
+        """Whether, with these preset options, teardown() after an out-of-memory error frees
+        everything setup() and the steps built, leaving no global state or buffers behind: the
+        batch search then tries one micro-batch after another in one process (at world size 1;
+        harness/probe.py checks the freeing after every probe and falls back if it fails)."""
+        return False
 
     @classmethod
     def unsupported_reason(cls, device_type: str, options: dict[str, Any]) -> str | None:

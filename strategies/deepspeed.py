@@ -85,9 +85,13 @@ class DeepSpeedStrategy(Strategy):
     # Plain ZeRO checkpoints hold one optimizer partition per rank, and DeepSpeed refuses to
     # load them at another data-parallel size (it would need a universal checkpoint).
     checkpoint_reshards = False
-    # DeepSpeed keeps process-wide state (its communication backend, its accelerator, JIT-built
-    # ops) and pinned host buffers: the batch search gives each of its probes a process.
-    recovers_from_oom = False
+
+    @classmethod
+    def recovers_from_oom(cls, options: dict) -> bool:
+        """ZeRO-1/2 free what they built (seen on the CPU, and checked after every probe); ZeRO-3 keeps
+        the model in a module-level stack of its hooks (deepspeed.runtime.zero.parameter_offload
+        FWD_MODULE_STACK) and offload keeps pinned host buffers: each of their probes gets a process."""
+        return options.get("stage") in (1, 2) and not options.get("offload_optimizer")
 
     def __init__(self, ctx: RunContext, *, stage: int = 1, offload_optimizer: bool = False,
                  offload_params: bool = False, cpu_adam: bool | None = None):

@@ -51,6 +51,10 @@ class StrategyEntry:
         """Every option's value when a run sets none: the plugin's defaults, then the name's presets."""
         return {**(_keyword_options(self.cls) if self.cls else {}), **self.options}
 
+    def recovers_from_oom(self) -> bool:
+        """Whether the batch search may probe several micro-batches of this name in one process."""
+        return self.cls is not None and self.cls.recovers_from_oom(self.options)
+
     def unsupported_reason(self, device_type: str) -> str | None:
         """Why this name cannot run on `device_type` ("cpu" or "cuda"), or None."""
         if self.cls is None:

@@ -25,8 +25,10 @@ class SingleDeviceStrategy(Strategy):
     # Every rank holds the whole model and the same optimizer state: rank 0's copy is the
     # checkpoint, readable at any world size, by single and ddp alike.
     checkpoint_format = "torch"
-    # Plain torch objects, as ddp's and fsdp's (which inherit this): dropped, they are freed.
-    recovers_from_oom = True
+
+    @classmethod
+    def recovers_from_oom(cls, options: dict) -> bool:
+        return True  # plain torch objects, as ddp's and fsdp's (which inherit this): dropped, they are freed
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)

@@ -18,7 +18,8 @@ import pytest
 from configs.schema import RunConfig
 from harness import batch_search
 from harness.batch_search import ERROR, FITS, OOM, Probe, Search, next_size
-from harness.planner.batch_limit import SEARCH_FRACTION, largest_micro_batch, question_for_run
+from harness.planner.batch_limit import SEARCH_FRACTION, largest_micro_batch
+from harness.planner.for_run import question_for_run
 from harness.planner.predict import plan_strategy
 from harness.supervise import JobOutcome
 from tests.helpers import NANO, ROOT, env_for_tests, run_cli
@@ -191,7 +192,9 @@ class Leaks(SingleDeviceStrategy):
 
 class NoRecovery(SingleDeviceStrategy):
     description = "test plugin: does not recover from out-of-memory in one process"
-    recovers_from_oom = False
+    @classmethod
+    def recovers_from_oom(cls, options):
+        return False
 '''
 
 

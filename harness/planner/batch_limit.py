@@ -12,11 +12,7 @@ sizes costs a few probes, not a wrong answer.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
-
 from harness.planner.backends import known_backends
-from harness.planner.comm import INTER_NODE, INTERCONNECTS, Topology
-from harness.planner.model_shape import shape_of_spec
 from harness.planner.predict import Question, plan_strategy
 
 SEARCH_FRACTION = 0.95
@@ -54,16 +50,3 @@ def largest_micro_batch(name: str, question: Question, *, limit: int,
         else:
             too_big = middle
     return fits
-
-
-def question_for_run(cfg: Any, world_size: int, nodes: int, gpu_mem_bytes: float) -> Question:
-    """The memory question of a run (a RunConfig) as `for_run.prediction_for_run` asks it, without
-    the speed part (the limit is about memory alone)."""
-    micro_batch, grad_accum = cfg.world_batch(world_size)
-    return Question(
-        shape=shape_of_spec(cfg.model, cfg.model_kwargs, cfg.model_blocks), gpus=world_size, nodes=nodes,
-        gpu_mem_bytes=gpu_mem_bytes, micro_batch=micro_batch, grad_accum=grad_accum, seq_len=cfg.seq_len,
-        precision=cfg.precision, checkpointing=cfg.activation_checkpointing,
-        topology=Topology(world_size, nodes, INTERCONNECTS["nvlink"], INTER_NODE["infiniband"]),
-        peak_flops=None, mfu=0.0, strategy_options=dict(cfg.strategy_options),
-    )
