@@ -83,12 +83,15 @@ def main(args: list[str]) -> int:
             else:
                 try:
                     result = sweep.run(name, description)
-                    if name == intended_reference:
-                        noise.run(sweep, result)
                 except KeyboardInterrupt:  # between jobs: the job itself is over already
                     result = sweep.interrupted(name, description)
                 results.append(result)
                 interrupted = result.status == "interrupted"
+                if name == intended_reference and not interrupted:
+                    try:
+                        noise.run(sweep, result)
+                    except KeyboardInterrupt:  # the reference is done; the rest of the sweep is not run
+                        interrupted = True
         if cfg.batch_search and not interrupted:
             searched = _batch_search(cfg, sweep, results, device_type)
             interrupted = bool(searched.get("interrupted"))
