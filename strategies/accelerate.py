@@ -178,6 +178,11 @@ class AccelerateStrategy(Strategy):
         optimizer = optimizer_factory(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         if self.mode.startswith("zero"):
+            from strategies.deepspeed import write_config
+
+            # What Accelerate handed deepspeed.initialize (the engine keeps that dict), in the
+            # same file as under zero1-3.
+            write_config(self.model.config, self.ctx)
             self._measure_before_engine_steps(self.model)
         return self.model, self.optimizer
 

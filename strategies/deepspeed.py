@@ -130,7 +130,7 @@ class DeepSpeedStrategy(Strategy):
             optimizer = _as_cpu_adam(optimizer)
         self.config = final_config(sizing_config(model_size(model), self.stage, self.ctx.world_size), self.run_config,
                                    self.user_config)
-        self._write_config()
+        write_config(self.config, self.ctx)
         # The runner's process group already exists: DeepSpeed wraps it, never makes its own.
         engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
                                                dist_init_required=False)
@@ -141,14 +141,6 @@ class DeepSpeedStrategy(Strategy):
         self.engine = self.model = engine
         self.optimizer = engine.optimizer
         return engine, engine.optimizer
-
-    def _write_config(self) -> None:
-        """The exact DeepSpeed config of this run, next to its metrics, to reproduce or inspect it."""
-        if self.ctx.rank != 0 or self.ctx.config is None:
-            return
-        out_dir = Path(self.ctx.config.out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / CONFIG_FILE).write_text(json.dumps(self.config, indent=2) + "\n")
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)  # scales by 1/gradient_accumulation_steps itself
@@ -200,6 +192,16 @@ class DeepSpeedStrategy(Strategy):
             self.engine.destroy()
         self.engine = None
         super().teardown()
+
+
+def write_config(config: dict[str, Any], ctx: RunContext) -> None:
+    """The exact config handed to deepspeed.initialize, next to the run's metrics (rank 0), to
+    reproduce or inspect it; bench/deepspeed_parity.py compares it with the hand-written loop's."""
+    if ctx.rank != 0 or ctx.config is None:
+        return
+    out_dir = Path(ctx.config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
 
 
 def _import_deepspeed(ctx: RunContext) -> Any:
