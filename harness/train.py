@@ -26,6 +26,7 @@ from harness.checkpoint import CheckpointError, CheckpointManager, Manifest, par
 from harness.metrics import StepMetrics
 from harness.optim import adamw_factory, lr_at
 from harness.planner.for_run import prediction_for_run
+from harness.profiling import StepProfiler
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.base import RunContext, Strategy, StrategyError
@@ -116,35 +117,37 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             f"{cfg.batch_size} = {env.world_size} ranks x {micro_batch} x {grad_accum} accum | "
             f"loss floor {_fmt(getattr(data, 'loss_floor', None))}" + (f" | compiled: {compiled}" if compiled else "")
         )
+        profiler = StepProfiler(cfg.profile_steps, Path(cfg.out_dir) / "profile", env.rank, env.device)
         started = time.time()
         metrics.start(first_step=start_step, append=start_step > 0)
         memory = None
         for step in range(start_step, cfg.steps):
-            lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
-            strategy.set_lr(lr)
-            step_loss = torch.zeros((), device=env.device)
-            for micro in range(grad_accum):
-                rows = data.batch(schedule.micro_indices(step, micro, env.rank, env.world_size, micro_batch))
-                # One contiguous pinned copy, split on the device (views would go through pageable memory).
-                inputs, targets = split_inputs_targets(_pin(rows, env).to(env.device, non_blocking=True))
-                sync_ctx = strategy.no_sync() if micro < grad_accum - 1 else contextlib.nullcontext()
-                with sync_ctx:
-                    with strategy.autocast():
-                        loss = model(inputs, targets)
-                    strategy.backward(loss)
-                step_loss += loss.detach().float() / grad_accum
-            if step == min(start_step + 1, cfg.steps - 1):
-                # Measured between backward and step of the second step: gradients are
-                # held, and the optimizer state exists since the first step.
-                memory = strategy.memory_breakdown()
-            strategy.step()
-            metrics.record(step, lr, step_loss)
-            if metrics.should_flush(step, cfg.log_every, cfg.steps - 1):
-                metrics.flush(memory or strategy.memory_breakdown())
-            done = step + 1
-            if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
-                checkpoints.save(done, strategy, to_dict(cfg), shapes)
-            distributed.inject_fault(done, env.rank)
+            with profiler.step(step):
+                lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
+                strategy.set_lr(lr)
+                step_loss = torch.zeros((), device=env.device)
+                for micro in range(grad_accum):
+                    rows = data.batch(schedule.micro_indices(step, micro, env.rank, env.world_size, micro_batch))
+                    # One contiguous pinned copy, split on the device (views would go through pageable memory).
+                    inputs, targets = split_inputs_targets(_pin(rows, env).to(env.device, non_blocking=True))
+                    sync_ctx = strategy.no_sync() if micro < grad_accum - 1 else contextlib.nullcontext()
+                    with sync_ctx:
+                        with strategy.autocast():
+                            loss = model(inputs, targets)
+                        strategy.backward(loss)
+                    step_loss += loss.detach().float() / grad_accum
+                if step == min(start_step + 1, cfg.steps - 1):
+                    # Measured between backward and step of the second step: gradients are
+                    # held, and the optimizer state exists since the first step.
+                    memory = strategy.memory_breakdown()
+                strategy.step()
+                metrics.record(step, lr, step_loss)
+                if metrics.should_flush(step, cfg.log_every, cfg.steps - 1):
+                    metrics.flush(memory or strategy.memory_breakdown())
+                done = step + 1
+                if cfg.checkpoint_every and (done % cfg.checkpoint_every == 0 or done == cfg.steps):
+                    checkpoints.save(done, strategy, to_dict(cfg), shapes)
+                distributed.inject_fault(done, env.rank)
         summary = _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started)
         summary["resumed_from_step"] = start_step
         summary["compiled"] = compiled  # None: eager
