@@ -276,6 +276,7 @@ class AccelerateStrategy(Strategy):
                     f"the DeepSpeed config sets its own {key}: remove it; every parabench strategy shares the runner's "
                     "AdamW and learning-rate schedule"
                 )
+        self._merge_user_deepspeed_config(config, plugin.zero_stage)
         # With no DataLoader passed to prepare(), Accelerate cannot infer the micro-batch; the runner
         # knows it. Left "auto", Accelerate would also clip at 1.0 whatever grad_clip says.
         expected = {
@@ -302,6 +303,20 @@ class AccelerateStrategy(Strategy):
             if zero_config.get(key, "auto") == "auto":
                 zero_config[key] = value
         return plugin
+
+    def _merge_user_deepspeed_config(self, config: dict[str, Any], stage: int) -> None:
+        """`deepspeed_config=<file.json>` merged, in place, over the plugin's config, by the rules of
+        zero1-3: refused where it contradicts the run, "auto" values left to parabench."""
+        from strategies.deepspeed_config import check_user_config, merge, normalized, read_user_config, run_config
+
+        source = getattr(self.ctx.config, "deepspeed_config", None)
+        if not source:
+            return
+        user = read_user_config(source)
+        check_user_config(user, run_config(self.ctx, stage=stage, offload_optimizer=False, offload_params=False,
+                                           torch_optimizer_offloaded=False), source)
+        # In place: Accelerate's plugin keeps this very dict.
+        config.update(merge(config, normalized(user)))
 
     @staticmethod
     def _enable_fsdp_on_cpu(accelerator, fsdp_plugin) -> None:

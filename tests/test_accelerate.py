@@ -157,6 +157,22 @@ def test_contradicting_launch_settings_stop_the_run_in_one_line(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@needs_backends
+def test_a_users_deepspeed_json_reaches_the_zero_modes(tmp_path):
+    """deepspeed_config= is merged over Accelerate's DeepSpeed config as over zero1-3's, and the
+    config Accelerate hands DeepSpeed is written where zero1-3 write theirs."""
+    user_json = tmp_path / "ds.json"
+    user_json.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "communication_data_type": "fp32",
+                                     "zero_optimization": {"overlap_comm": True, "reduce_bucket_size": 2048}}))
+    out_dir = tmp_path / "run"
+    proc = run_cli(["train", "strategy=accelerate-zero2", f"out_dir={out_dir}", *NANO, "steps=2",
+                    f"deepspeed_config={user_json}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    handed = json.loads((out_dir / "deepspeed_config.json").read_text())
+    assert handed["zero_optimization"]["overlap_comm"] is True and handed["zero_optimization"]["reduce_bucket_size"] == 2048
+    assert handed["communication_data_type"] == "fp32" and handed["train_micro_batch_size_per_gpu"] == 8
+
+
 def test_listed_as_unavailable_without_accelerate():
     # A fresh interpreter where `import accelerate` / `import deepspeed` fail: the module
     # must still import, and each name must say what to install.
