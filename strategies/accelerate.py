@@ -211,7 +211,7 @@ class AccelerateStrategy(Strategy):
 
     def _build_accelerator(self, model: nn.Module):
         from accelerate import Accelerator
-        from accelerate.utils import InitProcessGroupKwargs
+        from accelerate.utils import AutocastKwargs, InitProcessGroupKwargs
 
         self._env_before = {k: os.environ.get(k) for k in _ENV_WRITTEN_BY_ACCELERATE}
         plugins: dict[str, Any] = {}
@@ -219,7 +219,12 @@ class AccelerateStrategy(Strategy):
             plugins["fsdp_plugin"] = self._fsdp_plugin(model)
         elif self.mode.startswith("zero"):
             plugins["deepspeed_plugin"] = self._deepspeed_plugin(model)
-        handlers = []
+        handlers: list[Any] = []
+        if self.mode == "fsdp":
+            # FSDP2's MixedPrecisionPolicy casts the parameters, as under the native fsdp and in a
+            # hand-written FSDP2 loop; Accelerate would also run the forward under autocast, whose
+            # extra casts (layer norms in fp32) neither of those has.
+            handlers.append(AutocastKwargs(enabled=False))
         if self.ctx.device.type == "cpu":
             # Told the backend of the group that already exists, Accelerate counts the
             # ranks from it; left to guess on a CPU, it sees a world of one.
@@ -244,8 +249,13 @@ class AccelerateStrategy(Strategy):
             return FullyShardedDataParallelPlugin()  # every setting from the launcher's FSDP_* environment
         blocks = model.transformer_blocks() if hasattr(model, "transformer_blocks") else []
         block_classes = sorted({type(block).__name__ for block in blocks})
+        from strategies.fsdp import mixed_precision_policy
+
         return FullyShardedDataParallelPlugin(
             fsdp_version=2,
+            # The native fsdp's policy: low-precision compute, gradients reduced in fp32, the loss
+            # left in fp32 (Accelerate's own would reduce in bf16 and cast the loss to bf16).
+            mixed_precision_policy=mixed_precision_policy(self.ctx),
             reshard_after_forward=True,
             # One FSDP unit per transformer block, then the root: as `fsdp` does.
             auto_wrap_policy="transformer_based_wrap" if block_classes else "no_wrap",

@@ -68,8 +68,9 @@ _TORCH = {
     "fsdp-grad-op": Backend("fsdp-grad-op", "torch", 3, "low_precision", reshard_after_forward=False),
     "fsdp-offload": Backend("fsdp-offload", "torch", 3, "low_precision", offload_optimizer=True, offload_params=True),
     "accelerate-ddp": Backend("accelerate-ddp", "torch", 0, via_accelerate=True, data_parallel=True),
-    # Accelerate's FSDP2 plugin: a bf16 MixedPrecisionPolicy that also reduces in bf16, under its autocast.
-    "accelerate-fsdp": Backend("accelerate-fsdp", "torch", 3, "low_precision", reduce_in_fp32=False, via_accelerate=True),
+    # Accelerate's FSDP2 plugin, given the native fsdp's MixedPrecisionPolicy (gradients reduced in fp32)
+    # and no autocast (strategies/accelerate.py).
+    "accelerate-fsdp": Backend("accelerate-fsdp", "torch", 3, "low_precision", via_accelerate=True),
 }
 _DEEPSPEED = {
     "zero1": Backend("zero1", "deepspeed", 1, "low_precision"),
