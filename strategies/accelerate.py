@@ -211,7 +211,7 @@ class AccelerateStrategy(Strategy):
 
     def _build_accelerator(self, model: nn.Module):
         from accelerate import Accelerator
-        from accelerate.utils import AutocastKwargs, InitProcessGroupKwargs
+        from accelerate.utils import AutocastKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
         self._env_before = {k: os.environ.get(k) for k in _ENV_WRITTEN_BY_ACCELERATE}
         plugins: dict[str, Any] = {}
@@ -220,6 +220,10 @@ class AccelerateStrategy(Strategy):
         elif self.mode.startswith("zero"):
             plugins["deepspeed_plugin"] = self._deepspeed_plugin(model)
         handlers: list[Any] = []
+        if self.mode == "ddp":
+            # As the native ddp and a hand-written DDP loop: gradients live in the all-reduce buckets,
+            # one copy of them, not a second one DDP copies into every step (torch's default).
+            handlers.append(DistributedDataParallelKwargs(gradient_as_bucket_view=True))
         if self.mode == "fsdp":
             # FSDP2's MixedPrecisionPolicy casts the parameters, as under the native fsdp and in a
             # hand-written FSDP2 loop; Accelerate would also run the forward under autocast, whose

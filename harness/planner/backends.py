@@ -123,6 +123,6 @@ def backend_for(name: str, shape: ModelShape, precision: str, world: int,
         options.setdefault("communication_data_type", precision)
     else:
         options.setdefault("bucket_cap_mb", DDP_BUCKET_CAP_MB)
-        # Accelerate builds DDP with torch's default (False); the ddp plugin turns it on.
-        options.setdefault("gradient_as_bucket_view", not backend.via_accelerate)
+        # Both the ddp plugin and accelerate-ddp (given DDP kwargs) turn it on; torch's default is off.
+        options.setdefault("gradient_as_bucket_view", True)
     return replace(backend, options=options)
