@@ -93,18 +93,20 @@ def _ms(value: float | None) -> str:
 
 def table(rows: list[tuple[Run, Profiled, Profiled]]) -> str:
     lines = ["| strategy | hand-written loop | collectives per step, parabench | collectives per step, hand-written "
-             "| step ms, parabench / hand-written | host ms outside the backend, parabench / hand-written "
-             "| host ms added by parabench |", "|---|---|---|---|---|---|---|"]
+             "| operators per step, parabench / hand-written | step ms, parabench / hand-written "
+             "| host ms outside the backend, parabench / hand-written | host ms added by parabench |",
+             "|---|---|---|---|---|---|---|---|"]
     for run, runner, hand in rows:
         if runner.error or hand.error:
             why = "; ".join(f"{label} failed: {side.error}" for label, side in (("parabench", runner),
                                                                                   ("hand-written", hand)) if side.error)
-            lines.append(f"| {run.name} | {run.script} {' '.join(run.hand)} | {why.replace('|', '/')} | | | | |")
+            lines.append(f"| {run.name} | {run.script} {' '.join(run.hand)} | {why.replace('|', '/')} | | | | | |")
             continue
         added = runner.median("host_ms") - hand.median("host_ms")
         lines.append(" | ".join([
             f"| {run.name}", f"{run.script} {' '.join(run.hand)}".strip(), _collectives(runner.collectives),
-            _collectives(hand.collectives), f"{_ms(runner.median('wall_ms'))} / {_ms(hand.median('wall_ms'))}",
+            _collectives(hand.collectives), f"{runner.median('operators'):g} / {hand.median('operators'):g}",
+            f"{_ms(runner.median('wall_ms'))} / {_ms(hand.median('wall_ms'))}",
             f"{_ms(runner.median('host_ms'))} / {_ms(hand.median('host_ms'))}", f"{added:+.2f} |",
         ]))
     return "\n".join(lines)
@@ -131,7 +133,8 @@ def section(rows: list[tuple[Run, Profiled, Profiled]], s: Settings, steps: list
         f"Settings (both sides): model {s.model}, world size {s.world_size}, micro-batch {s.micro_batch} per rank, "
         f"sequence {s.seq_len}, {s.precision}, AdamW, clipping {s.grad_clip}, OMP_NUM_THREADS=1; steps "
         f"{steps[0]}-{steps[-1]} of {s.steps} under torch.profiler. Collectives: the calls of rank 0 in a step "
-        f"(median over the profiled steps), by kind. Step and host ms: medians over the profiled steps of both "
+        f"(median over the profiled steps), by kind. Operators: the top-level torch operators a step calls. "
+        f"Operators, step and host ms: medians over the profiled steps of both "
         f"ranks; host ms outside the backend = the step's wall time less the time in which its thread runs a "
         f"torch operator or a collective is in flight (harness/profiling.py).",
     ]

@@ -7,6 +7,7 @@ https://ui.perfetto.dev) and rank<r>.summary.json, which says per profiled step:
 - collectives: the collectives this rank called, by kind (all_reduce, all_gather,
   reduce_scatter, broadcast, ...), each call once: the outermost c10d operator of the call, not
   the ops nested in it (a coalesced call is one) nor the backend's own events on its threads;
+- operators: the top-level torch operators the step's thread called (those not inside another);
 - wall_ms: the step's wall time (the annotation wraps the loop's whole step);
 - backend_ms: the part of it in which the step's thread runs a torch operator (forward, backward,
   optimizer, collective calls: every top-level operator event) or a collective is in flight on
@@ -145,8 +146,8 @@ def summarize(trace: dict) -> dict[str, Any]:
             kind = collective_kind(e["name"])
             collectives[kind] = collectives.get(kind, 0) + 1
         wall_ms, backend_ms = mark["dur"] / 1e3, _union_ms(busy)
-        steps.append({"step": number, "wall_ms": wall_ms, "backend_ms": backend_ms, "host_ms": wall_ms - backend_ms,
-                      "collectives": dict(sorted(collectives.items()))})
+        steps.append({"step": number, "operators": len(_outermost(ops)), "wall_ms": wall_ms, "backend_ms": backend_ms,
+                      "host_ms": wall_ms - backend_ms, "collectives": dict(sorted(collectives.items()))})
     return {"steps": steps, "median": _median(steps)}
 
 
@@ -155,6 +156,6 @@ def _median(steps: list[dict]) -> dict[str, Any]:
         return {}
     kinds = sorted({k for s in steps for k in s["collectives"]})
     return {
-        **{key: statistics.median(s[key] for s in steps) for key in ("wall_ms", "backend_ms", "host_ms")},
+        **{key: statistics.median(s[key] for s in steps) for key in ("operators", "wall_ms", "backend_ms", "host_ms")},
         "collectives": {k: statistics.median(s["collectives"].get(k, 0) for s in steps) for k in kinds},
     }

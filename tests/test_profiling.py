@@ -31,6 +31,7 @@ def test_summary_counts_each_collective_call_once_and_host_time_outside_ops_and_
     ]}
     (step,) = summarize(trace)["steps"]
     assert step["step"] == 3 and step["collectives"] == {"all_gather": 1, "all_reduce": 1}
+    assert step["operators"] == 4  # mm, allreduce, allgather, wait: not the nested ones, not the one after
     # Busy: mm 1-3 ms, allreduce 4-5 ms (in flight), allgather 6-7 ms, wait 7.5-8 ms.
     assert step["wall_ms"] == 10.0 and step["backend_ms"] == pytest.approx(4.5)
     assert step["host_ms"] == pytest.approx(5.5)
