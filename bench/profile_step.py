@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What parabench adds to a training step, without a GPU: `runner.py train` and the hand-written
 loop for the same backend, each under torch.profiler on the CPU (gloo, world size 2, gpt-nano,
-fp32) for a few steady-state steps, compared on the collectives each step calls and the host time
-each step spends outside the backend.
+fp32 unless --precision bf16) for a few steady-state steps, compared on the collectives each
+step calls and the host time each step spends outside the backend.
 
     python bench/profile_step.py                              # the default strategies
     python bench/profile_step.py --only zero2,accelerate-zero2
@@ -164,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=int, default=8, help="steps profiled, those before the last (default 8)")
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per rank and step (default 4)")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
+    p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="both sides' precision (default fp32)")
     p.add_argument("--out", default=str(RESULTS), help=f"markdown file the section is appended to (default "
                                                         f"{RESULTS.relative_to(ROOT)}); '-' for none")
     p.add_argument("--work-dir", help="logs, traces and run directories (default runs/profile/<time>)")
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--profile={args.profile} must leave at least 3 unprofiled steps of --steps={args.steps}")
     runs = select(args.only)
     s = Settings(model="gpt-nano", micro_batch=args.micro_batch, seq_len=args.seq_len, steps=args.steps, warmup=2,
-                 data_samples=max(args.micro_batch * WORLD_SIZE * args.steps, 64), precision="fp32", device="cpu",
+                 data_samples=max(args.micro_batch * WORLD_SIZE * args.steps, 64), precision=args.precision, device="cpu",
                  world_size=WORLD_SIZE)
     # The last steps before the last one: the runner's final metrics flush (two all-reduces and a
     # host sync at the last step) is the end of the run, not part of a step.
