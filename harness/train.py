@@ -125,7 +125,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             with profiler.step(step):
                 lr = lr_at(step, lr=cfg.lr, min_lr=cfg.min_lr, warmup_steps=cfg.warmup_steps, total_steps=cfg.steps)
                 strategy.set_lr(lr)
-                step_loss = torch.zeros((), device=env.device)
+                step_loss = None  # this rank's mean loss over its micro-steps, fp32, on the device
                 for micro in range(grad_accum):
                     rows = data.batch(schedule.micro_indices(step, micro, env.rank, env.world_size, micro_batch))
                     # One contiguous pinned copy, split on the device (views would go through pageable memory).
@@ -135,7 +135,10 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                         with strategy.autocast():
                             loss = model(inputs, targets)
                         strategy.backward(loss)
-                    step_loss += loss.detach().float() / grad_accum
+                    micro_loss = loss.detach().float()
+                    step_loss = micro_loss if step_loss is None else step_loss + micro_loss
+                if grad_accum > 1:
+                    step_loss = step_loss / grad_accum
                 if step == min(start_step + 1, cfg.steps - 1):
                     # Measured between backward and step of the second step: gradients are
                     # held, and the optimizer state exists since the first step.
