@@ -68,6 +68,9 @@ class RunConfig:
     out_dir: str = "runs/train"
     log_every: int = 10  # host sync and metrics flush interval, in steps
     timing_warmup: int = 2  # steps left out of throughput figures
+    # Consecutive steps (numbered from 1, as in metrics.jsonl) to run under torch.profiler: a trace
+    # and a summary per rank in <out_dir>/profile/ (harness/profiling.py). They run slower.
+    profile_steps: list[int] = field(default_factory=list)
     # Backend options: passed to the strategy plugin as keyword arguments.
     strategy_options: dict[str, Any] = field(default_factory=dict)
     deepspeed_config: Optional[str] = None  # a user's DeepSpeed JSON, merged over the built one
@@ -137,6 +140,12 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(f"beta1={cfg.beta1}, beta2={cfg.beta2}: each must be in [0, 1)")
     if cfg.pg_timeout_s <= 0:
         raise ConfigError(f"pg_timeout_s={cfg.pg_timeout_s} must be positive")
+    steps = list(cfg.profile_steps)
+    if steps and (steps != list(range(steps[0], steps[0] + len(steps))) or steps[0] < 1 or steps[-1] > cfg.steps):
+        raise ConfigError(
+            f"profile_steps={steps} must be consecutive step numbers between 1 and steps={cfg.steps}, "
+            "for example profile_steps=[6,7,8]"
+        )
 
 
 def _key_help(bad_key: str, schema: type) -> str:

@@ -52,8 +52,8 @@ class StepMetrics:
         self._interval_start = time.perf_counter()
 
     def record(self, step: int, lr: float, loss: torch.Tensor) -> None:
-        """Keep step `step`'s loss (this rank's mean over its share) on the device."""
-        self._pending.append((step, lr, loss.detach().float()))
+        """Keep step `step`'s loss (this rank's mean over its share: a detached fp32 scalar) on the device."""
+        self._pending.append((step, lr, loss))
 
     def flush(self, memory: MemoryBreakdown) -> dict[str, Any] | None:
         """Reduce and write the pending steps; returns the last row (on every rank)."""

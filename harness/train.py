@@ -29,6 +29,7 @@ from harness.determinism import make_deterministic
 from harness.noise import RoundingNoise
 from harness.optim import Schedule, adamw_factory, resolve_schedule
 from harness.planner.for_run import prediction_for_run
+from harness.profiling import StepProfiler
 from models.blocks import Blocks, find_blocks
 from models.checkpointing import enable_checkpointing
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
@@ -122,34 +123,39 @@ class Training:
         cfg, env, strategy, model = self.cfg, self.env, self.strategy, self.model
         assert self.lr_schedule is not None, "set_up() first"
         metrics.start(first_step=start_step, append=start_step > 0)
+        profiler = StepProfiler(cfg.profile_steps, Path(cfg.out_dir) / "profile", env.rank, env.device)
         memory = None
         loss_dtype: torch.dtype | None = None  # as the backend returns it: its resolution bounds the comparison
         for step in range(start_step, cfg.steps):
-            lr = self.lr_schedule.at(step, cfg.steps)
-            strategy.set_lr(lr)
-            step_loss = torch.zeros((), device=env.device)
-            for micro in range(self.grad_accum):
-                rows = self.data.batch(self.schedule.micro_indices(step, micro, env.rank, env.world_size,
-                                                                   self.micro_batch))
-                # One contiguous pinned copy, split on the device (views would go through pageable memory).
-                inputs, targets = split_inputs_targets(_pin(rows, env).to(env.device, non_blocking=True))
-                sync_ctx = strategy.no_sync() if micro < self.grad_accum - 1 else contextlib.nullcontext()
-                with sync_ctx:
-                    with strategy.autocast():
-                        loss = model(inputs, targets)
-                    strategy.backward(loss)
-                step_loss += loss.detach().float() / self.grad_accum
-                loss_dtype = loss.dtype
-            if step == min(start_step + 1, cfg.steps - 1):
-                # Measured between backward and step of the second step: gradients are
-                # held, and the optimizer state exists since the first step.
-                memory = strategy.memory_breakdown()
-            strategy.step()
-            metrics.record(step, lr, step_loss)
-            if metrics.should_flush(step, cfg.log_every, cfg.steps - 1):
-                metrics.flush(memory or strategy.memory_breakdown())
-            if after_step is not None:
-                after_step(step + 1)
+            with profiler.step(step):
+                lr = self.lr_schedule.at(step, cfg.steps)
+                strategy.set_lr(lr)
+                step_loss = None  # this rank's mean loss over its micro-steps, fp32, on the device
+                for micro in range(self.grad_accum):
+                    rows = self.data.batch(self.schedule.micro_indices(step, micro, env.rank, env.world_size,
+                                                                       self.micro_batch))
+                    # One contiguous pinned copy, split on the device (views would go through pageable memory).
+                    inputs, targets = split_inputs_targets(_pin(rows, env).to(env.device, non_blocking=True))
+                    sync_ctx = strategy.no_sync() if micro < self.grad_accum - 1 else contextlib.nullcontext()
+                    with sync_ctx:
+                        with strategy.autocast():
+                            loss = model(inputs, targets)
+                        strategy.backward(loss)
+                    micro_loss = loss.detach().float()
+                    step_loss = micro_loss if step_loss is None else step_loss + micro_loss
+                    loss_dtype = loss.dtype
+                if self.grad_accum > 1:
+                    step_loss = step_loss / self.grad_accum
+                if step == min(start_step + 1, cfg.steps - 1):
+                    # Measured between backward and step of the second step: gradients are
+                    # held, and the optimizer state exists since the first step.
+                    memory = strategy.memory_breakdown()
+                strategy.step()
+                metrics.record(step, lr, step_loss)
+                if metrics.should_flush(step, cfg.log_every, cfg.steps - 1):
+                    metrics.flush(memory or strategy.memory_breakdown())
+                if after_step is not None:
+                    after_step(step + 1)
         return memory, loss_dtype
 
 

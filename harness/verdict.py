@@ -13,7 +13,8 @@ spread drops to nothing for a step). What a strategy may differ by at step k is 
     loss computed in low precision is only good to that, and backends that keep the residual
     stream in bf16 (FSDP's policy, DeepSpeed) evaluate it differently from autocast's fp32
     stream (on gpt-nano: up to 6e-4, where noise runs stray 1e-4);
-  - the rounding of the loss the backend returns (Accelerate's FSDP2 returns it in bf16);
+  - the rounding of the loss the backend returns (Accelerate's own FSDP2 policy, as `accelerate
+    launch` configures it, casts it to bf16);
   - MATCH_FLOOR.
 
   matches       within MATCH_FLOOR at every step (in fp32 only reduction order differs);

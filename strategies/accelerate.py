@@ -186,6 +186,11 @@ class AccelerateStrategy(Strategy):
         blocks = self.find_blocks(model)  # before ZeRO-3 empties the parameters into its partitions
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         if self.mode.startswith("zero"):
+            from strategies.deepspeed import write_config
+
+            # What Accelerate handed deepspeed.initialize (the engine keeps that dict), in the
+            # same file as under zero1-3.
+            write_config(self.model.config, self.ctx)
             self._measure_before_engine_steps(self.model)
         self.layout = self._layout(blocks)
         return self.model, self.optimizer
@@ -227,7 +232,7 @@ class AccelerateStrategy(Strategy):
 
     def _build_accelerator(self, model: nn.Module):
         from accelerate import Accelerator
-        from accelerate.utils import InitProcessGroupKwargs
+        from accelerate.utils import AutocastKwargs, DistributedDataParallelKwargs, InitProcessGroupKwargs
 
         self._env_before = {k: os.environ.get(k) for k in _ENV_WRITTEN_BY_ACCELERATE}
         plugins: dict[str, Any] = {}
@@ -235,7 +240,16 @@ class AccelerateStrategy(Strategy):
             plugins["fsdp_plugin"] = self._fsdp_plugin(model)
         elif self.mode.startswith("zero"):
             plugins["deepspeed_plugin"] = self._deepspeed_plugin(model)
-        handlers = []
+        handlers: list[Any] = []
+        if self.mode == "ddp":
+            # As the native ddp and a hand-written DDP loop: gradients live in the all-reduce buckets,
+            # one copy of them, not a second one DDP copies into every step (torch's default).
+            handlers.append(DistributedDataParallelKwargs(gradient_as_bucket_view=True))
+        if self.mode == "fsdp":
+            # FSDP2's MixedPrecisionPolicy casts the parameters, as under the native fsdp and in a
+            # hand-written FSDP2 loop; Accelerate would also run the forward under autocast, whose
+            # extra casts (layer norms in fp32) neither of those has.
+            handlers.append(AutocastKwargs(enabled=False))
         if self.ctx.device.type == "cpu":
             # Told the backend of the group that already exists, Accelerate counts the
             # ranks from it; left to guess on a CPU, it sees a world of one.
@@ -265,8 +279,13 @@ class AccelerateStrategy(Strategy):
                   "every parameter is gathered at once for the forward; name the blocks by a class only they have with "
                   "model_blocks=<ClassName>, or use strategy=fsdp, which shards the blocks themselves", flush=True)
         block_classes = [] if self._unwrapped_because else blocks.classes
+        from strategies.fsdp import mixed_precision_policy
+
         return FullyShardedDataParallelPlugin(
             fsdp_version=2,
+            # The native fsdp's policy: low-precision compute, gradients reduced in fp32, the loss
+            # left in fp32 (Accelerate's own would reduce in bf16 and cast the loss to bf16).
+            mixed_precision_policy=mixed_precision_policy(self.ctx),
             reshard_after_forward=True,
             # One FSDP unit per block, then the root: as `fsdp` does.
             auto_wrap_policy="transformer_based_wrap" if block_classes else "no_wrap",
@@ -297,6 +316,7 @@ class AccelerateStrategy(Strategy):
                     f"the DeepSpeed config sets its own {key}: remove it; every parabench strategy shares the runner's "
                     "AdamW and learning-rate schedule"
                 )
+        self._merge_user_deepspeed_config(config, plugin.zero_stage)
         # With no DataLoader passed to prepare(), Accelerate cannot infer the micro-batch; the runner
         # knows it. Left "auto", Accelerate would also clip at 1.0 whatever grad_clip says.
         expected = {
@@ -323,6 +343,20 @@ class AccelerateStrategy(Strategy):
             if zero_config.get(key, "auto") == "auto":
                 zero_config[key] = value
         return plugin
+
+    def _merge_user_deepspeed_config(self, config: dict[str, Any], stage: int) -> None:
+        """`deepspeed_config=<file.json>` merged, in place, over the plugin's config, by the rules of
+        zero1-3: refused where it contradicts the run, "auto" values left to parabench."""
+        from strategies.deepspeed_config import check_user_config, merge, normalized, read_user_config, run_config
+
+        source = getattr(self.ctx.config, "deepspeed_config", None)
+        if not source:
+            return
+        user = read_user_config(source)
+        check_user_config(user, run_config(self.ctx, stage=stage, offload_optimizer=False, offload_params=False,
+                                           torch_optimizer_offloaded=False), source)
+        # In place: Accelerate's plugin keeps this very dict.
+        config.update(merge(config, normalized(user)))
 
     @staticmethod
     def _enable_fsdp_on_cpu(accelerator, fsdp_plugin) -> None:

@@ -138,7 +138,7 @@ class DeepSpeedStrategy(Strategy):
             optimizer = _as_cpu_adam(optimizer)
         self.config = final_config(sizing_config(model_size(model), self.stage, self.ctx.world_size), self.run_config,
                                    self.user_config)
-        self._write_config()
+        write_config(self.config, self.ctx)
         if self.stage == 3:  # found before DeepSpeed empties the parameters into its partitions
             self.layout = zero3_layout(self.find_blocks(model))
         # The runner's process group already exists: DeepSpeed wraps it, never makes its own.
@@ -151,14 +151,6 @@ class DeepSpeedStrategy(Strategy):
         self.engine = self.model = engine
         self.optimizer = engine.optimizer
         return engine, engine.optimizer
-
-    def _write_config(self) -> None:
-        """The exact DeepSpeed config of this run, next to its metrics, to reproduce or inspect it."""
-        if self.ctx.rank != 0 or self.ctx.config is None:
-            return
-        out_dir = Path(self.ctx.config.out_dir)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / CONFIG_FILE).write_text(json.dumps(self.config, indent=2) + "\n")
 
     def backward(self, loss: torch.Tensor) -> None:
         self.engine.backward(loss)  # scales by 1/gradient_accumulation_steps itself
@@ -218,6 +210,16 @@ def zero3_layout(blocks: Blocks) -> str:
     the blocks are what compile and checkpointing work through."""
     return (f"zero3: parameters gathered module by module in DeepSpeed's hooks, prefetched in its recorded order; "
             f"blocks for compile and checkpointing: {blocks.describe()}")
+
+
+def write_config(config: dict[str, Any], ctx: RunContext) -> None:
+    """The exact config handed to deepspeed.initialize, next to the run's metrics (rank 0), to
+    reproduce or inspect it; bench/deepspeed_parity.py compares it with the hand-written loop's."""
+    if ctx.rank != 0 or ctx.config is None:
+        return
+    out_dir = Path(ctx.config.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
 
 
 def _import_deepspeed(ctx: RunContext) -> Any:

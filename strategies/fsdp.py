@@ -32,6 +32,13 @@ from strategies.base import OptimizerFactory, RunContext, StrategyError, compile
 from strategies.single import SingleDeviceStrategy
 
 
+def mixed_precision_policy(ctx: RunContext) -> MixedPrecisionPolicy:
+    """Compute in the run's low precision, reduce gradients in fp32 (torchtitan's choice); none in fp32."""
+    if ctx.precision == "fp32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=ctx.dtype, reduce_dtype=torch.float32)
+
+
 class FSDPStrategy(SingleDeviceStrategy):
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded"
     checkpoint_format = "dcp"
@@ -53,9 +60,7 @@ class FSDPStrategy(SingleDeviceStrategy):
         self.prefetch_blocks = prefetch_blocks
 
     def _policies(self) -> dict:
-        mp = MixedPrecisionPolicy()
-        if self.ctx.precision != "fp32":
-            mp = MixedPrecisionPolicy(param_dtype=self.ctx.dtype, reduce_dtype=torch.float32)
+        mp = mixed_precision_policy(self.ctx)
         offload: OffloadPolicy = OffloadPolicy()
         if self.cpu_offload:
             # Pinned host memory only helps (and only exists) with an accelerator to copy to.

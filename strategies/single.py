@@ -58,7 +58,8 @@ class SingleDeviceStrategy(Strategy):
         return torch.autocast(self.ctx.device.type, dtype=self.ctx.dtype)
 
     def backward(self, loss: torch.Tensor) -> None:
-        loss = loss / self.ctx.grad_accum
+        if self.ctx.grad_accum > 1:  # a division by 1 would still cost an operator and its backward
+            loss = loss / self.ctx.grad_accum
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def clip_gradients(self) -> None:

@@ -27,7 +27,7 @@ from strategies.accelerate import (
 )
 from strategies.base import RunContext, StrategyError
 from strategies.registry import default_registry
-from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_cli
+from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_cli, train
 
 TOLERANCE = 1e-4  # relative, every step: only the order of floating-point sums differs
 ACCELERATE_CLI = Path(sys.executable).parent / "accelerate"
@@ -155,6 +155,33 @@ def test_contradicting_launch_settings_stop_the_run_in_one_line(tmp_path):
         "accelerate-fsdp: use strategy=accelerate-ddp, or launch with --config_file configs/accelerate/fsdp.yaml"
     )
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+@needs_backends
+def test_a_users_deepspeed_json_reaches_the_zero_modes(tmp_path):
+    """deepspeed_config= is merged over Accelerate's DeepSpeed config as over zero1-3's, and the
+    config Accelerate hands DeepSpeed is written where zero1-3 write theirs."""
+    user_json = tmp_path / "ds.json"
+    user_json.write_text(json.dumps({"train_micro_batch_size_per_gpu": "auto", "communication_data_type": "fp32",
+                                     "zero_optimization": {"overlap_comm": True, "reduce_bucket_size": 2048}}))
+    out_dir = tmp_path / "run"
+    proc = run_cli(["train", "strategy=accelerate-zero2", f"out_dir={out_dir}", *NANO, "steps=2",
+                    f"deepspeed_config={user_json}"])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    handed = json.loads((out_dir / "deepspeed_config.json").read_text())
+    assert handed["zero_optimization"]["overlap_comm"] is True and handed["zero_optimization"]["reduce_bucket_size"] == 2048
+    assert handed["communication_data_type"] == "fp32" and handed["train_micro_batch_size_per_gpu"] == 8
+
+
+@needs_backends
+def test_fsdp_mode_in_bf16_computes_what_the_native_fsdp_computes(tmp_path):
+    """accelerate-fsdp takes the native fsdp's MixedPrecisionPolicy and no autocast: in bf16 its
+    losses are the native ones (Accelerate's own bf16 setup, autocast over a bf16-reducing policy
+    that casts the loss to bf16, differed by up to 2e-3)."""
+    bf16 = ["precision=bf16", "steps=4"]
+    _, native = train(tmp_path / "fsdp", "fsdp", nproc=2, extra=bf16)
+    _, rows, _ = train_accelerate(tmp_path / "acc-fsdp", "fsdp", extra=bf16)
+    assert max_rel_diff(rows, native) < 1e-6
 
 
 def test_listed_as_unavailable_without_accelerate():

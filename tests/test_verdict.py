@@ -223,8 +223,8 @@ def test_built_ins_agree_and_a_wrong_learning_rate_differs_in_bf16(tmp_path):
     results = compare(tmp_path / "bf16", built_in + ["lr-off"], ["precision=bf16"], plugin_env(tmp_path))
     for name in built_in[1:]:
         assert results[name]["verdict_kind"] in ("matches", "within noise"), (name, results[name]["verdict"])
-    # Accelerate's FSDP2 hands the loss back in bf16 (its output_dtype): recorded, and allowed for.
-    assert results["accelerate-fsdp"]["loss_dtype"] == "bf16" and results["fsdp"]["loss_dtype"] == "fp32"
+    # The dtype each backend handed the loss back in is recorded (a bf16 one would widen its bound).
+    assert {results[name]["loss_dtype"] for name in built_in} == {"fp32"}
     assert results["lr-off"]["verdict_kind"] == "differs", results["lr-off"]["verdict"]
 
 

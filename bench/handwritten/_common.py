@@ -53,11 +53,18 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
+    p.add_argument("--profile-steps", default="", help="consecutive steps, numbered from 1, to run under "
+                   "torch.profiler, e.g. 6,7,8 (bench/profile_step.py); they run slower")
+    p.add_argument("--profile-dir", default="profile", help="where each rank writes rank<r>.trace.json")
     if extra:
         extra(p)
     args = p.parse_args()
     if not 0 <= args.warmup < args.steps:
         p.error(f"--warmup={args.warmup} must be at least 0 and below --steps={args.steps}")
+    args.profile_steps = [int(n) for n in args.profile_steps.split(",") if n.strip()]
+    if args.profile_steps and (args.profile_steps != list(range(args.profile_steps[0], args.profile_steps[-1] + 1))
+                               or args.profile_steps[0] < 1 or args.profile_steps[-1] > args.steps):
+        p.error(f"--profile-steps={args.profile_steps} must be consecutive steps between 1 and --steps={args.steps}")
     return args
 
 
@@ -139,6 +146,36 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+class Profiler:
+    """--profile-steps: torch.profiler from the first listed step to the last, each step inside a
+    "train_step#<n>" annotation, as harness/profiling.py marks the runner's steps (the mark is
+    written out here: these loops import nothing from the harness), then one Chrome trace per
+    rank that bench/profile_step.py reads. Steps outside the list run untouched."""
+
+    def __init__(self, args: argparse.Namespace, device: torch.device):
+        self.steps, self.device = args.profile_steps, device
+        self.path = Path(args.profile_dir) / f"rank{int(os.environ.get('RANK', '0'))}.trace.json"
+        self.profile = None
+
+    def run(self, train_step: Callable[[int], torch.Tensor], step: int) -> torch.Tensor:
+        number = step + 1
+        if number not in self.steps:
+            return train_step(step)
+        if number == self.steps[0]:
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            self.profile = torch.profiler.profile(activities=activities)
+            self.profile.start()
+        with torch.profiler.record_function(f"train_step#{number}"):
+            loss = train_step(step)
+        if number == self.steps[-1]:
+            self.profile.stop()
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.profile.export_chrome_trace(str(self.path))
+        return loss
+
+
 def timed_loop(train_step: Callable[[int], torch.Tensor], args: argparse.Namespace, device: torch.device) -> dict:
     """Run every step; time those after the warm-up from wall time between two synchronisations.
 
@@ -146,12 +183,13 @@ def timed_loop(train_step: Callable[[int], torch.Tensor], args: argparse.Namespa
     memory is the process's peak since start (the model was moved after start).
     """
     loss = None
+    profiler = Profiler(args, device)
     started = time.perf_counter()
     for step in range(args.steps):
         if step == args.warmup:
             synchronize(device)
             started = time.perf_counter()
-        loss = train_step(step)
+        loss = profiler.run(train_step, step)
     synchronize(device)
     elapsed = time.perf_counter() - started
     timed = args.steps - args.warmup

@@ -68,8 +68,9 @@ _TORCH = {
     "fsdp-grad-op": Backend("fsdp-grad-op", "torch", 3, "low_precision", reshard_after_forward=False),
     "fsdp-offload": Backend("fsdp-offload", "torch", 3, "low_precision", offload_optimizer=True, offload_params=True),
     "accelerate-ddp": Backend("accelerate-ddp", "torch", 0, via_accelerate=True, data_parallel=True),
-    # Accelerate's FSDP2 plugin: a bf16 MixedPrecisionPolicy that also reduces in bf16, under its autocast.
-    "accelerate-fsdp": Backend("accelerate-fsdp", "torch", 3, "low_precision", reduce_in_fp32=False, via_accelerate=True),
+    # Accelerate's FSDP2 plugin, given the native fsdp's MixedPrecisionPolicy (gradients reduced in fp32)
+    # and no autocast (strategies/accelerate.py).
+    "accelerate-fsdp": Backend("accelerate-fsdp", "torch", 3, "low_precision", via_accelerate=True),
 }
 _DEEPSPEED = {
     "zero1": Backend("zero1", "deepspeed", 1, "low_precision"),
@@ -131,6 +132,6 @@ def backend_for(name: str, shape: ModelShape, precision: str, world: int,
         options.setdefault("communication_data_type", precision)
     else:
         options.setdefault("bucket_cap_mb", DDP_BUCKET_CAP_MB)
-        # Accelerate builds DDP with torch's default (False); the ddp plugin turns it on.
-        options.setdefault("gradient_as_bucket_view", not backend.via_accelerate)
+        # Both the ddp plugin and accelerate-ddp (given DDP kwargs) turn it on; torch's default is off.
+        options.setdefault("gradient_as_bucket_view", True)
     return replace(backend, options=options)

@@ -65,7 +65,7 @@ class ModelShape:
     param_modules: int | None = None  # modules holding parameters directly (ZeRO-3 fetches each); None: unknown
 
     def matrix_width(self) -> int | None:
-        """The size most weight matrices share, as strategies/deepspeed_config.model_hidden_size counts it."""
+        """The size most weight matrices share, as strategies/deepspeed_config.model_size counts it."""
         if self.tensors is None:
             return self.dims.width if self.dims else None
         dims = Counter(d for t in self.tensors if len(t.shape) == 2 for d in t.shape)
