@@ -32,9 +32,10 @@ CONFIG_FILE = "deepspeed_config.json"  # what a run writes (strategies/deepspeed
 # A key covers everything under it.
 DOCUMENTED_DIFFERENCES: dict[str, str] = {
     "zero_optimization.reduce_bucket_size":
-        "one rank's share of the model (at most DeepSpeed's 5e8 elements): on one rank one reduction per step, "
-        "as with the default, without allocating a 5e8-element bucket for a smaller model "
-        "(strategies/deepspeed_config.py sizing_config)",
+        "the model's size for ZeRO-1/2 (one reduction per step, as the default gives any model under 5e8 "
+        "parameters, without allocating a 5e8-element bucket for a smaller one), one rank's share for ZeRO-3 (its "
+        "bucket lives all run: no more memory than the gradient partition; on one rank the model's size again); "
+        "at most DeepSpeed's 5e8 elements (strategies/deepspeed_config.py sizing_config)",
     "zero_optimization.stage3_param_persistence_threshold":
         "ZeRO-3 only, and only for models whose width x width is at most DeepSpeed's threshold (1e5 elements; "
         "gpt-nano, not gpt2-124m): 10 x the width, else every matrix would stay whole and ZeRO-3 would shard nothing",
@@ -46,13 +47,17 @@ DOCUMENTED_DIFFERENCES: dict[str, str] = {
     "zero_allow_untested_optimizer":
         "zero.py sets it, as many DeepSpeed scripts do, and so does Accelerate; parabench does not need it: "
         "torch.optim.AdamW is on DeepSpeed's list of ZeRO optimizers, so the flag changes nothing here",
+    "timers.throughput.enabled":
+        "off: parabench measures throughput itself, syncing only at the logging interval; DeepSpeed's own timer "
+        "synchronizes the device at the start and end of every step (both sides paid it before)",
     "steps_per_print":
         "never printed on either side: DeepSpeed's default (None) in parabench, 2**30 in zero.py, infinity "
         "from Accelerate's plugin",
 }
 
 # DeepSpeedConfig's attribute names for the sections whose JSON names differ.
-_SECTION_NAMES = {"zero_config": "zero_optimization", "bfloat16_config": "bf16", "float16_config": "fp16"}
+_SECTION_NAMES = {"zero_config": "zero_optimization", "bfloat16_config": "bf16", "float16_config": "fp16",
+                  "timers_config": "timers.throughput"}
 
 
 def effective_config(config: dict[str, Any], world_size: int) -> dict[str, Any]:

@@ -75,6 +75,9 @@ def run_config(ctx: RunContext, *, stage: int, offload_optimizer: bool, offload_
         # at once on overflow, grow after 2000 clean steps): the same as `single` and `ddp`.
         config["fp16"].update(loss_scale=0, initial_scale_power=16, hysteresis=1, loss_scale_window=2000,
                               min_loss_scale=1)
+    # parabench measures throughput itself, syncing only at the logging interval (harness/metrics.py);
+    # DeepSpeed's own throughput timer would synchronize the device at the start and end of every step.
+    config["timers"] = {"throughput": {"enabled": False}}
     if torch_optimizer_offloaded:
         # Our torch AdamW steps the CPU partitions; DeepSpeed refuses a non-DeepSpeed
         # optimizer under offload unless told that this is intended.
@@ -106,11 +109,14 @@ def sizing_config(size: ModelSize, stage: int, world_size: int) -> dict[str, Any
     """Layer 1: DeepSpeed's defaults, lowered only where they exceed what the model needs.
 
     reduce_bucket_size: DeepSpeed allocates the whole bucket (its default 5e8 elements are
-    1 GB in bf16, twice with overlap_comm; ZeRO-3 keeps it for the whole run) and reduces
-    whenever it fills. Here it holds one rank's share of the model, at most the default: on
-    one rank a single reduction per step, the same collectives as the default for any model
-    under 5e8 parameters, in a fraction of its memory; on N ranks N reductions per step, each
-    of a gradient partition's size, so ZeRO-3's bucket costs no more than the partition.
+    1 GB in bf16, twice with overlap_comm) and reduces whenever it fills. ZeRO-1/2 allocate it
+    for the backward and free it after: a bucket of the model's size (at most the default)
+    makes the same single reduction per step as the default for any model under 5e8
+    parameters, in less memory; a smaller one would add synchronous reductions (on 2 CPU ranks
+    one rank's share doubled some steps). ZeRO-3 keeps its bucket for the whole run, counted
+    as gradient memory: there it holds one rank's share of the model (at most the default),
+    so the bucket costs no more than the gradient partition, and its N reductions per step
+    overlap the backward (DeepSpeed's stage-3 overlap_comm); on one rank, one reduction again.
     Every other bucket (all-gather, ZeRO-3 prefetch) stays at DeepSpeed's default: smaller
     ones only add collectives (with Hugging Face's h*h buckets, an H100 run had zero2 at 0.78
     of the speed of a hand-written loop that keeps DeepSpeed's defaults).
@@ -118,8 +124,8 @@ def sizing_config(size: ModelSize, stage: int, world_size: int) -> dict[str, Any
     Where the model's matrices (width x width) are no larger, that is every matrix and ZeRO-3
     would shard nothing; there it is 10 x the width (Hugging Face's rule), else DeepSpeed's.
     """
-    share = -(-max(size.params, 1) // world_size)
-    bucket = min(DEEPSPEED_REDUCE_BUCKET, share)
+    held = -(-max(size.params, 1) // world_size) if stage == 3 else max(size.params, 1)
+    bucket = min(DEEPSPEED_REDUCE_BUCKET, held)
     zero: dict[str, Any] = {"reduce_bucket_size": bucket + bucket % NCCL_ALIGNMENT}
     if stage == 3 and size.hidden is not None and size.hidden ** 2 <= DEEPSPEED_PERSISTENCE_THRESHOLD:
         zero["stage3_param_persistence_threshold"] = 10 * size.hidden

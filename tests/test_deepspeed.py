@@ -227,7 +227,7 @@ def test_user_json_that_agrees_or_says_auto_is_accepted():
     check_user_config(user, _run(), "ds.json")
     merged = final_config(sizing_config(ModelSize(params=8193, hidden=64), 2, world_size=2), _run(), user)
     assert merged["train_batch_size"] == 16 and merged["zero_optimization"]["overlap_comm"] is True
-    assert merged["zero_optimization"]["reduce_bucket_size"] == 4098  # one rank's share, made even
+    assert merged["zero_optimization"]["reduce_bucket_size"] == 8194  # the model's size, made even
     assert merged["gradient_clipping"] == 0.0  # written even when off: DeepSpeed would clip at 1.0
 
 
@@ -265,9 +265,10 @@ def test_model_size_counts_tied_parameters_once_and_finds_the_width_most_matrice
 
 def test_sizing_keeps_deepspeeds_defaults_and_cuts_only_what_exceeds_a_ranks_share():
     small, large = ModelSize(params=124_000_000, hidden=768), ModelSize(params=7_000_000_000, hidden=4096)
-    # One rank's share of the model: one reduction per step on one rank, as DeepSpeed's 5e8 default.
-    assert sizing_config(small, 2, world_size=1) == {"zero_optimization": {"reduce_bucket_size": 124_000_000}}
-    assert sizing_config(small, 2, world_size=8)["zero_optimization"]["reduce_bucket_size"] == 15_500_000
+    # ZeRO-1/2: the model's size, one reduction per step as DeepSpeed's 5e8 default; ZeRO-3: one rank's share.
+    assert sizing_config(small, 2, world_size=8) == {"zero_optimization": {"reduce_bucket_size": 124_000_000}}
+    assert sizing_config(small, 3, world_size=8)["zero_optimization"]["reduce_bucket_size"] == 15_500_000
+    assert sizing_config(small, 3, world_size=1)["zero_optimization"]["reduce_bucket_size"] == 124_000_000
     assert sizing_config(large, 1, world_size=8) == {"zero_optimization": {"reduce_bucket_size": 500_000_000}}
     # ZeRO-3 keeps DeepSpeed's persistence threshold unless it would keep every matrix of the model whole.
     assert "stage3_param_persistence_threshold" not in sizing_config(small, 3, world_size=8)["zero_optimization"]
