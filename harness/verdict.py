@@ -2,7 +2,7 @@
 the compare measured on this machine, in this precision, for this model.
 
 The reference (`single`) runs again `noise_runs` times with rounding noise (harness/noise.py):
-the same training, its gradients nudged by one rounding step before every update, plus
+the same training, its gradients nudged by a rounding step before every update, plus
 whatever the device's nondeterministic kernels add. Their largest relative distance from the
 reference at each step is the measured spread; the noise band at a step is the largest spread
 within NOISE_WINDOW steps of it (a noise run crosses the reference now and then, and its
