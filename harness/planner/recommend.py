@@ -41,12 +41,16 @@ def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:
         more = (p.peak_bytes or 0) - (best.peak_bytes or 0)
         return f"as fast (within {TIE:.0%}) but needs {_gb(abs(more))} {'more' if more >= 0 else 'less'} per GPU"
     slower = best.time.tokens_per_s / p.time.tokens_per_s - 1
-    if p.time.offload_step_s > p.time.exposed_comm_s:
-        cause = f"{p.time.offload_step_s * 1e3:.0f} ms per step in the CPU optimizer step and host copies"
-    elif p.time.exposed_comm_s > best.time.exposed_comm_s:
-        cause = f"{p.time.exposed_comm_s * 1e3:.0f} ms per step of communication this interconnect cannot hide"
-    else:
+    t = p.time
+    largest = max(t.offload_step_s, t.exposed_comm_s - best.time.exposed_comm_s, t.overhead_s - best.time.overhead_s)
+    if largest <= 0:
         cause = "more compute per step"
+    elif largest == t.offload_step_s:
+        cause = f"{t.offload_step_s * 1e3:.0f} ms per step in the CPU optimizer step and host copies"
+    elif largest == t.overhead_s - best.time.overhead_s:
+        cause = f"{t.overhead_s * 1e3:.0f} ms per step of the backend's own work ({t.overhead_what})"
+    else:
+        cause = f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication this interconnect cannot hide"
     return f"{slower:.0%} slower: {cause}"
 
 
