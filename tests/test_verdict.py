@@ -45,7 +45,7 @@ def test_the_band_is_the_largest_spread_of_any_noise_run_within_the_window():
     assert band.runs == 2 and band.steps == list(range(1, 13))
     assert band.spread[4] == pytest.approx(1e-5) and band.band[4] == pytest.approx(1e-4)  # neighbours cover the crossing
     assert band.spread[8] == pytest.approx(3e-4) and band.band[7] == band.band[9] == pytest.approx(3e-4)
-    assert "within 4x the largest spread of 2 noise runs within 1 steps" in band.as_dict()["rule"]
+    assert "4x the largest spread of 2 noise runs within 1 steps" in band.as_dict()["rule"]
 
 
 def test_verdict_kinds_and_what_sets_the_bound():
