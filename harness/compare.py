@@ -213,7 +213,7 @@ class NoiseRuns:
             return
         sweep.progress.note(
             f"noise runs: {self.reference} again {self.count} time{'s' if self.count != 1 else ''}, its gradients "
-            f"nudged by one rounding step, {reference.wall_time_s or 0:.0f} s each as the reference took: the "
+            f"nudged by rounding-sized amounts, {reference.wall_time_s or 0:.0f} s each as the reference took: the "
             f"spread a correct backend may show (noise_runs=0 skips them)")
         for seed, label in enumerate(self.labels, start=1):
             run_dir = sweep.out / "noise" / str(seed)

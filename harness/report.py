@@ -159,8 +159,8 @@ def _verdict_rule(sweep: dict[str, Any]) -> list[Block]:
     floor, what = floor_of(band, precision)
     return [Paragraph(
         f"Loss verdicts are judged against noise measured here: `{noise.get('reference')}` ran again {len(ok)} "
-        f"time{'s' if len(ok) != 1 else ''} with every gradient nudged by one rounding step of {precision} "
-        f"({seconds:.0f} s in all), and strayed from itself by up to {max(band.spread):.1e} (relative; band "
+        f"time{'s' if len(ok) != 1 else ''} with every gradient nudged by up to one rounding step of {precision} "
+        f"(of its tensor's typical size; {seconds:.0f} s in all), and strayed from itself by up to {max(band.spread):.1e} (relative; band "
         f"{band.band[peak]:.1e} at step {band.steps[peak]}). A strategy matches within {band.floor:.0e}, is within "
         f"noise within {band.factor:g}x the band or {what} ({floor:.0e}), whichever is larger, and differs "
         f"past that: the verdict names the step. `noise_runs=0` judges by a fixed tolerance instead.")]
