@@ -17,7 +17,8 @@ https://ui.perfetto.dev) and rank<r>.summary.json, which says per profiled step:
   during which no computation or communication of the step progresses.
 
 bench/profile_step.py reads the traces of `runner.py train` and of the hand-written loops
-(bench/handwritten/, which mark their steps the same way) with the same function, summarize().
+(bench/handwritten/, which profile their steps with this same StepProfiler) with the same
+function, summarize().
 Profiling slows the profiled steps: take throughput from a run without it.
 """
 from __future__ import annotations
@@ -32,7 +33,6 @@ from typing import Any, ContextManager, Iterator, Sequence
 import torch
 
 # The user annotation around each profiled step, numbered from 1 as metrics.jsonl numbers steps.
-# bench/handwritten/_common.py writes the same mark (it imports nothing from the harness).
 STEP_MARK = "train_step#"
 _STEP_RE = re.compile(re.escape(STEP_MARK) + r"(\d+)$")
 # Namespaces of the dispatcher's collective operators (torch.distributed's calls, and the

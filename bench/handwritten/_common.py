@@ -2,7 +2,8 @@
 
 Each loop in this folder is written the way one would write it for that backend
 alone: it imports only the model (models/gpt.py) and the data (models/data.py)
-from parabench, never its strategies or its harness. This module holds the parts
+from parabench (and the step profiler, harness/profiling.py, so that both sides are
+measured alike), never its strategies or its training harness. This module holds the parts
 that are the same in every loop and cost nothing in the hot loop: arguments, the
 seeded model, the batches (same samples in the same order as `runner.py train`),
 the learning-rate schedule, the timer and the one JSON line each loop prints.
@@ -28,6 +29,7 @@ import torch.nn as nn  # noqa: E402
 
 from models.data import MarkovData  # noqa: E402
 from models.gpt import GPT, PRESETS  # noqa: E402
+from harness.profiling import StepProfiler  # noqa: E402
 
 # Dense bf16 peak FLOP/s (vendor data sheets); most specific names first.
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -146,36 +148,6 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class Profiler:
-    """--profile-steps: torch.profiler from the first listed step to the last, each step inside a
-    "train_step#<n>" annotation, as harness/profiling.py marks the runner's steps (the mark is
-    written out here: these loops import nothing from the harness), then one Chrome trace per
-    rank that bench/profile_step.py reads. Steps outside the list run untouched."""
-
-    def __init__(self, args: argparse.Namespace, device: torch.device):
-        self.steps, self.device = args.profile_steps, device
-        self.path = Path(args.profile_dir) / f"rank{int(os.environ.get('RANK', '0'))}.trace.json"
-        self.profile = None
-
-    def run(self, train_step: Callable[[int], torch.Tensor], step: int) -> torch.Tensor:
-        number = step + 1
-        if number not in self.steps:
-            return train_step(step)
-        if number == self.steps[0]:
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if self.device.type == "cuda":
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            self.profile = torch.profiler.profile(activities=activities)
-            self.profile.start()
-        with torch.profiler.record_function(f"train_step#{number}"):
-            loss = train_step(step)
-        if number == self.steps[-1]:
-            self.profile.stop()
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.profile.export_chrome_trace(str(self.path))
-        return loss
-
-
 def timed_loop(train_step: Callable[[int], torch.Tensor], args: argparse.Namespace, device: torch.device) -> dict:
     """Run every step; time those after the warm-up from wall time between two synchronisations.
 
@@ -183,13 +155,16 @@ def timed_loop(train_step: Callable[[int], torch.Tensor], args: argparse.Namespa
     memory is the process's peak since start (the model was moved after start).
     """
     loss = None
-    profiler = Profiler(args, device)
+    # The runner's own profiler: both sides measured by the same instrument, the same step marks.
+    rank = int(os.environ.get("RANK", "0"))
+    profiler = StepProfiler(args.profile_steps, Path(args.profile_dir), rank, device)
     started = time.perf_counter()
     for step in range(args.steps):
         if step == args.warmup:
             synchronize(device)
             started = time.perf_counter()
-        loss = profiler.run(train_step, step)
+        with profiler.step(step):
+            loss = train_step(step)
     synchronize(device)
     elapsed = time.perf_counter() - started
     timed = args.steps - args.warmup
