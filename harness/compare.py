@@ -132,15 +132,16 @@ class Sweep:
         return 1 if name == REFERENCE else self.nproc
 
     def launch(self, name: str, run_dir: Path, extra: list[str], on_poll: Callable[[], None] | None = None,
-               command: str = "train", log_path: Path | None = None) -> JobOutcome:
+               command: str = "train", log_path: Path | None = None, job: str | None = None) -> JobOutcome:
         """`runner.py <command>` (train, or the batch search's probe) for strategy `name` into
-        `run_dir`, its output in `log_path` (default run_dir/log.txt)."""
+        `run_dir`, its output in `log_path` (default run_dir/log.txt). Under SLURM `job` (default
+        `name`) names the script, so that a noise run or a probe does not overwrite the strategy's own."""
         nproc = self.nproc_for(name)
         for stale in STALE_RUN_FILES:
             (run_dir / stale).unlink(missing_ok=True)
         args = [*self.train_args(name, run_dir, command), f"nproc={nproc}", *extra]
         if self.cfg.launcher == "slurm":
-            script = self.slurm_script(name, run_dir, args)
+            script = self.slurm_script(name, run_dir, args, job)
             cmd = slurm.submit_and_wait_command(script, run_dir / "slurm.log")
         else:
             # One process runs without torchrun, as `runner.py train` would run it for a user.
@@ -151,17 +152,17 @@ class Sweep:
             slurm.cancel_submitted(log_path.read_text(errors="replace"))
         return outcome
 
-    def slurm_script(self, name: str, run_dir: Path, args: list[str]) -> Path:
-        """Write `<out>/slurm/<strategy>.sbatch`: the reference on one process, the rest on
+    def slurm_script(self, name: str, run_dir: Path, args: list[str], job: str | None = None) -> Path:
+        """Write `<out>/slurm/parabench-<job, default name>.sbatch`: the reference on one process, the rest on
         nodes x gpus_per_node."""
         nodes, per_node = (1, 1) if name == REFERENCE else (self.cfg.nodes, self.nproc // self.cfg.nodes)
-        job = slurm.SlurmJob(
-            name=f"parabench-{name}", nodes=nodes, procs_per_node=per_node, runner_args=args,
+        spec = slurm.SlurmJob(
+            name=f"parabench-{job or name}", nodes=nodes, procs_per_node=per_node, runner_args=args,
             log_path=run_dir / "slurm.log", rdzv_port=self.cfg.rdzv_port, time_limit=self.cfg.slurm_time,
             partition=self.cfg.slurm_partition, request_gpus=self.device_type == "cuda",
         )
         run_dir.mkdir(parents=True, exist_ok=True)
-        return slurm.write_scripts([job], self.out / "slurm")[0]
+        return slurm.write_scripts([spec], self.out / "slurm")[0]
 
     def run(self, name: str, description: str) -> StrategyResult:
         run_dir = self.out / name
@@ -218,7 +219,8 @@ class NoiseRuns:
         for seed, label in enumerate(self.labels, start=1):
             run_dir = sweep.out / "noise" / str(seed)
             sweep.progress.start(label, run_dir / "metrics.jsonl")
-            outcome = sweep.launch(self.reference, run_dir, [f"noise_seed={seed}"], on_poll=sweep.progress.poll)
+            outcome = sweep.launch(self.reference, run_dir, [f"noise_seed={seed}"], on_poll=sweep.progress.poll,
+                                   job=f"{self.reference}-noise-{seed}")
             if outcome.kind == "interrupted":
                 raise KeyboardInterrupt
             steps = len(load_metrics(run_dir))
@@ -368,7 +370,8 @@ def _search_one(cfg: CompareConfig, sweep: Sweep, name: str) -> batch_search.Sea
     jobs = itertools.count(1)
 
     def launch() -> JobOutcome:
-        return sweep.launch(name, folder, [], command="probe", log_path=folder / f"job_{next(jobs)}.log")
+        return sweep.launch(name, folder, [], command="probe", log_path=folder / f"job_{next(jobs)}.log",
+                            job=f"{name}-probe")
 
     return batch_search.search(folder / batch_search.SEARCH_FILE, initial, launch)
 

@@ -95,7 +95,12 @@ def test_compare_through_slurm_gathers_one_report(tmp_path):
                     "strategies=[single,ddp]", f"rdzv_port={free_port()}", f"out_dir={out}", *NANO[1:]],
                    env=_fake_slurm(tmp_path), timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert sorted(p.name for p in (out / "slurm").iterdir()) == ["parabench-ddp.sbatch", "parabench-single.sbatch"]
+    # The noise runs (the default 2) have scripts of their own: the reference's stays the reference's.
+    assert sorted(p.name for p in (out / "slurm").iterdir()) == [
+        "parabench-ddp.sbatch", "parabench-single-noise-1.sbatch", "parabench-single-noise-2.sbatch",
+        "parabench-single.sbatch"]
+    assert "noise_seed" not in (out / "slurm" / "parabench-single.sbatch").read_text()
+    assert "noise_seed=2" in (out / "slurm" / "parabench-single-noise-2.sbatch").read_text()
     assert "#SBATCH --nodes=2" in (out / "slurm" / "parabench-ddp.sbatch").read_text()
     results = json.loads((out / "results.json").read_text())
     by_name = {r["name"]: r for r in results["strategies"]}
