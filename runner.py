@@ -11,6 +11,7 @@ and Accelerate, and compare memory, throughput and loss curves.
 
 Works unchanged under torchrun, `deepspeed` and `accelerate launch`.
 """
+
 from __future__ import annotations
 
 import faulthandler
@@ -20,15 +21,17 @@ import re
 import signal
 import sys
 
+from harness.common.versions import check_versions
+
 # Each subcommand lives in its own module with `main(args) -> int`.
 COMMANDS = {
-    "train": "harness.train_cli",
-    "compare": "harness.compare",
-    "report": "harness.report",
-    "plan": "harness.plan",
-    "list": "harness.listing",
-    "export": "harness.export",
-    "probe": "harness.probe",  # internal: one job of compare's batch search
+    "train": "harness.train.train_cli",
+    "compare": "harness.compare.compare_cli",
+    "report": "harness.report.report_cli",
+    "plan": "harness.plan.plan_cli",
+    "list": "harness.train.list_cli",
+    "export": "harness.train.export_cli",
+    "probe": "harness.compare.probe",  # internal: one job of compare's batch search
 }
 
 _LOCAL_RANK_FLAG = re.compile(r"^--local[_-]rank(=(\d+))?$")
@@ -69,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print((module.__doc__ or "").strip())
         return 0
     try:
+        check_versions()
         return int(module.main(rest) or 0)
     except ValueError as exc:  # every user-facing error class derives from ValueError
         print(f"parabench: error: {exc}", file=sys.stderr)

@@ -9,6 +9,7 @@ and prints predicted against measured tokens/s and peak allocated memory with th
 the goals (tokens/s within 15%, peak within 5%). Needs no GPU itself: both folders may come
 back from a GPU machine. Appends the table, dated, with the command, to --out.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,22 +21,25 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.planner.calibration import calibrate_from, question_for, read_measurements  # noqa: E402
-from harness.planner.predict import plan_strategy  # noqa: E402
+from harness.plan.calibration import calibrate_from, question_for, read_measurements  # noqa: E402
+from harness.plan.predict import plan_strategy  # noqa: E402
 
 SPEED_GOAL, MEMORY_GOAL = 0.15, 0.05
-GIB = 2**30
+from harness.common.units import GIB  # noqa: E402
 
 
 def check(calibration: Path, measured: Path) -> tuple[list[str], bool]:
     """The table's lines, and whether every strategy met both goals."""
     factors, _ = calibrate_from(calibration)
     settings, measurements, _ = read_measurements(measured)
-    lines = [f"Calibrated on `{calibration}` ({factors.basis}); predicted for `{measured}` ({settings.model}, "
-             f"micro-batch {settings.micro_batch} x {settings.seq_len}, {settings.precision}, "
-             f"{settings.world_size} x {settings.device}).", "",
-             "| strategy | tokens/s predicted | measured | error | peak GiB predicted | measured | error | goals |",
-             "|---|---:|---:|---:|---:|---:|---:|---|"]
+    lines = [
+        f"Calibrated on `{calibration}` ({factors.basis}); predicted for `{measured}` ({settings.model}, "
+        f"micro-batch {settings.micro_batch} x {settings.seq_len}, {settings.precision}, "
+        f"{settings.world_size} x {settings.device}).",
+        "",
+        "| strategy | tokens/s predicted | measured | error | peak GiB predicted | measured | error | goals |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
     all_met = True
     for m in measurements:
         plan = plan_strategy(m.strategy, question_for(settings, m, factors))
@@ -44,12 +48,21 @@ def check(calibration: Path, measured: Path) -> tuple[list[str], bool]:
         memory_error = plan.peak_bytes / m.peak_bytes - 1 if plan.peak_bytes and m.peak_bytes else None
         met = abs(speed_error) <= SPEED_GOAL and memory_error is not None and abs(memory_error) <= MEMORY_GOAL
         all_met &= met
-        lines.append(f"| {m.strategy} | {plan.time.tokens_per_s:,.0f} | {tokens / m.step_s:,.0f} | {speed_error:+.1%} | "
-                     + (f"{plan.peak_bytes / GIB:.2f} | {m.peak_bytes / GIB:.2f} | {memory_error:+.1%} | "
-                        if memory_error is not None else "n/a | n/a | n/a | ")
-                     + ("met" if met else "missed") + " |")
-    lines += ["", f"Goals: tokens/s within {SPEED_GOAL:.0%}, peak within {MEMORY_GOAL:.0%} for every strategy: "
-                  + ("met." if all_met else "not met.")]
+        lines.append(
+            f"| {m.strategy} | {plan.time.tokens_per_s:,.0f} | {tokens / m.step_s:,.0f} | {speed_error:+.1%} | "
+            + (
+                f"{plan.peak_bytes / GIB:.2f} | {m.peak_bytes / GIB:.2f} | {memory_error:+.1%} | "
+                if memory_error is not None
+                else "n/a | n/a | n/a | "
+            )
+            + ("met" if met else "missed")
+            + " |"
+        )
+    lines += [
+        "",
+        f"Goals: tokens/s within {SPEED_GOAL:.0%}, peak within {MEMORY_GOAL:.0%} for every strategy: "
+        + ("met." if all_met else "not met."),
+    ]
     return lines, all_met
 
 
@@ -62,8 +75,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     lines, met = check(args.calibration, args.measured)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    text = "\n".join([f"## {now}", "", f"Command: `{shlex.join(['python', 'bench/calibration_check.py', *argv])}`",
-                      "", *lines]) + "\n"
+    text = (
+        "\n".join(
+            [f"## {now}", "", f"Command: `{shlex.join(['python', 'bench/calibration_check.py', *argv])}`", "", *lines]
+        )
+        + "\n"
+    )
     print(text)
     if args.out != "-":
         out = Path(args.out)

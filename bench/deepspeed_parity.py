@@ -10,8 +10,9 @@ bench/handwritten/zero.py builds for the same run, compared on the values DeepSp
 Both sides are filled with DeepSpeed's own defaults by DeepSpeed's own config parser, so a key
 one side writes and the other leaves at its default is no difference, and a default one side
 overrides is. Every difference must be in DOCUMENTED_DIFFERENCES with its reason;
-tests/test_deepspeed_parity.py fails on any other.
+tests/strategies/test_deepspeed_parity.py fails on any other.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,33 +32,34 @@ CONFIG_FILE = "deepspeed_config.json"  # what a run writes (strategies/deepspeed
 # Setting (as DeepSpeed reads it, JSON-style path) -> why parabench's value differs from zero.py's.
 # A key covers everything under it.
 DOCUMENTED_DIFFERENCES: dict[str, str] = {
-    "zero_optimization.reduce_bucket_size":
-        "the model's size for ZeRO-1/2 (one reduction per step, as the default gives any model under 5e8 "
-        "parameters, without allocating a 5e8-element bucket for a smaller one), one rank's share for ZeRO-3 (its "
-        "bucket lives all run: no more memory than the gradient partition; on one rank the model's size again); "
-        "at most DeepSpeed's 5e8 elements (strategies/deepspeed_config.py sizing_config)",
-    "zero_optimization.stage3_param_persistence_threshold":
-        "ZeRO-3 only, and only for models whose width x width is at most DeepSpeed's threshold (1e5 elements; "
-        "gpt-nano, not gpt2-124m): 10 x the width, else every matrix would stay whole and ZeRO-3 would shard nothing",
-    "zero_optimization.offload_optimizer":
-        "parabench writes `device: none` so that the file says what was not offloaded; DeepSpeed offloads only "
-        "for a device other than none, the same step as without the section",
-    "zero_optimization.offload_param":
-        "as offload_optimizer (parabench writes it for ZeRO-3, Accelerate's plugin for every stage): device none",
-    "zero_allow_untested_optimizer":
-        "zero.py sets it, as many DeepSpeed scripts do, and so does Accelerate; parabench does not need it: "
-        "torch.optim.AdamW is on DeepSpeed's list of ZeRO optimizers, so the flag changes nothing here",
-    "timers.throughput.enabled":
-        "off: parabench measures throughput itself, syncing only at the logging interval; DeepSpeed's own timer "
-        "synchronizes the device at the start and end of every step (both sides paid it before)",
-    "steps_per_print":
-        "never printed on either side: DeepSpeed's default (None) in parabench, 2**30 in zero.py, infinity "
-        "from Accelerate's plugin",
+    "zero_optimization.reduce_bucket_size": "the model's size for ZeRO-1/2 (one reduction per step, as the default "
+    "gives any model under 5e8 parameters, without allocating a 5e8-element bucket for a smaller one), one rank's "
+    "share for ZeRO-3 (its bucket lives all run: no more memory than the gradient partition; on one rank the "
+    "model's size again); at most DeepSpeed's 5e8 elements (strategies/deepspeed_config.py sizing_config)",
+    "zero_optimization.stage3_param_persistence_threshold": "ZeRO-3 only, and only for models whose width x width "
+    "is at most DeepSpeed's threshold (1e5 elements; gpt-nano, not gpt2-124m): 10 x the width, else every matrix "
+    "would stay whole and ZeRO-3 would shard nothing",
+    "zero_optimization.offload_optimizer": "parabench writes `device: none` so that the file says what was not "
+    "offloaded; DeepSpeed offloads only for a device other than none, the same step as without the section",
+    "zero_optimization.offload_param": "as offload_optimizer (parabench writes it for ZeRO-3, Accelerate's plugin "
+    "for every stage): device none",
+    "zero_allow_untested_optimizer": "zero.py sets it, as many DeepSpeed scripts do, and so does Accelerate; "
+    "parabench does not need it: torch.optim.AdamW is on DeepSpeed's list of ZeRO optimizers, so the flag changes "
+    "nothing here",
+    "timers.throughput.enabled": "off: parabench measures throughput itself, syncing only at the logging interval; "
+    "DeepSpeed's own timer synchronizes the device at the start and end of every step (both sides paid it before)",
+    "steps_per_print": "never printed on either side: DeepSpeed's default (None) in parabench, 2**30 in zero.py, "
+    "infinity "
+    "from Accelerate's plugin",
 }
 
 # DeepSpeedConfig's attribute names for the sections whose JSON names differ.
-_SECTION_NAMES = {"zero_config": "zero_optimization", "bfloat16_config": "bf16", "float16_config": "fp16",
-                  "timers_config": "timers.throughput"}
+_SECTION_NAMES = {
+    "zero_config": "zero_optimization",
+    "bfloat16_config": "bf16",
+    "float16_config": "fp16",
+    "timers_config": "timers.throughput",
+}
 
 
 def effective_config(config: dict[str, Any], world_size: int) -> dict[str, Any]:
@@ -114,7 +116,7 @@ def differences(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, tuple
 def _subtree(flat: dict[str, Any], path: str) -> Any:
     if path in flat:
         return flat[path]
-    return {k[len(path) + 1:]: v for k, v in flat.items() if k.startswith(path + ".")}
+    return {k[len(path) + 1 :]: v for k, v in flat.items() if k.startswith(path + ".")}
 
 
 def is_documented(path: str) -> bool:
@@ -131,11 +133,13 @@ def _zero_py() -> ModuleType:
     return module
 
 
-def handwritten_config(*, stage: int, precision: str, micro_batch: int, grad_clip: float,
-                       world_size: int) -> dict[str, Any]:
+def handwritten_config(
+    *, stage: int, precision: str, micro_batch: int, grad_clip: float, world_size: int
+) -> dict[str, Any]:
     """The config zero.py's ds_config(args, world) builds for these settings (no --ds-config)."""
-    args = SimpleNamespace(stage=stage, precision=precision, micro_batch=micro_batch, grad_clip=grad_clip,
-                           ds_config=None)
+    args = SimpleNamespace(
+        stage=stage, precision=precision, micro_batch=micro_batch, grad_clip=grad_clip, ds_config=None
+    )
     return _zero_py().ds_config(args, world_size)
 
 
@@ -146,9 +150,13 @@ def run_differences(out_dir: Path) -> dict[str, tuple[Any, Any]]:
     if summary["grad_accum"] != 1:
         raise SystemExit(f"{out_dir}: zero.py does not accumulate; compare a run with grad_accum=1")
     world = summary["world_size"]
-    theirs = handwritten_config(stage=ours["zero_optimization"]["stage"], precision=summary["config"]["precision"],
-                                micro_batch=summary["micro_batch"], grad_clip=summary["config"]["grad_clip"],
-                                world_size=world)
+    theirs = handwritten_config(
+        stage=ours["zero_optimization"]["stage"],
+        precision=summary["config"]["precision"],
+        micro_batch=summary["micro_batch"],
+        grad_clip=summary["config"]["grad_clip"],
+        world_size=world,
+    )
     return differences(effective_config(ours, world), effective_config(theirs, world))
 
 
@@ -168,8 +176,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     diffs = run_differences(Path(args.out_dir))
     for path, (ours, theirs) in diffs.items():
-        print(f"{'documented  ' if is_documented(path) else 'UNDOCUMENTED'} {path}: parabench {ours!r}, "
-              f"zero.py {theirs!r}")
+        print(
+            f"{'documented  ' if is_documented(path) else 'UNDOCUMENTED'} {path}: parabench {ours!r}, "
+            f"zero.py {theirs!r}"
+        )
     return 1 if any(not is_documented(p) for p in diffs) else 0
 
 

@@ -1,5 +1,6 @@
 """Starting the bench scripts' processes: each in the checkout's environment, its output in a
 log file, cut at a timeout or at the whole benchmark's time budget, stopped with its workers."""
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,18 @@ def child_env(one_thread: bool) -> dict[str, str]:
     CPU runs (several processes share few cores)."""
     env = dict(os.environ)
     # A launcher's variables in our own environment would make runner.py join that job.
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "TORCHELASTIC_RUN_ID"):
+    for key in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "TORCHELASTIC_RUN_ID",
+    ):
         env.pop(key, None)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
     env["PYTHONUNBUFFERED"] = "1"

@@ -20,6 +20,7 @@ and versions, to docs/benchmarks.md.
 
 Adding a run (a preset, a fast-path option) is one `Run(...)` line in bench/runs.py.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,19 @@ from bench.launching import Clock, child_env, failure, launch, parse_hand  # noq
 from bench.overhead_table import GIB, Results, Side, append_section, device_facts, section, to_json  # noqa: E402
 from bench.runs import GROUPS, ROOT, RUNS, Run, Settings, hand_command, runner_command, select  # noqa: E402
 
-RUNNER_FIGURES = ("tokens_per_s", "step_time_s", "mfu", "peak_mem_allocated_bytes", "peak_mem_reserved_bytes",
-                  "final_loss", "device", "versions", "flops_per_token", "num_params", "steps")
+RUNNER_FIGURES = (
+    "tokens_per_s",
+    "step_time_s",
+    "mfu",
+    "peak_mem_allocated_bytes",
+    "peak_mem_reserved_bytes",
+    "final_loss",
+    "device",
+    "versions",
+    "flops_per_token",
+    "num_params",
+    "steps",
+)
 
 
 def run_hand(run: Run, s: Settings, log: Path, clock: Clock, run_timeout: float, env: dict[str, str]) -> Side:
@@ -91,8 +103,17 @@ def plan(runs: list[Run], repeat: int) -> list[tuple[str, Run, int]]:
     return tasks
 
 
-def execute(runs: list[Run], s: Settings, work: Path, clock: Clock, run_timeout: float, jobs: int, repeat: int,
-            one_thread: bool, progress: Progress) -> Results:
+def execute(
+    runs: list[Run],
+    s: Settings,
+    work: Path,
+    clock: Clock,
+    run_timeout: float,
+    jobs: int,
+    repeat: int,
+    one_thread: bool,
+    progress: Progress,
+) -> Results:
     """Every process of plan(); one at a time unless jobs > 1. Runs sharing a hand-written command
     share its list of outcomes (the same list object)."""
     env = child_env(one_thread)
@@ -123,11 +144,17 @@ def execute(runs: list[Run], s: Settings, work: Path, clock: Clock, run_timeout:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--only", help="comma-separated runs (see --list), or all; default: every group's runs")
     p.add_argument("--group", help=f"one named group that fits one 10-minute device call: {', '.join(GROUPS)}")
-    p.add_argument("--repeat", type=int, default=1, help="run the whole sequence N times, interleaved; "
-                                                          "report medians and the spread (default 1)")
+    p.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="run the whole sequence N times, interleaved; report medians and the spread (default 1)",
+    )
     p.add_argument("--list", action="store_true", help="print the runs and groups and exit")
     p.add_argument("--dry-run", action="store_true", help="tiny model on the CPU in fp32, few steps: checks the script")
     p.add_argument("--model", help="model preset (default gpt2-124m; gpt-nano for --dry-run)")
@@ -135,12 +162,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, help="steps left out of tokens/s (default 8; 1 for --dry-run)")
     p.add_argument("--micro-batch", type=int, help="sequences per step (default 16; 8 for --dry-run)")
     p.add_argument("--seq-len", type=int, help="tokens per sequence (default 1024; 32 for --dry-run)")
-    p.add_argument("--out", help="markdown file the dated section is appended to (default docs/benchmarks.md; "
-                                 "none for --dry-run); '-' for none")
+    p.add_argument(
+        "--out",
+        help="markdown file the dated section is appended to (default docs/benchmarks.md; "
+        "none for --dry-run); '-' for none",
+    )
     p.add_argument("--json", help="raw results as JSON (default <work-dir>/results.json)")
     p.add_argument("--work-dir", help="logs and run directories (default runs/bench/<time>)")
-    p.add_argument("--time-budget", type=float, help="seconds for the whole benchmark; runs that would start "
-                                                     "later are skipped (default 520; none for --dry-run)")
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        help="seconds for the whole benchmark; runs that would start "
+        "later are skipped (default 520; none for --dry-run)",
+    )
     p.add_argument("--run-timeout", type=float, default=360.0, help="seconds one process may take (default 360)")
     p.add_argument("--jobs", type=int, default=1, help="processes at a time; only for --dry-run, timings need 1")
     p.add_argument("--note", default="", help="a line added to the section (what was installed, how)")
@@ -176,8 +210,10 @@ def settings_from(args: argparse.Namespace) -> Settings:
 def print_list() -> None:
     grouped = {name: group for group, names in GROUPS.items() for name in names}
     for r in RUNS:
-        print(f"{r.name:18} {grouped.get(r.name, '(--only)'):9} {r.kind:10} runner.py train {' '.join(r.runner)} | "
-              f"handwritten/{r.script} {' '.join(r.hand)}" + (f" | held to {r.native}" if r.native else ""))
+        print(
+            f"{r.name:18} {grouped.get(r.name, '(--only)'):9} {r.kind:10} runner.py train {' '.join(r.runner)} | "
+            f"handwritten/{r.script} {' '.join(r.hand)}" + (f" | held to {r.native}" if r.native else "")
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +236,9 @@ def main(argv: list[str] | None = None) -> int:
             what = f"{tok:,.0f} tok/s" + (f", peak {mem / GIB:.2f} GiB" if mem else "")
         else:
             what = f"{side.status}: {side.reason} (log {side.log})"
-        print(f"[{clock.elapsed():5.0f} s] {name:16} {label:12} {what} ({side.wall_s:.0f} s)", file=sys.stderr, flush=True)
+        print(
+            f"[{clock.elapsed():5.0f} s] {name:16} {label:12} {what} ({side.wall_s:.0f} s)", file=sys.stderr, flush=True
+        )
 
     processes = len(plan(runs, args.repeat))
     print(f"overhead.py: {len(runs)} runs, {processes} processes, work dir {work}", file=sys.stderr, flush=True)
@@ -215,8 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     if out and out != "-":
         append_section(Path(out), text)
         print(f"overhead.py: appended to {out}; raw results in {json_path}", file=sys.stderr)
-    failed = [r.name for r in runs if any(side.status == "failed" for sides in results[r.name].values()
-                                          for side in sides)]
+    failed = [
+        r.name for r in runs if any(side.status == "failed" for sides in results[r.name].values() for side in sides)
+    ]
     if failed:
         print(f"overhead.py: failed: {', '.join(failed)} (logs under {work})", file=sys.stderr)
     return 1 if failed else 0

@@ -1,5 +1,6 @@
 """bench/overhead.py's report: each side's figures over its repeats (median and spread), the
 verdict against the goals, the markdown table and the dated section for docs/benchmarks.md."""
+
 from __future__ import annotations
 
 import datetime as dt
@@ -12,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.runs import Run, Settings
+from harness.common.units import GIB  # noqa: E402
 
-GIB = 1024 ** 3
 GOAL_SPEED, GOAL_MEMORY = 0.97, 1.03
 
 
@@ -44,7 +45,9 @@ class Measured:
     def status(self) -> str:
         if self.ok:
             return "ok"
-        return next((s.status for s in self.sides if s.status == "failed"), self.sides[0].status if self.sides else "skipped")
+        return next(
+            (s.status for s in self.sides if s.status == "failed"), self.sides[0].status if self.sides else "skipped"
+        )
 
     @property
     def reason(self) -> str:
@@ -97,8 +100,10 @@ def native_ratio(run: Run, results: Results) -> float | None:
     """accelerate-X's parabench tokens/s over native X's, in the same benchmark."""
     if run.native is None:
         return None
-    return _ratio(measured(results, run.name, "runner").get("tokens_per_s"),
-                  measured(results, run.native, "runner").get("tokens_per_s"))
+    return _ratio(
+        measured(results, run.name, "runner").get("tokens_per_s"),
+        measured(results, run.native, "runner").get("tokens_per_s"),
+    )
 
 
 def verdict(run: Run, results: Results, judged: bool) -> str:
@@ -108,9 +113,11 @@ def verdict(run: Run, results: Results, judged: bool) -> str:
             return f"{label} {side.status}: {side.reason}".replace("|", "/")
     if not judged:
         return "dry run: not judged"
-    problems = [f"{len(failed)} of {len(side.sides)} {label} processes failed" for label, side in
-                (("hand-written", hand), ("parabench", runner))
-                if (failed := [s for s in side.sides if s.status == "failed"])]
+    problems = [
+        f"{len(failed)} of {len(side.sides)} {label} processes failed"
+        for label, side in (("hand-written", hand), ("parabench", runner))
+        if (failed := [s for s in side.sides if s.status == "failed"])
+    ]
     speed = _ratio(runner.get("tokens_per_s"), hand.get("tokens_per_s"))
     memory = _ratio(runner.get("peak_mem_allocated_bytes"), hand.get("peak_mem_allocated_bytes"))
     if speed is not None and speed < GOAL_SPEED:
@@ -129,10 +136,21 @@ def verdict(run: Run, results: Results, judged: bool) -> str:
     return "; ".join(problems) or "meets the goals"
 
 
-COLUMNS = ("run", "tok/s parabench", "tok/s hand-written", "speed ratio (goal >= 0.97)",
-           "tok/s spread parabench / hand-written", "peak GiB parabench", "peak GiB hand-written",
-           "memory ratio (goal <= 1.03)", "MFU parabench", "MFU hand-written",
-           "tok/s vs native, parabench (goal >= 0.97)", "final loss parabench / hand-written", "verdict")
+COLUMNS = (
+    "run",
+    "tok/s parabench",
+    "tok/s hand-written",
+    "speed ratio (goal >= 0.97)",
+    "tok/s spread parabench / hand-written",
+    "peak GiB parabench",
+    "peak GiB hand-written",
+    "memory ratio (goal <= 1.03)",
+    "MFU parabench",
+    "MFU hand-written",
+    "tok/s vs native, parabench (goal >= 0.97)",
+    "final loss parabench / hand-written",
+    "verdict",
+)
 
 
 def _spread_cell(runner: Measured, hand: Measured) -> str:
@@ -176,12 +194,22 @@ def findings(runs: list[Run], results: Results) -> list[str]:
     for which, label in (("runner", "parabench"), ("hand", "hand-written")):
         z2, z3, z3t = (tok(n, which) for n in ("zero2", "zero3", "zero3-tuned"))
         if {"zero2", "zero3", "zero3-tuned"} <= names and z2 and z3 and z3t:
-            closed = (f"tuning closes {(z3t - z3) / (z2 - z3):.0%} of it" if z2 > z3
-                      else "untuned ZeRO-3 is not slower than ZeRO-2 here: no gap to close")
-            out.append(f"ZeRO-3 tuned vs untuned ({label}): {z3t:,.0f} vs {z3:,.0f} tok/s, ZeRO-2 {z2:,.0f}; "
-                       f"gap to ZeRO-2 {1 - z3 / z2:.1%} untuned, {1 - z3t / z2:.1%} tuned ({closed})")
-    for fast, base in (("single+compile", "single"), ("ddp+compile", "ddp"), ("single+ac", "single"),
-                       ("fsdp-grad-op", "fsdp"), ("fsdp+compile", "fsdp")):
+            closed = (
+                f"tuning closes {(z3t - z3) / (z2 - z3):.0%} of it"
+                if z2 > z3
+                else "untuned ZeRO-3 is not slower than ZeRO-2 here: no gap to close"
+            )
+            out.append(
+                f"ZeRO-3 tuned vs untuned ({label}): {z3t:,.0f} vs {z3:,.0f} tok/s, ZeRO-2 {z2:,.0f}; "
+                f"gap to ZeRO-2 {1 - z3 / z2:.1%} untuned, {1 - z3t / z2:.1%} tuned ({closed})"
+            )
+    for fast, base in (
+        ("single+compile", "single"),
+        ("ddp+compile", "ddp"),
+        ("single+ac", "single"),
+        ("fsdp-grad-op", "fsdp"),
+        ("fsdp+compile", "fsdp"),
+    ):
         if {fast, base} <= names:
             a, b = tok(fast, "runner"), tok(base, "runner")
             ma = measured(results, fast, "runner").get("peak_mem_allocated_bytes")
@@ -215,8 +243,12 @@ def device_facts(results: Results) -> dict[str, str]:
                 facts[name] = "not installed"
     if shutil.which("nvidia-smi"):
         try:
-            smi = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total",
-                                  "--format=csv,noheader"], capture_output=True, text=True, timeout=20)
+            smi = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             if smi.returncode == 0 and smi.stdout.strip():
                 facts["nvidia-smi"] = smi.stdout.strip().splitlines()[0]
         except (OSError, subprocess.TimeoutExpired):
@@ -224,18 +256,31 @@ def device_facts(results: Results) -> dict[str, str]:
     return facts
 
 
-def section(runs: list[Run], results: Results, s: Settings, command: str, facts: dict[str, str], dry_run: bool,
-            elapsed: float, repeat: int, note: str) -> str:
+def section(
+    runs: list[Run],
+    results: Results,
+    s: Settings,
+    command: str,
+    facts: dict[str, str],
+    dry_run: bool,
+    elapsed: float,
+    repeat: int,
+    note: str,
+) -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     title = f"## {now}: framework overhead on {facts.get('device') or 'unknown device'}"
     if dry_run:
         title += " (dry run: tiny model on the CPU, checks the script, measures nothing)"
     versions = ", ".join(f"{k} {facts[k]}" for k in ("torch", "deepspeed", "accelerate", "python") if k in facts)
     lines = [
-        title, "",
-        f"Command: `{command}`", "",
+        title,
+        "",
+        f"Command: `{command}`",
+        "",
         f"Device: {facts.get('device') or 'unknown'}"
-        + (f" (nvidia-smi: {facts['nvidia-smi']})" if "nvidia-smi" in facts else "") + f"; {versions}.", "",
+        + (f" (nvidia-smi: {facts['nvidia-smi']})" if "nvidia-smi" in facts else "")
+        + f"; {versions}.",
+        "",
         f"Settings (both sides): model {s.model}, micro-batch {s.micro_batch} = global batch, world size "
         f"{s.world_size}, sequence {s.seq_len}, {s.precision}, AdamW (lr {s.lr}, betas {s.beta1}/{s.beta2}, weight "
         f"decay {s.weight_decay} on matrices), clipping {s.grad_clip}, {s.steps} steps of which the first {s.warmup} "
@@ -272,6 +317,7 @@ def to_json(runs: list[Run], results: Results, s: Settings, facts: dict[str, str
     return {
         "settings": s.__dict__,
         "facts": facts,
-        "runs": {r.name: {which: [side.__dict__ for side in sides] for which, sides in results[r.name].items()}
-                 for r in runs},
+        "runs": {
+            r.name: {which: [side.__dict__ for side in sides] for which, sides in results[r.name].items()} for r in runs
+        },
     }

@@ -8,12 +8,13 @@ step calls and the host time each step spends outside the backend.
     python bench/profile_step.py --only zero2,accelerate-zero2
 
 Both sides mark their steps alike (profile_steps= for the runner, --profile-steps for the loops in
-bench/handwritten/) and both traces are read by the same function, harness.profiling.summarize:
+bench/handwritten/) and both traces are read by the same function, harness.train.profiling.summarize:
 collectives are counted once per call, by kind; host time outside the backend is the step's wall
 time less the time in which the step's thread runs a torch operator or a collective is in flight
-(see harness/profiling.py). accelerate-X is held to native X's hand-written loop. The section,
+(see harness/train/profiling.py). accelerate-X is held to native X's hand-written loop. The section,
 dated, with the command and versions, is appended to bench/results/profile_cpu.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,10 +34,20 @@ if __package__ in (None, ""):  # run as a script: the checkout's packages come f
 
 from bench.launching import Clock, child_env, failure, launch  # noqa: E402
 from bench.runs import ROOT, Run, Settings, hand_command, runner_command, select  # noqa: E402
-from harness.profiling import summarize  # noqa: E402
+from harness.train.profiling import summarize  # noqa: E402
 
-DEFAULT = ("ddp", "accelerate-ddp", "fsdp", "accelerate-fsdp", "zero1", "accelerate-zero1", "zero2",
-           "accelerate-zero2", "zero3", "accelerate-zero3")
+DEFAULT = (
+    "ddp",
+    "accelerate-ddp",
+    "fsdp",
+    "accelerate-fsdp",
+    "zero1",
+    "accelerate-zero1",
+    "zero2",
+    "accelerate-zero2",
+    "zero3",
+    "accelerate-zero3",
+)
 RESULTS = ROOT / "bench" / "results" / "profile_cpu.md"
 WORLD_SIZE = 2
 
@@ -66,8 +77,16 @@ def read_traces(folder: Path, ranks: int) -> Profiled:
     return profiled
 
 
-def profile(run: Run, which: str, s: Settings, steps: list[int], work: Path, env: dict[str, str],
-            timeout: float, runner_args: list[str]) -> Profiled:
+def profile(
+    run: Run,
+    which: str,
+    s: Settings,
+    steps: list[int],
+    work: Path,
+    env: dict[str, str],
+    timeout: float,
+    runner_args: list[str],
+) -> Profiled:
     """One side of `run` under the profiler; its traces read back."""
     folder = work / run.name / which
     if which == "hand":
@@ -92,23 +111,36 @@ def _ms(value: float | None) -> str:
 
 
 def table(rows: list[tuple[Run, Profiled, Profiled]]) -> str:
-    lines = ["| strategy | hand-written loop | collectives per step, parabench | collectives per step, hand-written "
-             "| operators per step, parabench / hand-written | step ms, parabench / hand-written "
-             "| host ms outside the backend, parabench / hand-written | host ms added by parabench |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| strategy | hand-written loop | collectives per step, parabench | collectives per step, hand-written "
+        "| operators per step, parabench / hand-written | step ms, parabench / hand-written "
+        "| host ms outside the backend, parabench / hand-written | host ms added by parabench |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for run, runner, hand in rows:
         if runner.error or hand.error:
-            why = "; ".join(f"{label} failed: {side.error}" for label, side in (("parabench", runner),
-                                                                                  ("hand-written", hand)) if side.error)
+            why = "; ".join(
+                f"{label} failed: {side.error}"
+                for label, side in (("parabench", runner), ("hand-written", hand))
+                if side.error
+            )
             lines.append(f"| {run.name} | {run.script} {' '.join(run.hand)} | {why.replace('|', '/')} | | | | | |")
             continue
         added = runner.median("host_ms") - hand.median("host_ms")
-        lines.append(" | ".join([
-            f"| {run.name}", f"{run.script} {' '.join(run.hand)}".strip(), _collectives(runner.collectives),
-            _collectives(hand.collectives), f"{runner.median('operators'):g} / {hand.median('operators'):g}",
-            f"{_ms(runner.median('wall_ms'))} / {_ms(hand.median('wall_ms'))}",
-            f"{_ms(runner.median('host_ms'))} / {_ms(hand.median('host_ms'))}", f"{added:+.2f} |",
-        ]))
+        lines.append(
+            " | ".join(
+                [
+                    f"| {run.name}",
+                    f"{run.script} {' '.join(run.hand)}".strip(),
+                    _collectives(runner.collectives),
+                    _collectives(hand.collectives),
+                    f"{runner.median('operators'):g} / {hand.median('operators'):g}",
+                    f"{_ms(runner.median('wall_ms'))} / {_ms(hand.median('wall_ms'))}",
+                    f"{_ms(runner.median('host_ms'))} / {_ms(hand.median('host_ms'))}",
+                    f"{added:+.2f} |",
+                ]
+            )
+        )
     return "\n".join(lines)
 
 
@@ -127,16 +159,19 @@ def versions() -> str:
 def section(rows: list[tuple[Run, Profiled, Profiled]], s: Settings, steps: list[int], command: str, note: str) -> str:
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
-        f"## {now}: per-step profile on the CPU", "",
-        f"Command: `{command}`", "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared), gloo; {versions()}.", "",
+        f"## {now}: per-step profile on the CPU",
+        "",
+        f"Command: `{command}`",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores (shared), gloo; {versions()}.",
+        "",
         f"Settings (both sides): model {s.model}, world size {s.world_size}, micro-batch {s.micro_batch} per rank, "
         f"sequence {s.seq_len}, {s.precision}, AdamW, clipping {s.grad_clip}, OMP_NUM_THREADS=1; steps "
         f"{steps[0]}-{steps[-1]} of {s.steps} under torch.profiler. Collectives: the calls of rank 0 in a step "
         f"(median over the profiled steps), by kind. Operators: the top-level torch operators a step calls. "
         f"Operators, step and host ms: medians over the profiled steps of both "
         f"ranks; host ms outside the backend = the step's wall time less the time in which its thread runs a "
-        f"torch operator or a collective is in flight (harness/profiling.py).",
+        f"torch operator or a collective is in flight (harness/train/profiling.py).",
     ]
     if note:
         lines += ["", note]
@@ -165,33 +200,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch", type=int, default=4, help="sequences per rank and step (default 4)")
     p.add_argument("--seq-len", type=int, default=64, help="tokens per sequence (default 64)")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="both sides' precision (default fp32)")
-    p.add_argument("--out", default=str(RESULTS), help=f"markdown file the section is appended to (default "
-                                                        f"{RESULTS.relative_to(ROOT)}); '-' for none")
+    p.add_argument(
+        "--out",
+        default=str(RESULTS),
+        help=f"markdown file the section is appended to (default {RESULTS.relative_to(ROOT)}); '-' for none",
+    )
     p.add_argument("--work-dir", help="logs, traces and run directories (default runs/profile/<time>)")
     p.add_argument("--run-timeout", type=float, default=300.0, help="seconds one process may take (default 300)")
-    p.add_argument("--runner-arg", action="append", default=[], metavar="KEY=VALUE",
-                   help="one more runner.py option for every parabench side (repeatable), e.g. to try a setting")
+    p.add_argument(
+        "--runner-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="one more runner.py option for every parabench side (repeatable), e.g. to try a setting",
+    )
     p.add_argument("--note", default="", help="a line added to the section (what changed since the last one)")
     args = p.parse_args(argv)
     if not 0 < args.profile < args.steps - 2:
         p.error(f"--profile={args.profile} must leave at least 3 unprofiled steps of --steps={args.steps}")
     runs = select(args.only)
-    s = Settings(model="gpt-nano", micro_batch=args.micro_batch, seq_len=args.seq_len, steps=args.steps, warmup=2,
-                 data_samples=max(args.micro_batch * WORLD_SIZE * args.steps, 64), precision=args.precision, device="cpu",
-                 world_size=WORLD_SIZE)
+    s = Settings(
+        model="gpt-nano",
+        micro_batch=args.micro_batch,
+        seq_len=args.seq_len,
+        steps=args.steps,
+        warmup=2,
+        data_samples=max(args.micro_batch * WORLD_SIZE * args.steps, 64),
+        precision=args.precision,
+        device="cpu",
+        world_size=WORLD_SIZE,
+    )
     # The last steps before the last one: the runner's final metrics flush (two all-reduces and a
     # host sync at the last step) is the end of the run, not part of a step.
     steps = list(range(args.steps - args.profile, args.steps))
-    work = Path(args.work_dir) if args.work_dir else ROOT / "runs" / "profile" / dt.datetime.now().strftime(
-        "%Y%m%d-%H%M%S")
+    work = (
+        Path(args.work_dir)
+        if args.work_dir
+        else ROOT / "runs" / "profile" / dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    )
     env = child_env(one_thread=True)
     hands: dict[tuple, Profiled] = {}
     rows = []
     for run in runs:
         if run.hand_key not in hands:
             hands[run.hand_key] = profile(run, "hand", s, steps, work, env, args.run_timeout, [])
-        rows.append((run, profile(run, "runner", s, steps, work, env, args.run_timeout, args.runner_arg),
-                      hands[run.hand_key]))
+        rows.append(
+            (run, profile(run, "runner", s, steps, work, env, args.run_timeout, args.runner_arg), hands[run.hand_key])
+        )
     command = shlex.join(["python", "bench/profile_step.py", *(sys.argv[1:] if argv is None else argv)])
     text = section(rows, s, steps, command, args.note)
     print(text)

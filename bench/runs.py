@@ -4,6 +4,7 @@ call, and the settings both sides share, with the two command lines built from t
 
 bench/overhead.py times both sides on a GPU; bench/profile_step.py profiles both on the CPU.
 """
+
 from __future__ import annotations
 
 import sys
@@ -52,21 +53,58 @@ RUNS: list[Run] = [
     Run("accelerate-zero3", ("strategy=accelerate-zero3",), "zero.py", ("--stage", "3"), native="zero3"),
     # Fast-path options parabench has (configs/schema.py, registered names, deepspeed_config),
     # each against the same option by hand.
-    Run("zero3-tuned", ("strategy=zero3", "deepspeed_config=bench/presets/zero3_tuned.json"), "zero.py",
-        ("--stage", "3", "--ds-config", "bench/presets/zero3_tuned.json"), kind="fast path",
-        note="bench/presets/zero3_tuned.json merged over each side's DeepSpeed config"),
-    Run("single+ac", ("strategy=single", "activation_checkpointing=true"), "plain.py",
-        ("--activation-checkpointing",), torchrun=False, kind="fast path"),
-    Run("fsdp-grad-op", ("strategy=fsdp-grad-op",), "fsdp.py", ("--no-reshard-after-forward",), kind="fast path",
-        note="FSDP2 reshard_after_forward=False (gathered parameters kept from forward to backward)"),
-    Run("single+compile", ("strategy=single", "compile=true"), "plain.py", ("--compile",), torchrun=False,
-        kind="fast path", goal_mfu=GOAL_COMPILE_MFU, note="both sides compile the whole model, loss included"),
-    Run("ddp+compile", ("strategy=ddp", "compile=true"), "ddp.py", ("--compile",), kind="fast path",
+    Run(
+        "zero3-tuned",
+        ("strategy=zero3", "deepspeed_config=bench/presets/zero3_tuned.json"),
+        "zero.py",
+        ("--stage", "3", "--ds-config", "bench/presets/zero3_tuned.json"),
+        kind="fast path",
+        note="bench/presets/zero3_tuned.json merged over each side's DeepSpeed config",
+    ),
+    Run(
+        "single+ac",
+        ("strategy=single", "activation_checkpointing=true"),
+        "plain.py",
+        ("--activation-checkpointing",),
+        torchrun=False,
+        kind="fast path",
+    ),
+    Run(
+        "fsdp-grad-op",
+        ("strategy=fsdp-grad-op",),
+        "fsdp.py",
+        ("--no-reshard-after-forward",),
+        kind="fast path",
+        note="FSDP2 reshard_after_forward=False (gathered parameters kept from forward to backward)",
+    ),
+    Run(
+        "single+compile",
+        ("strategy=single", "compile=true"),
+        "plain.py",
+        ("--compile",),
+        torchrun=False,
+        kind="fast path",
+        goal_mfu=GOAL_COMPILE_MFU,
+        note="both sides compile the whole model, loss included",
+    ),
+    Run(
+        "ddp+compile",
+        ("strategy=ddp", "compile=true"),
+        "ddp.py",
+        ("--compile",),
+        kind="fast path",
         goal_mfu=GOAL_COMPILE_MFU,
         note="both sides compile the whole model, then wrap it (nanoGPT's order); at world size 1 parabench "
-             "compiles one graph, the hand-written loop lets DDPOptimizer split it at DDP's buckets (14 graphs)"),
-    Run("fsdp+compile", ("strategy=fsdp", "compile=true"), "fsdp.py", ("--compile",), kind="fast path",
-        note="both sides compile per block before sharding"),
+        "compiles one graph, the hand-written loop lets DDPOptimizer split it at DDP's buckets (14 graphs)",
+    ),
+    Run(
+        "fsdp+compile",
+        ("strategy=fsdp", "compile=true"),
+        "fsdp.py",
+        ("--compile",),
+        kind="fast path",
+        note="both sides compile per block before sharding",
+    ),
 ]
 RUN_NAMES = {r.name: r for r in RUNS}
 
@@ -130,25 +168,63 @@ class Settings:
 
     def runner_args(self, out_dir: Path) -> list[str]:
         return [
-            f"model={self.model}", f"precision={self.precision}", f"device={self.device}",
-            f"nproc={self.world_size}", f"seq_len={self.seq_len}",
-            f"batch_size={self.micro_batch * self.world_size}", f"micro_batch={self.micro_batch}",
-            f"steps={self.steps}", f"timing_warmup={self.warmup}", f"data_samples={self.data_samples}",
-            f"lr={self.lr}", f"min_lr={self.min_lr}", f"warmup_steps={self.lr_warmup}",
-            f"weight_decay={self.weight_decay}", f"beta1={self.beta1}", f"beta2={self.beta2}",
-            f"grad_clip={self.grad_clip}", f"seed={self.seed}",
+            f"model={self.model}",
+            f"precision={self.precision}",
+            f"device={self.device}",
+            f"nproc={self.world_size}",
+            f"seq_len={self.seq_len}",
+            f"batch_size={self.micro_batch * self.world_size}",
+            f"micro_batch={self.micro_batch}",
+            f"steps={self.steps}",
+            f"timing_warmup={self.warmup}",
+            f"data_samples={self.data_samples}",
+            f"lr={self.lr}",
+            f"min_lr={self.min_lr}",
+            f"warmup_steps={self.lr_warmup}",
+            f"weight_decay={self.weight_decay}",
+            f"beta1={self.beta1}",
+            f"beta2={self.beta2}",
+            f"grad_clip={self.grad_clip}",
+            f"seed={self.seed}",
             # One flush at the end of warm-up and one at the last step: no other host sync.
-            f"log_every={self.steps + 1000}", f"out_dir={out_dir}",
+            f"log_every={self.steps + 1000}",
+            f"out_dir={out_dir}",
         ]
 
     def hand_args(self) -> list[str]:
         return [
-            "--model", self.model, "--precision", self.precision, "--device", self.device,
-            "--seq-len", str(self.seq_len), "--micro-batch", str(self.micro_batch),
-            "--steps", str(self.steps), "--warmup", str(self.warmup), "--data-samples", str(self.data_samples),
-            "--lr", str(self.lr), "--min-lr", str(self.min_lr), "--lr-warmup", str(self.lr_warmup),
-            "--weight-decay", str(self.weight_decay), "--beta1", str(self.beta1), "--beta2", str(self.beta2),
-            "--grad-clip", str(self.grad_clip), "--seed", str(self.seed),
+            "--model",
+            self.model,
+            "--precision",
+            self.precision,
+            "--device",
+            self.device,
+            "--seq-len",
+            str(self.seq_len),
+            "--micro-batch",
+            str(self.micro_batch),
+            "--steps",
+            str(self.steps),
+            "--warmup",
+            str(self.warmup),
+            "--data-samples",
+            str(self.data_samples),
+            "--lr",
+            str(self.lr),
+            "--min-lr",
+            str(self.min_lr),
+            "--lr-warmup",
+            str(self.lr_warmup),
+            "--weight-decay",
+            str(self.weight_decay),
+            "--beta1",
+            str(self.beta1),
+            "--beta2",
+            str(self.beta2),
+            "--grad-clip",
+            str(self.grad_clip),
+            "--seed",
+            str(self.seed),
         ]
 
 

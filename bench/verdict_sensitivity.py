@@ -12,6 +12,7 @@ precision (each wrong plugin: its largest relative difference, the bound at that
 verdict; with --built-ins every built-in strategy's verdict too) to --out with the command,
 device and versions, and the compare folders under --work-dir.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,24 +28,26 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.wrong_plugins import LR_ERRORS, PLUGINS, entry_points, lr_error_name  # noqa: E402
-from strategies.registry import BUILTIN_MODULES, StrategyRegistry  # noqa: E402
+from strategies.registry import builtin_registry  # noqa: E402
 
 WRONG = [lr_error_name(e) for e in LR_ERRORS] + [name for name in PLUGINS if name != "lr-off"]
 
 
 def built_in_names() -> list[str]:
-    import importlib
-
-    registry = StrategyRegistry()
-    for module in BUILTIN_MODULES:
-        importlib.import_module(module).register_strategies(registry)
-    return registry.available_names()
+    return builtin_registry().available_names()
 
 
 def run_compare(precision: str, strategies: list[str], passthrough: list[str], work: Path, site: Path) -> dict:
     out = work / precision
-    cmd = [sys.executable, str(ROOT / "runner.py"), "compare", f"strategies=[{','.join(strategies)}]",
-           f"precision={precision}", f"out_dir={out}", *passthrough]
+    cmd = [
+        sys.executable,
+        str(ROOT / "runner.py"),
+        "compare",
+        f"strategies=[{','.join(strategies)}]",
+        f"precision={precision}",
+        f"out_dir={out}",
+        *passthrough,
+    ]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(site)]))
     print(f"$ {shlex.join(cmd)}", file=sys.stderr, flush=True)
     subprocess.run(cmd, cwd=ROOT, env=env, check=False)
@@ -76,7 +79,7 @@ def smallest_caught(doc: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    passthrough = argv[argv.index("--") + 1:] if "--" in argv else []
+    passthrough = argv[argv.index("--") + 1 :] if "--" in argv else []
     own = argv[: argv.index("--")] if "--" in argv else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--precisions", default="fp32,bf16")
@@ -93,18 +96,29 @@ def main(argv: list[str] | None = None) -> int:
         doc = run_compare(precision, strategies, passthrough, work, site)
         env = doc["environment"]
         band = (doc.get("noise") or {}).get("band")
-        lines += [f"### {precision} on {doc['nproc']} x {env['device']} ({doc['model']['name']}, "
-                  f"{doc['config']['steps']} steps)", "",
-                  f"Versions: {', '.join(f'{k} {v}' for k, v in env['versions'].items() if v)}. Rule: "
-                  f"{band['rule'] if band else 'fixed tolerance ' + str(doc['tolerance'])}. Noise runs strayed up to "
-                  f"{max(band['spread']):.1e}." if band else "", "",
-                  *table(doc), "", f"Result: {smallest_caught(doc)}.", ""]
+        lines += [
+            f"### {precision} on {doc['nproc']} x {env['device']} ({doc['model']['name']}, "
+            f"{doc['config']['steps']} steps)",
+            "",
+            f"Versions: {', '.join(f'{k} {v}' for k, v in env['versions'].items() if v)}. Rule: "
+            f"{band['rule'] if band else 'fixed tolerance ' + str(doc['tolerance'])}. Noise runs strayed up to "
+            f"{max(band['spread']):.1e}."
+            if band
+            else "",
+            "",
+            *table(doc),
+            "",
+            f"Result: {smallest_caught(doc)}.",
+            "",
+        ]
     text = "\n".join(lines) + "\n"
     print(text)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    header = ("# The smallest error the loss verdict catches\n\nEach section is bench/verdict_sensitivity.py's "
-              "own output, with the command that made it.\n\n")
+    header = (
+        "# The smallest error the loss verdict catches\n\nEach section is bench/verdict_sensitivity.py's "
+        "own output, with the command that made it.\n\n"
+    )
     out.write_text((out.read_text() if out.exists() else header) + text)
     return 0
 

@@ -2,9 +2,10 @@
 
 Each is a small DDP variant with one mistake a backend could make, registered the way a
 third-party plugin is: through the `parabench.strategies` entry-point group
-(`entry_points()` below writes the dist-info that declares them). tests/test_verdict.py and
+(`entry_points()` below writes the dist-info that declares them). tests/compare/test_verdict.py and
 bench/verdict_sensitivity.py use them; they are never installed with parabench.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -65,8 +66,11 @@ class DropsRankOneGradients(DDPStrategy):
         return wrapped, optimizer
 
 
-PLUGINS = {"lr-off": LearningRateOff, "grads-not-reduced": GradientsNotReduced,
-           "drops-rank1-grads": DropsRankOneGradients}
+PLUGINS = {
+    "lr-off": LearningRateOff,
+    "grads-not-reduced": GradientsNotReduced,
+    "drops-rank1-grads": DropsRankOneGradients,
+}
 # Relative learning-rate errors registered as lr-off-<error> (bench/verdict_sensitivity.py).
 LR_ERRORS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1)
 
@@ -78,8 +82,12 @@ def lr_error_name(error: float) -> str:
 def register_lr_errors(registry) -> None:
     """An entry point's register function: one name per learning-rate error, its factor preset."""
     for error in LR_ERRORS:
-        registry.register(lr_error_name(error), LearningRateOff, f"wrong on purpose: learning rate x {1 + error:g}",
-                          lr_factor=1 + error)
+        registry.register(
+            lr_error_name(error),
+            LearningRateOff,
+            f"wrong on purpose: learning rate x {1 + error:g}",
+            lr_factor=1 + error,
+        )
 
 
 def entry_points(site: Path) -> Path:

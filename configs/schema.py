@@ -4,6 +4,7 @@ YAML presets with `key=value` overrides through omegaconf.
 Every error here is a `ConfigError` whose message is one line naming the key and
 what is allowed, so the CLI can print it instead of a traceback.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -43,7 +44,7 @@ class RunConfig:
     grad_accum: Optional[int] = None  # alternative to micro_batch
     steps: int = 20
     # Optimisation (AdamW, linear warmup then cosine to min_lr). Unset, they follow the model and
-    # the run (harness/optim.py): lr by model size (GPT-3's table), min_lr a tenth of it, warm-up
+    # the run (harness/train/optimizer.py): lr by model size (GPT-3's table), min_lr a tenth of it, warm-up
     # over a tenth of the steps.
     lr: Optional[float] = None
     min_lr: Optional[float] = None
@@ -55,7 +56,7 @@ class RunConfig:
     precision: str = "fp32"
     seed: int = 1337
     # Set: a noise run. Every gradient is nudged by one rounding step of the precision before each
-    # optimizer step, from this seed (harness/noise.py): how the compare measures the spread a
+    # optimizer step, from this seed (harness/train/noise.py): how the compare measures the spread a
     # correct backend may show.
     noise_seed: Optional[int] = None
     # torch.use_deterministic_algorithms(True) and what CUDA needs for it: the same run twice
@@ -69,7 +70,7 @@ class RunConfig:
     log_every: int = 10  # host sync and metrics flush interval, in steps
     timing_warmup: int = 2  # steps left out of throughput figures
     # Consecutive steps (numbered from 1, as in metrics.jsonl) to run under torch.profiler: a trace
-    # and a summary per rank in <out_dir>/profile/ (harness/profiling.py). They run slower.
+    # and a summary per rank in <out_dir>/profile/ (harness/train/profiling.py). They run slower.
     profile_steps: list[int] = field(default_factory=list)
     # Backend options: passed to the strategy plugin as keyword arguments.
     strategy_options: dict[str, Any] = field(default_factory=dict)

@@ -12,6 +12,7 @@ everywhere. In order of precedence:
 A model with none of these has no blocks: it is one unit, and `Blocks.warning` says what
 that costs and how to name them.
 """
+
 from __future__ import annotations
 
 from collections import Counter

@@ -8,6 +8,7 @@ Two data sets, both indexable by sample number into (T+1)-token sequences:
 `GlobalBatchSchedule` decides which samples step k uses: the same global batch
 whatever the world size, micro-batch or accumulation, reshuffled every epoch.
 """
+
 from __future__ import annotations
 
 import functools
@@ -31,8 +32,9 @@ class MarkovData:
     has exactly the chain's entropy rate: `loss_floor`, in nats.
     """
 
-    def __init__(self, vocab_size: int, seq_len: int, num_samples: int, seed: int, fanout: int = 4,
-                 concentration: float = 0.5):
+    def __init__(
+        self, vocab_size: int, seq_len: int, num_samples: int, seed: int, fanout: int = 4, concentration: float = 0.5
+    ):
         rng = np.random.default_rng([seed, vocab_size, 0x4D41524B])
         fanout = min(fanout, vocab_size)
         self.successors = np.stack([rng.choice(vocab_size, size=fanout, replace=False) for _ in range(vocab_size)])
@@ -90,7 +92,9 @@ class TokenFileData:
         if vocab_size is not None:
             top = int(self.tokens.max())
             if top >= vocab_size:
-                raise DataError(f"data file {path!r} has token id {top}, outside the model's vocabulary of {vocab_size}")
+                raise DataError(
+                    f"data file {path!r} has token id {top}, outside the model's vocabulary of {vocab_size}"
+                )
         self.loss_floor = None
 
     def __len__(self) -> int:

@@ -3,6 +3,7 @@
 The contract every parabench model keeps: `forward(inputs, targets) -> loss`,
 plus `num_params()` and `flops_per_token(seq_len)` for MFU.
 """
+
 from __future__ import annotations
 
 import math
@@ -51,9 +52,7 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # SDPA picks flash/memory-efficient kernels on GPU: the T x T score matrix is never stored.
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
-        )
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
         return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
 

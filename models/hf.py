@@ -6,6 +6,7 @@ builds `AutoModelForCausalLM.from_config(LlamaConfig(...))` with random weights
 contract: `forward(inputs, targets) -> loss`, `num_params()`, `flops_per_token()`,
 `transformer_blocks()`, `vocab_size` and an `activation_checkpointing` switch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,11 +26,15 @@ def _config_class(name: str) -> type:
     try:
         import transformers
     except ImportError as exc:
-        raise HFModelError(f"model hf:{name} needs the transformers package ({exc}): pip install transformers") from None
+        raise HFModelError(
+            f"model hf:{name} needs the transformers package ({exc}): pip install transformers"
+        ) from None
     if name.endswith("Config"):
         cls = getattr(transformers, name, None)
         if cls is None or not isinstance(cls, type):
-            raise HFModelError(f"model hf:{name}: transformers has no config class {name!r} (for example hf:LlamaConfig)")
+            raise HFModelError(
+                f"model hf:{name}: transformers has no config class {name!r} (for example hf:LlamaConfig)"
+            )
         return cls
     try:
         return type(transformers.AutoConfig.for_model(name))
@@ -59,7 +64,9 @@ def build_config(name: str, kwargs: dict[str, Any]) -> Any:
     try:
         return cls(**kwargs)
     except Exception as exc:  # the config's own validators: one line, not a traceback
-        raise HFModelError(f"model hf:{name}: {cls.__name__} rejected {kwargs}: {str(exc).splitlines()[-1].strip()}") from None
+        raise HFModelError(
+            f"model hf:{name}: {cls.__name__} rejected {kwargs}: {str(exc).splitlines()[-1].strip()}"
+        ) from None
 
 
 class HFCausalLM(nn.Module):
@@ -91,7 +98,9 @@ class HFCausalLM(nn.Module):
             enable = getattr(self.hf, "activation_checkpointing_enable", None) or self.hf.gradient_checkpointing_enable
             enable({"use_reentrant": False})
         else:
-            disable = getattr(self.hf, "activation_checkpointing_disable", None) or self.hf.gradient_checkpointing_disable
+            disable = (
+                getattr(self.hf, "activation_checkpointing_disable", None) or self.hf.gradient_checkpointing_disable
+            )
             disable()
 
     def transformer_blocks(self) -> list[nn.Module]:

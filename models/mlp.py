@@ -3,6 +3,7 @@
 Each token is predicted from the one before it only, which is all a first-order
 Markov chain needs: on `data=markov` it can reach the data set's entropy floor.
 """
+
 from __future__ import annotations
 
 import torch

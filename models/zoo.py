@@ -4,6 +4,7 @@
 Every model keeps the contract `forward(inputs, targets) -> loss`; `num_params` and
 `flops_per_token` are taken from the model where it has them, else counted here.
 """
+
 from __future__ import annotations
 
 import dataclasses

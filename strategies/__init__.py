@@ -1,4 +1,5 @@
 """Training backends behind one interface, and the registry of their names."""
+
 from strategies.base import RunContext, Strategy, StrategyError
 from strategies.memory import MemoryBreakdown
 from strategies.registry import StrategyRegistry, default_registry

@@ -7,25 +7,37 @@ backend's own format (exact resume), full_state_dict/load_full_state_dict for th
 consolidated weights, read_full_state_dict to get those weights out of a checkpoint
 offline (export, and resuming under a strategy whose format differs).
 """
+
 from __future__ import annotations
 
 import contextlib
 import importlib.util
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar, ContextManager
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager
 
-import torch
-import torch.nn as nn
+from strategies.plan_model import PlanModel
 
-from models.blocks import Blocks, find_blocks
-from strategies.memory import MemoryBreakdown
+# torch is imported where a strategy runs, not where it is declared: `runner.py list` and
+# `runner.py plan` read every strategy's presets without paying for it.
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
 
-OptimizerFactory = Callable[[nn.Module], torch.optim.Optimizer]
+    from models.blocks import Blocks
+    from strategies.memory import MemoryBreakdown
+
+OptimizerFactory = Callable[["nn.Module"], "torch.optim.Optimizer"]
 """Builds the run's optimizer over a (wrapped or sharded) model's parameters."""
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def torch_dtype(precision: str) -> torch.dtype:
+    import torch
+
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
 
 
 def missing_package_reason(module: str, install: str) -> str | None:
@@ -49,6 +61,17 @@ class StrategyError(ValueError):
 
 
 @dataclass(frozen=True)
+class Preset:
+    """One name a strategy class registers: what the name means (the options it fixes), in
+    words for `runner.py list` and the report, and to the planner."""
+
+    name: str
+    description: str
+    options: dict[str, Any] = field(default_factory=dict)
+    plan: PlanModel | None = None  # None: the planner has no model of it, and says so
+
+
+@dataclass(frozen=True)
 class RunContext:
     """What a strategy needs to know about the run it serves."""
 
@@ -64,7 +87,7 @@ class RunContext:
 
     @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[self.precision]
+        return torch_dtype(self.precision)
 
 
 class Strategy(ABC):
@@ -72,6 +95,11 @@ class Strategy(ABC):
 
     name: str = ""
     description: str = ""
+    # The names this class registers, each with the options it fixes and its planner model.
+    presets: ClassVar[tuple[Preset, ...]] = ()
+    # Where the class's names come in `runner.py list`, a compare's default sweep and its colours:
+    # the reference first, then plain torch, DeepSpeed, Accelerate; plugins after the built-ins.
+    listing_order: ClassVar[int] = 1000
     # Checkpoints of equal format load natively (model, optimizer, scaler) across strategies;
     # "" means the backend cannot checkpoint yet, and a run that asks it to is refused up front.
     checkpoint_format: ClassVar[str] = ""
@@ -96,7 +124,7 @@ class Strategy(ABC):
         """Whether, with these preset options, teardown() after an out-of-memory error frees
         everything setup() and the steps built, leaving no global state or buffers behind: the
         batch search then tries one micro-batch after another in one process (at world size 1;
-        harness/probe.py checks the freeing after every probe and falls back if it fails)."""
+        harness/compare/probe.py checks the freeing after every probe and falls back if it fails)."""
         return False
 
     @classmethod
@@ -107,6 +135,8 @@ class Strategy(ABC):
 
     def find_blocks(self, model: nn.Module) -> Blocks:
         """The model's blocks as the run names or finds them (models/blocks.py)."""
+        from models.blocks import find_blocks
+
         return find_blocks(model, getattr(self.ctx.config, "model_blocks", None))
 
     def compile(self, model: nn.Module) -> str:
@@ -145,6 +175,8 @@ class Strategy(ABC):
 
     def memory_breakdown(self) -> MemoryBreakdown:
         """Bytes this rank holds in parameters, gradients and optimizer state."""
+        from strategies.memory import MemoryBreakdown
+
         assert self.model is not None, "setup() first"
         return MemoryBreakdown.of(self.model, self.optimizer)
 
@@ -177,8 +209,7 @@ class Strategy(ABC):
 
     def _no_checkpoints(self) -> StrategyError:
         return StrategyError(
-            f"strategy {self.name!r} cannot save or load checkpoints yet: run it with checkpoint_every=0 "
-            "and no resume="
+            f"strategy {self.name!r} cannot save or load checkpoints yet: run it with checkpoint_every=0 and no resume="
         )
 
     def teardown(self) -> None:

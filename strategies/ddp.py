@@ -1,18 +1,22 @@
 """`ddp`: torch DistributedDataParallel, every rank a full replica, gradients all-reduced."""
+
 from __future__ import annotations
 
-from typing import ContextManager
+from typing import TYPE_CHECKING, ContextManager
 
-import torch
-import torch.nn as nn
-from torch.nn.parallel import DistributedDataParallel
-
-from strategies.base import OptimizerFactory, RunContext
+from strategies.base import OptimizerFactory, Preset, RunContext
+from strategies.plan_model import PlanModel
 from strategies.single import SingleDeviceStrategy
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
 
 
 class DDPStrategy(SingleDeviceStrategy):
     description = "DistributedDataParallel: full replica per rank, bucketed gradient all-reduce"
+    presets = (Preset("ddp", description, plan=PlanModel("torch", 0, data_parallel=True)),)
+    listing_order = 10
 
     def __init__(
         self,
@@ -39,6 +43,8 @@ class DDPStrategy(SingleDeviceStrategy):
         graphs at 25 MB) so that each bucket's all-reduce starts while backward goes on. One rank
         has nothing to overlap: there the split only costs fusion and launches, so the model
         compiles to one graph, and DDP reduces after backward, as it would with no overlap."""
+        import torch
+
         super().compile(model)
         if self.ctx.world_size > 1:
             return f"whole model, split at DDP's {self.ddp_kwargs['bucket_cap_mb']:g} MB buckets"
@@ -48,12 +54,16 @@ class DDPStrategy(SingleDeviceStrategy):
         return "whole model, one graph (one rank: no all-reduce to overlap)"
 
     def teardown(self) -> None:
+        import torch
+
         if self._optimize_ddp_before is not None:
             torch._dynamo.config.optimize_ddp = self._optimize_ddp_before
             self._optimize_ddp_before = None
         super().teardown()
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        from torch.nn.parallel import DistributedDataParallel
+
         model = model.to(self.ctx.device)
         device_ids = [self.ctx.device.index] if self.ctx.device.type == "cuda" else None
         # DDP broadcasts rank 0's parameters at construction: every rank starts identical.
@@ -63,9 +73,4 @@ class DDPStrategy(SingleDeviceStrategy):
         return self.model, self.optimizer
 
     def no_sync(self) -> ContextManager:
-        assert isinstance(self.model, DistributedDataParallel)
         return self.model.no_sync()
-
-
-def register_strategies(registry) -> None:
-    registry.register("ddp", DDPStrategy)

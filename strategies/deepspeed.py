@@ -24,6 +24,7 @@ strategy read the consolidated fp32 weights offline with deepspeed.utils.zero_to
 deepspeed is imported lazily: this module loads (and the names are listed, as
 unavailable) where deepspeed is not installed.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,13 +33,17 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
-import torch
-import torch.nn as nn
-
-from models.blocks import Blocks
-from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, compile_blocks, missing_package_reason
+from strategies.base import (
+    OptimizerFactory,
+    Preset,
+    RunContext,
+    Strategy,
+    StrategyError,
+    compile_blocks,
+    missing_package_reason,
+)
 from strategies.deepspeed_config import (
     check_user_config,
     check_zero_options,
@@ -49,6 +54,13 @@ from strategies.deepspeed_config import (
     sizing_config,
 )
 from strategies.memory import MemoryBreakdown
+from strategies.plan_model import PlanModel
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+
+    from models.blocks import Blocks
 
 CONFIG_FILE = "deepspeed_config.json"  # written to the run's out_dir
 CHECKPOINT_TAG = "zero"  # the sub-directory of state/ that engine.save_checkpoint writes
@@ -79,8 +91,25 @@ GRAD_BUFFERS = (
 )
 
 
+def _zero(name: str, description: str, stage: int, offload: bool = False) -> Preset:
+    """A ZeRO name: it fixes the stage and both offloads (zero2 is never offloaded)."""
+    options = {"stage": stage, "offload_optimizer": offload, "offload_params": offload and stage == 3}
+    plan = PlanModel(
+        "deepspeed", stage, "low_precision", offload_optimizer=offload, offload_params=offload and stage == 3
+    )
+    return Preset(name, description, options, plan)
+
+
 class DeepSpeedStrategy(Strategy):
     description = "DeepSpeed ZeRO"
+    presets = (
+        _zero("zero1", "DeepSpeed ZeRO-1: optimizer state sharded", 1),
+        _zero("zero2", "DeepSpeed ZeRO-2: optimizer state and gradients sharded", 2),
+        _zero("zero3", "DeepSpeed ZeRO-3: parameters, gradients, optimizer state sharded", 3),
+        _zero("zero2-offload", "DeepSpeed ZeRO-2, optimizer state on the CPU", 2, offload=True),
+        _zero("zero3-offload", "DeepSpeed ZeRO-3, parameters and optimizer state on the CPU", 3, offload=True),
+    )
+    listing_order = 30
     checkpoint_format = "deepspeed"  # the family; each instance narrows it to its stage
     # Plain ZeRO checkpoints hold one optimizer partition per rank, and DeepSpeed refuses to
     # load them at another data-parallel size (it would need a universal checkpoint).
@@ -93,8 +122,15 @@ class DeepSpeedStrategy(Strategy):
         FWD_MODULE_STACK) and offload keeps pinned host buffers: each of their probes gets a process."""
         return options.get("stage") in (1, 2) and not options.get("offload_optimizer")
 
-    def __init__(self, ctx: RunContext, *, stage: int = 1, offload_optimizer: bool = False,
-                 offload_params: bool = False, cpu_adam: bool | None = None):
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        stage: int = 1,
+        offload_optimizer: bool = False,
+        offload_params: bool = False,
+        cpu_adam: bool | None = None,
+    ):
         super().__init__(ctx)
         self.stage, self.offload_optimizer, self.offload_params = check_zero_options(
             stage, offload_optimizer, offload_params
@@ -104,10 +140,15 @@ class DeepSpeedStrategy(Strategy):
         # DeepSpeedCPUAdam only where it pays: optimizer state on the host, model on a GPU.
         self.cpu_adam = (self.offload_optimizer and ctx.device.type == "cuda") if cpu_adam is None else cpu_adam
         if self.cpu_adam and not self.offload_optimizer:
-            raise StrategyError("strategy_options.cpu_adam=true needs the optimizer offloaded: use strategy=zero2-offload "
-                                "or zero3-offload")
+            raise StrategyError(
+                "strategy_options.cpu_adam=true needs the optimizer offloaded: use strategy=zero2-offload "
+                "or zero3-offload"
+            )
         self.run_config = run_config(
-            ctx, stage=self.stage, offload_optimizer=self.offload_optimizer, offload_params=self.offload_params,
+            ctx,
+            stage=self.stage,
+            offload_optimizer=self.offload_optimizer,
+            offload_params=self.offload_params,
             torch_optimizer_offloaded=self.offload_optimizer and not self.cpu_adam,
         )
         source = getattr(ctx.config, "deepspeed_config", None)
@@ -136,14 +177,16 @@ class DeepSpeedStrategy(Strategy):
         optimizer = optimizer_factory(model)
         if self.cpu_adam:
             optimizer = _as_cpu_adam(optimizer)
-        self.config = final_config(sizing_config(model_size(model), self.stage, self.ctx.world_size), self.run_config,
-                                   self.user_config)
+        self.config = final_config(
+            sizing_config(model_size(model), self.stage, self.ctx.world_size), self.run_config, self.user_config
+        )
         write_config(self.config, self.ctx)
         if self.stage == 3:  # found before DeepSpeed empties the parameters into its partitions
             self.layout = zero3_layout(self.find_blocks(model))
         # The runner's process group already exists: DeepSpeed wraps it, never makes its own.
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, config=self.config,
-                                               dist_init_required=False)
+        engine, _, _, _ = deepspeed.initialize(
+            model=model, optimizer=optimizer, config=self.config, dist_init_required=False
+        )
         if engine.dp_world_size != self.ctx.world_size:
             raise StrategyError(
                 f"DeepSpeed sees {engine.dp_world_size} data-parallel ranks but the run has {self.ctx.world_size}"
@@ -208,8 +251,10 @@ def zero3_layout(blocks: Blocks) -> str:
     """What ZeRO-3 does per module, for the run's report: DeepSpeed's hooks gather each
     module's own parameters and prefetch by the order they recorded, whatever the blocks;
     the blocks are what compile and checkpointing work through."""
-    return (f"zero3: parameters gathered module by module in DeepSpeed's hooks, prefetched in its recorded order; "
-            f"blocks for compile and checkpointing: {blocks.describe()}")
+    return (
+        f"zero3: parameters gathered module by module in DeepSpeed's hooks, prefetched in its recorded order; "
+        f"blocks for compile and checkpointing: {blocks.describe()}"
+    )
 
 
 def write_config(config: dict[str, Any], ctx: RunContext) -> None:
@@ -244,6 +289,8 @@ def _import_deepspeed(ctx: RunContext) -> Any:
 
 def _as_cpu_adam(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
     """The runner's AdamW, same groups and hyper-parameters, as DeepSpeedCPUAdam."""
+    import torch
+
     if not isinstance(optimizer, torch.optim.AdamW):
         raise StrategyError(
             f"strategy_options.cpu_adam=true replaces AdamW, but the run's optimizer is {type(optimizer).__name__}: "
@@ -253,8 +300,15 @@ def _as_cpu_adam(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
 
     d = optimizer.defaults
     groups = [{"params": g["params"], "weight_decay": g["weight_decay"], "lr": g["lr"]} for g in optimizer.param_groups]
-    return DeepSpeedCPUAdam(groups, lr=d["lr"], betas=d["betas"], eps=d["eps"], weight_decay=d["weight_decay"],
-                            adamw_mode=True, bias_correction=True)
+    return DeepSpeedCPUAdam(
+        groups,
+        lr=d["lr"],
+        betas=d["betas"],
+        eps=d["eps"],
+        weight_decay=d["weight_decay"],
+        adamw_mode=True,
+        bias_correction=True,
+    )
 
 
 def save_zero_checkpoint(engine: Any, path: Path, tag: str) -> None:
@@ -265,8 +319,7 @@ def save_zero_checkpoint(engine: Any, path: Path, tag: str) -> None:
 
 def load_zero_checkpoint(engine: Any, path: Path, tag: str) -> None:
     """Collective: model, fp32 master weights and optimizer partitions back from `path`/`tag`."""
-    loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_optimizer_states=True,
-                                       load_lr_scheduler_states=False)
+    loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)
     if loaded is None:  # DeepSpeed only logs a warning when it finds nothing to load
         raise StrategyError(f"DeepSpeed found no checkpoint in {path / tag}: resume from another checkpoint")
 
@@ -282,8 +335,10 @@ def zero_full_state_dict(engine: Any, rank: int) -> dict[str, torch.Tensor]:
     if rank != 0:
         return {}
     # state_dict(keep_vars=True) names tied parameters twice (wte and lm_head), as the bare model does.
-    return {name: master[id(t)] if id(t) in master else t.detach().cpu().clone()
-            for name, t in module.state_dict(keep_vars=True).items()}
+    return {
+        name: master[id(t)] if id(t) in master else t.detach().cpu().clone()
+        for name, t in module.state_dict(keep_vars=True).items()
+    }
 
 
 def load_zero_full_state_dict(engine: Any, state: dict[str, torch.Tensor]) -> None:
@@ -294,9 +349,12 @@ def load_zero_full_state_dict(engine: Any, state: dict[str, torch.Tensor]) -> No
     expected = set(module.state_dict().keys())
     if set(state) != expected:
         missing, unexpected = sorted(expected - set(state)), sorted(set(state) - expected)
-        raise StrategyError(f"the weights do not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}): "
-                            "resume from a checkpoint of the same model")
+        raise StrategyError(
+            f"the weights do not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}): "
+            "resume from a checkpoint of the same model"
+        )
     import deepspeed
+    import torch
     from deepspeed.utils import safe_set_full_fp32_param
 
     params = dict(module.named_parameters())  # a tied parameter once, under its first name
@@ -379,6 +437,8 @@ class _StorageTally:
 
 def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
     """Every tensor in nested dicts, other iterables and reduction buckets (their .buffer)."""
+    import torch
+
     if isinstance(obj, torch.Tensor):
         yield obj
     elif isinstance(obj, dict):
@@ -389,17 +449,3 @@ def _tensors_in(obj: Any) -> Iterator[torch.Tensor]:
     elif isinstance(obj, Iterable) and not isinstance(obj, (str, bytes)):
         for value in obj:
             yield from _tensors_in(value)
-
-
-def register_strategies(registry) -> None:
-    # Each name presets (and so fixes) the stage and both offloads: zero2 is never offloaded.
-    registry.register("zero1", DeepSpeedStrategy, "DeepSpeed ZeRO-1: optimizer state sharded",
-                      stage=1, offload_optimizer=False, offload_params=False)
-    registry.register("zero2", DeepSpeedStrategy, "DeepSpeed ZeRO-2: optimizer state and gradients sharded",
-                      stage=2, offload_optimizer=False, offload_params=False)
-    registry.register("zero3", DeepSpeedStrategy, "DeepSpeed ZeRO-3: parameters, gradients, optimizer state sharded",
-                      stage=3, offload_optimizer=False, offload_params=False)
-    registry.register("zero2-offload", DeepSpeedStrategy, "DeepSpeed ZeRO-2, optimizer state on the CPU",
-                      stage=2, offload_optimizer=True, offload_params=False)
-    registry.register("zero3-offload", DeepSpeedStrategy, "DeepSpeed ZeRO-3, parameters and optimizer state on the CPU",
-                      stage=3, offload_optimizer=True, offload_params=True)

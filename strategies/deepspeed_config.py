@@ -10,17 +10,19 @@ Three layers, lowest first:
      but a value that contradicts layer 2 is a one-line error naming the fix.
 A value "auto" in the user's JSON (as in Hugging Face's templates) means "what parabench builds".
 """
+
 from __future__ import annotations
 
 import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch.nn as nn
+from typing import TYPE_CHECKING, Any
 
 from strategies.base import RunContext, StrategyError
+
+if TYPE_CHECKING:
+    import torch.nn as nn
 
 ZERO_STAGES = (1, 2, 3)
 AUTO = "auto"
@@ -37,8 +39,7 @@ def check_zero_options(stage: Any, offload_optimizer: Any, offload_params: Any) 
     """Validate the plugin's options; returns them typed."""
     if isinstance(stage, bool) or not isinstance(stage, int) or stage not in ZERO_STAGES:
         raise DeepSpeedConfigError(
-            f"strategy_options.stage={stage} is not a ZeRO stage: use 1, 2 or 3 "
-            "(or the strategies zero1, zero2, zero3)"
+            f"strategy_options.stage={stage} is not a ZeRO stage: use 1, 2 or 3 (or the strategies zero1, zero2, zero3)"
         )
     for name, value in (("offload_optimizer", offload_optimizer), ("offload_params", offload_params)):
         if not isinstance(value, bool):
@@ -50,8 +51,9 @@ def check_zero_options(stage: Any, offload_optimizer: Any, offload_params: Any) 
     return stage, offload_optimizer, offload_params
 
 
-def run_config(ctx: RunContext, *, stage: int, offload_optimizer: bool, offload_params: bool,
-               torch_optimizer_offloaded: bool) -> dict[str, Any]:
+def run_config(
+    ctx: RunContext, *, stage: int, offload_optimizer: bool, offload_params: bool, torch_optimizer_offloaded: bool
+) -> dict[str, Any]:
     """Layer 2: what the run fixes, identical in meaning to the other strategies' settings."""
     pin = ctx.device.type == "cuda"  # page-locked host memory only helps copies to an accelerator
     zero: dict[str, Any] = {
@@ -73,9 +75,10 @@ def run_config(ctx: RunContext, *, stage: int, offload_optimizer: bool, offload_
     if ctx.precision == "fp16":
         # Dynamic loss scaling as torch.amp.GradScaler does it (2**16 to start, back off
         # at once on overflow, grow after 2000 clean steps): the same as `single` and `ddp`.
-        config["fp16"].update(loss_scale=0, initial_scale_power=16, hysteresis=1, loss_scale_window=2000,
-                              min_loss_scale=1)
-    # parabench measures throughput itself, syncing only at the logging interval (harness/metrics.py);
+        config["fp16"].update(
+            loss_scale=0, initial_scale_power=16, hysteresis=1, loss_scale_window=2000, min_loss_scale=1
+        )
+    # parabench measures throughput itself, syncing only at the logging interval (harness/train/metrics.py);
     # DeepSpeed's own throughput timer would synchronize the device at the start and end of every step.
     config["timers"] = {"throughput": {"enabled": False}}
     if torch_optimizer_offloaded:
@@ -127,7 +130,7 @@ def sizing_config(size: ModelSize, stage: int, world_size: int) -> dict[str, Any
     held = -(-max(size.params, 1) // world_size) if stage == 3 else max(size.params, 1)
     bucket = min(DEEPSPEED_REDUCE_BUCKET, held)
     zero: dict[str, Any] = {"reduce_bucket_size": bucket + bucket % NCCL_ALIGNMENT}
-    if stage == 3 and size.hidden is not None and size.hidden ** 2 <= DEEPSPEED_PERSISTENCE_THRESHOLD:
+    if stage == 3 and size.hidden is not None and size.hidden**2 <= DEEPSPEED_PERSISTENCE_THRESHOLD:
         zero["stage3_param_persistence_threshold"] = 10 * size.hidden
     return {"zero_optimization": zero}
 
@@ -172,7 +175,7 @@ def check_user_config(user: dict[str, Any], run: dict[str, Any], source: str) ->
             )
     if "zero_optimization" in user and not isinstance(user["zero_optimization"], dict):
         raise DeepSpeedConfigError(
-            f"deepspeed_config {source}: zero_optimization must be an object such as {{\"stage\": 2}}"
+            f'deepspeed_config {source}: zero_optimization must be an object such as {{"stage": 2}}'
         )
     fixes = {
         ("train_micro_batch_size_per_gpu",): "set micro_batch= on the command line instead",

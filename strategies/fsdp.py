@@ -6,34 +6,32 @@ in fp32) rather than autocast, as FSDP2 intends. Checkpoints are
 torch.distributed.checkpoint directories: each rank writes its own shards, and a
 load reshards to whatever the new world size is.
 """
+
 from __future__ import annotations
 
 import contextlib
 import warnings
 from collections import Counter
 from pathlib import Path
-from typing import Any, ContextManager, Iterator
+from typing import TYPE_CHECKING, Any, ContextManager, Iterator
 
-import torch
-import torch.distributed.checkpoint as dcp
-import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import (
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
-
-from models.blocks import Blocks
-from strategies.base import OptimizerFactory, RunContext, StrategyError, compile_blocks
+from strategies.base import OptimizerFactory, Preset, RunContext, StrategyError, compile_blocks
+from strategies.plan_model import PlanModel
 from strategies.single import SingleDeviceStrategy
+
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from models.blocks import Blocks
 
 
 def mixed_precision_policy(ctx: RunContext) -> MixedPrecisionPolicy:
     """Compute in the run's low precision, reduce gradients in fp32 (torchtitan's choice); none in fp32."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     if ctx.precision == "fp32":
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=ctx.dtype, reduce_dtype=torch.float32)
@@ -41,10 +39,39 @@ def mixed_precision_policy(ctx: RunContext) -> MixedPrecisionPolicy:
 
 class FSDPStrategy(SingleDeviceStrategy):
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded"
+    # Each name fixes both options that tell the variants apart.
+    presets = (
+        Preset(
+            "fsdp",
+            "FSDP2 full shard (ZeRO-3 analogue)",
+            {"reshard_after_forward": True, "cpu_offload": False},
+            PlanModel("torch", 3, "low_precision"),
+        ),
+        Preset(
+            "fsdp-grad-op",
+            "FSDP2 without resharding after forward (ZeRO-2 analogue)",
+            {"reshard_after_forward": False, "cpu_offload": False},
+            PlanModel("torch", 3, "low_precision", reshard_after_forward=False),
+        ),
+        Preset(
+            "fsdp-offload",
+            "FSDP2 full shard, parameters and optimizer on CPU",
+            {"reshard_after_forward": True, "cpu_offload": True},
+            PlanModel("torch", 3, "low_precision", offload_optimizer=True, offload_params=True),
+        ),
+    )
+    listing_order = 20
     checkpoint_format = "dcp"
 
-    def __init__(self, ctx: RunContext, *, reshard_after_forward: bool = True, cpu_offload: bool = False,
-                 prefetch_blocks: int = 0, sync_each_micro_step: bool = True):
+    def __init__(
+        self,
+        ctx: RunContext,
+        *,
+        reshard_after_forward: bool = True,
+        cpu_offload: bool = False,
+        prefetch_blocks: int = 0,
+        sync_each_micro_step: bool = True,
+    ):
         super().__init__(ctx)
         self.reshard_after_forward = bool(reshard_after_forward)
         self.cpu_offload = bool(cpu_offload)
@@ -55,11 +82,15 @@ class FSDPStrategy(SingleDeviceStrategy):
         # but each rank keeps the whole unsharded gradient while accumulating).
         self.sync_each_micro_step = sync_each_micro_step
         if not isinstance(prefetch_blocks, int) or prefetch_blocks < 0:
-            raise StrategyError(f"strategy_options.prefetch_blocks={prefetch_blocks} must be a whole number >= 0 "
-                                "(0: FSDP2's own one-block prefetch)")
+            raise StrategyError(
+                f"strategy_options.prefetch_blocks={prefetch_blocks} must be a whole number >= 0 "
+                "(0: FSDP2's own one-block prefetch)"
+            )
         self.prefetch_blocks = prefetch_blocks
 
     def _policies(self) -> dict:
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
         mp = mixed_precision_policy(self.ctx)
         offload: OffloadPolicy = OffloadPolicy()
         if self.cpu_offload:
@@ -72,6 +103,9 @@ class FSDPStrategy(SingleDeviceStrategy):
         return compile_blocks(model, self.find_blocks(model))
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
         mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
         policies = self._policies()
         if not self.cpu_offload:
@@ -115,6 +149,9 @@ class FSDPStrategy(SingleDeviceStrategy):
         return contextlib.nullcontext()  # MixedPrecisionPolicy casts parameters instead
 
     def clip_gradients(self) -> None:
+        import torch
+        from torch.distributed.tensor import DTensor
+
         assert self.model is not None and self.optimizer is not None
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -138,6 +175,8 @@ class FSDPStrategy(SingleDeviceStrategy):
         return contextlib.nullcontext() if self.sync_each_micro_step else self._gradient_sync_off()
 
     def _sharded_state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
         # Keyed by parameter name, not by position, and sharded as the model is: what DCP
         # needs to write each rank's part and to reshard it on load.
         state: dict[str, Any] = {
@@ -150,10 +189,15 @@ class FSDPStrategy(SingleDeviceStrategy):
         return state
 
     def save(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+
         assert self.model is not None and self.optimizer is not None, "setup() first"
         dcp.save(self._sharded_state(), checkpoint_id=path)
 
     def load(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
         assert self.model is not None and self.optimizer is not None, "setup() first"
         state = self._sharded_state()
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
@@ -166,6 +210,8 @@ class FSDPStrategy(SingleDeviceStrategy):
 
     @classmethod
     def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+        import torch.distributed.checkpoint as dcp
+
         # Read only the model's entries into the bare model's tensors: DCP stitches the shards
         # together whatever the world size that wrote them.
         state = {name: t.detach().clone() for name, t in model.state_dict().items()}
@@ -195,6 +241,8 @@ def tied_outside(model: nn.Module, blocks: Blocks) -> dict[int, str]:
 def fsdp_units(model: nn.Module, blocks: Blocks) -> str:
     """The FSDP units `model` has once sharded, as the run reports them: '6 units of
     DecoderLayer + root', plus any unit outside the blocks by its class ('+ 1 LayerNorm')."""
+    from torch.distributed.fsdp import FSDPModule
+
     units = [m for m in model.modules() if isinstance(m, FSDPModule) and m is not model]
     block_ids = {id(b) for b in blocks.modules}
     in_blocks = Counter(_unwrapped_class(m) for m in units if id(m) in block_ids)
@@ -215,14 +263,6 @@ def _counted(classes: Counter) -> str:
 
 def _unwrapped_class(module: nn.Module) -> str:
     """The class fully_shard derived the module's class from (FSDPLayerNorm -> LayerNorm)."""
+    from torch.distributed.fsdp import FSDPModule
+
     return next(c for c in type(module).__mro__ if not issubclass(c, FSDPModule)).__name__
-
-
-def register_strategies(registry) -> None:
-    # Each name presets (and so fixes) both options that tell the variants apart.
-    registry.register("fsdp", FSDPStrategy, "FSDP2 full shard (ZeRO-3 analogue)",
-                      reshard_after_forward=True, cpu_offload=False)
-    registry.register("fsdp-grad-op", FSDPStrategy, "FSDP2 without resharding after forward (ZeRO-2 analogue)",
-                      reshard_after_forward=False, cpu_offload=False)
-    registry.register("fsdp-offload", FSDPStrategy, "FSDP2 full shard, parameters and optimizer on CPU",
-                      reshard_after_forward=True, cpu_offload=True)

@@ -3,12 +3,14 @@
 Bytes are kept per device type ("cpu", "cuda") so that offload shows where the
 bytes live, not just how many there are.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import torch
+if TYPE_CHECKING:  # the planner imports CATEGORIES without torch
+    import torch
 
 CATEGORIES = ("params", "grads", "optimizer")
 
@@ -35,6 +37,8 @@ def bytes_by_device(tensors: Iterable[torch.Tensor | None]) -> dict[str, int]:
 
 
 def optimizer_state_tensors(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    import torch
+
     return [v for state in optimizer.state.values() for v in state.values() if isinstance(v, torch.Tensor)]
 
 

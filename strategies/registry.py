@@ -1,26 +1,37 @@
 """Strategy names -> plugin classes, with preset options per name.
 
-Built-in backends register through `register_strategies(registry)` in their module;
-third-party ones through the `parabench.strategies` entry-point group, whose object
-is either such a function or a `Strategy` subclass (registered under the entry
-point's name). A plugin whose dependency is missing stays listed, with the reason.
+A backend is one module: its Strategy class lists the names it registers (`presets`), each
+with the options that name fixes and its planner model, and the registry finds it. Built-in
+backends are every module of the `strategies` package (sub-packages included); others come
+from the `parabench.strategies` entry-point group, whose object is a `Strategy` subclass (its
+presets, or the entry point's name) or a `register_strategies(registry)` function, or from
+modules named in PARABENCH_PLUGINS (import paths, comma-separated: a plugin in one file, no
+packaging). A plugin whose dependency is missing stays listed, with the reason.
 
 A plugin's options are the keyword-only parameters of its __init__; those a name
 presets (zero1's stage=1, fsdp-grad-op's reshard_after_forward=False) are what the
 name means, so a run cannot override them: results under a name mean one thing.
+
+Nothing here imports torch: `runner.py list` and `runner.py plan` read the presets without it.
 """
+
 from __future__ import annotations
 
 import importlib
 import inspect
+import os
+import pkgutil
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any
 
-from strategies.base import RunContext, Strategy, StrategyError
+import strategies
+from strategies.base import Preset, RunContext, Strategy, StrategyError
+from strategies.plan_model import PlanModel
 
 ENTRY_POINT_GROUP = "parabench.strategies"
-BUILTIN_MODULES = ("strategies.single", "strategies.ddp", "strategies.fsdp", "strategies.deepspeed", "strategies.accelerate")
+PLUGINS_ENV = "PARABENCH_PLUGINS"
 
 
 @dataclass(frozen=True)
@@ -30,6 +41,7 @@ class StrategyEntry:
     description: str = ""
     options: dict[str, Any] = field(default_factory=dict)
     load_error: str | None = None  # set when the plugin itself could not be loaded
+    plan: PlanModel | None = None  # the planner's model of this name; None: not planned
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -66,16 +78,29 @@ class StrategyRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, StrategyEntry] = {}
 
-    def register(self, name: str, cls: type[Strategy], description: str = "", **options: Any) -> None:
+    def register(
+        self, name: str, cls: type[Strategy], description: str = "", plan: PlanModel | None = None, **options: Any
+    ) -> None:
         if name in self._entries:
             raise StrategyError(f"strategy name {name!r} is registered twice")
-        self._entries[name] = StrategyEntry(name, cls, description or cls.description, options)
+        self._entries[name] = StrategyEntry(name, cls, description or cls.description, options, plan=plan)
+
+    def register_class(self, cls: type[Strategy], default_name: str | None = None) -> None:
+        """Every name `cls` presets; a class with no presets under `default_name`."""
+        # Its own presets: a plugin subclassing a built-in does not register the built-in's names again.
+        presets = vars(cls).get("presets") or ((Preset(default_name, cls.description),) if default_name else ())
+        for preset in presets:
+            self.register(preset.name, cls, preset.description, preset.plan, **preset.options)
 
     def register_broken(self, name: str, reason: str) -> None:
         self._entries.setdefault(name, StrategyEntry(name, None, load_error=reason))
 
     def names(self) -> list[str]:
         return list(self._entries)
+
+    def planned_names(self) -> list[str]:
+        """The names the planner has a model of."""
+        return [n for n, e in self._entries.items() if e.plan is not None]
 
     def available_names(self) -> list[str]:
         return [n for n, e in self._entries.items() if e.available]
@@ -99,8 +124,10 @@ class StrategyRegistry:
         fixed = sorted(set(user_options) & set(entry.options))
         if fixed:
             preset = ", ".join(f"{k}={entry.options[k]}" for k in fixed)
-            raise StrategyError(f"strategy {name!r} means {preset}: drop strategy_options.{fixed[0]}, or pick the "
-                                f"strategy registered with the value you want (runner.py list)")
+            raise StrategyError(
+                f"strategy {name!r} means {preset}: drop strategy_options.{fixed[0]}, or pick the "
+                f"strategy registered with the value you want (runner.py list)"
+            )
         allowed = set(entry.user_options())
         unknown = sorted(set(user_options) - allowed)
         if unknown:
@@ -136,8 +163,43 @@ def _check_option_types(name: str, options: dict[str, Any], defaults: dict[str, 
             fits = isinstance(value, accepted) and not isinstance(value, bool)
         if not fits:
             example = str(default).lower() if expected is bool else default
-            raise StrategyError(f"strategy {name!r}: strategy_options.{key}={value!r} must be {_TYPE_WORDS[expected]} "
-                                f"({expected.__name__}), e.g. strategy_options.{key}={example}")
+            raise StrategyError(
+                f"strategy {name!r}: strategy_options.{key}={value!r} must be {_TYPE_WORDS[expected]} "
+                f"({expected.__name__}), e.g. strategy_options.{key}={example}"
+            )
+
+
+def _classes_in(module: ModuleType) -> list[type[Strategy]]:
+    """The Strategy classes a module defines (not those it imports) that declare presets of
+    their own (a subclass that inherits its parent's registers nothing twice)."""
+    return [
+        obj
+        for obj in vars(module).values()
+        if inspect.isclass(obj)
+        and issubclass(obj, Strategy)
+        and obj.__module__ == module.__name__
+        and vars(obj).get("presets")
+    ]
+
+
+def _builtin_modules() -> list[str]:
+    return sorted(info.name for info in pkgutil.walk_packages(strategies.__path__, "strategies."))
+
+
+def _plugin_modules(env: dict[str, str]) -> list[str]:
+    return [name.strip() for name in env.get(PLUGINS_ENV, "").split(",") if name.strip()]
+
+
+def _import(name: str) -> ModuleType:
+    if name.startswith("strategies."):
+        return importlib.import_module(name)  # a built-in that fails to import is a bug: its traceback says where
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        raise StrategyError(
+            f"{PLUGINS_ENV} names module {name!r}, which cannot be imported ({exc}): give an "
+            "import path on sys.path, such as my_package.my_strategy"
+        ) from None
 
 
 def _load_entry_points(registry: StrategyRegistry) -> None:
@@ -145,27 +207,43 @@ def _load_entry_points(registry: StrategyRegistry) -> None:
         try:
             obj = ep.load()
             if inspect.isclass(obj) and issubclass(obj, Strategy):
-                registry.register(ep.name, obj)
+                registry.register_class(obj, default_name=ep.name)
             elif callable(obj):
                 obj(registry)
             else:
-                registry.register_broken(ep.name, f"entry point {ep.value} is neither a Strategy nor a register function")
+                registry.register_broken(
+                    ep.name, f"entry point {ep.value} is neither a Strategy nor a register function"
+                )
         except StrategyError:
             raise
         except Exception as exc:  # a broken third-party plugin is listed, not fatal
             registry.register_broken(ep.name, f"plugin {ep.value} failed to load: {type(exc).__name__}: {exc}")
 
 
+def registry_of(module_names: list[str]) -> StrategyRegistry:
+    """A registry of the classes these modules define, in their classes' listing order
+    (stable: module order within one order)."""
+    modules = [_import(name) for name in module_names]
+    registry = StrategyRegistry()
+    for cls in sorted((cls for module in modules for cls in _classes_in(module)), key=lambda c: c.listing_order):
+        registry.register_class(cls)
+    return registry
+
+
+def builtin_registry() -> StrategyRegistry:
+    """The strategies parabench ships, and nothing installed beside it."""
+    return registry_of(_builtin_modules())
+
+
 _DEFAULT: StrategyRegistry | None = None
 
 
 def default_registry() -> StrategyRegistry:
-    """The built-in strategies plus every installed entry-point plugin (built once per process)."""
+    """The built-in strategies, the modules in PARABENCH_PLUGINS and every installed entry-point
+    plugin (built once per process)."""
     global _DEFAULT
     if _DEFAULT is None:
-        registry = StrategyRegistry()
-        for module_name in BUILTIN_MODULES:
-            importlib.import_module(module_name).register_strategies(registry)
+        registry = registry_of(_builtin_modules() + _plugin_modules(dict(os.environ)))
         _load_entry_points(registry)
         _DEFAULT = registry
     return _DEFAULT

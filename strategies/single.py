@@ -3,17 +3,19 @@
 Also the home of the plain-PyTorch precision handling (autocast, GradScaler for
 fp16, clipping) and of the "torch" checkpoint format that `ddp` and `fsdp` inherit.
 """
+
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import ContextManager
+from typing import TYPE_CHECKING, Any, ContextManager
 
-import torch
-import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+from strategies.base import OptimizerFactory, Preset, RunContext, Strategy, StrategyError
+from strategies.plan_model import PlanModel
 
-from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError
+if TYPE_CHECKING:
+    import torch
+    import torch.nn as nn
 
 
 MODEL_FILE = "model.pt"  # the consolidated weights, plain parameter names
@@ -22,12 +24,14 @@ OPTIMIZER_FILE = "optimizer.pt"  # optimizer and gradient-scaler state
 
 class SingleDeviceStrategy(Strategy):
     description = "one process, no parallelism (the reference)"
+    presets = (Preset("single", description, plan=PlanModel("torch", 0)),)
+    listing_order = 0
     # Every rank holds the whole model and the same optimizer state: rank 0's copy is the
     # checkpoint, readable at any world size, by single and ddp alike.
     checkpoint_format = "torch"
 
     @classmethod
-    def recovers_from_oom(cls, options: dict) -> bool:
+    def recovers_from_oom(cls, options: dict[str, Any]) -> bool:
         return True  # plain torch objects, as ddp's and fsdp's (which inherit this): dropped, they are freed
 
     def __init__(self, ctx: RunContext):
@@ -49,10 +53,14 @@ class SingleDeviceStrategy(Strategy):
         return self.model, self.optimizer
 
     def _make_scaler(self) -> torch.amp.GradScaler | None:
+        import torch
+
         # fp16 gradients underflow without loss scaling; bf16 has fp32's range and needs none.
         return torch.amp.GradScaler(self.ctx.device.type) if self.ctx.precision == "fp16" else None
 
     def autocast(self) -> ContextManager:
+        import torch
+
         if self.ctx.precision == "fp32":
             return contextlib.nullcontext()
         return torch.autocast(self.ctx.device.type, dtype=self.ctx.dtype)
@@ -63,6 +71,8 @@ class SingleDeviceStrategy(Strategy):
         (self.scaler.scale(loss) if self.scaler else loss).backward()
 
     def clip_gradients(self) -> None:
+        import torch
+
         assert self.model is not None and self.optimizer is not None
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
@@ -82,21 +92,31 @@ class SingleDeviceStrategy(Strategy):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         # The state-dict utilities strip wrapper prefixes ("module.", "_orig_mod.") and gather
         # sharded parameters, so one call serves a plain, DDP or FSDP model.
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
         assert self.model is not None, "setup() first"
         return get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
         assert self.model is not None, "setup() first"
         set_model_state_dict(self.model, state, options=StateDictOptions(full_state_dict=True, strict=True))
 
     def save(self, path: Path) -> None:
+        import torch
+
         assert self.optimizer is not None, "setup() first"
         model = self.full_state_dict()
         if self.ctx.rank == 0:
             torch.save(model, path / MODEL_FILE)
-            torch.save({"optimizer": self.optimizer.state_dict(), "scaler": self._scaler_state()}, path / OPTIMIZER_FILE)
+            torch.save(
+                {"optimizer": self.optimizer.state_dict(), "scaler": self._scaler_state()}, path / OPTIMIZER_FILE
+            )
 
     def load(self, path: Path) -> None:
+        import torch
+
         assert self.optimizer is not None, "setup() first"
         # Every rank reads rank 0's copy: the same bytes wherever the checkpoint came from.
         self.load_full_state_dict(torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True))
@@ -106,6 +126,8 @@ class SingleDeviceStrategy(Strategy):
 
     @classmethod
     def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+        import torch
+
         return torch.load(path / MODEL_FILE, map_location="cpu", weights_only=True)
 
     def _scaler_state(self) -> dict | None:
@@ -116,7 +138,3 @@ class SingleDeviceStrategy(Strategy):
         # the scaler then starts afresh, as it would at step 0.
         if self.scaler and state:
             self.scaler.load_state_dict(state)
-
-
-def register_strategies(registry) -> None:
-    registry.register("single", SingleDeviceStrategy)

@@ -1,4 +1,5 @@
 """Running parabench as a user would, in subprocesses bounded by a timeout."""
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,19 @@ def env_for_tests(**extra: str) -> dict[str, str]:
     return env
 
 
-def run_cli(args: list[str], *, timeout: float = 180, env: dict[str, str] | None = None,
-            cwd: Path | None = None, prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str],
+    *,
+    timeout: float = 180,
+    env: dict[str, str] | None = None,
+    cwd: Path | None = None,
+    prefix: list[str] | None = None,
+) -> subprocess.CompletedProcess:
     """`python runner.py <args>` (or `<prefix> runner.py <args>` for another launcher), killed at `timeout`."""
     cmd = (prefix or [sys.executable]) + [RUNNER, *args]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env or env_for_tests(), cwd=cwd or ROOT)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, env=env or env_for_tests(), cwd=cwd or ROOT
+    )
 
 
 def read_run(out_dir: Path) -> tuple[dict, list[dict]]:
@@ -34,15 +43,20 @@ def read_run(out_dir: Path) -> tuple[dict, list[dict]]:
     return summary, rows
 
 
-def train(out_dir: Path, strategy: str, nproc: int = 1, extra: list[str] | None = None,
-          timeout: float = 240) -> tuple[dict, list[dict]]:
+def train(
+    out_dir: Path, strategy: str, nproc: int = 1, extra: list[str] | None = None, timeout: float = 240
+) -> tuple[dict, list[dict]]:
     """Train and return (summary, metrics rows); fails the test with the log on a non-zero exit."""
-    proc = run_cli(["train", f"strategy={strategy}", f"nproc={nproc}", f"out_dir={out_dir}", *NANO, *(extra or [])],
-                   timeout=timeout)
-    assert proc.returncode == 0, f"train {strategy} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    proc = run_cli(
+        ["train", f"strategy={strategy}", f"nproc={nproc}", f"out_dir={out_dir}", *NANO, *(extra or [])],
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, (
+        f"train {strategy} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
     return read_run(out_dir)
 
 
 def max_rel_diff(rows: list[dict], reference: list[dict]) -> float:
     assert [r["step"] for r in rows] == [r["step"] for r in reference]
-    return max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(rows, reference))
+    return max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(rows, reference, strict=True))

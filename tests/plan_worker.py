@@ -9,6 +9,7 @@ take `memory_breakdown`, finish the step and tear down.
 Each rank writes <out.json>.rank<r>: {"<strategy>/<precision>": {"params": {...}, ...}
 or {"skipped": reason} or {"error": message}}.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness import distributed  # noqa: E402
-from harness.optim import adamw_factory  # noqa: E402
+from harness.train import distributed  # noqa: E402
+from harness.train.optimizer import adamw_factory  # noqa: E402
 from models.zoo import build_model  # noqa: E402
 from strategies.base import RunContext  # noqa: E402
 from strategies.registry import default_registry  # noqa: E402
@@ -38,8 +39,16 @@ def measure(name: str, precision: str, model_spec: str, model_kwargs: dict, env:
         return {"skipped": "single runs in one process"}
     torch.manual_seed(0)
     model = build_model(model_spec, model_kwargs)
-    ctx = RunContext(rank=env.rank, world_size=env.world_size, local_rank=env.local_rank, device=env.device,
-                     precision=precision, micro_batch=MICRO_BATCH, grad_accum=1, grad_clip=1.0)
+    ctx = RunContext(
+        rank=env.rank,
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        device=env.device,
+        precision=precision,
+        micro_batch=MICRO_BATCH,
+        grad_accum=1,
+        grad_clip=1.0,
+    )
     strategy = default_registry().create(name, ctx)
     try:
         wrapped, _ = strategy.setup(model, adamw_factory(1e-3, (0.9, 0.95), 0.1))
@@ -59,7 +68,7 @@ def measure(name: str, precision: str, model_spec: str, model_kwargs: dict, env:
 
 def main() -> None:
     out, model_spec, model_kwargs, names, precisions = sys.argv[1:6]
-    env = distributed.init("cpu", 120)
+    env = distributed.init_distributed("cpu", 120)
     results: dict[str, dict] = {}
     try:
         for name in names.split(","):
@@ -67,11 +76,13 @@ def main() -> None:
                 try:
                     results[f"{name}/{precision}"] = measure(name, precision, model_spec, json.loads(model_kwargs), env)
                 except Exception as exc:  # recorded, so the test names the strategy that failed
-                    results[f"{name}/{precision}"] = {"error": f"{type(exc).__name__}: {exc}",
-                                                      "traceback": traceback.format_exc()[-2000:]}
+                    results[f"{name}/{precision}"] = {
+                        "error": f"{type(exc).__name__}: {exc}",
+                        "traceback": traceback.format_exc()[-2000:],
+                    }
     finally:
         Path(f"{out}.rank{env.rank}").write_text(json.dumps(results, indent=1))
-        distributed.shutdown()
+        distributed.shutdown_distributed()
 
 
 if __name__ == "__main__":

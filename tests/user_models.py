@@ -1,4 +1,4 @@
-"""Models a user might bring by import path, for tests/test_blocks.py: none is a GPT and
+"""Models a user might bring by import path, for tests/models/test_blocks.py: none is a GPT and
 none has `transformer_blocks()`, so block discovery must find their repeated layers.
 
 Each keeps parabench's model contract: `forward(inputs, targets) -> loss` on int64 token
@@ -14,6 +14,7 @@ PARAM_PEAK_FILE=<path> makes a model record, in every submodule's forward, the b
 its parameters that are materialised whole at that moment (plain tensors, not FSDP2's
 DTensor shards), and write the largest to <path>.rank<RANK> after each forward.
 """
+
 from __future__ import annotations
 
 import json

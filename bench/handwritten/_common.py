@@ -2,12 +2,13 @@
 
 Each loop in this folder is written the way one would write it for that backend
 alone: it imports only the model (models/gpt.py) and the data (models/data.py)
-from parabench (and the step profiler, harness/profiling.py, so that both sides are
+from parabench (and the step profiler, harness/train/profiling.py, so that both sides are
 measured alike), never its strategies or its training harness. This module holds the parts
 that are the same in every loop and cost nothing in the hot loop: arguments, the
 seeded model, the batches (same samples in the same order as `runner.py train`),
 the learning-rate schedule, the timer and the one JSON line each loop prints.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +28,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+from harness.train.profiling import StepProfiler  # noqa: E402
 from models.data import MarkovData  # noqa: E402
 from models.gpt import GPT, PRESETS  # noqa: E402
-from harness.profiling import StepProfiler  # noqa: E402
 
 # Dense bf16 peak FLOP/s (vendor data sheets); most specific names first.
 PEAK_BF16_FLOPS = {"H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12, "A100": 312e12}
@@ -55,8 +56,12 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
     p.add_argument("--seed", type=int, default=1337)
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each block in backward")
-    p.add_argument("--profile-steps", default="", help="consecutive steps, numbered from 1, to run under "
-                   "torch.profiler, e.g. 6,7,8 (bench/profile_step.py); they run slower")
+    p.add_argument(
+        "--profile-steps",
+        default="",
+        help="consecutive steps, numbered from 1, to run under "
+        "torch.profiler, e.g. 6,7,8 (bench/profile_step.py); they run slower",
+    )
     p.add_argument("--profile-dir", default="profile", help="where each rank writes rank<r>.trace.json")
     if extra:
         extra(p)
@@ -64,8 +69,11 @@ def parse_args(description: str, extra: Callable[[argparse.ArgumentParser], None
     if not 0 <= args.warmup < args.steps:
         p.error(f"--warmup={args.warmup} must be at least 0 and below --steps={args.steps}")
     args.profile_steps = [int(n) for n in args.profile_steps.split(",") if n.strip()]
-    if args.profile_steps and (args.profile_steps != list(range(args.profile_steps[0], args.profile_steps[-1] + 1))
-                               or args.profile_steps[0] < 1 or args.profile_steps[-1] > args.steps):
+    if args.profile_steps and (
+        args.profile_steps != list(range(args.profile_steps[0], args.profile_steps[-1] + 1))
+        or args.profile_steps[0] < 1
+        or args.profile_steps[-1] > args.steps
+    ):
         p.error(f"--profile-steps={args.profile_steps} must be consecutive steps between 1 and --steps={args.steps}")
     return args
 
@@ -118,8 +126,9 @@ class Batches:
     device in one contiguous non-blocking copy, and split into inputs and targets there.
     """
 
-    def __init__(self, args: argparse.Namespace, vocab_size: int, device: torch.device, rank: int = 0,
-                 world_size: int = 1):
+    def __init__(
+        self, args: argparse.Namespace, vocab_size: int, device: torch.device, rank: int = 0, world_size: int = 1
+    ):
         self.data = MarkovData(vocab_size, args.seq_len, args.data_samples, args.seed)
         self.global_batch = args.micro_batch * world_size
         if args.data_samples < self.global_batch:
@@ -171,8 +180,15 @@ def timed_loop(train_step: Callable[[int], torch.Tensor], args: argparse.Namespa
     return {"elapsed_s": elapsed, "timed_steps": timed, "final_loss": float(loss.detach().float().item())}
 
 
-def report(backend: str, args: argparse.Namespace, device: torch.device, timing: dict,
-           world_size: int = 1, rank: int = 0, **extra) -> dict:
+def report(
+    backend: str,
+    args: argparse.Namespace,
+    device: torch.device,
+    timing: dict,
+    world_size: int = 1,
+    rank: int = 0,
+    **extra,
+) -> dict:
     """Print the run's one JSON line (rank 0) and return it."""
     tokens_per_step = args.micro_batch * world_size * args.seq_len
     tokens_per_s = tokens_per_step * timing["timed_steps"] / timing["elapsed_s"]

@@ -6,15 +6,15 @@ nanoGPT's order: compile the model, then wrap it; bf16 through autocast, gradien
 as views of the all-reduce buckets, fused AdamW, clipping at 1.0. Each rank reads
 its slice of the global batch. Prints one JSON line from rank 0.
 """
+
 from __future__ import annotations
 
 import contextlib
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
-
 from _common import Batches, build_model, local_device, lr_at, param_groups, parse_args, report, timed_loop
+from torch.nn.parallel import DistributedDataParallel as DDP
 
 
 def main() -> None:
@@ -25,14 +25,18 @@ def main() -> None:
     try:
         model = build_model(args).to(device)
         optimizer = torch.optim.AdamW(
-            param_groups(model, args.weight_decay), lr=args.lr, betas=(args.beta1, args.beta2),
+            param_groups(model, args.weight_decay),
+            lr=args.lr,
+            betas=(args.beta1, args.beta2),
             fused=device.type == "cuda" or None,
         )
         wrapped = torch.compile(model) if args.compile else model
-        wrapped = DDP(wrapped, device_ids=[device.index] if device.type == "cuda" else None,
-                      gradient_as_bucket_view=True)
-        autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16"
-                    else contextlib.nullcontext())
+        wrapped = DDP(
+            wrapped, device_ids=[device.index] if device.type == "cuda" else None, gradient_as_bucket_view=True
+        )
+        autocast = (
+            torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else contextlib.nullcontext()
+        )
         batches = Batches(args, model.vocab_size, device, rank, world)
 
         def train_step(step: int) -> torch.Tensor:

@@ -7,20 +7,23 @@ MixedPrecisionPolicy (bf16 compute, fp32 gradient reduction), the root not resha
 after forward (backward needs it at once), fused AdamW over the DTensor shards,
 clipping by the global norm. Prints one JSON line from rank 0.
 """
+
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from _common import Batches, build_model, local_device, lr_at, param_groups, parse_args, report, timed_loop
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
-from _common import Batches, build_model, local_device, lr_at, param_groups, parse_args, report, timed_loop
-
 
 def extra(p) -> None:
-    p.add_argument("--no-reshard-after-forward", action="store_true",
-                   help="keep each block's parameters gathered from forward to backward (ZeRO-2-like)")
+    p.add_argument(
+        "--no-reshard-after-forward",
+        action="store_true",
+        help="keep each block's parameters gathered from forward to backward (ZeRO-2-like)",
+    )
 
 
 def main() -> None:
@@ -31,15 +34,20 @@ def main() -> None:
     try:
         mesh = init_device_mesh(device.type, (world,))
         model = build_model(args).to(device)
-        mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-              if args.precision == "bf16" else MixedPrecisionPolicy())
+        mp = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if args.precision == "bf16"
+            else MixedPrecisionPolicy()
+        )
         for block in model.blocks:
             if args.compile:
                 block.compile()
             fully_shard(block, mesh=mesh, mp_policy=mp, reshard_after_forward=not args.no_reshard_after_forward)
         fully_shard(model, mesh=mesh, mp_policy=mp, reshard_after_forward=False)
         optimizer = torch.optim.AdamW(
-            param_groups(model, args.weight_decay), lr=args.lr, betas=(args.beta1, args.beta2),
+            param_groups(model, args.weight_decay),
+            lr=args.lr,
+            betas=(args.beta1, args.beta2),
             fused=device.type == "cuda" or None,
         )
         params = list(model.parameters())
@@ -62,8 +70,15 @@ def main() -> None:
             optimizer.zero_grad(set_to_none=True)
             return loss
 
-        report("fsdp", args, device, timed_loop(train_step, args, device), world, rank,
-               reshard_after_forward=not args.no_reshard_after_forward)
+        report(
+            "fsdp",
+            args,
+            device,
+            timed_loop(train_step, args, device),
+            world,
+            rank,
+            reshard_after_forward=not args.no_reshard_after_forward,
+        )
     finally:
         dist.destroy_process_group()
 

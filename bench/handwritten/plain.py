@@ -5,12 +5,12 @@
 bf16 through autocast (fp32 weights and optimizer), fused AdamW, clipping at 1.0,
 gradients set to None. Prints one JSON line (see _common.report).
 """
+
 from __future__ import annotations
 
 import contextlib
 
 import torch
-
 from _common import Batches, build_model, local_device, lr_at, param_groups, parse_args, report, timed_loop
 
 
@@ -19,12 +19,15 @@ def main() -> None:
     device = local_device(args)
     model = build_model(args).to(device)
     optimizer = torch.optim.AdamW(
-        param_groups(model, args.weight_decay), lr=args.lr, betas=(args.beta1, args.beta2),
+        param_groups(model, args.weight_decay),
+        lr=args.lr,
+        betas=(args.beta1, args.beta2),
         fused=device.type == "cuda" or None,
     )
     forward = torch.compile(model) if args.compile else model  # the whole model, loss included
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16"
-                else contextlib.nullcontext())
+    autocast = (
+        torch.autocast(device.type, dtype=torch.bfloat16) if args.precision == "bf16" else contextlib.nullcontext()
+    )
     batches = Batches(args, model.vocab_size, device)
 
     def train_step(step: int) -> torch.Tensor:

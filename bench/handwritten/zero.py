@@ -9,12 +9,12 @@ at 1.0 by the engine, the rest of the config left at DeepSpeed's defaults unless
 key by key). Named zero.py, not deepspeed.py, so it does not shadow the package.
 Prints one JSON line from rank 0.
 """
+
 from __future__ import annotations
 
 import json
 
 import torch
-
 from _common import Batches, build_model, local_device, lr_at, param_groups, parse_args, report, timed_loop
 
 
@@ -54,7 +54,9 @@ def main() -> None:
     try:
         model = build_model(args).to(device)
         optimizer = torch.optim.AdamW(
-            param_groups(model, args.weight_decay), lr=args.lr, betas=(args.beta1, args.beta2),
+            param_groups(model, args.weight_decay),
+            lr=args.lr,
+            betas=(args.beta1, args.beta2),
             fused=device.type == "cuda" or None,
         )
         config = ds_config(args, world)
@@ -71,8 +73,16 @@ def main() -> None:
             engine.step()  # clips, steps and zeroes the gradients
             return loss
 
-        report(f"zero{args.stage}", args, device, timed_loop(train_step, args, device), world, rank,
-               deepspeed=deepspeed.__version__, zero_optimization=config["zero_optimization"])
+        report(
+            f"zero{args.stage}",
+            args,
+            device,
+            timed_loop(train_step, args, device),
+            world,
+            rank,
+            deepspeed=deepspeed.__version__,
+            zero_optimization=config["zero_optimization"],
+        )
     finally:
         dist.destroy_process_group()
 

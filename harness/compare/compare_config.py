@@ -1,0 +1,141 @@
+"""The options of `runner.py compare`: every `train` option (inherited from
+RunConfig, so the two never drift apart) plus the sweep's own."""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, fields
+from typing import Any, Collection, Optional
+
+from configs.schema import ConfigError, RunConfig, load_config, to_dict
+
+DEFAULT_PRESET = "default"
+
+# With noise_runs=0 only: the largest relative loss difference from the reference, at any
+# step, that still "matches". fp32 differs only by the order of floating-point reductions;
+# bf16/fp16 round every matmul input, and backends round in different places (autocast vs.
+# cast parameters). With noise runs the verdict is judged against measured noise instead.
+TOLERANCE_BY_PRECISION = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
+DEFAULT_NOISE_RUNS = 2
+LAUNCHERS = ("local", "slurm")
+
+
+@dataclass
+class CompareConfig(RunConfig):
+    # None: every available strategy that can run on the devices present.
+    strategies: Optional[list[str]] = None
+    timeout_s: float = 600.0  # per strategy run: past it every process of the run is killed
+    batch_search: bool = False  # also find each strategy's largest micro-batch (GPU only)
+    # The reference runs again this many times with rounding noise (harness/train/noise.py): the spread
+    # the loss verdicts are judged against (harness/compare/verdict.py). 0: the fixed loss_tolerance instead.
+    noise_runs: int = DEFAULT_NOISE_RUNS
+    loss_tolerance: Optional[float] = None  # noise_runs=0 only; None: TOLERANCE_BY_PRECISION[precision]
+    out_dir: str = "runs/compare"
+    # Where the jobs run: `local` (this machine) or `slurm` (one sbatch script per strategy).
+    launcher: str = "local"
+    nodes: int = 1  # slurm: nodes per job
+    gpus_per_node: Optional[int] = None  # slurm: default, the GPUs visible here
+    dry_run: bool = False  # slurm: write and print the scripts, submit nothing
+    slurm_partition: Optional[str] = None
+    slurm_time: str = "01:00:00"
+    rdzv_port: int = 29500  # slurm: the c10d rendezvous port on each job's first node
+
+    def tolerance(self) -> float:
+        return self.loss_tolerance if self.loss_tolerance is not None else TOLERANCE_BY_PRECISION[self.precision]
+
+
+# Set per strategy by the sweep, never taken from the shared config.
+PER_RUN = ("strategy", "nproc", "out_dir", "noise_seed")
+
+
+def load_compare_config(args: list[str]) -> CompareConfig:
+    """`key=value` arguments over configs/default.yaml (or the preset named by config=)."""
+    args = [_check_key(arg) for arg in args]
+    if not any(arg.startswith("config=") for arg in args):
+        args = [f"config={DEFAULT_PRESET}", *args]
+    cfg = load_config(args, schema=CompareConfig)
+    if cfg.timeout_s <= 0:
+        raise ConfigError(f"timeout_s={cfg.timeout_s} must be positive (seconds per strategy run)")
+    if cfg.loss_tolerance is not None and cfg.loss_tolerance <= 0:
+        raise ConfigError(f"loss_tolerance={cfg.loss_tolerance} must be positive (a relative loss difference)")
+    if cfg.noise_runs < 0:
+        raise ConfigError(f"noise_runs={cfg.noise_runs} must be 0 (a fixed loss_tolerance) or more")
+    if cfg.loss_tolerance is not None and cfg.noise_runs:
+        raise ConfigError(
+            "loss_tolerance= is the rule without noise runs: add noise_runs=0 to use it, or drop it "
+            "to judge the curves against the measured noise"
+        )
+    if cfg.noise_seed is not None:
+        raise ConfigError("noise_seed= is set by compare for its noise runs: set noise_runs= instead")
+    if cfg.strategies is not None and not cfg.strategies:
+        raise ConfigError("strategies=[] names no strategy: list some, or leave it out to run every available one")
+    _check_launcher(cfg)
+    return cfg
+
+
+def _check_launcher(cfg: CompareConfig) -> None:
+    if cfg.launcher not in LAUNCHERS:
+        raise ConfigError(f"launcher={cfg.launcher!r} is not one of {', '.join(LAUNCHERS)}")
+    if cfg.nodes < 1 or (cfg.gpus_per_node is not None and cfg.gpus_per_node < 1):
+        raise ConfigError(f"nodes={cfg.nodes}, gpus_per_node={cfg.gpus_per_node}: each must be at least 1")
+    if cfg.launcher == "local" and (cfg.nodes > 1 or cfg.dry_run):
+        raise ConfigError("nodes= and dry_run= are for launcher=slurm; a local compare runs on this machine's devices")
+    if cfg.launcher == "slurm" and cfg.nproc is not None:
+        raise ConfigError("with launcher=slurm the world size is nodes x gpus_per_node: leave nproc= out")
+
+
+def _check_key(arg: str) -> str:
+    """Name compare's own keys in the error (the shared loader only knows train's), and
+    accept `strategies=a,b` as well as `strategies=[a,b]`."""
+    key, _, value = arg.partition("=")
+    if key == "strategy":
+        raise ConfigError("compare runs several strategies: use strategies=[a,b] instead of strategy=")
+    known = [f.name for f in fields(CompareConfig) if f.name != "strategy"]
+    if key.split(".")[0] not in (*known, "config") and "=" in arg:
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown compare option {key!r}: {hint}options are {', '.join(known)}")
+    if key == "strategies" and value and not value.startswith("["):
+        return f"strategies=[{value}]"
+    return arg
+
+
+def train_options(cfg: CompareConfig, strategy_names: Collection[str]) -> dict[str, Any]:
+    """The RunConfig fields every strategy's run shares (what makes the comparison fair).
+
+    `strategy_options.<key>=` reaches every strategy; a section named after one of
+    `strategy_names` (`strategy_options.fsdp.prefetch_blocks=2`) only that strategy, so it
+    is left out here: see own_options."""
+    shared = {f.name for f in fields(RunConfig)} - set(PER_RUN)
+    options = {k: v for k, v in to_dict(cfg).items() if k in shared}
+    options["strategy_options"] = {
+        k: v for k, v in options["strategy_options"].items() if not _is_section(k, v, strategy_names)
+    }
+    return options
+
+
+def _is_section(key: str, value: Any, strategy_names: Collection[str]) -> bool:
+    """Whether `strategy_options.<key>` is a strategy's own section rather than a shared option."""
+    return isinstance(value, dict) and key in strategy_names
+
+
+def own_options(cfg: CompareConfig, name: str) -> dict[str, Any]:
+    """The options of `strategy_options.<name>.<key>=`: for strategy `name` alone."""
+    section = cfg.strategy_options.get(name)
+    return dict(section) if isinstance(section, dict) else {}
+
+
+def own_option_args(cfg: CompareConfig, name: str) -> list[str]:
+    """own_options as `train` arguments (JSON values read back as the same YAML scalars)."""
+    return [f"strategy_options.{key}={json.dumps(value)}" for key, value in own_options(cfg, name).items()]
+
+
+def check_own_options(cfg: CompareConfig, compared: Collection[str], registered: Collection[str]) -> None:
+    """A section for a strategy this compare does not run is a mistake worth one line."""
+    for key, value in cfg.strategy_options.items():
+        if _is_section(key, value, registered) and key not in compared:
+            raise ConfigError(
+                f"strategy_options.{key} is for strategy {key!r}, which this compare does not run: "
+                f"add it to strategies= or drop the section"
+            )

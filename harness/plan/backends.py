@@ -1,0 +1,126 @@
+"""What each strategy name does, in the planner's terms: what it shards, where it keeps
+bytes, how it runs mixed precision, which buffers it allocates and when it communicates.
+
+The planner keys on registered strategy names (a plugin whose name is not here gets no
+prediction, and says so); the buffer sizes come from the same defaults the plugins use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from harness.plan.model_shape import ModelShape, PlanError
+from strategies.plan_model import PlanModel
+
+# DeepSpeed 0.19's ZeRO defaults (deepspeed/runtime/zero/config.py), which the plugins leave alone.
+DEEPSPEED_DEFAULTS = {
+    "reduce_bucket_size": 5e8,  # elements per gradient reduction bucket
+    "allgather_bucket_size": 5e8,
+    "contiguous_gradients": True,  # gradients copied into a flat buffer as they are produced
+    "stage3_prefetch_bucket_size": 5e7,  # elements fetched ahead of use
+    "stage3_param_persistence_threshold": 1e5,  # smaller parameters stay gathered on every rank
+    "stage3_max_live_parameters": 1e9,
+    "sub_group_size": 1e9,  # elements per optimizer sub-group (one flat fp32 tensor each)
+}
+
+
+@dataclass(frozen=True)
+class Backend(PlanModel):
+    """A registered strategy as the planner models it: its PlanModel (declared by the strategy's
+    class, strategies/plan_model.py), its name, and its bucket sizes and knobs filled in."""
+
+    name: str = ""
+    options: dict[str, Any] = field(default_factory=dict)  # bucket sizes and other knobs, defaults filled in
+
+    @property
+    def replicated(self) -> bool:
+        return self.stage == 0
+
+    def ddp_wrapped(self, world: int) -> bool:
+        """Whether the model runs inside DistributedDataParallel: ddp always, even on one rank;
+        Accelerate only with more than one process (for one it prepares the bare model)."""
+        return self.data_parallel and (world > 1 or not self.via_accelerate)
+
+    def option(self, key: str) -> Any:
+        return self.options[key]
+
+    @property
+    def sharded_grads_every_micro_step(self) -> bool:
+        """Stage 3 under accumulation: gradients reduce-scattered on every micro-step (DeepSpeed's
+        ZeRO-3 always, parabench's fsdp by default), or kept unsharded until the last
+        (FSDP2 with gradient sync off: Accelerate's FSDP, fsdp with sync_each_micro_step=false)."""
+        return self.engine == "deepspeed" or bool(self.options.get("sync_each_micro_step", False))
+
+
+def planner_models() -> dict[str, Backend]:
+    """Every registered strategy the planner has a model of, by name, in the registry's order."""
+    from strategies.registry import default_registry
+
+    return {
+        entry.name: Backend(**{f.name: getattr(entry.plan, f.name) for f in fields(PlanModel)}, name=entry.name)
+        for entry in default_registry().entries()
+        if entry.plan is not None
+    }
+
+
+# DDP's own default bucket (torch.nn.parallel.DistributedDataParallel), used where a plugin sets none.
+DDP_BUCKET_CAP_MB = 25.0
+
+
+def counterpart(backend: Backend, *, offload: bool, via_accelerate: bool) -> str | None:
+    """The strategy with the same engine, stage and resharding, but with (or without) offload and
+    Accelerate as asked: zero3 for zero3-offload, fsdp for accelerate-fsdp."""
+    same = ("engine", "stage", "reshard_after_forward", "data_parallel", "replicas")
+    return next(
+        (
+            b.name
+            for b in planner_models().values()
+            if all(getattr(b, key) == getattr(backend, key) for key in same)
+            and b.offload_optimizer == offload
+            and b.via_accelerate == via_accelerate
+        ),
+        None,
+    )
+
+
+def known_backends() -> list[str]:
+    return list(planner_models())
+
+
+def _plugin_defaults(name: str) -> dict[str, Any]:
+    """Keyword defaults of the registered plugin class, overlaid by the name's preset options."""
+    from strategies.registry import default_registry
+
+    registry = default_registry()
+    return registry.get(name).option_values() if name in registry.names() else {}
+
+
+def _deepspeed_sizing(backend: Backend, shape: ModelShape, world: int) -> dict[str, Any]:
+    """The bucket sizes both DeepSpeed plugins (direct and through Accelerate) give this model."""
+    from strategies.deepspeed_config import ModelSize, sizing_config
+
+    size = ModelSize(shape.params, shape.matrix_width())
+    return sizing_config(size, backend.stage, world).get("zero_optimization", {})
+
+
+def backend_for(
+    name: str, shape: ModelShape, precision: str, world: int, user_options: dict[str, Any] | None = None
+) -> Backend:
+    """The planner's model of strategy `name` for this model on `world` GPUs, with its bucket
+    sizes and knobs filled in."""
+    models = planner_models()
+    if name not in models:
+        raise PlanError(f"no planner model for strategy {name!r}: the planner knows {', '.join(models)}")
+    backend = models[name]
+    options = {**_plugin_defaults(name), **(user_options or {})}
+    if backend.engine == "deepspeed":
+        options = {**DEEPSPEED_DEFAULTS, **_deepspeed_sizing(backend, shape, world), **options}
+        options.setdefault("overlap_comm", backend.stage == 3)  # DeepSpeed's own default
+        # Both DeepSpeed plugins leave DeepSpeed's default: gradients reduced in the model's dtype.
+        options.setdefault("communication_data_type", precision)
+    else:
+        options.setdefault("bucket_cap_mb", DDP_BUCKET_CAP_MB)
+        # Both the ddp plugin and accelerate-ddp (given DDP kwargs) turn it on; torch's default is off.
+        options.setdefault("gradient_as_bucket_view", True)
+    return replace(backend, options=options)

@@ -1,0 +1,115 @@
+"""Temporary memory each backend allocates beside the model states and activations, named
+after the buffer, with the phase in which it is alive.
+
+torch engine: autocast's bf16 copies of every matmul weight (cached from forward until
+each layer's backward); DDP's gradient buckets when .grad is not a view into them; FSDP2's
+gathered parameters (the root for the whole step, a block in use plus one prefetched, or
+every block when it does not reshard after forward) and one block's reduce-scatter.
+DeepSpeed: ZeRO-1/2's reduction bucket(s) (two with overlap_comm; allocated by the first
+gradient hook, once the loss's buffers are freed), ZeRO-1's whole
+gradients while accumulating, the fp32 gradient built for the optimizer step; ZeRO-3's
+gathered blocks (the one in use plus its prefetch bucket). What the strategies' own
+memory_breakdown already counts (ZeRO-3's reduction bucket and whole-kept parameters, the
+offload staging buffers) is part of the model states instead (memory.py), not repeated here.
+Not modelled: what DeepSpeed stages on the GPU for parameter offload beyond the gathered
+parameters (zero3-offload measured 0.3 GB, 7.6%, above the model on an H100 at gpt2-124m
+micro-batch 4); a calibration from a compare adds what it measured (calibration.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from harness.plan.backends import Backend
+from harness.plan.model_shape import ModelShape
+from harness.plan.model_states import BYTES
+
+
+@dataclass(frozen=True)
+class Buffers:
+    backward: dict[str, int] = field(default_factory=dict)  # alive at the start of backward, beside the activations
+    # Allocated by the first gradient hook: the loss's buffers over the vocabulary are freed by then.
+    hooks: dict[str, int] = field(default_factory=dict)
+    step: dict[str, int] = field(default_factory=dict)  # alive during the optimizer step
+    # Gradients allocated through the whole step (DDP's buckets, DeepSpeed's flat partitions)
+    # rather than made in backward and freed by zero_grad(set_to_none=True).
+    grads_resident: bool = False
+
+
+def matmul_weights(shape: ModelShape) -> int:
+    """Elements of the weights matmuls read: every block matrix and the output head."""
+    head = shape.dims.vocab * shape.dims.width if shape.dims else 0
+    if shape.tensors is None:
+        return sum(shape.block_params()) + head
+    return sum(t.numel for t in shape.tensors if t.block is not None and len(t.shape) >= 2) + head
+
+
+def _compute_bytes(backend: Backend, precision: str) -> int:
+    """Bytes per element of the parameters a forward reads once gathered or cast."""
+    return 4 if precision == "fp32" else BYTES[precision]
+
+
+def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
+    backward: dict[str, int] = {}
+    blocks = shape.block_params()
+    if backend.stage == 0:
+        if precision != "fp32":
+            backward["autocast weight copies"] = matmul_weights(shape) * BYTES[precision]
+        ddp = backend.ddp_wrapped(world)
+        if ddp and not backend.option("gradient_as_bucket_view"):
+            backward["DDP gradient buckets (besides .grad)"] = shape.params * 4
+        return Buffers(backward=backward, grads_resident=ddp)
+    unsharded = _compute_bytes(backend, precision)
+    backward["root parameters gathered for the step"] = shape.root_params() * unsharded
+    largest = max(blocks) if blocks else 0
+    if backend.reshard_after_forward:
+        # FSDP2 prefetches one block by itself; strategy_options.prefetch_blocks=n keeps n ahead.
+        in_flight = 1 + max(1, int(backend.options.get("prefetch_blocks") or 0))
+        backward["blocks gathered (in use + prefetched)"] = in_flight * largest * unsharded
+    else:
+        backward["every block kept gathered until backward"] = sum(blocks) * unsharded
+    reduce_bytes = 4 if backend.reduce_in_fp32 or precision == "fp32" else BYTES[precision]
+    backward["one block's unsharded gradients and reduce-scatter input"] = largest * (unsharded + reduce_bytes)
+    if grad_accum > 1 and not backend.sharded_grads_every_micro_step:
+        # Without gradient sync FSDP2 keeps each block's unsharded gradient until the last micro-step.
+        backward["unsharded gradients kept while accumulating"] = shape.params * reduce_bytes
+    return Buffers(backward=backward)
+
+
+def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
+    low = BYTES[precision]
+    backward: dict[str, int] = {}
+    step: dict[str, int] = {}
+    part = -(-shape.params // world)
+    if backend.stage == 3:
+        blocks = shape.block_params()
+        largest = max(blocks) if blocks else shape.params
+        # Backward starts at the head: its weight gathered again and its whole gradient made
+        # before the reduction (GPT-2's head is the 38.6M-parameter embedding); past the head,
+        # one block at a time. DeepSpeed prefetches up to its bucket of parameters ahead.
+        head = max((t.numel for t in shape.tensors or () if t.block is None), default=0)
+        prefetch = min(int(backend.option("stage3_prefetch_bucket_size")), max(shape.params - largest, 0))
+        backward["gathered parameters in use (the head's, with its gradient) + prefetch bucket"] = (
+            max(2 * head, largest) + prefetch
+        ) * low
+        if not backend.offload_optimizer:
+            step["fp32 gradient of one optimizer sub-group"] = min(part, int(backend.option("sub_group_size"))) * 4
+        return Buffers(backward=backward, step=step, grads_resident=True)
+    buckets = 2 if backend.option("overlap_comm") else 1
+    hooks = {
+        "gradient reduction bucket" + ("s" if buckets > 1 else ""): buckets
+        * int(backend.option("reduce_bucket_size"))
+        * low
+    }
+    if backend.stage == 1 and grad_accum > 1:
+        # ZeRO-1 reduces only in the last micro-step's backward: until then every gradient is whole.
+        backward["whole gradients accumulated between micro-steps"] = shape.params * low
+    if not backend.offload_optimizer:
+        step["fp32 gradient partition for the step"] = part * 4
+    return Buffers(backward=backward, hooks=hooks, step=step, grads_resident=True)
+
+
+def backend_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
+    if backend.engine == "deepspeed":
+        return _deepspeed_buffers(shape, backend, precision, world, grad_accum)
+    return _torch_buffers(shape, backend, precision, world, grad_accum)

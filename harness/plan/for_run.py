@@ -1,0 +1,62 @@
+"""The plan's prediction for one training run, beside what it measured: the compare records
+it in results.json and its report shows predicted, measured and the error."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.common import hardware
+from harness.plan.backends import known_backends
+from harness.plan.calibration import default_factors
+from harness.plan.comm import INTER_NODE, INTERCONNECTS, Topology
+from harness.plan.model_shape import shape_of_spec
+from harness.plan.predict import Question, plan_strategy
+from harness.plan.speed import SpeedFactors
+from strategies.memory import CATEGORIES
+
+
+def question_for_run(
+    cfg: Any, world_size: int, nodes: int, gpu_mem_bytes: float, spec: hardware.GPUSpec | None = None
+) -> Question:
+    """The planning question a run (a RunConfig) answers; without a known GPU `spec`, memory only."""
+    micro_batch, grad_accum = cfg.world_batch(world_size)
+    return Question(
+        shape=shape_of_spec(cfg.model, cfg.model_kwargs, cfg.model_blocks),
+        gpus=world_size,
+        nodes=nodes,
+        gpu_mem_bytes=gpu_mem_bytes,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        seq_len=cfg.seq_len,
+        precision=cfg.precision,
+        checkpointing=cfg.activation_checkpointing,
+        topology=Topology(world_size, nodes, INTERCONNECTS["nvlink"], INTER_NODE["infiniband"]),
+        peak_flops=spec.peak_flops[cfg.precision] if spec else None,
+        hbm_bytes_per_s=spec.hbm_bytes_per_s if spec else None,
+        factors=default_factors() if spec else SpeedFactors(),  # no speed is predicted off a known GPU
+        strategy_options=dict(cfg.strategy_options),
+        compiled=cfg.compile,
+    )
+
+
+def prediction_for_run(cfg: Any, summary: dict[str, Any]) -> dict[str, Any]:
+    """For the run `cfg` (a RunConfig) that wrote `summary`: predicted bytes per rank (params,
+    grads, optimizer, as memory_breakdown counts them), peak allocated on the GPU and tokens/s;
+    None for what is not predicted (peak and speed on a CPU, everything for a strategy the
+    planner has no model of)."""
+    keys = [f"mem_{c}_bytes" for c in CATEGORIES] + ["peak_mem_allocated_bytes", "tokens_per_s"]
+    if cfg.strategy not in known_backends():
+        return {**dict.fromkeys(keys), "note": f"the planner has no model of strategy {cfg.strategy!r}"}
+    memory = summary.get("device_memory_bytes")
+    on_gpu = summary.get("device_type") == "cuda" and memory is not None
+    spec = hardware.gpu_spec(summary.get("device") or "") if on_gpu else None
+    q = question_for_run(cfg, summary["world_size"], summary.get("nodes", 1), memory if on_gpu else float("inf"), spec)
+    plan = plan_strategy(cfg.strategy, q)
+    return {
+        **{f"mem_{c}_bytes": plan.states.total(c) for c in CATEGORIES},
+        "peak_mem_allocated_bytes": plan.peak_bytes if on_gpu else None,
+        "tokens_per_s": plan.time.tokens_per_s if plan.time else None,
+        "assumed": (
+            f"speed factors {q.factors.basis}; nvlink inside a node, infiniband between" if plan.time else None
+        ),
+    }

@@ -1,0 +1,171 @@
+"""Model states per GPU: parameters, gradients and optimizer state, as each backend really
+holds them, for the most loaded rank (the figure a run reports is the maximum over ranks).
+
+Bytes follow the code, not a textbook: the torch engine (single, DDP, FSDP2, Accelerate's
+DDP/FSDP) keeps fp32 parameters, fp32 gradients and fp32 Adam moments in every precision
+(autocast and FSDP's MixedPrecisionPolicy cast on the fly); DeepSpeed casts the model to
+bf16/fp16, keeps low-precision parameters and gradients plus an fp32 master copy (counted
+as optimizer state, as the ZeRO paper's K=12 does), flattens each optimizer param group
+padded to a multiple of 2·N elements (ZeRO-1/2) or pads each parameter to a multiple of
+N (ZeRO-3). FSDP2 shards every tensor on dim 0, the first ranks taking ceil(rows/N).
+"""
+
+from __future__ import annotations
+
+import math
+
+from harness.plan.backends import Backend
+from harness.plan.model_shape import ModelShape, ParamTensor
+from strategies.memory import MemoryBreakdown
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, fp32
+STEP_TENSOR_BYTES = 4  # torch Adam keeps `step` as a float32 scalar tensor per parameter it steps
+DEEPSPEED_ALIGNMENT = 2  # ZeRO-1/2 pad each flat group to a multiple of 2·N elements (nccl_start_alignment_factor)
+GPU = "cuda"
+
+
+def zero_paper_bytes_per_gpu(params: float, stage: int, gpus: int, k: float = 12.0) -> float:
+    """The ZeRO paper's model states per GPU (section 3, table 1): fp16 parameters and
+    gradients (2+2 bytes) plus K bytes of optimizer state, sharded by stage."""
+    if stage == 0:
+        return (2 + 2 + k) * params
+    if stage == 1:
+        return (2 + 2 + k / gpus) * params
+    if stage == 2:
+        return (2 + (2 + k) / gpus) * params
+    if stage == 3:
+        return (2 + 2 + k) * params / gpus
+    raise ValueError(f"ZeRO stage {stage} does not exist: use 0 (data parallel), 1, 2 or 3")
+
+
+def _dim0_shard(t: ParamTensor, world: int) -> int:
+    """FSDP2's Shard(0) on the first rank: ceil(rows / N) rows."""
+    rows = t.shape[0] if t.shape else 1
+    return math.ceil(rows / world) * (t.numel // max(rows, 1))
+
+
+def _groups(shape: ModelShape) -> list[list[ParamTensor]]:
+    """The runner's AdamW param groups (harness/train/optimizer.py): matrices decay, vectors do not."""
+    assert shape.tensors is not None
+    groups = [[t for t in shape.tensors if len(t.shape) >= 2], [t for t in shape.tensors if len(t.shape) < 2]]
+    return [g for g in groups if g]
+
+
+class _Holdings:
+    """Bytes per category and device, added up piece by piece."""
+
+    def __init__(self) -> None:
+        self.bytes: dict[str, dict[str, int]] = {c: {} for c in ("params", "grads", "optimizer")}
+
+    def add(self, category: str, nbytes: int, on_cpu: bool = False) -> None:
+        device = "cpu" if on_cpu else GPU
+        self.bytes[category][device] = self.bytes[category].get(device, 0) + int(nbytes)
+
+    def breakdown(self) -> MemoryBreakdown:
+        return MemoryBreakdown(**self.bytes)
+
+
+def _adam(held: _Holdings, elements: int, tensors: int, on_cpu: bool) -> None:
+    """torch AdamW's fp32 moments over `elements`, and its `step` scalar per stepped tensor."""
+    held.add("optimizer", ADAM_MOMENTS * elements * BYTES["fp32"] + tensors * STEP_TENSOR_BYTES, on_cpu)
+
+
+def _torch_states(shape: ModelShape, backend: Backend, world: int) -> _Holdings:
+    """fp32 parameters, gradients and moments; FSDP2 shards each tensor on dim 0."""
+    sharded = backend.stage == 3 and world > 1
+    if shape.tensors is None:
+        elements, tensors = (math.ceil(shape.params / world) if sharded else shape.params), 0
+    else:
+        elements = sum(_dim0_shard(t, world) if sharded else t.numel for t in shape.tensors)
+        tensors = len(shape.tensors)
+    held = _Holdings()
+    held.add("params", elements * 4, backend.offload_params)
+    held.add("grads", elements * 4, backend.offload_params)
+    _adam(held, elements, tensors, backend.offload_optimizer)
+    return held
+
+
+def _rank_overlaps(numels: list[int], world: int) -> list[int]:
+    """ZeRO-1/2: elements of the parameters that reach into each rank's partition of one flat
+    group (padded to 2·N); DeepSpeed keeps whole gradients of those, straddlers included."""
+    align = DEEPSPEED_ALIGNMENT * world
+    part = math.ceil(sum(numels) / align) * align // world
+    per_rank, offset = [0] * world, 0
+    for n in numels:
+        for rank in range(offset // part, min((offset + n - 1) // part, world - 1) + 1):
+            per_rank[rank] += n
+        offset += n
+    return per_rank
+
+
+def _zero12_states(shape: ModelShape, backend: Backend, precision: str, world: int) -> _Holdings:
+    """stage_1_and_2.py: each param group flat (the whole model on every rank, padded to 2·N),
+    an fp32 master of this rank's partition, its gradients in a flat buffer of the parameters
+    reaching into the partition (ZeRO-1 as ZeRO-2: both reduce into it during the last
+    micro-step's backward). Under offload: the master, moments and its fp32 gradients on the
+    host, a low-precision host copy of the partition, and a largest-parameter gradient
+    buffer on each side instead of the flat gradient buffer."""
+    low = BYTES[precision]
+    held = _Holdings()
+    offload = backend.offload_optimizer
+    if shape.tensors is None:
+        full, part, groups, largest = shape.params, math.ceil(shape.params / world), 0, 0
+        grads = part
+    else:
+        numels = [[t.numel for t in g] for g in _groups(shape)]
+        align = DEEPSPEED_ALIGNMENT * world
+        padded = [math.ceil(sum(g) / align) * align for g in numels]
+        full, part, groups = sum(padded), sum(p // world for p in padded), len(padded)
+        overlaps = [_rank_overlaps(g, world) for g in numels]
+        grads = max(sum(o[rank] for o in overlaps) for rank in range(world))
+        largest = max(t.numel for t in shape.tensors)
+    held.add("params", full * low)
+    held.add("optimizer", part * 4, offload)  # the fp32 master partition
+    _adam(held, part, groups, offload)
+    if offload:
+        held.add("params", part * low, on_cpu=True)
+        held.add("grads", part * 4, on_cpu=True)  # the master's fp32 gradient
+        held.add("grads", largest * low, on_cpu=True)
+        held.add("grads", largest * low)
+    else:
+        held.add("grads", grads * low)
+    return held
+
+
+def _zero3_states(shape: ModelShape, backend: Backend, precision: str, world: int) -> _Holdings:
+    """stage3.py: each parameter's partition (padded to a multiple of N), parameters up to the
+    persistence threshold also kept whole, a flat buffer of every partition's gradient (on
+    the host under optimizer offload), one reduction bucket in the communication dtype, an
+    fp32 master and moments per sub-group (sub_group_size elements)."""
+    low = BYTES[precision]
+    held = _Holdings()
+    offload = backend.offload_optimizer
+    if shape.tensors is None:
+        part, whole, sub_groups, bucket = math.ceil(shape.params / world), 0, 0, 0
+    else:
+        parts = [[math.ceil(t.numel / world) for t in g] for g in _groups(shape)]
+        part = sum(map(sum, parts))
+        threshold = backend.option("stage3_param_persistence_threshold")
+        whole = sum(t.numel for t in shape.tensors if t.numel <= threshold) if world > 1 else 0
+        sub_groups = sum(max(1, math.ceil(sum(g) / backend.option("sub_group_size"))) for g in parts)
+        bucket = int(backend.option("reduce_bucket_size")) * BYTES[backend.option("communication_data_type")]
+    held.add("params", part * low, backend.offload_params)
+    held.add("params", whole * low)
+    held.add("grads", part * low, offload)
+    held.add("grads", bucket)
+    held.add("optimizer", part * 4, offload)
+    _adam(held, part, sub_groups, offload)
+    if offload:
+        held.add("grads", part * 4, on_cpu=True)  # the master's fp32 gradient
+    return held
+
+
+def model_states(shape: ModelShape, backend: Backend, precision: str, world: int) -> MemoryBreakdown:
+    """Bytes of parameters, gradients and optimizer state the most loaded rank holds, by device,
+    as the strategy's own memory_breakdown counts them."""
+    if backend.engine == "torch":
+        return _torch_states(shape, backend, world).breakdown()
+    if backend.stage == 3:
+        return _zero3_states(shape, backend, precision, world).breakdown()
+    return _zero12_states(shape, backend, precision, world).breakdown()

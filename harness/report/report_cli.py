@@ -1,0 +1,454 @@
+"""The compare report (report.md and a self-contained report.html), built from
+results.json and the run folders, so `runner.py report <dir>` can rebuild it at
+any time; `compare` calls the same `build_report` when its sweep ends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from harness.common.colours import strategy_colours
+from harness.common.units import human_bytes
+from harness.compare import NoiseBand, StrategyResult, bound_at, floor_of, load_metrics, read_results
+from harness.report import figures
+from harness.report.advice import recommend
+from harness.report.document import (
+    Block,
+    Bullets,
+    Figure,
+    Heading,
+    Paragraph,
+    Preformatted,
+    Table,
+    to_html,
+    to_markdown,
+)
+
+FIGURE_DIR = "figures"
+PREDICTED = (
+    ("mem_params_bytes", "params / rank", "bytes"),
+    ("mem_grads_bytes", "grads / rank", "bytes"),
+    ("mem_optimizer_bytes", "optimizer / rank", "bytes"),
+    ("peak_mem_allocated_bytes", "peak allocated / rank", "bytes"),
+    ("tokens_per_s", "tokens/s", "rate"),
+)
+
+
+def main(args: list[str]) -> int:
+    if len(args) != 1 or "=" in args[0]:
+        raise ValueError("usage: runner.py report <dir>: the out_dir of a `runner.py compare` run")
+    md_path, html_path = build_report(Path(args[0]))
+    print(f"report: {md_path}\n        {html_path}")
+    return 0
+
+
+def build_report(compare_dir: Path) -> tuple[Path, Path]:
+    """Write report.md, report.html and figures/*.png into `compare_dir`; returns the two reports."""
+    sweep, results = read_results(compare_dir)
+    curves = {r.name: load_metrics(compare_dir / str(r.run_dir)) for r in results if r.ran}
+    curves = {name: rows for name, rows in curves.items() if rows}
+    title = _title(sweep)
+    blocks = _blocks(compare_dir, sweep, results, curves)
+    md_path, html_path = compare_dir / "report.md", compare_dir / "report.html"
+    md_path.write_text(to_markdown(title, blocks, compare_dir))
+    html_path.write_text(to_html(title, blocks))
+    return md_path, html_path
+
+
+def _title(sweep: dict[str, Any]) -> str:
+    model = sweep.get("model", {})
+    params = f" ({model['num_params'] / 1e6:.2f}M params)" if model.get("num_params") else ""
+    env = sweep.get("environment", {})
+    return (
+        f"parabench compare: {model.get('name', '?')}{params}, {sweep.get('precision')}, "
+        f"{sweep.get('nproc')} x {env.get('device', sweep.get('device_type'))}"
+    )
+
+
+def loss_bound(compare_dir: Path, sweep: dict[str, Any], curves) -> figures.LossBound | None:
+    """The bound the verdicts used, step by step, for the figure (for a backend returning an fp32 loss)."""
+    reference_rows = curves.get(sweep.get("reference"))
+    if not reference_rows:
+        return None
+    steps = [r["step"] for r in reference_rows]
+    band = noise_band_of(sweep)
+    if band is None:
+        tolerance = float(sweep.get("tolerance", 1e-4))
+        return figures.LossBound(steps, [tolerance] * len(steps), f"fixed tolerance {tolerance:.0e}")
+    floor = floor_of(band, sweep.get("precision", "fp32"))
+    noise_curves = [
+        load_metrics(compare_dir / run["run_dir"]) for run in sweep["noise"]["runs"] if run["status"] == "ok"
+    ]
+    return figures.LossBound(
+        steps,
+        [bound_at(band, step, floor)[0] for step in steps],
+        f"allowed: {band.factor:g}x the noise runs' spread, or {floor[1]} ({floor[0]:.0e})",
+        spread=band.spread,
+        noise_curves=noise_curves,
+    )
+
+
+def noise_band_of(sweep: dict[str, Any]) -> NoiseBand | None:
+    recorded = (sweep.get("noise") or {}).get("band")
+    return NoiseBand(**{k: v for k, v in recorded.items() if k != "rule"}) if recorded else None
+
+
+def _blocks(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResult], curves) -> list[Block]:
+    device_type = sweep.get("device_type", "cpu")
+    reference = sweep.get("reference")
+    bound = loss_bound(compare_dir, sweep, curves)
+    figure_dir = compare_dir / FIGURE_DIR
+    for stale in figure_dir.glob("*.png"):
+        stale.unlink()  # a figure with nothing to draw this time must not survive from an earlier run
+    colour = strategy_colours([r.name for r in results])
+    ran = [r for r in results if r.ran]
+
+    blocks: list[Block] = [*_overview(sweep, results)]
+    blocks += [Heading("Summary (fastest first)"), _summary_table(ran, device_type)]
+    blocks += _verdict_rule(sweep) + _unstable_start(curves.get(reference, []), sweep)
+    if device_type == "cpu":
+        blocks.append(
+            Paragraph(
+                "Peak memory is not measured on CPU (no allocator statistics): the memory columns "
+                "and figures show the model states each rank holds, measured from the tensors."
+            )
+        )
+    drawn = [
+        (
+            "Loss curves",
+            figures.loss_curves(curves, colour, sweep.get("loss_floor"), reference, figure_dir / "loss.png"),
+            "Training loss of every strategy that finished; the dashed line is the data set's lowest reachable loss.",
+        ),
+        (
+            "Loss minus the reference",
+            bound and figures.loss_vs_reference(curves, colour, reference, bound, figure_dir / "loss_vs_reference.png"),
+            f"Each strategy's loss minus `{reference}`'s (grey: the noise runs), and its relative size against what a "
+            f"correct backend may differ by (shaded: {bound.label if bound else ''}).",
+        ),
+        (
+            "Memory per rank",
+            figures.memory_per_rank(results, device_type, figure_dir / "memory.png"),
+            "Parameters, gradients and optimizer state each rank holds"
+            + (
+                ", and the rest of the peak allocated memory."
+                if device_type == "cuda"
+                else " (CPU: model states only)."
+            ),
+        ),
+        (
+            "Throughput",
+            figures.throughput(results, colour, figure_dir / "throughput.png"),
+            "Tokens per second over the whole job after the warm-up steps.",
+        ),
+        (
+            "Memory against throughput",
+            figures.memory_vs_throughput(results, colour, device_type, figure_dir / "memory_vs_throughput.png"),
+            "Each finished strategy's memory per rank against its throughput.",
+        ),
+    ]
+    for heading, path, caption in drawn:
+        if path is not None:
+            blocks += [Heading(heading), Figure(path, caption)]
+    blocks += _predictions(ran)
+    blocks += _calibration(compare_dir, sweep)
+    blocks += _batch_search(sweep.get("batch_search"))
+    blocks += _problems(results)
+    blocks += _environment(sweep)
+    blocks += [Heading("Recommendation"), Bullets(recommend(results, reference, device_type))]
+    return blocks
+
+
+def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Block]:
+    config = sweep.get("config", {})
+    reference = sweep.get("reference")
+    ran = [r for r in results if r.ran]
+    agreeing = [r for r in ran if r.matches_reference and r.name != reference]
+    within = sum(r.verdict_kind == "within noise" for r in agreeing)
+    counts = {s: sum(r.status == s for r in results) for s in ("failed", "skipped", "interrupted", "not run")}
+    tally = ", ".join(f"{n} {s}" for s, n in counts.items() if n)
+    ref_text = (
+        f"`{reference}`" + (" (one process)" if reference == "single" else " (`single` did not run)")
+        if reference
+        else "none (no strategy finished)"
+    )
+    blocks: list[Block] = []
+    if sweep.get("interrupted"):
+        blocks.append(
+            Paragraph("**Interrupted (Ctrl-C or SIGTERM): this report covers only the strategies that finished.**")
+        )
+    blocks.append(
+        Paragraph(
+            f"Every strategy trained the same model on the same data from the same seed, with global batch "
+            f"{config.get('batch_size')} x {config.get('seq_len')} tokens for {config.get('steps')} steps, on "
+            f"{sweep.get('nproc')} {sweep.get('device_type')} processes (`single`: one). "
+            f"{len(ran)} of {len(results)} strategies finished; {len(agreeing)} of the others learn what the reference "
+            f"learns ({len(agreeing) - within} match it, {within} within noise)"
+            + (f"; {tally}" if tally else "")
+            + f". Reference: {ref_text}."
+        )
+    )
+    blocks.append(
+        Paragraph(
+            f"Command: `{sweep.get('command', 'python runner.py compare')}` "
+            f"(started {sweep.get('started_at', '?')}, {sweep.get('wall_time_s', 0):.0f} s)."
+        )
+    )
+    return blocks
+
+
+def _verdict_rule(sweep: dict[str, Any]) -> list[Block]:
+    """How the loss verdicts were reached: against measured noise, or a fixed tolerance, and why."""
+    noise = sweep.get("noise") or {}
+    band = noise_band_of(sweep)
+    precision = sweep.get("precision", "fp32")
+    if band is None:
+        why = noise.get("skipped") or "this compare ran no noise runs"
+        return [
+            Paragraph(
+                f"Loss verdicts: within {float(sweep.get('tolerance', 0)):.0e} relative of the reference "
+                f"at every step ({precision}), a fixed tolerance ({why})."
+            )
+        ]
+    ok = [run for run in noise.get("runs", []) if run["status"] == "ok"]
+    seconds = sum(run["wall_time_s"] for run in noise.get("runs", []))
+    peak = max(range(len(band.band)), key=band.band.__getitem__)
+    floor, what = floor_of(band, precision)
+    return [
+        Paragraph(
+            f"Loss verdicts are judged against noise measured here: `{noise.get('reference')}` ran again {len(ok)} "
+            f"time{'s' if len(ok) != 1 else ''} with every gradient nudged by up to one rounding step of {precision} "
+            f"(of its tensor's typical size; {seconds:.0f} s in all), and strayed from itself by up to "
+            f"{max(band.spread):.1e} (relative; band "
+            f"{band.band[peak]:.1e} at step {band.steps[peak]}). A strategy matches within {band.floor:.0e}, is within "
+            f"noise within {band.factor:g}x the band or {what} ({floor:.0e}), whichever is larger, and differs "
+            f"past that: the verdict names the step. `noise_runs=0` judges by a fixed tolerance instead."
+        )
+    ]
+
+
+# The reference's loss rising this far above where it started marks an unstable start: differences
+# between strategies there are chaos the learning rate amplified, not the backends.
+UNSTABLE_RISE = 0.03
+
+
+def _unstable_start(reference_rows: list[dict], sweep: dict[str, Any]) -> list[Block]:
+    if not reference_rows:
+        return []
+    first = reference_rows[0]
+    peak = max(reference_rows, key=lambda r: r["loss"])
+    if peak["loss"] <= first["loss"] * (1 + UNSTABLE_RISE):
+        return []
+    config = sweep.get("config", {})
+    return [
+        Paragraph(
+            f"**Unstable start:** the reference's loss rose from {first['loss']:.4f} at step {first['step']} to "
+            f"{peak['loss']:.4f} at step {peak['step']}. Rounding differences grow fastest there, so verdicts near it "
+            f"say more about the learning rate (lr={config.get('lr') or 'by model size'}, warmup_steps="
+            f"{config.get('warmup_steps') or 'a tenth of the run'}) than about the backends: lower lr= or lengthen "
+            "the warm-up and compare again."
+        )
+    ]
+
+
+def _summary_table(ran: list[StrategyResult], device_type: str) -> Table:
+    def peak(value: int | None) -> str:
+        return human_bytes(value) if device_type == "cuda" else "n/a (CPU)"
+
+    rows = []
+    for r in sorted(ran, key=lambda r: -(r.tokens_per_s or 0)):
+        rows.append(
+            [
+                f"`{r.name}`",
+                str(r.nproc),
+                _number(r.tokens_per_s, "{:,.0f}"),
+                _number(r.step_time_s, "{:.1f}", 1e3),
+                _number(r.mfu, "{:.1%}"),
+                peak(r.peak_mem_allocated_bytes),
+                peak(r.peak_mem_reserved_bytes),
+                human_bytes(r.mem_params_bytes),
+                human_bytes(r.mem_grads_bytes),
+                human_bytes(r.mem_optimizer_bytes),
+                _number(r.final_loss, "{:.4f}"),
+                r.verdict,
+            ]
+        )
+    headers = [
+        "strategy",
+        "ranks",
+        "tokens/s",
+        "step ms",
+        "MFU",
+        "peak alloc / rank",
+        "peak reserved / rank",
+        "params / rank",
+        "grads / rank",
+        "optimizer / rank",
+        "final loss",
+        "vs reference",
+    ]
+    return Table(headers, rows, right_aligned=set(range(1, 11)))
+
+
+def _number(value: float | None, fmt: str, scale: float = 1.0) -> str:
+    return "n/a" if value is None else fmt.format(value * scale)
+
+
+def _predictions(ran: list[StrategyResult]) -> list[Block]:
+    """One row per strategy, one column per predicted quantity: `predicted / measured (error)`."""
+    predicted_keys = [key for key, _, _ in PREDICTED if any((r.prediction or {}).get(key) is not None for r in ran)]
+    if not predicted_keys:
+        return []
+    columns = [(key, label, kind) for key, label, kind in PREDICTED if key in predicted_keys]
+    rows = []
+    for r in ran:
+        prediction = r.prediction or {}
+        if not any(prediction.get(key) is not None for key in predicted_keys):
+            continue
+        rows.append(
+            [f"`{r.name}`"] + [_predicted_cell(prediction.get(key), getattr(r, key), kind) for key, _, kind in columns]
+        )
+    return [
+        Heading("Predicted against measured"),
+        Paragraph(
+            "The planner's prediction for each run beside what the run measured: "
+            "`predicted / measured (error)`, where error = (predicted - measured) / measured."
+        ),
+        Table(["strategy"] + [label for _, label, _ in columns], rows, right_aligned=set(range(1, len(columns) + 1))),
+    ]
+
+
+def _calibration(compare_dir: Path, sweep: dict[str, Any]) -> list[Block]:
+    """What this machine measured against what the planner assumes, fitted as `plan calibrate=` fits it
+    (the compare records the fit in results.json)."""
+    calibration = sweep.get("calibration") or {}
+    if "rows" not in calibration:
+        error = calibration.get("error", "the compare recorded no calibration")
+        return (
+            [Heading("Calibration"), Paragraph(f"Not calibrated: {error}")]
+            if sweep.get("device_type") == "cuda"
+            else []
+        )
+    table = [
+        [
+            f"`{r['strategy']}`",
+            f"{r['measured_s'] * 1e3:.1f}",
+            f"{r['compute_s'] * 1e3:.1f}",
+            f"{r['exposed_comm_s'] * 1e3:.1f}",
+            r["fitted"],
+            human_bytes(r["memory_missed_bytes"]),
+        ]
+        for r in calibration["rows"]
+    ]
+    config = sweep.get("config", {})
+    return [
+        Heading("Calibration"),
+        Paragraph(
+            f"The planner's speed model fitted to this machine (`harness/plan/calibration.py`): compute "
+            f"scale {calibration['compute_scale']:.2f} against the compute model, then what each strategy "
+            f"measured beyond it, per unit of its backend's own work. `python runner.py plan "
+            f"calibrate={compare_dir} model={config.get('model')} gpus=...` predicts other sizes and GPU "
+            "counts from these figures."
+        ),
+        Table(
+            ["strategy", "measured step ms", "model compute ms", "exposed comm ms", "fitted", "peak the model missed"],
+            table,
+            right_aligned={1, 2, 3, 5},
+        ),
+    ]
+
+
+def _predicted_cell(predicted: float | None, measured: float | None, kind: str) -> str:
+    if predicted is None:
+        return "n/a"
+    show = human_bytes if kind == "bytes" else (lambda v: f"{v:,.0f}")
+    if measured is None:
+        return f"{show(predicted)} / n/a"
+    error = f" ({(predicted - measured) / measured:+.1%})" if measured else ""
+    return f"{show(predicted)} / {show(measured)}{error}"
+
+
+def _batch_search(found: dict | None) -> list[Block]:
+    if not found:
+        return []
+    blocks: list[Block] = [Heading("Largest micro-batch per strategy")]
+    if "skipped" in found:
+        return blocks + [Paragraph(found["skipped"])]
+    rows = []
+    for s in found.get("results", []):
+        size = "none fits" if s["largest_micro_batch"] is None else str(s["largest_micro_batch"])
+        if s["hit_limit"]:
+            size += " (search limit)"
+        failed = s["next_size_failed"]
+        rows.append(
+            [
+                f"`{s['strategy']}`",
+                "n/a" if s["predicted"] is None else str(s["predicted"]),
+                size,
+                "n/a" if failed is None else f"{failed} ✗",
+                _probes_by_process(s["probes"]),
+                _number(s["tokens_per_s"], "{:,.0f}"),
+                human_bytes(s["peak_allocated_bytes"]),
+                _number(s["wall_time_s"], "{:.0f} s"),
+                "; ".join(filter(None, [s["error"], s["note"], s["prediction_note"]])),
+            ]
+        )
+    blocks.append(
+        Paragraph(
+            "Each search starts at the micro-batch the planner predicts is the largest that fits (its predicted peak "
+            f"allocated within {found['predicted_within']:.0%} of the device's memory; the compare's micro-batch "
+            "where it predicts none), tries the next size up, then grows by 2, 4, ... (or shrinks by 1, 2, 4, ...) "
+            "until the answer flips, and bisects: the size found fitted (✓) and the next size up ran out of memory "
+            "(✗). Each [...] is one process: a backend "
+            "that recovers from an out-of-memory error tries size after size in one process at world size 1, freeing "
+            "everything in between; otherwise each probe has a process of its own. Throughput and peak are at the size "
+            f"found. The whole search took {found['wall_time_s']:.0f} s"
+            + (
+                f", until Ctrl-C (or SIGTERM) stopped it during `{found['interrupted']}`'s."
+                if found["interrupted"]
+                else "."
+            )
+        )
+    )
+    headers = ["strategy", "predicted", "found", "next size up", "probes", "tokens/s", "peak alloc", "time", "note"]
+    return blocks + [Table(headers, rows, right_aligned={1, 2, 3, 5, 6, 7})]
+
+
+def _probes_by_process(probes: list[dict]) -> str:
+    """'[24 ✓, 25 ✗] [26 error]': the probes in order, one bracket per process."""
+    marks = {"fits": "✓", "oom": "✗", "error": "error"}
+    groups: list[list[str]] = []
+    for p in probes:
+        if p["new_process"] or not groups:
+            groups.append([])
+        groups[-1].append(f"{p['micro_batch']} {marks[p['result']]}")
+    return " ".join(f"[{', '.join(group)}]" for group in groups)
+
+
+def _problems(results: list[StrategyResult]) -> list[Block]:
+    troubled = [r for r in results if not r.ran]
+    if not troubled:
+        return []
+    rows = [[f"`{r.name}`", r.status, r.error_kind or "", r.error or ""] for r in troubled]
+    blocks: list[Block] = [
+        Heading("Failed and skipped strategies"),
+        Table(["strategy", "status", "kind", "reason"], rows),
+    ]
+    for r in troubled:
+        if r.log_tail:
+            blocks.append(Preformatted(f"{r.name}: last lines of {r.run_dir}/log.txt", "\n".join(r.log_tail)))
+    return blocks
+
+
+def _environment(sweep: dict[str, Any]) -> list[Block]:
+    env = sweep.get("environment", {})
+    versions = env.get("versions", {})
+    rows = [
+        ["device", str(env.get("device"))],
+        ["devices used (world size)", str(env.get("world_size"))],
+        ["host", str(env.get("host"))],
+    ]
+    rows += [
+        [name, str(versions.get(name) or "not installed")] for name in ("torch", "deepspeed", "accelerate", "python")
+    ]
+    return [Heading("Environment"), Table(["", "value"], rows)]

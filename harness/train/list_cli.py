@@ -1,0 +1,37 @@
+"""`runner.py list`: strategies (available or not, and why) and models with their sizes."""
+
+from __future__ import annotations
+
+from models.zoo import describe, known_models
+from strategies.registry import default_registry
+
+
+def _as_typed(value: object) -> str:
+    """A default as one would type it on the command line."""
+    if isinstance(value, bool) or value is None:
+        return {True: "true", False: "false", None: "null"}[value]
+    return str(value)
+
+
+def main(args: list[str]) -> int:
+    if args:
+        raise ValueError(f"list takes no arguments (got {' '.join(args)})")
+    print("strategies:")
+    for entry in default_registry().entries():
+        reason = entry.unavailable_reason
+        status = "available" if reason is None else f"unavailable: {reason}"
+        print(f"  {entry.name:<18} {entry.description}  [{status}]")
+        options = entry.user_options()
+        if options:
+            print(f"  {'':<18} strategy_options: {', '.join(f'{k}={_as_typed(v)}' for k, v in options.items())}")
+    print("models:")
+    for name in known_models():
+        info = describe(name)
+        shape = (
+            f"  L={info['n_layer']} H={info['n_head']} C={info['n_embd']} V={info['vocab_size']}"
+            if "n_layer" in info
+            else ""
+        )
+        print(f"  {name:<18} {info['params'] / 1e6:>10.2f}M params{shape}")
+    print("  any user model as model=package.module:build (with model_kwargs.<name>=<value>)")
+    return 0

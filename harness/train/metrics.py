@@ -1,0 +1,133 @@
+"""Per-step metrics without per-step host syncs, reduced over ranks at the logging interval.
+
+Step losses stay on the device until a flush; a flush does one all-reduce for the
+losses and one for the memory figures, then rank 0 appends a line per step to
+metrics.jsonl. Step time is the interval's wall time over its steps, so it is the
+real time, not the time to enqueue kernels.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from harness.train import device_info
+from harness.train.distributed import DistEnv, all_reduce
+from strategies.memory import MemoryBreakdown
+
+
+@dataclass
+class StepMetrics:
+    env: DistEnv
+    out_dir: Path
+    tokens_per_step: int
+    flops_per_token: float
+    precision: str
+    timing_warmup: int
+    printer: Callable[[str], None] = print
+    _pending: list[tuple[int, float, torch.Tensor]] = field(default_factory=list)
+    _interval_start: float = 0.0
+    _warm_start: float | None = None
+    _warm_steps: int = 0
+    last_row: dict[str, Any] = field(default_factory=dict)
+    steps_logged: int = 0
+
+    def __post_init__(self) -> None:
+        self.peak_flops = device_info.peak_flops(self.env.device, self.precision)
+        self.path = self.out_dir / "metrics.jsonl"
+        if self.env.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+        self._interval_start = time.perf_counter()
+
+    def start(self, first_step: int = 0, append: bool = False) -> None:
+        """Begin timing at `first_step` (non-zero on resume); a fresh run starts the file anew."""
+        if self.env.is_main and not append:
+            self.path.write_text("")
+        self.first_step = first_step
+        self._interval_start = time.perf_counter()
+
+    def record(self, step: int, lr: float, loss: torch.Tensor) -> None:
+        """Keep step `step`'s loss (this rank's mean over its share: a detached fp32 scalar) on the device."""
+        self._pending.append((step, lr, loss))
+
+    def flush(self, memory: MemoryBreakdown) -> dict[str, Any] | None:
+        """Reduce and write the pending steps; returns the last row (on every rank)."""
+        if not self._pending:
+            return None
+        losses = torch.stack([loss for _, _, loss in self._pending])
+        if dist.is_initialized() and self.env.world_size > 1:
+            dist.all_reduce(losses, op=dist.ReduceOp.SUM)
+        losses = (losses / self.env.world_size).tolist()  # the host sync of this interval
+        device_info.synchronize(self.env.device)
+        now = time.perf_counter()
+        step_time = (now - self._interval_start) / len(self._pending)
+        self._interval_start = now
+
+        peak = device_info.peak_memory(self.env.device) or (0, 0)
+        mem = [memory.total(c) for c in ("params", "grads", "optimizer")]
+        reduced = all_reduce([*peak, *mem], dist.ReduceOp.MAX, self.env.device)
+        on_cuda = self.env.device.type == "cuda"
+        tokens_per_s = self.tokens_per_step / step_time
+        mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.env.world_size) if self.peak_flops else None
+
+        rows = []
+        for (step, lr, _), loss in zip(self._pending, losses, strict=True):
+            rows.append(
+                {
+                    "step": step + 1,
+                    "loss": loss,
+                    "lr": lr,
+                    "step_time_s": step_time,
+                    "tokens_per_s": tokens_per_s,
+                    "mfu": mfu,
+                    "peak_mem_allocated_bytes": int(reduced[0]) if on_cuda else None,
+                    "peak_mem_reserved_bytes": int(reduced[1]) if on_cuda else None,
+                    "mem_params_bytes": int(reduced[2]),
+                    "mem_grads_bytes": int(reduced[3]),
+                    "mem_optimizer_bytes": int(reduced[4]),
+                }
+            )
+        # Only the interval's rows are kept in memory: a million-step run must not grow the host heap.
+        self.last_row, self.steps_logged = rows[-1], self.steps_logged + len(rows)
+        last_step = self._pending[-1][0]
+        self._track_warm_time(last_step, now, len(self._pending))
+        self._pending.clear()
+        if self.env.is_main:
+            with self.path.open("a") as f:
+                for row in rows:
+                    f.write(json.dumps(row) + "\n")
+            self.printer(
+                f"step {last_step + 1:>5} | loss {self.last_row['loss']:.4f} | lr {self.last_row['lr']:.2e} | "
+                f"{step_time * 1e3:8.1f} ms/step | {tokens_per_s:>10,.0f} tok/s"
+                + (f" | mfu {mfu:.1%}" if mfu is not None else "")
+            )
+        return self.last_row
+
+    def _track_warm_time(self, last_step: int, now: float, n: int) -> None:
+        # Throughput leaves out the first `timing_warmup` steps of this process
+        # (allocator growth, autotuning, compilation); the loop flushes right after them.
+        done = last_step + 1 - self.first_step
+        if self._warm_start is None:
+            if done >= self.timing_warmup:
+                self._warm_start = now
+        else:
+            self._warm_steps += n
+
+    def throughput(self) -> dict[str, float | None]:
+        """Whole-job tokens/s and mean step time after warm-up (None if too few steps)."""
+        if not self._warm_steps or self._warm_start is None:
+            return {"tokens_per_s": None, "step_time_s": None, "mfu": None}
+        elapsed = self._interval_start - self._warm_start
+        tokens_per_s = self.tokens_per_step * self._warm_steps / elapsed
+        mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.env.world_size) if self.peak_flops else None
+        return {"tokens_per_s": tokens_per_s, "step_time_s": elapsed / self._warm_steps, "mfu": mfu}
+
+    def should_flush(self, step: int, log_every: int, last_step: int) -> bool:
+        done = step + 1 - self.first_step
+        return done == self.timing_warmup or (step + 1) % log_every == 0 or step == last_step

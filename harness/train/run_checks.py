@@ -1,0 +1,41 @@
+"""The checks a run passes before any process starts: bad input is one line from the parent,
+not a traceback from every worker."""
+
+from __future__ import annotations
+
+from configs.schema import RunConfig
+from models.data import TokenFileData
+from strategies.base import RunContext
+from strategies.registry import default_registry
+
+
+def preflight(cfg: RunConfig, world_size: int) -> None:
+    """Catch bad input in the parent, once, before any worker starts: one line, not N tracebacks.
+
+    The strategy is constructed (not set up) for the planned world size: plugins check
+    their options and configuration files in __init__, so those errors surface here too.
+    The model is built on the meta device and prepared as the run will (its blocks found,
+    checkpointing turned on).
+    """
+    import torch
+
+    from harness.train.loop import prepare_model
+
+    micro_batch, grad_accum = cfg.world_batch(world_size)
+    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    ctx = RunContext(
+        rank=0,
+        world_size=world_size,
+        local_rank=0,
+        device=torch.device("cuda" if use_cuda else "cpu"),
+        precision=cfg.precision,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        grad_clip=cfg.grad_clip,
+        config=cfg,
+    )
+    default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+    with torch.device("meta"):
+        prepare_model(cfg)
+    if cfg.data != "markov":
+        TokenFileData(cfg.data, cfg.seq_len)

@@ -1,0 +1,33 @@
+"""`runner.py train key=value ...`: check the run up front, then train here or
+start `nproc` local processes under torchrun when no launcher did.
+
+    python runner.py train strategy=fsdp nproc=2 model=gpt-nano steps=20 out_dir=runs/x
+    torchrun --nproc_per_node=8 runner.py train strategy=zero3 model=gpt2-350m precision=bf16
+
+The keys, their defaults and meanings are the fields of RunConfig in configs/schema.py;
+`config=<file.yaml>` loads a preset first, `strategy_options.<name>=` reach the plugin.
+"""
+
+from __future__ import annotations
+
+from configs.schema import load_config
+from harness.train.distributed import launched_by_launcher
+from harness.train.launch import run_under_torchrun
+from harness.train.run_checks import preflight
+
+
+def main(args: list[str]) -> int:
+    cfg = load_config(args)
+    if launched_by_launcher():
+        from harness.train.loop import run
+
+        run(cfg)
+        return 0
+    nproc = cfg.nproc or 1
+    preflight(cfg, nproc)
+    if nproc > 1:
+        return run_under_torchrun(nproc, ["train", *args])
+    from harness.train.loop import run
+
+    run(cfg)
+    return 0

@@ -1,0 +1,88 @@
+"""Configuration: every bad key or value is one line that names it and what is allowed."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs.schema import ConfigError, RunConfig, load_config
+from tests.helpers import run_cli
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["stepz=3"], "unknown config key 'stepz': did you mean 'steps'?"),
+        (["precision=fp8"], "precision='fp8' is not one of fp32, bf16, fp16"),
+        (["steps=abc"], "bad value for 'steps'"),
+        (["steps=0"], "steps=0 must be a positive number"),
+        (["lr=-1"], "lr=-1.0 must be positive"),
+        (["steps"], "is not key=value"),
+        (["config=does-not-exist.yaml"], "config file 'does-not-exist.yaml' not found"),
+        (["device=tpu"], "device='tpu' is not one of auto, cpu, cuda"),
+    ],
+)
+def test_bad_input_is_one_clear_line(args, expected):
+    with pytest.raises(ConfigError) as err:
+        load_config(args)
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_layers_apply_in_order(tmp_path):
+    preset = tmp_path / "p.yaml"
+    preset.write_text("steps: 7\nlr: 0.5\n")
+    cfg = load_config([f"config={preset}", "lr=0.25", "strategy_options.bucket_cap_mb=5"])
+    assert (cfg.steps, cfg.lr, cfg.strategy_options) == (7, 0.25, {"bucket_cap_mb": 5})
+
+
+def test_bundled_preset_by_name():
+    assert load_config(["config=default"]).model == "gpt-nano"
+
+
+def test_bad_yaml_is_one_line(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("steps: [1,\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config([f"config={broken}"])
+
+
+@pytest.mark.parametrize(
+    "fields, world, expected",
+    [
+        (dict(batch_size=16), 2, (8, 1)),
+        (dict(batch_size=16, micro_batch=2), 2, (2, 4)),
+        (dict(batch_size=16, grad_accum=4), 2, (2, 4)),
+        (dict(batch_size=16, micro_batch=2, grad_accum=4), 2, (2, 4)),
+    ],
+)
+def test_micro_batch_and_accumulation_tile_the_global_batch(fields, world, expected):
+    assert RunConfig(**fields).world_batch(world) == expected
+
+
+@pytest.mark.parametrize(
+    "fields, world, expected",
+    [
+        (dict(batch_size=10), 4, "does not divide over 4 processes"),
+        (dict(batch_size=16, micro_batch=3), 2, "micro_batch=3 does not divide"),
+        (dict(batch_size=16, micro_batch=2, grad_accum=2), 2, "set only one of micro_batch and grad_accum"),
+    ],
+)
+def test_batch_that_does_not_tile_is_an_error(fields, world, expected):
+    with pytest.raises(ConfigError, match=expected):
+        RunConfig(**fields).world_batch(world)
+
+
+def test_cli_reports_config_errors_in_one_line():
+    proc = run_cli(["train", "stepz=3"], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("parabench: error: unknown config key 'stepz'")
+    assert proc.stderr.strip().count("\n") == 0
+
+
+def test_cli_reports_missing_data_file_in_one_line(tmp_path):
+    proc = run_cli(["train", f"data={tmp_path / 'missing.bin'}", "steps=1"], timeout=60)
+    assert proc.returncode == 2 and "not found" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_reports_unknown_model_in_one_line():
+    proc = run_cli(["train", "model=gpt-huge", "steps=1"], timeout=60)
+    assert proc.returncode == 2 and "unknown model 'gpt-huge'" in proc.stderr and "Traceback" not in proc.stderr

@@ -1,0 +1,84 @@
+"""The model zoo: contract, sizes, flops per token, user models by import path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from models.gpt import GPT, PRESETS
+from models.zoo import ModelError, build_model, describe, flops_per_token, num_params
+
+
+@pytest.mark.parametrize(
+    "name, millions", [("gpt2-124m", 124), ("gpt2-350m", 354), ("gpt2-774m", 772), ("gpt2-1.5b", 1555)]
+)
+def test_gpt2_presets_have_their_published_sizes(name, millions):
+    assert describe(name)["params"] / 1e6 == pytest.approx(millions, rel=0.01)
+
+
+def test_nano_is_small_enough_for_cpu_tests():
+    assert describe("gpt-nano")["params"] < 1e6
+
+
+def test_flops_per_token_is_6n_plus_attention():
+    model = build_model("gpt-nano")
+    c = model.config
+    assert flops_per_token(model, 64) == 6 * num_params(model) + 12 * c.n_layer * c.n_head * (c.n_embd // c.n_head) * 64
+
+
+def test_params_count_tied_weights_once_and_leave_out_positions():
+    model = build_model("gpt-nano")
+    unique = sum(p.numel() for p in model.parameters())  # parameters() already yields the tied one once
+    assert model.num_params() == unique - model.wpe.weight.numel()
+    assert model.lm_head.weight is model.wte.weight
+
+
+@pytest.mark.parametrize("spec", ["gpt-nano", "mlp"])
+def test_contract_forward_inputs_targets_gives_a_scalar_loss(spec):
+    model = build_model(spec)
+    x = torch.randint(0, model.vocab_size, (2, 16))
+    loss = model(x, x)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+
+
+def test_activation_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    model = build_model("gpt-nano")
+    x = torch.randint(0, 128, (2, 16))
+    model(x, x).backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.activation_checkpointing = True
+    model(x, x).backward()
+    for a, p in zip(plain, model.parameters(), strict=True):
+        torch.testing.assert_close(a, p.grad)
+
+
+def test_user_model_by_import_path_with_kwargs():
+    model = build_model("models.mlp:TokenMLP", {"vocab_size": 64, "width": 32, "depth": 1})
+    assert model.vocab_size == 64 and num_params(model) == 64 * 32 + 32 * 32 + 32
+
+
+def test_preset_overrides_through_model_kwargs():
+    assert build_model("gpt-nano", {"n_layer": 3}).config.n_layer == 3
+
+
+@pytest.mark.parametrize(
+    "spec, kwargs, expected",
+    [
+        ("gpt-enormous", {}, "unknown model 'gpt-enormous'"),
+        ("no_such_pkg.mod:build", {}, "cannot import 'no_such_pkg.mod'"),
+        ("models.mlp:Nothing", {}, "has no attribute 'Nothing'"),
+        ("gpt-nano", {"n_layers": 3}, "rejected model_kwargs"),
+        ("models.data:uniform_loss", {"vocab_size": 3}, "not a torch.nn.Module"),
+    ],
+)
+def test_bad_model_specs_are_clear(spec, kwargs, expected):
+    with pytest.raises(ModelError, match=expected):
+        build_model(spec, kwargs)
+
+
+def test_every_preset_builds_on_meta():
+    for name in PRESETS:
+        with torch.device("meta"):
+            assert isinstance(build_model(name), GPT)

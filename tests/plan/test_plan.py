@@ -1,0 +1,428 @@
+"""`runner.py plan`: the ZeRO paper's worked example, model states against what every
+strategy really holds (measured in one torchrun job per world size), activations against
+autograd's saved tensors, communication volumes, speed, the recommendation, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+import runner
+from harness.plan.activations import LOSS_BYTES_PER_LOGIT, activations
+from harness.plan.buffers import matmul_weights
+from harness.plan.comm import INTERCONNECTS, Topology
+from harness.plan.compute import MATMUL_EFFICIENCY
+from harness.plan.model_shape import shape_of_description, shape_of_module, shape_of_spec
+from harness.plan.model_states import zero_paper_bytes_per_gpu
+from harness.plan.plan_cli import PlanConfig, question, strategy_names
+from harness.plan.predict import plan_strategy
+from harness.plan.recommendation import recommend
+from models.zoo import build_model
+from strategies.registry import default_registry
+from tests.helpers import ROOT, env_for_tests
+
+GB = 1e9
+LLAMA_TINY = dict(
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=128,
+    max_position_embeddings=256,
+)
+
+
+def plan(**options) -> tuple:
+    cfg = PlanConfig(**options)
+    q = question(cfg)
+    return q, {name: plan_strategy(name, q) for name in strategy_names(cfg)}
+
+
+def run_plan_cli(*args: str, capsys) -> tuple[int, str, str]:
+    code = runner.main(["plan", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+# ---- the ZeRO paper (arXiv 1910.02054, section 3) ------------------------------------------
+
+
+def test_zero_paper_formulas_per_gpu():
+    psi, n, k = 7.5e9, 64, 12
+    assert zero_paper_bytes_per_gpu(psi, 0, n, k) == (2 + 2 + k) * psi
+    assert zero_paper_bytes_per_gpu(psi, 1, n, k) == (2 + 2 + k / n) * psi
+    assert zero_paper_bytes_per_gpu(psi, 2, n, k) == (2 + (2 + k) / n) * psi
+    assert zero_paper_bytes_per_gpu(psi, 3, n, k) == (2 + 2 + k) * psi / n
+    with pytest.raises(ValueError):
+        zero_paper_bytes_per_gpu(psi, 4, n, k)
+
+
+def test_zero_paper_worked_example_comes_out_exactly(capsys):
+    """7.5B parameters, 64 GPUs, mixed-precision Adam: 120, 31.4, 16.6 and 1.9 GB per GPU."""
+    code, out, _ = run_plan_cli("params=7.5e9", "gpus=64", "nodes=8", capsys=capsys)
+    assert code == 0
+    assert "model states per GPU: DDP 120.0 GB, ZeRO-1 31.4 GB, ZeRO-2 16.6 GB, ZeRO-3 1.9 GB." in out
+    # The backends as installed: DeepSpeed bf16 holds 2 + 2 + K (4 master + 8 moments) bytes,
+    # DDP 4 + 4 + 8 (fp32 parameters, gradients, moments): the paper's 16 bytes either way.
+    _, plans = plan(params=7.5e9, gpus=64, nodes=8, precision="bf16", strategies=["ddp", "zero1", "zero2", "zero3"])
+    totals = {name: sum(p.states.total(c) for c in ("params", "grads", "optimizer")) for name, p in plans.items()}
+    assert totals["ddp"] == zero_paper_bytes_per_gpu(7.5e9, 0, 64) == 120e9
+    assert totals["zero2"] == zero_paper_bytes_per_gpu(7.5e9, 2, 64) == 16.640625e9
+    assert totals["zero3"] == zero_paper_bytes_per_gpu(7.5e9, 3, 64) == 1.875e9
+    # DeepSpeed's ZeRO-1 reduces into its partition in the last micro-step's backward: at rest it
+    # holds ZeRO-2's gradients; while accumulating it holds them whole, the paper's ZeRO-1.
+    assert totals["zero1"] == totals["zero2"]
+    _, accumulating = plan(params=7.5e9, gpus=64, nodes=8, batch_size=128, strategies=["zero1"])
+    p = accumulating["zero1"]
+    whole = p.buffers.backward["whole gradients accumulated between micro-steps"]
+    assert p.states.total("params") + whole + p.states.total("optimizer") == zero_paper_bytes_per_gpu(7.5e9, 1, 64)
+    assert zero_paper_bytes_per_gpu(7.5e9, 1, 64) == 31.40625e9
+
+
+# ---- model states against memory_breakdown, every strategy, world sizes 1 and 2 ------------
+
+# Odd vocabulary: FSDP2's uneven dim-0 shards and DeepSpeed's group padding both show.
+WORKER_MODEL = ("gpt-nano", {"n_embd": 66, "n_head": 3, "vocab_size": 131})
+PRECISIONS = ("fp32", "bf16")
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict[int, dict[str, dict]]:
+    """{world_size: {"strategy/precision": max-over-ranks breakdown}} from tests/plan_worker.py."""
+    out: dict[int, dict[str, dict]] = {}
+    names = ",".join(default_registry().names())
+    for world in (1, 2):
+        path = tmp_path_factory.mktemp(f"plan_ws{world}") / "measured.json"
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={world}",
+            str(ROOT / "tests" / "plan_worker.py"),
+            str(path),
+            WORKER_MODEL[0],
+            json.dumps(WORKER_MODEL[1]),
+            names,
+            ",".join(PRECISIONS),
+        ]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env_for_tests(), cwd=ROOT)
+        assert proc.returncode == 0, (
+            f"plan_worker at world size {world} failed\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+        )
+        ranks = [json.loads(Path(f"{path}.rank{r}").read_text()) for r in range(world)]
+        out[world] = {key: _max_over_ranks([r[key] for r in ranks]) for key in ranks[0]}
+    return out
+
+
+def _max_over_ranks(results: list[dict]) -> dict:
+    if "params" not in results[0]:
+        return results[0]
+    return {c: max(sum(r[c].values()) for r in results) for c in ("params", "grads", "optimizer")}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("name", default_registry().names())
+def test_model_states_match_what_each_strategy_holds(measured, name, precision, world):
+    result = measured[world][f"{name}/{precision}"]
+    if "skipped" in result:
+        pytest.skip(result["skipped"])
+    assert "error" not in result, (
+        f"{name} {precision} at world size {world}: {result['error']}\n{result.get('traceback')}"
+    )
+    q, _ = plan(
+        model=WORKER_MODEL[0],
+        model_kwargs=WORKER_MODEL[1],
+        gpus=world,
+        precision=precision,
+        strategies=[name] if name != "single" or world == 1 else [],
+    )
+    predicted = plan_strategy(name, q).states
+    for category in ("params", "grads", "optimizer"):
+        want, got = result[category], predicted.total(category)
+        assert got == pytest.approx(want, rel=0.02), (
+            f"{name} {precision} world {world} {category}: predicted {got}, measured {want}"
+        )
+
+
+# ---- activations against the tensors autograd saves ------------------------------------------
+
+
+def _saved_activation_bytes(model: torch.nn.Module, rows: torch.Tensor, autocast: bool) -> tuple[int, int]:
+    """(activation bytes, bf16 weight-copy bytes) autograd saves in a forward: each storage once,
+    the parameters themselves left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    # A matmul saves its bf16 weight copy transposed, as a view.
+    weight_shapes = {s for p in model.parameters() if p.dim() == 2 for s in (tuple(p.shape), tuple(p.shape)[::-1])}
+    saved: dict[int, tuple[int, bool]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params and t.is_floating_point():
+            is_copy = autocast and tuple(t.shape) in weight_shapes and t.dtype == torch.bfloat16
+            saved[storage.data_ptr()] = (storage.nbytes(), is_copy)
+        return t
+
+    ctx = torch.autocast("cpu", dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), ctx:
+        model(rows[:, :-1], rows[:, 1:])
+    return sum(b for b, c in saved.values() if not c), sum(b for b, c in saved.values() if c)
+
+
+@pytest.mark.parametrize("checkpointing", [False, True])
+@pytest.mark.parametrize("style", ["fp32", "autocast", "low_precision"])
+@pytest.mark.parametrize(
+    "spec,kwargs", [("gpt-nano", {"n_embd": 64, "n_head": 2, "vocab_size": 128}), ("hf:LlamaConfig", LLAMA_TINY)]
+)
+def test_activation_formula_matches_autograds_saved_tensors(spec, kwargs, style, checkpointing):
+    # 3 x 40 = 120 tokens: no activation has a weight's shape, so copies and activations are told apart.
+    batch, seq = 3, 40
+    torch.manual_seed(0)
+    model = build_model(spec, kwargs)
+    if style == "low_precision":
+        model = model.to(torch.bfloat16)  # how DeepSpeed runs it; FSDP's policy casts the same way
+    model.train()
+    model.activation_checkpointing = checkpointing
+    rows = torch.randint(0, model.vocab_size, (batch, seq + 1))
+    acts_saved, weight_copies = _saved_activation_bytes(model, rows, autocast=style == "autocast")
+    shape = shape_of_module(spec, model)
+    precision = "fp32" if style == "fp32" else "bf16"
+    predicted = activations(
+        shape,
+        micro_batch=batch,
+        seq_len=seq,
+        precision=precision,
+        mixed_precision="low_precision" if style == "low_precision" else "autocast",
+        checkpointing=checkpointing,
+    )
+    # The loss's gradient buffers exist only in backward: autograd saves 4 of its 12 bytes per logit.
+    saved_part = predicted.blocks + predicted.head - (LOSS_BYTES_PER_LOGIT - 4) * shape.dims.vocab * batch * seq
+    # CPU kernels keep a few small statistics in bf16 where CUDA keeps fp32: 1% covers them.
+    assert acts_saved == pytest.approx(saved_part, rel=0.01)
+    if style == "autocast" and not checkpointing:
+        assert weight_copies == matmul_weights(shape) * 2
+
+
+def test_activations_grow_linearly_with_sequence_no_score_matrix():
+    shape = shape_of_spec("gpt2-124m")
+    one, two = (
+        activations(shape, micro_batch=1, seq_len=t, precision="bf16", mixed_precision="autocast", checkpointing=False)
+        for t in (1024, 2048)
+    )
+    assert two.blocks == 2 * one.blocks  # a T x T score matrix would make it 4x in its part
+    ckpt = activations(
+        shape, micro_batch=1, seq_len=1024, precision="bf16", mixed_precision="autocast", checkpointing=True
+    )
+    assert ckpt.blocks == 12 * 768 * 4 * 1024  # only each block's fp32 input
+    assert ckpt.blocks + ckpt.rebuilt < one.blocks / 3
+
+
+# ---- communication and speed -----------------------------------------------------------------
+
+
+def test_ring_volumes_and_zero3_moves_one_and_a_half_times_ddp():
+    q, plans = plan(params=1e9, gpus=8, precision="fp32", strategies=["ddp", "zero1", "zero3", "fsdp"])
+    psi, n = 1e9, 8
+    assert plans["ddp"].time.wire_bytes == pytest.approx(2 * (n - 1) / n * 4 * psi)
+    assert plans["zero1"].time.wire_bytes == pytest.approx(2 * (n - 1) / n * 4 * psi)
+    assert plans["zero3"].time.wire_bytes == pytest.approx(1.5 * plans["ddp"].time.wire_bytes)
+    assert plans["fsdp"].time.wire_bytes == pytest.approx(1.5 * plans["ddp"].time.wire_bytes)
+
+
+def test_fsdp_accumulation_trades_reduce_scatters_for_unsharded_gradients():
+    """fsdp reduce-scatters on every micro-step (as ZeRO-3 does) by default; with
+    sync_each_micro_step=false it reduces once but holds the whole gradient meanwhile."""
+    common = dict(model="gpt2-124m", gpus=8, micro_batch=2, batch_size=64, precision="bf16", strategies=["fsdp"])
+    _, each = plan(**common)
+    _, once = plan(**common, strategy_options={"sync_each_micro_step": False})
+    kept = "unsharded gradients kept while accumulating"
+    assert kept not in each["fsdp"].buffers.backward
+    assert once["fsdp"].buffers.backward[kept] == shape_of_spec("gpt2-124m").params * 4  # reduced in fp32
+    assert once["fsdp"].peak_bytes > each["fsdp"].peak_bytes
+    reduce_scatter = next(c for c in each["fsdp"].collectives if c.kind == "reduce-scatter")
+    # 64 sequences = 8 GPUs x 2 x 4 micro-steps: three more reduce-scatters per step.
+    assert each["fsdp"].time.wire_bytes - once["fsdp"].time.wire_bytes == pytest.approx(
+        3 * reduce_scatter.wire_bytes(8), rel=1e-9
+    )
+
+
+def test_step_time_is_compute_plus_what_cannot_hide():
+    q, plans = plan(model="gpt2-124m", gpus=1, micro_batch=4, precision="bf16", strategies=["single", "ddp"])
+    flops = shape_of_spec("gpt2-124m").flops_per_token(1024) * 4 * 1024
+    single = plans["single"].time
+    work = single.work
+    assert work.matmul_s == pytest.approx(flops / (989e12 * MATMUL_EFFICIENCY))
+    assert single.compute_s == pytest.approx((work.micro_step_s + work.optimizer_s) * q.factors.compute_scale)
+    assert single.exposed_comm_s == single.overhead_s == 0 and single.efficiency == 1
+    _, fixed = plan(model="gpt2-124m", gpus=1, micro_batch=4, precision="bf16", strategies=["single"], mfu=0.4)
+    assert fixed["single"].time.compute_s == pytest.approx(flops / (989e12 * 0.4))  # mfu=: the old fixed rate
+    assert single.tokens_per_s == pytest.approx(4 * 1024 / single.step_s)
+    _, nvlink = plan(model="gpt2-1.5b", gpus=16, nodes=2, micro_batch=1, strategies=["ddp"])
+    _, pcie = plan(
+        model="gpt2-1.5b",
+        gpus=16,
+        nodes=2,
+        micro_batch=1,
+        strategies=["ddp"],
+        interconnect="pcie",
+        inter_node="ethernet",
+    )
+    assert pcie["ddp"].time.exposed_comm_s > nvlink["ddp"].time.exposed_comm_s > 0
+    assert pcie["ddp"].time.efficiency < nvlink["ddp"].time.efficiency < 1
+    _, bandwidth = plan(model="gpt2-1.5b", gpus=16, nodes=2, strategies=["ddp"], interconnect="300", inter_node="40")
+    assert bandwidth["ddp"].time.step_s == pytest.approx(nvlink["ddp"].time.step_s, rel=0.05)
+
+
+# ---- the recommendation --------------------------------------------------------------------------
+
+
+def test_recommendation_names_the_fastest_that_fits_and_why_the_others_lose():
+    q, plans = plan(params=7.5e9, gpus=64, nodes=8)
+    rec = recommend(list(plans.values()), q)
+    best = plans[rec.best]
+    fitting = [p for p in plans.values() if p.fits]
+    assert best.fits and best.time.tokens_per_s >= 0.98 * max(p.time.tokens_per_s for p in fitting)
+    assert rec.runner_up and rec.runner_up != rec.best
+    text = "\n".join(rec.lines)
+    assert "ddp: does not fit" in text and "What would change the answer" in text
+
+
+def test_recommendation_when_nothing_fits_says_what_would():
+    q, plans = plan(model="gpt2-1.5b", gpus=1, gpu="L4", micro_batch=8, strategies=["ddp", "fsdp", "zero3"])
+    rec = recommend(list(plans.values()), q)
+    assert rec.best is None
+    assert "Nothing fits" in rec.lines[0] and any("checkpointing" in line or "GPUs" in line for line in rec.lines)
+
+
+def test_checkpointing_that_would_let_the_faster_strategy_fit_is_suggested():
+    q, plans = plan(
+        model="gpt2-774m", gpus=8, gpu_mem_gb=24, peak_tflops=989, micro_batch=8, strategies=["ddp", "zero3"]
+    )
+    assert plans["ddp"].fits is False and plans["zero3"].fits
+    rec = recommend(list(plans.values()), q)
+    assert rec.best == "zero3"
+    assert any("ddp is faster and fits with activation checkpointing on" in line for line in rec.lines)
+
+
+# ---- model shapes ------------------------------------------------------------------------------------
+
+
+def test_hf_architecture_shape_on_the_meta_device_matches_the_real_model():
+    real = build_model("hf:LlamaConfig", LLAMA_TINY)
+    shape = shape_of_spec("hf:LlamaConfig", LLAMA_TINY)
+    assert shape.params == sum(p.numel() for p in real.parameters())
+    assert shape.dims.gated_mlp and not shape.dims.fused_qkv and shape.dims.rms_norm and shape.dims.kv_heads == 2
+    assert shape.flops_per_token(64) == real.flops_per_token(64)
+    assert len(shape.block_params()) == 2
+
+
+def test_seventy_billion_parameters_cost_no_memory():
+    shape = shape_of_spec(
+        "hf:LlamaConfig",
+        dict(
+            hidden_size=8192,
+            intermediate_size=28672,
+            num_hidden_layers=80,
+            num_attention_heads=64,
+            num_key_value_heads=8,
+            vocab_size=128256,
+        ),
+    )
+    assert 70e9 < shape.params < 71e9
+
+
+def test_described_gpt_equals_the_zoo_preset():
+    preset = shape_of_spec("gpt2-124m")
+    described = shape_of_description(params=None, layers=12, width=768, heads=12, vocab=50304, seq_len=1024)
+    assert described.params == preset.params and described.dims == preset.dims
+    guessed = shape_of_description(params=7.5e9, layers=None, width=None, heads=None, vocab=None, seq_len=1024)
+    assert guessed.params == 7.5e9 and "assumed" in guessed.note
+
+
+# ---- the command ---------------------------------------------------------------------------------------
+
+
+def test_table_names_every_registered_strategy_the_planner_models(capsys):
+    code, out, _ = run_plan_cli("model=gpt2-350m", "gpus=8", "micro_batch=2", capsys=capsys)
+    assert code == 0
+    for name in default_registry().names():
+        if name != "single":
+            assert f"\n{name} " in out
+    assert "Use " in out and "Runner-up:" in out
+
+
+def test_json_and_plots(capsys, tmp_path):
+    code, out, _ = run_plan_cli(
+        "model=gpt2-124m",
+        "gpus=4",
+        "format=json",
+        "plot=true",
+        f"out_dir={tmp_path}",
+        "strategies=[ddp,zero3]",
+        capsys=capsys,
+    )
+    assert code == 0
+    result = json.loads(out)
+    assert [s["strategy"] for s in result["strategies"]] == ["ddp", "zero3"]
+    assert result["recommendation"]["best"] in ("ddp", "zero3")
+    for path in result["plots"]:
+        assert Path(path).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["params=-1"], "params=-1.0 must be a positive"),
+        (["model=gpt2-124m", "gpus=0"], "gpus=0 must be a positive"),
+        (["model=gpt2-124m", "micro_batch=0"], "micro_batch=0 must be a positive"),
+        (["model=gpt2-124m", "layers=12", "width=64"], "either model= or a description"),
+        (["layers=0", "width=64"], "layers=0 must be a positive"),
+        (["model=gpt2-124m", "gpus=4", "batch_size=10"], "does not divide over gpus=4"),
+        (["model=gpt2-124m", "gpus=8", "nodes=3"], "does not split over nodes=3"),
+        (["model=gpt2-124m", "interconnect=carrier-pigeon"], "unknown interconnect 'carrier-pigeon'"),
+        (["model=gpt2-124m", "inter_node=-5"], "must be a positive bandwidth"),
+        (["model=gpt2-124m", "strategies=[zero9]"], "unknown strategy zero9"),
+        (["model=gpt2-124m", "gpu=Z80"], "unknown gpu 'Z80'"),
+        (["model=no-such-model"], "unknown model 'no-such-model'"),
+        (["model=hf:LlamaConfig", "model_kwargs.hiden_size=64"], "no field hiden_size"),
+        (["model=gpt2-124m", "mfu=2"], "mfu=2.0 must be in (0, 1]"),
+        (["model=gpt2-124m", "gpuz=8"], "unknown config key 'gpuz'"),
+    ],
+)
+def test_bad_input_is_a_one_line_error(capsys, args, fragment):
+    code, out, err = run_plan_cli(*args, capsys=capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("parabench: error: ") and fragment in err, err
+
+
+def test_the_compare_records_the_plans_prediction_beside_what_a_run_measured(reference_run):
+    from harness.compare.compare_cli import predicted
+
+    summary, _ = reference_run
+    prediction = predicted(Path(summary["config"]["out_dir"]))
+    assert set(prediction) >= {
+        "mem_params_bytes",
+        "mem_grads_bytes",
+        "mem_optimizer_bytes",
+        "peak_mem_allocated_bytes",
+        "tokens_per_s",
+    }
+    for key in ("mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"):
+        assert prediction[key] == pytest.approx(summary[key], rel=0.02)
+    assert prediction["peak_mem_allocated_bytes"] is None and prediction["tokens_per_s"] is None  # CPU run
+
+
+def test_plan_for_more_gpus_keeps_per_node_count():
+    q, _ = plan(model="gpt2-124m", gpus=16, nodes=2, strategies=["ddp"])
+    bigger = q.with_gpus(64)
+    assert (bigger.nodes, bigger.topology.nodes, bigger.topology.gpus) == (8, 8, 64)
+    assert replace(q, topology=Topology(16, 2, INTERCONNECTS["pcie"], q.topology.inter)).topology.link.name == "pcie"

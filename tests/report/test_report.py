@@ -1,0 +1,248 @@
+"""The compare report: figures rendered, Markdown and self-contained HTML written,
+rebuilt by `runner.py report <dir>`, and a recommendation drawn from the numbers.
+
+Built from a synthetic compare folder (no training): a GPU-shaped sweep with a
+reference, its noise run, a faster strategy whose loss differs, a sharded one, a failure
+and a skip.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import math
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from harness.compare.batch_search import FITS, OOM, Probe, Search
+from harness.compare.results import StrategyResult, assign_verdicts, load_metrics, read_results, write_results
+from harness.compare.verdict import measure_noise
+from harness.report.advice import recommend
+from harness.report.report_cli import build_report
+from tests.helpers import run_cli
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+GIB = 2**30
+
+
+def write_run(compare_dir: Path, name: str, losses: list[float]) -> None:
+    run = compare_dir / name
+    run.mkdir(parents=True)
+    rows = [{"step": i + 1, "loss": loss} for i, loss in enumerate(losses)]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def make_compare_dir(compare_dir: Path, device_type: str) -> list[StrategyResult]:
+    base = [4.0 * math.exp(-0.1 * step) + 1.0 for step in range(20)]
+    write_run(compare_dir, "single", base)
+    write_run(compare_dir, "ddp", [v * (1 + 3e-7) for v in base])
+    write_run(compare_dir, "zero3", [v * (1 + 1e-7) for v in base])
+    write_run(compare_dir, "fast-but-wrong", [v * (1 + 0.02 * (i >= 12)) for i, v in enumerate(base)])
+    write_run(compare_dir, "noise/1", [v * (1 + 2e-7 * (-1) ** i) for i, v in enumerate(base)])
+    on_gpu = device_type == "cuda"
+
+    def ran(name, nproc, tokens, params, grads, optim, peak, prediction=None):
+        return StrategyResult(
+            name=name,
+            nproc=nproc,
+            run_dir=name,
+            steps_done=20,
+            final_loss=1.5,
+            tokens_per_s=tokens,
+            step_time_s=4096 / tokens,
+            mfu=0.3 if on_gpu else None,
+            mem_params_bytes=params,
+            mem_grads_bytes=grads,
+            mem_optimizer_bytes=optim,
+            peak_mem_allocated_bytes=peak if on_gpu else None,
+            peak_mem_reserved_bytes=int(peak * 1.1) if on_gpu else None,
+            prediction=prediction,
+        )
+
+    results = [
+        ran("single", 1, 40_000, 1 * GIB, 1 * GIB, 2 * GIB, 6 * GIB),
+        ran(
+            "ddp",
+            2,
+            70_000,
+            1 * GIB,
+            1 * GIB,
+            2 * GIB,
+            6 * GIB,
+            prediction={"mem_params_bytes": 1.1 * GIB, "tokens_per_s": 63_000},
+        ),
+        ran("zero3", 2, 50_000, GIB // 2, GIB // 2, 1 * GIB, 3 * GIB),
+        ran("fast-but-wrong", 2, 90_000, 1 * GIB, 1 * GIB, 2 * GIB, 6 * GIB),
+        StrategyResult(
+            name="broken",
+            nproc=2,
+            run_dir="broken",
+            status="failed",
+            error_kind="oom",
+            error="torch.OutOfMemoryError: CUDA out of memory",
+            log_tail=["Traceback (most recent call last):", "torch.OutOfMemoryError: CUDA out of memory"],
+        ),
+        StrategyResult(name="needs-gpu", status="skipped", error="unsupported on cpu: needs CUDA"),
+    ]
+    # ddp at 2 ranks: a process per probe; the prediction one too high.
+    searched = Search(
+        "ddp",
+        2,
+        8,
+        120.0,
+        in_process=False,
+        note="2 ranks: each probe is a job of its own",
+        predicted=49,
+        start=49,
+        jobs=2,
+        wall_time_s=41.0,
+        probes=[Probe(49, OOM, True, 20.0), Probe(48, FITS, True, 21.0, 81_000, 70 * GIB)],
+    )
+    band = measure_noise(load_metrics(compare_dir / "single"), [load_metrics(compare_dir / "noise" / "1")])
+    reference = assign_verdicts(results, compare_dir, precision="fp32", tolerance=1e-4, band=band)
+    env = {
+        "device": "NVIDIA H100 80GB HBM3" if on_gpu else "cpu",
+        "devices": 2,
+        "world_size": 2,
+        "host": "test",
+        "versions": {"torch": "2.13.0", "deepspeed": "0.19.8", "accelerate": None, "python": "3.11"},
+    }
+    facts = {
+        "command": "python runner.py compare",
+        "config": {"batch_size": 16, "seq_len": 64, "steps": 20},
+        "precision": "fp32",
+        "tolerance": 1e-4,
+        "reference": reference,
+        "device_type": device_type,
+        "nproc": 2,
+        "loss_floor": 1.0,
+        "model": {"name": "gpt-nano", "num_params": 110_000},
+        "environment": env,
+        "wall_time_s": 12.0,
+        "started_at": "2026-01-01T00:00:00+00:00",
+        "interrupted": False,
+        "noise": {
+            "reference": "single",
+            "skipped": None,
+            "band": band.as_dict(),
+            "runs": [{"seed": 1, "run_dir": "noise/1", "status": "ok", "wall_time_s": 3.0}],
+        },
+        "batch_search": {
+            "results": [searched.as_result()],
+            "wall_time_s": 95.0,
+            "predicted_within": 0.95,
+            "interrupted": None,
+        },
+    }
+    write_results(compare_dir, facts, results)
+    return results
+
+
+class ImageCollector(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.headings: list[str] = []
+        self._in_heading = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+        self._in_heading = tag in ("h1", "h2")
+
+    def handle_data(self, data):
+        if self._in_heading:
+            self.headings.append(data)
+
+    def handle_endtag(self, tag):
+        self._in_heading = False
+
+
+@pytest.fixture(scope="module")
+def gpu_report(tmp_path_factory):
+    compare_dir = tmp_path_factory.mktemp("gpu_compare")
+    make_compare_dir(compare_dir, "cuda")
+    md_path, html_path = build_report(compare_dir)
+    return compare_dir, md_path.read_text(), html_path.read_text()
+
+
+def test_figures_are_rendered_and_embedded(gpu_report):
+    compare_dir, markdown, page = gpu_report
+    pngs = sorted((compare_dir / "figures").glob("*.png"))
+    assert {p.stem for p in pngs} == {"loss", "loss_vs_reference", "memory", "throughput", "memory_vs_throughput"}
+    for png in pngs:
+        data = png.read_bytes()
+        assert data.startswith(PNG_SIGNATURE) and len(data) > 5_000, png
+        assert f"(figures/{png.name})" in markdown
+    parser = ImageCollector()
+    parser.feed(page)
+    parser.close()
+    assert len(parser.images) == len(pngs)
+    embedded = sorted(base64.b64decode(src.split(",", 1)[1]) for src in parser.images)
+    assert all(src.startswith("data:image/png;base64,") for src in parser.images)
+    assert embedded == sorted(p.read_bytes() for p in pngs)  # every figure, inline, byte for byte
+    assert "Recommendation" in parser.headings[-1] and "Environment" in parser.headings
+
+
+def test_summary_table_verdicts_and_failures(gpu_report):
+    _, markdown, _ = gpu_report
+    summary = markdown.split("## Summary")[1].split("##")[0]
+    # Fastest first.
+    assert (
+        summary.index("`fast-but-wrong`")
+        < summary.index("`ddp`")
+        < summary.index("`zero3`")
+        < summary.index("`single`")
+    )
+    assert "differs from step 13: up to 2.0e-02 relative" in summary and "set by the fp32 floor" in summary
+    assert summary.count("matches (max rel. diff") == 2
+    # How the verdicts were judged, with the noise the compare measured.
+    assert "`single` ran again 1 time with every gradient nudged by up to one rounding step of fp32" in summary
+    assert "strayed from itself by up to 2.0e-07" in summary
+    problems = markdown.split("## Failed and skipped strategies")[1].split("## ")[0]
+    assert "`broken`" in problems and "oom" in problems and "needs CUDA" in problems
+    assert "torch.OutOfMemoryError" in problems  # its log tail
+    predicted = markdown.split("## Predicted against measured")[1].split("## ")[0]
+    assert "| `ddp` | 1.1 GiB / 1 GiB (+10.0%) | 63,000 / 70,000 (-10.0%) |" in predicted
+    assert "`zero3`" not in predicted  # no prediction: no row
+    searched = markdown.split("## Largest micro-batch per strategy")[1].split("## ")[0]
+    assert "| `ddp` | 49 | 48 | 49 ✗ | [49 ✗] [48 ✓] | 81,000 | 70 GiB | 41 s | 2 ranks" in searched
+    assert "The whole search took 95 s." in searched
+    for version in ("2.13.0", "0.19.8", "not installed"):
+        assert version in markdown.split("## Environment")[1]
+
+
+def test_recommendation_is_drawn_from_the_measurements(tmp_path):
+    results = make_compare_dir(tmp_path, "cuda")
+    advice = " ".join(recommend(results, "single", "cuda"))
+    # The fastest overall differs: the advice names the fastest that matches instead.
+    assert "Fastest that matches the reference: `ddp`" in advice
+    assert f"{70_000 / 50_000:.2f}x the next, `zero3`" in advice
+    assert "Least memory per rank: `zero3`" in advice and "3 GiB" in advice
+    assert "Avoid `fast-but-wrong`" in advice and "Avoid `broken`" in advice and "out of memory" in advice
+    assert "`needs-gpu`" in advice
+    assert f"`single` (by `ddp`, {70_000 / 40_000:.1f}x faster)" in advice  # beaten on speed, no less memory
+    cpu_advice = recommend(results, "single", "cpu")
+    assert any("CPU processes" in line for line in cpu_advice)
+    assert any("Least memory per rank: `zero3`" in line and "model-state" in line for line in cpu_advice)
+
+
+def test_cpu_report_says_peak_memory_is_unknown(tmp_path):
+    make_compare_dir(tmp_path, "cpu")
+    md_path, _ = build_report(tmp_path)
+    markdown = md_path.read_text()
+    assert "Peak memory is not measured on CPU" in markdown and "n/a (CPU)" in markdown
+
+
+def test_report_cli_rebuilds_and_refuses_a_folder_without_results(tmp_path):
+    make_compare_dir(tmp_path / "sweep", "cuda")
+    proc = run_cli(["report", str(tmp_path / "sweep")], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "sweep" / "report.html").stat().st_size > 50_000
+    doc, results = read_results(tmp_path / "sweep")
+    assert doc["reference"] == "single" and len(results) == 6
+    (tmp_path / "empty").mkdir()
+    proc = run_cli(["report", str(tmp_path / "empty")], timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no results.json" in proc.stderr

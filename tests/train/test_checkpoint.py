@@ -1,0 +1,390 @@
+"""Checkpoints: atomic writes, verification, fallback, rotation, export, and crossing strategies.
+
+The manager's rules are checked in-process on checkpoints of a one-step `single` run
+(no process group needed at world size 1); what a user sees (exports that load strictly,
+resuming under another strategy, a damaged checkpoint skipped, one-line errors) runs
+the CLI on gpt-nano, ranks on CPU/gloo.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import runner
+from harness.common.testing_hooks import FAULT_ENV
+from harness.train import rng
+from harness.train.checkpoint import CheckpointError, CheckpointManager, Manifest, check_fits, param_shapes, verify
+from harness.train.optimizer import adamw_factory
+from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
+from models.zoo import build_model
+from strategies.base import RunContext
+from strategies.single import SingleDeviceStrategy
+from tests.helpers import NANO, env_for_tests, run_cli
+
+STRATEGIES = ("single", "ddp", "fsdp")
+RUN_ARGS = [*NANO, "steps=20", "checkpoint_every=10"]
+# Live losses average the ranks' halves of the batch, a check on one process takes the
+# whole batch at once: the same weights, summed in another order (~1 ulp apart).
+SUM_ORDER_RTOL = 1e-6
+
+
+def launch(
+    strategy: str,
+    out_dir: Path,
+    *extra: str,
+    fault: str | None = None,
+    restarts: int | None = None,
+    timeout: float = 240,
+) -> subprocess.CompletedProcess:
+    """Train as a user would: `single` as one process, the others under torchrun with 2 ranks
+    (with `restarts`, under torchrun whatever the strategy)."""
+    env = env_for_tests(**({FAULT_ENV: fault} if fault else {}))
+    args = ["train", f"strategy={strategy}", f"out_dir={out_dir}", *RUN_ARGS, *extra]
+    if strategy == "single" and restarts is None:
+        return run_cli(args, env=env, timeout=timeout)
+    nproc = 1 if strategy == "single" else 2
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+    if restarts is not None:
+        torchrun.append(f"--max-restarts={restarts}")
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see harness.train.distributed.restart_hazard
+    return run_cli(args, env=env, timeout=timeout, prefix=torchrun)
+
+
+def log(proc: subprocess.CompletedProcess) -> str:
+    return f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def losses(out_dir: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"a step is logged twice: {steps}"
+    return {r["step"]: r["loss"] for r in rows}
+
+
+@functools.cache
+def straight_run(strategy: str, base: Path) -> Path:
+    """20 uninterrupted steps, checkpoints at 10 and 20: the curve every resume must reproduce
+    (trained once per session, shared with test_faults)."""
+    out = base / f"straight-{strategy}"
+    proc = launch(strategy, out)
+    assert proc.returncode == 0, log(proc)
+    return out
+
+
+@pytest.fixture(scope="module", params=STRATEGIES)
+def straight(request, tmp_path_factory) -> tuple[str, Path]:
+    return request.param, straight_run(request.param, tmp_path_factory.getbasetemp())
+
+
+# ---- the manager's rules, in-process ------------------------------------------------------
+
+
+def _trained_single() -> tuple[SingleDeviceStrategy, dict]:
+    torch.manual_seed(0)
+    model = build_model("gpt-nano")
+    shapes = param_shapes(model)
+    ctx = RunContext(
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        device=torch.device("cpu"),
+        precision="fp32",
+        micro_batch=2,
+        grad_accum=1,
+        grad_clip=1.0,
+    )
+    strategy = SingleDeviceStrategy(ctx)
+    strategy.name = "single"
+    strategy.setup(model, adamw_factory(1e-3, (0.9, 0.95), 0.1))
+    tokens = torch.randint(0, 128, (2, 9))
+    model(tokens[:, :-1], tokens[:, 1:]).backward()
+    strategy.step()
+    return strategy, shapes
+
+
+CONFIG = {"model": "gpt-nano", "model_kwargs": {}, "lr": 1e-3}
+
+
+@pytest.fixture
+def three_checkpoints(tmp_path) -> tuple[CheckpointManager, SingleDeviceStrategy, dict, list[str]]:
+    """Checkpoints at steps 1, 2 and 3 under keep_last=2: step_1 rotated away."""
+    strategy, shapes = _trained_single()
+    messages: list[str] = []
+    manager = CheckpointManager(tmp_path / "checkpoints", rank=0, world_size=1, keep_last=2, printer=messages.append)
+    for step in (1, 2, 3):
+        manager.save(step, strategy, CONFIG, shapes)
+    return manager, strategy, shapes, messages
+
+
+def test_checkpoints_are_complete_verified_and_rotated(three_checkpoints):
+    manager, _, _, _ = three_checkpoints
+    assert sorted(p.name for p in manager.root.iterdir()) == ["step_2", "step_3"]  # no partial leftovers
+    manifest = verify(manager.root / "step_3")
+    assert (manifest.step, manifest.strategy, manifest.checkpoint_format, manifest.world_size) == (
+        3,
+        "single",
+        "torch",
+        1,
+    )
+    assert set(manifest.files) == {"state/model.pt", "state/optimizer.pt", "rng/rank_0.pt"}
+    saved = torch.load(manager.root / "step_3" / "state" / "model.pt", weights_only=True)
+    assert set(saved) == set(build_model("gpt-nano").state_dict())  # plain names, every key
+
+
+def _truncate(ckpt: Path) -> None:
+    file = ckpt / "state" / "model.pt"
+    file.write_bytes(file.read_bytes()[:100])
+
+
+def _wrong_checksum(ckpt: Path) -> None:
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"]["state/optimizer.pt"]["sha256"] = "0" * 64
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _unlisted_file(ckpt: Path) -> None:
+    (ckpt / "state" / "stray.pt").write_bytes(b"not in the manifest")
+
+
+def _no_manifest(ckpt: Path) -> None:
+    (ckpt / "manifest.json").unlink()
+
+
+@pytest.mark.parametrize("damage", [_truncate, _wrong_checksum, _unlisted_file, _no_manifest])
+def test_auto_resume_sets_a_damaged_checkpoint_aside_and_uses_the_previous(three_checkpoints, damage):
+    manager, _, _, messages = three_checkpoints
+    newest = manager.root / "step_3"
+    damage(newest)
+    damaged_bytes = {p.name: p.read_bytes() for p in newest.rglob("*") if p.is_file()}
+    path, manifest = manager.find("auto", will_write=True)
+    assert (path.name, manifest.step) == ("step_2", 2)
+    assert len(messages) == 1 and "\n" not in messages[0] and "step_3" in messages[0], messages
+    aside = manager.root / "step_3.damaged"
+    assert {p.name: p.read_bytes() for p in aside.rglob("*") if p.is_file()} == damaged_bytes  # kept, not lost
+
+
+def test_a_named_damaged_checkpoint_is_an_error_not_a_fallback(three_checkpoints):
+    manager, _, _, _ = three_checkpoints
+    _truncate(manager.root / "step_3")
+    with pytest.raises(CheckpointError, match="step_3 is damaged: state/model.pt is 100 bytes") as err:
+        manager.find(str(manager.root / "step_3"), will_write=True)
+    assert "\n" not in str(err.value)
+    assert (manager.root / "step_3").is_dir()
+
+
+def test_no_intact_checkpoint_is_an_error_not_a_fresh_start(three_checkpoints):
+    manager, _, _, _ = three_checkpoints
+    _truncate(manager.root / "step_3")
+    _wrong_checksum(manager.root / "step_2")
+    with pytest.raises(CheckpointError, match="no intact checkpoint"):
+        manager.find("auto", will_write=True)
+    assert sorted(p.name for p in manager.root.iterdir()) == ["step_2", "step_3"]
+
+
+def test_a_fresh_run_will_not_write_over_an_earlier_runs_checkpoints(three_checkpoints):
+    manager, _, _, _ = three_checkpoints
+    with pytest.raises(CheckpointError, match="resume=auto"):
+        manager.find(None, will_write=True)
+    assert manager.find(None, will_write=False) is None
+
+
+def test_resuming_an_earlier_step_sets_the_later_ones_aside(three_checkpoints):
+    manager, strategy, shapes, _ = three_checkpoints
+    path, _ = manager.find(str(manager.root / "step_2"), will_write=True)
+    assert path.name == "step_2"
+    assert sorted(p.name for p in manager.root.iterdir()) == ["step_2", "step_3.superseded"]
+    manager.save(3, strategy, CONFIG, shapes)  # the redone step 3 has its name free
+    verify(manager.root / "step_3")
+
+
+def test_a_partial_checkpoint_is_never_used_and_is_cleared(three_checkpoints):
+    manager, _, _, _ = three_checkpoints
+    partial = manager.root / ".tmp-step_4"
+    (partial / "state").mkdir(parents=True)
+    (partial / "state" / "model.pt").write_bytes(b"half")
+    path, _ = manager.find("auto", will_write=True)
+    assert path.name == "step_3" and not partial.exists()
+
+
+def test_restore_brings_back_model_optimizer_and_generators(three_checkpoints):
+    manager, strategy, shapes, _ = three_checkpoints
+    path, manifest = manager.find("auto", will_write=True)
+    saved_weights = {k: v.clone() for k, v in strategy.model.state_dict().items()}
+    saved_moments = [s["exp_avg"].clone() for s in strategy.optimizer.state.values()]
+    rng.load(path / "rng" / "rank_0.pt")
+    expected_draw = torch.rand(3)  # the first draw after the checkpoint
+    tokens = torch.randint(0, 128, (2, 9))
+    strategy.model(tokens[:, :-1], tokens[:, 1:]).backward()
+    strategy.step()  # move weights, moments and generators away from the checkpoint
+    assert not torch.equal(torch.rand(3), expected_draw)
+    manager.restore(path, manifest, strategy, shapes, bare_model=lambda: build_model("gpt-nano"), config=CONFIG)
+    assert torch.equal(torch.rand(3), expected_draw)
+    for name, value in strategy.model.state_dict().items():
+        assert torch.equal(value, saved_weights[name]), name
+    moments = zip(strategy.optimizer.state.values(), saved_moments, strict=True)
+    assert all(torch.equal(s["exp_avg"], m) for s, m in moments)
+
+
+def test_a_checkpoint_of_another_model_shape_is_refused(three_checkpoints):
+    manager, _, _, _ = three_checkpoints
+    manifest = verify(manager.root / "step_3")
+    with pytest.raises(CheckpointError, match=r"wte.weight of shape \[128, 64\].*model=gpt-nano") as err:
+        check_fits(manifest, param_shapes(build_model("gpt-nano", {"n_embd": 32})), manager.root / "step_3")
+    assert "\n" not in str(err.value)
+
+
+def test_a_world_size_change_is_refused_where_the_backend_cannot_reshard(three_checkpoints):
+    manager, strategy, shapes, _ = three_checkpoints
+
+    class NoReshard(SingleDeviceStrategy):
+        checkpoint_reshards = False
+
+    fixed = NoReshard(strategy.ctx)
+    fixed.name = "no-reshard"
+    fixed.setup(build_model("gpt-nano"), adamw_factory(1e-3, (0.9, 0.95), 0.1))
+    path = manager.root / "step_3"
+    four_ranks = CheckpointManager(manager.root, rank=0, world_size=4, keep_last=2)
+    with pytest.raises(
+        CheckpointError, match="saved by 1 ranks and no-reshard cannot reshard it to 4: resume with nproc=1"
+    ):
+        four_ranks.restore(path, verify(path), fixed, shapes, bare_model=lambda: build_model("gpt-nano"), config=CONFIG)
+    verify(path)  # untouched
+
+
+_WRONG_FIELDS = {
+    "step": 1,
+    "strategy": "single",
+    "checkpoint_format": "torch",
+    "world_size": 1,
+    "config": {},
+    "param_shapes": {},
+    "files": ["state/model.pt"],
+    "format_version": 1,
+}
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("{not json", "manifest.json is unreadable"),
+        (json.dumps({**_WRONG_FIELDS, "format_version": 99}), "not a version-1 parabench manifest"),
+        (json.dumps({**_WRONG_FIELDS, "extra": 1}), "does not have the fields of a manifest"),
+        (json.dumps(_WRONG_FIELDS), "does not list its files"),
+    ],
+)
+def test_a_malformed_manifest_is_reported_in_one_line(tmp_path, text, message):
+    (tmp_path / "step_1").mkdir()
+    (tmp_path / "step_1" / "manifest.json").write_text(text)
+    with pytest.raises(CheckpointError, match=message) as err:
+        Manifest.read(tmp_path / "step_1")
+    assert "\n" not in str(err.value)
+
+
+# ---- export --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["only-one-arg"], "export takes a checkpoint and an output file"),
+        (["{ckpt}", "{tmp}/out.bin"], "should end in .safetensors"),
+        (["{ckpt}", "{tmp}/exists.safetensors"], "already exists"),
+        (["{tmp}/nowhere", "{tmp}/out.safetensors"], "does not exist"),
+        (["{damaged}", "{tmp}/out.safetensors"], "is damaged"),
+    ],
+)
+def test_export_errors_are_one_line(three_checkpoints, tmp_path, capsys, args, message):
+    manager, _, _, _ = three_checkpoints
+    (tmp_path / "exists.safetensors").write_bytes(b"precious")
+    _truncate(manager.root / "step_2")
+    names = {"ckpt": manager.root / "step_3", "damaged": manager.root / "step_2", "tmp": tmp_path}
+    assert runner.main(["export", *(a.format(**names) for a in args)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err, err
+    assert (tmp_path / "exists.safetensors").read_bytes() == b"precious"
+
+
+def test_a_strategy_without_checkpoints_is_refused_up_front(three_checkpoints):
+    from configs.schema import RunConfig
+    from harness.train.loop import _find_checkpoint
+
+    manager, strategy, _, _ = three_checkpoints
+
+    class NoCheckpoints(SingleDeviceStrategy):
+        checkpoint_format = ""
+
+    with pytest.raises(ValueError, match="cannot save or load checkpoints yet"):
+        _find_checkpoint(RunConfig(strategy="x", checkpoint_every=5), NoCheckpoints(strategy.ctx), manager)
+
+
+# ---- end to end: export, other strategies, a damaged checkpoint ------------------------------
+
+
+def _loss_on_step(weights: dict[str, torch.Tensor], step_index: int) -> float:
+    """The bare model's loss on the global batch of `step_index` (0-based), as training saw it."""
+    data = load_data("markov", vocab_size=128, seq_len=32, num_samples=256, seed=1337)
+    rows = data.batch(GlobalBatchSchedule(len(data), 8, 1337).global_indices(step_index))
+    model = build_model("gpt-nano")
+    model.load_state_dict(weights, strict=True)
+    with torch.no_grad():
+        return model(*split_inputs_targets(rows)).item()
+
+
+def test_export_loads_strictly_and_gives_the_live_models_loss(straight, tmp_path):
+    strategy, out = straight
+    target = tmp_path / f"{strategy}.safetensors"
+    assert runner.main(["export", str(out / "checkpoints" / "step_10"), str(target)]) == 0
+    weights = load_file(target)
+    assert all(t.dtype == torch.float32 for t in weights.values())
+    # Step 11's batch is held out from the step-10 weights; training logged their loss on it.
+    live = losses(out)[11]
+    assert _loss_on_step(weights, 10) == pytest.approx(live, rel=SUM_ORDER_RTOL)
+
+
+def test_a_checkpoint_continues_under_another_strategy(tmp_path_factory, tmp_path):
+    base = tmp_path_factory.getbasetemp()
+    ddp, fsdp = straight_run("ddp", base), straight_run("fsdp", base)
+    # Same format (torch), 2 ranks -> 1: model and optimizer carry over, the curve continues.
+    proc = launch("single", tmp_path / "from-ddp", f"resume={ddp / 'checkpoints' / 'step_10'}")
+    assert proc.returncode == 0, log(proc)
+    assert "model and optimizer state" in proc.stdout
+    continued, reference = losses(tmp_path / "from-ddp"), losses(ddp)
+    assert sorted(continued) == list(range(11, 21))
+    for step, loss in continued.items():
+        assert loss == pytest.approx(reference[step], rel=SUM_ORDER_RTOL), step
+    # Another format (dcp): the weights carry over, the optimizer starts afresh, and says so.
+    proc = launch("single", tmp_path / "from-fsdp", f"resume={fsdp / 'checkpoints' / 'step_10'}")
+    assert proc.returncode == 0, log(proc)
+    assert "weights only" in proc.stdout and "optimizer starts afresh" in proc.stdout
+    assert losses(tmp_path / "from-fsdp")[11] == pytest.approx(losses(fsdp)[11], rel=SUM_ORDER_RTOL)
+
+
+def test_a_damaged_newest_checkpoint_falls_back_and_loses_nothing(tmp_path_factory, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(straight_run("single", tmp_path_factory.getbasetemp()), out)
+    reference = losses(out)
+    _truncate(out / "checkpoints" / "step_20")
+    proc = launch("single", out, "resume=auto")
+    assert proc.returncode == 0, log(proc)
+    warnings = [line for line in proc.stdout.splitlines() if "warning" in line]
+    assert len(warnings) == 1 and "step_20 is damaged" in warnings[0] and "resuming from step_10" in warnings[0]
+    assert losses(out) == reference  # steps 11-20 redone, bit for bit
+    assert (out / "checkpoints" / "step_20.damaged" / "state" / "model.pt").stat().st_size == 100
+    verify(out / "checkpoints" / "step_20")
+
+
+def test_a_checkpoint_of_another_model_is_a_one_line_error(tmp_path_factory, tmp_path):
+    source = straight_run("single", tmp_path_factory.getbasetemp()) / "checkpoints" / "step_10"
+    proc = launch("single", tmp_path / "other", f"resume={source}", "model_kwargs={n_embd: 32}")
+    assert proc.returncode == 2, log(proc)
+    assert proc.stderr.count("\n") == 1 and "of shape [128, 64], this model's is [128, 32]" in proc.stderr, proc.stderr
+    verify(source)
