@@ -6,7 +6,9 @@ keeps a record of the job's descendants (from /proc, refreshed while it polls) a
 timeout or Ctrl-C stops all of them (SIGTERM, then SIGKILL after a grace period);
 stragglers are killed even after a clean exit. While a job runs the supervisor is a
 child subreaper (Linux): a worker forked just as its launcher died is adopted by the
-supervisor rather than by init, so it is found and stopped too. A failure is classified from
+supervisor rather than by init, so it is found and stopped too. Should the supervisor itself
+die (SIGKILL, which it cannot catch), the job's leader gets SIGTERM from the kernel (a parent-death
+signal), and torchrun stops its workers as it does on any SIGTERM. A failure is classified from
 the exit status and the log as one of FAILURE_KINDS, with a one-line message and the log's last lines.
 """
 
@@ -26,7 +28,8 @@ from typing import Callable, Iterator
 
 FAILURE_KINDS = ("oom", "crash", "signal", "timeout", "interrupted")
 LOG_TAIL_LINES = 40
-INTERRUPTED = "stopped by Ctrl-C (or SIGTERM to compare)"
+GRACE_S = 5.0  # from SIGTERM to SIGKILL for the job's processes
+INTERRUPTED = "stopped by Ctrl-C (or SIGTERM or SIGHUP to compare)"
 
 # Device out-of-memory as PyTorch, the CUDA caching allocator, cuBLAS/cuDNN and DeepSpeed word it.
 _OOM = re.compile(
@@ -66,9 +69,12 @@ def run_job(
     env: dict[str, str] | None = None,
     on_poll: Callable[[], None] | None = None,
     poll_interval_s: float = 0.5,
-    grace_s: float = 5.0,
+    grace_s: float = GRACE_S,
+    pass_fds: tuple[int, ...] = (),
+    append_log: bool = False,
 ) -> JobOutcome:
-    """Run `cmd` with stdout and stderr into `log_path`; never raises for the job's own failure.
+    """Run `cmd` with stdout and stderr into `log_path` (after what it holds, with `append_log`);
+    never raises for the job's own failure. `pass_fds` are inherited by the job's leader.
 
     Ctrl-C (KeyboardInterrupt) while it runs stops the job and returns kind "interrupted".
     """
@@ -76,11 +82,18 @@ def run_job(
     started = time.monotonic()
     own_children = _children_of(os.getpid())  # there before the job: not the job's
     with _adopting_orphans() as adopting:
-        with log_path.open("wb") as log:
+        with log_path.open("ab" if append_log else "wb") as log:
             log.write(f"$ {shlex.join(cmd)}\n".encode())  # the log says how to run the job again
             log.flush()
             proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+                cmd,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                pass_fds=pass_fds,
+                preexec_fn=_stopped_with(os.getpid()),
             )
         stopped_for: str | None = None
         tree = ProcessTree(proc.pid, adopted_by=os.getpid() if adopting else None, not_the_job=own_children)
@@ -102,6 +115,26 @@ def run_job(
     tail = _without_launcher_traceback(text.splitlines())[-LOG_TAIL_LINES:]
     kind, message = classify(proc.returncode, text, stopped_for, timeout_s)
     return JobOutcome(proc.returncode, kind, message, tail, wall)
+
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _stopped_with(supervisor: int) -> Callable[[], None] | None:
+    """For the job's child process before it runs the job: SIGTERM it when `supervisor` dies.
+    The job lives in a session of its own, so nothing else would stop it; torchrun answers
+    SIGTERM by stopping its workers. None where prctl is missing (not Linux)."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_parent_death_signal() -> None:
+        prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != supervisor:  # the supervisor died before the signal was set
+            os._exit(128 + signal.SIGTERM)
+
+    return set_parent_death_signal
 
 
 def _exited(pid: int) -> bool:
