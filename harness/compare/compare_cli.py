@@ -3,31 +3,36 @@ strategy, one launcher job after another, then results.json and the report.
 
 Every strategy is its own job in its own session (harness.compare.supervise), so a crash,
 an out-of-memory error, a signal or a hang is one strategy's result and the sweep
-goes on; Ctrl-C (or SIGTERM) stops the running job, skips the rest and still
-writes the report for what finished. `single` runs in one process with the same
-global batch: it is the reference the others' loss curves are held to.
+goes on; Ctrl-C, SIGTERM or SIGHUP (harness.compare.stop_signals) stops the running job, skips
+the rest and still writes the report for what finished. `single` runs in one process with the
+same global batch: it is the reference the others' loss curves are held to.
+
+What the sweep learns is on the disk as it comes: compare.json (the plan) when it starts, each
+run's run.json in its folder, and results.json rewritten after every run, so a compare killed by
+anything leaves what finished readable, and `resume=auto` (harness.compare.resume) picks up
+where it stopped.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import os
 import platform
 import shlex
 import shutil
-import signal
 import sys
 import time
+import uuid
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
 from configs.schema import ConfigError, RunConfig, to_dict
 from harness.compare import batch_search, slurm
+from harness.compare.collect import collect
 from harness.compare.compare_config import (
     CompareConfig,
     check_own_options,
@@ -36,22 +41,23 @@ from harness.compare.compare_config import (
     own_options,
     train_options,
 )
+from harness.compare.identity import run_identity
+from harness.compare.out_dir_lock import OutDirLock
 from harness.compare.progress import SweepProgress
-from harness.compare.results import (
-    StrategyResult,
-    assign_verdicts,
-    from_run,
-    load_metrics,
-    pick_reference,
-    write_results,
-)
-from harness.compare.supervise import INTERRUPTED, JobOutcome, run_job
-from harness.compare.verdict import NoiseBand, measure_noise
-from harness.train import RUNNER, preflight, torchrun_command, worker_env
+from harness.compare.results import StrategyResult, write_results
+from harness.compare.resume import CHECKPOINT_DIR, CONTINUE, KEEP, PlannedRun, decide
+from harness.compare.run_record import RUN_RECORD, RunRecord
+from harness.compare.stop_signals import StopSignals
+from harness.compare.supervise import JobOutcome, run_job
+from harness.compare.sweep_plan import PlannedStrategy, SweepPlan, noise_dir
+from harness.train import RUNNER, library_versions, preflight, torchrun_command, worker_env
 from strategies.registry import StrategyRegistry, default_registry
 
 REFERENCE = "single"
-STALE_RUN_FILES = ("metrics.jsonl", "summary.json", "log.txt")
+# What a run writes into its folder, removed before it runs afresh (a run continued from its
+# checkpoint keeps its metrics, which `train` cuts back to the checkpoint's step, and its log).
+STALE_RUN_FILES = ("metrics.jsonl", "summary.json", "log.txt", RUN_RECORD)
+STALE_RUN_DIRS = (CHECKPOINT_DIR, "profile")
 
 
 def main(args: list[str]) -> int:
@@ -73,67 +79,87 @@ def main(args: list[str]) -> int:
     out.mkdir(parents=True, exist_ok=True)
     # The reference runs again with rounding noise right after it finishes: the verdicts' yardstick.
     intended_reference = REFERENCE if REFERENCE in runnable else next(iter(runnable), None)
-    noise = NoiseRuns(cfg.noise_runs if intended_reference else 0, intended_reference)
-    sweep = Sweep(cfg, shared, out, nproc, SweepProgress(noise.listed_after_reference(names), cfg.steps), device_type)
+    noise_count = cfg.noise_runs if intended_reference else 0
+    labels = _listed_with_noise(names, intended_reference, noise_count)
+    sweep = Sweep(cfg, shared, out, nproc, SweepProgress(labels, cfg.steps), device_type)
     if cfg.dry_run:
         return _print_slurm_scripts(sweep, runnable)
+    lock = OutDirLock(out)
+    lock.acquire(on_wait=lambda: print(f"waiting for the last job of the compare stopped in {out} to end"))
+    sweep.lock_fd = lock.fd
+
+    versions = library_versions()
+    runs = {name: sweep.planned_run(name, versions) for name in runnable}
+    noise = [sweep.planned_run(intended_reference, versions, seed) for seed in range(1, noise_count + 1)]
+    decisions = decide([*runs.values(), *noise], cfg.resume, out)  # refuses another configuration's runs
     started = time.time()
+    plan = SweepPlan(
+        sweep_id=uuid.uuid4().hex[:12],
+        command=shlex.join(["python", "runner.py", "compare", *args]),
+        started_at=datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
+        started_unix=started,
+        config={**to_dict(cfg), "strategies": names},  # as resolved, defaults included
+        precision=cfg.precision,
+        tolerance=cfg.tolerance(),  # the rule when there is no noise band (noise_runs=0)
+        device_type=device_type,
+        nproc=nproc,
+        host=f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores",
+        versions=versions,
+        strategies=[PlannedStrategy(name, registry.get(name).description, reason) for name, reason in planned],
+        noise_reference=intended_reference,
+        noise_runs=noise_count,
+        kept=[label for label, decision in decisions.items() if decision == KEEP],
+    )
+    sweep.start(plan, decisions)
+    kept, continued = plan.kept, [label for label, decision in decisions.items() if decision == CONTINUE]
     print(
         f"parabench compare | {cfg.model} | {cfg.precision} | {nproc} x {device_type} | global batch "
         f"{cfg.batch_size} | {cfg.steps} steps | {len(runnable)} of {len(names)} strategies to run"
-        + (f" + {noise.count} noise runs of {intended_reference}" if noise.count else "")
+        + (f" + {noise_count} noise runs of {intended_reference}" if noise_count else "")
+        + (f" | resume=auto: {len(kept)} kept, {len(continued)} to continue" if cfg.resume == "auto" else "")
         + f" | {out}"
     )
 
-    results: list[StrategyResult] = []
     interrupted = False
     searched: dict | None = None
-    with _stop_signals_interrupt():
-        for name, reason in planned:
-            description = registry.get(name).description
-            if reason is not None:
-                results.append(sweep.skipped(name, description, reason))
-            elif interrupted:
-                results.append(sweep.not_run(name, description))
-            else:
-                try:
-                    result = sweep.run(name, description)
-                except KeyboardInterrupt:  # between jobs: the job itself is over already
-                    result = sweep.interrupted(name, description)
-                results.append(result)
-                interrupted = result.status == "interrupted"
-                if name == intended_reference and not interrupted:
-                    try:
-                        noise.run(sweep, result)
-                    except KeyboardInterrupt:  # the reference is done; the rest of the sweep is not run
-                        interrupted = True
+    with StopSignals(out) as stop:
+        sweep.stop = stop
+        for entry in plan.strategies:
+            if entry.skipped is not None:
+                sweep.progress.finish(entry.name, "skipped", entry.skipped)
+                continue
+            if interrupted:
+                sweep.progress.finish(entry.name, "not run", "the sweep was interrupted before it")
+                continue
+            result = sweep.run(runs[entry.name])
+            interrupted = result.status == "interrupted" or stop.requested is not None
+            if entry.name == intended_reference and not interrupted:
+                interrupted = not sweep.run_noise(noise, result) or stop.requested is not None
         if cfg.batch_search and not interrupted:
-            searched = _batch_search(cfg, sweep, results, device_type)
+            searched = _batch_search(cfg, sweep, sweep.results, device_type)
             interrupted = bool(searched.get("interrupted"))
 
-    band = noise.band(out, pick_reference(results))
-    reference = assign_verdicts(results, out, precision=cfg.precision, tolerance=cfg.tolerance(), band=band)
-    facts = _sweep_facts(cfg, args, results, device_type, nproc, reference, started, interrupted, searched)
-    facts["noise"] = noise.facts(band)
-    write_results(out, facts, results)
-    if device_type == "cuda":  # the planner's speed model fitted to what this GPU measured
-        from harness.plan import calibration_for_report
+        facts, results = sweep.publish("interrupted" if interrupted else "finished", searched)
+        if device_type == "cuda":  # the planner's speed model fitted to what this GPU measured
+            from harness.plan import calibration_for_report
 
-        facts["calibration"] = calibration_for_report(out)
-        write_results(out, facts, results)
-    from harness.report import build_report  # matplotlib is only needed once the runs are over
+            facts["calibration"] = calibration_for_report(out)
+            write_results(out, facts, results)
+        from harness.report import build_report  # matplotlib is only needed once the runs are over
 
-    md_path, html_path = build_report(out)
-    _print_summary(results, reference)
-    print(f"results: {out / 'results.json'}\nreport:  {md_path}\n         {html_path}")
-    if interrupted:
-        print("interrupted: the report covers the strategies that finished")
-        return 130
+        md_path, html_path = build_report(out)
+        _print_summary(results, facts["reference"])
+        print(f"results: {out / 'results.json'}\nreport:  {md_path}\n         {html_path}")
+        if interrupted:
+            stopped_by = stop.requested or "a stop"
+            print(f"interrupted ({stopped_by}): the report covers what finished; resume=auto continues the sweep")
+            return 130
     return 0 if any(r.ran for r in results) else 1
 
 
 class Sweep:
-    """Runs strategies as supervised launcher jobs into `<out>/<strategy>/`."""
+    """Runs strategies and noise runs as supervised launcher jobs into `<out>/<strategy>/` and
+    `<out>/noise/<seed>/`, each with its run.json, and rewrites results.json after each."""
 
     def __init__(
         self,
@@ -144,12 +170,19 @@ class Sweep:
         progress: SweepProgress,
         device_type: str = "cpu",
     ):
-        self.cfg, self.out, self.nproc, self.progress = cfg, out, nproc, progress
+        self.cfg, self.shared, self.out, self.nproc, self.progress = cfg, shared, out, nproc, progress
         self.device_type = device_type
         # One file with the shared options: every run reads the very same configuration
         # (plus, on its command line, the strategy_options section of its own strategy).
         self.train_config = out / "train_config.yaml"
-        OmegaConf.save(OmegaConf.create(shared), self.train_config)
+        self.plan: SweepPlan | None = None
+        self.decisions: dict[str, str] = {}
+        self.results: list[StrategyResult] = []  # as last written to results.json
+        self.lock_fd: int | None = None  # the out_dir's lock: every job's leader holds it too
+        self.stop: StopSignals | None = None
+
+    def write_train_config(self) -> None:
+        OmegaConf.save(OmegaConf.create(self.shared), self.train_config)
 
     def train_args(self, name: str, run_dir: Path, command: str = "train") -> list[str]:
         return [
@@ -163,6 +196,127 @@ class Sweep:
     def nproc_for(self, name: str) -> int:
         return 1 if name == REFERENCE else self.nproc
 
+    def planned_run(self, name: str, versions: dict[str, Any], noise_seed: int | None = None) -> PlannedRun:
+        """Strategy `name`'s run (or its noise run `noise_seed`), with its configuration's identity."""
+        options = {
+            **self.shared,
+            "strategy_options": {**self.shared["strategy_options"], **own_options(self.cfg, name)},
+            "strategy": name,
+            "noise_seed": noise_seed,
+        }
+        nodes = 1 if name == REFERENCE or self.cfg.launcher == "local" else self.cfg.nodes
+        identity = run_identity(
+            options, world_size=self.nproc_for(name), nodes=nodes, device_type=self.device_type, versions=versions
+        )
+        if noise_seed is None:
+            return PlannedRun(name, name, self.out / name, self.nproc_for(name), identity)
+        return PlannedRun(
+            f"{name} noise {noise_seed}",
+            name,
+            noise_dir(self.out, noise_seed),
+            self.nproc_for(name),
+            identity,
+            noise_seed=noise_seed,
+        )
+
+    def start(self, plan: SweepPlan, decisions: dict[str, str]) -> None:
+        """Write the plan, the shared options and results.json (every run to come not run yet)."""
+        self.plan, self.decisions = plan, decisions
+        self.write_train_config()
+        plan.write(self.out)
+        self.publish("running")
+
+    def publish(self, state: str, searched: dict | None = None) -> tuple[dict[str, Any], list[StrategyResult]]:
+        """Rewrite results.json from what the run folders hold now."""
+        assert self.plan is not None
+        facts, self.results = collect(self.out, self.plan, state)
+        facts["wall_time_s"] = time.time() - self.plan.started_unix
+        facts["batch_search"] = searched
+        write_results(self.out, facts, self.results)
+        return facts, self.results
+
+    def run(self, run: PlannedRun) -> StrategyResult:
+        """Run (or keep) a strategy; its entry as results.json now holds it."""
+        try:
+            if self.decisions[run.label] != KEEP:
+                self.execute(run)
+        except KeyboardInterrupt:  # a stop came before the job started
+            self.progress.finish(run.label, "not run", "the sweep was interrupted before it")
+            return StrategyResult(name=run.label, status="not run")
+        _, results = self.publish("running")
+        result = next(r for r in results if r.name == run.label)
+        self.progress.finish(run.label, "kept" if result.kept else result.status, _finish_detail(result))
+        return result
+
+    def run_noise(self, runs: list[PlannedRun], reference: StrategyResult) -> bool:
+        """The noise runs of the reference that just finished (or was kept); False when a stop came."""
+        if not runs:
+            return True
+        if not reference.ran:
+            for run in runs:
+                self.progress.finish(run.label, "skipped", "the reference did not finish")
+            return True
+        to_run = [run for run in runs if self.decisions[run.label] != KEEP]
+        if to_run:
+            self.progress.note(
+                f"noise runs: {reference.name} again {len(to_run)} time{'s' if len(to_run) != 1 else ''}, its "
+                f"gradients nudged by rounding-sized amounts, {reference.wall_time_s or 0:.0f} s each as the reference "
+                "took: the spread a correct backend may show (noise_runs=0 skips them)"
+            )
+        for run in runs:
+            kept = self.decisions[run.label] == KEEP
+            try:
+                outcome = None if kept else self.execute(run)
+            except KeyboardInterrupt:  # a stop came before the job started
+                return False
+            facts, _ = self.publish("running")
+            noise = next(n for n in facts["noise"]["runs"] if n["seed"] == run.noise_seed)
+            if noise["status"] == "ok":
+                detail = f"{noise['steps']} steps  {noise['wall_time_s']:.1f}s"
+                self.progress.finish(run.label, "kept" if kept else "ok", detail)
+            else:
+                self.progress.finish(run.label, noise["status"], noise["error"])
+            if outcome is not None and outcome.kind == "interrupted":
+                return False
+        return True
+
+    def execute(self, run: PlannedRun) -> JobOutcome:
+        """The run's job, with its run.json written before it starts and when it ends."""
+        assert self.plan is not None
+        if self.stop is not None:
+            self.stop.check()
+        continued = self.decisions[run.label] == CONTINUE
+        _clear_for(run.run_dir, continued)
+        record = RunRecord(
+            label=run.label,
+            strategy=run.strategy,
+            nproc=run.nproc,
+            sweep_id=self.plan.sweep_id,
+            identity=run.identity,
+            config_hash=run.config_hash,
+            continued=continued,
+        )
+        record.write(run.run_dir)
+        self.progress.start(run.label, run.run_dir / "metrics.jsonl")
+        extra = [f"noise_seed={run.noise_seed}"] if run.noise_seed is not None else []
+        outcome = self.launch(
+            run.strategy,
+            run.run_dir,
+            [*extra, *(["resume=auto"] if continued else [])],
+            on_poll=self.poll,
+            job=run.label.replace(" ", "-"),
+            append_log=continued,
+        )
+        ran = outcome.ok and (run.run_dir / "summary.json").is_file()
+        record.ended(run.run_dir, outcome, predicted(run.run_dir) if ran and run.noise_seed is None else None)
+        return outcome
+
+    def poll(self) -> None:
+        """While a job runs: the progress view, and a stop signal, which run_job answers as Ctrl-C."""
+        self.progress.poll()
+        if self.stop is not None:
+            self.stop.check()
+
     def launch(
         self,
         name: str,
@@ -172,13 +326,12 @@ class Sweep:
         command: str = "train",
         log_path: Path | None = None,
         job: str | None = None,
+        append_log: bool = False,
     ) -> JobOutcome:
         """`runner.py <command>` (train, or the batch search's probe) for strategy `name` into
         `run_dir`, its output in `log_path` (default run_dir/log.txt). Under SLURM `job` (default
         `name`) names the script, so that a noise run or a probe does not overwrite the strategy's own."""
         nproc = self.nproc_for(name)
-        for stale in STALE_RUN_FILES:
-            (run_dir / stale).unlink(missing_ok=True)
         args = [*self.train_args(name, run_dir, command), f"nproc={nproc}", *extra]
         if self.cfg.launcher == "slurm":
             script = self.slurm_script(name, run_dir, args, job)
@@ -187,7 +340,15 @@ class Sweep:
             # One process runs without torchrun, as `runner.py train` would run it for a user.
             cmd = torchrun_command(nproc, args) if nproc > 1 else [sys.executable, RUNNER, *args]
         log_path = log_path or run_dir / "log.txt"
-        outcome = run_job(cmd, log_path=log_path, timeout_s=self.cfg.timeout_s, env=worker_env(), on_poll=on_poll)
+        outcome = run_job(
+            cmd,
+            log_path=log_path,
+            timeout_s=self.cfg.timeout_s,
+            env=worker_env(),
+            on_poll=on_poll,
+            pass_fds=(self.lock_fd,) if self.lock_fd is not None else (),
+            append_log=append_log,
+        )
         if self.cfg.launcher == "slurm" and outcome.kind in ("timeout", "interrupted"):
             slurm.cancel_submitted(log_path.read_text(errors="replace"))
         return outcome
@@ -210,30 +371,25 @@ class Sweep:
         run_dir.mkdir(parents=True, exist_ok=True)
         return slurm.write_scripts([spec], self.out / "slurm")[0]
 
-    def run(self, name: str, description: str) -> StrategyResult:
-        run_dir = self.out / name
-        self.progress.start(name, run_dir / "metrics.jsonl")
-        outcome = self.launch(name, run_dir, [], on_poll=self.progress.poll)
-        result = from_run(name, description, self.nproc_for(name), run_dir, self.out, outcome)
-        if result.ran:
-            result.prediction = predicted(run_dir)
-        self.progress.finish(name, result.status, _finish_detail(result))
-        return result
 
-    def skipped(self, name: str, description: str, reason: str) -> StrategyResult:
-        self.progress.finish(name, "skipped", reason)
-        return StrategyResult(name=name, description=description, status="skipped", error=reason)
+def _clear_for(run_dir: Path, continued: bool) -> None:
+    """Remove what an earlier run left in `run_dir`; a run continued from its checkpoint keeps its
+    checkpoints, metrics and log."""
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    if continued:
+        return
+    for stale in STALE_RUN_FILES:
+        (run_dir / stale).unlink(missing_ok=True)
+    for stale in STALE_RUN_DIRS:
+        shutil.rmtree(run_dir / stale, ignore_errors=True)
 
-    def interrupted(self, name: str, description: str) -> StrategyResult:
-        self.progress.finish(name, "interrupted", INTERRUPTED)
-        return StrategyResult(
-            name=name, description=description, status="interrupted", error_kind="interrupted", error=INTERRUPTED
-        )
 
-    def not_run(self, name: str, description: str) -> StrategyResult:
-        reason = "the sweep was interrupted before it"
-        self.progress.finish(name, "not run", reason)
-        return StrategyResult(name=name, description=description, status="not run", error=reason)
+def _listed_with_noise(names: list[str], reference: str | None, count: int) -> list[str]:
+    """The sweep's names with the noise runs where they run, for the progress view."""
+    if not count:
+        return names
+    at = names.index(reference) + 1
+    return [*names[:at], *(f"{reference} noise {seed}" for seed in range(1, count + 1)), *names[at:]]
 
 
 def predicted(run_dir: Path) -> dict[str, Any]:
@@ -245,90 +401,6 @@ def predicted(run_dir: Path) -> dict[str, Any]:
         return prediction_for_run(RunConfig(**summary["config"]), summary)
     except PlanError as exc:
         return {"note": f"the planner could not answer: {exc}"}
-
-
-class NoiseRuns:
-    """The reference again, `count` times, with rounding noise (noise_seed=1..count): how far a
-    correct backend may stray from the reference on this machine (harness/compare/verdict.py)."""
-
-    def __init__(self, count: int, reference: str | None):
-        self.count, self.reference = count, reference
-        self.labels = [f"{reference} noise {seed}" for seed in range(1, count + 1)]
-        self.outcomes: list[dict[str, Any]] = []
-        self.skipped: str | None = None if count else "noise_runs=0: verdicts use the fixed loss_tolerance"
-
-    def listed_after_reference(self, names: list[str]) -> list[str]:
-        """The sweep's names with the noise runs where they run, for the progress view."""
-        if not self.count:
-            return names
-        at = names.index(self.reference) + 1
-        return [*names[:at], *self.labels, *names[at:]]
-
-    def run(self, sweep: "Sweep", reference: StrategyResult) -> None:
-        if not self.count:
-            return
-        if not reference.ran:
-            self.skipped = f"the reference {self.reference} did not finish: verdicts use the fixed loss_tolerance"
-            for label in self.labels:
-                sweep.progress.finish(label, "skipped", "the reference did not finish")
-            return
-        sweep.progress.note(
-            f"noise runs: {self.reference} again {self.count} time{'s' if self.count != 1 else ''}, its gradients "
-            f"nudged by rounding-sized amounts, {reference.wall_time_s or 0:.0f} s each as the reference took: the "
-            f"spread a correct backend may show (noise_runs=0 skips them)"
-        )
-        for seed, label in enumerate(self.labels, start=1):
-            run_dir = sweep.out / "noise" / str(seed)
-            sweep.progress.start(label, run_dir / "metrics.jsonl")
-            outcome = sweep.launch(
-                self.reference,
-                run_dir,
-                [f"noise_seed={seed}"],
-                on_poll=sweep.progress.poll,
-                job=f"{self.reference}-noise-{seed}",
-            )
-            if outcome.kind == "interrupted":
-                raise KeyboardInterrupt
-            steps = len(load_metrics(run_dir))
-            self.outcomes.append(
-                {
-                    "seed": seed,
-                    "run_dir": str(run_dir.relative_to(sweep.out)),
-                    "status": "ok" if outcome.ok else outcome.kind,
-                    "error": None if outcome.ok else outcome.message,
-                    "steps": steps,
-                    "wall_time_s": outcome.wall_time_s,
-                }
-            )
-            sweep.progress.finish(
-                label,
-                "ok" if outcome.ok else "failed",
-                f"{steps} steps  {outcome.wall_time_s:.1f}s" if outcome.ok else outcome.message,
-            )
-
-    def band(self, out: Path, reference: StrategyResult | None) -> NoiseBand | None:
-        """The measured band, or None (with the reason kept) where there is none to judge by."""
-        if self.skipped:
-            return None
-        if reference is None or reference.name != self.reference:
-            self.skipped = f"the noise runs are of {self.reference}, which is not the reference here"
-            return None
-        reference_rows = load_metrics(out / str(reference.run_dir))
-        curves = [load_metrics(out / o["run_dir"]) for o in self.outcomes if o["status"] == "ok"]
-        curves = [rows for rows in curves if len(rows) == len(reference_rows)]
-        if not curves:
-            self.skipped = "no noise run finished: verdicts use the fixed loss_tolerance"
-            return None
-        return measure_noise(reference_rows, curves)
-
-    def facts(self, band: NoiseBand | None) -> dict[str, Any]:
-        """What results.json records: the runs, the band per step and its rule, or why there is none."""
-        return {
-            "reference": self.reference,
-            "runs": self.outcomes,
-            "skipped": self.skipped,
-            "band": band.as_dict() if band else None,
-        }
 
 
 def _finish_detail(result: StrategyResult) -> str:
@@ -356,6 +428,7 @@ def _slurm_world(cfg: CompareConfig) -> tuple[str, int]:
 
 def _print_slurm_scripts(sweep: Sweep, runnable: list[str]) -> int:
     """dry_run=true: write one sbatch script per strategy and print them; submit nothing."""
+    sweep.write_train_config()  # what the scripts name
     for name in runnable:
         run_dir = sweep.out / name
         script = sweep.slurm_script(name, run_dir, sweep.train_args(name, run_dir))
@@ -465,60 +538,16 @@ def _search_one(cfg: CompareConfig, sweep: Sweep, name: str) -> batch_search.Sea
 
     def launch() -> JobOutcome:
         return sweep.launch(
-            name, folder, [], command="probe", log_path=folder / f"job_{next(jobs)}.log", job=f"{name}-probe"
+            name,
+            folder,
+            [],
+            on_poll=sweep.poll,
+            command="probe",
+            log_path=folder / f"job_{next(jobs)}.log",
+            job=f"{name}-probe",
         )
 
     return batch_search.search(folder / batch_search.SEARCH_FILE, initial, launch)
-
-
-def _sweep_facts(
-    cfg: CompareConfig,
-    args: list[str],
-    results: list[StrategyResult],
-    device_type: str,
-    nproc: int,
-    reference: str | None,
-    started: float,
-    interrupted: bool,
-    searched: dict | None,
-) -> dict[str, Any]:
-    summary = _first_summary(Path(cfg.out_dir).resolve(), results)
-    from harness.train import library_versions
-
-    return {
-        "command": shlex.join(["python", "runner.py", "compare", *args]),
-        "started_at": datetime.fromtimestamp(started, timezone.utc).isoformat(timespec="seconds"),
-        "wall_time_s": time.time() - started,
-        "interrupted": interrupted,
-        "config": {**to_dict(cfg), "strategies": [r.name for r in results]},  # as resolved, defaults included
-        "precision": cfg.precision,
-        "tolerance": cfg.tolerance(),  # the rule when there is no noise band (noise_runs=0)
-        "reference": reference,
-        "device_type": device_type,
-        "nproc": nproc,
-        "loss_floor": summary.get("loss_floor"),
-        "model": {
-            "name": cfg.model,
-            "num_params": summary.get("num_params"),
-            "flops_per_token": summary.get("flops_per_token"),
-        },
-        "environment": {
-            "device": summary.get("device") or device_type,
-            "devices": nproc,
-            "world_size": nproc,
-            "host": f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores",
-            "versions": summary.get("versions") or library_versions(),
-        },
-        "batch_search": searched,
-    }
-
-
-def _first_summary(out: Path, results: list[StrategyResult]) -> dict[str, Any]:
-    for result in results:
-        path = out / str(result.run_dir) / "summary.json"
-        if result.ran and path.is_file():
-            return json.loads(path.read_text())
-    return {}
 
 
 def _print_summary(results: list[StrategyResult], reference: str | None) -> None:
@@ -531,22 +560,3 @@ def _print_summary(results: list[StrategyResult], reference: str | None) -> None
         if not r.ran:
             kind = f" ({r.error_kind})" if r.error_kind and r.error_kind != r.status else ""
             print(f"{r.name:<18} {r.status}{kind}: {r.error}")
-
-
-@contextlib.contextmanager
-def _stop_signals_interrupt() -> Iterator[None]:
-    """SIGTERM to compare stops the sweep as Ctrl-C does: the running job's whole group is
-    killed and the report is written (the jobs live in their own sessions: nothing else would stop them).
-
-    SIGINT gets Python's handler explicitly: a shell without job control starts background
-    commands with SIGINT ignored, and Python keeps an ignored SIGINT ignored."""
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Collection, Optional
 
 from configs.schema import ConfigError, RunConfig, load_config, to_dict
+from harness.compare.resume import check_mode
 
 DEFAULT_PRESET = "default"
 
@@ -40,13 +41,17 @@ class CompareConfig(RunConfig):
     slurm_partition: Optional[str] = None
     slurm_time: str = "01:00:00"
     rdzv_port: int = 29500  # slurm: the c10d rendezvous port on each job's first node
+    # What to do with an earlier compare's runs in out_dir (harness/compare/resume.py): `auto` keeps the
+    # finished ones of the same configuration and continues the rest; `never` runs everything again.
+    resume: Optional[str] = None
 
     def tolerance(self) -> float:
         return self.loss_tolerance if self.loss_tolerance is not None else TOLERANCE_BY_PRECISION[self.precision]
 
 
-# Set per strategy by the sweep, never taken from the shared config.
-PER_RUN = ("strategy", "nproc", "out_dir", "noise_seed")
+# Set per strategy by the sweep, never taken from the shared config (a compare's own resume=
+# says what to do with an earlier compare's runs: harness/compare/resume.py).
+PER_RUN = ("strategy", "nproc", "out_dir", "noise_seed", "resume")
 
 
 def load_compare_config(args: list[str]) -> CompareConfig:
@@ -70,6 +75,7 @@ def load_compare_config(args: list[str]) -> CompareConfig:
         raise ConfigError("noise_seed= is set by compare for its noise runs: set noise_runs= instead")
     if cfg.strategies is not None and not cfg.strategies:
         raise ConfigError("strategies=[] names no strategy: list some, or leave it out to run every available one")
+    check_mode(cfg.resume)
     _check_launcher(cfg)
     return cfg
 

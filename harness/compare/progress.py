@@ -120,4 +120,4 @@ class SweepProgress:
         self.stream.flush()
 
 
-_MARKS = {"ok": "+", "failed": "x", "skipped": "-", "interrupted": "!", "not run": "-"}
+_MARKS = {"ok": "+", "kept": "=", "failed": "x", "skipped": "-", "interrupted": "!", "not run": "-"}

@@ -2,7 +2,8 @@
 
 Each entry carries what the report needs without the run folders (status, error,
 throughput, memory, the loss verdict against the reference); the loss curves
-themselves stay in each run's metrics.jsonl, which `report` reads again.
+themselves stay in each run's metrics.jsonl, which `report` reads again. The compare
+rewrites the file, whole, after every run (harness/compare/collect.py).
 """
 
 from __future__ import annotations
@@ -12,13 +13,16 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from harness.compare.atomic_file import write_json_atomically
+from harness.compare.run_record import RunRecord
 from harness.compare.supervise import JobOutcome
 from harness.compare.verdict import NoiseBand, judge
 
 RESULTS_FILE = "results.json"
 # 2: verdicts against measured noise (verdict_kind, noise_ratio, the sweep's "noise");
-# 3: the batch search's prediction, probes and times.
-FORMAT_VERSION = 3
+# 3: the batch search's prediction, probes and times;
+# 4: rewritten after every run: the sweep's state, each run's configuration hash, the runs kept from before.
+FORMAT_VERSION = 4
 # Figures copied from each run's summary.json.
 SUMMARY_FIELDS = (
     "final_loss",
@@ -31,7 +35,12 @@ SUMMARY_FIELDS = (
     "mem_grads_bytes",
     "mem_optimizer_bytes",
     "loss_dtype",
+    "resumed_from_step",
 )
+
+
+# A run whose run.json has no outcome: its compare was killed while it ran (the job with it).
+KILLED = "stopped with its compare before it ended (the compare was killed): resume=auto continues it"
 
 
 class ResultsError(ValueError):
@@ -43,7 +52,8 @@ class StrategyResult:
     name: str
     description: str = ""
     # ok (ran to the end), failed (error_kind says how), skipped (never started: unavailable or
-    # unsupported here), interrupted (stopped by Ctrl-C), not run (after a Ctrl-C).
+    # unsupported here), interrupted (stopped by Ctrl-C, SIGTERM or SIGHUP, or killed with the compare),
+    # not run (after those, or not reached yet).
     status: str = "ok"
     error_kind: str | None = None  # oom | crash | signal | timeout | interrupted
     error: str | None = None  # one line: the reason it failed or was skipped
@@ -73,6 +83,9 @@ class StrategyResult:
     verdict_kind: str | None = None  # reference | matches | within noise | differs | not comparable
     matches_reference: bool | None = None  # matches or within noise
     verdict: str = ""
+    config_hash: str | None = None  # of the run's configuration (harness/compare/identity.py)
+    kept: bool = False  # finished in an earlier compare into this folder, kept by resume=auto
+    resumed_from_step: int | None = None  # continued from its own checkpoint at this step (0: from the start)
 
     @property
     def ran(self) -> bool:
@@ -166,10 +179,23 @@ def assign_verdicts(
     return reference.name
 
 
+def from_record(name: str, description: str, run_dir: Path, compare_dir: Path, record: RunRecord) -> StrategyResult:
+    """The entry for a run from what its folder holds (run.json, summary.json, metrics.jsonl)."""
+    outcome = record.job_outcome
+    result = from_run(
+        name, description, record.nproc, run_dir, compare_dir, outcome or JobOutcome(None, "interrupted", KILLED)
+    )
+    if outcome is None:
+        result.wall_time_s = None  # it never ended under the compare's watch
+    result.config_hash, result.prediction = record.config_hash, record.prediction if result.ran else None
+    return result
+
+
 def write_results(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResult]) -> Path:
+    """Write results.json whole or not at all: a compare killed at any moment leaves a readable one."""
     doc = {"format": FORMAT_VERSION, **sweep, "strategies": [asdict(r) for r in results]}
     path = compare_dir / RESULTS_FILE
-    path.write_text(json.dumps(doc, indent=2) + "\n")
+    write_json_atomically(path, doc)
     return path
 
 
