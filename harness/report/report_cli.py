@@ -1,6 +1,8 @@
 """The compare report (report.md and a self-contained report.html), built from
 results.json and the run folders, so `runner.py report <dir>` can rebuild it at
-any time; `compare` calls the same `build_report` when its sweep ends.
+any time; `compare` calls the same `build_report` when its sweep ends. Where results.json
+is missing or older than the run folders (the compare was killed before it wrote them), it
+is made again from the folders first (harness/compare/collect.py).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from typing import Any
 
 from harness.common.colours import strategy_colours
 from harness.common.units import human_bytes
-from harness.compare import NoiseBand, StrategyResult, bound_at, floor_of, load_metrics, read_results
+from harness.compare import NoiseBand, StrategyResult, bound_at, floor_of, load_metrics, results_for_report
 from harness.report import figures
 from harness.report.advice import recommend
 from harness.report.document import (
@@ -45,7 +47,7 @@ def main(args: list[str]) -> int:
 
 def build_report(compare_dir: Path) -> tuple[Path, Path]:
     """Write report.md, report.html and figures/*.png into `compare_dir`; returns the two reports."""
-    sweep, results = read_results(compare_dir)
+    sweep, results = results_for_report(compare_dir)
     curves = {r.name: load_metrics(compare_dir / str(r.run_dir)) for r in results if r.ran}
     curves = {name: rows for name, rows in curves.items() if rows}
     title = _title(sweep)
@@ -172,11 +174,7 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Bloc
         if reference
         else "none (no strategy finished)"
     )
-    blocks: list[Block] = []
-    if sweep.get("interrupted"):
-        blocks.append(
-            Paragraph("**Interrupted (Ctrl-C or SIGTERM): this report covers only the strategies that finished.**")
-        )
+    blocks: list[Block] = [Paragraph(line) for line in _state_lines(sweep, results)]
     blocks.append(
         Paragraph(
             f"Every strategy trained the same model on the same data from the same seed, with global batch "
@@ -195,6 +193,40 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Bloc
         )
     )
     return blocks
+
+
+STATE_LINES = {
+    "running": "**Still running:** this report covers the runs that finished so far (the compare rewrites "
+    "results.json after every run).",
+    "interrupted": "**Interrupted (Ctrl-C, SIGTERM or SIGHUP): this report covers only the strategies that "
+    "finished.** The same command with `resume=auto` continues the sweep.",
+    "stopped": "**Stopped before its end (the compare was killed): this report covers only the strategies that "
+    "finished.** The same command with `resume=auto` continues the sweep.",
+}
+
+
+def _state_lines(sweep: dict[str, Any], results: list[StrategyResult]) -> list[str]:
+    """Whether the sweep is whole, and which results an earlier compare left (resume=auto)."""
+    state = sweep.get("state") or ("interrupted" if sweep.get("interrupted") else "finished")
+    lines = [STATE_LINES[state]] if state in STATE_LINES else []
+    if sweep.get("rebuilt"):
+        lines.append(f"Results {sweep['rebuilt']}.")
+    kept = [f"`{r.name}`" for r in results if r.kept]
+    noise_kept = sum(bool(run.get("kept")) for run in (sweep.get("noise") or {}).get("runs", []))
+    if noise_kept:
+        kept.append(f"{noise_kept} noise run{'s' if noise_kept != 1 else ''}")
+    if kept:
+        lines.append(
+            f"Kept from an earlier compare into this folder (`resume=auto`: the same configuration, finished), "
+            f"not run again: {', '.join(kept)}."
+        )
+    continued = [f"`{r.name}` from step {r.resumed_from_step}" for r in results if r.ran and r.resumed_from_step]
+    if continued:
+        lines.append(
+            f"Continued from its own last checkpoint after a stop: {', '.join(continued)} (its tokens/s and step time "
+            "are of the steps after it)."
+        )
+    return lines
 
 
 def _verdict_rule(sweep: dict[str, Any]) -> list[Block]:
