@@ -34,7 +34,12 @@ class OutDirLock:
         self.fd: int | None = None
 
     def acquire(self, wait_s: float = WAIT_S, on_wait: Callable[[], None] | None = None) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ConfigError(
+                f"cannot write into {self.path.parent} ({exc.strerror}): give a writable out_dir"
+            ) from None
         deadline = time.monotonic() + wait_s
         waited = False
         while not _try_lock(fd):

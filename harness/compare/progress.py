@@ -109,15 +109,23 @@ class SweepProgress:
         if left:
             parts.append("left: " + " ".join(left))
         text = " | ".join(parts)
-        self.stream.write("\r" + text[: width - 1].ljust(width - 1))
-        self.stream.flush()
+        self._write("\r" + text[: width - 1].ljust(width - 1))
 
     def _line(self, text: str) -> None:
+        clear = ""
         if self.live:
             width = shutil.get_terminal_size((100, 20)).columns
-            self.stream.write("\r" + " " * (width - 1) + "\r")  # clear the status line first
-        self.stream.write(text + "\n")
-        self.stream.flush()
+            clear = "\r" + " " * (width - 1) + "\r"  # the status line first
+        self._write(clear + text + "\n")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except OSError:
+            # The terminal hung up (EIO) under a write: the SIGHUP it sends stops the sweep, and
+            # its handler moves the output elsewhere (harness/compare/stop_signals.py).
+            pass
 
 
 _MARKS = {"ok": "+", "kept": "=", "failed": "x", "skipped": "-", "interrupted": "!", "not run": "-"}

@@ -14,12 +14,14 @@ Each run's folder says what it holds (run.json: harness/compare/run_record.py).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from configs.schema import ConfigError
 from harness.compare.identity import changed_configuration, identity_hash
+from harness.compare.results import RESULTS_FILE
 from harness.compare.run_record import RunRecord, read_record
 
 RESUME_MODES = ("auto", "never")
@@ -59,7 +61,7 @@ def decide(runs: list[PlannedRun], resume: str | None, out_dir: Path) -> dict[st
         return {run.label: FRESH for run in runs}
     if resume is None:
         midway = [label for label, record in records.items() if record is not None and record.stopped_midway]
-        if midway:
+        if midway or _earlier_sweep_unfinished(out_dir):
             finished = [label for label, record in records.items() if record is not None and record.finished]
             raise ConfigError(
                 f"{out_dir} holds a compare that was stopped midway ({_listing(finished, midway)}): continue it "
@@ -71,6 +73,16 @@ def decide(runs: list[PlannedRun], resume: str | None, out_dir: Path) -> dict[st
         if record is not None and record.identity != run.identity:
             raise changed_configuration(out_dir, run.label, record.identity, run.identity)
     return {run.label: _decision(run, records[run.label]) for run in runs}
+
+
+def _earlier_sweep_unfinished(out_dir: Path) -> bool:
+    """Whether the compare that last wrote results.json there stopped before its end (between two
+    runs, where no run folder shows it)."""
+    try:
+        state = json.loads((out_dir / RESULTS_FILE).read_text()).get("state")
+    except (OSError, ValueError, AttributeError):
+        return False
+    return state in ("running", "interrupted", "stopped")
 
 
 def _decision(run: PlannedRun, record: RunRecord | None) -> str:
@@ -89,5 +101,5 @@ def _has_checkpoints(run_dir: Path) -> bool:
 
 
 def _listing(finished: list[str], midway: list[str]) -> str:
-    done = f"{', '.join(finished)} finished; " if finished else ""
-    return f"{done}{', '.join(midway)} stopped"
+    done = f"{', '.join(finished)} finished" if finished else "none finished"
+    return f"{done}; {', '.join(midway)} stopped" if midway else done

@@ -26,8 +26,9 @@ class StopSignals:
     """While entered, a stop signal sets `requested`; check() then raises KeyboardInterrupt
     (what run_job and the sweep treat as Ctrl-C).
 
-    SIGINT is caught explicitly: a shell without job control starts background commands with
-    SIGINT ignored, and Python keeps an ignored SIGINT ignored."""
+    SIGINT is caught even where it was ignored: a shell without job control starts background
+    commands with SIGINT ignored, and Python keeps an ignored SIGINT ignored. SIGHUP is not
+    where it was ignored (nohup)."""
 
     def __init__(self, out_dir: Path):
         self.log_path = out_dir / HANGUP_LOG
@@ -38,7 +39,9 @@ class StopSignals:
     def __enter__(self) -> StopSignals:
         # Known now: after a hangup isatty() fails like every other call on the terminal.
         self._terminal_fds = [fd for fd in (1, 2) if os.isatty(fd)]
-        self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        # An ignored SIGHUP stays ignored: `nohup` asked for the compare to outlive its terminal.
+        caught = [sig for sig in STOP_SIGNALS if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN)]
+        self._previous = {sig: signal.signal(sig, self._handle) for sig in caught}
         return self
 
     def __exit__(self, *exc: object) -> None:

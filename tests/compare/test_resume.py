@@ -201,6 +201,13 @@ def test_a_requeued_compare_job_picks_up_with_resume_auto(killed_then_resumed, p
     assert {name: (out / name / "summary.json").stat().st_mtime_ns for name in STRATEGIES} == summaries
 
 
+def on_the_terminal() -> None:
+    """In the child: the pty on its stdin becomes its controlling terminal, and SIGHUP does what it
+    does without nohup, whatever runs the tests."""
+    fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def test_sighup_stops_the_compare_as_ctrl_c_does(tmp_path):
     """The compare's terminal goes away (a pty whose other end closes, as when an ssh session
     drops) during its second strategy: the job stops within the grace period, the report is
@@ -217,7 +224,7 @@ def test_sighup_stops_the_compare_as_ctrl_c_does(tmp_path):
         stdout=slave,
         stderr=slave,
         start_new_session=True,
-        preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # the pty is its controlling terminal
+        preexec_fn=on_the_terminal,
     )
     os.close(slave)
     try:
@@ -312,6 +319,10 @@ def test_resume_decides_from_each_run_folder(tmp_path):
     assert set(decide(runs, "never", tmp_path).values()) == {FRESH}
     with pytest.raises(ValueError, match=r"stopped midway \(done finished; killed, interrupted stopped\)"):
         decide(runs, None, tmp_path)
+    # Stopped between two runs: only results.json shows it.
+    (tmp_path / "results.json").write_text('{"state": "interrupted"}')
+    with pytest.raises(ValueError, match=r"stopped midway \(done finished\): continue it with resume=auto"):
+        decide(runs[:1], None, tmp_path)
     changed = [PlannedRun("done", "ddp", tmp_path / "done", 2, identity(seed=7))]
     with pytest.raises(ConfigurationChanged, match=r"\(done: seed was 1337, now 7\): use the old value, or another"):
         decide(changed, "auto", tmp_path)
@@ -319,13 +330,29 @@ def test_resume_decides_from_each_run_folder(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_each_stop_signal_is_noted_and_stops_at_the_next_check(tmp_path, sig):
-    with StopSignals(tmp_path) as stop:
-        stop.check()  # nothing yet
-        os.kill(os.getpid(), sig)
-        assert stop.requested == sig.name
-        with pytest.raises(KeyboardInterrupt):
+    previous = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # as without nohup, whatever runs the tests
+    try:
+        with StopSignals(tmp_path) as stop:
+            stop.check()  # nothing yet
+            os.kill(os.getpid(), sig)
+            assert stop.requested == sig.name
+            with pytest.raises(KeyboardInterrupt):
+                stop.check()
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def test_under_nohup_a_hangup_stops_nothing(tmp_path):
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with StopSignals(tmp_path) as stop:
+            os.kill(os.getpid(), signal.SIGHUP)
             stop.check()
-    assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+            assert stop.requested is None
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
 
 
 def test_one_compare_at_a_time_in_an_out_dir(tmp_path):
