@@ -15,6 +15,7 @@ difference names its key: "steps was 30, now 40".
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from pathlib import Path
@@ -78,9 +79,15 @@ def changed_configuration(
 def fingerprint(path: Path) -> str:
     """The content of `path` as a short string: its sha256, or for a large file its size and the
     sha256 of its two ends."""
-    size = path.stat().st_size
+    stat = path.resolve().stat()
+    return _fingerprint(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _fingerprint(path: str, size: int, mtime_ns: int) -> str:
+    # Cached by path, size and modification time: every run of a sweep names the same data file.
     digest = hashlib.sha256()
-    with path.open("rb") as f:
+    with open(path, "rb") as f:
         if size <= FINGERPRINT_WHOLE:
             for chunk in iter(lambda: f.read(1 << 20), b""):
                 digest.update(chunk)

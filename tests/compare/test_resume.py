@@ -176,7 +176,8 @@ def test_resume_keeps_the_finished_runs_and_matches_an_uninterrupted_compare(kil
 
 
 def test_resume_after_changing_steps_names_the_key(killed_then_resumed, plugin_env):
-    """(seed and the rest: test_resume_decides_from_each_run_folder)"""
+    """One line naming the changed key, before anything is touched (a changed seed:
+    test_resume_decides_from_each_run_folder)."""
     out = killed_then_resumed["out"]
     written = (out / "results.json").stat().st_mtime_ns
     proc = run_cli([*compare_args(out, "resume=auto"), "steps=12"], env=plugin_env, timeout=120)
@@ -279,7 +280,7 @@ def test_the_identity_holds_what_changes_results_and_files_by_content(tmp_path):
     config = tmp_path / "ds.json"
     config.write_text('{"zero_optimization": {"stage": 3}}')
     named = identity(deepspeed_config=str(config), strategy=f"accelerate:{config}")
-    config.write_text('{"zero_optimization": {"stage": 2}}')
+    config.write_text('{"zero_optimization": {"stage": 2, "overlap_comm": true}}')
     changed = [
         line.split(" was ")[0]
         for line in differences(named, identity(deepspeed_config=str(config), strategy=f"accelerate:{config}"))
