@@ -8,6 +8,7 @@ ends, so a killed compare never leaves a stale lock behind.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import time
@@ -63,17 +64,20 @@ def is_locked(out_dir: Path) -> bool:
         return False
     fd = os.open(path, os.O_RDONLY)
     try:
-        if _try_lock(fd):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        return True
+        return not _try_lock(fd)
     finally:
-        os.close(fd)
+        os.close(fd)  # which lets go of the lock where this took it
 
 
 def _try_lock(fd: int) -> bool:
+    """True once this descriptor holds the lock, or where the filesystem has no locks to take
+    (a Lustre mount without flock): the lock is a guard, not a condition for running."""
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return False
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            return True
+        raise
     return True
