@@ -60,6 +60,13 @@ class StrategyError(ValueError):
     """A strategy that cannot run as asked (one line, says what to do)."""
 
 
+def no_checkpoints_error(name: str) -> StrategyError:
+    """The refusal of a run that asks a backend without checkpoints (checkpoint_format "") for them."""
+    return StrategyError(
+        f"strategy {name!r} cannot save or load checkpoints yet: run it with checkpoint_every=0 and no resume="
+    )
+
+
 @dataclass(frozen=True)
 class Preset:
     """One name a strategy class registers: what the name means (the options it fixes), in
@@ -208,9 +215,7 @@ class Strategy(ABC):
         raise StrategyError(f"strategy {cls.name or cls.__name__!r} cannot read its checkpoints back")
 
     def _no_checkpoints(self) -> StrategyError:
-        return StrategyError(
-            f"strategy {self.name!r} cannot save or load checkpoints yet: run it with checkpoint_every=0 and no resume="
-        )
+        return no_checkpoints_error(self.name)
 
     def teardown(self) -> None:
         """Release what setup built (the process group belongs to the runner)."""
