@@ -112,6 +112,10 @@ class Strategy(ABC):
     checkpoint_format: ClassVar[str] = ""
     # Whether load() accepts a checkpoint saved by another number of ranks.
     checkpoint_reshards: ClassVar[bool] = True
+    # Runs as one process whatever the compare's process count: the reference, and DataParallel,
+    # which drives every visible GPU from one process. Read from the class that declares it, not
+    # inherited (ddp and fsdp reuse single's plain-torch verbs but run a process per device).
+    one_process: ClassVar[bool] = False
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -139,6 +143,11 @@ class Strategy(ABC):
         """Why this backend, with these preset options, cannot run on `device_type`
         ("cpu" or "cuda"), or None when it can. Compare skips such names with the reason."""
         return None
+
+    def devices(self) -> list[torch.device]:
+        """The devices this process computes on: its own, or every GPU a backend drives from one
+        process. MFU counts the peak of each, and peak memory is the largest among them."""
+        return [self.ctx.device]
 
     def find_blocks(self, model: nn.Module) -> Blocks:
         """The model's blocks as the run names or finds them (models/blocks.py)."""

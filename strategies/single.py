@@ -26,6 +26,7 @@ class SingleDeviceStrategy(Strategy):
     description = "one process, no parallelism (the reference)"
     presets = (Preset("single", description, plan=PlanModel("torch", 0)),)
     listing_order = 0
+    one_process = True
     # Every rank holds the whole model and the same optimizer state: rank 0's copy is the
     # checkpoint, readable at any world size, by single and ddp alike.
     checkpoint_format = "torch"
@@ -41,8 +42,8 @@ class SingleDeviceStrategy(Strategy):
     def _require_world_size_one(self) -> None:
         if self.ctx.world_size != 1:
             raise StrategyError(
-                f"strategy 'single' runs in one process but {self.ctx.world_size} were started: use nproc=1 "
-                "or a parallel strategy such as ddp"
+                f"strategy {self.name!r} runs in one process but {self.ctx.world_size} were started: use nproc=1 "
+                "or a multi-process strategy such as ddp"
             )
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -161,7 +161,7 @@ class Sweep:
         ]
 
     def nproc_for(self, name: str) -> int:
-        return 1 if name == REFERENCE else self.nproc
+        return 1 if default_registry().get(name).one_process else self.nproc
 
     def launch(
         self,
@@ -403,7 +403,7 @@ def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], 
     """Bad input fails once, here, as one line, rather than once per strategy."""
     for name in runnable:
         options = {**shared, "strategy_options": {**shared["strategy_options"], **own_options(cfg, name)}}
-        preflight(RunConfig(**options, strategy=name), 1 if name == REFERENCE else nproc)
+        preflight(RunConfig(**options, strategy=name), 1 if default_registry().get(name).one_process else nproc)
 
 
 def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult], device_type: str) -> dict:

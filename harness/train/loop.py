@@ -104,7 +104,8 @@ class Training:
         cfg, env = self.cfg, self.env
         self.n_params, self.fpt = num_params(self.model), flops_per_token(self.model, cfg.seq_len)
         self.lr_schedule = resolve_schedule(cfg.lr, cfg.min_lr, cfg.warmup_steps, params=self.n_params, steps=cfg.steps)
-        device_info.reset_peak_memory(env.device)
+        for device in self.strategy.devices():
+            device_info.reset_peak_memory(device)
         noise = RoundingNoise(cfg.precision, cfg.noise_seed, env.rank) if cfg.noise_seed is not None else None
         self.model, _ = self.strategy.setup(
             self.model, adamw_factory(self.lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise)
@@ -119,6 +120,7 @@ class Training:
             precision=self.cfg.precision,
             timing_warmup=self.cfg.timing_warmup,
             printer=_rank0_print(self.env),
+            devices=self.strategy.devices(),
         )
 
     def train(
@@ -339,6 +341,7 @@ def _summary(training: Training, metrics: StepMetrics, memory: MemoryBreakdown, 
         "device": device_info.device_name(env.device),
         "device_memory_bytes": device_info.device_memory(env.device),
         "device_type": env.device.type,
+        "devices_per_process": len(training.strategy.devices()),
         "micro_batch": training.micro_batch,
         "grad_accum": training.grad_accum,
         "num_params": training.n_params,

@@ -12,7 +12,7 @@ from strategies.registry import StrategyRegistry, default_registry
 from strategies.single import SingleDeviceStrategy
 from tests.helpers import env_for_tests, run_cli
 
-TORCH_NAMES = {"single", "ddp", "fsdp", "fsdp-grad-op", "fsdp-offload"}
+TORCH_NAMES = {"single", "ddp", "dataparallel", "fsdp", "fsdp-grad-op", "fsdp-offload"}
 DEEPSPEED_NAMES = {"zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"}
 ACCELERATE_NAMES = {"accelerate-ddp", "accelerate-fsdp", "accelerate-zero1", "accelerate-zero2", "accelerate-zero3"}
 
