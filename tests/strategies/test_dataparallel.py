@@ -13,7 +13,9 @@ import pytest
 import torch
 
 from harness.compare.compare_cli import _skip_reason
-from harness.train import list_cli
+from harness.train import device_info, list_cli
+from harness.train.distributed import DistEnv
+from harness.train.metrics import StepMetrics
 from models.zoo import build_model
 from strategies.base import RunContext, StrategyError
 from strategies.dataparallel import DataParallelStrategy, mean_loss_over_gpus
@@ -56,6 +58,19 @@ def test_two_visible_gpus_make_it_available_for_cuda_runs_alone(monkeypatch):
     assert "on a CPU it would run as single" in DataParallelStrategy.unsupported_reason("cpu", {})
     strategy = default_registry().create("dataparallel", _ctx(torch.device("cuda", 0)))
     assert strategy.devices() == [torch.device("cuda", 0), torch.device("cuda", 1)]
+
+
+def test_its_mfu_counts_every_gpu_it_drives(monkeypatch, tmp_path):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(device_info, "peak_flops", lambda device, precision: 1e12)
+    cuda0 = torch.device("cuda", 0)
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=cuda0)
+
+    def metrics(devices: list[torch.device]) -> StepMetrics:
+        return StepMetrics(env, tmp_path, 1024, 6e6, "fp32", timing_warmup=0, devices=devices)
+
+    driven = DataParallelStrategy(_ctx(cuda0)).devices()
+    assert metrics(driven).job_peak_flops == 2 * metrics([]).job_peak_flops == 2e12
 
 
 def test_declared_one_process_torch_checkpoints_and_planned_as_threads():
