@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.units import GIB
 from harness.compare.batch_search import FITS, OOM, Probe, Search
 from harness.compare.results import StrategyResult, assign_verdicts, load_metrics, read_results, write_results
 from harness.compare.verdict import measure_noise
@@ -24,7 +25,6 @@ from harness.report.report_cli import build_report
 from tests.helpers import run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-GIB = 2**30
 
 
 def write_run(compare_dir: Path, name: str, losses: list[float]) -> None:
