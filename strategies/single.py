@@ -22,6 +22,14 @@ MODEL_FILE = "model.pt"  # the consolidated weights, plain parameter names
 OPTIMIZER_FILE = "optimizer.pt"  # optimizer and gradient-scaler state
 
 
+def started_more_than_one(name: str, processes: int) -> StrategyError:
+    """The refusal of a one-process strategy (Strategy.one_process) started as several."""
+    return StrategyError(
+        f"strategy {name!r} runs in one process but {processes} were started: use nproc=1 "
+        "or a multi-process strategy such as ddp"
+    )
+
+
 class SingleDeviceStrategy(Strategy):
     description = "one process, no parallelism (the reference)"
     presets = (Preset("single", description, plan=PlanModel("torch", 0)),)
@@ -41,10 +49,7 @@ class SingleDeviceStrategy(Strategy):
 
     def _require_world_size_one(self) -> None:
         if self.ctx.world_size != 1:
-            raise StrategyError(
-                f"strategy {self.name!r} runs in one process but {self.ctx.world_size} were started: use nproc=1 "
-                "or a multi-process strategy such as ddp"
-            )
+            raise started_more_than_one(self.name, self.ctx.world_size)
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         self._require_world_size_one()

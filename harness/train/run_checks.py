@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from configs.schema import RunConfig
 from models.data import TokenFileData
+from strategies.registry import default_registry
+from strategies.single import started_more_than_one
 
 
 def preflight(cfg: RunConfig, world_size: int) -> None:
@@ -23,6 +25,8 @@ def preflight(cfg: RunConfig, world_size: int) -> None:
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     device = torch.device("cuda" if use_cuda else "cpu")
     create_strategy(cfg, DistEnv(rank=0, world_size=world_size, local_rank=0, device=device))
+    if world_size > 1 and default_registry().get(cfg.strategy).one_process:
+        raise started_more_than_one(cfg.strategy, world_size)
     with torch.device("meta"):
         prepare_model(cfg)
     if cfg.data != "markov":
