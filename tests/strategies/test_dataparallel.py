@@ -43,7 +43,8 @@ def _ctx(device: torch.device = CPU, **config) -> RunContext:
 def test_listed_unavailable_with_the_reason(capsys):
     entry = default_registry().get("dataparallel")
     visible = torch.cuda.device_count()
-    assert entry.unavailable_reason.endswith(f"{visible} GPUs are visible here: run it where 2 or more are")
+    seen = "1 GPU is" if visible == 1 else f"{visible} GPUs are"
+    assert entry.unavailable_reason.endswith(f"{seen} visible here: run it where 2 or more are")
     assert list_cli.main([]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.split()[:1] == ["dataparallel"])
     assert "[unavailable: torch.nn.DataParallel splits each batch over the GPUs of one process" in line
