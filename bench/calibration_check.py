@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""How well a calibrated plan predicts a size it was not calibrated on (issue 13's check).
+"""How well a calibrated plan predicts a size it was not calibrated on.
 
     python bench/calibration_check.py runs/compare-gpt2-124m runs/compare-gpt2-350m
 

@@ -2,7 +2,7 @@
 """Framework overhead of parabench: `runner.py train` against a hand-written loop for the same
 backend, side by side in one benchmark on one machine.
 
-    python bench/overhead.py --group torch        # one device call's worth (groups: --list)
+    python bench/overhead.py --group torch        # one named group (groups: --list)
     python bench/overhead.py --repeat 2           # every default run, each side twice, interleaved
     python bench/overhead.py --only single,zero3  # some runs (or all)
     python bench/overhead.py --list               # the runs and groups there are
@@ -148,7 +148,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--only", help="comma-separated runs (see --list), or all; default: every group's runs")
-    p.add_argument("--group", help=f"one named group that fits one 10-minute device call: {', '.join(GROUPS)}")
+    p.add_argument("--group", help=f"one named group, a few minutes on a GPU: {', '.join(GROUPS)}")
     p.add_argument(
         "--repeat",
         type=int,

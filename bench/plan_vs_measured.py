@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Predicted against measured peak allocated GPU memory (issue 5): `runner.py train` for
+"""Predicted against measured peak allocated GPU memory: `runner.py train` for
 every strategy at world size 1, bf16, two micro-batch sizes, gpt2-124m and gpt2-350m, and
 the plan's prediction each run records in its summary.json beside what it measured.
 

@@ -1,6 +1,6 @@
 """What the bench scripts run: each benchmark run (a `runner.py train` configuration and the
-hand-written loop it is held to), the named groups of them that each fit one 10-minute device
-call, and the settings both sides share, with the two command lines built from them.
+hand-written loop it is held to), the named groups of them that each take a few minutes on a
+GPU, and the settings both sides share, with the two command lines built from them.
 
 bench/overhead.py times both sides on a GPU; bench/profile_step.py profiles both on the CPU.
 """
@@ -108,10 +108,9 @@ RUNS: list[Run] = [
 ]
 RUN_NAMES = {r.name: r for r in RUNS}
 
-# Groups that each fit one 10-minute device call (bench/README.md): wall times on the H100 of
-# 2026-11-23 (overhead.log, compare log), per process with start-up: torch runs 13-23 s,
-# DeepSpeed 23-34 s (its start-up dominates), compile 32-45 s. Each group runs native X
-# beside accelerate-X, as the accelerate rows are judged against it.
+# Groups of a few minutes each on a GPU (bench/README.md). Wall times on an H100, per process with
+# start-up: torch runs 13-23 s, DeepSpeed 23-34 s (its start-up dominates), compile 32-45 s. Each
+# group runs native X beside accelerate-X, as the accelerate rows are judged against it.
 GROUPS: dict[str, tuple[str, ...]] = {
     # 5 hand-written + 7 parabench processes: ~230 s a repeat.
     "torch": ("single", "ddp", "fsdp", "accelerate-ddp", "accelerate-fsdp", "single+ac", "fsdp-grad-op"),

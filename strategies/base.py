@@ -60,6 +60,13 @@ class StrategyError(ValueError):
     """A strategy that cannot run as asked (one line, says what to do)."""
 
 
+def no_checkpoints_error(name: str) -> StrategyError:
+    """The refusal of a run that asks a backend without checkpoints (checkpoint_format "") for them."""
+    return StrategyError(
+        f"strategy {name!r} cannot save or load checkpoints yet: run it with checkpoint_every=0 and no resume="
+    )
+
+
 @dataclass(frozen=True)
 class Preset:
     """One name a strategy class registers: what the name means (the options it fixes), in
@@ -105,6 +112,10 @@ class Strategy(ABC):
     checkpoint_format: ClassVar[str] = ""
     # Whether load() accepts a checkpoint saved by another number of ranks.
     checkpoint_reshards: ClassVar[bool] = True
+    # Runs as one process whatever the compare's process count: the reference, and DataParallel,
+    # which drives every visible GPU from one process. Read from the class that declares it, not
+    # inherited (ddp and fsdp reuse single's plain-torch verbs but run a process per device).
+    one_process: ClassVar[bool] = False
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -132,6 +143,11 @@ class Strategy(ABC):
         """Why this backend, with these preset options, cannot run on `device_type`
         ("cpu" or "cuda"), or None when it can. Compare skips such names with the reason."""
         return None
+
+    def devices(self) -> list[torch.device]:
+        """The devices this process computes on: its own, or every GPU a backend drives from one
+        process. MFU counts the peak of each, and peak memory is the largest among them."""
+        return [self.ctx.device]
 
     def find_blocks(self, model: nn.Module) -> Blocks:
         """The model's blocks as the run names or finds them (models/blocks.py)."""
@@ -208,9 +224,7 @@ class Strategy(ABC):
         raise StrategyError(f"strategy {cls.name or cls.__name__!r} cannot read its checkpoints back")
 
     def _no_checkpoints(self) -> StrategyError:
-        return StrategyError(
-            f"strategy {self.name!r} cannot save or load checkpoints yet: run it with checkpoint_every=0 and no resume="
-        )
+        return no_checkpoints_error(self.name)
 
     def teardown(self) -> None:
         """Release what setup built (the process group belongs to the runner)."""

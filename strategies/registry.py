@@ -63,6 +63,11 @@ class StrategyEntry:
         """Every option's value when a run sets none: the plugin's defaults, then the name's presets."""
         return {**(_keyword_options(self.cls) if self.cls else {}), **self.options}
 
+    @property
+    def one_process(self) -> bool:
+        """Whether a compare runs this name as one process, whatever its process count."""
+        return self.cls is not None and bool(vars(self.cls).get("one_process", False))
+
     def recovers_from_oom(self) -> bool:
         """Whether the batch search may probe several micro-batches of this name in one process."""
         return self.cls is not None and self.cls.recovers_from_oom(self.options)

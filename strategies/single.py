@@ -22,10 +22,19 @@ MODEL_FILE = "model.pt"  # the consolidated weights, plain parameter names
 OPTIMIZER_FILE = "optimizer.pt"  # optimizer and gradient-scaler state
 
 
+def started_more_than_one(name: str, processes: int) -> StrategyError:
+    """The refusal of a one-process strategy (Strategy.one_process) started as several."""
+    return StrategyError(
+        f"strategy {name!r} runs in one process but {processes} were started: use nproc=1 "
+        "or a multi-process strategy such as ddp"
+    )
+
+
 class SingleDeviceStrategy(Strategy):
     description = "one process, no parallelism (the reference)"
     presets = (Preset("single", description, plan=PlanModel("torch", 0)),)
     listing_order = 0
+    one_process = True
     # Every rank holds the whole model and the same optimizer state: rank 0's copy is the
     # checkpoint, readable at any world size, by single and ddp alike.
     checkpoint_format = "torch"
@@ -40,10 +49,7 @@ class SingleDeviceStrategy(Strategy):
 
     def _require_world_size_one(self) -> None:
         if self.ctx.world_size != 1:
-            raise StrategyError(
-                f"strategy 'single' runs in one process but {self.ctx.world_size} were started: use nproc=1 "
-                "or a parallel strategy such as ddp"
-            )
+            raise started_more_than_one(self.name, self.ctx.world_size)
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         self._require_world_size_one()

@@ -157,6 +157,12 @@ def main(args: list[str]) -> int:
     return 0 if any(r.ran for r in results) else 1
 
 
+def processes_for(name: str, nproc: int) -> int:
+    """The processes strategy `name` runs on: one where it drives every device from one process
+    (single, dataparallel), else the compare's nproc."""
+    return 1 if default_registry().get(name).one_process else nproc
+
+
 class Sweep:
     """Runs strategies and noise runs as supervised launcher jobs into `<out>/<strategy>/` and
     `<out>/noise/<seed>/`, each with its run.json, and rewrites results.json after each."""
@@ -194,7 +200,7 @@ class Sweep:
         ]
 
     def nproc_for(self, name: str) -> int:
-        return 1 if name == REFERENCE else self.nproc
+        return processes_for(name, self.nproc)
 
     def planned_run(self, name: str, versions: dict[str, Any], noise_seed: int | None = None) -> PlannedRun:
         """Strategy `name`'s run (or its noise run `noise_seed`), with its configuration's identity."""
@@ -204,7 +210,7 @@ class Sweep:
             "strategy": name,
             "noise_seed": noise_seed,
         }
-        nodes = 1 if name == REFERENCE or self.cfg.launcher == "local" else self.cfg.nodes
+        nodes = 1 if self.nproc_for(name) == 1 or self.cfg.launcher == "local" else self.cfg.nodes
         identity = run_identity(
             options, world_size=self.nproc_for(name), nodes=nodes, device_type=self.device_type, versions=versions
         )
@@ -356,7 +362,8 @@ class Sweep:
     def slurm_script(self, name: str, run_dir: Path, args: list[str], job: str | None = None) -> Path:
         """Write `<out>/slurm/parabench-<job, default name>.sbatch`: the reference on one process, the rest on
         nodes x gpus_per_node."""
-        nodes, per_node = (1, 1) if name == REFERENCE else (self.cfg.nodes, self.nproc // self.cfg.nodes)
+        one = self.nproc_for(name) == 1
+        nodes, per_node = (1, 1) if one else (self.cfg.nodes, self.nproc // self.cfg.nodes)
         spec = slurm.SlurmJob(
             name=f"parabench-{job or name}",
             nodes=nodes,
@@ -476,7 +483,7 @@ def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], 
     """Bad input fails once, here, as one line, rather than once per strategy."""
     for name in runnable:
         options = {**shared, "strategy_options": {**shared["strategy_options"], **own_options(cfg, name)}}
-        preflight(RunConfig(**options, strategy=name), 1 if name == REFERENCE else nproc)
+        preflight(RunConfig(**options, strategy=name), processes_for(name, nproc))
 
 
 def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult], device_type: str) -> dict:

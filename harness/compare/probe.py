@@ -173,7 +173,7 @@ def _train_briefly(
     with built(cfg, env) as training:
         refs.append(("model", weakref.ref(training.model)))
         refs.append(("strategy", weakref.ref(training.strategy)))
-        training.set_up()
+        training.setup()
         if training.strategy.optimizer is not None:
             refs.append(("optimizer", weakref.ref(training.strategy.optimizer)))
         if fake_limit is not None:

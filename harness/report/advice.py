@@ -22,7 +22,7 @@ def memory_per_rank(r: StrategyResult, device_type: str) -> float | None:
     return float(r.model_state_bytes) if r.model_state_bytes is not None else None
 
 
-def recommend(results: list[StrategyResult], reference: str | None, device_type: str) -> list[str]:
+def advice_from_results(results: list[StrategyResult], device_type: str) -> list[str]:
     """Sentences, best advice first."""
     ran = [r for r in results if r.ran]
     if not ran:

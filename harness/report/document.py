@@ -1,4 +1,4 @@
-"""A report as a list of plain blocks, written out twice: as Markdown (figures as
+"""A report as a list of plain elements, written out twice: as Markdown (figures as
 relative links) and as one self-contained HTML page (figures inline as base64 PNG,
 so the file opens in a browser with no server and can be mailed as it is).
 
@@ -50,28 +50,33 @@ class Preformatted:
     text: str
 
 
-Block = Union[Heading, Paragraph, Bullets, Table, Figure, Preformatted]
+Element = Union[Heading, Paragraph, Bullets, Table, Figure, Preformatted]
 
 
-def to_markdown(title: str, blocks: list[Block], base_dir: Path) -> str:
+def to_markdown(title: str, elements: list[Element], base_dir: Path) -> str:
     out = [f"# {title}", ""]
-    for block in blocks:
-        if isinstance(block, Heading):
-            out += ["#" * block.level + " " + block.text, ""]
-        elif isinstance(block, Paragraph):
-            out += [block.text, ""]
-        elif isinstance(block, Bullets):
-            out += [f"- {item}" for item in block.items] + [""]
-        elif isinstance(block, Table):
-            align = ["---:" if i in block.right_aligned else "---" for i in range(len(block.headers))]
-            out.append("| " + " | ".join(_md_cell(h) for h in block.headers) + " |")
+    for element in elements:
+        if isinstance(element, Heading):
+            out += ["#" * element.level + " " + element.text, ""]
+        elif isinstance(element, Paragraph):
+            out += [element.text, ""]
+        elif isinstance(element, Bullets):
+            out += [f"- {item}" for item in element.items] + [""]
+        elif isinstance(element, Table):
+            align = ["---:" if i in element.right_aligned else "---" for i in range(len(element.headers))]
+            out.append("| " + " | ".join(_md_cell(h) for h in element.headers) + " |")
             out.append("| " + " | ".join(align) + " |")
-            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in block.rows]
+            out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in element.rows]
             out.append("")
-        elif isinstance(block, Figure):
-            out += [f"![{block.caption}]({block.path.relative_to(base_dir).as_posix()})", "", f"*{block.caption}*", ""]
-        elif isinstance(block, Preformatted):
-            out += [f"**{block.title}**", "", "```", block.text.replace("```", "'''"), "```", ""]
+        elif isinstance(element, Figure):
+            out += [
+                f"![{element.caption}]({element.path.relative_to(base_dir).as_posix()})",
+                "",
+                f"*{element.caption}*",
+                "",
+            ]
+        elif isinstance(element, Preformatted):
+            out += [f"**{element.title}**", "", "```", element.text.replace("```", "'''"), "```", ""]
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -79,26 +84,26 @@ def _md_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def to_html(title: str, blocks: list[Block]) -> str:
+def to_html(title: str, elements: list[Element]) -> str:
     body = [f"<h1>{_inline(title)}</h1>"]
-    for block in blocks:
-        if isinstance(block, Heading):
-            body.append(f"<h{block.level}>{_inline(block.text)}</h{block.level}>")
-        elif isinstance(block, Paragraph):
-            body.append(f"<p>{_inline(block.text)}</p>")
-        elif isinstance(block, Bullets):
-            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in block.items) + "</ul>")
-        elif isinstance(block, Table):
-            body.append(_html_table(block))
-        elif isinstance(block, Figure):
-            data = base64.b64encode(block.path.read_bytes()).decode("ascii")
+    for element in elements:
+        if isinstance(element, Heading):
+            body.append(f"<h{element.level}>{_inline(element.text)}</h{element.level}>")
+        elif isinstance(element, Paragraph):
+            body.append(f"<p>{_inline(element.text)}</p>")
+        elif isinstance(element, Bullets):
+            body.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in element.items) + "</ul>")
+        elif isinstance(element, Table):
+            body.append(_html_table(element))
+        elif isinstance(element, Figure):
+            data = base64.b64encode(element.path.read_bytes()).decode("ascii")
             body.append(
-                f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(block.caption)}">'
-                f"<figcaption>{_inline(block.caption)}</figcaption></figure>"
+                f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(element.caption)}">'
+                f"<figcaption>{_inline(element.caption)}</figcaption></figure>"
             )
-        elif isinstance(block, Preformatted):
+        elif isinstance(element, Preformatted):
             body.append(
-                f"<details><summary>{_inline(block.title)}</summary><pre>{html.escape(block.text)}</pre></details>"
+                f"<details><summary>{_inline(element.title)}</summary><pre>{html.escape(element.text)}</pre></details>"
             )
     return _PAGE.format(title=html.escape(title), body="\n".join(body))
 

@@ -14,10 +14,10 @@ from harness.common.colours import strategy_colours
 from harness.common.units import human_bytes
 from harness.compare import NoiseBand, StrategyResult, bound_at, floor_of, load_metrics, results_for_report
 from harness.report import figures
-from harness.report.advice import recommend
+from harness.report.advice import advice_from_results
 from harness.report.document import (
-    Block,
     Bullets,
+    Element,
     Figure,
     Heading,
     Paragraph,
@@ -51,10 +51,10 @@ def build_report(compare_dir: Path) -> tuple[Path, Path]:
     curves = {r.name: load_metrics(compare_dir / str(r.run_dir)) for r in results if r.ran}
     curves = {name: rows for name, rows in curves.items() if rows}
     title = _title(sweep)
-    blocks = _blocks(compare_dir, sweep, results, curves)
+    elements = _elements(compare_dir, sweep, results, curves)
     md_path, html_path = compare_dir / "report.md", compare_dir / "report.html"
-    md_path.write_text(to_markdown(title, blocks, compare_dir))
-    html_path.write_text(to_html(title, blocks))
+    md_path.write_text(to_markdown(title, elements, compare_dir))
+    html_path.write_text(to_html(title, elements))
     return md_path, html_path
 
 
@@ -96,7 +96,7 @@ def noise_band_of(sweep: dict[str, Any]) -> NoiseBand | None:
     return NoiseBand(**{k: v for k, v in recorded.items() if k != "rule"}) if recorded else None
 
 
-def _blocks(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResult], curves) -> list[Block]:
+def _elements(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResult], curves) -> list[Element]:
     device_type = sweep.get("device_type", "cpu")
     reference = sweep.get("reference")
     bound = loss_bound(compare_dir, sweep, curves)
@@ -106,11 +106,11 @@ def _blocks(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResu
     colour = strategy_colours([r.name for r in results])
     ran = [r for r in results if r.ran]
 
-    blocks: list[Block] = [*_overview(sweep, results)]
-    blocks += [Heading("Summary (fastest first)"), _summary_table(ran, device_type)]
-    blocks += _verdict_rule(sweep) + _unstable_start(curves.get(reference, []), sweep)
+    elements: list[Element] = [*_overview(sweep, results)]
+    elements += [Heading("Summary (fastest first)"), _summary_table(ran, device_type)]
+    elements += _verdict_rule(sweep) + _unstable_start(curves.get(reference, []), sweep)
     if device_type == "cpu":
-        blocks.append(
+        elements.append(
             Paragraph(
                 "Peak memory is not measured on CPU (no allocator statistics): the memory columns "
                 "and figures show the model states each rank holds, measured from the tensors."
@@ -151,17 +151,17 @@ def _blocks(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyResu
     ]
     for heading, path, caption in drawn:
         if path is not None:
-            blocks += [Heading(heading), Figure(path, caption)]
-    blocks += _predictions(ran)
-    blocks += _calibration(compare_dir, sweep)
-    blocks += _batch_search(sweep.get("batch_search"))
-    blocks += _problems(results)
-    blocks += _environment(sweep)
-    blocks += [Heading("Recommendation"), Bullets(recommend(results, reference, device_type))]
-    return blocks
+            elements += [Heading(heading), Figure(path, caption)]
+    elements += _predictions(ran)
+    elements += _calibration(compare_dir, sweep)
+    elements += _batch_search(sweep.get("batch_search"))
+    elements += _problems(results)
+    elements += _environment(sweep)
+    elements += [Heading("Recommendation"), Bullets(advice_from_results(results, device_type))]
+    return elements
 
 
-def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Block]:
+def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Element]:
     config = sweep.get("config", {})
     reference = sweep.get("reference")
     ran = [r for r in results if r.ran]
@@ -174,8 +174,8 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Bloc
         if reference
         else "none (no strategy finished)"
     )
-    blocks: list[Block] = [Paragraph(line) for line in _state_lines(sweep, results)]
-    blocks.append(
+    elements: list[Element] = [Paragraph(line) for line in _state_lines(sweep, results)]
+    elements.append(
         Paragraph(
             f"Every strategy trained the same model on the same data from the same seed, with global batch "
             f"{config.get('batch_size')} x {config.get('seq_len')} tokens for {config.get('steps')} steps, on "
@@ -186,13 +186,13 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Bloc
             + f". Reference: {ref_text}."
         )
     )
-    blocks.append(
+    elements.append(
         Paragraph(
             f"Command: `{sweep.get('command', 'python runner.py compare')}` "
             f"(started {sweep.get('started_at', '?')}, {sweep.get('wall_time_s', 0):.0f} s)."
         )
     )
-    return blocks
+    return elements
 
 
 STATE_LINES = {
@@ -229,7 +229,7 @@ def _state_lines(sweep: dict[str, Any], results: list[StrategyResult]) -> list[s
     return lines
 
 
-def _verdict_rule(sweep: dict[str, Any]) -> list[Block]:
+def _verdict_rule(sweep: dict[str, Any]) -> list[Element]:
     """How the loss verdicts were reached: against measured noise, or a fixed tolerance, and why."""
     noise = sweep.get("noise") or {}
     band = noise_band_of(sweep)
@@ -264,7 +264,7 @@ def _verdict_rule(sweep: dict[str, Any]) -> list[Block]:
 UNSTABLE_RISE = 0.03
 
 
-def _unstable_start(reference_rows: list[dict], sweep: dict[str, Any]) -> list[Block]:
+def _unstable_start(reference_rows: list[dict], sweep: dict[str, Any]) -> list[Element]:
     if not reference_rows:
         return []
     first = reference_rows[0]
@@ -326,7 +326,7 @@ def _number(value: float | None, fmt: str, scale: float = 1.0) -> str:
     return "n/a" if value is None else fmt.format(value * scale)
 
 
-def _predictions(ran: list[StrategyResult]) -> list[Block]:
+def _predictions(ran: list[StrategyResult]) -> list[Element]:
     """One row per strategy, one column per predicted quantity: `predicted / measured (error)`."""
     predicted_keys = [key for key, _, _ in PREDICTED if any((r.prediction or {}).get(key) is not None for r in ran)]
     if not predicted_keys:
@@ -350,7 +350,7 @@ def _predictions(ran: list[StrategyResult]) -> list[Block]:
     ]
 
 
-def _calibration(compare_dir: Path, sweep: dict[str, Any]) -> list[Block]:
+def _calibration(compare_dir: Path, sweep: dict[str, Any]) -> list[Element]:
     """What this machine measured against what the planner assumes, fitted as `plan calibrate=` fits it
     (the compare records the fit in results.json)."""
     calibration = sweep.get("calibration") or {}
@@ -400,12 +400,12 @@ def _predicted_cell(predicted: float | None, measured: float | None, kind: str) 
     return f"{show(predicted)} / {show(measured)}{error}"
 
 
-def _batch_search(found: dict | None) -> list[Block]:
+def _batch_search(found: dict | None) -> list[Element]:
     if not found:
         return []
-    blocks: list[Block] = [Heading("Largest micro-batch per strategy")]
+    elements: list[Element] = [Heading("Largest micro-batch per strategy")]
     if "skipped" in found:
-        return blocks + [Paragraph(found["skipped"])]
+        return elements + [Paragraph(found["skipped"])]
     rows = []
     for s in found.get("results", []):
         size = "none fits" if s["largest_micro_batch"] is None else str(s["largest_micro_batch"])
@@ -425,7 +425,7 @@ def _batch_search(found: dict | None) -> list[Block]:
                 "; ".join(filter(None, [s["error"], s["note"], s["prediction_note"]])),
             ]
         )
-    blocks.append(
+    elements.append(
         Paragraph(
             "Each search starts at the micro-batch the planner predicts is the largest that fits (its predicted peak "
             f"allocated within {found['predicted_within']:.0%} of the device's memory; the compare's micro-batch "
@@ -443,7 +443,7 @@ def _batch_search(found: dict | None) -> list[Block]:
         )
     )
     headers = ["strategy", "predicted", "found", "next size up", "probes", "tokens/s", "peak alloc", "time", "note"]
-    return blocks + [Table(headers, rows, right_aligned={1, 2, 3, 5, 6, 7})]
+    return elements + [Table(headers, rows, right_aligned={1, 2, 3, 5, 6, 7})]
 
 
 def _probes_by_process(probes: list[dict]) -> str:
@@ -457,22 +457,22 @@ def _probes_by_process(probes: list[dict]) -> str:
     return " ".join(f"[{', '.join(group)}]" for group in groups)
 
 
-def _problems(results: list[StrategyResult]) -> list[Block]:
+def _problems(results: list[StrategyResult]) -> list[Element]:
     troubled = [r for r in results if not r.ran]
     if not troubled:
         return []
     rows = [[f"`{r.name}`", r.status, r.error_kind or "", r.error or ""] for r in troubled]
-    blocks: list[Block] = [
+    elements: list[Element] = [
         Heading("Failed and skipped strategies"),
         Table(["strategy", "status", "kind", "reason"], rows),
     ]
     for r in troubled:
         if r.log_tail:
-            blocks.append(Preformatted(f"{r.name}: last lines of {r.run_dir}/log.txt", "\n".join(r.log_tail)))
-    return blocks
+            elements.append(Preformatted(f"{r.name}: last lines of {r.run_dir}/log.txt", "\n".join(r.log_tail)))
+    return elements
 
 
-def _environment(sweep: dict[str, Any]) -> list[Block]:
+def _environment(sweep: dict[str, Any]) -> list[Element]:
     env = sweep.get("environment", {})
     versions = env.get("versions", {})
     rows = [

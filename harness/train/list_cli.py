@@ -1,9 +1,10 @@
-"""`runner.py list`: strategies (available or not, and why) and models with their sizes."""
+"""`runner.py list`: strategies (available or not, and why) and models with their sizes.
+`runner.py list --markdown`: the strategies as a Markdown table (the README's table)."""
 
 from __future__ import annotations
 
 from models.zoo import describe, known_models
-from strategies.registry import default_registry
+from strategies.registry import StrategyRegistry, default_registry
 
 
 def _as_typed(value: object) -> str:
@@ -13,9 +14,21 @@ def _as_typed(value: object) -> str:
     return str(value)
 
 
+def strategy_table(registry: StrategyRegistry) -> list[str]:
+    """Every name of `registry` as a row: what it is and the options a run may set."""
+    rows = ["| strategy | what it is | options (`strategy_options.<name>=`) |", "|---|---|---|"]
+    for entry in registry.entries():
+        options = ", ".join(f"`{name}`" for name in entry.user_options()) or "-"
+        rows.append(f"| `{entry.name}` | {entry.description} | {options} |")
+    return rows
+
+
 def main(args: list[str]) -> int:
+    if args == ["--markdown"]:
+        print("\n".join(strategy_table(default_registry())))
+        return 0
     if args:
-        raise ValueError(f"list takes no arguments (got {' '.join(args)})")
+        raise ValueError(f"list takes no arguments but --markdown (got {' '.join(args)})")
     print("strategies:")
     for entry in default_registry().entries():
         reason = entry.unavailable_reason

@@ -35,7 +35,7 @@ from models.activation_checkpointing import enable_checkpointing
 from models.blocks import Blocks, find_blocks
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
-from strategies.base import PRECISIONS, RunContext, Strategy, StrategyError, torch_dtype
+from strategies.base import PRECISIONS, RunContext, Strategy, no_checkpoints_error, torch_dtype
 from strategies.memory import MemoryBreakdown
 from strategies.registry import default_registry
 
@@ -99,12 +99,13 @@ class Training:
     fpt: float = 0.0
     lr_schedule: Schedule | None = None
 
-    def set_up(self) -> None:
+    def setup(self) -> None:
         """Wrap or shard the model and build its optimizer; peak memory is counted from here."""
         cfg, env = self.cfg, self.env
         self.n_params, self.fpt = num_params(self.model), flops_per_token(self.model, cfg.seq_len)
         self.lr_schedule = resolve_schedule(cfg.lr, cfg.min_lr, cfg.warmup_steps, params=self.n_params, steps=cfg.steps)
-        device_info.reset_peak_memory(env.device)
+        for device in self.strategy.devices():
+            device_info.reset_peak_memory(device)
         noise = RoundingNoise(cfg.precision, cfg.noise_seed, env.rank) if cfg.noise_seed is not None else None
         self.model, _ = self.strategy.setup(
             self.model, adamw_factory(self.lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise)
@@ -119,6 +120,7 @@ class Training:
             precision=self.cfg.precision,
             timing_warmup=self.cfg.timing_warmup,
             printer=_rank0_print(self.env),
+            devices=self.strategy.devices(),
         )
 
     def train(
@@ -127,7 +129,7 @@ class Training:
         """Steps start_step..cfg.steps-1 (after_step(steps done) after each); returns the memory
         held between backward and step of the second step, and the dtype the loss came back in."""
         cfg, env, strategy, model = self.cfg, self.env, self.strategy, self.model
-        assert self.lr_schedule is not None, "set_up() first"
+        assert self.lr_schedule is not None, "setup() first"
         metrics.start(first_step=start_step, append=start_step > 0)
         profiler = StepProfiler(cfg.profile_steps, Path(cfg.out_dir) / "profile", env.rank, env.device)
         memory = None
@@ -166,6 +168,24 @@ class Training:
         return memory, loss_dtype
 
 
+def create_strategy(cfg: RunConfig, env: distributed.DistEnv) -> Strategy:
+    """`cfg.strategy` for this rank of `env`, constructed (not yet set up): its options and
+    configuration checked."""
+    micro_batch, grad_accum = cfg.world_batch(env.world_size)
+    ctx = RunContext(
+        rank=env.rank,
+        world_size=env.world_size,
+        local_rank=env.local_rank,
+        device=env.device,
+        precision=cfg.precision,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        grad_clip=cfg.grad_clip,
+        config=cfg,
+    )
+    return default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+
+
 @contextlib.contextmanager
 def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
     """The model, data and strategy of `cfg` on this rank, not yet set up; the strategy is torn
@@ -183,18 +203,7 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
             seed=cfg.seed,
         )
         schedule = GlobalBatchSchedule(len(data), cfg.batch_size, cfg.seed)
-        ctx = RunContext(
-            rank=env.rank,
-            world_size=env.world_size,
-            local_rank=env.local_rank,
-            device=env.device,
-            precision=cfg.precision,
-            micro_batch=micro_batch,
-            grad_accum=grad_accum,
-            grad_clip=cfg.grad_clip,
-            config=cfg,
-        )
-        strategy = default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+        strategy = create_strategy(cfg, env)
         # The whole model or per block: the backend knows which it can take.
         compiled = strategy.compile(model) if cfg.compile else None
         yield Training(
@@ -216,7 +225,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 Path(cfg.out_dir) / "checkpoints", env.rank, env.world_size, cfg.keep_last, printer=_rank0_print(env)
             )
             resume_from = _find_checkpoint(cfg, strategy, checkpoints)
-            training.set_up()
+            training.setup()
             # The discovery warning matters where the backend works block by block.
             blocks_warning = training.blocks.warning if strategy.layout is not None else None
             start_step = 0
@@ -252,19 +261,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             memory, loss_dtype = training.train(
                 metrics, start_step, after_step if cfg.checkpoint_every or fault else None
             )
-            summary = _summary(
-                cfg,
-                env,
-                strategy,
-                metrics,
-                memory,
-                training.n_params,
-                training.fpt,
-                training.data,
-                training.micro_batch,
-                training.grad_accum,
-                started,
-            )
+            summary = _summary(training, metrics, memory, started)
             summary["resumed_from_step"] = start_step
             summary["compiled"] = training.compiled  # None: eager
             # The learning rates the run used, derived ones filled in.
@@ -302,9 +299,7 @@ def _find_checkpoint(
 ) -> tuple[Path, Manifest] | None:
     """Where this run starts: refused up front if the backend cannot checkpoint at all."""
     if (cfg.checkpoint_every or cfg.resume) and not strategy.checkpoint_format:
-        raise StrategyError(
-            f"strategy {cfg.strategy!r} cannot save or load checkpoints yet: set checkpoint_every=0 and no resume="
-        )
+        raise no_checkpoints_error(cfg.strategy)
     found = checkpoints.find(cfg.resume, will_write=cfg.checkpoint_every > 0)
     if found is not None and found[1].step >= cfg.steps:
         raise CheckpointError(
@@ -333,7 +328,8 @@ def _logged_step(line: str) -> float:
         return float("inf")  # a line torn by the kill: dropped with the steps after the checkpoint
 
 
-def _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_batch, grad_accum, started) -> dict:
+def _summary(training: Training, metrics: StepMetrics, memory: MemoryBreakdown, started: float) -> dict[str, Any]:
+    cfg, env = training.cfg, training.env
     last = metrics.last_row
     topology = distributed.topology(env)
     return {
@@ -345,12 +341,13 @@ def _summary(cfg, env, strategy, metrics, memory, n_params, fpt, data, micro_bat
         "device": device_info.device_name(env.device),
         "device_memory_bytes": device_info.device_memory(env.device),
         "device_type": env.device.type,
-        "micro_batch": micro_batch,
-        "grad_accum": grad_accum,
-        "num_params": n_params,
-        "flops_per_token": fpt,
+        "devices_per_process": len(training.strategy.devices()),
+        "micro_batch": training.micro_batch,
+        "grad_accum": training.grad_accum,
+        "num_params": training.n_params,
+        "flops_per_token": training.fpt,
         "tokens_per_step": cfg.batch_size * cfg.seq_len,
-        "loss_floor": getattr(data, "loss_floor", None),
+        "loss_floor": getattr(training.data, "loss_floor", None),
         "steps": metrics.steps_logged,
         "final_loss": last.get("loss"),
         **metrics.throughput(),

@@ -31,6 +31,9 @@ class StepMetrics:
     precision: str
     timing_warmup: int
     printer: Callable[[str], None] = print
+    # Every device this rank computes on (DataParallel drives several): MFU counts the peak of
+    # each, and peak memory is the largest among them. Empty: the rank's own device.
+    devices: list[torch.device] = field(default_factory=list)
     _pending: list[tuple[int, float, torch.Tensor]] = field(default_factory=list)
     _interval_start: float = 0.0
     _warm_start: float | None = None
@@ -39,7 +42,10 @@ class StepMetrics:
     steps_logged: int = 0
 
     def __post_init__(self) -> None:
-        self.peak_flops = device_info.peak_flops(self.env.device, self.precision)
+        self.devices = self.devices or [self.env.device]
+        peak_flops = device_info.peak_flops(self.env.device, self.precision)
+        # What the whole job could compute: every device of every rank.
+        self.job_peak_flops = peak_flops * self.env.world_size * len(self.devices) if peak_flops else None
         self.path = self.out_dir / "metrics.jsonl"
         if self.env.is_main:
             self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -69,12 +75,12 @@ class StepMetrics:
         step_time = (now - self._interval_start) / len(self._pending)
         self._interval_start = now
 
-        peak = device_info.peak_memory(self.env.device) or (0, 0)
+        peak = [max(p) for p in zip(*(device_info.peak_memory(d) or (0, 0) for d in self.devices), strict=True)]
         mem = [memory.total(c) for c in ("params", "grads", "optimizer")]
         reduced = all_reduce([*peak, *mem], dist.ReduceOp.MAX, self.env.device)
         on_cuda = self.env.device.type == "cuda"
         tokens_per_s = self.tokens_per_step / step_time
-        mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.env.world_size) if self.peak_flops else None
+        mfu = tokens_per_s * self.flops_per_token / self.job_peak_flops if self.job_peak_flops else None
 
         rows = []
         for (step, lr, _), loss in zip(self._pending, losses, strict=True):
@@ -125,7 +131,7 @@ class StepMetrics:
             return {"tokens_per_s": None, "step_time_s": None, "mfu": None}
         elapsed = self._interval_start - self._warm_start
         tokens_per_s = self.tokens_per_step * self._warm_steps / elapsed
-        mfu = tokens_per_s * self.flops_per_token / (self.peak_flops * self.env.world_size) if self.peak_flops else None
+        mfu = tokens_per_s * self.flops_per_token / self.job_peak_flops if self.job_peak_flops else None
         return {"tokens_per_s": tokens_per_s, "step_time_s": elapsed / self._warm_steps, "mfu": mfu}
 
     def should_flush(self, step: int, log_every: int, last_step: int) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from configs.schema import RunConfig
 from models.data import TokenFileData
-from strategies.base import RunContext
 from strategies.registry import default_registry
+from strategies.single import started_more_than_one
 
 
 def preflight(cfg: RunConfig, world_size: int) -> None:
@@ -19,22 +19,14 @@ def preflight(cfg: RunConfig, world_size: int) -> None:
     """
     import torch
 
-    from harness.train.loop import prepare_model
+    from harness.train.distributed import DistEnv
+    from harness.train.loop import create_strategy, prepare_model
 
-    micro_batch, grad_accum = cfg.world_batch(world_size)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    ctx = RunContext(
-        rank=0,
-        world_size=world_size,
-        local_rank=0,
-        device=torch.device("cuda" if use_cuda else "cpu"),
-        precision=cfg.precision,
-        micro_batch=micro_batch,
-        grad_accum=grad_accum,
-        grad_clip=cfg.grad_clip,
-        config=cfg,
-    )
-    default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+    device = torch.device("cuda" if use_cuda else "cpu")
+    create_strategy(cfg, DistEnv(rank=0, world_size=world_size, local_rank=0, device=device))
+    if world_size > 1 and default_registry().get(cfg.strategy).one_process:
+        raise started_more_than_one(cfg.strategy, world_size)
     with torch.device("meta"):
         prepare_model(cfg)
     if cfg.data != "markov":

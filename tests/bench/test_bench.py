@@ -1,4 +1,4 @@
-"""bench/overhead.py must not rot before a GPU session runs it: its dry run (tiny model,
+"""bench/overhead.py must not rot before a GPU machine runs it: its dry run (tiny model,
 CPU, fp32) goes through the same code paths, and its table must come out with both
 columns for each run. No speed is asserted here; the figures belong to the GPU run."""
 

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.units import GIB
 from harness.compare.batch_search import FITS, OOM, Probe, Search
 from harness.compare.results import StrategyResult, assign_verdicts, load_metrics, read_results, write_results
 from harness.compare.verdict import measure_noise
-from harness.report.advice import recommend
+from harness.report.advice import advice_from_results
 from harness.report.report_cli import build_report
 from tests.helpers import run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-GIB = 2**30
 
 
 def write_run(compare_dir: Path, name: str, losses: list[float]) -> None:
@@ -216,7 +216,7 @@ def test_summary_table_verdicts_and_failures(gpu_report):
 
 def test_recommendation_is_drawn_from_the_measurements(tmp_path):
     results = make_compare_dir(tmp_path, "cuda")
-    advice = " ".join(recommend(results, "single", "cuda"))
+    advice = " ".join(advice_from_results(results, "cuda"))
     # The fastest overall differs: the advice names the fastest that matches instead.
     assert "Fastest that matches the reference: `ddp`" in advice
     assert f"{70_000 / 50_000:.2f}x the next, `zero3`" in advice
@@ -224,7 +224,7 @@ def test_recommendation_is_drawn_from_the_measurements(tmp_path):
     assert "Avoid `fast-but-wrong`" in advice and "Avoid `broken`" in advice and "out of memory" in advice
     assert "`needs-gpu`" in advice
     assert f"`single` (by `ddp`, {70_000 / 40_000:.1f}x faster)" in advice  # beaten on speed, no less memory
-    cpu_advice = recommend(results, "single", "cpu")
+    cpu_advice = advice_from_results(results, "cpu")
     assert any("CPU processes" in line for line in cpu_advice)
     assert any("Least memory per rank: `zero3`" in line and "model-state" in line for line in cpu_advice)
 

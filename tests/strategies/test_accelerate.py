@@ -119,11 +119,42 @@ def test_rank0_says_which_mode_accelerate_runs(runs, mode, expected_type, source
     assert f"gradient_accumulation_steps {summary['grad_accum']}" in lines[0]
 
 
+@pytest.fixture(scope="module")
+def accumulated(tmp_path_factory) -> list[dict]:
+    """Per rank, what tests/strategies/accumulation_worker.py read after each micro-step of
+    accelerate-fsdp and accelerate-zero2 (2 ranks x 2 rows x 2 micro-steps)."""
+    path = tmp_path_factory.mktemp("accumulation") / "gradients.json"
+    worker = ROOT / "tests" / "strategies" / "accumulation_worker.py"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(worker), str(path)]
+    proc = subprocess.run(
+        [*cmd, "accelerate-fsdp,accelerate-zero2"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env_for_tests(),
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    return [json.loads(Path(f"{path}.rank{rank}").read_text()) for rank in range(2)]
+
+
 @needs_backends
-def test_accumulation_really_accumulates(runs):
+def test_accumulation_really_accumulates(runs, accumulated):
+    """The accumulating runs (which match single's curve: test_loss_matches_single) took 2
+    micro-steps a step; and the gradients show it: under FSDP nothing is reduced on the first
+    micro-step, and after the last every rank holds the whole global batch's gradient, not its
+    own micro-steps'; DeepSpeed's engine steps once, after the last."""
     for mode in ("fsdp", "zero2"):
         summary, _, _ = runs[mode]
         assert (summary["micro_batch"], summary["grad_accum"]) == (2, 2), mode
+    for rank, probed in enumerate(accumulated):
+        assert all("error" not in result for result in probed.values()), probed
+        first, last = probed["accelerate-fsdp"]["after_micro_step"]
+        assert first["unreduced"] > 0 and first["largest_difference_from"] == {"own": None, "global": None}
+        assert last["unreduced"] == 0, f"rank {rank}"
+        assert last["largest_difference_from"]["global"] < 1e-6, f"rank {rank}: {last}"
+        assert last["largest_difference_from"]["own"] > 1e-3, f"rank {rank}: {last}"
+        assert [after["global_steps"] for after in probed["accelerate-zero2"]["after_micro_step"]] == [0, 1]
 
 
 @needs_backends
@@ -343,14 +374,25 @@ def test_contradicting_settings_are_refused_in_one_line(env, mode, ctx, fix):
 
 @pytest.mark.parametrize("precision", sorted(ACCELERATE_PRECISION))
 def test_matching_settings_pass(precision):
+    ctx = _ctx(precision, grad_accum=2)
     env = {
         "ACCELERATE_MIXED_PRECISION": ACCELERATE_PRECISION[precision],
         "ACCELERATE_USE_FSDP": "true",
         "FSDP_VERSION": "2",
         "ACCELERATE_GRADIENT_ACCUMULATION_STEPS": "2",
     }
-    check_launcher_settings(env, "fsdp", _ctx(precision, grad_accum=2))
-    check_launcher_settings({}, "zero3", _ctx(precision))  # not launched: nothing to contradict
+    assert check_launcher_settings(env, "fsdp", ctx) is None
+    assert check_launcher_settings({}, "zero3", _ctx(precision)) is None  # not launched: nothing to contradict
+    # Each of those settings is read: the same launch with any one of them changed is refused.
+    other_precision = next(v for k, v in ACCELERATE_PRECISION.items() if k != precision)
+    for key, changed, words in (
+        ("ACCELERATE_MIXED_PRECISION", other_precision, f"mixed_precision={other_precision}"),
+        ("ACCELERATE_USE_FSDP", "false", "set up for ddp"),
+        ("FSDP_VERSION", "1", "asks for FSDP1"),
+        ("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4", "gradient_accumulation_steps=4"),
+    ):
+        with pytest.raises(StrategyError, match=words):
+            check_launcher_settings({**env, key: changed}, "fsdp", ctx)
 
 
 @needs_backends

@@ -9,10 +9,10 @@ import torch
 
 from strategies.base import RunContext, StrategyError
 from strategies.registry import StrategyRegistry, default_registry
-from strategies.single import SingleDeviceStrategy
+from strategies.single import SingleDeviceStrategy, started_more_than_one
 from tests.helpers import env_for_tests, run_cli
 
-TORCH_NAMES = {"single", "ddp", "fsdp", "fsdp-grad-op", "fsdp-offload"}
+TORCH_NAMES = {"single", "ddp", "dataparallel", "fsdp", "fsdp-grad-op", "fsdp-offload"}
 DEEPSPEED_NAMES = {"zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"}
 ACCELERATE_NAMES = {"accelerate-ddp", "accelerate-fsdp", "accelerate-zero1", "accelerate-zero2", "accelerate-zero3"}
 
@@ -95,6 +95,12 @@ def test_cli_unknown_strategy_is_one_line():
     assert proc.stderr.strip().count("\n") == 0 and "unknown strategy 'nope'" in proc.stderr
 
 
+def test_a_one_process_strategy_started_as_two_is_one_line_before_any_worker():
+    proc = run_cli(["train", "strategy=single", "nproc=2", "steps=1"], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr == f"parabench: error: {started_more_than_one('single', 2)}\n"
+
+
 def _install_plugin(tmp_path, entry_value: str, module_source: str):
     (tmp_path / "myplugin.py").write_text(textwrap.dedent(module_source))
     dist = tmp_path / "myplugin-0.1.dist-info"
@@ -111,7 +117,7 @@ def test_entry_point_plugin_shows_up_and_trains(tmp_path):
         tmp_path,
         "my-single = myplugin:MySingle",
         """
-        from strategies.single import SingleDeviceStrategy
+        from strategies.single import SingleDeviceStrategy, started_more_than_one
 
         class MySingle(SingleDeviceStrategy):
             description = "a third-party plugin"

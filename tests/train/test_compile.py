@@ -5,7 +5,11 @@ and trains the same curve as eager `single`."""
 from __future__ import annotations
 
 import pytest
+import torch
 
+from configs.schema import RunConfig
+from harness.train.distributed import DistEnv
+from harness.train.loop import _header, built
 from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
 
 # Inductor on the CPU fuses and reorders fp32 arithmetic: close to eager, not bit-equal.
@@ -43,4 +47,15 @@ def test_compiled_run_matches_eager_single(tmp_path, strategy, nproc, compiled, 
 
 
 def test_eager_run_says_it_was_not_compiled(reference_run):
+    """compile=false leaves the model's forward its own and says so (summary null, no word in the
+    run's header); compile=true, the same run otherwise, replaces the forward and says that."""
     assert reference_run[0]["compiled"] is None
+    env = DistEnv(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    for compile, said in ((False, None), (True, "whole model")):
+        cfg = RunConfig(strategy="single", model="gpt-nano", device="cpu", seq_len=32, data_samples=64, compile=compile)
+        with built(cfg, env) as training:
+            training.setup()
+            # Module.compile() installs the compiled forward here; nothing runs until the first step.
+            replaced = training.model._compiled_call_impl is not None
+            assert (training.compiled, replaced) == (said, compile)
+            assert ("compiled:" in _header(training)) == compile
