@@ -11,6 +11,7 @@ The keys, their defaults and meanings are the fields of RunConfig in configs/sch
 from __future__ import annotations
 
 from configs.schema import load_config
+from harness.common.writable import check_writable
 from harness.train.distributed import launched_by_launcher
 from harness.train.launch import run_under_torchrun
 from harness.train.run_checks import preflight
@@ -21,6 +22,7 @@ def main(args: list[str]) -> int:
     if launched_by_launcher():
         from harness.train.loop import run
 
+        check_writable(cfg.out_dir)  # no preflight under another launcher: every rank says it, and stops
         run(cfg)
         return 0
     nproc = cfg.nproc or 1
