@@ -31,6 +31,7 @@ from harness.train.metrics import StepMetrics
 from harness.train.noise import RoundingNoise
 from harness.train.optimizer import Schedule, adamw_factory, resolve_schedule
 from harness.train.profiling import StepProfiler
+from harness.train.trackers import Trackers, tracking
 from models.activation_checkpointing import enable_checkpointing
 from models.blocks import Blocks, find_blocks
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
@@ -110,7 +111,7 @@ class Training:
             self.model, adamw_factory(self.lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise)
         )
 
-    def step_metrics(self) -> StepMetrics:
+    def step_metrics(self, trackers: Trackers | None = None) -> StepMetrics:
         return StepMetrics(
             env=self.env,
             out_dir=Path(self.cfg.out_dir),
@@ -119,6 +120,7 @@ class Training:
             precision=self.cfg.precision,
             timing_warmup=self.cfg.timing_warmup,
             printer=_rank0_print(self.env),
+            trackers=trackers,
         )
 
     def train(
@@ -210,7 +212,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     determinism = make_deterministic() if cfg.deterministic else None  # before the first CUDA kernel
     env = distributed.init_distributed(cfg.device, cfg.pg_timeout_s)
     try:
-        with built(cfg, env) as training:
+        with built(cfg, env) as training, tracking(cfg, env) as trackers:
             strategy = training.strategy
             checkpoints = CheckpointManager(
                 Path(cfg.out_dir) / "checkpoints", env.rank, env.world_size, cfg.keep_last, printer=_rank0_print(env)
@@ -234,7 +236,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 start_step = manifest.step
                 if env.is_main:
                     _keep_metrics_up_to(Path(cfg.out_dir) / "metrics.jsonl", start_step)
-            metrics = training.step_metrics()
+            metrics = training.step_metrics(trackers)
             _rank0_print(env)(_header(training))
             if blocks_warning:
                 _rank0_print(env)(f"warning: {blocks_warning}")

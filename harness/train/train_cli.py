@@ -15,6 +15,7 @@ from harness.common.writable import check_writable
 from harness.train.distributed import launched_by_launcher
 from harness.train.launch import run_under_torchrun
 from harness.train.run_checks import preflight
+from harness.train.trackers import check_trackers
 
 
 def main(args: list[str]) -> int:
@@ -22,7 +23,9 @@ def main(args: list[str]) -> int:
     if launched_by_launcher():
         from harness.train.loop import run
 
-        check_writable(cfg.out_dir)  # no preflight under another launcher: every rank says it, and stops
+        # No preflight under another launcher: every rank checks these, and stops with one line.
+        check_writable(cfg.out_dir)
+        check_trackers(cfg)
         run(cfg)
         return 0
     nproc = cfg.nproc or 1
