@@ -113,6 +113,8 @@ def train_options(cfg: CompareConfig, strategy_names: Collection[str]) -> dict[s
     shared = {f.name for f in fields(RunConfig)} - set(PER_RUN)
     options = {k: v for k, v in to_dict(cfg).items() if k in shared}
     options.update(_tracker_options(cfg))
+    # A run's whole output is its log.txt already (harness/compare/supervise.py), libraries' included.
+    options["verbose"] = True
     options["strategy_options"] = {
         k: v for k, v in options["strategy_options"].items() if not _is_section(k, v, strategy_names)
     }

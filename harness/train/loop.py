@@ -27,6 +27,7 @@ from harness.common.testing_hooks import fault_after_step
 from harness.train import device_info, distributed
 from harness.train.checkpoint import CheckpointError, CheckpointManager, Manifest, param_shapes
 from harness.train.determinism import make_deterministic
+from harness.train.library_output import loggers_to_stderr
 from harness.train.metrics import StepMetrics
 from harness.train.noise import RoundingNoise
 from harness.train.optimizer import Schedule, adamw_factory, resolve_schedule
@@ -110,6 +111,7 @@ class Training:
         self.model, _ = self.strategy.setup(
             self.model, adamw_factory(self.lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise)
         )
+        loggers_to_stderr()  # of the libraries the backend imported: stdout is the run's own
 
     def step_metrics(self, trackers: Trackers | None = None) -> StepMetrics:
         return StepMetrics(
@@ -211,6 +213,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     """Train under the current launcher's process group; returns the summary (on every rank)."""
     determinism = make_deterministic() if cfg.deterministic else None  # before the first CUDA kernel
     env = distributed.init_distributed(cfg.device, cfg.pg_timeout_s)
+    # DeepSpeed, wherever a backend imports it, then need not detect the device (and warn it found none).
+    os.environ.setdefault("DS_ACCELERATOR", env.device.type)
     try:
         with built(cfg, env) as training, tracking(cfg, env) as trackers:
             strategy = training.strategy

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Iterator
@@ -101,7 +102,10 @@ class AccelerateStrategy(Strategy):
         import torch.distributed as dist
 
         runner_group = dist.group.WORLD
-        self.accelerator = self._build_accelerator(model)
+        # DeepSpeed's notices (the CPU communication op it builds when Accelerate starts it) print on
+        # stdout, which carries the run's own lines: to stderr, with the rest of what the libraries say.
+        with contextlib.redirect_stdout(sys.stderr):
+            self.accelerator = self._build_accelerator(model)
         if dist.group.WORLD is not runner_group:
             raise StrategyError(
                 "Accelerate replaced the runner's process group: launch with torchrun or accelerate launch"
