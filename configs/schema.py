@@ -77,7 +77,7 @@ class RunConfig:
     # always (tensorboard=false: not); `trackers=[wandb,mlflow]` logs the same through those libraries too.
     tensorboard: bool = True
     trackers: list[str] = field(default_factory=list)
-    tracker_project: str = "parabench"  # the W&B project
+    tracker_project: Optional[str] = None  # the W&B project; None: WANDB_PROJECT, else parabench
     tracker_group: Optional[str] = None  # W&B group and MLflow experiment; None: a compare's out_dir name
     # The MLflow tracking URI; None: MLFLOW_TRACKING_URI, else sqlite:///<out_dir>/mlflow.db (a compare's out_dir).
     tracker_uri: Optional[str] = None

@@ -132,7 +132,7 @@ class WandB:
 
         try:
             self.run = wandb.init(
-                project=self.cfg.tracker_project,
+                project=self.cfg.tracker_project or os.environ.get("WANDB_PROJECT") or "parabench",
                 group=group_name(self.cfg),
                 name=run_name(self.cfg),
                 job_type="noise" if self.cfg.noise_seed is not None else "train",
