@@ -143,7 +143,8 @@ class WandB:
             )
         except Exception as exc:  # no login, no network, a bad project name: W&B's own words, on one line
             raise TrackerError(
-                f"W&B could not start a run: {_first_line(exc)}: log in with `wandb login`, or set WANDB_MODE=offline"
+                f"W&B could not start a run ({_first_line(exc)}): log in with `wandb login`, "
+                "or set WANDB_MODE=offline to keep the runs on disk"
             ) from None
 
     def log(self, rows: list[dict[str, Any]]) -> None:
@@ -179,7 +180,7 @@ class MLflow:
             )
         except Exception as exc:  # a server that does not answer, a store it cannot open
             raise TrackerError(
-                f"MLflow could not start a run at {uri}: {_first_line(exc)}: check tracker_uri="
+                f"MLflow could not start a run at {uri} ({_first_line(exc)}): check tracker_uri="
             ) from None
         self.run_id = run.info.run_id
         params = [Param(key, value) for key, value in _flat(to_dict(self.cfg)).items()]
