@@ -74,8 +74,9 @@ class RunConfig:
     # and a summary per rank in <out_dir>/profile/ (harness/train/profiling.py). They run slower.
     profile_steps: list[int] = field(default_factory=list)
     # Where the curves go besides metrics.jsonl (docs/trackers.md): TensorBoard event files in out_dir
-    # always (tensorboard=false: not); `trackers=[wandb,mlflow]` logs the same through those libraries too.
-    tensorboard: bool = True
+    # (unset: wherever tensorboard is installed, as it is with parabench; true: required; false: none);
+    # `trackers=[wandb,mlflow]` logs the same through those libraries too.
+    tensorboard: Optional[bool] = None
     trackers: list[str] = field(default_factory=list)
     tracker_project: Optional[str] = None  # the W&B project; None: WANDB_PROJECT, else parabench
     tracker_group: Optional[str] = None  # W&B group and MLflow experiment; None: a compare's out_dir name
@@ -158,7 +159,7 @@ def _validate(cfg: RunConfig) -> None:
             close = difflib.get_close_matches(name, TRACKERS, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise ConfigError(f"trackers=[{name}]: unknown tracker: {hint}trackers are {', '.join(TRACKERS)}")
-    if not cfg.tensorboard and "tensorboard" in cfg.trackers:
+    if cfg.tensorboard is False and "tensorboard" in cfg.trackers:
         raise ConfigError("tensorboard=false but trackers= lists tensorboard: drop one of the two")
     steps = list(cfg.profile_steps)
     if steps and (steps != list(range(steps[0], steps[0] + len(steps))) or steps[0] < 1 or steps[-1] > cfg.steps):

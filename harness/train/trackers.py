@@ -1,5 +1,6 @@
 """Where a run's curves go besides metrics.jsonl, each through its library's own writer:
-TensorBoard event files in out_dir (always, unless tensorboard=false), and with
+TensorBoard event files in out_dir (wherever tensorboard is installed, as it is with
+parabench; tensorboard=true requires it, tensorboard=false turns it off), and with
 `trackers=[wandb]` / `trackers=[mlflow]` a W&B run and an MLflow run.
 
 Rank 0 writes, at the logging interval, the rows the metrics flush has already reduced over
@@ -52,11 +53,18 @@ class TrackerError(ValueError):
 def enabled(cfg: RunConfig) -> list[str]:
     """The trackers this run writes to, TensorBoard first."""
     rest = [name for name in dict.fromkeys(cfg.trackers) if name != "tensorboard"]
-    return (["tensorboard"] if cfg.tensorboard else []) + rest
+    return (["tensorboard"] if _tensorboard(cfg) else []) + rest
+
+
+def _tensorboard(cfg: RunConfig) -> bool:
+    if cfg.tensorboard is None and "tensorboard" not in cfg.trackers:
+        # Unasked for, it is written where it can be: an environment of one's own (a GPU image) may lack it.
+        return importlib.util.find_spec("tensorboard") is not None
+    return cfg.tensorboard is not False
 
 
 def check_trackers(cfg: RunConfig) -> None:
-    """Every tracker's library is there (without importing it): one line naming the package if not."""
+    """Every tracker asked for has its library (looked for, not imported): one line naming the package if not."""
     for name in enabled(cfg):
         if importlib.util.find_spec(name) is None:
             extra = " (or tensorboard=false)" if name == "tensorboard" else f" (or drop {name} from trackers=)"
@@ -231,6 +239,8 @@ def tracking(cfg: RunConfig, env: DistEnv) -> Iterator[Trackers | None]:
         yield None
         return
     trackers = Trackers(cfg)
+    if "tensorboard" not in enabled(cfg) and cfg.tensorboard is None:
+        print("note: tensorboard is not installed, so no event files: pip install tensorboard", flush=True)
     failed = True
     try:
         yield trackers

@@ -19,7 +19,7 @@ import pytest
 
 import runner
 from configs.schema import ConfigError, load_config
-from harness.train.trackers import TrackerError, check_trackers, group_name, run_name
+from harness.train.trackers import TrackerError, check_trackers, enabled, group_name, run_name
 from tests.helpers import NANO, env_for_tests, run_cli
 
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
@@ -135,6 +135,14 @@ def test_a_noise_run_is_named_apart_from_its_strategy():
     assert run_name(noise) == "single noise 2"
     assert run_name(load_config(["strategy=ddp"])) == "ddp"
     assert group_name(noise) == "2" and group_name(load_config(["tracker_group=mine"])) == "mine"
+
+
+def test_tensorboard_unasked_is_written_where_installed(monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    check_trackers(load_config([]))  # not installed, not asked for: no event files, no error
+    assert enabled(load_config([])) == []
+    with pytest.raises(TrackerError, match="tracker tensorboard needs the tensorboard package"):
+        check_trackers(load_config(["tensorboard=true"]))
 
 
 def test_tracker_names_are_checked():
