@@ -44,6 +44,7 @@ SCALARS = {
 }
 EVENT_FILE_GLOB = "events.out.tfevents.*"
 MLFLOW_DB = "mlflow.db"
+MLFLOW_BATCH = {"params": 100, "metrics": 1000}  # the most MLflow takes in one log_batch
 
 
 class TrackerError(ValueError):
@@ -192,14 +193,16 @@ class MLflow:
             ) from None
         self.run_id = run.info.run_id
         params = [Param(key, value) for key, value in _flat(to_dict(self.cfg)).items()]
-        self.client.log_batch(self.run_id, params=params)
+        for first in range(0, len(params), MLFLOW_BATCH["params"]):
+            self.client.log_batch(self.run_id, params=params[first : first + MLFLOW_BATCH["params"]])
 
     def log(self, rows: list[dict[str, Any]]) -> None:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         metrics = [Metric(tag, value, now, row["step"]) for row in rows for tag, value in scalars(row).items()]
-        self.client.log_batch(self.run_id, metrics=metrics)  # the interval's rows in one request
+        for first in range(0, len(metrics), MLFLOW_BATCH["metrics"]):  # the interval's rows in few requests
+            self.client.log_batch(self.run_id, metrics=metrics[first : first + MLFLOW_BATCH["metrics"]])
 
     def close(self, failed: bool) -> None:
         if self.run_id is not None:
