@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 CONFIG_DIR = Path(__file__).resolve().parent
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("auto", "cpu", "cuda")
+TRACKERS = ("tensorboard", "wandb", "mlflow")
 
 
 class ConfigError(ValueError):
@@ -72,6 +73,18 @@ class RunConfig:
     # Consecutive steps (numbered from 1, as in metrics.jsonl) to run under torch.profiler: a trace
     # and a summary per rank in <out_dir>/profile/ (harness/train/profiling.py). They run slower.
     profile_steps: list[int] = field(default_factory=list)
+    # Where the curves go besides metrics.jsonl (docs/trackers.md): TensorBoard event files in out_dir
+    # (unset: wherever tensorboard is installed, as it is with parabench; true: required; false: none);
+    # `trackers=[wandb,mlflow]` logs the same through those libraries too.
+    tensorboard: Optional[bool] = None
+    trackers: list[str] = field(default_factory=list)
+    tracker_project: Optional[str] = None  # the W&B project; None: WANDB_PROJECT, else parabench
+    tracker_group: Optional[str] = None  # W&B group and MLflow experiment; None: a compare's out_dir name
+    # The MLflow tracking URI; None: MLFLOW_TRACKING_URI, else sqlite:///<out_dir>/mlflow.db (a compare's out_dir).
+    tracker_uri: Optional[str] = None
+    # Library warnings and logs (Python warnings, DeepSpeed's and others' loggers) go to <out_dir>/log.txt;
+    # true: to the terminal, as the libraries print them.
+    verbose: bool = False
     # Backend options: passed to the strategy plugin as keyword arguments.
     strategy_options: dict[str, Any] = field(default_factory=dict)
     deepspeed_config: Optional[str] = None  # a user's DeepSpeed JSON, merged over the built one
@@ -141,6 +154,13 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(f"beta1={cfg.beta1}, beta2={cfg.beta2}: each must be in [0, 1)")
     if cfg.pg_timeout_s <= 0:
         raise ConfigError(f"pg_timeout_s={cfg.pg_timeout_s} must be positive")
+    for name in cfg.trackers:
+        if name not in TRACKERS:
+            close = difflib.get_close_matches(name, TRACKERS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise ConfigError(f"trackers=[{name}]: unknown tracker: {hint}trackers are {', '.join(TRACKERS)}")
+    if cfg.tensorboard is False and "tensorboard" in cfg.trackers:
+        raise ConfigError("tensorboard=false but trackers= lists tensorboard: drop one of the two")
     steps = list(cfg.profile_steps)
     if steps and (steps != list(range(steps[0], steps[0] + len(steps))) or steps[0] < 1 or steps[-1] > cfg.steps):
         raise ConfigError(
@@ -174,7 +194,7 @@ def _read_yaml(path: str) -> DictConfig:
 
 
 # Keys holding a list of names, which also take `key=a,b` and `key=a` for `key=[a,b]`.
-LIST_KEYS = ("model_blocks",)
+LIST_KEYS = ("model_blocks", "trackers")
 
 
 def parse_overrides(args: list[str]) -> list[str]:

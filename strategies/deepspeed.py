@@ -32,6 +32,7 @@ import io
 import json
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
@@ -183,10 +184,13 @@ class DeepSpeedStrategy(Strategy):
         write_config(self.config, self.ctx)
         if self.stage == 3:  # found before DeepSpeed empties the parameters into its partitions
             self.layout = zero3_layout(self.find_blocks(model))
-        # The runner's process group already exists: DeepSpeed wraps it, never makes its own.
-        engine, _, _, _ = deepspeed.initialize(
-            model=model, optimizer=optimizer, config=self.config, dist_init_required=False
-        )
+        # The runner's process group already exists: DeepSpeed wraps it, never makes its own. Its
+        # notices (the CPU communication op it builds) print on stdout, which carries the run's own
+        # lines: to stderr, with the rest of what the libraries say.
+        with contextlib.redirect_stdout(sys.stderr):
+            engine, _, _, _ = deepspeed.initialize(
+                model=model, optimizer=optimizer, config=self.config, dist_init_required=False
+            )
         if engine.dp_world_size != self.ctx.world_size:
             raise StrategyError(
                 f"DeepSpeed sees {engine.dp_world_size} data-parallel ranks but the run has {self.ctx.world_size}"
@@ -284,6 +288,9 @@ def _import_deepspeed(ctx: RunContext) -> Any:
         raise StrategyError(f"DeepSpeed cannot train in fp16 on this {device}: use precision=bf16 or precision=fp32")
     # DeepSpeed logs every setting at INFO on every rank; the runner reports the run.
     deepspeed.utils.logger.setLevel(logging.WARNING)
+    for handler in deepspeed.utils.logger.handlers:  # its own, on stdout: the run's own lines go there
+        if type(handler) is logging.StreamHandler and handler.stream in (sys.stdout, sys.__stdout__):
+            handler.setStream(sys.stderr)
     return deepspeed
 
 

@@ -31,6 +31,7 @@ from typing import Any, Callable
 from omegaconf import OmegaConf
 
 from configs.schema import ConfigError, RunConfig, to_dict
+from harness.common.writable import check_writable
 from harness.compare import batch_search, slurm
 from harness.compare.collect import collect
 from harness.compare.compare_config import (
@@ -481,6 +482,7 @@ def _skip_reason(registry: StrategyRegistry, name: str, device_type: str) -> str
 
 def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], nproc: int) -> None:
     """Bad input fails once, here, as one line, rather than once per strategy."""
+    check_writable(cfg.out_dir)
     for name in runnable:
         options = {**shared, "strategy_options": {**shared["strategy_options"], **own_options(cfg, name)}}
         preflight(RunConfig(**options, strategy=name), processes_for(name, nproc))

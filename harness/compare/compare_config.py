@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Collection, Optional
 
 from configs.schema import ConfigError, RunConfig, load_config, to_dict
 from harness.compare.resume import check_mode
+from harness.train import MLFLOW_DB
 
 DEFAULT_PRESET = "default"
 
@@ -115,9 +118,22 @@ def train_options(cfg: CompareConfig, strategy_names: Collection[str]) -> dict[s
     is left out here: see own_options."""
     shared = {f.name for f in fields(RunConfig)} - set(PER_RUN)
     options = {k: v for k, v in to_dict(cfg).items() if k in shared}
+    options.update(_tracker_options(cfg))
+    # A run's whole output is its log.txt already (harness/compare/supervise.py), libraries' included.
+    options["verbose"] = True
     options["strategy_options"] = {
         k: v for k, v in options["strategy_options"].items() if not _is_section(k, v, strategy_names)
     }
+    return options
+
+
+def _tracker_options(cfg: CompareConfig) -> dict[str, Any]:
+    """The compare's runs log as one group (W&B) or experiment (MLflow) named after the
+    compare's out_dir, into one MLflow store there unless a server is named."""
+    out = Path(cfg.out_dir).resolve()
+    options: dict[str, Any] = {"tracker_group": cfg.tracker_group or out.name}
+    if "mlflow" in cfg.trackers and not cfg.tracker_uri and not os.environ.get("MLFLOW_TRACKING_URI"):
+        options["tracker_uri"] = f"sqlite:///{out / MLFLOW_DB}"
     return options
 
 

@@ -52,6 +52,12 @@ class Preformatted:
 
 Element = Union[Heading, Paragraph, Bullets, Table, Figure, Preformatted]
 
+# The HTML page's text column, and so the width a figure is shown at on a wide screen: drawn at
+# exactly that many pixels, a figure shows at its own size, neither scaled down nor blurred.
+PAGE_WIDTH_PX = 1100
+PAGE_PADDING_PX = 16
+FIGURE_WIDTH_PX = PAGE_WIDTH_PX - 2 * PAGE_PADDING_PX - 2  # less the image's 1px border
+
 
 def to_markdown(title: str, elements: list[Element], base_dir: Path) -> str:
     out = [f"# {title}", ""]
@@ -105,7 +111,9 @@ def to_html(title: str, elements: list[Element]) -> str:
             body.append(
                 f"<details><summary>{_inline(element.title)}</summary><pre>{html.escape(element.text)}</pre></details>"
             )
-    return _PAGE.format(title=html.escape(title), body="\n".join(body))
+    return _PAGE.format(
+        title=html.escape(title), body="\n".join(body), page_width=PAGE_WIDTH_PX, padding=PAGE_PADDING_PX
+    )
 
 
 def _html_table(table: Table) -> str:
@@ -131,8 +139,8 @@ _PAGE = """<!DOCTYPE html>
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{title}</title>
 <style>
-body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: 1100px; margin: 2em auto;
-       padding: 0 1em; color: #1d1d1f; line-height: 1.45; }}
+body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; max-width: {page_width}px; margin: 2em auto;
+       padding: 0 {padding}px; color: #1d1d1f; line-height: 1.45; }}
 h1 {{ font-size: 1.6em; border-bottom: 2px solid #ddd; padding-bottom: .3em; }}
 h2 {{ font-size: 1.25em; margin-top: 1.8em; border-bottom: 1px solid #eee; padding-bottom: .2em; }}
 table {{ border-collapse: collapse; margin: .8em 0; font-size: .92em; }}

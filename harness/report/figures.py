@@ -2,7 +2,10 @@
 
 Every function takes what was measured and a PNG path, draws one figure, and
 returns the path, or None when there is nothing to draw (for example no strategy
-finished). A strategy keeps its colour in every figure.
+finished); its draw_* twin returns the figure itself. A strategy keeps its colour in
+every figure. Figures are as wide as the HTML report shows them (document.FIGURE_WIDTH_PX),
+and a legend with an entry per strategy sits below the axes, in as many columns as fit:
+inside the picture however many strategies there are and however long their names.
 """
 
 from __future__ import annotations
@@ -22,8 +25,11 @@ from matplotlib.transforms import Bbox  # noqa: E402
 
 from harness.common.units import byte_unit  # noqa: E402
 from harness.compare import StrategyResult  # noqa: E402
+from harness.report.document import FIGURE_WIDTH_PX  # noqa: E402
 
 DPI = 110
+WIDTH_IN = FIGURE_WIDTH_PX / DPI
+LEGEND_FONT = 8  # points
 MEMORY_PARTS = (
     ("params", "mem_params_bytes", "#4C72B0"),
     ("grads", "mem_grads_bytes", "#DD8452"),
@@ -49,9 +55,16 @@ def _line_style(index: int) -> dict:
 def loss_curves(
     curves: Curves, colour: dict, loss_floor: float | None, reference: str | None, path: Path
 ) -> Path | None:
+    drawn = draw_loss_curves(curves, colour, loss_floor, reference)
+    return None if drawn is None else _save(drawn, path)
+
+
+def draw_loss_curves(
+    curves: Curves, colour: dict, loss_floor: float | None, reference: str | None
+) -> plt.Figure | None:
     if not curves:
         return None
-    fig, ax = plt.subplots(figsize=(9, 4.8))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.4), layout="constrained")
     for i, (name, rows) in enumerate(curves.items()):
         style = {"linewidth": 4, "alpha": 0.35} if name == reference else _line_style(i)
         ax.plot(
@@ -66,8 +79,8 @@ def loss_curves(
     ax.set(xlabel="step", ylabel="training loss (mean over the global batch)", title="Loss curves")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2 if len(curves) > 6 else 1)
-    return _save(fig, path)
+    legend_below(fig, *ax.get_legend_handles_labels())
+    return fig
 
 
 @dataclass(frozen=True)
@@ -82,12 +95,18 @@ class LossBound:
 
 
 def loss_vs_reference(curves: Curves, colour: dict, reference: str | None, bound: LossBound, path: Path) -> Path | None:
+    drawn = draw_loss_vs_reference(curves, colour, reference, bound)
+    return None if drawn is None else _save(drawn, path)
+
+
+def draw_loss_vs_reference(curves: Curves, colour: dict, reference: str | None, bound: LossBound) -> plt.Figure | None:
     """Left: loss minus the reference's, step by step, with the noise runs in grey. Right: its
-    relative size on a log scale against the bound (shaded), where fp32's 1e-7 stays visible."""
+    relative size on a log scale against the bound (shaded), where fp32's 1e-7 stays visible.
+    One legend below both."""
     if reference not in curves or len(curves) < 2:
         return None
     ref = {r["step"]: r["loss"] for r in curves[reference]}
-    fig, (signed, relative) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (signed, relative) = plt.subplots(1, 2, figsize=(WIDTH_IN, 4.4), layout="constrained")
     floor = min(bound.allowed) * 1e-4  # where an exact match is drawn on the log scale
     for i, rows in enumerate(bound.noise_curves):
         common = [r for r in rows if r["step"] in ref]
@@ -128,14 +147,22 @@ def loss_vs_reference(curves: Curves, colour: dict, reference: str | None, bound
     for ax in (signed, relative):
         ax.grid(alpha=0.3)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # The strategies' lines and the bound from the right, the noise runs' grey from the left.
+    handles, labels = relative.get_legend_handles_labels()
+    noise_handles, noise_labels = signed.get_legend_handles_labels()
     if bound.noise_curves:
-        signed.legend(handles=signed.get_legend_handles_labels()[0][:1], fontsize=8, loc="best")
-    relative.legend(fontsize=7, ncol=2 if len(curves) > 7 else 1, loc="upper left", bbox_to_anchor=(1.01, 1))
-    return _save(fig, path)
+        handles, labels = handles + noise_handles[:1], labels + noise_labels[:1]
+    legend_below(fig, handles, labels)
+    return fig
 
 
 def memory_per_rank(results: list[StrategyResult], device_type: str, path: Path) -> Path | None:
     """Stacked bars: what each rank holds (params, grads, optimizer) and, on GPU, the rest of the peak."""
+    drawn = draw_memory_per_rank(results, device_type)
+    return None if drawn is None else _save(drawn, path)
+
+
+def draw_memory_per_rank(results: list[StrategyResult], device_type: str) -> plt.Figure | None:
     ran = [r for r in results if r.ran and r.model_state_bytes is not None]
     if not ran:
         return None
@@ -144,7 +171,7 @@ def memory_per_rank(results: list[StrategyResult], device_type: str, path: Path)
         max(r.peak_mem_allocated_bytes or 0, r.model_state_bytes or 0) if on_gpu else r.model_state_bytes for r in ran
     ]
     scale, unit = byte_unit(max(totals))
-    fig, ax = plt.subplots(figsize=(min(13, max(8, 0.5 * len(ran) + 5)), 4.8))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 4.8), layout="constrained")
     names = [r.name for r in ran]
     bottom = [0.0] * len(ran)
     for label, key, colour in MEMORY_PARTS:
@@ -160,19 +187,25 @@ def memory_per_rank(results: list[StrategyResult], device_type: str, path: Path)
         title = "Model states per rank on CPU (peak memory is not measured on CPU)"
     for i, total in enumerate(totals):
         ax.text(i, total / scale, f"{total / scale:.3g}", ha="center", va="bottom", fontsize=8)
+    ax.set_ylim(top=max(totals) / scale * 1.08)  # room for the tallest bar's figure
     ax.set(ylabel=unit, title=title)
     ax.tick_params(axis="x", rotation=30)
     plt.setp(ax.get_xticklabels(), ha="right")
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))  # outside: bars reach the top
-    return _save(fig, path)
+    legend_below(fig, *ax.get_legend_handles_labels())  # not over the bars, which reach the top
+    return fig
 
 
 def throughput(results: list[StrategyResult], colour: dict, path: Path) -> Path | None:
+    drawn = draw_throughput(results, colour)
+    return None if drawn is None else _save(drawn, path)
+
+
+def draw_throughput(results: list[StrategyResult], colour: dict) -> plt.Figure | None:
     ran = sorted((r for r in results if r.ran and r.tokens_per_s), key=lambda r: r.tokens_per_s)
     if not ran:
         return None
-    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.45 * len(ran) + 1.2)))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, max(2.5, 0.45 * len(ran) + 1.2)), layout="constrained")
     values = [r.tokens_per_s for r in ran]
     bars = ax.barh([r.name for r in ran], values, color=[colour[r.name] for r in ran])
     for bar, r in zip(bars, ran, strict=True):
@@ -193,15 +226,15 @@ def throughput(results: list[StrategyResult], colour: dict, path: Path) -> Path 
     if any(r.matches_reference is False for r in ran):
         ax.legend(
             handles=[Patch(facecolor="white", edgecolor="black", hatch="//", label="loss differs from the reference")],
-            fontsize=8,
+            fontsize=LEGEND_FONT,
             loc="lower right",
         )
-    return _save(fig, path)
+    return fig
 
 
 def memory_vs_throughput(results: list[StrategyResult], colour: dict, device_type: str, path: Path) -> Path | None:
     drawn = draw_memory_vs_throughput(results, colour, device_type)
-    return None if drawn is None else _save(drawn[0], path, layout=False)
+    return None if drawn is None else _save(drawn[0], path)
 
 
 def draw_memory_vs_throughput(
@@ -213,7 +246,7 @@ def draw_memory_vs_throughput(
         return None
     memory = [_memory_figure(r, device_type) for r in ran]
     scale, unit = byte_unit(max(memory))
-    fig, ax = plt.subplots(figsize=(8.5, 5.5))
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, 5.5))
     points = [(mem / scale, r.tokens_per_s) for r, mem in zip(ran, memory, strict=True)]
     for (x, y), r in zip(points, ran, strict=True):
         ax.scatter(x, y, s=60, color=colour[r.name], edgecolor="black", linewidth=0.5, zorder=3)
@@ -294,10 +327,24 @@ def _memory_figure(r: StrategyResult, device_type: str) -> float | None:
     return float(r.model_state_bytes) if r.model_state_bytes else None
 
 
-def _save(fig, path: Path, layout: bool = True) -> Path:
+def legend_below(fig: plt.Figure, handles: list, labels: list[str]) -> None:
+    """One legend under the axes (the figure's constrained layout makes room), in as many columns
+    as fit its width; the figure grows by the legend's height, so the axes keep theirs."""
+    if not handles:
+        return
+    renderer = fig.canvas.get_renderer()
+    for ncol in range(len(handles), 0, -1):
+        legend = fig.legend(handles, labels, loc="outside lower center", ncol=ncol, fontsize=LEGEND_FONT)
+        box = legend.get_window_extent(renderer)
+        if box.width <= fig.bbox.width * 0.98 or ncol == 1:
+            break
+        legend.remove()
+    width, height = fig.get_size_inches()
+    fig.set_size_inches(width, height + box.height / fig.dpi)
+
+
+def _save(fig: plt.Figure, path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
-    if layout:
-        fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path

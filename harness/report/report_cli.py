@@ -12,6 +12,7 @@ from typing import Any
 
 from harness.common.colours import strategy_colours
 from harness.common.units import human_bytes
+from harness.common.writable import check_writable
 from harness.compare import NoiseBand, StrategyResult, bound_at, floor_of, load_metrics, results_for_report
 from harness.report import figures
 from harness.report.advice import advice_from_results
@@ -40,7 +41,10 @@ PREDICTED = (
 def main(args: list[str]) -> int:
     if len(args) != 1 or "=" in args[0]:
         raise ValueError("usage: runner.py report <dir>: the out_dir of a `runner.py compare` run")
-    md_path, html_path = build_report(Path(args[0]))
+    folder = Path(args[0])
+    if folder.is_dir():  # a missing one is read_results' error: it holds no results
+        check_writable(folder, f"the compare folder {folder}", create=False, fix="copy it somewhere writable first")
+    md_path, html_path = build_report(folder)
     print(f"report: {md_path}\n        {html_path}")
     return 0
 

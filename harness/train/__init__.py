@@ -18,6 +18,7 @@ _EXPORTS = {
     "built": "loop",
     "library_versions": "loop",
     "UNIT_ROUNDOFF": "noise",
+    "MLFLOW_DB": "trackers",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -73,7 +72,7 @@ def init_distributed(requested_device: str, timeout_s: float) -> DistEnv:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     hazard = restart_hazard()
     if hazard and rank == 0:
-        print(f"parabench: warning: {hazard}", file=sys.stderr, flush=True)
+        print(f"parabench: warning: {hazard}", flush=True)  # stdout: stderr is the libraries' (library_output.py)
     device = pick_device(requested_device, local_rank)
     if not dist.is_initialized():
         # CPU tensors (gloo) still need a path on a GPU machine: offload and host-side metrics use it.

@@ -27,10 +27,12 @@ from harness.common.testing_hooks import fault_after_step
 from harness.train import device_info, distributed
 from harness.train.checkpoint import CheckpointError, CheckpointManager, Manifest, param_shapes
 from harness.train.determinism import make_deterministic
+from harness.train.library_output import loggers_to_stderr
 from harness.train.metrics import StepMetrics
 from harness.train.noise import RoundingNoise
 from harness.train.optimizer import Schedule, adamw_factory, resolve_schedule
 from harness.train.profiling import StepProfiler
+from harness.train.trackers import Trackers, tracking
 from models.activation_checkpointing import enable_checkpointing
 from models.blocks import Blocks, find_blocks
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
@@ -110,8 +112,9 @@ class Training:
         self.model, _ = self.strategy.setup(
             self.model, adamw_factory(self.lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise)
         )
+        loggers_to_stderr()  # of the libraries the backend imported: stdout is the run's own
 
-    def step_metrics(self) -> StepMetrics:
+    def step_metrics(self, trackers: Trackers | None = None) -> StepMetrics:
         return StepMetrics(
             env=self.env,
             out_dir=Path(self.cfg.out_dir),
@@ -121,6 +124,7 @@ class Training:
             timing_warmup=self.cfg.timing_warmup,
             printer=_rank0_print(self.env),
             devices=self.strategy.devices(),
+            trackers=trackers,
         )
 
     def train(
@@ -218,8 +222,10 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     """Train under the current launcher's process group; returns the summary (on every rank)."""
     determinism = make_deterministic() if cfg.deterministic else None  # before the first CUDA kernel
     env = distributed.init_distributed(cfg.device, cfg.pg_timeout_s)
+    # DeepSpeed, wherever a backend imports it, then need not detect the device (and warn it found none).
+    os.environ.setdefault("DS_ACCELERATOR", env.device.type)
     try:
-        with built(cfg, env) as training:
+        with built(cfg, env) as training, tracking(cfg, env) as trackers:
             strategy = training.strategy
             checkpoints = CheckpointManager(
                 Path(cfg.out_dir) / "checkpoints", env.rank, env.world_size, cfg.keep_last, printer=_rank0_print(env)
@@ -243,7 +249,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 start_step = manifest.step
                 if env.is_main:
                     _keep_metrics_up_to(Path(cfg.out_dir) / "metrics.jsonl", start_step)
-            metrics = training.step_metrics()
+            metrics = training.step_metrics(trackers)
             _rank0_print(env)(_header(training))
             if blocks_warning:
                 _rank0_print(env)(f"warning: {blocks_warning}")

@@ -2,8 +2,9 @@
 
 Step losses stay on the device until a flush; a flush does one all-reduce for the
 losses and one for the memory figures, then rank 0 appends a line per step to
-metrics.jsonl. Step time is the interval's wall time over its steps, so it is the
-real time, not the time to enqueue kernels.
+metrics.jsonl and hands the same rows to the run's trackers (TensorBoard, W&B, MLflow).
+Step time is the interval's wall time over its steps, so it is the real time, not the time
+to enqueue kernels.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch.distributed as dist
 
 from harness.train import device_info
 from harness.train.distributed import DistEnv, all_reduce
+from harness.train.trackers import Trackers
 from strategies.memory import MemoryBreakdown
 
 
@@ -34,10 +36,12 @@ class StepMetrics:
     # Every device this rank computes on (DataParallel drives several): MFU counts the peak of
     # each, and peak memory is the largest among them. Empty: the rank's own device.
     devices: list[torch.device] = field(default_factory=list)
+    trackers: Trackers | None = None  # rank 0's TensorBoard, W&B, MLflow writers (harness/train/trackers.py)
     _pending: list[tuple[int, float, torch.Tensor]] = field(default_factory=list)
     _interval_start: float = 0.0
-    _warm_start: float | None = None
+    _warm: bool = False  # past the first `timing_warmup` steps
     _warm_steps: int = 0
+    _warm_elapsed: float = 0.0  # the timed intervals' wall time since
     last_row: dict[str, Any] = field(default_factory=dict)
     steps_logged: int = 0
 
@@ -55,6 +59,8 @@ class StepMetrics:
         """Begin timing at `first_step` (non-zero on resume); a fresh run starts the file anew."""
         if self.env.is_main and not append:
             self.path.write_text("")
+        if self.trackers is not None:
+            self.trackers.start(first_step)
         self.first_step = first_step
         self._interval_start = time.perf_counter()
 
@@ -72,7 +78,8 @@ class StepMetrics:
         losses = (losses / self.env.world_size).tolist()  # the host sync of this interval
         device_info.synchronize(self.env.device)
         now = time.perf_counter()
-        step_time = (now - self._interval_start) / len(self._pending)
+        interval = now - self._interval_start
+        step_time = interval / len(self._pending)
         self._interval_start = now
 
         peak = [max(p) for p in zip(*(device_info.peak_memory(d) or (0, 0) for d in self.devices), strict=True)]
@@ -102,12 +109,17 @@ class StepMetrics:
         # Only the interval's rows are kept in memory: a million-step run must not grow the host heap.
         self.last_row, self.steps_logged = rows[-1], self.steps_logged + len(rows)
         last_step = self._pending[-1][0]
-        self._track_warm_time(last_step, now, len(self._pending))
+        self._track_warm_time(last_step, interval, len(self._pending))
         self._pending.clear()
         if self.env.is_main:
             with self.path.open("a") as f:
                 for row in rows:
                     f.write(json.dumps(row) + "\n")
+            if self.trackers is not None:
+                logging_started = time.perf_counter()
+                self.trackers.log(rows)
+                # What the trackers take is the harness's time, not the strategy's: out of the next interval.
+                self._interval_start += time.perf_counter() - logging_started
             self.printer(
                 f"step {last_step + 1:>5} | loss {self.last_row['loss']:.4f} | lr {self.last_row['lr']:.2e} | "
                 f"{step_time * 1e3:8.1f} ms/step | {tokens_per_s:>10,.0f} tok/s"
@@ -115,21 +127,21 @@ class StepMetrics:
             )
         return self.last_row
 
-    def _track_warm_time(self, last_step: int, now: float, n: int) -> None:
+    def _track_warm_time(self, last_step: int, interval: float, n: int) -> None:
         # Throughput leaves out the first `timing_warmup` steps of this process
         # (allocator growth, autotuning, compilation); the loop flushes right after them.
         done = last_step + 1 - self.first_step
-        if self._warm_start is None:
-            if done >= self.timing_warmup:
-                self._warm_start = now
+        if not self._warm:
+            self._warm = done >= self.timing_warmup
         else:
             self._warm_steps += n
+            self._warm_elapsed += interval
 
     def throughput(self) -> dict[str, float | None]:
         """Whole-job tokens/s and mean step time after warm-up (None if too few steps)."""
-        if not self._warm_steps or self._warm_start is None:
+        if not self._warm_steps:
             return {"tokens_per_s": None, "step_time_s": None, "mfu": None}
-        elapsed = self._interval_start - self._warm_start
+        elapsed = self._warm_elapsed
         tokens_per_s = self.tokens_per_step * self._warm_steps / elapsed
         mfu = tokens_per_s * self.flops_per_token / self.job_peak_flops if self.job_peak_flops else None
         return {"tokens_per_s": tokens_per_s, "step_time_s": elapsed / self._warm_steps, "mfu": mfu}

@@ -4,6 +4,8 @@ not a traceback from every worker."""
 from __future__ import annotations
 
 from configs.schema import RunConfig
+from harness.common.writable import check_writable
+from harness.train.trackers import check_trackers
 from models.data import TokenFileData
 from strategies.registry import default_registry
 from strategies.single import started_more_than_one
@@ -15,9 +17,13 @@ def preflight(cfg: RunConfig, world_size: int) -> None:
     The strategy is constructed (not set up) for the planned world size: plugins check
     their options and configuration files in __init__, so those errors surface here too.
     The model is built on the meta device and prepared as the run will (its blocks found,
-    checkpointing turned on).
+    checkpointing turned on). The out_dir is created and tried with a file, the trackers'
+    libraries looked for.
     """
     import torch
+
+    check_writable(cfg.out_dir)
+    check_trackers(cfg)
 
     from harness.train.distributed import DistEnv
     from harness.train.loop import create_strategy, prepare_model

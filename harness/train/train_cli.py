@@ -10,24 +10,36 @@ The keys, their defaults and meanings are the fields of RunConfig in configs/sch
 
 from __future__ import annotations
 
-from configs.schema import load_config
+import os
+
+from configs.schema import RunConfig, load_config
+from harness.common.writable import check_writable
 from harness.train.distributed import launched_by_launcher
 from harness.train.launch import run_under_torchrun
+from harness.train.library_output import library_output
 from harness.train.run_checks import preflight
+from harness.train.trackers import check_trackers
 
 
 def main(args: list[str]) -> int:
     cfg = load_config(args)
     if launched_by_launcher():
-        from harness.train.loop import run
-
-        run(cfg)
+        # No preflight under another launcher: every rank checks these, and stops with one line.
+        check_writable(cfg.out_dir)
+        check_trackers(cfg)
+        _train(cfg)
         return 0
     nproc = cfg.nproc or 1
     preflight(cfg, nproc)
     if nproc > 1:
         return run_under_torchrun(nproc, ["train", *args])
+    _train(cfg)
+    return 0
+
+
+def _train(cfg: RunConfig) -> None:
+    """This process's share of the run, the libraries' output in <out_dir>/log.txt unless verbose."""
     from harness.train.loop import run
 
-    run(cfg)
-    return 0
+    with library_output(cfg.out_dir, cfg.verbose, rank=int(os.environ.get("RANK", "0"))):
+        run(cfg)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Iterator
@@ -131,14 +132,17 @@ class AccelerateStrategy(Strategy):
             # ranks from it; left to guess on a CPU, it sees a world of one.
             timeout = timedelta(seconds=getattr(self.ctx.config, "pg_timeout_s", 1800))
             handlers.append(InitProcessGroupKwargs(backend=dist.get_backend(), timeout=timeout))
-        accelerator = Accelerator(
-            mixed_precision=ACCELERATE_PRECISION[self.ctx.precision],
-            gradient_accumulation_steps=self.ctx.grad_accum,
-            # MULTI_CPU (gloo DDP) is what cpu=True means; it would also drop FSDP and DeepSpeed.
-            cpu=self.distributed_type is None and self.ctx.device.type == "cpu",
-            kwargs_handlers=handlers,
-            **plugins,
-        )
+        # DeepSpeed's notices (the CPU communication op it builds when Accelerate starts it) print on
+        # stdout, which carries the run's own lines: to stderr, with the rest of what the libraries say.
+        with contextlib.redirect_stdout(sys.stderr):
+            accelerator = Accelerator(
+                mixed_precision=ACCELERATE_PRECISION[self.ctx.precision],
+                gradient_accumulation_steps=self.ctx.grad_accum,
+                # MULTI_CPU (gloo DDP) is what cpu=True means; it would also drop FSDP and DeepSpeed.
+                cpu=self.distributed_type is None and self.ctx.device.type == "cpu",
+                kwargs_handlers=handlers,
+                **plugins,
+            )
         self._after_build(accelerator, plugins)
         return accelerator
 

@@ -16,12 +16,16 @@ from pathlib import Path
 
 import pytest
 
+from harness.common.colours import strategy_colours
 from harness.common.units import GIB
 from harness.compare.batch_search import FITS, OOM, Probe, Search
 from harness.compare.results import StrategyResult, assign_verdicts, load_metrics, read_results, write_results
 from harness.compare.verdict import measure_noise
+from harness.report import figures
 from harness.report.advice import advice_from_results
+from harness.report.document import FIGURE_WIDTH_PX
 from harness.report.report_cli import build_report
+from strategies.registry import default_registry
 from tests.helpers import run_cli
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -175,6 +179,7 @@ def test_figures_are_rendered_and_embedded(gpu_report):
     for png in pngs:
         data = png.read_bytes()
         assert data.startswith(PNG_SIGNATURE) and len(data) > 5_000, png
+        assert int.from_bytes(data[16:20], "big") == FIGURE_WIDTH_PX, png  # shown at its own size
         assert f"(figures/{png.name})" in markdown
     parser = ImageCollector()
     parser.feed(page)
@@ -246,3 +251,62 @@ def test_report_cli_rebuilds_and_refuses_a_folder_without_results(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = run_cli(["report", str(tmp_path / "empty")], timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no results.json" in proc.stderr
+
+
+def test_legends_stay_inside_the_picture_with_every_strategy():
+    """Every strategy parabench knows, long names and all: each figure's legends and axes (titles,
+    tick labels) lie inside the figure, which is as wide as the HTML shows it."""
+    names = default_registry().names()
+    assert len(names) >= 15
+    base = [4.0 * math.exp(-0.1 * step) + 1.0 for step in range(20)]
+    curves = {
+        name: [{"step": i + 1, "loss": v * (1 + 1e-7 * k * (-1) ** i)} for i, v in enumerate(base)]
+        for k, name in enumerate(names)
+    }
+    results = [
+        StrategyResult(
+            name=name,
+            nproc=2,
+            run_dir=name,
+            steps_done=20,
+            final_loss=1.6,
+            tokens_per_s=1000.0 * (k + 1),
+            step_time_s=0.1,
+            mem_params_bytes=GIB * (k + 1),
+            mem_grads_bytes=GIB,
+            mem_optimizer_bytes=2 * GIB,
+            peak_mem_allocated_bytes=20 * GIB,
+            matches_reference=k % 3 != 0,
+        )
+        for k, name in enumerate(names)
+    ]
+    bound = figures.LossBound(
+        steps=list(range(1, 21)),
+        allowed=[1e-6] * 20,
+        label="allowed: 10x the noise runs' spread, or the fp32 floor (1e-06)",
+        spread=[1e-7] * 20,
+        noise_curves=[curves["ddp"]],
+    )
+    colour = strategy_colours(names)
+    drawn = {
+        "loss": figures.draw_loss_curves(curves, colour, 1.0, "single"),
+        "loss_vs_reference": figures.draw_loss_vs_reference(curves, colour, "single", bound),
+        "memory": figures.draw_memory_per_rank(results, "cuda"),
+        "throughput": figures.draw_throughput(results, colour),
+        "memory_vs_throughput": figures.draw_memory_vs_throughput(results, colour, "cuda")[0],
+    }
+    for name, fig in drawn.items():
+        assert fig.get_size_inches()[0] * figures.DPI == pytest.approx(FIGURE_WIDTH_PX), name
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        picture = fig.bbox.padded(0.5)
+        legends = [*fig.legends, *(ax.get_legend() for ax in fig.axes if ax.get_legend())]
+        for legend in legends:
+            box = legend.get_window_extent(renderer)
+            assert picture.contains(box.x0, box.y0) and picture.contains(box.x1, box.y1), (name, box, fig.bbox)
+        if name in ("loss", "loss_vs_reference"):  # one entry per strategy, every one of them
+            assert {text.get_text() for text in fig.legends[0].get_texts()} >= set(names) - {"single"}
+        for ax in fig.axes:
+            box = ax.get_tightbbox(renderer)
+            assert picture.contains(box.x0, box.y0) and picture.contains(box.x1, box.y1), (name, box, fig.bbox)
+        figures.plt.close(fig)

@@ -1,0 +1,44 @@
+"""An out_dir that cannot be created or written is one line and exit 2 before any process
+starts, for `train` (in this process or under torchrun), `compare` and `report`."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.common.writable import FolderError, check_writable
+from tests.helpers import NANO, run_cli
+
+FORBIDDEN = "/proc/forbidden"  # /proc takes no new entries, even from root
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["train", "strategy=single", *NANO],
+        ["train", "strategy=ddp", "nproc=2", *NANO],
+        ["compare", "strategies=[single,ddp]", *NANO],
+    ],
+    ids=["train", "train-nproc2", "compare"],
+)
+def test_unwritable_out_dir_is_one_line_before_any_process(args):
+    proc = run_cli([*args, f"out_dir={FORBIDDEN}"], timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("parabench: error: "), proc.stderr
+    assert f"out_dir={FORBIDDEN} cannot be created" in proc.stderr and "choose a folder" in proc.stderr
+    assert proc.stdout == ""  # nothing started: no header, no progress
+
+
+def test_a_file_in_the_way_and_the_report_folder(tmp_path):
+    (tmp_path / "taken").write_text("")
+    with pytest.raises(FolderError, match="is a file, not a folder"):
+        check_writable(tmp_path / "taken")
+    with pytest.raises(FolderError, match="a part of the path is a file"):
+        check_writable(tmp_path / "taken" / "run")
+    proc = run_cli(["report", "/proc"], timeout=60)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "the compare folder /proc cannot be written" in proc.stderr
+
+
+def test_a_writable_folder_is_made_and_left_clean(tmp_path):
+    folder = check_writable(tmp_path / "a" / "b")
+    assert folder.is_dir() and list(folder.iterdir()) == []
