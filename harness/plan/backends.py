@@ -39,6 +39,11 @@ class Backend(PlanModel):
     def replicated(self) -> bool:
         return self.stage == 0
 
+    @property
+    def one_process(self) -> bool:
+        """Runs on one GPU only: nothing sharded, no data-parallel wrapper, no threads (`single`)."""
+        return self.stage == 0 and not self.data_parallel and self.replicas == "processes" and not self.tensor_parallel
+
     def ddp_wrapped(self, world: int) -> bool:
         """Whether the model runs inside DistributedDataParallel: ddp always, even on one rank;
         Accelerate only with more than one process (for one it prepares the bare model)."""

@@ -4,7 +4,7 @@ own terms.
 
 From a compare's results.json (or a train run's summary.json) the planner rebuilds each run's
 question (model, micro-batch, precision, world size, device) and predicts it; then, in order:
-  compute scale   `single`'s measured step over its predicted one (compute model, optimizer):
+  compute scale   a one-GPU strategy's (`single`'s) measured step over its predicted one:
                   the whole compute model scaled, not replaced; a scale outside [0.5, 2] says the
                   model does not describe the machine, and is reported, not used
   overheads       for each other strategy, what it measured beyond the scaled compute and the
@@ -37,7 +37,6 @@ from harness.plan.predict import Question, StrategyPlan, plan_strategy
 from harness.plan.speed import HOST_ADAM_S_PER_PARAM, SpeedFactors
 
 REFERENCE = Path(__file__).with_name("reference_h100.json")
-REFERENCE_NAME = "single"  # the strategy whose step is all compute: it fixes the compute scale
 SCALE_RANGE = (0.5, 2.0)  # a compute scale outside it means the model misdescribes the machine
 MEMORY_CORRECTION_LIMIT = 0.25  # of the measured peak: a larger miss is a model to fix, not to patch
 
@@ -239,18 +238,22 @@ def _plan(settings: RunSettings, measurement: Measurement, factors: SpeedFactors
 def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> tuple[SpeedFactors, list[FitRow]]:
     models = planner_models()
     known = {m.strategy: m for m in measurements if m.strategy in models}
-    if REFERENCE_NAME not in known:
+    # The step of a strategy that runs the model alone on one GPU is all compute: it fixes the scale.
+    alone = [n for n in known if models[n].one_process and not models[n].via_accelerate]
+    if not alone:
         raise PlanError(
-            f"calibration needs a run of {REFERENCE_NAME!r} (it fixes the compute scale): include it in the compare"
+            "calibration needs a run of a one-GPU strategy such as 'single' (it fixes the compute scale): "
+            "include it in the compare"
         )
-    reference = _plan(settings, known[REFERENCE_NAME], SpeedFactors(basis=basis))
-    scale = known[REFERENCE_NAME].step_s / reference.time.step_s
+    reference_name = alone[0]
+    reference = _plan(settings, known[reference_name], SpeedFactors(basis=basis))
+    scale = known[reference_name].step_s / reference.time.step_s
     unused: list[str] = []
     if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
         unused.append(
-            f"compute scale {scale:.2f} (single measured {known[REFERENCE_NAME].step_s * 1e3:.1f} ms against the "
-            f"model's {reference.time.step_s * 1e3:.1f} ms): outside {SCALE_RANGE[0]}-{SCALE_RANGE[1]}, the model is "
-            "kept unscaled"
+            f"compute scale {scale:.2f} ({reference_name} measured {known[reference_name].step_s * 1e3:.1f} ms "
+            f"against the model's {reference.time.step_s * 1e3:.1f} ms): outside {SCALE_RANGE[0]}-{SCALE_RANGE[1]}, "
+            "the model is kept unscaled"
         )
         scale = 1.0
     factors = SpeedFactors(compute_scale=scale, basis=basis, measured=True)
@@ -258,7 +261,7 @@ def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> t
     rows: list[FitRow] = []
     # The reference first (its step is the scale); offload strategies last: they take their
     # sibling's overhead before the host's share.
-    ordered = sorted(known.values(), key=lambda m: (m.strategy != REFERENCE_NAME, models[m.strategy].offload_optimizer))
+    ordered = sorted(known.values(), key=lambda m: (m.strategy != reference_name, models[m.strategy].offload_optimizer))
     for m in ordered:
         backend = models[m.strategy]
         # Priced at nothing of its own while fitted (not at an engine it shares with one fitted before).
@@ -266,7 +269,7 @@ def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> t
         plan = _plan(settings, m, factors)
         t = plan.time
         accum = question_for(settings, m, factors).grad_accum
-        if m.strategy == REFERENCE_NAME:
+        if m.strategy == reference_name:
             fitted = f"compute scale {factors.compute_scale:.3f} (the measured step over the compute model's)"
         elif backend.offload_optimizer:
             sibling = counterpart(backend, offload=False, via_accelerate=backend.via_accelerate)

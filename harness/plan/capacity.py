@@ -12,10 +12,10 @@ allowance.
                 (tensor parallel, hybrid replicas, hpZ: 32 channels x 2 peers x 9.2 MiB of
                 SIMPLE+LL+LL128 buffers, NVIDIA/nccl src/init.cc @ 5067397c)
   allocator     the caching allocator reserves more than it allocates: ALLOCATOR_ALLOWANCE of the
-                peak allocated, the reserved-over-allocated gap `single` measured in the reference
-                H100 compare (harness/plan/reference_h100.json: 17.95 against 17.23 GB), where no
-                sharding's buffers of changing sizes are cached beside it; under pressure the
-                allocator frees its cache before it gives up, so the larger gaps the sharded
+                peak allocated, the smallest reserved-over-allocated gap of the reference H100
+                compare (harness/plan/reference_h100.json: 4.0%, ddp and single), where no
+                sharding's buffers of changing sizes are cached beside the model; under pressure
+                the allocator frees its cache before it gives up, so the larger gaps sharded
                 strategies show at rest (up to 27%) are not lost to a run that needs them
 """
 
@@ -32,14 +32,13 @@ NCCL_FIRST_BYTES = 1.45 * GIB
 NCCL_FURTHER_BYTES = 0.5 * GIB
 
 
-def _single_reserve() -> float:
-    """The reference compare's `single`: max reserved over max allocated, less one."""
+def _smallest_reserve() -> float:
+    """The reference compare's smallest max reserved over max allocated, less one."""
     doc = json.loads(Path(__file__).with_name("reference_h100.json").read_text())
-    single = next(e for e in doc["strategies"] if e["name"] == "single")
-    return single["peak_mem_reserved_bytes"] / single["peak_mem_allocated_bytes"] - 1
+    return min(e["peak_mem_reserved_bytes"] / e["peak_mem_allocated_bytes"] for e in doc["strategies"]) - 1
 
 
-ALLOCATOR_ALLOWANCE = _single_reserve()
+ALLOCATOR_ALLOWANCE = _smallest_reserve()
 
 
 @dataclass(frozen=True)

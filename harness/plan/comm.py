@@ -240,6 +240,7 @@ def collectives(
                 "backward",
                 layout.replica_group,
                 tail_bytes=largest_block / layout.shard * grad_bytes,
+                per_micro_step=backend.stage == 3 and backend.sharded_grads_every_micro_step,
             )
         )
     out += _tensor_parallel(shape, layout, tokens, precision, checkpointing)

@@ -13,29 +13,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# Fields that change no parameter and no size the planner models: accepted as given.
-INERT_FIELDS = frozenset(
+# Fields that change no parameter and no size the planner models, as transformers 5 names them
+# for each family: accepted as given.
+_COMMON_INERT = frozenset(
     {
-        "max_position_embeddings",
-        "rope_theta",
-        "rope_scaling",
-        "rope_parameters",
-        "rms_norm_eps",
-        "layer_norm_epsilon",
-        "initializer_range",
-        "use_cache",
         "attention_dropout",
-        "resid_pdrop",
-        "embd_pdrop",
-        "attn_pdrop",
-        "pad_token_id",
         "bos_token_id",
-        "eos_token_id",
-        "pretraining_tp",
         "dtype",
-        "torch_dtype",
-        "sliding_window",
-        "use_sliding_window",
+        "eos_token_id",
+        "initializer_range",
+        "max_position_embeddings",
+        "pad_token_id",
+        "rms_norm_eps",
+        "rope_parameters",
+        "use_cache",
+    }
+)
+GPT2_INERT = frozenset(
+    {
+        "attn_pdrop",
+        "bos_token_id",
+        "dtype",
+        "embd_pdrop",
+        "eos_token_id",
+        "initializer_range",
+        "layer_norm_epsilon",
+        "max_position_embeddings",
+        "pad_token_id",
+        "resid_pdrop",
+        "use_cache",
     }
 )
 
@@ -47,9 +53,9 @@ class HFArchitecture:
     config_class: str
     model_type: str
     defaults: dict[str, Any]  # the shape fields, as the class sets them when not given
-    family: (
-        str  # "llama": RMSNorm, SwiGLU, q/k/v/o, rotary; "gpt2": LayerNorm, GELU, fused qkv (Conv1D), learned positions
-    )
+    # "llama": RMSNorm, SwiGLU, q/k/v/o, rotary; "gpt2": LayerNorm, GELU, fused qkv (Conv1D), learned positions.
+    family: str
+    inert: frozenset[str]  # the class's other fields, which shape nothing the planner models
     qkv_bias: bool = False
 
     def sizes(self, kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -75,7 +81,7 @@ _LLAMA = {
 }
 
 ARCHITECTURES = (
-    HFArchitecture("LlamaConfig", "llama", _LLAMA, "llama"),
+    HFArchitecture("LlamaConfig", "llama", _LLAMA, "llama", _COMMON_INERT | {"pretraining_tp"}),
     HFArchitecture(
         "MistralConfig",
         "mistral",
@@ -85,17 +91,19 @@ ARCHITECTURES = (
             "num_key_value_heads": 8,
         },
         "llama",
+        _COMMON_INERT | {"sliding_window"},
     ),
     HFArchitecture(
         "Qwen2Config",
         "qwen2",
         {
-            **{k: v for k, v in _LLAMA.items() if k not in ("attention_bias", "mlp_bias")},
+            **{k: v for k, v in _LLAMA.items() if k not in ("attention_bias", "mlp_bias", "head_dim")},
             "intermediate_size": 22016,
             "num_key_value_heads": 32,
             "vocab_size": 151936,
         },
         "llama",
+        _COMMON_INERT | {"sliding_window", "use_sliding_window"},
         qkv_bias=True,
     ),
     HFArchitecture(
@@ -111,6 +119,7 @@ ARCHITECTURES = (
             "tie_word_embeddings": True,
         },
         "gpt2",
+        GPT2_INERT,
     ),
 )
 
@@ -130,7 +139,7 @@ def plain_kwargs(arch: HFArchitecture, kwargs: dict[str, Any]) -> dict[str, Any]
     real config class must judge it)."""
     aliases = ALIASED_FIELDS.get(arch.family, {})
     resolved = {aliases.get(k, k): v for k, v in kwargs.items()}
-    if any(k not in arch.defaults and k not in INERT_FIELDS for k in resolved):
+    if any(k not in arch.defaults and k not in arch.inert for k in resolved):
         return None
     return resolved
 

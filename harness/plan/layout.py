@@ -68,7 +68,11 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
             raise PlanError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
         for what, count in (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width)):
             if count % tp:
-                fits = [d for d in range(1, per_node + 1) if dims.heads % d == 0 and dims.kv_heads % d == 0]
+                fits = [
+                    d
+                    for d in range(1, per_node + 1)
+                    if gpus % d == 0 and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
+                ]
                 raise PlanError(
                     f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
                     f"use one of {', '.join(map(str, fits))}"

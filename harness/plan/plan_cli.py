@@ -20,7 +20,7 @@ from typing import Any
 
 from configs.schema import load_config
 from harness.common.units import GB, GIB
-from harness.plan.backends import known_backends
+from harness.plan.backends import known_backends, planner_models
 from harness.plan.engines import engine_differences
 from harness.plan.model_shape import PlanError
 from harness.plan.model_states import zero_paper_bytes_per_gpu
@@ -46,9 +46,11 @@ def strategy_names(cfg: PlanConfig, gpus: int | None = None) -> list[str]:
     else:
         names = [n for n in default_registry().names() if n in known]
     if count > 1:
-        if cfg.strategies and "single" in names:
-            raise PlanError(f"strategy single runs on one GPU but gpus={count}: drop it or set gpus=1")
-        names = [n for n in names if n != "single"]
+        models = planner_models()
+        alone = [n for n in names if models[n].one_process]
+        if cfg.strategies and alone:
+            raise PlanError(f"strategy {alone[0]} runs on one GPU but gpus={count}: drop it or set gpus=1")
+        names = [n for n in names if n not in alone]
     return names
 
 

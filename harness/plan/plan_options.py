@@ -52,7 +52,9 @@ class PlanConfig:
     calibrate: Optional[str] = None
     mfu: Optional[float] = None  # set: compute at this fixed MFU instead of the compute model
     # The run.
-    micro_batch: int = 1  # sequences per data-parallel rank per micro-step
+    # Sequences per data-parallel rank per micro-step (a tensor-parallel group shares one); unset:
+    # batch_size over each layout's ranks, or 1.
+    micro_batch: Optional[int] = None
     batch_size: Optional[int] = None  # global, in sequences; default micro_batch x data-parallel ranks
     seq_len: int = 1024
     precision: str = "bf16"
@@ -192,22 +194,24 @@ def shape_for(cfg: PlanConfig, model: str | None) -> ModelShape:
     )
 
 
-def _grad_accum(cfg: PlanConfig, data_parallel: int) -> int:
+def batching(cfg: PlanConfig, data_parallel: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) on `data_parallel` ranks, as the question's header states it."""
     if cfg.batch_size is None:
-        return 1
+        return cfg.micro_batch or 1, 1
     per_rank, rem = divmod(cfg.batch_size, data_parallel)
     if rem:
         raise PlanError(
             f"batch_size={cfg.batch_size} does not divide over {data_parallel} data-parallel ranks: "
             f"choose a batch_size that is a multiple of {data_parallel}"
         )
-    accum, rem = divmod(per_rank, cfg.micro_batch)
+    micro = cfg.micro_batch or per_rank
+    accum, rem = divmod(per_rank, micro)
     if rem or accum == 0:
         raise PlanError(
-            f"micro_batch={cfg.micro_batch} does not divide the per-rank batch {per_rank} "
+            f"micro_batch={micro} does not divide the per-rank batch {per_rank} "
             f"(batch_size={cfg.batch_size} / {data_parallel} ranks)"
         )
-    return accum
+    return micro, accum
 
 
 def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
@@ -228,12 +232,13 @@ def question(
     gpu = gpu_of(cfg)
     count = gpus if gpus is not None else gpu_counts(cfg)[0]
     topology = topology_for(cfg, count, gpu)
+    micro_batch, grad_accum = batching(cfg, count)
     return Question(
         shape=shape or shape_for(cfg, model if model is not None else models_asked(cfg)[0]),
         topology=topology,
         capacity_bytes=gpu.capacity_bytes,
-        micro_batch=cfg.micro_batch,
-        grad_accum=_grad_accum(cfg, count),
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
         seq_len=cfg.seq_len,
         precision=cfg.precision,
         gpu=gpu,
@@ -244,4 +249,5 @@ def question(
         compiled=cfg.compile,
         strategy_options=dict(cfg.strategy_options),
         global_batch=cfg.batch_size,
+        split_global_batch=cfg.micro_batch is None,
     )

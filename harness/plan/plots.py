@@ -15,6 +15,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from harness.common.colours import strategy_colours  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
+from harness.plan.backends import planner_models  # noqa: E402
 from harness.plan.model_shape import shape_of_description  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_strategy  # noqa: E402
 
@@ -27,9 +28,10 @@ MODEL_SIZES = [1.25e8, 3.5e8, 1.3e9, 2.7e9, 6.7e9, 13e9, 30e9, 70e9, 175e9]
 
 def _style(name: str) -> dict:
     """The strategy's own colour (as in the compare report); driven through Accelerate, dashed."""
+    model = planner_models().get(name)
     return {
         "color": strategy_colours([name])[name],
-        "linestyle": "--" if name.startswith("accelerate-") else "-",
+        "linestyle": "--" if model is not None and model.via_accelerate else "-",
         "marker": "o",
         "markersize": 3,
     }
@@ -81,13 +83,15 @@ def scaling_chart(q: Question, names: list[str], path: Path) -> Path:
     """Tokens/s per GPU vs GPUs (weak scaling: the per-GPU micro-batch and accumulation stay), as
     many GPUs per node as asked, on the question's network."""
     fig, ax = plt.subplots(figsize=(8, 5))
-    for name in (n for n in names if n != "single"):
+    for name in names:
         xs, ys = [], []
         for gpus in GPU_COUNTS:
+            bigger = q.with_gpus(gpus)
             try:
-                bigger = q.with_gpus(gpus)
                 p = plan_strategy(name, bigger)
             except ValueError:  # a layout that does not divide this GPU count
+                continue
+            if gpus > 1 and p.backend.one_process:
                 continue
             value = _per_gpu(p, bigger)
             if value is not None:

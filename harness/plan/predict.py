@@ -40,8 +40,10 @@ class Question:
     compiled: bool = False  # compile=true: elementwise chains fused
     strategy_options: dict[str, Any] = field(default_factory=dict)
     # Set: the global batch in sequences, which fixes each layout's accumulation (a tensor-parallel
-    # group shares one micro-batch); None: grad_accum as given for every layout.
+    # group shares one micro-batch); None: grad_accum as given for every layout. With
+    # split_global_batch the micro-batch is the global batch over each layout's ranks instead.
     global_batch: int | None = None
+    split_global_batch: bool = False
 
     @property
     def gpus(self) -> int:
@@ -175,17 +177,26 @@ def communicators(layout: Layout, gpus: int) -> int:
     return 1 + (layout.tp > 1) + (layout.replicas > 1) + (layout.hpz > 1)
 
 
-def accumulation(q: Question, layout: Layout) -> int:
-    """Micro-steps per step: as asked, or what the global batch takes over this layout's ranks."""
+def batching(q: Question, layout: Layout) -> tuple[int, int]:
+    """(micro-batch, micro-steps per step) of this layout: as asked, or what the global batch
+    takes over its data-parallel ranks (a tensor-parallel group shares one micro-batch)."""
     if q.global_batch is None:
-        return q.grad_accum
+        return q.micro_batch, q.grad_accum
+    if q.split_global_batch:
+        per_rank, rem = divmod(q.global_batch, layout.data_parallel)
+        if rem or per_rank == 0:
+            raise PlanError(
+                f"batch_size={q.global_batch} does not split over {layout.data_parallel} data-parallel ranks "
+                f"(gpus / tp_size {layout.tp}): choose a multiple of {layout.data_parallel}"
+            )
+        return per_rank, 1
     per_rank, rem = divmod(q.global_batch, layout.data_parallel * q.micro_batch)
     if rem or per_rank == 0:
         raise PlanError(
             f"batch_size={q.global_batch} is not a multiple of micro_batch={q.micro_batch} x {layout.data_parallel} "
             f"data-parallel ranks (gpus / tp_size {layout.tp}): choose a batch_size that is"
         )
-    return per_rank
+    return q.micro_batch, per_rank
 
 
 def _fused_loss(backend: Backend, q: Question) -> bool:
@@ -198,7 +209,8 @@ def _fused_loss(backend: Backend, q: Question) -> bool:
 def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     """The plan of one strategy (its Backend: a registered PlanModel, options filled in)."""
     layout = layout_of(backend, q.shape, q.topology)
-    q = replace(q, grad_accum=accumulation(q, layout))
+    micro_batch, grad_accum = batching(q, layout)
+    q = replace(q, micro_batch=micro_batch, grad_accum=grad_accum)
     states = model_states(q.shape, backend, q.precision, layout.shard, layout.tp, layout.hpz)
     acts = activations(
         q.shape,

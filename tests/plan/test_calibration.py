@@ -199,7 +199,7 @@ def test_calibrating_from_what_cannot_calibrate_is_one_line(tmp_path):
     doc["environment"]["device"] = H100
     doc["strategies"] = [e for e in doc["strategies"] if e["name"] != "single"]
     (tmp_path / "cpu" / "results.json").write_text(json.dumps(doc))
-    with pytest.raises(PlanError, match="needs a run of 'single'"):
+    with pytest.raises(PlanError, match="needs a run of a one-GPU strategy such as 'single'"):
         calibrate_from(tmp_path / "cpu")
 
 
