@@ -268,18 +268,25 @@ def _offload_copies(shape: ModelShape, backend: Backend, precision: str, shards:
     return out
 
 
-def local_copy_bytes(shape: ModelShape, backend: Backend, layout: Layout, precision: str) -> float:
+def local_copy_bytes(
+    shape: ModelShape, backend: Backend, layout: Layout, precision: str, tokens: int, checkpointing: str
+) -> float:
     """Bytes a micro-step moves through the GPU's memory around its collectives, besides the wire:
     FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
     and write, forward and again in a resharded backward) and the gradients into the reduction's
     input (read in the compute dtype, written in the reduction's); ZeRO-1/2 copy the gradients into
-    their bucket."""
+    their bucket. Tensor parallelism gathers and scatters activations along the sequence, not the
+    first dimension NCCL works on, so each of its collectives copies the whole activation once more
+    (DTensor's redistribution between Shard(1) and Replicate)."""
     params = shape.params / layout.tp
     gather = 2 * compute_bytes(precision)
     reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
+    moved = 0.0
     if backend.stage == 3 and backend.replicas != "threads":
         gathers = 2 if backend.reshard_after_forward else 1
-        return params * (gathers * gather + reduce)
-    if backend.stage in (1, 2) and backend.engine == "deepspeed":
-        return params * reduce
-    return 0.0
+        moved += params * (gathers * gather + reduce)
+    elif backend.stage in (1, 2) and backend.engine == "deepspeed":
+        moved += params * reduce
+    for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing):
+        moved += 2 * c.payload_bytes  # read and written once more
+    return moved

@@ -267,7 +267,9 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             tp=layout.tp,
             optimizer_params=optimizer_params,
             engine=backend.engine,
-            copy_bytes=local_copy_bytes(q.shape, backend, layout, q.precision),
+            copy_bytes=local_copy_bytes(
+                q.shape, backend, layout, q.precision, q.micro_batch * q.seq_len, q.checkpointing
+            ),
         )
     return step_time(
         work=work,

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from harness.plan.backends import Backend, counterpart
+from harness.plan.backends import Backend, planner_models
 from harness.plan.comm import Collective
 from harness.plan.compute import ComputeWork
 from harness.plan.network import Topology
@@ -135,13 +135,17 @@ def contention(overlap: Overlap, work: ComputeWork | None, sms: int, memory_byte
 
 
 def overhead_per_micro_step(backend: Backend, factors: SpeedFactors) -> float:
-    """A strategy's measured overhead; a strategy Accelerate drives that was not measured is priced
-    as the engine it drives (Accelerate itself adds nothing measurable), any other not measured
-    as nothing."""
+    """A strategy's measured overhead; one not measured is priced as the measured strategy that
+    runs the same engine and stage the same way (its hooks are the engine's: accelerate-zero3 as
+    zero3, a hybrid or tensor-parallel FSDP as fsdp), and as nothing where none was."""
     if backend.name in factors.overhead_s:
         return factors.overhead_s[backend.name]
-    native = counterpart(backend, offload=backend.offload_optimizer, via_accelerate=False)
-    return factors.overhead_s.get(native, 0.0) if backend.via_accelerate and native else 0.0
+    same = ("engine", "stage", "reshard_after_forward", "offload_optimizer", "data_parallel", "replicas")
+    for model in planner_models().values():
+        if model.name in factors.overhead_s and not model.via_accelerate:
+            if all(getattr(model, key) == getattr(backend, key) for key in same):
+                return factors.overhead_s[model.name]
+    return 0.0
 
 
 def step_time(

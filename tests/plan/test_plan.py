@@ -78,7 +78,7 @@ def test_zero_paper_worked_example_comes_out_exactly(capsys):
     # DeepSpeed's ZeRO-1 reduces into its partition in the last micro-step's backward: at rest it
     # holds ZeRO-2's gradients; while accumulating it holds them whole, the paper's ZeRO-1.
     assert totals["zero1"] == totals["zero2"]
-    _, accumulating = plan(params=7.5e9, gpus=64, nodes=8, batch_size=128, strategies=["zero1"])
+    _, accumulating = plan(params=7.5e9, gpus=64, nodes=8, micro_batch=1, batch_size=128, strategies=["zero1"])
     p = accumulating["zero1"]
     whole = p.buffers.backward["whole gradients accumulated between micro-steps"]
     assert p.states.total("params") + whole + p.states.total("optimizer") == zero_paper_bytes_per_gpu(7.5e9, 1, 64)
