@@ -89,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("calibration", type=Path, help="the compare (or train) out_dir to calibrate on")
     p.add_argument("measured", type=Path, help="a compare at another size: what the plan is held to")
-    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "calibration_check.md"))
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_calibration_check.md"))
     args = p.parse_args(argv)
     lines, met = check(args.calibration, args.measured)
     now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

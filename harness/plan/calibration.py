@@ -115,7 +115,10 @@ def calibration_for_report(compare_dir: Path) -> dict[str, Any]:
 
 
 def read_measurements(path: Path) -> tuple[RunSettings, list[Measurement], str]:
+    """A compare's or a train run's measurements: its out_dir, or its results.json / summary.json."""
     results, summary = path / "results.json", path / "summary.json"
+    if path.is_file():
+        results, summary = (path, path / "-") if "summary" not in path.name else (path / "-", path)
     try:
         if results.is_file():
             return _read_results(json.loads(results.read_text()), path)

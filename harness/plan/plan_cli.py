@@ -280,7 +280,9 @@ def _sweep(cfg: PlanConfig) -> int:
     rows = [("model", "GPUs", "nodes") + TABLE_HEADER]
     for q, plans, _ in points:
         rows += [(q.shape.name, str(q.gpus), str(q.nodes)) + _row(p, q) for p in plans]
-    lines = heading(first)[1:] + [""] + aligned(rows, left=4) + [""]
+    models = ", ".join(dict.fromkeys(q.shape.name for q, _, _ in points))
+    counts = ", ".join(str(g) for g in dict.fromkeys(q.gpus for q, _, _ in points))
+    lines = [f"parabench plan | {models} on {counts} GPUs", *heading(first)[1:], ""] + aligned(rows, left=4) + [""]
     for q, _, rec in points:
         lines.append(f"{q.shape.name} on {q.gpus} GPUs: {rec.lines[0]}")
     print("\n".join(lines + [f"wrote {p}" for p in plots]))

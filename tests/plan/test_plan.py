@@ -437,3 +437,25 @@ def test_plan_for_more_gpus_keeps_per_node_count():
     bigger = q.with_gpus(64)
     assert (bigger.nodes, bigger.topology.nodes, bigger.topology.gpus) == (8, 8, 64)
     assert bigger.topology.per_node == 8
+
+
+def test_a_sweep_over_models_and_gpu_counts_is_one_table_and_one_plot(capsys, tmp_path):
+    code, out, _ = run_plan_cli(
+        "model=[gpt2-124m,gpt2-350m]",
+        "gpus=[8,64]",
+        "micro_batch=4",
+        "strategies=[ddp,fsdp]",
+        "plot=true",
+        f"out_dir={tmp_path}",
+        capsys=capsys,
+    )
+    assert code == 0
+    assert out.startswith("parabench plan | gpt2-124m, gpt2-350m on 8, 64 GPUs")
+    rows = [
+        line for line in out.splitlines() if line.split()[:1] in (["gpt2-124m"], ["gpt2-350m"]) and " GPUs:" not in line
+    ]
+    assert len(rows) == 2 * 2 * 2  # models x GPU counts x strategies, in one table
+    assert sum(line.count("on 64 GPUs: Use ") for line in out.splitlines()) == 2
+    assert (tmp_path / "plan_sweep.png").stat().st_size > 10_000 and out.count("wrote ") == 1
+    code, out, _ = run_plan_cli("model=gpt2-124m", "gpus=[8,16]", "format=json", "strategies=[fsdp]", capsys=capsys)
+    assert code == 0 and [p["question"]["gpus"] for p in json.loads(out)["points"]] == [8, 16]
