@@ -12,7 +12,9 @@ lengths the rate is interpolated in log2(seq); past 16k it stays at 16k's; below
 as it does from 1k to 512. Head dims between 64 and 128 interpolate, above 128 take 128's,
 below 64 scale down from 64's.
 
-A step runs attention at SUSTAINED (gemm.py) of the benchmark's rate, as it runs its matmuls.
+Attention runs at the benchmark's rate in a step too: unlike a dense matmul near its peak (gemm.py's
+SUSTAINED), a kernel at 30-65% of the tensor cores' peak, between softmax passes, stays under the
+card's power limit, so its clocks do not settle lower.
 
 Kernels: flash (FlashAttention-2, what torch's SDPA runs in bf16/fp16), flash3, flash1,
 triton (the Triton FlashAttention of 2022 in the flash-attention repo; on Hopper FlashAttention-1's
@@ -25,7 +27,6 @@ from __future__ import annotations
 import math
 
 from harness.common.hardware import GPUSpec
-from harness.plan.gemm import SUSTAINED
 
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
 REFERENCE_PEAK = {"ampere": 312e12, "hopper": 989e12}  # the cards the tables were measured on
@@ -104,6 +105,6 @@ def attention_seconds(
     if precision == "fp32":
         rate = FP32_ATTENTION_EFFICIENCY * gpu.peak_flops["fp32"]
     else:
-        rate = SUSTAINED * attention_tflops(gpu, kernel, head_dim, seq) * 1e12
+        rate = attention_tflops(gpu, kernel, head_dim, seq) * 1e12
     total = total_flops / rate
     return total * (1 - BACKWARD_SHARE), total * BACKWARD_SHARE

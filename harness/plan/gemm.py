@@ -28,7 +28,7 @@ INNER_OVERHEAD = 96  # elements of k each output tile's prologue and epilogue co
 # sweep do, and the card's clocks settle under its power limit: the largest size each sweep of
 # zzc0721/torch-performance-test-data measured ran at 0.90 (H100 SXM, 10240^3: 719.7 TFLOP/s
 # against 797.5 at 8192^3, issue 79), 0.95 (H100 PCIe, issue 95) and 0.90 (A100 PCIe 40GB,
-# issue 108) of the sweep's best. The mean scales every matmul and attention kernel of a step.
+# issue 108) of the sweep's best. The mean scales every matmul of a step.
 SUSTAINED = 0.92
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

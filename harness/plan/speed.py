@@ -12,9 +12,9 @@ Contention: compute that runs beside a collective shares the GPU with NCCL's ker
 take NCCL_SMS of its SMs (one per channel, not shared with compute: "on DGX with 8 NICs ... it
 would use 16 SMs", an NCCL maintainer in NVIDIA/nccl issue 689) and move NCCL_MEMORY_PASSES
 times their wire bytes through its memory ("300GB/s needs to be multiplied by at least 2x for
-memory bandwidth ... it can be 3x", issue 1428, where a GPT step's kernels ran 1.8x slower
-beside an all-gather on A100s). While hidden communication runs, matmuls and attention lose
-the SMs' share, memory-bound work the memory's share.
+memory bandwidth ... it can be 3x", issue 1428). While hidden communication runs, compute loses
+the larger of the two shares; in issue 1428's profile of a GPT step on A100s, the kernels that
+overlapped an all-gather ran slower still (matmuls 1.76x, attention 1.8x, elementwise 2.5x).
 
 Backend overhead: what a strategy cost beyond the model's compute and communication where it
 was measured (calibration.py), carried as time per micro-step: it is the backend's host-side
@@ -122,16 +122,13 @@ def _overlap(
     return Overlap(exposed, hidden, wire / busy if busy else 0.0)
 
 
-def contention(overlap: Overlap, work: ComputeWork | None, sms: int, memory_bytes_per_s: float) -> float:
+def contention(overlap: Overlap, sms: int, memory_bytes_per_s: float) -> float:
     """Seconds compute loses to the collectives hidden behind it."""
     if overlap.hidden_s <= 0:
         return 0.0
     sm_share = min(1.0, NCCL_SMS / sms)
     memory_share = min(1.0, NCCL_MEMORY_PASSES * overlap.hidden_rate / memory_bytes_per_s)
-    if work is None or work.micro_step_s <= 0:
-        return overlap.hidden_s * sm_share
-    bound = (work.matmul_s + work.attention_s) / work.micro_step_s
-    return overlap.hidden_s * (sm_share * bound + memory_share * (1 - bound))
+    return overlap.hidden_s * max(sm_share, memory_share)
 
 
 def overhead_per_micro_step(backend: Backend, factors: SpeedFactors) -> float:
@@ -178,7 +175,7 @@ def step_time(
     backward_s = micro_compute - forward_s
     overlap = _overlap(collectives, topology, host_bytes_per_s, forward_s, backward_s, grad_accum)
     exposed = overlap.exposed_s
-    contended = contention(overlap, work, sms, memory_bytes_per_s)
+    contended = contention(overlap, sms, memory_bytes_per_s)
     offload_s = 0.0
     if backend.offload_optimizer:
         rate = factors.host_s_per_param.get(backend.name, HOST_ADAM_S_PER_PARAM)
