@@ -313,6 +313,23 @@ def report(name: str, outcomes: list[Outcome], with_rows: bool) -> list[str]:
     return lines
 
 
+def two_d_lines(outcomes: list[Outcome]) -> list[str]:
+    """Each published bf16 run of FSDP beside tensor parallelism (torchtitan's 2D figures)."""
+    rows = [o for o in outcomes if o.error is not None and "tp=" in o.row["sharding"]]
+    if not rows:
+        return []
+    lines = ["### FSDP x tensor parallel, bf16 (torchtitan's 2D figures)", ""]
+    for o in rows:
+        r = o.row
+        lines.append(
+            f"- {r['model']} on {r['gpus']} {r['gpu']}, {r['sharding']}, local batch {r['micro_batch']}, seq "
+            f"{r['seq_len']}, {r['activation_checkpointing']} AC: published {o.published:,.1f} tokens/s per GPU, "
+            f"planned {o.predicted:,.1f} ({o.error:+.1%}; the plan models tensor parallel's collectives unhidden, as "
+            f"{'vanilla TP runs them' if 'async' not in r['sharding'] else 'async TP does not'})"
+        )
+    return lines + [""]
+
+
 def oom_lines(path: Path) -> list[str]:
     """Each configuration a source reports out of memory must be planned not to fit."""
     lines = ["### Published out-of-memory configurations", ""]
@@ -344,6 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         lines = []
         for path, outcomes in sections:
             lines += report(path.name, outcomes, args.rows)
+        lines += two_d_lines([o for _, outcomes in sections for o in outcomes])
         if not args.csv:
             lines += oom_lines(OOM_CSV)
     except PublishedError as exc:
@@ -359,8 +377,12 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(
             "# The plan against published training runs\n\n"
             "Written by `bench/plan_vs_published.py` from the CSVs in `bench/data/` (sources in its README). The plan "
-            "uses its default factors (the reference H100 compare shipped with parabench) for every row: no constant "
-            "of the planner was fitted to these runs.\n\n" + text + "\n"
+            "uses its default factors (the reference H100 compare shipped with parabench) for every row. No constant "
+            "of the planner was fitted to these runs: each comes from a cited measurement of a kernel, a link or a "
+            "card, or from parabench's own H100 measurements (docs/planner.md lists them). The model's form was "
+            "revised while its errors on these runs were in view (which terms count: contention beside a "
+            "collective, the power limit on dense matmuls only), so they are not a blind test; the judges' runs "
+            "kept aside are.\n\n" + text + "\n"
         )
     return 0
 
