@@ -83,6 +83,8 @@ def parse_fabric(value: str) -> Fabric:
     key = str(value).strip().lower()
     if key in FABRICS:
         return FABRICS[key]
+    if key == "infiniband":  # the name older plans took: today's InfiniBand node
+        return FABRICS["ndr"]
     match = _RATE.match(key.replace("gb/s", "gbps"))
     if not match:
         raise PlanError(
