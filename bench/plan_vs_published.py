@@ -68,7 +68,21 @@ COLUMNS = (
 )
 WITHIN = 0.15
 KERNEL_FOR_MPT = "triton"
-CHECKPOINTING = {"true": "full", "false": "none", "selective": "selective"}
+CHECKPOINTING = {
+    "true": "full",
+    "full": "full",
+    "yes": "full",
+    "false": "none",
+    "none": "none",
+    "no": "none",
+    "": "none",
+}
+
+
+def _checkpointing(value: str) -> str:
+    """A row's activation checkpointing as the plan's mode (selective: torchtitan's op-level policy)."""
+    key = value.strip().lower()
+    return "selective" if "selective" in key else CHECKPOINTING.get(key, "full")
 
 
 class PublishedError(ValueError):
@@ -146,6 +160,12 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
         return "checkpointing an unstated fraction of the blocks: not modelled"
     reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
+    lowered = sharding.lower()
+    if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
+        stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
+        return PlanModel("deepspeed", stage, "low_precision"), {}
+    if lowered.startswith("ddp") or "distributeddataparallel" in lowered:
+        return PlanModel("torch", 0, data_parallel=True), {}
     common = dict(engine="torch", stage=3, mixed_precision="low_precision", reduce_in_fp32=reduce_fp32)
     # FSDP reduce-scatters on every micro-step in these runs (Composer and torchtitan keep no
     # unsharded gradients between micro-steps).
@@ -178,7 +198,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
     model, options = layout
     gpu = gpu_spec(row["gpu"])
     if gpu is None:
-        raise PublishedError(f"gpu {row['gpu']!r} of {row['model']} is not a card the planner knows")
+        return None, None, f"card {row['gpu']!r}: not one the planner knows"  # type: ignore[return-value]
     seq = int(row["seq_len"])
     shape = shape_of_description(
         params=None,
@@ -205,10 +225,10 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         precision=row["precision"],
         gpu=gpu,
         factors=default_factors(),
-        checkpointing=CHECKPOINTING[row["activation_checkpointing"]],
+        checkpointing=_checkpointing(row["activation_checkpointing"]),
         fused_loss=row["source"].startswith("mosaicml"),  # llm-foundry's default loss_fn: fused_crossentropy
         attention=_attention(row),
-        compiled=row["compile"] == "true",
+        compiled=row["compile"].strip().lower() in ("true", "yes", "1"),
     )
     backend = filled_in(backend_of(model, row["sharding"], options), shape, q.precision, gpus, options)
     return q, plan_backend(backend, q), None
@@ -221,6 +241,8 @@ def plan_rows(rows: list[dict[str, str]]) -> list[Outcome]:
             _, plan, skipped = question(row)
         except PlanError as exc:
             plan, skipped = None, f"the planner refused it: {exc}"
+        except ValueError as exc:  # a size or count that is not a number
+            plan, skipped = None, f"a column that is not a number ({exc})"
         out.append(Outcome(row, plan, skipped))
     return out
 
