@@ -93,24 +93,28 @@ TP_RECOMPUTED["selective"] = {"all-gather": 1, "reduce-scatter": 0}
 
 
 def _tensor_parallel(
-    shape: ModelShape, layout: Layout, tokens: int, precision: str, checkpointing: str
+    shape: ModelShape, layout: Layout, tokens: int, precision: str, checkpointing: str, fp8: bool = False
 ) -> list[Collective]:
     """Per block, forward: all-gather the sequence-sharded input of the attention and of the MLP,
     reduce-scatter their outputs; the backward mirrors them, and checkpointing repeats the
-    forward's. The head gathers once each way."""
+    forward's. The head gathers once each way. With fp8 projections (torchao's float8 tensor
+    parallel: the inputs cast before the forward's gathers, the outputs' gradients before the
+    backward's) the blocks' all-gathers carry fp8; the reduce-scatters stay in `precision`."""
     if layout.tp <= 1 or shape.dims is None:
         return []
-    activation = tokens * shape.dims.width * compute_bytes(precision)
+    element = tokens * shape.dims.width
     layers = shape.dims.layers
     out = []
     for kind in ("all-gather", "reduce-scatter"):
-        calls = 2 * (2 + TP_RECOMPUTED[checkpointing][kind]) * layers + 2
+        blocks = 2 * (2 + TP_RECOMPUTED[checkpointing][kind]) * layers
+        block_bytes = 1 if fp8 and kind == "all-gather" else compute_bytes(precision)
+        payload = element * (blocks * block_bytes + 2 * compute_bytes(precision))
         out.append(
             Collective(
                 f"tensor-parallel {kind} of activations",
                 kind,
-                calls * activation,
-                calls,
+                payload,
+                blocks + 2,
                 None,
                 layout.tp_group,
                 per_micro_step=True,
@@ -144,8 +148,10 @@ def collectives(
     tokens: int,
     world: Group,
     checkpointing: str = "none",
+    fp8: bool = False,
 ) -> list[Collective]:
-    """What one optimizer step of `backend` communicates, per GPU; `tokens` per micro-step."""
+    """What one optimizer step of `backend` communicates, per GPU; `tokens` per micro-step; `fp8`:
+    the blocks' projections run in fp8 (precision is then what everything else is held in)."""
     params = shape.params / layout.tp
     blocks = shape.block_params() or [shape.params]
     largest_block = max(blocks) / layout.tp
@@ -243,7 +249,7 @@ def collectives(
                 per_micro_step=backend.stage == 3 and backend.sharded_grads_every_micro_step,
             )
         )
-    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing)
+    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8)
     out += _offload_copies(shape, backend, precision, layout.shard)
     return out
 
@@ -269,7 +275,13 @@ def _offload_copies(shape: ModelShape, backend: Backend, precision: str, shards:
 
 
 def local_copy_bytes(
-    shape: ModelShape, backend: Backend, layout: Layout, precision: str, tokens: int, checkpointing: str
+    shape: ModelShape,
+    backend: Backend,
+    layout: Layout,
+    precision: str,
+    tokens: int,
+    checkpointing: str,
+    fp8: bool = False,
 ) -> float:
     """Bytes a micro-step moves through the GPU's memory around its collectives, besides the wire:
     FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
@@ -287,6 +299,6 @@ def local_copy_bytes(
         moved += params * (gathers * gather + reduce)
     elif backend.stage in (1, 2) and backend.engine == "deepspeed":
         moved += params * reduce
-    for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing):
+    for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8):
         moved += 2 * c.payload_bytes  # read and written once more
     return moved

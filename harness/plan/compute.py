@@ -13,6 +13,17 @@
                local_copy_bytes): FSDP's and ZeRO-3's gathered parameters into place, gradients
                into the reduction's buffer
   optimizer    AdamW over the GPU's shard, once per step (OPTIMIZER_BYTES per parameter)
+  fp8          with precision=fp8 the blocks' projections run in fp8 with tensorwise scaling
+               (torchao's float8 linears, Transformer Engine's), everything else in bf16 (the head
+               too: torchtitan leaves `output` out). Every cast reads the bf16 tensor for its amax,
+               reads it again and writes fp8 (FP8_CAST_BYTES per element): each distinct input
+               once (q, k and v share theirs, as do gate and up: torchao's PrepareFloat8ModuleInput,
+               a fused qkv, Inductor's common subexpressions), under tensor parallelism the
+               attention's and MLP's inputs on the sequence shard before their gather; each output's
+               gradient (the row-parallel ones on the sequence shard); each weight per micro-step
+               and its transposed copy for the backward (FP8_WEIGHT_BYTES per parameter). Full
+               checkpointing casts the forward's again, selective recasts without the amax
+               (torchtitan's policy saves `max`)
 
 Activation checkpointing runs forward work again in the backward: `full` the whole of every
 block (attention included); `selective` (torchtitan's op-level policy) every second matmul of a
@@ -60,6 +71,9 @@ AUTOCAST_WEIGHT_BYTES = 6 + 14
 # 16.44 ms. tests/plan/test_compute.py derives it again.
 MEMORY_EFFICIENCY = 0.635
 RMSNORM_EAGER_BYTES = {2: 36, 4: 28}  # per element forward, by the input's bytes
+FP8_CAST_BYTES = 2 + 2 + 1  # the amax's read, the cast's read and its fp8 write
+FP8_WEIGHT_BYTES = FP8_CAST_BYTES + 2  # and the fp8 copy transposed for the backward
+FP8_RECAST_BYTES = 2 + 1  # a cast whose amax was kept
 
 
 @dataclass(frozen=True)
@@ -123,11 +137,29 @@ def block_projections(dims: TransformerDims, tp: int) -> list[tuple[int, int]]:
     return attention + [(h, q // tp)] + mlp
 
 
-def _matmuls(dims: TransformerDims, tokens: int, gpu: GPUSpec, precision: str, checkpointing: str, tp: int) -> Kernels:
+def fp8_cast_bytes(dims: TransformerDims, tokens: int, tp: int, checkpointing: str) -> tuple[float, float, float]:
+    """Bytes the fp8 casts of one micro-step move (forward, backward, again): the module docstring's
+    account, per GPU of a `tp`-way tensor-parallel group."""
+    h, q, f = dims.width, dims.q_width, dims.ffn_width
+    column_outputs = sum(out for out, into in block_projections(dims, tp) if into == h)
+    inputs = tokens * (2 * h / tp + (q + f) / tp)  # attention and MLP inputs, then o's and down's
+    grads = tokens * (column_outputs + 2 * h / tp)
+    weights = sum(out * into for out, into in block_projections(dims, tp))
+    forward = dims.layers * (FP8_CAST_BYTES * inputs + FP8_WEIGHT_BYTES * weights)
+    backward = dims.layers * FP8_CAST_BYTES * grads
+    again = {"none": 0.0, "full": 1.0, "selective": FP8_RECAST_BYTES / FP8_CAST_BYTES}[checkpointing] * forward
+    return forward, backward, again
+
+
+def _matmuls(
+    dims: TransformerDims, tokens: int, gpu: GPUSpec, precision: str, checkpointing: str, tp: int, projections: str
+) -> Kernels:
+    """The matmuls of a micro-step: the blocks' projections at `projections` (fp8 or the run's
+    precision), the head at the run's."""
     block = Kernels()
     for index, (out, into) in enumerate(block_projections(dims, tp)):
-        forward = gemm_seconds(tokens, out, into, gpu, precision)
-        backward = gemm_seconds(tokens, into, out, gpu, precision) + gemm_seconds(out, into, tokens, gpu, precision)
+        forward = gemm_seconds(tokens, out, into, gpu, projections)
+        backward = gemm_seconds(tokens, into, out, gpu, projections) + gemm_seconds(out, into, tokens, gpu, projections)
         again = forward if checkpointing == "full" or (checkpointing == "selective" and index % 2 == 1) else 0.0
         block += Kernels(forward, backward, again)
     head_out = dims.vocab // tp
@@ -223,6 +255,7 @@ def compute_work(
     optimizer_params: float,
     engine: str,
     copy_bytes: float = 0.0,
+    matmul_precision: str | None = None,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters."""
@@ -235,7 +268,8 @@ def compute_work(
         flops = shape.flops_per_token(seq_len) * tokens * (4 / 3 if checkpointing != "none" else 1)
         matmul = flops / (gpu.matmul_efficiency * gpu.peak_flops[precision])
         return ComputeWork(matmul, 0.0, 0.0, 0.0, 0.0, matmul / 3, optimizer)
-    matmuls = _matmuls(dims, tokens, gpu, precision, checkpointing, tp)
+    projections = matmul_precision or precision
+    matmuls = _matmuls(dims, tokens, gpu, precision, checkpointing, tp, projections)
     attn = _attention(dims, micro_batch, seq_len, gpu, attention, precision, checkpointing, tp)
     elementwise = _elementwise(dims, tokens, regime, compiled, checkpointing, tp, bandwidth)
     if regime.autocast:  # the weights' casts, forward and backward (again when recomputed)
@@ -243,6 +277,8 @@ def compute_work(
         casts = AUTOCAST_WEIGHT_BYTES * weights / bandwidth
         elementwise += Kernels(casts * 6 / AUTOCAST_WEIGHT_BYTES, casts * 14 / AUTOCAST_WEIGHT_BYTES)
     elementwise += Kernels(0.0, copy_bytes / bandwidth)
+    if projections == "fp8":
+        elementwise += Kernels(*(moved / bandwidth for moved in fp8_cast_bytes(dims, tokens, tp, checkpointing)))
     loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]
     loss = loss_bytes * tokens * dims.vocab / tp / bandwidth
     forward = matmuls.forward + attn.forward + elementwise.forward + loss / 3

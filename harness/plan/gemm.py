@@ -14,7 +14,9 @@ third_party/xla/xla/service/gpu/model/matmul_interpolator_data.h @ 372d578b, kDe
 error by size class is within 7% from 2^29 flops up, by inner dimension within 6%, and the rms
 log error 8%
 (tests/plan/test_compute.py holds the fit to the table and to the square-matmul sweeps of
-zzc0721/torch-performance-test-data on H100 SXM and PCIe).
+zzc0721/torch-performance-test-data on H100 SXM and PCIe). An fp8 matmul runs the same way at the
+card's fp8 peak and fp8 MAMF, its operands a byte each; the fixed time of an output tile is the
+same, so its inner overhead is as many more elements of k as fp8's rate is over bf16's.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ INNER_OVERHEAD = 96  # elements of k each output tile's prologue and epilogue co
 # issue 108) of the sweep's best. The mean scales every matmul of a step.
 SUSTAINED = 0.92
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
 
 
 def gemm_seconds(
@@ -41,9 +43,14 @@ def gemm_seconds(
     kernel, as a benchmark times it: sustained=1)."""
     if min(m, n, k, batch) <= 0:
         return 0.0
-    flops = 2.0 * batch * m * n * k * (1 + INNER_OVERHEAD / k)
+    rate = gpu.matmul_efficiency * gpu.peak_flops[precision]
+    inner = INNER_OVERHEAD
+    if precision == "fp8":  # the tile's fixed time is worth as many more elements of k as fp8 runs faster
+        fp8_rate = gpu.fp8_efficiency * gpu.peak_flops["fp8"]
+        inner, rate = INNER_OVERHEAD * fp8_rate / (gpu.matmul_efficiency * gpu.peak_flops["bf16"]), fp8_rate
+    flops = 2.0 * batch * m * n * k * (1 + inner / k)
     moved = OPERAND_TRAFFIC * batch * (m * k + k * n + m * n) * BYTES[precision] / gpu.hbm_bytes_per_s
-    return LAUNCH_S + max(flops / (sustained * gpu.matmul_efficiency * gpu.peak_flops[precision]), moved)
+    return LAUNCH_S + max(flops / (sustained * rate), moved)
 
 
 def gemm_tflops(

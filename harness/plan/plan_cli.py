@@ -26,7 +26,7 @@ from harness.plan.model_shape import PlanError
 from harness.plan.model_states import zero_paper_bytes_per_gpu
 from harness.plan.network import Group
 from harness.plan.plan_options import PlanConfig, check, gpu_counts, models_asked, question, shape_for
-from harness.plan.predict import Question, StrategyPlan, plan_all
+from harness.plan.predict import Question, StrategyPlan, plan_all, storage_precision
 from harness.plan.recommendation import Recommendation, recommend
 
 __all__ = ["PlanConfig", "main", "question", "strategy_names"]
@@ -77,13 +77,20 @@ TABLE_HEADER = (
 )
 
 
+def _mfu_peak(q: Question) -> float:
+    """The peak MFU is reported against: the run's precision, bf16's for an fp8 run (as torchtitan
+    reports its float8 runs), so that fp8 and bf16 runs compare."""
+    assert q.gpu is not None
+    return q.gpu.peak_flops[storage_precision(q.precision)]
+
+
 def _row(p: StrategyPlan, q: Question) -> tuple[str, ...]:
     gpu = p.states_on("cuda")
     cpu = sum(p.states_on("cpu").values())
     buffers = sum(p.buffers.backward.values()) + sum(p.buffers.hooks.values())
     t = p.time
     per_gpu = t.tokens_per_s / q.gpus if t else None
-    mfu = per_gpu * q.shape.flops_per_token(q.seq_len) / q.gpu.peak_flops[q.precision] if t and q.gpu else None
+    mfu = per_gpu * q.shape.flops_per_token(q.seq_len) / _mfu_peak(q) if t and q.gpu else None
     return (
         p.name,
         _gb(gpu["params"]),
@@ -146,13 +153,16 @@ def basis_lines(q: Question) -> list[str]:
     if gpu is None:
         return ["no speed: the card is unknown"]
     if f.fixed_mfu is not None:
-        compute = (
-            f"compute at {f.fixed_mfu:.0%} MFU of {gpu.peak_flops[q.precision] / 1e12:.0f} TFLOP/s (mfu=, as given)"
-        )
+        compute = f"compute at {f.fixed_mfu:.0%} MFU of {_mfu_peak(q) / 1e12:.0f} TFLOP/s (mfu=, as given)"
     else:
+        fp8 = (
+            f" (the blocks' projections in fp8: up to {gpu.fp8_efficiency:.0%} of {gpu.peak_flops['fp8'] / 1e12:.0f})"
+            if q.precision == "fp8"
+            else ""
+        )
         compute = (
-            f"compute by shape: matmuls up to {gpu.matmul_efficiency:.0%} of {gpu.peak_flops[q.precision] / 1e12:.0f} "
-            f"TFLOP/s, attention ({q.attention}) by its published rate, memory-bound work at "
+            f"compute by shape: matmuls up to {gpu.matmul_efficiency:.0%} of {_mfu_peak(q) / 1e12:.0f} TFLOP/s"
+            f"{fp8}, attention ({q.attention}) by its published rate, memory-bound work at "
             f"{gpu.hbm_bytes_per_s / 1e12:.2g} TB/s; x {f.compute_scale:.2f} ({where})"
         )
     t = q.topology
@@ -200,7 +210,7 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
             "nodes": q.nodes,
             "grad_accum": q.grad_accum,
             "capacity_bytes": q.capacity_bytes,
-            "peak_flops": q.gpu.peak_flops[q.precision] if q.gpu else None,
+            "peak_flops": _mfu_peak(q) if q.gpu else None,  # what MFU is against (bf16's for fp8)
             "topology": q.topology.describe(),
         },
         "model": {

@@ -19,6 +19,7 @@ from harness.plan.predict import Question
 from harness.plan.speed import SpeedFactors
 
 FORMATS = ("table", "json")
+PLAN_PRECISIONS = (*PRECISIONS, "fp8")  # fp8: the projections' matmuls in fp8, the rest in bf16
 CHECKPOINTING_WORDS = {True: "full", False: "none", "true": "full", "false": "none"}
 
 
@@ -130,8 +131,8 @@ def check(cfg: PlanConfig) -> None:
     checkpointing_of(cfg)
     if cfg.mfu is not None and not 0 < cfg.mfu <= 1:
         raise PlanError(f"mfu={cfg.mfu} must be in (0, 1]: the share of the peak flops the compute reaches")
-    if cfg.precision not in PRECISIONS:
-        raise PlanError(f"precision={cfg.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if cfg.precision not in PLAN_PRECISIONS:
+        raise PlanError(f"precision={cfg.precision!r} is not one of {', '.join(PLAN_PRECISIONS)}")
     if cfg.format not in FORMATS:
         raise PlanError(f"format={cfg.format!r} is not one of {', '.join(FORMATS)}")
     if cfg.attention not in KERNELS:
@@ -154,12 +155,21 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
                 "or give gpu_mem_gb=, peak_tflops= and hbm_tb_s= for another card"
             )
         spec = replace(GPUS["H100"], name=cfg.gpu, attention_family="hopper")
-    if cfg.peak_tflops is not None:
-        spec = replace(spec, peak_flops=dict.fromkeys(spec.peak_flops, cfg.peak_tflops * 1e12))
+    if cfg.peak_tflops is not None:  # the peak at the run's precision; fp8's is twice bf16's
+        given = cfg.peak_tflops * 1e12
+        base = given / 2 if cfg.precision == "fp8" else given
+        peaks = dict.fromkeys(spec.peak_flops, base)
+        if "fp8" in peaks:
+            peaks["fp8"] = 2 * base
+        spec = replace(spec, peak_flops=peaks)
     if cfg.hbm_tb_s is not None:
         spec = replace(spec, hbm_bytes_per_s=cfg.hbm_tb_s * 1e12)
     if cfg.gpu_mem_gb is not None:
         spec = replace(spec, capacity_gib=cfg.gpu_mem_gb * GB / 2**30)
+    if cfg.precision == "fp8" and spec.fp8_efficiency is None:
+        raise PlanError(
+            f"precision=fp8: the {spec.name} has no fp8 tensor cores: use bf16, or a Hopper, Ada or Blackwell card"
+        )
     return spec
 
 

@@ -31,7 +31,7 @@ class Question:
     micro_batch: int
     grad_accum: int
     seq_len: int
-    precision: str
+    precision: str  # fp32 | bf16 | fp16 | fp8 (fp8: the projections' matmuls, the rest in bf16)
     gpu: GPUSpec | None  # None: an unknown card, memory only
     factors: SpeedFactors  # compute scale, backend overheads, memory corrections (calibration.py)
     checkpointing: str = "none"  # none | full | selective
@@ -199,6 +199,11 @@ def batching(q: Question, layout: Layout) -> tuple[int, int]:
     return q.micro_batch, per_rank
 
 
+def storage_precision(precision: str) -> str:
+    """What parameters, activations and collectives are held in: fp8 runs keep bf16 beside its matmuls."""
+    return "bf16" if precision == "fp8" else precision
+
+
 def _fused_loss(backend: Backend, q: Question) -> bool:
     """Whether the cross-entropy runs fused: asked for (fused_loss=), or compiled with the whole
     model, as a strategy that shards no blocks compiles it (sharding strategies compile each block,
@@ -211,12 +216,13 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     layout = layout_of(backend, q.shape, q.topology)
     micro_batch, grad_accum = batching(q, layout)
     q = replace(q, micro_batch=micro_batch, grad_accum=grad_accum)
-    states = model_states(q.shape, backend, q.precision, layout.shard, layout.tp, layout.hpz)
+    held = storage_precision(q.precision)
+    states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz)
     acts = activations(
         q.shape,
         micro_batch=q.micro_batch,
         seq_len=q.seq_len,
-        precision=q.precision,
+        precision=held,
         mixed_precision=backend.mixed_precision,
         checkpointing=q.checkpointing,
         fused_loss=_fused_loss(backend, q),
@@ -224,7 +230,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         attention=q.attention,
     )
     tokens = q.micro_batch * q.seq_len
-    buffers = backend_buffers(q.shape, backend, q.precision, layout, q.grad_accum, tokens)
+    buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, tokens)
     grads_held = buffers.grads_resident or q.grad_accum > 1
     peak = peak_allocated(on_device(states), acts, buffers, grads_held)
     missed = q.factors.memory_per_param.get(backend.name)
@@ -232,7 +238,8 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         peak = int(peak + missed * q.shape.params)  # what a calibration found the model to miss
     room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
     fits = None if peak is None else room.fits(peak)
-    comms = collectives(q.shape, backend, layout, q.precision, q.gpus, tokens, q.topology.world(), q.checkpointing)
+    fp8 = q.precision == "fp8"
+    comms = collectives(q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8)
     timing = _time(backend, q, layout, comms) if q.gpu is not None else None
     return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing)
 
@@ -251,13 +258,14 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     if q.factors.fixed_mfu is not None:
         again = 4 / 3 if q.checkpointing != "none" else 1.0
         flops = q.shape.flops_per_token(q.seq_len) * q.micro_batch * q.seq_len * again / layout.tp
-        fixed = flops / (q.gpu.peak_flops[q.precision] * q.factors.fixed_mfu)
+        fixed = flops / (q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu)
     else:
         work = compute_work(
             q.shape,
             micro_batch=q.micro_batch,
             seq_len=q.seq_len,
-            precision=q.precision,
+            precision=storage_precision(q.precision),
+            matmul_precision=q.precision,
             mixed_precision=backend.mixed_precision,
             compiled=q.compiled,
             checkpointing=q.checkpointing,
@@ -268,7 +276,13 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             optimizer_params=optimizer_params,
             engine=backend.engine,
             copy_bytes=local_copy_bytes(
-                q.shape, backend, layout, q.precision, q.micro_batch * q.seq_len, q.checkpointing
+                q.shape,
+                backend,
+                layout,
+                storage_precision(q.precision),
+                q.micro_batch * q.seq_len,
+                q.checkpointing,
+                q.precision == "fp8",
             ),
         )
     return step_time(
@@ -291,7 +305,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:
     """The plan of the registered strategy `name`."""
-    return plan_backend(backend_for(name, q.shape, q.precision, q.gpus, q.strategy_options), q)
+    return plan_backend(backend_for(name, q.shape, storage_precision(q.precision), q.gpus, q.strategy_options), q)
 
 
 def plan_all(names: list[str], q: Question) -> list[StrategyPlan]:
