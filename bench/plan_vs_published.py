@@ -9,7 +9,7 @@ bias by GPU, node count and sequence length, for each CSV separately.
     python bench/plan_vs_published.py --rows               # every row's prediction as well
 
 Runs from a fresh clone on the CPU in seconds (no torch: the planner reads the shapes). A row the
-planner cannot plan as it ran (pipeline or context parallelism, fp8 matmuls) is listed with the
+planner cannot plan as it ran (pipeline or context parallelism, rowwise-scaled float8) is listed with the
 reason and left out of the figures. Each row's mapping to the plan's options is in `question`
 below: the model's shape and run from its columns, the attention kernel, loss and network from
 what the source's configs say (bench/data/README.md).
@@ -35,7 +35,8 @@ from harness.plan.backends import backend_of, filled_in  # noqa: E402
 from harness.plan.calibration import default_factors  # noqa: E402
 from harness.plan.model_shape import PlanError, shape_of_description  # noqa: E402
 from harness.plan.network import DEFAULT_FABRIC, FABRICS, Fabric, Topology, parse_fabric, parse_intra  # noqa: E402
-from harness.plan.predict import Question, StrategyPlan, plan_backend  # noqa: E402
+from harness.plan.plan_options import PLAN_PRECISIONS  # noqa: E402
+from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
 from strategies.plan_model import PlanModel  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
@@ -153,7 +154,7 @@ def _fabric(row: dict[str, str], family: str) -> Fabric:
 def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     """The run's sharding as a PlanModel and its options, or why it cannot be planned."""
     sharding = row["sharding"]
-    if "pp=" in sharding or "cp=" in sharding:
+    if "pp=" in sharding or ("cp=" in sharding and "cp=1" not in sharding.split()):
         return "pipeline or context parallelism: not modelled"
     if "model.bfloat16()" in row["notes"] or row["source"].startswith("VectorInstitute"):
         return "the whole model cast to bf16, optimizer state in bf16: no layout of the planner's holds that"
@@ -188,10 +189,24 @@ def _attention(row: dict[str, str]) -> str:
     return KERNEL_FOR_MPT
 
 
+def _precision(row: dict[str, str]) -> str:
+    """The plan's precision for the row, or why it has none: float8 (torchao's) and fp8
+    (Transformer Engine's) runs are planned as tensorwise-scaled fp8 projections."""
+    precision = row["precision"].strip().lower()
+    if precision in ("fp8", "float8"):
+        if "rowwise" in row["notes"]:
+            return "float8 with rowwise scaling: only tensorwise scaling is modelled"
+        return "fp8"
+    if precision not in PLAN_PRECISIONS:
+        return f"precision {row['precision']}: not one the planner knows"
+    return precision
+
+
 def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | None]:
     """The plan of one published row, as it ran."""
-    if row["precision"] not in ("bf16", "fp16", "fp32"):
-        return None, None, f"precision {row['precision']}: fp8 matmuls are not modelled"  # type: ignore[return-value]
+    precision = _precision(row)
+    if precision not in PLAN_PRECISIONS:
+        return None, None, precision  # type: ignore[return-value]
     layout = _layout(row)
     if isinstance(layout, str):
         return None, None, layout  # type: ignore[return-value]
@@ -199,6 +214,8 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
     gpu = gpu_spec(row["gpu"])
     if gpu is None:
         return None, None, f"card {row['gpu']!r}: not one the planner knows"  # type: ignore[return-value]
+    if precision == "fp8" and gpu.fp8_efficiency is None:
+        return None, None, f"fp8 on the {gpu.name}: it has no fp8 tensor cores"  # type: ignore[return-value]
     seq = int(row["seq_len"])
     shape = shape_of_description(
         params=None,
@@ -222,7 +239,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         micro_batch=int(row["micro_batch"]),
         grad_accum=int(row["grad_accum"] or 1),
         seq_len=seq,
-        precision=row["precision"],
+        precision=precision,
         gpu=gpu,
         factors=default_factors(),
         checkpointing=_checkpointing(row["activation_checkpointing"]),
@@ -230,7 +247,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         attention=_attention(row),
         compiled=row["compile"].strip().lower() in ("true", "yes", "1"),
     )
-    backend = filled_in(backend_of(model, row["sharding"], options), shape, q.precision, gpus, options)
+    backend = filled_in(backend_of(model, row["sharding"], options), shape, storage_precision(precision), gpus, options)
     return q, plan_backend(backend, q), None
 
 
@@ -304,6 +321,8 @@ def report(name: str, outcomes: list[Outcome], with_rows: bool) -> list[str]:
     lines += ["", *_bias(planned, lambda r: r["gpu"], "GPU"), ""]
     lines += [*_bias(planned, lambda r: int(r["nodes"] or 1), "nodes"), ""]
     lines += [*_bias(planned, lambda r: _bucket_seq(int(r["seq_len"])), "sequence length"), ""]
+    if len({_precision(o.row) for o in planned}) > 1:
+        lines += [*_bias(planned, _precision, "precision"), ""]
     sources = {o.row["source"].split(":")[0] for o in planned}
     if len(sources) > 1:
         lines += [*_bias(planned, lambda r: r["source"].split(":")[0], "source"), ""]
@@ -336,16 +355,17 @@ def report(name: str, outcomes: list[Outcome], with_rows: bool) -> list[str]:
 
 
 def two_d_lines(outcomes: list[Outcome]) -> list[str]:
-    """Each published bf16 run of FSDP beside tensor parallelism (torchtitan's 2D figures)."""
+    """Each published run of FSDP beside tensor parallelism (torchtitan's 2D figures)."""
     rows = [o for o in outcomes if o.error is not None and "tp=" in o.row["sharding"]]
     if not rows:
         return []
-    lines = ["### FSDP x tensor parallel, bf16 (torchtitan's 2D figures)", ""]
+    lines = ["### FSDP x tensor parallel (torchtitan's 2D figures)", ""]
     for o in rows:
         r = o.row
         lines.append(
-            f"- {r['model']} on {r['gpus']} {r['gpu']}, {r['sharding']}, local batch {r['micro_batch']}, seq "
-            f"{r['seq_len']}, {r['activation_checkpointing']} AC: published {o.published:,.1f} tokens/s per GPU, "
+            f"- {r['model']} on {r['gpus']} {r['gpu']}, {r['precision']}, {r['sharding']}, local batch "
+            f"{r['micro_batch']}, seq {r['seq_len']}, {r['activation_checkpointing']} AC: published "
+            f"{o.published:,.1f} tokens/s per GPU, "
             f"planned {o.predicted:,.1f} ({o.error:+.1%}; the plan models tensor parallel's collectives unhidden, as "
             f"{'vanilla TP runs them' if 'async' not in r['sharding'] else 'async TP does not'})"
         )
