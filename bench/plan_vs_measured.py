@@ -8,7 +8,7 @@ the plan's prediction each run records in its summary.json beside what it measur
     python bench/plan_vs_measured.py --dry-run                         # tiny model on the CPU: checks the script
 
 Prints a table of predicted, measured and the error (the goal: within 10%), and appends
-it as a dated section, with the command, device and versions, to docs/plan_vs_measured.md.
+it as a dated section, with the command, device and versions, to bench/results/plan_vs_measured.md.
 """
 
 from __future__ import annotations
@@ -124,7 +124,7 @@ def main() -> int:
         action="store_true",
         help="gpt-nano on the CPU in fp32: checks the script only (prints, appends nothing)",
     )
-    p.add_argument("--out", default=str(ROOT / "docs" / "plan_vs_measured.md"))
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_vs_measured.md"))
     args = p.parse_args()
     args.device = "cpu" if args.dry_run else "cuda"
     if args.dry_run:
@@ -163,7 +163,7 @@ def main() -> int:
             f.write(
                 "# Predicted against measured peak allocated memory\n\n"
                 "Written by bench/plan_vs_measured.py; the prediction is what `runner.py plan` computes "
-                "(harness/plan//), recorded in each run's summary.json.\n\n"
+                "(harness/plan/), recorded in each run's summary.json.\n\n"
             )
         f.write("\n".join(section) + "\n")
     print(f"appended to {out}")

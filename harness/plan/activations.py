@@ -13,13 +13,20 @@ width k = kv_heads·head_dim (GPT-2: f = 4h, q = k = h):
                          output) or 4f (SwiGLU: gate, up, SiLU output, product)
   fp32:                  SDPA's log-sum-exp (4 bytes per head), each norm's statistics
                          (LayerNorm: mean and 1/std, 8 bytes; RMSNorm: 1/rms, 4 bytes)
-SDPA's flash and memory-efficient kernels (what SDPA picks on a GPU, and its CPU flash
-kernel) keep no T x T scores. The loss adds 12 bytes per token per vocabulary entry at the
-start of backward: the fp32 log-softmax output, its incoming gradient and the gradient it
-makes. Under autocast the residual stream stays fp32 (the embeddings' dtype) and matmuls run
-in bf16; FSDP's policy and DeepSpeed run everything in the low precision. With activation
-checkpointing each block keeps only its input and one block's activations are rebuilt at a
-time. tests/plan/test_plan.py checks the saved-tensor part against autograd's own saved tensors.
+SDPA's flash and memory-efficient kernels keep no T x T scores (the unfused `math` kernel keeps
+its softmax, heads x T per token). The loss adds 12 bytes per token per vocabulary entry at the
+start of backward: the fp32 log-softmax output, its incoming gradient and the gradient it makes;
+a fused or chunked cross-entropy (fused_loss=true, or compiled) keeps the logits and their
+gradient in the compute dtype instead. Under autocast the residual stream stays fp32 (the
+embeddings' dtype) and matmuls run in bf16; FSDP's policy and DeepSpeed run everything in the
+low precision.
+
+Checkpointing: `full` keeps each block's input and rebuilds one block at a time in the backward;
+`selective` (torchtitan's op-level policy) keeps each block's input, the outputs of every second
+matmul (the 1st, 3rd, ...) and attention's output, and rebuilds the rest of one block at a time.
+Tensor parallelism (with sequence parallelism) divides every activation by tp except the
+gathered inputs of the column-parallel projections, which each GPU keeps whole.
+tests/plan/test_plan.py checks the saved-tensor part against autograd's own saved tensors.
 
 A model with no transformer sizes (a user's model) has its activations traced instead
 (activation_trace.py): the same accounting, measured rather than counted from shapes.
@@ -29,11 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
-from harness.plan.activation_trace import TraceError
-from harness.plan.model_shape import ModelShape, TransformerDims
-from harness.plan.model_states import BYTES
+from harness.plan.compute import block_projections
+from harness.plan.model_shape import ModelShape, PlanError, TransformerDims
+from harness.plan.model_states import BYTES, compute_bytes
 
 LOSS_BYTES_PER_LOGIT = 12
 # Of those, the log-softmax's incoming gradient and the one it makes (fp32): made in backward,
@@ -47,8 +52,8 @@ NORM_STATS_BYTES = {False: 8, True: 4}  # per token: LayerNorm's mean and 1/std;
 class Activations:
     """Bytes per GPU of one micro-batch's activations, alive at the start of backward."""
 
-    blocks: int  # what the transformer blocks keep for backward (checkpointed: only their inputs)
-    head: int  # final norm, head input and the loss's fp32 buffers over the vocabulary
+    blocks: int  # what the transformer blocks keep for backward (checkpointed: what the policy keeps)
+    head: int  # final norm, head input and the loss's buffers over the vocabulary
     rebuilt: int = 0  # checkpointed: one block rebuilt in backward, less the loss buffers freed by then
 
     @property
@@ -70,74 +75,83 @@ def norm_bytes_per_token(dims: TransformerDims, residual: int) -> int:
     return dims.width * residual + NORM_STATS_BYTES[False]
 
 
-def block_bytes_per_token(dims: TransformerDims, precision: str, mixed_precision: str) -> int:
-    """What one block saves for backward, per token."""
+def block_bytes_per_token(
+    dims: TransformerDims, precision: str, mixed_precision: str, tp: int = 1, attention: str = "flash", seq_len: int = 0
+) -> float:
+    """What one block saves for backward, per token, on one of `tp` GPUs."""
     residual, matmul = _dtypes(precision, mixed_precision)
     h, f = dims.width, dims.ffn_width
-    q, kv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    q, kv = dims.q_width, dims.kv_width
     autocast_copies = precision != "fp32" and mixed_precision == "autocast"
     attention_inputs = 1 if dims.fused_qkv or not autocast_copies else 3
     mlp_inputs = 2 if dims.gated_mlp and autocast_copies else 1
-    matmul_elements = (
-        attention_inputs * h
-        + (q + 2 * kv)
-        + q  # projections' input, q/k/v, SDPA output (= output projection input)
-        + mlp_inputs * h
-        + (4 if dims.gated_mlp else 2) * f
-    )
-    return 2 * norm_bytes_per_token(dims, residual) + matmul_elements * matmul + dims.heads * LOGSUMEXP_BYTES
+    gathered = (attention_inputs + mlp_inputs) * h * matmul  # whole on every tensor-parallel GPU
+    split = (q + 2 * kv + q + (4 if dims.gated_mlp else 2) * f) * matmul + dims.heads * LOGSUMEXP_BYTES
+    if attention == "math":  # the unfused kernel keeps its softmax: heads x T per token
+        split += dims.heads * seq_len * matmul
+    return (2 * norm_bytes_per_token(dims, residual) + split) / tp + gathered
 
 
-def head_bytes_per_token(dims: TransformerDims, precision: str, mixed_precision: str) -> int:
+def selective_bytes_per_token(dims: TransformerDims, precision: str, mixed_precision: str, tp: int = 1) -> float:
+    """What torchtitan's op-level policy keeps of a block per token: its input, every second
+    matmul's output (1st, 3rd, ...) and attention's output and log-sum-exp."""
     residual, matmul = _dtypes(precision, mixed_precision)
-    return norm_bytes_per_token(dims, residual) + dims.width * matmul + LOSS_BYTES_PER_LOGIT * dims.vocab
+    kept_outputs = sum(out for i, (out, _) in enumerate(block_projections(dims, 1)) if i % 2 == 0)
+    return (dims.width * residual + (kept_outputs + dims.q_width) * matmul + dims.heads * LOGSUMEXP_BYTES) / tp
+
+
+def loss_bytes_per_logit(precision: str, fused: bool) -> int:
+    return 2 * compute_bytes(precision) if fused else LOSS_BYTES_PER_LOGIT
+
+
+def head_bytes_per_token(
+    dims: TransformerDims, precision: str, mixed_precision: str, fused_loss: bool, tp: int = 1
+) -> float:
+    residual, matmul = _dtypes(precision, mixed_precision)
+    loss = loss_bytes_per_logit(precision, fused_loss) * dims.vocab
+    return (norm_bytes_per_token(dims, residual) + loss) / tp + dims.width * matmul
 
 
 def activations(
-    shape: ModelShape, *, micro_batch: int, seq_len: int, precision: str, mixed_precision: str, checkpointing: bool
+    shape: ModelShape,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    mixed_precision: str,
+    checkpointing: str,
+    fused_loss: bool = False,
+    tp: int = 1,
+    attention: str = "flash",
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which)."""
     dims = shape.dims
     if dims is None:
-        return _traced(
+        if checkpointing == "selective":
+            raise PlanError(
+                "activation_checkpointing=selective keeps the matmuls' outputs of each transformer block, and this "
+                "model has no transformer layers the planner knows: use full (with blocks) or none"
+            )
+        from harness.plan.traced import traced_activations  # torch: only a user's model gets here
+
+        return traced_activations(
             shape,
             micro_batch=micro_batch,
             seq_len=seq_len,
             precision=precision,
             mixed_precision=mixed_precision,
-            checkpointing=checkpointing,
+            checkpointing=checkpointing == "full",
         )
     tokens = micro_batch * seq_len
-    block = block_bytes_per_token(dims, precision, mixed_precision) * tokens
-    head = head_bytes_per_token(dims, precision, mixed_precision) * tokens
-    if checkpointing:
+    block = block_bytes_per_token(dims, precision, mixed_precision, tp, attention, seq_len) * tokens
+    head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp) * tokens
+    if checkpointing == "none":
+        return Activations(blocks=int(dims.layers * block), head=int(head))
+    if checkpointing == "full":
         residual, _ = _dtypes(precision, mixed_precision)
-        kept_inputs = dims.layers * dims.width * residual * tokens
+        kept = dims.layers * dims.width * residual * tokens / tp
         # The head's loss buffers are freed before the first block is rebuilt.
-        return Activations(blocks=kept_inputs, head=head, rebuilt=max(0, block - head))
-    return Activations(blocks=dims.layers * block, head=head)
-
-
-TRACE_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-
-
-def _traced(
-    shape: ModelShape, *, micro_batch: int, seq_len: int, precision: str, mixed_precision: str, checkpointing: bool
-) -> Activations | None:
-    """The same accounting as the formulas, from a trace: what the blocks and the rest save,
-    plus the loss's gradient buffers over the vocabulary that autograd does not save."""
-    if shape.tracer is None:
-        return None
-    # Only a backend that casts the whole model runs the trace's ops in the low precision.
-    low = precision != "fp32" and mixed_precision == "low_precision"
-    try:
-        traced = shape.tracer.trace(micro_batch, seq_len, TRACE_DTYPES[precision] if low else torch.float32)
-    except TraceError:
-        return None
-    vocab = shape.tracer.vocab or 0
-    head = traced.rest + LOSS_GRADIENT_BYTES_PER_LOGIT * micro_batch * seq_len * vocab
-    if checkpointing and traced.blocks:
-        # The head's loss buffers are freed before the first block is rebuilt.
-        return Activations(blocks=sum(traced.block_inputs), head=head, rebuilt=max(0, max(traced.blocks) - head))
-    return Activations(blocks=sum(traced.blocks), head=head)
+        return Activations(blocks=int(kept), head=int(head), rebuilt=int(max(0, block - head)))
+    kept = selective_bytes_per_token(dims, precision, mixed_precision, tp) * tokens
+    return Activations(blocks=int(dims.layers * kept), head=int(head), rebuilt=int(max(0, block - kept - head)))

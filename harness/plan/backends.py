@@ -1,8 +1,10 @@
-"""What each strategy name does, in the planner's terms: what it shards, where it keeps
-bytes, how it runs mixed precision, which buffers it allocates and when it communicates.
+"""What each strategy does, in the planner's terms: what it shards, where it keeps bytes, how
+it runs mixed precision, which buffers it allocates and when it communicates.
 
-The planner keys on registered strategy names (a plugin whose name is not here gets no
-prediction, and says so); the buffer sizes come from the same defaults the plugins use.
+Every registered strategy with a PlanModel (strategies/plan_model.py) is planned from it, a
+plugin's as a built-in's: the planner never asks for a strategy by name. The buffer sizes and
+the layout's sizes (tp_size, shard_size, zero_hpz_partition_size) come from the strategy's own
+option defaults, overlaid by the user's.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ class Backend(PlanModel):
     @property
     def replicated(self) -> bool:
         return self.stage == 0
+
+    @property
+    def one_process(self) -> bool:
+        """Runs on one GPU only: nothing sharded, no data-parallel wrapper, no threads (`single`)."""
+        return self.stage == 0 and not self.data_parallel and self.replicas == "processes" and not self.tensor_parallel
 
     def ddp_wrapped(self, world: int) -> bool:
         """Whether the model runs inside DistributedDataParallel: ddp always, even on one rank;
@@ -71,7 +78,9 @@ DDP_BUCKET_CAP_MB = 25.0
 def counterpart(backend: Backend, *, offload: bool, via_accelerate: bool) -> str | None:
     """The strategy with the same engine, stage and resharding, but with (or without) offload and
     Accelerate as asked: zero3 for zero3-offload, fsdp for accelerate-fsdp."""
-    same = ("engine", "stage", "reshard_after_forward", "data_parallel", "replicas")
+    same = [
+        f.name for f in fields(PlanModel) if f.name not in ("offload_optimizer", "offload_params", "via_accelerate")
+    ]
     return next(
         (
             b.name
@@ -112,8 +121,16 @@ def backend_for(
     models = planner_models()
     if name not in models:
         raise PlanError(f"no planner model for strategy {name!r}: the planner knows {', '.join(models)}")
-    backend = models[name]
-    options = {**_plugin_defaults(name), **(user_options or {})}
+    return filled_in(models[name], shape, precision, world, {**_plugin_defaults(name), **(user_options or {})})
+
+
+def backend_of(plan: PlanModel, name: str, options: dict[str, Any] | None = None) -> Backend:
+    """A Backend for a PlanModel no registered strategy declares (a published run's layout)."""
+    return Backend(**{f.name: getattr(plan, f.name) for f in fields(PlanModel)}, name=name, options=dict(options or {}))
+
+
+def filled_in(backend: Backend, shape: ModelShape, precision: str, world: int, options: dict[str, Any]) -> Backend:
+    """`backend` with `options` over DeepSpeed's or torch's defaults for this model and world size."""
     if backend.engine == "deepspeed":
         options = {**DEEPSPEED_DEFAULTS, **_deepspeed_sizing(backend, shape, world), **options}
         options.setdefault("overlap_comm", backend.stage == 3)  # DeepSpeed's own default

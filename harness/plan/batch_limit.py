@@ -1,13 +1,12 @@
 """The largest micro-batch the planner predicts a run fits on its GPUs: where the batch search
 (harness/compare/batch_search.py) starts.
 
-The planner's "fits" column keeps USABLE_FRACTION (0.9) of the card as a safety margin; a search
-start wants the best guess of where the device really runs out instead. SEARCH_FRACTION leaves
-5% for what the predicted peak allocated does not hold: the CUDA context (about 0.5 GiB, under
-1% of an 80 GB card), cuBLAS and NCCL workspaces, and the caching allocator's fragmentation
-(under memory pressure it releases its cached blocks before it gives up, so what remains is the
-waste inside the segments in use). The search is exact whatever the start: a start off by a few
-sizes costs a few probes, not a wrong answer.
+A search start wants the best guess of where the device really runs out. SEARCH_FRACTION leaves
+5% of the card for what the predicted peak allocated does not hold: the CUDA context (about 0.5
+GiB, under 1% of an 80 GB card), cuBLAS and NCCL workspaces, and the caching allocator's
+fragmentation (under memory pressure it releases its cached blocks before it gives up, so what
+remains is the waste inside the segments in use). The search is exact whatever the start: a
+start off by a few sizes costs a few probes, not a wrong answer.
 """
 
 from __future__ import annotations
@@ -27,7 +26,7 @@ def largest_micro_batch(name: str, question: Question, *, limit: int, fraction: 
     activations."""
     if name not in known_backends():
         return None
-    usable = fraction * question.gpu_mem_bytes
+    usable = fraction * question.capacity_bytes
 
     def peak(micro_batch: int) -> int | None:
         return plan_strategy(name, replace(question, micro_batch=micro_batch, grad_accum=1)).peak_bytes

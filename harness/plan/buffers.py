@@ -11,18 +11,22 @@ gradients while accumulating, the fp32 gradient built for the optimizer step; Ze
 gathered blocks (the one in use plus its prefetch bucket). What the strategies' own
 memory_breakdown already counts (ZeRO-3's reduction bucket and whole-kept parameters, the
 offload staging buffers) is part of the model states instead (memory.py), not repeated here.
-Not modelled: what DeepSpeed stages on the GPU for parameter offload beyond the gathered
-parameters (zero3-offload measured 0.3 GB, 7.6%, above the model on an H100 at gpt2-124m
-micro-batch 4); a calibration from a compare adds what it measured (calibration.py).
+Tensor parallelism divides each of these by tp (every GPU holds its slice); hybrid sharding
+gathers inside its shard group; torch.nn.DataParallel holds the replicas' gathered logits and
+their loss on GPU 0. Not modelled: what DeepSpeed stages on the GPU for parameter offload beyond
+the gathered parameters (zero3-offload measured 0.3 GB, 7.6%, above the model on an H100 at
+gpt2-124m micro-batch 4); a calibration from a compare adds what it measured (calibration.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from harness.plan.activations import LOSS_BYTES_PER_LOGIT
 from harness.plan.backends import Backend
+from harness.plan.layout import Layout
 from harness.plan.model_shape import ModelShape
-from harness.plan.model_states import BYTES
+from harness.plan.model_states import BYTES, compute_bytes
 
 
 @dataclass(frozen=True)
@@ -44,23 +48,19 @@ def matmul_weights(shape: ModelShape) -> int:
     return sum(t.numel for t in shape.tensors if t.block is not None and len(t.shape) >= 2) + head
 
 
-def _compute_bytes(backend: Backend, precision: str) -> int:
-    """Bytes per element of the parameters a forward reads once gathered or cast."""
-    return 4 if precision == "fp32" else BYTES[precision]
-
-
-def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
+def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, layout: Layout, grad_accum: int) -> Buffers:
     backward: dict[str, int] = {}
-    blocks = shape.block_params()
+    tp = layout.tp
+    blocks = [b // tp for b in shape.block_params()]
     if backend.stage == 0:
-        if precision != "fp32":
-            backward["autocast weight copies"] = matmul_weights(shape) * BYTES[precision]
-        ddp = backend.ddp_wrapped(world)
+        if precision != "fp32" and backend.mixed_precision == "autocast":
+            backward["autocast weight copies"] = matmul_weights(shape) // tp * BYTES[precision]
+        ddp = backend.ddp_wrapped(layout.data_parallel)
         if ddp and not backend.option("gradient_as_bucket_view"):
-            backward["DDP gradient buckets (besides .grad)"] = shape.params * 4
+            backward["DDP gradient buckets (besides .grad)"] = shape.params // tp * 4
         return Buffers(backward=backward, grads_resident=ddp)
-    unsharded = _compute_bytes(backend, precision)
-    backward["root parameters gathered for the step"] = shape.root_params() * unsharded
+    unsharded = compute_bytes(precision)
+    backward["root parameters gathered for the step"] = shape.root_params() // tp * unsharded
     largest = max(blocks) if blocks else 0
     if backend.reshard_after_forward:
         # FSDP2 prefetches one block by itself; strategy_options.prefetch_blocks=n keeps n ahead.
@@ -72,15 +72,15 @@ def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, world: i
     backward["one block's unsharded gradients and reduce-scatter input"] = largest * (unsharded + reduce_bytes)
     if grad_accum > 1 and not backend.sharded_grads_every_micro_step:
         # Without gradient sync FSDP2 keeps each block's unsharded gradient until the last micro-step.
-        backward["unsharded gradients kept while accumulating"] = shape.params * reduce_bytes
+        backward["unsharded gradients kept while accumulating"] = shape.params // tp * reduce_bytes
     return Buffers(backward=backward)
 
 
-def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
+def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, layout: Layout, grad_accum: int) -> Buffers:
     low = BYTES[precision]
     backward: dict[str, int] = {}
     step: dict[str, int] = {}
-    part = -(-shape.params // world)
+    part = -(-shape.params // (layout.shard * layout.tp))
     if backend.stage == 3:
         blocks = shape.block_params()
         largest = max(blocks) if blocks else shape.params
@@ -109,7 +109,21 @@ def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, worl
     return Buffers(backward=backward, hooks=hooks, step=step, grads_resident=True)
 
 
-def backend_buffers(shape: ModelShape, backend: Backend, precision: str, world: int, grad_accum: int) -> Buffers:
+def _gathered_logits(shape: ModelShape, precision: str, layout: Layout, tokens: int) -> dict[str, int]:
+    """torch.nn.DataParallel: every replica's logits land on GPU 0, where the loss runs over them."""
+    if layout.data_parallel <= 1 or shape.dims is None:
+        return {}
+    logits = (layout.data_parallel - 1) * tokens * shape.dims.vocab
+    return {"replicas' logits and their loss on GPU 0": logits * (compute_bytes(precision) + LOSS_BYTES_PER_LOGIT)}
+
+
+def backend_buffers(
+    shape: ModelShape, backend: Backend, precision: str, layout: Layout, grad_accum: int, tokens: int = 0
+) -> Buffers:
+    """The buffers of `backend` beside the model states; `tokens` per micro-step."""
     if backend.engine == "deepspeed":
-        return _deepspeed_buffers(shape, backend, precision, world, grad_accum)
-    return _torch_buffers(shape, backend, precision, world, grad_accum)
+        return _deepspeed_buffers(shape, backend, precision, layout, grad_accum)
+    buffers = _torch_buffers(shape, backend, precision, layout, grad_accum)
+    if backend.replicas == "threads":
+        return Buffers({**buffers.backward, **_gathered_logits(shape, precision, layout, tokens)}, grads_resident=True)
+    return buffers

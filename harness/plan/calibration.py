@@ -1,22 +1,24 @@
-"""The speed model's factors fitted to what a machine measured (speed.SpeedFactors).
+"""The speed model's factors fitted to what a machine measured (speed.SpeedFactors), so that the
+plan reproduces every strategy measured there and carries each to other sizes by the model's
+own terms.
 
 From a compare's results.json (or a train run's summary.json) the planner rebuilds each run's
-question (model, micro-batch, precision, world size, device) and predicts it with neutral
-factors; then, in this order:
-  compute scale   `single`'s measured step over its predicted compute (the model's efficiency
-                  on this GPU, relative to the compute model's);
+question (model, micro-batch, precision, world size, device) and predicts it; then, in order:
+  compute scale   a one-GPU strategy's (`single`'s) measured step over its predicted one:
+                  the whole compute model scaled, not replaced; a scale outside [0.5, 2] says the
+                  model does not describe the machine, and is reported, not used
   overheads       for each other strategy, what it measured beyond the scaled compute and the
-                  communication no compute hides, per unit of its backend's own work (FSDP's
-                  collective calls, ZeRO-3's parameter fetches, ZeRO-1/2's parameters);
+                  communication no compute hides, as time per micro-step (speed.py says why);
+                  one measured faster than the model is priced at nothing, and said so
   host step       for each offload strategy, what remains after its sibling's overhead
-                  (zero3-offload after zero3's), per parameter stepped on the host;
-  memory          each strategy's measured peak allocated over the predicted one, per parameter
-                  (what the memory model missed, assumed to scale with the model).
-Without a measurement of its own the planner uses the factors fitted the same way to a
-reference run shipped with parabench (reference_h100.json), and says they are assumed. A
-strategy Accelerate drives and the reference did not measure is priced as its native
-counterpart: Accelerate adds nothing measurable to the engine it drives (issue 12's bench
-holds it to 3%).
+                  (zero3-offload after zero3's), per parameter stepped on the host
+  memory          each strategy's measured peak allocated less the predicted one, per parameter,
+                  where it is within MEMORY_CORRECTION_LIMIT of the measurement (beyond, reported)
+Every strategy is priced from its own measurement, so two that drive the same engine with the
+same settings but measured apart (accelerate-zero3 and zero3) are planned apart, and the plan
+says by how much. Without a measurement of its own the planner uses the factors fitted the same
+way to the reference compare shipped with parabench (reference_h100.json: 15 strategies at
+gpt2-124m on one H100) and says they are assumed.
 """
 
 from __future__ import annotations
@@ -29,13 +31,14 @@ from typing import Any
 
 from harness.common.hardware import gpu_spec
 from harness.plan.backends import counterpart, planner_models
-from harness.plan.comm import INTER_NODE, INTERCONNECTS, Topology
 from harness.plan.model_shape import ModelShape, PlanError, shape_of_spec
+from harness.plan.network import DEFAULT_FABRIC, FABRICS, Topology, parse_intra
 from harness.plan.predict import Question, StrategyPlan, plan_strategy
 from harness.plan.speed import HOST_ADAM_S_PER_PARAM, SpeedFactors
 
 REFERENCE = Path(__file__).with_name("reference_h100.json")
-REFERENCE_NAME = "single"  # the strategy whose step is all compute: it fixes the compute scale
+SCALE_RANGE = (0.5, 2.0)  # a compute scale outside it means the model misdescribes the machine
+MEMORY_CORRECTION_LIMIT = 0.25  # of the measured peak: a larger miss is a model to fix, not to patch
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class RunSettings:
     model_kwargs: dict[str, Any] = field(default_factory=dict)
     model_blocks: list[str] | None = None
     compiled: bool = False
-    checkpointing: bool = False
+    checkpointing: str = "none"
     nodes: int = 1
     strategy_options: dict[str, Any] = field(default_factory=dict)  # flat ones and per-strategy sections
 
@@ -73,23 +76,21 @@ class FitRow:
     measured_s: float
     compute_s: float  # scaled
     exposed_comm_s: float
-    overhead_units: float
-    overhead_what: str
+    overhead_s: float
     fitted: str  # what this row set, in words
     memory_missed_bytes: float | None = None
 
 
 def default_factors() -> SpeedFactors:
-    """The factors fitted to the reference run shipped with parabench (assumed elsewhere)."""
+    """The factors fitted to the reference compare shipped with parabench (assumed elsewhere)."""
     return _reference_factors()
 
 
 @lru_cache(maxsize=1)
 def _reference_factors() -> SpeedFactors:
-    doc = json.loads(REFERENCE.read_text())
-    settings = RunSettings(**doc["settings"])
-    measurements = [Measurement(m["strategy"], m["step_s"]) for m in doc["measurements"]]
-    factors, _ = fit(settings, measurements, doc["basis"])
+    settings, measurements, _ = _read_results(json.loads(REFERENCE.read_text()), REFERENCE)
+    basis = "the reference H100 80GB HBM3 compare of 2026-11-23 (gpt2-124m, bf16, micro-batch 16 x 1024, one GPU)"
+    factors, _ = fit(settings, measurements, basis)
     return replace(factors, measured=False)
 
 
@@ -106,12 +107,23 @@ def calibration_for_report(compare_dir: Path) -> dict[str, Any]:
         factors, rows = calibrate_from(compare_dir)
     except PlanError as exc:  # a CPU run, or no `single`: nothing the planner can calibrate from
         return {"error": str(exc)}
-    return {"compute_scale": factors.compute_scale, "rows": [asdict(row) for row in rows]}
+    return {
+        "compute_scale": factors.compute_scale,
+        "rows": [asdict(row) for row in rows],
+        "unused": list(factors.unused),
+    }
 
 
 def read_measurements(path: Path) -> tuple[RunSettings, list[Measurement], str]:
+    """A compare's or a train run's measurements: its out_dir, or its results.json / summary.json."""
+    results, summary = path / "results.json", path / "summary.json"
+    if path.is_file():
+        results, summary = (path, path / "-") if "summary" not in path.name else (path / "-", path)
     try:
-        return _read_measurements(path)
+        if results.is_file():
+            return _read_results(json.loads(results.read_text()), path)
+        if summary.is_file():
+            return _read_summary(json.loads(summary.read_text()), path)
     except (KeyError, TypeError, ValueError) as exc:
         if isinstance(exc, PlanError):
             raise
@@ -119,41 +131,51 @@ def read_measurements(path: Path) -> tuple[RunSettings, list[Measurement], str]:
             f"calibrate={path}: its results are incomplete ({type(exc).__name__}: {exc}): "
             "give the out_dir of a finished compare or train run"
         ) from None
+    raise PlanError(
+        f"calibrate={path}: no results.json or summary.json there: give the out_dir of a "
+        "`runner.py compare` or `runner.py train` run"
+    )
 
 
-def _read_measurements(path: Path) -> tuple[RunSettings, list[Measurement], str]:
-    results, summary = path / "results.json", path / "summary.json"
-    if results.is_file():
-        doc = json.loads(results.read_text())
-        config, nproc = doc["config"], doc["nproc"]
-        device = (doc.get("environment") or {}).get("device") or ""
-        measured = [
-            Measurement(e["name"], e["step_time_s"], e.get("peak_mem_allocated_bytes"), e.get("nproc"))
-            for e in doc["strategies"]
-            if e.get("status") == "ok" and e.get("step_time_s")
-        ]
-    elif summary.is_file():
-        doc = json.loads(summary.read_text())
-        config, nproc, device = doc["config"], doc["world_size"], doc.get("device") or ""
-        measured = (
-            [Measurement(config["strategy"], doc["step_time_s"], doc.get("peak_mem_allocated_bytes"), nproc)]
-            if doc.get("step_time_s")
-            else []
-        )
-    else:
-        raise PlanError(
-            f"calibrate={path}: no results.json or summary.json there: give the out_dir of a "
-            "`runner.py compare` or `runner.py train` run"
-        )
+def _read_results(doc: dict[str, Any], path: Path) -> tuple[RunSettings, list[Measurement], str]:
+    device = (doc.get("environment") or {}).get("device") or ""
+    measured = [
+        Measurement(e["name"], e["step_time_s"], e.get("peak_mem_allocated_bytes"), e.get("nproc"))
+        for e in doc["strategies"]
+        if e.get("status") == "ok" and e.get("step_time_s")
+    ]
+    return (
+        _settings(doc["config"], doc["nproc"], device, doc.get("nodes") or 1, path),
+        _checked(measured, path),
+        f"{device}, {path}",
+    )
+
+
+def _read_summary(doc: dict[str, Any], path: Path) -> tuple[RunSettings, list[Measurement], str]:
+    config, nproc, device = doc["config"], doc["world_size"], doc.get("device") or ""
+    measured = (
+        [Measurement(config["strategy"], doc["step_time_s"], doc.get("peak_mem_allocated_bytes"), nproc)]
+        if doc.get("step_time_s")
+        else []
+    )
+    return _settings(config, nproc, device, doc.get("nodes") or 1, path), _checked(measured, path), f"{device}, {path}"
+
+
+def _checked(measured: list[Measurement], path: Path) -> list[Measurement]:
+    if not measured:
+        raise PlanError(f"calibrate={path}: no run there finished with a step time: run it to the end first")
+    return measured
+
+
+def _settings(config: dict[str, Any], nproc: int, device: str, nodes: int, path: Path) -> RunSettings:
     if gpu_spec(device) is None:
         raise PlanError(
             f"calibrate={path}: it ran on {device or 'an unknown device'}, not a GPU the planner knows: "
             "calibrate from a run on a GPU"
         )
-    if not measured:
-        raise PlanError(f"calibrate={path}: no run there finished with a step time: run it to the end first")
     micro_batch = config.get("micro_batch") or config["batch_size"] // nproc
-    settings = RunSettings(
+    checkpointing = config.get("activation_checkpointing")
+    return RunSettings(
         model=config["model"],
         model_kwargs=config.get("model_kwargs") or {},
         model_blocks=config.get("model_blocks"),
@@ -164,16 +186,15 @@ def _read_measurements(path: Path) -> tuple[RunSettings, list[Measurement], str]
         world_size=nproc,
         device=device,
         compiled=bool(config.get("compile")),
-        checkpointing=bool(config.get("activation_checkpointing")),
-        nodes=doc.get("nodes") or 1,
+        checkpointing=checkpointing if isinstance(checkpointing, str) else ("full" if checkpointing else "none"),
+        nodes=nodes,
         strategy_options=config.get("strategy_options") or {},
     )
-    return settings, measured, f"{device}, {path}"
 
 
 @lru_cache(maxsize=8)
 def _shape(model: str, model_kwargs: str, model_blocks: tuple[str, ...] | None) -> ModelShape:
-    """Built once per model for all the runs of a calibration (a meta-device build takes a while)."""
+    """Read once per model for all the runs of a calibration."""
     return shape_of_spec(model, json.loads(model_kwargs), list(model_blocks) if model_blocks else None)
 
 
@@ -187,55 +208,78 @@ def question_for(settings: RunSettings, measurement: Measurement, factors: Speed
     spec = gpu_spec(settings.device)
     assert spec is not None, settings.device
     world = measurement.world_size or settings.world_size
+    nodes = min(settings.nodes, world)
     per_rank = settings.micro_batch * settings.grad_accum * settings.world_size // world
     options = {k: v for k, v in settings.strategy_options.items() if not isinstance(v, dict)}
     options.update(settings.strategy_options.get(measurement.strategy) or {})
     return Question(
         shape=shape_of(settings),
-        gpus=world,
-        nodes=min(settings.nodes, world),
-        gpu_mem_bytes=spec.memory_gb * 1e9,
+        topology=Topology(
+            world,
+            nodes,
+            parse_intra(None, spec),
+            FABRICS[DEFAULT_FABRIC[spec.attention_family]],
+            spec.attention_family == "hopper",
+        ),
+        capacity_bytes=spec.capacity_bytes,
         micro_batch=settings.micro_batch,
         grad_accum=per_rank // settings.micro_batch,
         seq_len=settings.seq_len,
         precision=settings.precision,
-        checkpointing=settings.checkpointing,
-        topology=Topology(world, min(settings.nodes, world), INTERCONNECTS["nvlink"], INTER_NODE["infiniband"]),
-        peak_flops=spec.peak_flops[settings.precision],
-        hbm_bytes_per_s=spec.hbm_bytes_per_s,
+        gpu=spec,
         factors=factors,
-        strategy_options=options,
+        checkpointing=settings.checkpointing,
         compiled=settings.compiled,
+        strategy_options=options,
     )
+
+
+def _plan(settings: RunSettings, measurement: Measurement, factors: SpeedFactors) -> StrategyPlan:
+    return plan_strategy(measurement.strategy, question_for(settings, measurement, factors))
 
 
 def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> tuple[SpeedFactors, list[FitRow]]:
     models = planner_models()
     known = {m.strategy: m for m in measurements if m.strategy in models}
-    if REFERENCE_NAME not in known:
+    # The step of a strategy that runs the model alone on one GPU is all compute: it fixes the scale.
+    alone = [n for n in known if models[n].one_process and not models[n].via_accelerate]
+    if not alone:
         raise PlanError(
-            f"calibration needs a run of {REFERENCE_NAME!r} (it fixes the compute scale): include it in the compare"
+            "calibration needs a run of a one-GPU strategy such as 'single' (it fixes the compute scale): "
+            "include it in the compare"
         )
-    reference = _plan(settings, known[REFERENCE_NAME], SpeedFactors(basis=basis))
-    scale = known[REFERENCE_NAME].step_s / reference.time.compute_s
+    reference_name = alone[0]
+    reference = _plan(settings, known[reference_name], SpeedFactors(basis=basis))
+    scale = known[reference_name].step_s / reference.time.step_s
+    unused: list[str] = []
+    if not SCALE_RANGE[0] <= scale <= SCALE_RANGE[1]:
+        unused.append(
+            f"compute scale {scale:.2f} ({reference_name} measured {known[reference_name].step_s * 1e3:.1f} ms "
+            f"against the model's {reference.time.step_s * 1e3:.1f} ms): outside {SCALE_RANGE[0]}-{SCALE_RANGE[1]}, "
+            "the model is kept unscaled"
+        )
+        scale = 1.0
     factors = SpeedFactors(compute_scale=scale, basis=basis, measured=True)
     params = shape_of(settings).params
     rows: list[FitRow] = []
     # The reference first (its step is the scale); offload strategies last: they take their
-    # sibling's overhead price before the host's share.
-    ordered = sorted(known.values(), key=lambda m: (m.strategy != REFERENCE_NAME, models[m.strategy].offload_optimizer))
+    # sibling's overhead before the host's share.
+    ordered = sorted(known.values(), key=lambda m: (m.strategy != reference_name, models[m.strategy].offload_optimizer))
     for m in ordered:
         backend = models[m.strategy]
+        # Priced at nothing of its own while fitted (not at an engine it shares with one fitted before).
+        factors = replace(factors, overhead_s={**factors.overhead_s, m.strategy: 0.0})
         plan = _plan(settings, m, factors)
         t = plan.time
-        if m.strategy == REFERENCE_NAME:
-            fitted = f"compute scale {scale:.3f} (the model's compute, measured against the compute model's)"
+        accum = question_for(settings, m, factors).grad_accum
+        if m.strategy == reference_name:
+            fitted = f"compute scale {factors.compute_scale:.3f} (the measured step over the compute model's)"
         elif backend.offload_optimizer:
-            sibling = counterpart(backend, offload=False, via_accelerate=False)
+            sibling = counterpart(backend, offload=False, via_accelerate=backend.via_accelerate)
             price = factors.overhead_s.get(sibling, 0.0) if sibling else 0.0
             rate = factors.host_s_per_param.get(m.strategy, HOST_ADAM_S_PER_PARAM)
             stepped = t.offload_step_s / rate  # parameters a node's host steps
-            host_work = m.step_s - (t.step_s - t.offload_step_s - t.overhead_s) - t.overhead_units * price
+            host_work = m.step_s - (t.step_s - t.offload_step_s) - accum * price
             factors = replace(
                 factors,
                 overhead_s={**factors.overhead_s, m.strategy: price},
@@ -244,22 +288,33 @@ def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> t
             fitted = f"host step {factors.host_s_per_param[m.strategy] * 1e9:.2f} ns per parameter" + (
                 f" (after {sibling}'s overhead)" if sibling else ""
             )
-        elif t.overhead_units:
-            price = max(m.step_s - t.step_s, 0.0) / t.overhead_units
-            factors = replace(factors, overhead_s={**factors.overhead_s, m.strategy: price})
-            fitted = f"{price * 1e6:.3g} us per unit of {t.overhead_what}"
         else:
-            fitted = f"nothing to fit ({(m.step_s - t.step_s) / t.step_s:+.1%} against the model)"
-        missed = None if m.peak_bytes is None or plan.peak_bytes is None else m.peak_bytes - plan.peak_bytes
-        if missed is not None:
-            factors = replace(factors, memory_per_param={**factors.memory_per_param, m.strategy: missed / params})
-        rows.append(
-            FitRow(
-                m.strategy, m.step_s, t.compute_s, t.exposed_comm_s, t.overhead_units, t.overhead_what, fitted, missed
+            residual = m.step_s - t.step_s
+            factors = replace(factors, overhead_s={**factors.overhead_s, m.strategy: max(residual, 0.0) / accum})
+            fitted = (
+                f"{residual / accum * 1e3:.1f} ms per micro-step of the backend's own work"
+                if residual >= 0
+                else f"nothing: measured {-residual / t.step_s:.1%} faster than the model, priced at the model's speed"
             )
+        missed = _memory_missed(settings, m, factors)
+        if missed is not None and m.peak_bytes and abs(missed) > MEMORY_CORRECTION_LIMIT * m.peak_bytes:
+            unused.append(
+                f"{m.strategy}: peak {m.peak_bytes / 2**30:.2f} GiB measured, {(m.peak_bytes - missed) / 2**30:.2f} "
+                "predicted: too far apart to correct, planned as the model has it"
+            )
+        elif missed is not None:
+            factors = replace(factors, memory_per_param={**factors.memory_per_param, m.strategy: missed / params})
+        final = _plan(settings, m, factors).time
+        rows.append(
+            FitRow(m.strategy, m.step_s, final.compute_s, final.exposed_comm_s, final.overhead_s, fitted, missed)
         )
-    return factors, rows
+    return replace(factors, unused=tuple(unused)), rows
 
 
-def _plan(settings: RunSettings, measurement: Measurement, factors: SpeedFactors) -> StrategyPlan:
-    return plan_strategy(measurement.strategy, question_for(settings, measurement, factors))
+def _memory_missed(settings: RunSettings, m: Measurement, factors: SpeedFactors) -> float | None:
+    """The measured peak allocated less the model's (before any correction of its own)."""
+    if m.peak_bytes is None:
+        return None
+    plain = replace(factors, memory_per_param={k: v for k, v in factors.memory_per_param.items() if k != m.strategy})
+    predicted = _plan(settings, m, plain).peak_bytes
+    return None if predicted is None else m.peak_bytes - predicted

@@ -1,12 +1,16 @@
-"""Communication per step per GPU: which collectives each strategy runs, how many bytes
-each GPU puts on the wire, how long that takes on the interconnect, and which compute
-phase can hide it.
+"""Communication per step per GPU: which collectives each layout runs, over which group of GPUs,
+how many bytes, and which compute phase can hide them (network.py prices them).
 
-Ring collectives over N GPUs (NCCL's bandwidth-optimal algorithms): an all-reduce of B
-bytes sends 2(N-1)/N·B per GPU, an all-gather or reduce-scatter (N-1)/N·B. DDP and
-ZeRO-1/2 reduce gradients and (ZeRO) gather parameters back: 2(N-1)/N·Ψ in all;
-FSDP and ZeRO-3 gather parameters for forward and again for backward, then reduce-scatter
-gradients: 3(N-1)/N·Ψ, the ZeRO paper's 1.5x of data parallelism.
+Data parallel (DDP) all-reduces the gradients; ZeRO-1/2 reduce-scatter them and all-gather the
+updated parameters; FSDP and ZeRO-3 all-gather each unit's parameters for the forward and again
+for the backward, then reduce-scatter its gradients (the ZeRO paper's 1.5x of data parallel).
+Hybrid sharding does that inside its shard group and all-reduces the shards' gradients across
+the replicas; hpZ gathers the backward's parameters from its secondary copy inside the node.
+Tensor parallelism (torchtitan's plan, with sequence parallelism) all-gathers a block's
+activations before the attention and the MLP and reduce-scatters their outputs, forward and
+backward, inside its group and in the block's critical path. torch.nn.DataParallel broadcasts
+the model from GPU 0 every step, gathers the replicas' outputs onto it and reduces their
+gradients onto it, none of it hidden.
 """
 
 from __future__ import annotations
@@ -15,66 +19,14 @@ import math
 from dataclasses import dataclass
 
 from harness.plan.backends import Backend
-from harness.plan.model_shape import ModelShape, PlanError
-from harness.plan.model_states import BYTES
+from harness.plan.layout import Layout
+from harness.plan.model_shape import ModelShape
+from harness.plan.model_states import BYTES, compute_bytes
+from harness.plan.network import Group, Topology, collective_seconds
 
-
-@dataclass(frozen=True)
-class Link:
-    name: str
-    gb_per_s: float  # bus bandwidth one GPU reaches in a ring collective, GB/s (1e9 bytes)
-    latency_us: float  # per hop of a collective
-
-
-# Effective per-GPU bus bandwidths, below the data-sheet peaks: NCCL reaches ~70-80% of them.
-INTERCONNECTS = {
-    "nvlink": Link("nvlink", 300.0, 5.0),  # H100 SXM NVLink 4: 450 GB/s per direction
-    "pcie": Link("pcie", 24.0, 10.0),  # PCIe 4.0 x16: 32 GB/s per direction, through the host bridge
-    "infiniband": Link("infiniband", 40.0, 10.0),  # NDR 400 Gb/s (50 GB/s), one NIC per GPU
-}
-INTER_NODE = {
-    "infiniband": INTERCONNECTS["infiniband"],
-    "ethernet": Link("ethernet", 10.0, 30.0),  # 100 GbE (12.5 GB/s) per GPU, RoCE
-}
-HOST_LINK = Link("pcie-host", 24.0, 10.0)  # GPU <-> CPU memory for offload: PCIe 4.0 x16
-
-
-def parse_link(value: str, table: dict[str, Link], what: str) -> Link:
-    """A link by name or by bandwidth in GB/s (`nvlink`, `pcie`, `100`)."""
-    key = str(value).strip().lower()
-    if key in table:
-        return table[key]
-    try:
-        gb_per_s = float(key)
-    except ValueError:
-        raise PlanError(
-            f"unknown {what} {value!r}: use {', '.join(table)} or a bandwidth in GB/s such as 100"
-        ) from None
-    if not math.isfinite(gb_per_s) or gb_per_s <= 0:
-        raise PlanError(f"{what}={value} must be a positive bandwidth in GB/s")
-    return Link(f"{gb_per_s:g} GB/s", gb_per_s, 10.0)
-
-
-@dataclass(frozen=True)
-class Topology:
-    gpus: int
-    nodes: int
-    intra: Link
-    inter: Link
-
-    @property
-    def link(self) -> Link:
-        """The link a collective over every GPU is limited by: across nodes the slower one."""
-        if self.nodes == 1:
-            return self.intra
-        return min((self.intra, self.inter), key=lambda link: link.gb_per_s)
-
-    def describe(self) -> str:
-        if self.nodes == 1:
-            return f"{self.gpus} GPUs on {self.intra.name}"
-        return (
-            f"{self.nodes} nodes x {self.gpus // self.nodes} GPUs, {self.intra.name} inside, {self.inter.name} between"
-        )
+QUANTIZED_GATHER_BYTES = 1.0  # ZeRO++ qwZ: int8 weights (and a scale per block of them)
+QUANTIZED_REDUCE_BYTES = 0.5  # ZeRO++ qgZ: int4 gradients
+HOST_KINDS = ("host-copy",)
 
 
 @dataclass(frozen=True)
@@ -82,54 +34,134 @@ class Collective:
     """One kind of collective a step runs, summed over its calls."""
 
     what: str  # e.g. "all-reduce gradients"
-    kind: str  # all-reduce | all-gather | reduce-scatter | host-copy
-    payload_bytes: int  # bytes of the whole tensor(s), per call set
+    kind: str  # all-reduce | all-gather | reduce-scatter | broadcast | reduce | gather | host-copy
+    payload_bytes: float  # bytes of the whole tensor(s) over all calls
     calls: int  # how many collective calls carry it (buckets, blocks)
     window: str | None  # compute phase that can hide it: forward | backward | None (exposed)
-    tail_bytes: int = 0  # payload that cannot overlap (the last bucket, the first block)
+    group: Group = Group(1, 1)
+    tail_bytes: float = 0.0  # payload that cannot overlap (the last bucket, the first block)
     per_micro_step: bool = False  # runs on every micro-step, not once per step
 
-    def wire_bytes(self, gpus: int) -> float:
-        """Bytes each GPU sends (ring algorithms); a host copy moves its payload once."""
-        if self.kind == "host-copy":
+    def wire_bytes(self) -> float:
+        """Bytes each GPU sends (ring algorithms); a host copy or a gather moves its payload once."""
+        if self.kind in HOST_KINDS or self.kind == "gather":
             return float(self.payload_bytes)
-        if gpus <= 1:
+        n = self.group.size
+        if n <= 1:
             return 0.0
-        factor = 2 * (gpus - 1) / gpus if self.kind == "all-reduce" else (gpus - 1) / gpus
+        factor = 2 * (n - 1) / n if self.kind == "all-reduce" else (n - 1) / n
         return factor * self.payload_bytes
 
-    def seconds(self, topology: Topology, tail: bool = False) -> float:
-        link = HOST_LINK if self.kind == "host-copy" else topology.link
+    def seconds(self, topology: Topology, host_bytes_per_s: float, tail: bool = False) -> float:
         payload = self.tail_bytes if tail else self.payload_bytes
-        if self.kind != "host-copy" and topology.gpus <= 1:
-            return 0.0
-        wire = Collective(self.what, self.kind, payload, 1, None).wire_bytes(topology.gpus)
-        hops = 1 if self.kind == "host-copy" else 2 * math.ceil(math.log2(topology.gpus))
         calls = 1 if tail else self.calls
-        return wire / (link.gb_per_s * 1e9) + calls * hops * link.latency_us * 1e-6
+        if self.kind in HOST_KINDS:
+            return payload / host_bytes_per_s
+        if self.kind == "gather":  # copies into GPU 0, one replica after another, over its own link
+            return payload / topology.intra.bytes_per_s if self.group.size > 1 else 0.0
+        return collective_seconds(topology, self.group, self.kind, payload, calls)
 
 
-def _grad_reduce_bytes(backend: Backend, precision: str) -> int:
+def _grad_reduce_bytes(backend: Backend, precision: str) -> float:
+    if backend.quantized_comm and precision != "fp32":
+        return QUANTIZED_REDUCE_BYTES
     if backend.engine == "torch":
         # DDP reduces the fp32 .grad; FSDP reduces in its reduce_dtype.
         return 4 if precision == "fp32" or backend.replicated or backend.reduce_in_fp32 else BYTES[precision]
     return 4 if backend.option("communication_data_type") == "fp32" else BYTES[precision]
 
 
-def _gather_bytes(backend: Backend, precision: str) -> int:
-    """Bytes per parameter element a gather moves: the compute dtype (FSDP's param_dtype, DeepSpeed's cast)."""
-    return 4 if precision == "fp32" else BYTES[precision]
+def _gather_bytes(backend: Backend, precision: str) -> float:
+    if backend.quantized_comm and precision != "fp32":
+        return QUANTIZED_GATHER_BYTES
+    return compute_bytes(precision)
 
 
-def collectives(shape: ModelShape, backend: Backend, precision: str, gpus: int) -> list[Collective]:
-    """What one optimizer step of `backend` communicates, per GPU."""
-    params = shape.params
-    blocks = shape.block_params() or [params]
-    largest_block = max(blocks)
+def _kept_whole(shape: ModelShape, backend: Backend) -> int:
+    """ZeRO-3 parameters under the persistence threshold: never gathered, kept whole on every rank."""
+    if backend.engine != "deepspeed" or shape.tensors is None:
+        return 0
+    threshold = backend.option("stage3_param_persistence_threshold")
+    return sum(t.numel for t in shape.tensors if t.numel < threshold)
+
+
+# Of a block's tensor-parallel collectives in the forward, those checkpointing runs again in the
+# backward: all of them under full checkpointing; under torchtitan's selective policy the
+# reduce-scatters' outputs are kept (its save list), so only the all-gathers.
+TP_RECOMPUTED = {"none": {"all-gather": 0, "reduce-scatter": 0}, "full": {"all-gather": 1, "reduce-scatter": 1}}
+TP_RECOMPUTED["selective"] = {"all-gather": 1, "reduce-scatter": 0}
+
+
+def _tensor_parallel(
+    shape: ModelShape, layout: Layout, tokens: int, precision: str, checkpointing: str, fp8: bool = False
+) -> list[Collective]:
+    """Per block, forward: all-gather the sequence-sharded input of the attention and of the MLP,
+    reduce-scatter their outputs; the backward mirrors them, and checkpointing repeats the
+    forward's. The head gathers once each way. With fp8 projections (torchao's float8 tensor
+    parallel: the inputs cast before the forward's gathers, the outputs' gradients before the
+    backward's) the blocks' all-gathers carry fp8; the reduce-scatters stay in `precision`."""
+    if layout.tp <= 1 or shape.dims is None:
+        return []
+    element = tokens * shape.dims.width
+    layers = shape.dims.layers
+    out = []
+    for kind in ("all-gather", "reduce-scatter"):
+        blocks = 2 * (2 + TP_RECOMPUTED[checkpointing][kind]) * layers
+        block_bytes = 1 if fp8 and kind == "all-gather" else compute_bytes(precision)
+        payload = element * (blocks * block_bytes + 2 * compute_bytes(precision))
+        out.append(
+            Collective(
+                f"tensor-parallel {kind} of activations",
+                kind,
+                payload,
+                blocks + 2,
+                None,
+                layout.tp_group,
+                per_micro_step=True,
+            )
+        )
+    return out
+
+
+def _data_parallel_threads(shape: ModelShape, precision: str, gpus: int, tokens: int, group: Group) -> list[Collective]:
+    """torch.nn.DataParallel: the model copied out of GPU 0 every step, the replicas' outputs
+    (the logits) gathered onto it, their gradients summed onto it; nothing overlaps."""
+    if gpus <= 1:
+        return []
+    vocab = shape.dims.vocab if shape.dims else 0
+    outputs = (gpus - 1) * tokens * vocab * compute_bytes(precision)
+    return [
+        Collective(
+            "broadcast the model from GPU 0", "broadcast", shape.params * 4, 1, None, group, per_micro_step=True
+        ),
+        Collective("gather the replicas' logits onto GPU 0", "gather", outputs, 1, None, group, per_micro_step=True),
+        Collective("reduce the gradients onto GPU 0", "reduce", shape.params * 4, 1, None, group, per_micro_step=True),
+    ]
+
+
+def collectives(
+    shape: ModelShape,
+    backend: Backend,
+    layout: Layout,
+    precision: str,
+    gpus: int,
+    tokens: int,
+    world: Group,
+    checkpointing: str = "none",
+    fp8: bool = False,
+) -> list[Collective]:
+    """What one optimizer step of `backend` communicates, per GPU; `tokens` per micro-step; `fp8`:
+    the blocks' projections run in fp8 (precision is then what everything else is held in)."""
+    params = shape.params / layout.tp
+    blocks = shape.block_params() or [shape.params]
+    largest_block = max(blocks) / layout.tp
     calls = len(blocks) + 1  # one per FSDP/ZeRO-3 unit: every block and the root
     grad_bytes, gather_bytes = _grad_reduce_bytes(backend, precision), _gather_bytes(backend, precision)
+    shards = layout.shard_group
     out: list[Collective] = []
-    if gpus > 1 and backend.stage == 0:
+    if backend.replicas == "threads":
+        out += _data_parallel_threads(shape, precision, gpus, tokens, world)
+    elif layout.data_parallel > 1 and backend.stage == 0:
         payload = params * grad_bytes
         bucket = int(backend.option("bucket_cap_mb") * 2**20)
         out.append(
@@ -139,10 +171,11 @@ def collectives(shape: ModelShape, backend: Backend, precision: str, gpus: int) 
                 payload,
                 max(1, math.ceil(payload / bucket)),
                 "backward",
+                shards,
                 tail_bytes=min(bucket, payload),
             )
         )
-    elif gpus > 1 and backend.stage in (1, 2) and backend.engine == "deepspeed":
+    elif layout.shard > 1 and backend.stage in (1, 2) and backend.engine == "deepspeed":
         reduce_payload = params * grad_bytes
         reduce_calls = max(1, math.ceil(params / backend.option("reduce_bucket_size")))
         window = "backward" if backend.option("overlap_comm") else None
@@ -154,14 +187,17 @@ def collectives(shape: ModelShape, backend: Backend, precision: str, gpus: int) 
                 reduce_payload,
                 reduce_calls,
                 window,
+                shards,
                 tail_bytes=min(reduce_payload, int(backend.option("reduce_bucket_size")) * grad_bytes),
                 per_micro_step=backend.stage == 2,
             )
         )
         gather_calls = max(1, math.ceil(params / backend.option("allgather_bucket_size")))
-        out.append(Collective("all-gather updated parameters", "all-gather", params * gather_bytes, gather_calls, None))
-    elif gpus > 1 and backend.stage == 3:
-        gathered = params - _kept_whole(shape, backend)
+        out.append(
+            Collective("all-gather updated parameters", "all-gather", params * gather_bytes, gather_calls, None, shards)
+        )
+    elif layout.shard > 1 and backend.stage == 3:
+        gathered = (shape.params - _kept_whole(shape, backend)) / layout.tp
         out.append(
             Collective(
                 "all-gather parameters (forward)",
@@ -169,18 +205,21 @@ def collectives(shape: ModelShape, backend: Backend, precision: str, gpus: int) 
                 gathered * gather_bytes,
                 calls,
                 "forward",
+                shards,
                 tail_bytes=largest_block * gather_bytes,
                 per_micro_step=True,
             )
         )
         if backend.reshard_after_forward:
+            secondary = layout.hpz_group if layout.hpz > 1 else shards
             out.append(
                 Collective(
-                    "all-gather parameters (backward)",
+                    "all-gather parameters (backward)" + (", from hpZ's copy in the node" if layout.hpz > 1 else ""),
                     "all-gather",
                     gathered * gather_bytes,
                     calls,
                     "backward",
+                    secondary,
                     per_micro_step=True,
                 )
             )
@@ -191,25 +230,33 @@ def collectives(shape: ModelShape, backend: Backend, precision: str, gpus: int) 
                 params * grad_bytes,
                 calls,
                 "backward",
+                shards,
                 tail_bytes=largest_block * grad_bytes,
                 per_micro_step=backend.sharded_grads_every_micro_step,
             )
         )
-    out.extend(_offload_copies(shape, backend, precision, gpus))
+    if layout.replicas > 1 and backend.stage > 0 and backend.replicas != "threads":
+        shard_grads = params / layout.shard * grad_bytes
+        out.append(
+            Collective(
+                "all-reduce gradient shards across replicas",
+                "all-reduce",
+                shard_grads,
+                calls if backend.stage == 3 else 1,
+                "backward",
+                layout.replica_group,
+                tail_bytes=largest_block / layout.shard * grad_bytes,
+                per_micro_step=backend.stage == 3 and backend.sharded_grads_every_micro_step,
+            )
+        )
+    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8)
+    out += _offload_copies(shape, backend, precision, layout.shard)
     return out
 
 
-def _kept_whole(shape: ModelShape, backend: Backend) -> int:
-    """ZeRO-3 parameters under the persistence threshold: never gathered, kept whole on every rank."""
-    if backend.engine != "deepspeed" or shape.tensors is None:
-        return 0
-    threshold = backend.option("stage3_param_persistence_threshold")
-    return sum(t.numel for t in shape.tensors if t.numel < threshold)
-
-
-def _offload_copies(shape: ModelShape, backend: Backend, precision: str, gpus: int) -> list[Collective]:
+def _offload_copies(shape: ModelShape, backend: Backend, precision: str, shards: int) -> list[Collective]:
     """Host <-> GPU traffic of offload: gradients down, updated parameters up, ZeRO-3 shards per gather."""
-    shard = math.ceil(shape.params / gpus)
+    shard = math.ceil(shape.params / shards)
     out: list[Collective] = []
     if backend.offload_optimizer:
         grad_bytes = 4 if backend.engine == "torch" else BYTES[precision]
@@ -225,3 +272,33 @@ def _offload_copies(shape: ModelShape, backend: Backend, precision: str, gpus: i
             )
         )
     return out
+
+
+def local_copy_bytes(
+    shape: ModelShape,
+    backend: Backend,
+    layout: Layout,
+    precision: str,
+    tokens: int,
+    checkpointing: str,
+    fp8: bool = False,
+) -> float:
+    """Bytes a micro-step moves through the GPU's memory around its collectives, besides the wire:
+    FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
+    and write, forward and again in a resharded backward) and the gradients into the reduction's
+    input (read in the compute dtype, written in the reduction's); ZeRO-1/2 copy the gradients into
+    their bucket. Tensor parallelism gathers and scatters activations along the sequence, not the
+    first dimension NCCL works on, so each of its collectives copies the whole activation once more
+    (DTensor's redistribution between Shard(1) and Replicate)."""
+    params = shape.params / layout.tp
+    gather = 2 * compute_bytes(precision)
+    reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
+    moved = 0.0
+    if backend.stage == 3 and backend.replicas != "threads":
+        gathers = 2 if backend.reshard_after_forward else 1
+        moved += params * (gathers * gather + reduce)
+    elif backend.stage in (1, 2) and backend.engine == "deepspeed":
+        moved += params * reduce
+    for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8):
+        moved += 2 * c.payload_bytes  # read and written once more
+    return moved

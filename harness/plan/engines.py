@@ -1,6 +1,7 @@
 """Where two strategies drive the same engine (fsdp and accelerate-fsdp, zero1 and
 accelerate-zero1) yet are planned differently, the plan says why, in its own words: which
-setting differs, and what that costs on the wire and in memory."""
+setting differs, what that costs on the wire and in memory, and what the calibration measured
+apart for each (a plan never calls two strategies alike while pricing them apart)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ def _settings(plan: StrategyPlan, q: Question) -> dict[str, str]:
             )
         return settings
     return {
-        "model wrapper": "DistributedDataParallel" if b.ddp_wrapped(q.gpus) else "none (one process)",
+        "model wrapper": "DistributedDataParallel"
+        if b.ddp_wrapped(plan.layout.data_parallel)
+        else "none (one process)",
         "gradient_as_bucket_view": str(b.option("gradient_as_bucket_view")),
         "DDP bucket": f"{b.option('bucket_cap_mb'):g} MB",
     }
@@ -43,8 +46,12 @@ def engine_differences(plans: list[StrategyPlan], q: Question) -> list[str]:
             continue
         theirs, ours = _settings(by_name[native], q), _settings(plan, q)
         differing = [f"{key}: {ours[key]} (not {theirs[key]})" for key in ours if ours[key] != theirs[key]]
+        measured = _measured_apart(plan, by_name[native], q)
         if not differing:
-            lines.append(f"{plan.name} and {native} drive the same engine with the same settings: planned alike.")
+            lines.append(
+                f"{plan.name} and {native} drive the same engine with the same settings: "
+                + (measured if measured else "planned alike.")
+            )
             continue
         effects = []
         if plan.time and by_name[native].time:
@@ -60,5 +67,20 @@ def engine_differences(plans: list[StrategyPlan], q: Question) -> list[str]:
             + "; ".join(differing)
             + (": " + ", ".join(effects) if effects else "")
             + "."
+            + (f" {measured}" if measured else "")
         )
     return lines
+
+
+def _measured_apart(plan: StrategyPlan, native: StrategyPlan, q: Question) -> str:
+    """What the calibration measured of each beyond the model, where it differs by 1 ms or more."""
+    ours = q.factors.overhead_s.get(plan.name)
+    theirs = q.factors.overhead_s.get(native.name)
+    if ours is None or theirs is None or abs(ours - theirs) < 1e-3:
+        return ""
+    more = ours - theirs
+    return (
+        f"measured apart, {abs(more) * 1e3:.0f} ms per micro-step {'more' if more > 0 else 'less'} of the "
+        "backend's own "
+        f"work in {plan.name} ({q.factors.basis}), which the plan carries."
+    )

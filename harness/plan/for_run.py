@@ -8,11 +8,18 @@ from typing import Any
 from harness.common import hardware
 from harness.plan.backends import known_backends
 from harness.plan.calibration import default_factors
-from harness.plan.comm import INTER_NODE, INTERCONNECTS, Topology
 from harness.plan.model_shape import shape_of_spec
+from harness.plan.network import DEFAULT_FABRIC, FABRICS, IntraNode, Topology, parse_intra
 from harness.plan.predict import Question, plan_strategy
 from harness.plan.speed import SpeedFactors
 from strategies.memory import CATEGORIES
+
+
+def checkpointing_mode(value: Any) -> str:
+    """A run's activation_checkpointing (true/false, or none/full/selective) as the planner's mode."""
+    if isinstance(value, str):
+        return value
+    return "full" if value else "none"
 
 
 def question_for_run(
@@ -20,22 +27,21 @@ def question_for_run(
 ) -> Question:
     """The planning question a run (a RunConfig) answers; without a known GPU `spec`, memory only."""
     micro_batch, grad_accum = cfg.world_batch(world_size)
+    family = spec.attention_family if spec else "hopper"
+    intra = parse_intra(None, spec) if spec else IntraNode("nvlink", 0.0)
     return Question(
         shape=shape_of_spec(cfg.model, cfg.model_kwargs, cfg.model_blocks),
-        gpus=world_size,
-        nodes=nodes,
-        gpu_mem_bytes=gpu_mem_bytes,
+        topology=Topology(world_size, nodes, intra, FABRICS[DEFAULT_FABRIC[family]], family == "hopper"),
+        capacity_bytes=gpu_mem_bytes,
         micro_batch=micro_batch,
         grad_accum=grad_accum,
         seq_len=cfg.seq_len,
         precision=cfg.precision,
-        checkpointing=cfg.activation_checkpointing,
-        topology=Topology(world_size, nodes, INTERCONNECTS["nvlink"], INTER_NODE["infiniband"]),
-        peak_flops=spec.peak_flops[cfg.precision] if spec else None,
-        hbm_bytes_per_s=spec.hbm_bytes_per_s if spec else None,
+        gpu=spec,
         factors=default_factors() if spec else SpeedFactors(),  # no speed is predicted off a known GPU
-        strategy_options=dict(cfg.strategy_options),
+        checkpointing=checkpointing_mode(cfg.activation_checkpointing),
         compiled=cfg.compile,
+        strategy_options=dict(cfg.strategy_options),
     )
 
 
@@ -56,7 +62,5 @@ def prediction_for_run(cfg: Any, summary: dict[str, Any]) -> dict[str, Any]:
         **{f"mem_{c}_bytes": plan.states.total(c) for c in CATEGORIES},
         "peak_mem_allocated_bytes": plan.peak_bytes if on_gpu else None,
         "tokens_per_s": plan.time.tokens_per_s if plan.time else None,
-        "assumed": (
-            f"speed factors {q.factors.basis}; nvlink inside a node, infiniband between" if plan.time else None
-        ),
+        "assumed": (f"speed factors {q.factors.basis}; {q.topology.describe()}" if plan.time else None),
     }

@@ -1,26 +1,28 @@
 """A model's shape, which is all the planner needs: its parameter tensors (for sharding and
-padding), its transformer sizes (for activations and attention flops) and N for 6N.
+padding), its transformer sizes (for the matmuls, attention and activations) and N for 6N.
 
-From a zoo name, an import path or an `hf:` spec the model is built on the meta device,
-so a 70B model costs no memory; from a bare description (params=, or layers/width/heads/
-vocab) the shape is a nanoGPT-style GPT of those sizes.
+Read without torch where the sizes say everything: the zoo's GPT presets (models/gpt_config.py),
+the Hugging Face architectures of hf_configs.py, and a bare description (layers=, width=,
+heads=, kv_heads=, ffn=, vocab=, arch=, or params= alone). Anything else (a user's model by
+import path, another `hf:` class, named blocks) is built on the meta device (model_build.py),
+so a 70B model costs no memory either way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn as nn
+from harness.plan import hf_configs
+from models.gpt_config import PRESETS, GPTConfig
 
-from harness.plan.activation_trace import ActivationTracer, TraceError
-from models.blocks import Blocks, find_blocks
-from models.zoo import build_model
+if TYPE_CHECKING:
+    from harness.plan.activation_trace import ActivationTracer
 
-PROBE_SEQ_LEN = 8  # tokens of the trial trace that tells whether a model can be traced at all
+ARCHS = ("gpt", "llama")
 
 
 class PlanError(ValueError):
@@ -51,6 +53,15 @@ class TransformerDims:
     gated_mlp: bool = False  # SwiGLU-style (gate and up projections) rather than one GELU MLP
     fused_qkv: bool = True  # one matmul makes q, k and v (GPT-2) rather than three (Llama)
     rms_norm: bool = False  # RMSNorm, which saves two tensors for backward where LayerNorm saves one
+    rotary: bool = False  # rotary position embeddings applied to q and k in every block
+
+    @property
+    def q_width(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def kv_width(self) -> int:
+        return self.kv_heads * self.head_dim
 
 
 @dataclass(frozen=True)
@@ -100,99 +111,117 @@ class ModelShape:
         return self.dims.vocab * self.dims.width + self.dims.width
 
 
-def _dims_of(model: nn.Module, blocks: Blocks) -> TransformerDims | None:
-    config = getattr(model, "config", None)
-    if config is None:
-        return None
-    if hasattr(config, "n_layer") and hasattr(config, "n_embd") and not hasattr(config, "hidden_size"):
-        width, heads = config.n_embd, config.n_head  # the zoo's GPT
-        return TransformerDims(config.n_layer, width, heads, width // heads, heads, 4 * width, config.vocab_size)
-    if hasattr(config, "hidden_size") and hasattr(config, "num_hidden_layers"):
-        width, heads = int(config.hidden_size), int(config.num_attention_heads)
-        head_dim = getattr(config, "head_dim", None) or width // heads
-        ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * width
-        first = blocks.modules[:1]
-        names = [name for block in first for name, _ in block.named_parameters()]
-        norms = [type(m).__name__ for block in first for m in block.modules()]
-        return TransformerDims(
-            int(config.num_hidden_layers),
-            width,
-            heads,
-            int(head_dim),
-            int(getattr(config, "num_key_value_heads", None) or heads),
-            int(ffn),
-            int(config.vocab_size),
-            gated_mlp=any("gate" in n for n in names),
-            fused_qkv=not any("q_proj" in n for n in names),
-            rms_norm=any("RMSNorm" in n for n in norms),
-        )
-    return None
-
-
-def shape_of_module(name: str, model: nn.Module, block_names: list[str] | None = None) -> ModelShape:
-    """The shape of a built model (any device, meta included); `block_names` as model_blocks=."""
-    blocks = find_blocks(model, block_names)
-    block_of: dict[int, int] = {}
-    for index, block in enumerate(blocks.modules):
-        for p in block.parameters():
-            block_of.setdefault(id(p), index)
-    unique = {id(p): p for p in model.parameters()}
-    tensors = tuple(ParamTensor(tuple(p.shape), block_of.get(key)) for key, p in unique.items())
+def _shape(
+    name: str,
+    named: list[tuple[str, tuple[int, ...], int | None]],
+    dims: TransformerDims,
+    *,
+    positions: str | None = None,
+    tied_head: bool = False,
+) -> ModelShape:
+    """A shape from (name, tensor shape, block) triples in model.parameters() order; `positions`
+    names the position embedding (no matmul flops), `tied_head` a head that shares the embedding
+    (one tensor, but a module of its own that holds it)."""
+    tensors = tuple(ParamTensor(shape, block) for _, shape, block in named)
     total = sum(t.numel for t in tensors)
-    flops_params = int(model.num_params()) if hasattr(model, "num_params") else total
-    dims = _dims_of(model, blocks)
-    holders = sum(1 for m in model.modules() if next(m.parameters(recurse=False), None) is not None)
-    if dims is not None:
-        return ModelShape(name, total, flops_params, dims, tensors, param_modules=holders)
-    tracer, note = _activation_tracer(model, blocks)
-    return ModelShape(name, total, flops_params, None, tensors, note, tracer, param_modules=holders)
+    skipped = sum(math.prod(shape) for n, shape, _ in named if n == positions)
+    modules = {n.removesuffix(".weight").removesuffix(".bias") + f"#{b}" for n, _, b in named}
+    return ModelShape(name, total, total - skipped, dims, tensors, param_modules=len(modules) + tied_head)
 
 
-def _activation_tracer(model: nn.Module, blocks: Blocks) -> tuple[ActivationTracer | None, str]:
-    """A tracer for a model without transformer sizes, and the note that says what it assumes."""
-    vocab, vocab_note = _vocab(model)
-    tracer = ActivationTracer(model, blocks, vocab)
-    try:
-        tracer.trace(1, PROBE_SEQ_LEN)
-    except TraceError as exc:
-        return None, (
-            f"activations unknown: the model does not run on the meta device ({exc}), so they cannot be "
-            "traced and the peak is not predicted"
-        )
-    found = f"{blocks.describe()} ({blocks.found_by})" if blocks.modules else "none found, so no checkpointing"
-    return tracer, (
-        "activations traced: what autograd saves in one micro-batch's forward on the meta device, in fp32 "
-        "or cast to bf16/fp16 where the backend runs in it (under autocast the fp32 figure, an upper "
-        f"bound); blocks: {found}; {vocab_note}"
+def gpt_tensors(cfg: GPTConfig, kv_heads: int | None = None, ffn: int | None = None) -> list:
+    """(name, shape, block) of the zoo's GPT (models/gpt.py) in model.parameters() order (its
+    lm_head is tied to wte)."""
+    h, bias = cfg.n_embd, cfg.bias
+    kv = (kv_heads or cfg.n_head) * (h // cfg.n_head)
+    f = ffn or 4 * h
+
+    def linear(name: str, out: int, into: int, block: int) -> list:
+        return [(f"{name}.weight", (out, into), block)] + ([(f"{name}.bias", (out,), block)] if bias else [])
+
+    def norm(name: str, block: int | None) -> list:
+        return [(f"{name}.weight", (h,), block)] + ([(f"{name}.bias", (h,), block)] if bias else [])
+
+    out = [("wte.weight", (cfg.vocab_size, h), None), ("wpe.weight", (cfg.block_size, h), None)]
+    for i in range(cfg.n_layer):
+        out += norm("ln_1", i) + linear("attn.c_attn", h + 2 * kv, h, i) + linear("attn.c_proj", h, h, i)
+        out += norm("ln_2", i) + linear("mlp.c_fc", f, h, i) + linear("mlp.c_proj", h, f, i)
+    return out + norm("ln_f", None)
+
+
+def _gpt_shape(name: str, cfg: GPTConfig, kv_heads: int | None = None, ffn: int | None = None) -> ModelShape:
+    if cfg.n_embd % cfg.n_head:
+        raise PlanError(f"width={cfg.n_embd} must be a multiple of heads={cfg.n_head}")
+    dims = TransformerDims(
+        cfg.n_layer,
+        cfg.n_embd,
+        cfg.n_head,
+        cfg.n_embd // cfg.n_head,
+        kv_heads or cfg.n_head,
+        ffn or 4 * cfg.n_embd,
+        cfg.vocab_size,
+    )
+    return _shape(name, gpt_tensors(cfg, kv_heads, ffn), dims, positions="wpe.weight", tied_head=True)
+
+
+def _llama_dims(s: dict[str, Any]) -> TransformerDims:
+    return TransformerDims(
+        s["num_hidden_layers"],
+        s["hidden_size"],
+        s["num_attention_heads"],
+        s["head_dim"],
+        s["num_key_value_heads"],
+        s["intermediate_size"],
+        s["vocab_size"],
+        gated_mlp=True,
+        fused_qkv=False,
+        rms_norm=True,
+        rotary=True,
     )
 
 
-def _vocab(model: nn.Module) -> tuple[int | None, str]:
-    """The vocabulary the loss's backward buffers span, and how it was known."""
-    vocab = getattr(model, "vocab_size", None)
-    if isinstance(vocab, int):
-        return vocab, f"the loss's backward buffers over its vocabulary of {vocab}"
-    tables = [m.num_embeddings for m in model.modules() if isinstance(m, nn.Embedding)]
-    if tables:
-        return max(tables), (
-            f"the model has no vocab_size: vocabulary assumed {max(tables)} (its largest embedding) "
-            "for the loss's backward buffers"
-        )
-    return None, "the model has no vocab_size or embedding: the loss's backward buffers are left out"
+def _hf_shape(spec: str, arch: hf_configs.HFArchitecture, kwargs: dict[str, Any]) -> ModelShape:
+    for key, value in kwargs.items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and key != "pad_token_id":
+            raise PlanError(f"model {spec}: model_kwargs.{key}={value} must be positive")
+    s = arch.sizes(kwargs)
+    tied = bool(s["tie_word_embeddings"])
+    if arch.family == "gpt2":
+        h, heads = s["n_embd"], s["n_head"]
+        if h % heads:
+            raise PlanError(f"model {spec}: n_embd={h} must be a multiple of n_head={heads}")
+        dims = TransformerDims(s["n_layer"], h, heads, h // heads, heads, s["n_inner"] or 4 * h, s["vocab_size"])
+        return _shape(spec, hf_configs.gpt2_tensors(s), dims, positions="wpe", tied_head=tied)
+    if s["hidden_size"] % s["num_attention_heads"] and not kwargs.get("head_dim"):
+        raise PlanError(f"model {spec}: hidden_size must be a multiple of num_attention_heads (or give head_dim)")
+    return _shape(spec, hf_configs.llama_tensors(s, arch.qkv_bias), _llama_dims(s), tied_head=tied)
 
 
 def shape_of_spec(
     spec: str, model_kwargs: dict[str, Any] | None = None, block_names: list[str] | None = None
 ) -> ModelShape:
-    """A zoo preset, an import path or an `hf:` spec, built on the meta device."""
-    with torch.device("meta"):
-        model = build_model(spec, model_kwargs)
-    return shape_of_module(spec, model, block_names)
+    """A zoo preset, an `hf:` spec or an import path: read from its sizes where it can be, else
+    built on the meta device."""
+    kwargs = dict(model_kwargs or {})
+    if not block_names and spec in PRESETS:
+        try:
+            return _gpt_shape(spec, dataclasses.replace(PRESETS[spec], **kwargs))
+        except TypeError as exc:
+            raise PlanError(f"model {spec!r} rejected model_kwargs {kwargs}: {exc}") from None
+    arch = hf_configs.architecture(spec[3:]) if spec.startswith("hf:") and not block_names else None
+    plain = hf_configs.plain_kwargs(arch, kwargs) if arch else None
+    if arch is not None and plain is not None:
+        return _hf_shape(spec, arch, plain)
+    from harness.plan.model_build import built_shape  # torch: only for what the sizes cannot say
+
+    return built_shape(spec, kwargs, block_names)
 
 
 GPT2_VOCAB = 50304
 HEAD_DIM = 64  # GPT-2's head size, used when heads are not given
+LLAMA_HEAD_DIM = 128
 ASPECT_RATIO = 128  # width / layers of GPT-3's family (175B: 12288 / 96), used when only params are given
+SWIGLU_MULTIPLE = 256  # Llama rounds its SwiGLU width (8/3 of the width) up to a multiple of this
 
 
 def _positive(name: str, value: float | None) -> None:
@@ -201,12 +230,33 @@ def _positive(name: str, value: float | None) -> None:
 
 
 def shape_of_description(
-    *, params: float | None, layers: int | None, width: int | None, heads: int | None, vocab: int | None, seq_len: int
+    *,
+    params: float | None,
+    layers: int | None,
+    width: int | None,
+    heads: int | None,
+    vocab: int | None,
+    seq_len: int,
+    kv_heads: int | None = None,
+    ffn: int | None = None,
+    arch: str = "gpt",
 ) -> ModelShape:
-    """A GPT from its sizes; or, from a parameter count alone, the model states exactly and a
-    GPT-3-proportioned shape (width = 128 x layers) for activations, said so in `note`."""
-    for key, value in (("params", params), ("layers", layers), ("width", width), ("heads", heads), ("vocab", vocab)):
+    """A transformer from its sizes: `arch=gpt` a GPT-2 block (LayerNorm, GELU MLP, fused qkv,
+    learned positions, tied head), `arch=llama` a Llama block (RMSNorm, SwiGLU, q/k/v with
+    kv_heads, rotary, untied head). From a parameter count alone: the model states exactly and a
+    GPT-3-proportioned shape for the rest, said so in `note`."""
+    for key, value in (
+        ("params", params),
+        ("layers", layers),
+        ("width", width),
+        ("heads", heads),
+        ("vocab", vocab),
+        ("kv_heads", kv_heads),
+        ("ffn", ffn),
+    ):
         _positive(key, value)
+    if arch not in ARCHS:
+        raise PlanError(f"arch={arch!r} is not one of {', '.join(ARCHS)}")
     vocab = int(vocab or GPT2_VOCAB)
     if layers is None and width is None:
         if params is None:
@@ -215,20 +265,37 @@ def shape_of_description(
             )
         return _shape_from_count(int(params), vocab, heads)
     if layers is None or width is None:
-        raise PlanError("a described model needs both layers= and width= (heads= and vocab= are optional)")
-    heads = int(heads or max(1, width // HEAD_DIM))
+        raise PlanError(
+            "a described model needs both layers= and width= (heads=, kv_heads=, ffn=, vocab= are optional)"
+        )
+    default_head = LLAMA_HEAD_DIM if arch == "llama" else HEAD_DIM
+    heads = int(heads or max(1, width // default_head))
     if width % heads:
         raise PlanError(f"width={width} must be a multiple of heads={heads}")
-    from models.gpt import GPT, GPTConfig
-
-    with torch.device("meta"):
-        model = GPT(
-            GPTConfig(n_layer=int(layers), n_head=heads, n_embd=int(width), vocab_size=vocab, block_size=seq_len)
-        )
-    shape = shape_of_module(f"gpt(layers={layers}, width={width}, heads={heads}, vocab={vocab})", model)
+    kv = int(kv_heads or heads)
+    if heads % kv:
+        raise PlanError(f"heads={heads} must be a multiple of kv_heads={kv} (each key/value head serves a group)")
+    if arch == "llama":
+        f = int(ffn or -(-(8 * width // 3) // SWIGLU_MULTIPLE) * SWIGLU_MULTIPLE)
+        sizes = {
+            "hidden_size": int(width),
+            "intermediate_size": f,
+            "num_hidden_layers": int(layers),
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv,
+            "head_dim": int(width) // heads,
+            "vocab_size": vocab,
+            "tie_word_embeddings": False,
+        }
+        name = f"llama(layers={layers}, width={width}, heads={heads}, kv_heads={kv}, ffn={f}, vocab={vocab})"
+        shape = _shape(name, hf_configs.llama_tensors(sizes, False), _llama_dims(sizes))
+    else:
+        cfg = GPTConfig(n_layer=int(layers), n_head=heads, n_embd=int(width), vocab_size=vocab, block_size=seq_len)
+        extra = "".join(f", {k}={v}" for k, v in (("kv_heads", kv_heads), ("ffn", ffn)) if v)
+        shape = _gpt_shape(f"gpt(layers={layers}, width={width}, heads={heads}{extra}, vocab={vocab})", cfg, kv, ffn)
     if params is None:
         return shape
-    # A count given beside the sizes wins for the model states; the sizes still shape activations.
+    # A count given beside the sizes wins for the model states; the sizes still shape the rest.
     return ModelShape(
         f"{params:.3g} params, {shape.name}",
         int(params),

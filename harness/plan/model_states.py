@@ -8,6 +8,11 @@ bf16/fp16, keeps low-precision parameters and gradients plus an fp32 master copy
 as optimizer state, as the ZeRO paper's K=12 does), flattens each optimizer param group
 padded to a multiple of 2·N elements (ZeRO-1/2) or pads each parameter to a multiple of
 N (ZeRO-3). FSDP2 shards every tensor on dim 0, the first ranks taking ceil(rows/N).
+
+N is the group the stage shards over (every data-parallel GPU, or a hybrid shard group).
+Tensor parallelism first splits every matrix over its tp GPUs (vectors stay whole); hpZ keeps a
+secondary copy of the parameter shards over its node-sized group; torch.nn.DataParallel keeps
+the whole model, its gradients and the optimizer state on GPU 0.
 """
 
 from __future__ import annotations
@@ -23,6 +28,12 @@ ADAM_MOMENTS = 2  # exp_avg and exp_avg_sq, fp32
 STEP_TENSOR_BYTES = 4  # torch Adam keeps `step` as a float32 scalar tensor per parameter it steps
 DEEPSPEED_ALIGNMENT = 2  # ZeRO-1/2 pad each flat group to a multiple of 2·N elements (nccl_start_alignment_factor)
 GPU = "cuda"
+
+
+def compute_bytes(precision: str) -> int:
+    """Bytes per element of what a GPU computes with: the parameters a forward reads once gathered
+    or cast (FSDP's param_dtype, DeepSpeed's cast, autocast's copies), the activations exchanged."""
+    return 4 if precision == "fp32" else BYTES[precision]
 
 
 def zero_paper_bytes_per_gpu(params: float, stage: int, gpus: int, k: float = 12.0) -> float:
@@ -45,10 +56,22 @@ def _dim0_shard(t: ParamTensor, world: int) -> int:
     return math.ceil(rows / world) * (t.numel // max(rows, 1))
 
 
-def _groups(shape: ModelShape) -> list[list[ParamTensor]]:
-    """The runner's AdamW param groups (harness/train/optimizer.py): matrices decay, vectors do not."""
+def tp_slice(t: ParamTensor, tp: int) -> ParamTensor:
+    """What one of `tp` tensor-parallel GPUs holds of a tensor: a matrix split, a vector whole."""
+    if tp <= 1 or len(t.shape) < 2:
+        return t
+    return ParamTensor((max(1, t.shape[0] // tp), *t.shape[1:]), t.block)
+
+
+def _tensors(shape: ModelShape, tp: int) -> tuple[ParamTensor, ...]:
     assert shape.tensors is not None
-    groups = [[t for t in shape.tensors if len(t.shape) >= 2], [t for t in shape.tensors if len(t.shape) < 2]]
+    return tuple(tp_slice(t, tp) for t in shape.tensors)
+
+
+def _groups(shape: ModelShape, tp: int = 1) -> list[list[ParamTensor]]:
+    """The runner's AdamW param groups (harness/train/optimizer.py): matrices decay, vectors do not."""
+    tensors = _tensors(shape, tp)
+    groups = [[t for t in tensors if len(t.shape) >= 2], [t for t in tensors if len(t.shape) < 2]]
     return [g for g in groups if g]
 
 
@@ -71,19 +94,21 @@ def _adam(held: _Holdings, elements: int, tensors: int, on_cpu: bool) -> None:
     held.add("optimizer", ADAM_MOMENTS * elements * BYTES["fp32"] + tensors * STEP_TENSOR_BYTES, on_cpu)
 
 
-def _torch_states(shape: ModelShape, backend: Backend, world: int) -> _Holdings:
+def _torch_states(shape: ModelShape, backend: Backend, shards: int, tp: int) -> _Holdings:
     """fp32 parameters, gradients and moments; FSDP2 shards each tensor on dim 0."""
-    sharded = backend.stage == 3 and world > 1
+    sharded = backend.stage == 3 and shards > 1
     if shape.tensors is None:
-        elements, tensors = (math.ceil(shape.params / world) if sharded else shape.params), 0
+        whole = math.ceil(shape.params / tp)
+        elements, tensors = (math.ceil(whole / shards) if sharded else whole), 0
     else:
-        elements = sum(_dim0_shard(t, world) if sharded else t.numel for t in shape.tensors)
-        tensors = len(shape.tensors)
-    held = _Holdings()
-    held.add("params", elements * 4, backend.offload_params)
-    held.add("grads", elements * 4, backend.offload_params)
-    _adam(held, elements, tensors, backend.offload_optimizer)
-    return held
+        held = _tensors(shape, tp)
+        elements = sum(_dim0_shard(t, shards) if sharded else t.numel for t in held)
+        tensors = len(held)
+    held_bytes = _Holdings()
+    held_bytes.add("params", elements * 4, backend.offload_params)
+    held_bytes.add("grads", elements * 4, backend.offload_params)
+    _adam(held_bytes, elements, tensors, backend.offload_optimizer)
+    return held_bytes
 
 
 def _rank_overlaps(numels: list[int], world: int) -> list[int]:
@@ -99,7 +124,7 @@ def _rank_overlaps(numels: list[int], world: int) -> list[int]:
     return per_rank
 
 
-def _zero12_states(shape: ModelShape, backend: Backend, precision: str, world: int) -> _Holdings:
+def _zero12_states(shape: ModelShape, backend: Backend, precision: str, world: int, tp: int) -> _Holdings:
     """stage_1_and_2.py: each param group flat (the whole model on every rank, padded to 2·N),
     an fp32 master of this rank's partition, its gradients in a flat buffer of the parameters
     reaching into the partition (ZeRO-1 as ZeRO-2: both reduce into it during the last
@@ -110,16 +135,17 @@ def _zero12_states(shape: ModelShape, backend: Backend, precision: str, world: i
     held = _Holdings()
     offload = backend.offload_optimizer
     if shape.tensors is None:
-        full, part, groups, largest = shape.params, math.ceil(shape.params / world), 0, 0
+        whole = math.ceil(shape.params / tp)
+        full, part, groups, largest = whole, math.ceil(whole / world), 0, 0
         grads = part
     else:
-        numels = [[t.numel for t in g] for g in _groups(shape)]
+        numels = [[t.numel for t in g] for g in _groups(shape, tp)]
         align = DEEPSPEED_ALIGNMENT * world
         padded = [math.ceil(sum(g) / align) * align for g in numels]
         full, part, groups = sum(padded), sum(p // world for p in padded), len(padded)
         overlaps = [_rank_overlaps(g, world) for g in numels]
         grads = max(sum(o[rank] for o in overlaps) for rank in range(world))
-        largest = max(t.numel for t in shape.tensors)
+        largest = max(t.numel for t in _tensors(shape, tp))
     held.add("params", full * low)
     held.add("optimizer", part * 4, offload)  # the fp32 master partition
     _adam(held, part, groups, offload)
@@ -133,25 +159,29 @@ def _zero12_states(shape: ModelShape, backend: Backend, precision: str, world: i
     return held
 
 
-def _zero3_states(shape: ModelShape, backend: Backend, precision: str, world: int) -> _Holdings:
+def _zero3_states(shape: ModelShape, backend: Backend, precision: str, world: int, tp: int, hpz: int) -> _Holdings:
     """stage3.py: each parameter's partition (padded to a multiple of N), parameters up to the
     persistence threshold also kept whole, a flat buffer of every partition's gradient (on
     the host under optimizer offload), one reduction bucket in the communication dtype, an
-    fp32 master and moments per sub-group (sub_group_size elements)."""
+    fp32 master and moments per sub-group (sub_group_size elements); hpZ's secondary partition
+    over its group."""
     low = BYTES[precision]
     held = _Holdings()
     offload = backend.offload_optimizer
     if shape.tensors is None:
-        part, whole, sub_groups, bucket = math.ceil(shape.params / world), 0, 0, 0
+        whole_model = math.ceil(shape.params / tp)
+        part, whole, sub_groups, bucket = math.ceil(whole_model / world), 0, 0, 0
     else:
-        parts = [[math.ceil(t.numel / world) for t in g] for g in _groups(shape)]
+        parts = [[math.ceil(t.numel / world) for t in g] for g in _groups(shape, tp)]
         part = sum(map(sum, parts))
         threshold = backend.option("stage3_param_persistence_threshold")
-        whole = sum(t.numel for t in shape.tensors if t.numel <= threshold) if world > 1 else 0
+        whole = sum(t.numel for t in _tensors(shape, tp) if t.numel <= threshold) if world > 1 else 0
         sub_groups = sum(max(1, math.ceil(sum(g) / backend.option("sub_group_size"))) for g in parts)
         bucket = int(backend.option("reduce_bucket_size")) * BYTES[backend.option("communication_data_type")]
     held.add("params", part * low, backend.offload_params)
     held.add("params", whole * low)
+    if hpz > 1 and world > hpz:
+        held.add("params", math.ceil(part * world / hpz) * low)  # hpZ's secondary partition
     held.add("grads", part * low, offload)
     held.add("grads", bucket)
     held.add("optimizer", part * 4, offload)
@@ -161,11 +191,16 @@ def _zero3_states(shape: ModelShape, backend: Backend, precision: str, world: in
     return held
 
 
-def model_states(shape: ModelShape, backend: Backend, precision: str, world: int) -> MemoryBreakdown:
+def model_states(
+    shape: ModelShape, backend: Backend, precision: str, shards: int, tp: int = 1, hpz: int = 1
+) -> MemoryBreakdown:
     """Bytes of parameters, gradients and optimizer state the most loaded rank holds, by device,
-    as the strategy's own memory_breakdown counts them."""
+    as the strategy's own memory_breakdown counts them; `shards` GPUs share the stage's states
+    (DataParallel's GPU 0 holds them all)."""
+    if backend.replicas == "threads":
+        shards = 1
     if backend.engine == "torch":
-        return _torch_states(shape, backend, world).breakdown()
+        return _torch_states(shape, backend, shards, tp).breakdown()
     if backend.stage == 3:
-        return _zero3_states(shape, backend, precision, world).breakdown()
-    return _zero12_states(shape, backend, precision, world).breakdown()
+        return _zero3_states(shape, backend, precision, shards, tp, hpz).breakdown()
+    return _zero12_states(shape, backend, precision, shards, tp).breakdown()

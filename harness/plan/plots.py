@@ -1,11 +1,12 @@
-"""The planner's charts: predicted scaling efficiency against GPU count for each strategy on
-each interconnect, and predicted peak memory per GPU against model size with the card's
-capacity drawn across."""
+"""The planner's charts: predicted tokens/s per GPU against GPU count for each strategy (a sweep
+over models and GPU counts, or the question's own GPUs per node and network), and predicted peak
+memory per GPU against model size with the card's usable memory drawn across."""
 
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -13,10 +14,13 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from harness.common.colours import strategy_colours  # noqa: E402
-from harness.common.units import GB
-from harness.plan.comm import INTERCONNECTS, Topology  # noqa: E402
+from harness.common.units import GIB  # noqa: E402
+from harness.plan.backends import planner_models  # noqa: E402
 from harness.plan.model_shape import shape_of_description  # noqa: E402
-from harness.plan.predict import USABLE_FRACTION, Question, plan_strategy  # noqa: E402
+from harness.plan.predict import Question, StrategyPlan, plan_strategy  # noqa: E402
+
+if TYPE_CHECKING:
+    from harness.plan.recommendation import Recommendation
 
 GPU_COUNTS = [2**i for i in range(11)]  # 1 .. 1024
 MODEL_SIZES = [1.25e8, 3.5e8, 1.3e9, 2.7e9, 6.7e9, 13e9, 30e9, 70e9, 175e9]
@@ -24,43 +28,88 @@ MODEL_SIZES = [1.25e8, 3.5e8, 1.3e9, 2.7e9, 6.7e9, 13e9, 30e9, 70e9, 175e9]
 
 def _style(name: str) -> dict:
     """The strategy's own colour (as in the compare report); driven through Accelerate, dashed."""
+    model = planner_models().get(name)
     return {
         "color": strategy_colours([name])[name],
-        "linestyle": "--" if name.startswith("accelerate-") else "-",
+        "linestyle": "--" if model is not None and model.via_accelerate else "-",
         "marker": "o",
         "markersize": 3,
     }
 
 
-def scaling_chart(q: Question, names: list[str], path: Path) -> Path:
-    """Efficiency vs GPUs (weak scaling: the per-GPU micro-batch and accumulation stay),
-    as many GPUs per node as asked, a point left out where the strategy does not fit."""
-    per_node = max(1, q.gpus // q.nodes) if q.gpus > 1 else 8
-    fig, axes = plt.subplots(1, len(INTERCONNECTS), figsize=(6 * len(INTERCONNECTS), 5), sharey=True)
-    for ax, (link_name, link) in zip(axes, INTERCONNECTS.items(), strict=True):
-        for name in (n for n in names if n != "single"):
+def _per_gpu(p: StrategyPlan, q: Question) -> float | None:
+    return p.time.tokens_per_s / q.gpus if p.time and p.fits is not False else None
+
+
+def sweep_chart(points: list[tuple[Question, list[StrategyPlan], "Recommendation"]], path: Path) -> Path:
+    """Tokens/s per GPU against GPUs, one panel per model, a point left out where it does not fit."""
+    models = list(dict.fromkeys(q.shape.name for q, _, _ in points))
+    fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 5), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mine = [(q, plans) for q, plans, _ in points if q.shape.name == model]
+        names = list(dict.fromkeys(p.name for _, plans in mine for p in plans))
+        for name in names:
             xs, ys = [], []
-            for gpus in GPU_COUNTS:
-                nodes = max(1, -(-gpus // per_node))
-                topology = Topology(gpus, nodes, link, q.topology.inter)
-                p = plan_strategy(name, replace(q, gpus=gpus, nodes=nodes, topology=topology))
-                if p.fits is not False and p.time:
-                    xs.append(gpus)
-                    ys.append(p.time.efficiency)
+            for q, plans in mine:
+                p = next((p for p in plans if p.name == name), None)
+                value = _per_gpu(p, q) if p else None
+                if value is not None:
+                    xs.append(q.gpus)
+                    ys.append(value)
             ax.plot(xs, ys, label=name, **_style(name))
+        counts = sorted({q.gpus for q, _ in mine})
         ax.set_xscale("log", base=2)
-        ax.set_xticks(GPU_COUNTS, [str(g) for g in GPU_COUNTS])
-        ax.set_ylim(0, 1.05)
-        ax.set_title(f"{link_name} inside a node, {q.topology.inter.name} between ({per_node} GPUs/node)", fontsize=9)
+        ax.set_xticks(counts, [str(g) for g in counts])
+        ax.set_title(model, fontsize=9)
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("GPUs")
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel("predicted scaling efficiency vs 1 GPU")
-    axes[-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    axes[0][0].set_ylabel("predicted tokens/s per GPU (missing: does not fit)")
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    q = points[0][0]
     fig.suptitle(
-        f"{q.shape.name}: {q.micro_batch} x {q.seq_len} tokens per GPU per micro-step, {q.grad_accum} "
-        f"accumulation, {q.precision}, speed {'measured' if q.factors.measured else 'assumed'} "
-        "(missing points: does not fit)",
+        f"{q.micro_batch} x {q.seq_len} tokens per rank per micro-step, {q.precision}, checkpointing "
+        f"{q.checkpointing}, {q.gpu.name if q.gpu else 'unknown card'}, {q.topology.per_node} GPUs per node, "
+        f"{q.topology.fabric.describe()} between nodes",
         fontsize=10,
+    )
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def scaling_chart(q: Question, names: list[str], path: Path) -> Path:
+    """Tokens/s per GPU vs GPUs (weak scaling: the per-GPU micro-batch and accumulation stay), as
+    many GPUs per node as asked, on the question's network."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in names:
+        xs, ys = [], []
+        for gpus in GPU_COUNTS:
+            bigger = q.with_gpus(gpus)
+            try:
+                p = plan_strategy(name, bigger)
+            except ValueError:  # a layout that does not divide this GPU count
+                continue
+            if gpus > 1 and p.backend.one_process:
+                continue
+            value = _per_gpu(p, bigger)
+            if value is not None:
+                xs.append(gpus)
+                ys.append(value)
+        ax.plot(xs, ys, label=name, **_style(name))
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(GPU_COUNTS, [str(g) for g in GPU_COUNTS])
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("predicted tokens/s per GPU")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    ax.set_title(
+        f"{q.shape.name}: {q.micro_batch} x {q.seq_len} tokens per rank per micro-step, {q.precision}, "
+        f"{q.topology.per_node} GPUs per node, {q.topology.fabric.describe()} (missing points: does not fit)",
+        fontsize=9,
     )
     fig.tight_layout()
     fig.savefig(path, dpi=110, bbox_inches="tight")
@@ -75,22 +124,24 @@ def memory_chart(q: Question, names: list[str], path: Path) -> Path:
         shape_of_description(params=n, layers=None, width=None, heads=None, vocab=None, seq_len=q.seq_len)
         for n in MODEL_SIZES
     ]
+    usable = None
     for name in names:
-        peaks = [plan_strategy(name, replace(q, shape=s)).peak_bytes for s in shapes]
-        ax.plot(MODEL_SIZES, [p / GB for p in peaks], label=name, **_style(name))
-    capacity = q.gpu_mem_bytes / GB
-    ax.axhline(capacity, color="black", linewidth=1.5, label=f"GPU memory ({capacity:.0f} GB)")
-    ax.axhline(USABLE_FRACTION * capacity, color="black", linewidth=0.8, linestyle="--", label="usable (90%)")
+        plans = [plan_strategy(name, replace(q, shape=s)) for s in shapes]
+        usable = plans[0].headroom.usable
+        ax.plot(MODEL_SIZES, [p.peak_bytes / GIB for p in plans], label=name, **_style(name))
+    ax.axhline(q.capacity_bytes / GIB, color="black", linewidth=1.5, label=f"card ({q.capacity_bytes / GIB:.1f} GiB)")
+    if usable is not None:
+        ax.axhline(usable / GIB, color="black", linewidth=0.8, linestyle="--", label="usable by the allocator")
     ax.axvline(
         q.shape.params, color="grey", linewidth=0.8, linestyle=":", label=f"this model ({q.shape.params / 1e9:.3g}B)"
     )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("model parameters")
-    ax.set_ylabel("predicted peak allocated per GPU (GB)")
+    ax.set_ylabel("predicted peak allocated per GPU (GiB)")
     ax.set_title(
-        f"{q.gpus} GPUs, {q.micro_batch} x {q.seq_len} tokens per micro-step, {q.precision}, checkpointing "
-        f"{'on' if q.checkpointing else 'off'}",
+        f"{q.gpus} GPUs, {q.micro_batch} x {q.seq_len} tokens per micro-step, {q.precision}, "
+        f"checkpointing {q.checkpointing}",
         fontsize=10,
     )
     ax.grid(alpha=0.3, which="both")

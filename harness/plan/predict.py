@@ -8,63 +8,90 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from harness.common.hardware import GPUSpec
 from harness.plan.activations import Activations, activations
 from harness.plan.backends import Backend, backend_for
 from harness.plan.buffers import Buffers, backend_buffers
-from harness.plan.comm import Collective, Topology, collectives
-from harness.plan.model_shape import ModelShape
+from harness.plan.capacity import Headroom, headroom
+from harness.plan.comm import Collective, collectives, local_copy_bytes
+from harness.plan.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches
+from harness.plan.layout import Layout, layout_of
+from harness.plan.model_shape import ModelShape, PlanError
 from harness.plan.model_states import GPU, model_states
-from harness.plan.speed import SpeedFactors, StepTime, step_time
+from harness.plan.network import Topology
+from harness.plan.speed import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
-
-# Peak allocated may use this share of the card; the rest goes to the CUDA context, cuBLAS
-# and NCCL workspaces, and the caching allocator's fragmentation (reserved > allocated).
-USABLE_FRACTION = 0.9
 
 
 @dataclass(frozen=True)
 class Question:
     shape: ModelShape
-    gpus: int
-    nodes: int
-    gpu_mem_bytes: float
+    topology: Topology
+    capacity_bytes: float  # one GPU's memory as torch reports it
     micro_batch: int
     grad_accum: int
     seq_len: int
-    precision: str
-    checkpointing: bool
-    topology: Topology
-    peak_flops: float | None  # per GPU at this precision; None: no speed prediction
-    hbm_bytes_per_s: float | None  # per GPU; None with peak_flops None
+    precision: str  # fp32 | bf16 | fp16 | fp8 (fp8: the projections' matmuls, the rest in bf16)
+    gpu: GPUSpec | None  # None: an unknown card, memory only
     factors: SpeedFactors  # compute scale, backend overheads, memory corrections (calibration.py)
+    checkpointing: str = "none"  # none | full | selective
+    fused_loss: bool = False  # a fused or chunked cross-entropy: no whole fp32 logits
+    attention: str = "flash"  # the attention kernel (attention.py)
+    compiled: bool = False  # compile=true: elementwise chains fused
     strategy_options: dict[str, Any] = field(default_factory=dict)
-    compiled: bool = False  # compile=true: most elementwise work fused
+    # Set: the global batch in sequences, which fixes each layout's accumulation (a tensor-parallel
+    # group shares one micro-batch); None: grad_accum as given for every layout. With
+    # split_global_batch the micro-batch is the global batch over each layout's ranks instead.
+    global_batch: int | None = None
+    split_global_batch: bool = False
+
+    @property
+    def gpus(self) -> int:
+        return self.topology.gpus
+
+    @property
+    def nodes(self) -> int:
+        return self.topology.nodes
 
     def with_gpus(self, gpus: int) -> "Question":
         """The same question on `gpus` GPUs, as many per node as now (more nodes as needed)."""
-        per_node = self.gpus // self.nodes
+        per_node = self.topology.per_node
         nodes = max(1, -(-gpus // per_node))
-        return replace(self, gpus=gpus, nodes=nodes, topology=replace(self.topology, gpus=gpus, nodes=nodes))
+        return replace(self, topology=replace(self.topology, gpus=gpus, nodes=nodes))
 
 
 @dataclass(frozen=True)
 class StrategyPlan:
     name: str
     backend: Backend
+    layout: Layout
     states: MemoryBreakdown  # what memory_breakdown would report, per device
     activations: Activations | None
     buffers: Buffers
     peak_bytes: int | None  # predicted peak allocated on one GPU; None where activations are unknown
+    headroom: Headroom
     fits: bool | None
     collectives: list[Collective]
     time: StepTime | None
+
+    @property
+    def reserved_bytes(self) -> float | None:
+        """What the caching allocator is predicted to hold at the peak (torch's max reserved)."""
+        return None if self.peak_bytes is None else self.headroom.reserved(self.peak_bytes)
 
     def states_on(self, device: str = GPU) -> dict[str, int]:
         return on_device(self.states, device)
 
     def as_dict(self) -> dict[str, Any]:
+        t = self.time
         return {
             "strategy": self.name,
+            "layout": {
+                "tp": self.layout.tp,
+                "shard": self.layout.shard,
+                "replicas": self.layout.replicas,
+                "hpz": self.layout.hpz,
+            },
             "model_states_bytes": self.states.as_dict(),
             "activations_bytes": None
             if self.activations is None
@@ -79,6 +106,8 @@ class StrategyPlan:
                 "step": self.buffers.step,
             },
             "peak_allocated_bytes": self.peak_bytes,
+            "peak_reserved_bytes": self.reserved_bytes,
+            "usable_bytes": self.headroom.usable,
             "fits": self.fits,
             "collectives": [
                 {
@@ -86,25 +115,38 @@ class StrategyPlan:
                     "kind": c.kind,
                     "payload_bytes": c.payload_bytes,
                     "calls": c.calls,
+                    "group_gpus": c.group.size,
+                    "group_nodes": c.group.nodes,
                     "hidden_behind": c.window,
                     "every_micro_step": c.per_micro_step,
                 }
                 for c in self.collectives
             ],
             "time": None
-            if self.time is None
+            if t is None
             else {
-                "step_s": self.time.step_s,
-                "compute_s": self.time.compute_s,
-                "exposed_comm_s": self.time.exposed_comm_s,
-                "offload_step_s": self.time.offload_step_s,
-                "overhead_s": self.time.overhead_s,
-                "overhead_units": self.time.overhead_units,
-                "overhead_what": self.time.overhead_what,
-                "comm_s": self.time.comm_s,
-                "wire_bytes_per_gpu": self.time.wire_bytes,
-                "tokens_per_s": self.time.tokens_per_s,
-                "scaling_efficiency": self.time.efficiency,
+                "step_s": t.step_s,
+                "compute_s": t.compute_s,
+                "exposed_comm_s": t.exposed_comm_s,
+                "offload_step_s": t.offload_step_s,
+                "overhead_s": t.overhead_s,
+                "contention_s": t.contention_s,
+                "overhead_what": t.overhead_what,
+                "comm_s": t.comm_s,
+                "wire_bytes_per_gpu": t.wire_bytes,
+                "tokens_per_s": t.tokens_per_s,
+                "tokens_per_s_per_gpu": t.tokens_per_s / self.layout.tp / max(1, self.layout.data_parallel),
+                "scaling_efficiency": t.efficiency,
+                "compute_parts_s": None
+                if t.work is None
+                else {
+                    "matmuls": t.work.matmul_s,
+                    "attention": t.work.attention_s,
+                    "elementwise": t.work.elementwise_s,
+                    "loss": t.work.loss_s,
+                    "optimizer": t.work.optimizer_s,
+                    "recomputed": t.work.recompute_s,
+                },
             },
         }
 
@@ -128,44 +170,142 @@ def peak_allocated(states: dict[str, int], acts: Activations | None, buffers: Bu
     return max(backward, first_hook, end_of_backward)
 
 
-def plan_strategy(name: str, q: Question) -> StrategyPlan:
-    backend = backend_for(name, q.shape, q.precision, q.gpus, q.strategy_options)
-    states = model_states(q.shape, backend, q.precision, q.gpus)
+def communicators(layout: Layout, gpus: int) -> int:
+    """NCCL communicators a rank holds: the data-parallel one, and one per further mesh dimension."""
+    if gpus <= 1:
+        return 0
+    return 1 + (layout.tp > 1) + (layout.replicas > 1) + (layout.hpz > 1)
+
+
+def batching(q: Question, layout: Layout) -> tuple[int, int]:
+    """(micro-batch, micro-steps per step) of this layout: as asked, or what the global batch
+    takes over its data-parallel ranks (a tensor-parallel group shares one micro-batch)."""
+    if q.global_batch is None:
+        return q.micro_batch, q.grad_accum
+    if q.split_global_batch:
+        per_rank, rem = divmod(q.global_batch, layout.data_parallel)
+        if rem or per_rank == 0:
+            raise PlanError(
+                f"batch_size={q.global_batch} does not split over {layout.data_parallel} data-parallel ranks "
+                f"(gpus / tp_size {layout.tp}): choose a multiple of {layout.data_parallel}"
+            )
+        return per_rank, 1
+    per_rank, rem = divmod(q.global_batch, layout.data_parallel * q.micro_batch)
+    if rem or per_rank == 0:
+        raise PlanError(
+            f"batch_size={q.global_batch} is not a multiple of micro_batch={q.micro_batch} x {layout.data_parallel} "
+            f"data-parallel ranks (gpus / tp_size {layout.tp}): choose a batch_size that is"
+        )
+    return q.micro_batch, per_rank
+
+
+def storage_precision(precision: str) -> str:
+    """What parameters, activations and collectives are held in: fp8 runs keep bf16 beside its matmuls."""
+    return "bf16" if precision == "fp8" else precision
+
+
+def _fused_loss(backend: Backend, q: Question) -> bool:
+    """Whether the cross-entropy runs fused: asked for (fused_loss=), or compiled with the whole
+    model, as a strategy that shards no blocks compiles it (sharding strategies compile each block,
+    leaving the head and loss eager: strategies/base.py compile_blocks, torchtitan alike)."""
+    return q.fused_loss or (q.compiled and backend.stage == 0)
+
+
+def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
+    """The plan of one strategy (its Backend: a registered PlanModel, options filled in)."""
+    layout = layout_of(backend, q.shape, q.topology)
+    micro_batch, grad_accum = batching(q, layout)
+    q = replace(q, micro_batch=micro_batch, grad_accum=grad_accum)
+    held = storage_precision(q.precision)
+    states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz)
     acts = activations(
         q.shape,
         micro_batch=q.micro_batch,
         seq_len=q.seq_len,
-        precision=q.precision,
+        precision=held,
         mixed_precision=backend.mixed_precision,
         checkpointing=q.checkpointing,
+        fused_loss=_fused_loss(backend, q),
+        tp=layout.tp,
+        attention=q.attention,
     )
-    buffers = backend_buffers(q.shape, backend, q.precision, q.gpus, q.grad_accum)
+    tokens = q.micro_batch * q.seq_len
+    buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, tokens)
     grads_held = buffers.grads_resident or q.grad_accum > 1
     peak = peak_allocated(on_device(states), acts, buffers, grads_held)
-    missed = q.factors.memory_per_param.get(name)
+    missed = q.factors.memory_per_param.get(backend.name)
     if peak is not None and missed:
         peak = int(peak + missed * q.shape.params)  # what a calibration found the model to miss
-    fits = None if peak is None else peak <= USABLE_FRACTION * q.gpu_mem_bytes
-    comms = collectives(q.shape, backend, q.precision, q.gpus)
-    timing = None
-    if q.peak_flops and q.hbm_bytes_per_s:
-        timing = step_time(
-            collectives=comms,
-            topology=q.topology,
-            backend=backend,
-            shape=q.shape,
+    room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
+    fits = None if peak is None else room.fits(peak)
+    fp8 = q.precision == "fp8"
+    comms = collectives(q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8)
+    timing = _time(backend, q, layout, comms) if q.gpu is not None else None
+    return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing)
+
+
+def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]) -> StepTime:
+    assert q.gpu is not None
+    params = q.shape.params / layout.tp
+    shard_params = params / layout.shard if backend.stage else params
+    if backend.offload_optimizer:
+        optimizer_params = 0.0
+    elif backend.replicas == "threads":
+        optimizer_params = q.shape.params  # GPU 0 steps the whole model
+    else:
+        optimizer_params = shard_params
+    work, fixed = None, None
+    if q.factors.fixed_mfu is not None:
+        again = 4 / 3 if q.checkpointing != "none" else 1.0
+        flops = q.shape.flops_per_token(q.seq_len) * q.micro_batch * q.seq_len * again / layout.tp
+        fixed = flops / (q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu)
+    else:
+        work = compute_work(
+            q.shape,
             micro_batch=q.micro_batch,
-            grad_accum=q.grad_accum,
             seq_len=q.seq_len,
-            precision=q.precision,
+            precision=storage_precision(q.precision),
+            matmul_precision=q.precision,
+            mixed_precision=backend.mixed_precision,
             compiled=q.compiled,
             checkpointing=q.checkpointing,
-            peak_flops=q.peak_flops,
-            hbm_bytes_per_s=q.hbm_bytes_per_s,
-            shard_params=-(-q.shape.params // q.gpus),
-            factors=q.factors,
+            fused_loss=_fused_loss(backend, q),
+            attention=q.attention,
+            gpu=q.gpu,
+            tp=layout.tp,
+            optimizer_params=optimizer_params,
+            engine=backend.engine,
+            copy_bytes=local_copy_bytes(
+                q.shape,
+                backend,
+                layout,
+                storage_precision(q.precision),
+                q.micro_batch * q.seq_len,
+                q.checkpointing,
+                q.precision == "fp8",
+            ),
         )
-    return StrategyPlan(name, backend, states, acts, buffers, peak, fits, comms, timing)
+    return step_time(
+        work=work,
+        fixed_compute_s=fixed,
+        collectives=comms,
+        topology=q.topology,
+        host_bytes_per_s=q.gpu.pcie_bytes_per_s * HOST_LINK_EFFICIENCY,
+        backend=backend,
+        micro_tokens=q.micro_batch * q.seq_len,
+        grad_accum=q.grad_accum,
+        data_parallel=layout.data_parallel,
+        shard_params=shard_params,
+        factors=q.factors,
+        launches=kernel_launches(q.shape, q.checkpointing),
+        sms=q.gpu.sms,
+        memory_bytes_per_s=q.gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
+    )
+
+
+def plan_strategy(name: str, q: Question) -> StrategyPlan:
+    """The plan of the registered strategy `name`."""
+    return plan_backend(backend_for(name, q.shape, storage_precision(q.precision), q.gpus, q.strategy_options), q)
 
 
 def plan_all(names: list[str], q: Question) -> list[StrategyPlan]:

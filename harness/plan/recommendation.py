@@ -1,15 +1,16 @@
-"""The answer in plain words: the fastest strategy that fits, the runner-up, why each of the
-others loses, and what would change the answer."""
+"""The answer in plain words: the fastest strategy that fits and why it wins, the runner-up, why
+each of the others loses, and what would change the answer."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from harness.common.units import GB
-from harness.plan.predict import USABLE_FRACTION, Question, StrategyPlan, plan_strategy
+from harness.common.units import GIB
+from harness.plan.predict import Question, StrategyPlan, plan_strategy
 
 MAX_GPUS = 1024
 TIE = 0.02  # speeds this close are a tie within the model's accuracy: the one with more headroom wins
+CHECKPOINTING_ORDER = ("none", "selective", "full")  # less memory, more recomputation
 
 
 @dataclass(frozen=True)
@@ -22,12 +23,12 @@ class Recommendation:
         return {"best": self.best, "runner_up": self.runner_up, "text": self.lines}
 
 
-def _gb(n: float | None) -> str:
-    return "?" if n is None else f"{n / GB:.1f} GB"
+def _gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / GIB:.1f} GiB"
 
 
 def _speed_key(p: StrategyPlan) -> float:
-    # Without a speed prediction (no peak flops), fewer bytes on the wire is the tie-breaker.
+    # Without a speed prediction (no known card), fewer bytes on the wire is the tie-breaker.
     return -p.time.tokens_per_s if p.time else sum(c.payload_bytes for c in p.collectives)
 
 
@@ -35,41 +36,85 @@ def _tied(p: StrategyPlan, best: StrategyPlan) -> bool:
     return bool(p.time and best.time) and p.time.tokens_per_s >= (1 - TIE) * best.time.tokens_per_s
 
 
+def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
+    """The part of `p`'s step that most exceeds `best`'s, in words."""
+    t, b = p.time, best.time
+    assert t and b
+    parts = {
+        "offload": t.offload_step_s - b.offload_step_s,
+        "comm": t.exposed_comm_s - b.exposed_comm_s,
+        "overhead": t.overhead_s - b.overhead_s,
+        "compute": t.compute_s - b.compute_s,
+    }
+    largest = max(parts, key=lambda k: parts[k])
+    if parts[largest] <= 0:
+        return "more work per token"
+    if largest == "offload":
+        return f"{t.offload_step_s * 1e3:.0f} ms per step in the CPU optimizer step and host copies"
+    if largest == "overhead":
+        return f"{t.overhead_s * 1e3:.0f} ms per step of {t.overhead_what or 'the backend own work'}"
+    if largest == "comm":
+        slowest = max((c for c in p.collectives if c.kind != "host-copy"), key=lambda c: c.payload_bytes, default=None)
+        where = f" ({slowest.what} over {slowest.group.size} GPUs on {slowest.group.nodes} nodes)" if slowest else ""
+        return f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication no compute hides{where}"
+    return f"{t.compute_s * 1e3:.0f} ms of compute per step against {b.compute_s * 1e3:.0f} ms"
+
+
 def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:
     if not (p.time and best.time):
         return "moves more bytes per step"
     if _tied(p, best):
         more = (p.peak_bytes or 0) - (best.peak_bytes or 0)
-        return f"as fast (within {TIE:.0%}) but needs {_gb(abs(more))} {'more' if more >= 0 else 'less'} per GPU"
+        return f"as fast (within {TIE:.0%}) but needs {_gib(abs(more))} {'more' if more >= 0 else 'less'} per GPU"
     slower = best.time.tokens_per_s / p.time.tokens_per_s - 1
-    t = p.time
-    largest = max(t.offload_step_s, t.exposed_comm_s - best.time.exposed_comm_s, t.overhead_s - best.time.overhead_s)
-    if largest <= 0:
-        cause = "more compute per step"
-    elif largest == t.offload_step_s:
-        cause = f"{t.offload_step_s * 1e3:.0f} ms per step in the CPU optimizer step and host copies"
-    elif largest == t.overhead_s - best.time.overhead_s:
-        cause = f"{t.overhead_s * 1e3:.0f} ms per step of the backend's own work ({t.overhead_what})"
-    else:
-        cause = f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication this interconnect cannot hide"
-    return f"{slower:.0%} slower: {cause}"
+    return f"{slower:.0%} slower: {_cause(p, best)}"
 
 
-def _largest_part(p: StrategyPlan) -> str:
-    parts = {{"optimizer": "optimizer state"}.get(c, c): b for c, b in p.states_on().items()}
+def _largest_part(p: StrategyPlan) -> tuple[str, float]:
+    parts: dict[str, float] = {{"optimizer": "optimizer state"}.get(c, c): b for c, b in p.states_on().items()}
     if p.activations:
         parts["activations"] = p.activations.total
     parts.update(p.buffers.backward)
     parts.update(p.buffers.hooks)
-    name, nbytes = max(parts.items(), key=lambda kv: kv[1])
-    return f"{name} {_gb(nbytes)}"
+    name = max(parts, key=lambda k: parts[k])
+    return name, parts[name]
 
 
-def _why_not(p: StrategyPlan, q: Question) -> str:
+def _why_not(p: StrategyPlan) -> str:
+    name, nbytes = _largest_part(p)
     return (
-        f"does not fit: needs {_gb(p.peak_bytes)} per GPU, {_gb(USABLE_FRACTION * q.gpu_mem_bytes)} usable "
-        f"(largest part: {_largest_part(p)})"
+        f"does not fit: needs {_gib(p.reserved_bytes)} per GPU with the allocator's reserve, "
+        f"{_gib(p.headroom.usable)} usable (largest part: {name} {_gib(nbytes)})"
     )
+
+
+def _why_best(best: StrategyPlan, plans: list[StrategyPlan], q: Question) -> str:
+    """Why the chosen strategy wins, against what it beats."""
+    lost = [p for p in plans if p.fits is False]
+    if best.layout.tp > 1 and lost and best.activations and all(p.activations for p in lost):
+        others = min(lost, key=lambda p: p.peak_bytes or 0)
+        return (
+            f"tensor parallelism over {best.layout.tp} GPUs keeps the per-GPU activations of seq {q.seq_len} within "
+            f"the card ({_gib(best.activations.total)} against {_gib(others.activations.total)} for {others.name})"
+        )
+    faster_lost = [p for p in lost if p.time and best.time and p.time.tokens_per_s > best.time.tokens_per_s]
+    if faster_lost:
+        f = min(faster_lost, key=_speed_key)
+        return f"{f.name} would be faster but does not fit ({_gib(f.reserved_bytes)} per GPU)"
+    fitting = [p for p in plans if p is not best and p.fits is not False and p.time and best.time]
+    if not fitting:
+        return "the only one that fits"
+    runner = min(fitting, key=_speed_key)
+    if _tied(runner, best):
+        return f"as fast as {runner.name} within {TIE:.0%}, with the most memory to spare"
+    t, r = best.time, runner.time
+    assert t and r
+    if r.exposed_comm_s - t.exposed_comm_s >= max(r.overhead_s - t.overhead_s, r.compute_s - t.compute_s, 0):
+        return (
+            f"its communication hides behind compute ({t.exposed_comm_s * 1e3:.0f} ms exposed per step against "
+            f"{r.exposed_comm_s * 1e3:.0f} ms for {runner.name} on {q.topology.describe()})"
+        )
+    return f"{runner.name} loses {_cause(runner, best)}"
 
 
 def _fewest_gpus(name: str, q: Question) -> tuple[int, StrategyPlan] | None:
@@ -83,78 +128,86 @@ def _fewest_gpus(name: str, q: Question) -> tuple[int, StrategyPlan] | None:
     return None
 
 
+def _more_checkpointing(q: Question) -> list[str]:
+    return list(CHECKPOINTING_ORDER[CHECKPOINTING_ORDER.index(q.checkpointing) + 1 :])
+
+
 def _fits_with(name: str, q: Question) -> list[str]:
-    """What would make a strategy that does not fit fit: checkpointing, more GPUs, both, a smaller micro-batch."""
-    checkpointed = replace(q, checkpointing=True)
-    if not q.checkpointing:
-        p = plan_strategy(name, checkpointed)
+    """What would make a strategy that does not fit fit: more checkpointing, more GPUs, both, a smaller micro-batch."""
+    for mode in _more_checkpointing(q):
+        p = plan_strategy(name, replace(q, checkpointing=mode))
         if p.fits:
-            speed = f", {p.time.tokens_per_s:,.0f} tokens/s" if p.time else ""
-            return [f"activation checkpointing on ({_gb(p.peak_bytes)} per GPU{speed})"]
+            speed = f", {p.time.tokens_per_s / q.gpus:,.0f} tokens/s per GPU" if p.time else ""
+            return [f"activation_checkpointing={mode} ({_gib(p.peak_bytes)} per GPU{speed})"]
     options = []
     more = _fewest_gpus(name, q)
     if more:
-        options.append(f"{more[0]} GPUs ({_gb(more[1].peak_bytes)} per GPU)")
-    elif not q.checkpointing:
-        both = _fewest_gpus(name, checkpointed)
+        options.append(f"{more[0]} GPUs ({_gib(more[1].peak_bytes)} per GPU)")
+    elif q.checkpointing != "full":
+        both = _fewest_gpus(name, replace(q, checkpointing="full"))
         if both:
-            options.append(f"activation checkpointing on and {both[0]} GPUs ({_gb(both[1].peak_bytes)} per GPU)")
+            options.append(f"activation_checkpointing=full and {both[0]} GPUs ({_gib(both[1].peak_bytes)} per GPU)")
     if q.micro_batch > 1:
-        p = plan_strategy(name, replace(checkpointed, micro_batch=1, grad_accum=q.grad_accum * q.micro_batch))
+        smaller = replace(q, checkpointing="full", micro_batch=1, grad_accum=q.grad_accum * q.micro_batch)
+        p = plan_strategy(name, smaller)
         if p.fits:
-            options.append(f"micro_batch=1 with accumulation and checkpointing ({_gb(p.peak_bytes)} per GPU)")
+            options.append(f"micro_batch=1 with accumulation and full checkpointing ({_gib(p.peak_bytes)} per GPU)")
     return options
+
+
+def _nothing_fits(plans: list[StrategyPlan], q: Question) -> Recommendation:
+    lines = [f"Nothing fits in {q.gpus} x {q.capacity_bytes / GIB:.0f} GiB as asked."]
+    for mode in _more_checkpointing(q):
+        fitting = sorted(
+            (p for p in (plan_strategy(p.name, replace(q, checkpointing=mode)) for p in plans) if p.fits),
+            key=_speed_key,
+        )
+        if fitting:
+            best = fitting[0]
+            speed = f" at {best.time.tokens_per_s / q.gpus:,.0f} tokens/s per GPU" if best.time else ""
+            lines.append(
+                f"Use {best.name} with activation_checkpointing={mode}: the fastest that then fits, "
+                f"{_gib(best.peak_bytes)} per GPU{speed}."
+            )
+            return Recommendation(best.name, fitting[1].name if len(fitting) > 1 else None, lines)
+    for p in sorted(plans, key=lambda p: p.peak_bytes or 0)[:3]:
+        ways = _fits_with(p.name, q)
+        lines.append(
+            f"{p.name} needs {_gib(p.peak_bytes)} per GPU" + (f"; it fits with {' or '.join(ways)}." if ways else ".")
+        )
+    return Recommendation(None, None, lines)
 
 
 def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     ranked = sorted([p for p in plans if p.fits is not False], key=_speed_key)
-    if ranked:
-        # Among the strategies tied for fastest, the one that leaves the most memory free;
-        # among those as lean (within 2%), the first listed: the registry lists simpler ones first.
-        tied = [p for p in ranked if p is ranked[0] or _tied(p, ranked[0])]
-        peak = {p.name: p.peak_bytes if p.peak_bytes is not None else float("inf") for p in tied}
-        least = min(peak.values())
-        choice = next(p for p in plans if p.name in peak and peak[p.name] <= (1 + TIE) * least)
-        ranked.remove(choice)
-        ranked.insert(0, choice)
-    lines: list[str] = []
     if not ranked:
-        lines.append(f"Nothing fits in {q.gpus} x {q.gpu_mem_bytes / GB:.0f} GB as asked.")
-        if not q.checkpointing:
-            checkpointed = replace(q, checkpointing=True)
-            fitting = sorted(
-                (p for p in (plan_strategy(p.name, checkpointed) for p in plans) if p.fits), key=_speed_key
-            )
-            if fitting:
-                best = fitting[0]
-                speed = f" at {best.time.tokens_per_s:,.0f} tokens/s" if best.time else ""
-                lines.append(
-                    f"Use {best.name} with activation checkpointing on: the fastest that then fits, "
-                    f"{_gb(best.peak_bytes)} per GPU{speed}."
-                )
-                return Recommendation(best.name, fitting[1].name if len(fitting) > 1 else None, lines)
-        for p in sorted(plans, key=lambda p: p.peak_bytes or 0)[:3]:
-            ways = _fits_with(p.name, q)
-            lines.append(
-                f"{p.name} needs {_gb(p.peak_bytes)} per GPU"
-                + (f"; it fits with {' or '.join(ways)}." if ways else ".")
-            )
-        return Recommendation(None, None, lines)
+        return _nothing_fits(plans, q)
+    # Among the strategies tied for fastest, the one that leaves the most memory free; among
+    # those as lean (within 2%), the first listed: the registry lists simpler ones first.
+    tied = [p for p in ranked if p is ranked[0] or _tied(p, ranked[0])]
+    peak = {p.name: p.peak_bytes if p.peak_bytes is not None else float("inf") for p in tied}
+    least = min(peak.values())
+    choice = next(p for p in plans if p.name in peak and peak[p.name] <= (1 + TIE) * least)
+    ranked.remove(choice)
+    ranked.insert(0, choice)
     best = ranked[0]
     unknown = " (activations unknown for this model: model states and buffers only)" if best.fits is None else ""
     speed = (
-        f" at {best.time.tokens_per_s:,.0f} tokens/s, {best.time.efficiency:.0%} scaling efficiency"
+        f" at {best.time.tokens_per_s / q.gpus:,.0f} tokens/s per GPU, {best.time.efficiency:.0%} scaling efficiency"
         if best.time
         else ""
     )
-    lines.append(f"Use {best.name}: the fastest that fits, {_gb(best.peak_bytes)} per GPU{speed}{unknown}.")
+    lines = [
+        f"Use {best.name}: the fastest that fits, {_gib(best.peak_bytes)} per GPU{speed}{unknown}; "
+        f"{_why_best(best, plans, q)}."
+    ]
     runner_up = ranked[1] if len(ranked) > 1 else None
     if runner_up:
         lines.append(f"Runner-up: {runner_up.name}, {_why_slower(runner_up, best)}.")
     for p in plans:
         if p is best or p is runner_up:
             continue
-        reason = _why_not(p, q) if p.fits is False else _why_slower(p, best)
+        reason = _why_not(p) if p.fits is False else _why_slower(p, best)
         lines.append(f"  {p.name}: {reason}.")
     fastest = min(plans, key=_speed_key)
     if fastest.fits is False:
@@ -164,13 +217,13 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     elif best.time and best.time.efficiency < 0.8:
         lines.append(
             f"What would change the answer: communication costs {best.name} {1 - best.time.efficiency:.0%} of its step "
-            f"on {q.topology.describe()}; a faster interconnect, a larger micro-batch or gradient accumulation "
+            f"on {q.topology.describe()}; a faster network, a larger micro-batch or gradient accumulation "
             "spread it over more compute."
         )
-    elif q.checkpointing:
+    elif q.checkpointing != "none":
         lines.append(
-            "What would change the answer: activation checkpointing costs a third more compute; "
-            "turn it off where the memory allows."
+            f"What would change the answer: activation_checkpointing={q.checkpointing} recomputes part of the "
+            "forward; less of it where the memory allows."
         )
     else:
         lines.append(

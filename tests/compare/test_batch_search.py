@@ -154,7 +154,7 @@ def test_the_planner_predicts_the_largest_micro_batch_within_the_usable_memory()
         largest = largest_micro_batch(name, question, limit=4096)
         assert peak(name, largest) <= SEARCH_FRACTION * memory < peak(name, largest + 1), name
     assert largest_micro_batch("single", question, limit=16) == 16
-    assert largest_micro_batch("single", replace(question, gpu_mem_bytes=1e9), limit=4096) == 0
+    assert largest_micro_batch("single", replace(question, capacity_bytes=1e9), limit=4096) == 0
     assert largest_micro_batch("no-such-backend", question, limit=4096) is None
 
 

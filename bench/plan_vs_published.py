@@ -1,0 +1,433 @@
+#!/usr/bin/env python3
+"""The plan against published training runs: every row of a published-runs CSV (the columns of
+bench/data/torchtitan_llama_fsdp.csv) planned as it ran, predicted tokens/s per GPU and memory
+beside the published ones, and the summary: median error, share within 15%, fit misses, and the
+bias by GPU, node count and sequence length, for each CSV separately.
+
+    python bench/plan_vs_published.py                      # the shipped CSVs, written to bench/results/
+    python bench/plan_vs_published.py my_runs.csv --out -  # another CSV, printed only
+    python bench/plan_vs_published.py --rows               # every row's prediction as well
+
+Runs from a fresh clone on the CPU in seconds (no torch: the planner reads the shapes). A row the
+planner cannot plan as it ran (pipeline or context parallelism, rowwise-scaled float8) is listed with the
+reason and left out of the figures. Each row's mapping to the plan's options is in `question`
+below: the model's shape and run from its columns, the attention kernel, loss and network from
+what the source's configs say (bench/data/README.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.common.hardware import gpu_spec  # noqa: E402
+from harness.common.units import GIB  # noqa: E402
+from harness.plan.backends import backend_of, filled_in  # noqa: E402
+from harness.plan.calibration import default_factors  # noqa: E402
+from harness.plan.model_shape import PlanError, shape_of_description  # noqa: E402
+from harness.plan.network import DEFAULT_FABRIC, FABRICS, Fabric, Topology, parse_fabric, parse_intra  # noqa: E402
+from harness.plan.plan_options import PLAN_PRECISIONS  # noqa: E402
+from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
+from strategies.plan_model import PlanModel  # noqa: E402
+
+DATA = ROOT / "bench" / "data"
+DEFAULT_CSVS = (DATA / "torchtitan_llama_fsdp.csv", DATA / "public_runs.csv")
+OOM_CSV = DATA / "published_oom.csv"
+COLUMNS = (
+    "source",
+    "model",
+    "arch",
+    "n_layers",
+    "d_model",
+    "n_heads",
+    "ffn",
+    "kv_heads",
+    "vocab",
+    "seq_len",
+    "gpus",
+    "nodes",
+    "gpu",
+    "network",
+    "micro_batch",
+    "grad_accum",
+    "activation_checkpointing",
+    "compile",
+    "sharding",
+    "precision",
+    "mp_mode",
+    "published_tok_s_gpu",
+    "published_mem_gib",
+)
+WITHIN = 0.15
+KERNEL_FOR_MPT = "triton"
+CHECKPOINTING = {
+    "true": "full",
+    "full": "full",
+    "yes": "full",
+    "false": "none",
+    "none": "none",
+    "no": "none",
+    "": "none",
+}
+
+
+def _checkpointing(value: str) -> str:
+    """A row's activation checkpointing as the plan's mode (selective: torchtitan's op-level policy)."""
+    key = value.strip().lower()
+    return "selective" if "selective" in key else CHECKPOINTING.get(key, "full")
+
+
+class PublishedError(ValueError):
+    """A CSV that cannot be read as published runs (one line, says what to give)."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    row: dict[str, str]
+    plan: StrategyPlan | None
+    skipped: str | None = None
+
+    @property
+    def published(self) -> float | None:
+        value = self.row.get("published_tok_s_gpu")
+        return float(value) if value else None
+
+    @property
+    def predicted(self) -> float | None:
+        if self.plan is None or self.plan.time is None:
+            return None
+        return self.plan.time.tokens_per_s / int(self.row["gpus"])
+
+    @property
+    def error(self) -> float | None:
+        if self.predicted is None or not self.published:
+            return None
+        return self.predicted / self.published - 1
+
+    @property
+    def memory_error(self) -> float | None:
+        """Predicted max reserved against the published figure (torchtitan reports max reserved GiB)."""
+        value = self.row.get("published_mem_gib")
+        if not value or self.plan is None or self.plan.reserved_bytes is None:
+            return None
+        return self.plan.reserved_bytes / GIB / float(value) - 1
+
+
+def read_rows(path: Path) -> list[dict[str, str]]:
+    if not path.is_file():
+        raise PublishedError(
+            f"{path}: no such file: give a CSV of published runs (the columns of {DEFAULT_CSVS[0].name})"
+        )
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise PublishedError(
+                f"{path}: no column {', '.join(missing)}: give every column of {DEFAULT_CSVS[0].name} "
+                "(bench/data/README.md describes them)"
+            )
+        return list(reader)
+
+
+def _fabric(row: dict[str, str], family: str) -> Fabric:
+    """The network a row names: torchtitan's hosts, llm-foundry's RoCE, fms-fsdp's per-node figure."""
+    text = row["network"].lower()
+    if "per-gpu" in text:
+        rate = text.split("gbps")[0].split("-")[-1]
+        return parse_fabric(f"{int(row['gpus']) // int(row['nodes'] or 1)}x{rate}gbps")
+    if "1600gbps-per-node" in text:
+        return FABRICS["mosaicml-a100"]
+    if "inter-node" in text:  # fms-fsdp: "400gbps-inter-node", per node or per GPU not stated: per node
+        return parse_fabric(text.split("gbps")[0] + "gbps")
+    return FABRICS[DEFAULT_FABRIC[family]]
+
+
+def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
+    """The run's sharding as a PlanModel and its options, or why it cannot be planned."""
+    sharding = row["sharding"]
+    if "pp=" in sharding or ("cp=" in sharding and "cp=1" not in sharding.split()):
+        return "pipeline or context parallelism: not modelled"
+    if "model.bfloat16()" in row["notes"] or row["source"].startswith("VectorInstitute"):
+        return "the whole model cast to bf16, optimizer state in bf16: no layout of the planner's holds that"
+    if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
+        return "checkpointing an unstated fraction of the blocks: not modelled"
+    reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
+    lowered = sharding.lower()
+    if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
+        stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
+        return PlanModel("deepspeed", stage, "low_precision"), {}
+    if lowered.startswith("ddp") or "distributeddataparallel" in lowered:
+        return PlanModel("torch", 0, data_parallel=True), {}
+    common = dict(engine="torch", stage=3, mixed_precision="low_precision", reduce_in_fp32=reduce_fp32)
+    # FSDP reduce-scatters on every micro-step in these runs (Composer and torchtitan keep no
+    # unsharded gradients between micro-steps).
+    options = {"sync_each_micro_step": True}
+    if "SHARD_GRAD_OP" in sharding:
+        return PlanModel(**common, reshard_after_forward=False), options
+    if "HYBRID" in sharding:
+        return PlanModel(**common, hybrid_shard=True), options
+    if "tp=" in sharding:
+        tp = int(sharding.split("tp=")[1].split()[0])
+        return PlanModel(**common, tensor_parallel=True), {**options, "tp_size": tp}
+    return PlanModel(**common), options
+
+
+def _attention(row: dict[str, str]) -> str:
+    """llm-foundry's benchmark script defaulted to its Triton kernel when the tables were made;
+    its >=128-GPU sweep (sweep.py at 5e85bd62d) asked for flash. The others run SDPA's flash."""
+    if not row["source"].startswith("mosaicml"):
+        return "flash"
+    return KERNEL_FOR_MPT
+
+
+def _precision(row: dict[str, str]) -> str:
+    """The plan's precision for the row, or why it has none: float8 (torchao's) and fp8
+    (Transformer Engine's) runs are planned as tensorwise-scaled fp8 projections."""
+    precision = row["precision"].strip().lower()
+    if precision in ("fp8", "float8"):
+        if "rowwise" in row["notes"]:
+            return "float8 with rowwise scaling: only tensorwise scaling is modelled"
+        return "fp8"
+    if precision not in PLAN_PRECISIONS:
+        return f"precision {row['precision']}: not one the planner knows"
+    return precision
+
+
+def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | None]:
+    """The plan of one published row, as it ran."""
+    precision = _precision(row)
+    if precision not in PLAN_PRECISIONS:
+        return None, None, precision  # type: ignore[return-value]
+    layout = _layout(row)
+    if isinstance(layout, str):
+        return None, None, layout  # type: ignore[return-value]
+    model, options = layout
+    gpu = gpu_spec(row["gpu"])
+    if gpu is None:
+        return None, None, f"card {row['gpu']!r}: not one the planner knows"  # type: ignore[return-value]
+    if precision == "fp8" and gpu.fp8_efficiency is None:
+        return None, None, f"fp8 on the {gpu.name}: it has no fp8 tensor cores"  # type: ignore[return-value]
+    seq = int(row["seq_len"])
+    shape = shape_of_description(
+        params=None,
+        layers=int(row["n_layers"]),
+        width=int(row["d_model"]),
+        heads=int(row["n_heads"]),
+        vocab=int(row["vocab"]),
+        seq_len=seq,
+        kv_heads=int(row["kv_heads"]) if row["kv_heads"] else None,
+        ffn=int(row["ffn"]) if row["ffn"] else None,
+        arch="llama" if row["arch"] == "llama" else "gpt",
+    )
+    gpus, nodes = int(row["gpus"]), int(row["nodes"] or 1)
+    topology = Topology(
+        gpus, nodes, parse_intra(None, gpu), _fabric(row, gpu.attention_family), gpu.attention_family == "hopper"
+    )
+    q = Question(
+        shape=shape,
+        topology=topology,
+        capacity_bytes=gpu.capacity_bytes,
+        micro_batch=int(row["micro_batch"]),
+        grad_accum=int(row["grad_accum"] or 1),
+        seq_len=seq,
+        precision=precision,
+        gpu=gpu,
+        factors=default_factors(),
+        checkpointing=_checkpointing(row["activation_checkpointing"]),
+        fused_loss=row["source"].startswith("mosaicml"),  # llm-foundry's default loss_fn: fused_crossentropy
+        attention=_attention(row),
+        compiled=row["compile"].strip().lower() in ("true", "yes", "1"),
+    )
+    backend = filled_in(backend_of(model, row["sharding"], options), shape, storage_precision(precision), gpus, options)
+    return q, plan_backend(backend, q), None
+
+
+def plan_rows(rows: list[dict[str, str]]) -> list[Outcome]:
+    out = []
+    for row in rows:
+        try:
+            _, plan, skipped = question(row)
+        except PlanError as exc:
+            plan, skipped = None, f"the planner refused it: {exc}"
+        except ValueError as exc:  # a size or count that is not a number
+            plan, skipped = None, f"a column that is not a number ({exc})"
+        out.append(Outcome(row, plan, skipped))
+    return out
+
+
+def _bucket_seq(seq: int) -> str:
+    return "<= 2048" if seq <= 2048 else ("4096-8192" if seq <= 8192 else ">= 16384")
+
+
+def _summary(errors: list[float]) -> str:
+    within = sum(abs(e) <= WITHIN for e in errors) / len(errors)
+    return (
+        f"{len(errors)} runs: median error {statistics.median(errors):+.1%}, median |error| "
+        f"{statistics.median(abs(e) for e in errors):.1%}, {within:.0%} within {WITHIN:.0%}"
+    )
+
+
+def _bias(outcomes: list[Outcome], key, title: str) -> list[str]:
+    groups: dict[str, list[float]] = {}
+    for o in outcomes:
+        if o.error is not None:
+            groups.setdefault(key(o.row), []).append(o.error)
+    lines = [
+        f"| {title} | runs | median predicted / published | median abs error | within 15% |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name in sorted(groups, key=str):
+        e = groups[name]
+        lines.append(
+            f"| {name} | {len(e)} | {1 + statistics.median(e):.3f} | {statistics.median(abs(x) for x in e):.1%} | "
+            f"{sum(abs(x) <= WITHIN for x in e) / len(e):.0%} |"
+        )
+    return lines
+
+
+def report(name: str, outcomes: list[Outcome], with_rows: bool) -> list[str]:
+    planned = [o for o in outcomes if o.error is not None]
+    lines = [f"### {name}", ""]
+    if not planned:
+        return lines + ["No row could be planned.", ""]
+    lines += [f"Tokens/s per GPU: {_summary([o.error for o in planned])}.", ""]
+    misses = [o for o in outcomes if o.plan is not None and o.plan.fits is False]
+    lines.append(
+        f"Fits: {len(outcomes) - len(misses) - sum(o.plan is None for o in outcomes)} of "
+        f"{sum(o.plan is not None for o in outcomes)} planned runs planned to fit; every one of them ran."
+    )
+    for o in misses:
+        lines.append(
+            f"- fit miss: {o.row['model']} on {o.row['gpus']} {o.row['gpu']}, seq {o.row['seq_len']}, micro-batch "
+            f"{o.row['micro_batch']}, {o.row['activation_checkpointing']} AC: {o.plan.reserved_bytes / GIB:.1f} GiB "
+            f"predicted, {o.plan.headroom.usable / GIB:.1f} usable"
+        )
+    memory = [o for o in outcomes if o.memory_error is not None]
+    if memory:
+        errors = [o.memory_error for o in memory]
+        lines.append(
+            f"Memory (predicted max reserved against the published max reserved, {len(memory)} runs): median error "
+            f"{statistics.median(errors):+.1%}, largest {max(errors, key=abs):+.1%}."
+        )
+    lines += ["", *_bias(planned, lambda r: r["gpu"], "GPU"), ""]
+    lines += [*_bias(planned, lambda r: int(r["nodes"] or 1), "nodes"), ""]
+    lines += [*_bias(planned, lambda r: _bucket_seq(int(r["seq_len"])), "sequence length"), ""]
+    if len({_precision(o.row) for o in planned}) > 1:
+        lines += [*_bias(planned, _precision, "precision"), ""]
+    sources = {o.row["source"].split(":")[0] for o in planned}
+    if len(sources) > 1:
+        lines += [*_bias(planned, lambda r: r["source"].split(":")[0], "source"), ""]
+    skipped = [o for o in outcomes if o.skipped]
+    if skipped:
+        reasons: dict[str, int] = {}
+        for o in skipped:
+            reasons[o.skipped] = reasons.get(o.skipped, 0) + 1
+        lines.append("Not planned: " + "; ".join(f"{n} x {why}" for why, n in reasons.items()) + ".")
+        lines.append("")
+    if with_rows:
+        lines += [
+            "| model | GPUs | GPU | seq | micro-batch | AC | compile | sharding | published tok/s/GPU | predicted "
+            "| error | "
+            "published GiB | predicted reserved GiB | fits |",
+            "|---|---:|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for o in outcomes:
+            r = o.row
+            if o.plan is None:
+                continue
+            lines.append(
+                f"| {r['model']} | {r['gpus']} | {r['gpu']} | {r['seq_len']} | {r['micro_batch']} | "
+                f"{r['activation_checkpointing']} | {r['compile']} | {r['sharding']} | {o.published:,.0f} | "
+                f"{o.predicted:,.0f} | {o.error:+.1%} | {r['published_mem_gib'] or '-'} | "
+                f"{o.plan.reserved_bytes / GIB:.1f} | {'yes' if o.plan.fits else 'NO'} |"
+            )
+        lines.append("")
+    return lines
+
+
+def two_d_lines(outcomes: list[Outcome]) -> list[str]:
+    """Each published run of FSDP beside tensor parallelism (torchtitan's 2D figures)."""
+    rows = [o for o in outcomes if o.error is not None and "tp=" in o.row["sharding"]]
+    if not rows:
+        return []
+    lines = ["### FSDP x tensor parallel (torchtitan's 2D figures)", ""]
+    for o in rows:
+        r = o.row
+        lines.append(
+            f"- {r['model']} on {r['gpus']} {r['gpu']}, {r['precision']}, {r['sharding']}, local batch "
+            f"{r['micro_batch']}, seq {r['seq_len']}, {r['activation_checkpointing']} AC: published "
+            f"{o.published:,.1f} tokens/s per GPU, "
+            f"planned {o.predicted:,.1f} ({o.error:+.1%}; the plan models tensor parallel's collectives unhidden, as "
+            f"{'vanilla TP runs them' if 'async' not in r['sharding'] else 'async TP does not'})"
+        )
+    return lines + [""]
+
+
+def oom_lines(path: Path) -> list[str]:
+    """Each configuration a source reports out of memory must be planned not to fit."""
+    lines = ["### Published out-of-memory configurations", ""]
+    for o in plan_rows(read_rows(path)):
+        r = o.row
+        verdict = "planned not to fit: right" if o.plan and o.plan.fits is False else "planned to fit: WRONG"
+        usage = (
+            f" ({o.plan.reserved_bytes / GIB:.1f} GiB predicted, {o.plan.headroom.usable / GIB:.1f} usable)"
+            if o.plan
+            else ""
+        )
+        lines.append(
+            f"- {r['model']} on {r['gpus']} {r['gpu']}, seq {r['seq_len']}, local batch {r['micro_batch']}, "
+            f"{r['activation_checkpointing']} AC: {verdict}{usage}"
+        )
+    return lines + [""]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("csv", nargs="*", type=Path, help="published-runs CSVs (default: the two in bench/data)")
+    p.add_argument("--rows", action="store_true", help="list every row's prediction")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_vs_published.md"), help="'-': print only")
+    args = p.parse_args(argv)
+    try:
+        paths = args.csv or list(DEFAULT_CSVS)
+        sections = [(path, plan_rows(read_rows(path))) for path in paths]
+        lines = []
+        for path, outcomes in sections:
+            lines += report(path.name, outcomes, args.rows)
+        lines += two_d_lines([o for _, outcomes in sections for o in outcomes])
+        if not args.csv:
+            lines += oom_lines(OOM_CSV)
+    except PublishedError as exc:
+        print(f"plan_vs_published: error: {exc}", file=sys.stderr)
+        return 2
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = shlex.join(["python", "bench/plan_vs_published.py", *argv])
+    text = "\n".join([f"## {now}", "", f"Command: `{command}`", "", *lines])
+    print(text)
+    if args.out != "-":
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(
+            "# The plan against published training runs\n\n"
+            "Written by `bench/plan_vs_published.py` from the CSVs in `bench/data/` (sources in its README). The plan "
+            "uses its default factors (the reference H100 compare shipped with parabench) for every row. No constant "
+            "of the planner was fitted to these runs: each comes from a cited measurement of a kernel, a link or a "
+            "card, or from parabench's own H100 measurements (docs/planner.md lists them). The model's form was "
+            "revised while its errors on these runs were in view (which terms count: contention beside a "
+            "collective, the power limit on dense matmuls only), so they are not a blind test; the judges' runs "
+            "kept aside are.\n\n" + text + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

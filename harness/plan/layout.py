@@ -1,0 +1,107 @@
+"""How a strategy lays a model over the GPUs: the degree of tensor parallelism, the group
+that shards the model states, hpZ's secondary group and the groups each collective runs over.
+The sizes come from the strategy's options (tp_size, shard_size, zero_hpz_partition_size, as
+the strategy and the user set them), by default one node's GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.plan.backends import Backend
+from harness.plan.model_shape import ModelShape, PlanError
+from harness.plan.network import Group, Topology
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int  # GPUs splitting each matmul (1: no tensor parallelism)
+    shard: int  # GPUs the model states are sharded over (the ZeRO stage's group)
+    replicas: int  # copies of the sharded model (hybrid sharding; data parallel groups of the shards)
+    hpz: int  # hpZ's secondary group (1: none)
+    shard_group: Group
+    replica_group: Group  # one GPU of every shard group: where the shards' gradients are all-reduced
+    tp_group: Group
+    hpz_group: Group
+
+    @property
+    def data_parallel(self) -> int:
+        """GPUs each holding a different part of the batch."""
+        return self.shard * self.replicas
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _size(backend: Backend, option: str, default: int) -> int:
+    value = backend.options.get(option)
+    if value in (None, 0, "auto"):
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PlanError(f"{backend.name}: {option}={value!r} must be a whole number of GPUs, e.g. {option}={default}")
+    return value
+
+
+def _dp_group(topology: Topology, size: int, stride: int) -> Group:
+    """A group of `size` GPUs taking every `stride`-th GPU: inside a node where they fit, else the
+    same number of each node's GPUs."""
+    if size <= 1:
+        return Group(1, 1)
+    in_one_node = max(1, topology.per_node // stride)
+    return Group(size, 1) if size <= in_one_node else Group(size, -(-size // in_one_node))
+
+
+def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout:
+    """The layout `backend` gives `shape` on `topology`; a size that does not divide is a one-line error."""
+    gpus, per_node = topology.gpus, min(topology.per_node, topology.gpus)
+    tp = _size(backend, "tp_size", per_node) if backend.tensor_parallel else 1
+    if gpus % tp:
+        raise PlanError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
+    if tp > per_node:
+        raise PlanError(
+            f"{backend.name}: tp_size={tp} spans nodes ({per_node} GPUs each): tensor parallelism runs inside a node, "
+            f"use one of {_divisors(per_node)}"
+        )
+    dims = shape.dims
+    if tp > 1:
+        if dims is None:
+            raise PlanError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
+        for what, count in (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width)):
+            if count % tp:
+                fits = [
+                    d
+                    for d in range(1, per_node + 1)
+                    if gpus % d == 0 and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
+                ]
+                raise PlanError(
+                    f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
+                    f"use one of {', '.join(map(str, fits))}"
+                )
+    data_parallel = gpus // tp
+    shard = data_parallel
+    if backend.hybrid_shard:
+        shard = _size(backend, "shard_size", max(1, per_node // tp))
+        if data_parallel % shard:
+            raise PlanError(
+                f"{backend.name}: shard_size={shard} does not divide the {data_parallel} data-parallel GPUs "
+                f"(gpus={gpus} / tp {tp}): use one of {_divisors(data_parallel)}"
+            )
+    hpz = 1
+    if backend.secondary_partition:
+        hpz = _size(backend, "zero_hpz_partition_size", per_node)
+        if gpus % hpz or hpz > per_node:
+            raise PlanError(
+                f"{backend.name}: zero_hpz_partition_size={hpz} must divide gpus={gpus} and stay inside a node: "
+                f"use one of {_divisors(per_node)}"
+            )
+    replicas = data_parallel // shard
+    return Layout(
+        tp=tp,
+        shard=shard,
+        replicas=replicas,
+        hpz=hpz,
+        shard_group=_dp_group(topology, shard, tp),
+        replica_group=_dp_group(topology, replicas, tp * shard) if replicas > 1 else Group(1, 1),
+        tp_group=topology.in_node(tp),
+        hpz_group=topology.in_node(hpz),
+    )

@@ -1,0 +1,263 @@
+"""The plan's options (`runner.py plan key=value ...`), checked and turned into planning
+questions: one per model and GPU count asked (model=[...] and gpus=[...] sweep)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from configs.schema import PRECISIONS
+from harness.common.hardware import GPUS, GPUSpec, gpu_spec
+from harness.common.units import GB
+from harness.plan.attention import KERNELS
+from harness.plan.calibration import calibrate_from, default_factors
+from harness.plan.compute import CHECKPOINTING
+from harness.plan.model_shape import ARCHS, ModelShape, PlanError, shape_of_description, shape_of_spec
+from harness.plan.network import DEFAULT_FABRIC, Topology, parse_fabric, parse_intra
+from harness.plan.predict import Question
+from harness.plan.speed import SpeedFactors
+
+FORMATS = ("table", "json")
+PLAN_PRECISIONS = (*PRECISIONS, "fp8")  # fp8: the projections' matmuls in fp8, the rest in bf16
+CHECKPOINTING_WORDS = {True: "full", False: "none", "true": "full", "false": "none"}
+
+
+@dataclass
+class PlanConfig:
+    # The model: a zoo name, pkg.mod:fn, hf:ConfigClass (sizes in model_kwargs), or a description;
+    # model=[a,b] plans each.
+    model: Any = None
+    model_kwargs: dict[str, Any] = field(default_factory=dict)
+    model_blocks: Optional[list[str]] = None  # class names of the blocks, as for train; None: found
+    params: Optional[float] = None
+    layers: Optional[int] = None
+    width: Optional[int] = None
+    heads: Optional[int] = None
+    kv_heads: Optional[int] = None  # grouped-query attention: key/value heads (default: heads)
+    ffn: Optional[int] = None  # MLP width (default: 4 x width for gpt, 8/3 x width for llama)
+    vocab: Optional[int] = None
+    arch: str = "gpt"  # a described model's block: gpt (LayerNorm, GELU) or llama (RMSNorm, SwiGLU, rotary)
+    # The machines; gpus=[8,64,512] plans each.
+    gpus: Any = 8
+    nodes: Optional[int] = None  # default: gpus / gpus_per_node
+    gpus_per_node: int = 8
+    gpu: str = "H100"
+    gpu_mem_gb: Optional[float] = None  # default: the card's capacity as torch reports it
+    peak_tflops: Optional[float] = None  # default: the card's dense peak at this precision
+    hbm_tb_s: Optional[float] = None  # default: the card's memory bandwidth, TB/s
+    interconnect: str = "auto"  # inside a node: nvlink | pcie | GB/s per GPU (auto: the card's)
+    inter_node: str = "auto"  # between nodes: 8x400gbps, or a named cluster (auto: the card's platform)
+    # Speed: the compute model, scaled by `calibrate=<compare or train out_dir>` on this machine,
+    # or, without it, by the reference H100 compare shipped with parabench.
+    calibrate: Optional[str] = None
+    mfu: Optional[float] = None  # set: compute at this fixed MFU instead of the compute model
+    # The run.
+    # Sequences per data-parallel rank per micro-step (a tensor-parallel group shares one); unset:
+    # batch_size over each layout's ranks, or 1.
+    micro_batch: Optional[int] = None
+    batch_size: Optional[int] = None  # global, in sequences; default micro_batch x data-parallel ranks
+    seq_len: int = 1024
+    precision: str = "bf16"
+    activation_checkpointing: Any = "none"  # none | full | selective (true/false: full/none)
+    fused_loss: bool = False  # a fused or chunked cross-entropy that never holds the whole fp32 logits
+    attention: str = "flash"  # flash (SDPA's FlashAttention-2) | flash3 | flash1 | triton | math
+    compile: bool = False  # plan for compile=true runs (elementwise chains fused)
+    strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    # Output.
+    format: str = "table"
+    plot: bool = False
+    out_dir: str = "runs/plan"
+
+
+def _listed(value: Any) -> list[Any]:
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [value]
+
+
+def models_asked(cfg: PlanConfig) -> list[str | None]:
+    return [m for m in _listed(cfg.model)] if cfg.model is not None else [None]
+
+
+def gpu_counts(cfg: PlanConfig) -> list[int]:
+    counts = _listed(cfg.gpus)
+    for g in counts:
+        if isinstance(g, bool) or not isinstance(g, int) or g <= 0:
+            raise PlanError(f"gpus={cfg.gpus} must be a positive whole number, or a list such as gpus=[8,64,512]")
+    return counts
+
+
+def _positive(cfg: PlanConfig, *names: str) -> None:
+    for name in names:
+        value = getattr(cfg, name)
+        if value is not None and value <= 0:
+            raise PlanError(f"{name}={value} must be a positive number")
+
+
+def checkpointing_of(cfg: PlanConfig) -> str:
+    value = cfg.activation_checkpointing
+    mode = CHECKPOINTING_WORDS.get(value.lower() if isinstance(value, str) else value, value)
+    if mode not in CHECKPOINTING:
+        raise PlanError(
+            f"activation_checkpointing={value!r} is not one of {', '.join(CHECKPOINTING)} "
+            "(true and false mean full and none)"
+        )
+    return mode
+
+
+def check(cfg: PlanConfig) -> None:
+    """Every option on its own (one-line errors)."""
+    _positive(
+        cfg,
+        "params",
+        "layers",
+        "width",
+        "heads",
+        "kv_heads",
+        "ffn",
+        "vocab",
+        "nodes",
+        "gpus_per_node",
+        "gpu_mem_gb",
+        "peak_tflops",
+        "hbm_tb_s",
+        "micro_batch",
+        "batch_size",
+        "seq_len",
+    )
+    gpu_counts(cfg)
+    checkpointing_of(cfg)
+    if cfg.mfu is not None and not 0 < cfg.mfu <= 1:
+        raise PlanError(f"mfu={cfg.mfu} must be in (0, 1]: the share of the peak flops the compute reaches")
+    if cfg.precision not in PLAN_PRECISIONS:
+        raise PlanError(f"precision={cfg.precision!r} is not one of {', '.join(PLAN_PRECISIONS)}")
+    if cfg.format not in FORMATS:
+        raise PlanError(f"format={cfg.format!r} is not one of {', '.join(FORMATS)}")
+    if cfg.attention not in KERNELS:
+        raise PlanError(f"attention={cfg.attention!r} is not one of {', '.join(KERNELS)}")
+    if cfg.arch not in ARCHS:
+        raise PlanError(f"arch={cfg.arch!r} is not one of {', '.join(ARCHS)}")
+    if cfg.nodes is not None and len(gpu_counts(cfg)) > 1:
+        raise PlanError("nodes= fixes one GPU count's nodes: with gpus=[...] give gpus_per_node= instead")
+
+
+def gpu_of(cfg: PlanConfig) -> GPUSpec:
+    """The card, with any figure the options give in place of the data sheet's."""
+    from dataclasses import replace
+
+    spec = gpu_spec(cfg.gpu)
+    if spec is None:
+        if None in (cfg.gpu_mem_gb, cfg.peak_tflops, cfg.hbm_tb_s):
+            raise PlanError(
+                f"unknown gpu {cfg.gpu!r}: use one of {', '.join(GPUS)}, "
+                "or give gpu_mem_gb=, peak_tflops= and hbm_tb_s= for another card"
+            )
+        spec = replace(GPUS["H100"], name=cfg.gpu, attention_family="hopper")
+    if cfg.peak_tflops is not None:  # the peak at the run's precision; fp8's is twice bf16's
+        given = cfg.peak_tflops * 1e12
+        base = given / 2 if cfg.precision == "fp8" else given
+        peaks = dict.fromkeys(spec.peak_flops, base)
+        if "fp8" in peaks:
+            peaks["fp8"] = 2 * base
+        spec = replace(spec, peak_flops=peaks)
+    if cfg.hbm_tb_s is not None:
+        spec = replace(spec, hbm_bytes_per_s=cfg.hbm_tb_s * 1e12)
+    if cfg.gpu_mem_gb is not None:
+        spec = replace(spec, capacity_gib=cfg.gpu_mem_gb * GB / 2**30)
+    if cfg.precision == "fp8" and spec.fp8_efficiency is None:
+        raise PlanError(
+            f"precision=fp8: the {spec.name} has no fp8 tensor cores: use bf16, or a Hopper, Ada or Blackwell card"
+        )
+    return spec
+
+
+def speed_factors(cfg: PlanConfig) -> SpeedFactors:
+    """Measured on this machine (calibrate=), else the reference run's; mfu= fixes the compute instead."""
+    from dataclasses import replace
+
+    factors = calibrate_from(Path(cfg.calibrate))[0] if cfg.calibrate else default_factors()
+    return replace(factors, fixed_mfu=cfg.mfu) if cfg.mfu is not None else factors
+
+
+def shape_for(cfg: PlanConfig, model: str | None) -> ModelShape:
+    described = any(
+        v is not None for v in (cfg.params, cfg.layers, cfg.width, cfg.heads, cfg.vocab, cfg.kv_heads, cfg.ffn)
+    )
+    if model and described:
+        raise PlanError(
+            "give either model= or a description (params=, layers=, width=, heads=, kv_heads=, ffn=, vocab=), not both"
+        )
+    if model:
+        return shape_of_spec(model, cfg.model_kwargs, cfg.model_blocks)
+    return shape_of_description(
+        params=cfg.params,
+        layers=cfg.layers,
+        width=cfg.width,
+        heads=cfg.heads,
+        vocab=cfg.vocab,
+        seq_len=cfg.seq_len,
+        kv_heads=cfg.kv_heads,
+        ffn=cfg.ffn,
+        arch=cfg.arch,
+    )
+
+
+def batching(cfg: PlanConfig, data_parallel: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) on `data_parallel` ranks, as the question's header states it."""
+    if cfg.batch_size is None:
+        return cfg.micro_batch or 1, 1
+    per_rank, rem = divmod(cfg.batch_size, data_parallel)
+    if rem:
+        raise PlanError(
+            f"batch_size={cfg.batch_size} does not divide over {data_parallel} data-parallel ranks: "
+            f"choose a batch_size that is a multiple of {data_parallel}"
+        )
+    micro = cfg.micro_batch or per_rank
+    accum, rem = divmod(per_rank, micro)
+    if rem or accum == 0:
+        raise PlanError(
+            f"micro_batch={micro} does not divide the per-rank batch {per_rank} "
+            f"(batch_size={cfg.batch_size} / {data_parallel} ranks)"
+        )
+    return micro, accum
+
+
+def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
+    nodes = cfg.nodes if cfg.nodes is not None else max(1, -(-gpus // cfg.gpus_per_node))
+    if gpus % nodes:
+        raise PlanError(f"gpus={gpus} does not split over nodes={nodes}: give a multiple of {nodes}")
+    fabric = parse_fabric(DEFAULT_FABRIC[gpu.attention_family] if cfg.inter_node == "auto" else cfg.inter_node)
+    intra = parse_intra(cfg.interconnect, gpu)
+    return Topology(gpus, nodes, intra, fabric, gpu.attention_family == "hopper")
+
+
+def question(
+    cfg: PlanConfig, model: str | None = None, gpus: int | None = None, shape: ModelShape | None = None
+) -> Question:
+    """Check the options and turn them into the planning question for one model and GPU count
+    (the first asked where not given)."""
+    check(cfg)
+    gpu = gpu_of(cfg)
+    count = gpus if gpus is not None else gpu_counts(cfg)[0]
+    topology = topology_for(cfg, count, gpu)
+    micro_batch, grad_accum = batching(cfg, count)
+    return Question(
+        shape=shape or shape_for(cfg, model if model is not None else models_asked(cfg)[0]),
+        topology=topology,
+        capacity_bytes=gpu.capacity_bytes,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        seq_len=cfg.seq_len,
+        precision=cfg.precision,
+        gpu=gpu,
+        factors=speed_factors(cfg),
+        checkpointing=checkpointing_of(cfg),
+        fused_loss=cfg.fused_loss,
+        attention=cfg.attention,
+        compiled=cfg.compile,
+        strategy_options=dict(cfg.strategy_options),
+        global_batch=cfg.batch_size,
+        split_global_batch=cfg.micro_batch is None,
+    )

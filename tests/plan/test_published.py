@@ -1,0 +1,80 @@
+"""bench/plan_vs_published.py: the plan held against published training runs, from the CSVs in
+bench/data, without torch and in seconds; a CSV it cannot read is a one-line error."""
+
+from __future__ import annotations
+
+import csv
+import subprocess
+import sys
+
+import pytest
+
+from bench import plan_vs_published as published
+from tests.helpers import ROOT, env_for_tests
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return {path.name: published.plan_rows(published.read_rows(path)) for path in published.DEFAULT_CSVS}
+
+
+def test_every_published_run_is_planned_to_fit_and_the_oom_one_not(outcomes):
+    runs = [o for rows in outcomes.values() for o in rows if o.plan is not None]
+    assert len(runs) > 200
+    misses = [o for o in runs if not o.plan.fits]
+    # torchtitan's llama2-13b without checkpointing at local batch 2 on 64 A100s sits 4% over the card
+    # in the plan (activations counted as its RMSNorm, SwiGLU and SDPA save them); every other run fits.
+    assert [(o.row["model"], o.row["activation_checkpointing"]) for o in misses] == [("llama2-13b", "false")]
+    (oom,) = published.plan_rows(published.read_rows(published.OOM_CSV))
+    assert oom.plan.fits is False  # llama2-70b, local batch 2, selective AC: out of memory as published
+
+
+def test_the_published_memory_is_predicted_within_fifteen_percent(outcomes):
+    # torchtitan's bf16 FSDP tables; public_runs.csv's memory figures (its float8 runs) are reported
+    # in bench/results/plan_vs_published.md, not held: a June 2025 H200 run's 48 GiB is 34% under the
+    # plan, the 70B 2D runs 22-27% over it.
+    memory = [o for o in outcomes["torchtitan_llama_fsdp.csv"] if o.memory_error is not None]
+    assert len(memory) == 4 and all(abs(o.memory_error) < 0.15 for o in memory)
+
+
+def test_fp8_runs_are_planned_and_rowwise_scaling_is_said_not_to_be(outcomes):
+    rows = outcomes["public_runs.csv"]
+    fp8 = [o for o in rows if o.plan is not None and o.row["precision"] in ("fp8", "float8")]
+    assert len(fp8) >= 15 and {o.row["source"].split(":")[0] for o in fp8} >= {
+        "pytorch/torchtitan",
+        "mosaicml/llm-foundry",
+    }
+    errors = sorted(abs(o.error) for o in fp8)
+    assert errors[len(errors) // 2] < 0.10  # median |error|
+    rowwise = [o for o in rows if "rowwise" in o.row["notes"] and o.row["precision"] == "float8"]
+    assert rowwise and all(o.plan is None and "rowwise" in o.skipped for o in rowwise)
+
+
+def test_the_report_states_the_figures_and_the_bias_by_gpu_nodes_and_sequence(tmp_path):
+    out = tmp_path / "plan_vs_published.md"
+    assert published.main(["--out", str(out)]) == 0
+    text = out.read_text()
+    for section in ("### torchtitan_llama_fsdp.csv", "### public_runs.csv", "### Published out-of-memory"):
+        assert section in text
+    assert text.count("median error") >= 2 and "within 15%" in text
+    for title in ("| GPU |", "| nodes |", "| sequence length |"):
+        assert text.count(title) >= 2
+    assert "Command: `python bench/plan_vs_published.py --out" in text
+    assert "planned not to fit: right" in text
+
+
+def test_a_csv_missing_a_column_is_a_one_line_error(tmp_path):
+    path = tmp_path / "runs.csv"
+    with path.open("w", newline="") as f:
+        columns = [c for c in published.COLUMNS if c != "seq_len"]
+        csv.writer(f).writerow(columns)
+    proc = subprocess.run(
+        [sys.executable, "bench/plan_vs_published.py", str(path), "--out", "-"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        env=env_for_tests(),
+    )
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1
+    assert "no column seq_len" in proc.stderr and "give every column" in proc.stderr
