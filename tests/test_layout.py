@@ -169,10 +169,5 @@ def test_the_registry_reads_every_preset_without_torch():
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="harness/plan/model_shape.py imports torch at module level; the planner's rewrite removes it "
-    "(strict: this fails once it passes, so that the marker goes)",
-)
 def test_plan_of_a_zoo_model_imports_no_torch():
     assert not _torch_imported_by("import runner\nrunner.main(['plan', 'model=gpt2-124m', 'gpus=8'])")

@@ -34,6 +34,7 @@ class Backend(PlanModel):
 
     name: str = ""
     options: dict[str, Any] = field(default_factory=dict)  # bucket sizes and other knobs, defaults filled in
+    single_process: bool = False  # the strategy's class runs one process whatever the GPU count
 
     @property
     def replicated(self) -> bool:
@@ -41,8 +42,8 @@ class Backend(PlanModel):
 
     @property
     def one_process(self) -> bool:
-        """Runs on one GPU only: nothing sharded, no data-parallel wrapper, no threads (`single`)."""
-        return self.stage == 0 and not self.data_parallel and self.replicas == "processes" and not self.tensor_parallel
+        """Runs on one GPU only (`single`): its class runs one process, and that process drives one GPU."""
+        return self.single_process and self.replicas == "processes"
 
     def ddp_wrapped(self, world: int) -> bool:
         """Whether the model runs inside DistributedDataParallel: ddp always, even on one rank;
@@ -65,7 +66,11 @@ def planner_models() -> dict[str, Backend]:
     from strategies.registry import default_registry
 
     return {
-        entry.name: Backend(**{f.name: getattr(entry.plan, f.name) for f in fields(PlanModel)}, name=entry.name)
+        entry.name: Backend(
+            **{f.name: getattr(entry.plan, f.name) for f in fields(PlanModel)},
+            name=entry.name,
+            single_process=entry.one_process,
+        )
         for entry in default_registry().entries()
         if entry.plan is not None
     }
