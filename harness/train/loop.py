@@ -37,6 +37,7 @@ from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.base import PRECISIONS, RunContext, Strategy, StrategyError, torch_dtype
 from strategies.memory import MemoryBreakdown
+from strategies.mesh_layout import MeshLayout
 from strategies.registry import default_registry
 
 DTYPE_NAMES = {torch_dtype(name): name for name in PRECISIONS}
@@ -95,6 +96,7 @@ class Training:
     grad_accum: int
     strategy: Strategy
     compiled: str | None  # None: eager
+    mesh: MeshLayout
     n_params: int = 0
     fpt: float = 0.0
     lr_schedule: Schedule | None = None
@@ -113,6 +115,9 @@ class Training:
     def step_metrics(self) -> StepMetrics:
         return StepMetrics(
             env=self.env,
+            data_parallel_size=self.strategy.data_parallel[1],
+            # One loss per data-parallel rank: the ranks of a tensor-parallel group hold the same one.
+            counts_loss=self.mesh.leads_its_group(self.env.rank),
             out_dir=Path(self.cfg.out_dir),
             tokens_per_step=self.cfg.batch_size * self.cfg.seq_len,
             flops_per_token=self.fpt,
@@ -130,6 +135,7 @@ class Training:
         assert self.lr_schedule is not None, "set_up() first"
         metrics.start(first_step=start_step, append=start_step > 0)
         profiler = StepProfiler(cfg.profile_steps, Path(cfg.out_dir) / "profile", env.rank, env.device)
+        dp_rank, dp_size = strategy.data_parallel
         memory = None
         loss_dtype: torch.dtype | None = None  # as the backend returns it: its resolution bounds the comparison
         for step in range(start_step, cfg.steps):
@@ -138,9 +144,8 @@ class Training:
                 strategy.set_lr(lr)
                 step_loss = None  # this rank's mean loss over its micro-steps, fp32, on the device
                 for micro in range(self.grad_accum):
-                    rows = self.data.batch(
-                        self.schedule.micro_indices(step, micro, env.rank, env.world_size, self.micro_batch)
-                    )
+                    # The data-parallel rank picks the micro-batch: a tensor-parallel group reads one.
+                    rows = self.data.batch(self.schedule.micro_indices(step, micro, dp_rank, dp_size, self.micro_batch))
                     # One contiguous pinned copy, split on the device (views would go through pageable memory).
                     inputs, targets = split_inputs_targets(_pin(rows, env).to(env.device, non_blocking=True))
                     sync_ctx = strategy.no_sync() if micro < self.grad_accum - 1 else contextlib.nullcontext()
@@ -172,7 +177,11 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
     down on the way out, however the block ends."""
     strategy: Strategy | None = None
     try:
-        micro_batch, grad_accum = cfg.world_batch(env.world_size)
+        registry = default_registry()
+        mesh = registry.mesh_layout(cfg.strategy, env.world_size, env.ranks_per_node, **cfg.strategy_options)
+        # The global batch is split over the data-parallel ranks alone (replicate x shard under
+        # hsdp; under fsdp-tp the ranks of a tensor-parallel group share their micro-batch).
+        micro_batch, grad_accum = cfg.world_batch(mesh.data_parallel(env.rank)[1], data_parallel=mesh.declared)
         model, blocks, checkpointed = prepare_model(cfg)
         shapes = param_shapes(model)
         data = load_data(
@@ -193,12 +202,26 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
             grad_accum=grad_accum,
             grad_clip=cfg.grad_clip,
             config=cfg,
+            mesh=mesh,
         )
-        strategy = default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+        strategy = registry.create(cfg.strategy, ctx, **cfg.strategy_options)
+        strategy.check_model(model)
         # The whole model or per block: the backend knows which it can take.
         compiled = strategy.compile(model) if cfg.compile else None
         yield Training(
-            cfg, env, model, blocks, checkpointed, shapes, data, schedule, micro_batch, grad_accum, strategy, compiled
+            cfg,
+            env,
+            model,
+            blocks,
+            checkpointed,
+            shapes,
+            data,
+            schedule,
+            micro_batch,
+            grad_accum,
+            strategy,
+            compiled,
+            mesh,
         )
     finally:
         if strategy is not None:
@@ -265,6 +288,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 training.grad_accum,
                 started,
             )
+            summary["mesh"] = training.mesh.as_dict()
+            summary["data_parallel_size"] = strategy.data_parallel[1]
             summary["resumed_from_step"] = start_step
             summary["compiled"] = training.compiled  # None: eager
             # The learning rates the run used, derived ones filled in.
@@ -285,12 +310,15 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _header(training: Training) -> str:
-    cfg, env, strategy = training.cfg, training.env, training.strategy
+    cfg, env, strategy, mesh = training.cfg, training.env, training.strategy, training.mesh
+    dp_size = strategy.data_parallel[1]
+    ranks = f"{dp_size} data-parallel ranks" if mesh.declared else f"{env.world_size} ranks"
     return (
         f"parabench train | strategy {cfg.strategy} | model {cfg.model} ({training.n_params / 1e6:.2f}M params) | "
         f"{env.world_size} x {device_info.device_name(env.device)} | {cfg.precision} | global batch "
-        f"{cfg.batch_size} = {env.world_size} ranks x {training.micro_batch} x {training.grad_accum} accum | "
+        f"{cfg.batch_size} = {ranks} x {training.micro_batch} x {training.grad_accum} accum | "
         f"{training.lr_schedule.describe()} | loss floor {_fmt(getattr(training.data, 'loss_floor', None))}"
+        + (f" | {mesh.describe()}" if mesh.declared else "")
         + (f" | compiled: {training.compiled}" if training.compiled else "")
         + (f" | {strategy.layout}" if strategy.layout else "")
         + (f" | checkpointing: {training.checkpointed}" if training.checkpointed else "")

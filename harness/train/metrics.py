@@ -25,6 +25,11 @@ from strategies.memory import MemoryBreakdown
 @dataclass
 class StepMetrics:
     env: DistEnv
+    # The reported loss is the mean over the data-parallel ranks (the whole global batch); under a
+    # tensor-parallel mesh only one rank of each group counts its loss (counts_loss), the others
+    # hold the same one.
+    data_parallel_size: int
+    counts_loss: bool
     out_dir: Path
     tokens_per_step: int
     flops_per_token: float
@@ -61,9 +66,11 @@ class StepMetrics:
         if not self._pending:
             return None
         losses = torch.stack([loss for _, _, loss in self._pending])
+        if not self.counts_loss:
+            losses = torch.zeros_like(losses)
         if dist.is_initialized() and self.env.world_size > 1:
             dist.all_reduce(losses, op=dist.ReduceOp.SUM)
-        losses = (losses / self.env.world_size).tolist()  # the host sync of this interval
+        losses = (losses / self.data_parallel_size).tolist()  # the host sync of this interval
         device_info.synchronize(self.env.device)
         now = time.perf_counter()
         step_time = (now - self._interval_start) / len(self._pending)

@@ -9,19 +9,22 @@ from strategies.base import RunContext
 from strategies.registry import default_registry
 
 
-def preflight(cfg: RunConfig, world_size: int) -> None:
+def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None) -> None:
     """Catch bad input in the parent, once, before any worker starts: one line, not N tracebacks.
 
-    The strategy is constructed (not set up) for the planned world size: plugins check
-    their options and configuration files in __init__, so those errors surface here too.
-    The model is built on the meta device and prepared as the run will (its blocks found,
-    checkpointing turned on).
+    The strategy's mesh is laid out for the planned world size (`ranks_per_node` on each node,
+    by default all on one) and the strategy constructed (not set up): plugins check their
+    options and configuration files in __init__, so those errors surface here too. The model
+    is built on the meta device and prepared as the run will (its blocks found, checkpointing
+    turned on), and the strategy checks it can lay it out.
     """
     import torch
 
     from harness.train.loop import prepare_model
 
-    micro_batch, grad_accum = cfg.world_batch(world_size)
+    registry = default_registry()
+    mesh = registry.mesh_layout(cfg.strategy, world_size, ranks_per_node or world_size, **cfg.strategy_options)
+    micro_batch, grad_accum = cfg.world_batch(mesh.data_parallel(0)[1], data_parallel=mesh.declared)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     ctx = RunContext(
         rank=0,
@@ -33,9 +36,11 @@ def preflight(cfg: RunConfig, world_size: int) -> None:
         grad_accum=grad_accum,
         grad_clip=cfg.grad_clip,
         config=cfg,
+        mesh=mesh,
     )
-    default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+    strategy = registry.create(cfg.strategy, ctx, **cfg.strategy_options)
     with torch.device("meta"):
-        prepare_model(cfg)
+        model, _, _ = prepare_model(cfg)
+    strategy.check_model(model)
     if cfg.data != "markov":
         TokenFileData(cfg.data, cfg.seq_len)
