@@ -200,7 +200,7 @@ STYLE_NAMES = (
 def _packed_colwise(packs: int) -> Any:
     """ColwiseParallel over a projection that packs `packs` projections of equal width (q;k;v):
     rank r keeps the r-th slice of each, so that its heads are whole. DTensor states it as a
-    strided shard; DCP cannot store that layout, which strategies/strided_shards.py handles."""
+    strided shard; DCP cannot store that layout, which strategies/dcp_layout.py handles."""
     import torch.nn as nn
     from torch.distributed.tensor import distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel

@@ -213,7 +213,7 @@ class FSDPStrategy(SingleDeviceStrategy):
     def save(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
 
-        from strategies.strided_shards import storable
+        from strategies.dcp_layout import storable
 
         assert self.model is not None and self.optimizer is not None, "setup() first"
         dcp.save(storable(self._sharded_state()), checkpoint_id=path)
@@ -222,7 +222,7 @@ class FSDPStrategy(SingleDeviceStrategy):
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-        from strategies.strided_shards import restore_layout, storable
+        from strategies.dcp_layout import restore_layout, storable
 
         assert self.model is not None and self.optimizer is not None, "setup() first"
         live = self._sharded_state()
