@@ -110,6 +110,16 @@ class ZeroPlusPlusStrategy(DeepSpeedStrategy):
         self.layout = f"zero3 + hpZ secondary partition over {self.hpz_size} ranks{extra}; {self.layout}"
         return engine, optimizer
 
+    def teardown(self) -> None:
+        from deepspeed.utils import groups
+
+        super().teardown()
+        # DeepSpeed keeps the hpZ group in a module global that every later ZeRO-3 engine in the
+        # process would take as its own secondary partition (a probe or a test running several).
+        group = groups._get_zero_param_intra_parallel_group()
+        if group is not None:
+            groups._release_process_group_references(group)
+
 
 def hpz_layout(world_size: int, local_world_size: int, hpz_size: int | None) -> MeshLayout:
     """groups x hpz: ZeRO-3 partitions over every rank; each group of hpz ranks (by default one
@@ -118,7 +128,9 @@ def hpz_layout(world_size: int, local_world_size: int, hpz_size: int | None) -> 
     groups = world_size // hpz
     notes = []
     if groups == 1:
-        notes.append("one group: the secondary partition is the primary one, as zero3")
+        notes.append(
+            "one group: the secondary copy spans every rank as the primary partition does: zero3's traffic, more memory"
+        )
     if hpz == 1:
         notes.append("hpz 1: no secondary partition, as zero3")
     return MeshLayout((groups, hpz), ("groups", "hpz"), ("groups", "hpz"), tuple(notes))

@@ -273,8 +273,12 @@ class AccelerateStrategy(Strategy):
     def teardown(self) -> None:
         if self.accelerator is not None:
             self.accelerator.free_memory()
-            self._environment.restore()
             self.accelerator = None
+        # Also when setup failed after Accelerate set its process-wide state: the next run in the
+        # process (a probe, a test) must not inherit this one's distributed type.
+        if self._environment is not None:
+            self._environment.restore()
+            self._environment = None
         super().teardown()
 
 

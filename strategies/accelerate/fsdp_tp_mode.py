@@ -39,9 +39,9 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
     )
 
     def __init__(self, ctx: RunContext, *, tp_size: int | None = None):
+        super().__init__(ctx)
         self.mesh = ctx.mesh or self.mesh_layout(ctx.world_size, ctx.world_size, {"tp_size": tp_size})
         self.tp_size = self.mesh.shape[self.mesh.dims.index("tp")]
-        super().__init__(ctx)
 
     @property
     def mode(self) -> str:

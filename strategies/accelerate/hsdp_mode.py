@@ -30,8 +30,8 @@ class AccelerateHSDPStrategy(AccelerateFSDPStrategy):
     )
 
     def __init__(self, ctx: RunContext, *, shard_size: int | None = None):
-        self.mesh = ctx.mesh or self.mesh_layout(ctx.world_size, ctx.world_size, {"shard_size": shard_size})
         super().__init__(ctx)
+        self.mesh = ctx.mesh or self.mesh_layout(ctx.world_size, ctx.world_size, {"shard_size": shard_size})
 
     @property
     def mode(self) -> str:
