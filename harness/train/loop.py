@@ -37,7 +37,6 @@ from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.base import PRECISIONS, RunContext, Strategy, StrategyError, torch_dtype
 from strategies.memory import MemoryBreakdown
-from strategies.mesh_layout import MeshLayout
 from strategies.registry import default_registry
 
 DTYPE_NAMES = {torch_dtype(name): name for name in PRECISIONS}
@@ -96,7 +95,6 @@ class Training:
     grad_accum: int
     strategy: Strategy
     compiled: str | None  # None: eager
-    mesh: MeshLayout
     n_params: int = 0
     fpt: float = 0.0
     lr_schedule: Schedule | None = None
@@ -117,7 +115,7 @@ class Training:
             env=self.env,
             data_parallel_size=self.strategy.data_parallel[1],
             # One loss per data-parallel rank: the ranks of a tensor-parallel group hold the same one.
-            counts_loss=self.mesh.leads_its_group(self.env.rank),
+            counts_loss=self.strategy.mesh.leads_its_group(self.env.rank),
             out_dir=Path(self.cfg.out_dir),
             tokens_per_step=self.cfg.batch_size * self.cfg.seq_len,
             flops_per_token=self.fpt,
@@ -209,19 +207,7 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
         # The whole model or per block: the backend knows which it can take.
         compiled = strategy.compile(model) if cfg.compile else None
         yield Training(
-            cfg,
-            env,
-            model,
-            blocks,
-            checkpointed,
-            shapes,
-            data,
-            schedule,
-            micro_batch,
-            grad_accum,
-            strategy,
-            compiled,
-            mesh,
+            cfg, env, model, blocks, checkpointed, shapes, data, schedule, micro_batch, grad_accum, strategy, compiled
         )
     finally:
         if strategy is not None:
@@ -288,7 +274,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 training.grad_accum,
                 started,
             )
-            summary["mesh"] = training.mesh.as_dict()
+            summary["mesh"] = strategy.mesh.as_dict()
             summary["data_parallel_size"] = strategy.data_parallel[1]
             summary["resumed_from_step"] = start_step
             summary["compiled"] = training.compiled  # None: eager
@@ -310,7 +296,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 
 
 def _header(training: Training) -> str:
-    cfg, env, strategy, mesh = training.cfg, training.env, training.strategy, training.mesh
+    cfg, env, strategy = training.cfg, training.env, training.strategy
+    mesh = strategy.mesh
     dp_size = strategy.data_parallel[1]
     ranks = f"{dp_size} data-parallel ranks" if mesh.declared else f"{env.world_size} ranks"
     return (
