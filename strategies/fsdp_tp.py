@@ -64,6 +64,7 @@ class FSDPTensorParallelStrategy(FSDPStrategy):
         # Asked for; the model's plan may have no sequence split (Hugging Face plans have none).
         self.sequence_parallel = sequence_parallel
         self._mesh_2d: DeviceMesh | None = None
+        self._tp_layout = ""  # what the plan split, for the run's header (set at setup)
 
     @classmethod
     def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:

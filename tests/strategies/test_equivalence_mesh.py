@@ -1,7 +1,8 @@
 """The many-node layouts on a 2 x 2 mesh (CPU, gloo, world size 4), gpt-nano in fp32: each loss
 curve against `single` on the same global batches, the mesh in the header and summary.json,
 what each rank holds, an Hugging Face Llama under fsdp-tp with its own plan, and a rank killed
-mid-run resuming to the uninterrupted curve bit for bit under hsdp and fsdp-tp.
+mid-run resuming to the uninterrupted curve bit for bit under hsdp and fsdp-tp, and fsdp
+resuming fsdp-tp's checkpoint natively.
 
 One run per layout, shared by every check (module scope); the hsdp and fsdp-tp runs checkpoint
 at step 5 and are the uninterrupted curves the resumes are held to.
@@ -140,3 +141,15 @@ def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, name
     resumed = _ok(_launch(strategy, out, [*extra, "resume=auto"]))
     assert "resumed at step 5" in resumed and "model and optimizer state" in resumed
     assert _losses(out) == _losses(runs[name][3])
+
+
+def test_fsdp_resumes_an_fsdp_tp_checkpoint_with_its_optimizer_state(runs, tmp_path):
+    """One DCP layout for fsdp, hsdp and fsdp-tp (strategies/dcp_layout.py): fsdp on two ranks
+    carries on fsdp-tp's curve from its step-5 checkpoint, model and optimizer state."""
+    source = runs["fsdp-tp"][3]
+    out = tmp_path / "fsdp"
+    resumed = _ok(_launch("fsdp", out, [f"resume={source / 'checkpoints' / 'step_5'}"], nproc=2))
+    assert "resumed at step 5" in resumed and "model and optimizer state" in resumed
+    carried, original = _losses(out), _losses(source)
+    assert sorted(carried) == list(range(6, 11))
+    assert max(abs(carried[s] - original[s]) / original[s] for s in carried) < TOLERANCE

@@ -58,7 +58,7 @@ def test_sizes_default_to_one_node(layout, local, expected_shape):
         (hybrid_layout(2, 2, 1), "shards of one rank: every rank holds the whole model, as under ddp"),
         (tensor_parallel_layout(2, 2, None), "one data-parallel rank: tensor parallel alone"),
         (tensor_parallel_layout(2, 2, 1), "tp 1: no tensor parallel, the layout of fsdp"),
-        (hpz_layout(2, 2, None), "one group: the secondary copy spans every rank, as the primary partition does"),
+        (hpz_layout(2, 2, None), "one group: the secondary copy spans every rank as the primary partition does"),
     ],
 )
 def test_a_degenerate_mesh_says_what_it_amounts_to(mesh, note):
