@@ -95,18 +95,20 @@ class RunConfig:
     keep_last: int = 2
     resume: Optional[str] = None  # `auto` or a checkpoint path
 
-    def world_batch(self, world_size: int) -> tuple[int, int]:
-        """(micro_batch, grad_accum) for this world size; the product with world_size is batch_size."""
+    def world_batch(self, world_size: int, data_parallel: bool = False) -> tuple[int, int]:
+        """(micro_batch, grad_accum) for this world size; the product with world_size is batch_size.
+        data_parallel: `world_size` counts the data-parallel ranks of a mesh, not every process."""
+        ranks = "data-parallel ranks" if data_parallel else "processes"
         per_rank, rem = divmod(self.batch_size, world_size)
         if rem:
             raise ConfigError(
-                f"batch_size={self.batch_size} does not divide over {world_size} processes: "
+                f"batch_size={self.batch_size} does not divide over {world_size} {ranks}: "
                 f"choose a batch_size that is a multiple of {world_size}"
             )
         if self.micro_batch is not None and self.grad_accum is not None:
             if self.micro_batch * self.grad_accum != per_rank:
                 raise ConfigError(
-                    f"micro_batch={self.micro_batch} x grad_accum={self.grad_accum} x {world_size} processes "
+                    f"micro_batch={self.micro_batch} x grad_accum={self.grad_accum} x {world_size} {ranks} "
                     f"!= batch_size={self.batch_size}: set only one of micro_batch and grad_accum"
                 )
             return self.micro_batch, self.grad_accum
@@ -115,7 +117,7 @@ class RunConfig:
             if rem or micro == 0:
                 raise ConfigError(
                     f"grad_accum={self.grad_accum} does not divide the per-process batch {per_rank} "
-                    f"(batch_size={self.batch_size} / {world_size} processes)"
+                    f"(batch_size={self.batch_size} / {world_size} {ranks})"
                 )
             return micro, self.grad_accum
         micro = self.micro_batch or per_rank
@@ -123,7 +125,7 @@ class RunConfig:
         if rem or accum == 0:
             raise ConfigError(
                 f"micro_batch={micro} does not divide the per-process batch {per_rank} "
-                f"(batch_size={self.batch_size} / {world_size} processes)"
+                f"(batch_size={self.batch_size} / {world_size} {ranks})"
             )
         return micro, accum
 

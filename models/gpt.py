@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from models.gpt_config import PRESETS, GPTConfig  # noqa: F401 (PRESETS: the zoo reads it from here)
+from models.tensor_parallel import heads_check
 
 
 class CausalSelfAttention(nn.Module):
@@ -28,11 +29,13 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        # Thirds and -1 heads rather than C and n_head: under tensor parallel this rank's c_attn
+        # gives q;k;v of its own heads only (models/tensor_parallel.py, packed_colwise_qkv).
+        q, k, v = self.c_attn(x).chunk(3, dim=2)
+        q, k, v = (t.view(B, T, -1, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         # SDPA picks flash/memory-efficient kernels on GPU: the T x T score matrix is never stored.
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0)
-        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, C))
+        return self.c_proj(y.transpose(1, 2).contiguous().view(B, T, -1))
 
 
 class MLP(nn.Module):
@@ -92,6 +95,35 @@ class GPT(nn.Module):
     def transformer_blocks(self) -> list[nn.Module]:
         """The repeated blocks: the unit that FSDP shards and checkpointing recomputes."""
         return list(self.blocks)
+
+    def tensor_parallel_plan(self, tp_size: int, sequence_parallel: bool) -> dict[str, str]:
+        """Megatron's split of each block (models/tensor_parallel.py): attention by heads (the fused
+        q;k;v column-wise, the output projection row-wise), the MLP column- then row-wise. With
+        sequence_parallel the residual stream between them is split along the sequence, so the norms
+        and residual adds hold 1/tp_size of the activations, each block gathers its input and
+        reduce-scatters its output. The embeddings and the head, tied, stay whole (FSDP shards them)."""
+        heads_check("this GPT", {"attention heads": self.config.n_head}, tp_size)
+        plan = {
+            "blocks.*.attn.c_attn": "packed_colwise_qkv",
+            "blocks.*.attn.c_proj": "rowwise",
+            "blocks.*.mlp.c_fc": "colwise",
+            "blocks.*.mlp.c_proj": "rowwise",
+        }
+        if sequence_parallel:
+            plan.update(
+                {
+                    "drop": "sequence_scatter",
+                    "blocks.*.ln_1": "sequence_parallel",
+                    "blocks.*.attn": "sequence_gather",
+                    "blocks.*.attn.c_proj": "rowwise_to_sequence",
+                    "blocks.*.ln_2": "sequence_parallel",
+                    "blocks.*.mlp": "sequence_gather",
+                    "blocks.*.mlp.c_proj": "rowwise_to_sequence",
+                    "ln_f": "sequence_parallel",
+                    "lm_head": "sequence_gather_local",
+                }
+            )
+        return plan
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         T = inputs.size(1)

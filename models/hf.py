@@ -108,6 +108,30 @@ class HFCausalLM(nn.Module):
         block_names = set(getattr(self.hf, "_no_split_modules", None) or ())
         return [m for m in self.hf.modules() if type(m).__name__ in block_names]
 
+    def tensor_parallel_plan(self, tp_size: int, sequence_parallel: bool) -> dict[str, str]:
+        """The model's own Hugging Face plan: its config's base_model_tp_plan and the head's, as
+        `from_pretrained(tp_plan="auto")` would apply them (sequence_parallel: none of these plans
+        splits the sequence, so it is not used)."""
+        from models.tensor_parallel import TensorParallelError, heads_check
+
+        plan = dict(getattr(self.hf, "tp_plan", None) or getattr(self.hf, "_tp_plan", None) or {})
+        if not plan:
+            prefix = getattr(self.hf, "base_model_prefix", "")
+            base = getattr(self.config, "base_model_tp_plan", None) or {}
+            plan = {f"{prefix}.{k}" if prefix else k: v for k, v in base.items()}
+        if not plan:
+            raise TensorParallelError(
+                f"{type(self.config).__name__} has no tensor-parallel plan (its base_model_tp_plan is empty): "
+                "give the config a base_model_tp_plan, or use fsdp or hsdp for this model"
+            )
+        c = self.config
+        heads = {"attention heads": int(c.num_attention_heads)}
+        kv_heads = getattr(c, "num_key_value_heads", None)
+        if kv_heads and int(kv_heads) != heads["attention heads"]:
+            heads["key/value heads"] = int(kv_heads)
+        heads_check(type(self.config).__name__, heads, tp_size)
+        return {f"hf.{pattern}": style for pattern, style in plan.items()}
+
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # Targets are already shifted by parabench's data; the loss is computed as the GPT's is.
         logits = self.hf(input_ids=inputs, use_cache=False).logits

@@ -6,6 +6,10 @@ memory_breakdown reports what this rank holds. Checkpoint verbs: save/load in th
 backend's own format (exact resume), full_state_dict/load_full_state_dict for the
 consolidated weights, read_full_state_dict to get those weights out of a checkpoint
 offline (export, and resuming under a strategy whose format differs).
+
+A strategy over a mesh of several dimensions (hsdp, fsdp-tp) declares it with mesh_layout
+before any process exists; the loop then reads its data by `data_parallel`, so that the ranks
+of a tensor-parallel group see the same micro-batch.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, ContextManager
 
+from strategies.mesh_layout import MeshLayout
 from strategies.plan_model import PlanModel
 
 # torch is imported where a strategy runs, not where it is declared: `runner.py list` and
@@ -91,6 +96,8 @@ class RunContext:
     grad_accum: int
     grad_clip: float  # 0: no clipping
     config: Any = None  # the whole RunConfig, for backends that build their own config from it
+    # The strategy's layout of the ranks (Strategy.mesh_layout); None: the flat default.
+    mesh: MeshLayout | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -124,6 +131,8 @@ class Strategy(ABC):
         # What the backend did with the model's blocks (its FSDP units, the blocks its hooks
         # work through), set by setup() for the run's header and summary; None: nothing per block.
         self.layout: str | None = None
+        # How the ranks are laid out: the run's (from mesh_layout), else the flat default.
+        self.mesh: MeshLayout = ctx.mesh or MeshLayout.flat(ctx.world_size)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -148,6 +157,23 @@ class Strategy(ABC):
         """The devices this process computes on: its own, or every GPU a backend drives from one
         process. MFU counts the peak of each, and peak memory is the largest among them."""
         return [self.ctx.device]
+
+    @classmethod
+    def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
+        """How this name, with these options, lays out `world_size` ranks, `local_world_size` of them
+        on each node; a MeshError (one line) where it cannot. By default one dimension, every rank a
+        data-parallel rank."""
+        return MeshLayout.flat(world_size)
+
+    @property
+    def data_parallel(self) -> tuple[int, int]:
+        """(this rank's data-parallel rank, the data-parallel degree): which micro-batch it reads."""
+        return self.mesh.data_parallel(self.ctx.rank)
+
+    def check_model(self, model: nn.Module) -> None:
+        """Refuse, in one line, a model this backend cannot lay out as asked (before any worker
+        starts: preflight calls it on the model built on the meta device). Any model will do here."""
+        return None
 
     def find_blocks(self, model: nn.Module) -> Blocks:
         """The model's blocks as the run names or finds them (models/blocks.py)."""

@@ -395,7 +395,8 @@ def zero_memory_breakdown(engine: Any) -> MemoryBreakdown:
     """What this rank holds under a DeepSpeed engine, measured from DeepSpeed's tensors.
 
     params: the model's parameters as DeepSpeed stores them (ZeRO-1/2: the whole flat
-    model; ZeRO-3: this rank's ds_tensor partitions plus any parameter kept whole).
+    model; ZeRO-3: this rank's ds_tensor partitions plus any parameter kept whole, and under
+    ZeRO++ hpZ its secondary partitions).
     optimizer: the fp32 master partitions and the optimizer's moments; the master copy
     counts as optimizer state, as the ZeRO paper's K=12 bytes per parameter does.
     grads: this rank's gradient partitions and the buffers DeepSpeed reduces them in.
@@ -410,6 +411,8 @@ def zero_memory_breakdown(engine: Any) -> MemoryBreakdown:
     params = tally.count(
         [p.data for p in module_params],
         [getattr(p, "ds_tensor", None) for p in module_params],
+        # ZeRO++ hpZ: the secondary copy of the parameter shards within each group.
+        [getattr(p, "ds_secondary_tensor", None) for p in module_params],
         _tensors_in(getattr(zero, name, None) for name in PARAM_BUFFERS),
     )
     optimizer = tally.count(master, _tensors_in(engine.basic_optimizer.state.values()))

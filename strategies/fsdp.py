@@ -22,6 +22,7 @@ from strategies.single import SingleDeviceStrategy
 if TYPE_CHECKING:
     import torch
     import torch.nn as nn
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     from models.blocks import Blocks
@@ -102,14 +103,23 @@ class FSDPStrategy(SingleDeviceStrategy):
         # Each block before it is sharded: FSDP's hooks stay between the graphs.
         return compile_blocks(model, self.find_blocks(model))
 
-    def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def _fsdp_mesh(self) -> DeviceMesh:
+        """The mesh FSDP shards over: every rank, one dimension."""
         from torch.distributed.device_mesh import init_device_mesh
+
+        return init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+
+    def _before_sharding(self, model: nn.Module) -> None:
+        """Anything to do to the model on the device before FSDP shards it (fsdp-tp: tensor parallel)."""
+
+    def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         from torch.distributed.fsdp import fully_shard
 
-        mesh = init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
+        mesh = self._fsdp_mesh()
         policies = self._policies()
         if not self.cpu_offload:
             model = model.to(self.ctx.device)
+        self._before_sharding(model)
         found = self.find_blocks(model)
         tied = tied_outside(model, found)
         blocks = [block for block in found.modules if id(block) not in tied]
@@ -119,13 +129,16 @@ class FSDPStrategy(SingleDeviceStrategy):
         # The root holds what no block does (embeddings, final norm, head); it is
         # gathered again for backward at once, so resharding it after forward buys nothing.
         fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward and not blocks, **policies)
-        self.layout = f"fsdp: {fsdp_units(model, found)}"
+        self.layout = f"{self._layout_name()}: {fsdp_units(model, found)}"
         if tied:
             self.layout += f" ({', '.join(tied.values())}: tied to a parameter outside, kept in the root's unit)"
         self.model = model
         self.optimizer = optimizer_factory(model)
         self.scaler = self._make_scaler()
         return self.model, self.optimizer
+
+    def _layout_name(self) -> str:
+        return "fsdp"
 
     def _set_explicit_prefetch(self, blocks: list[nn.Module]) -> None:
         """Issue the all-gathers of the next `prefetch_blocks` blocks early (forward and
@@ -157,11 +170,20 @@ class FSDPStrategy(SingleDeviceStrategy):
             self.scaler.unscale_(self.optimizer)
         if self.ctx.grad_clip <= 0:
             return
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        total = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        if isinstance(total, DTensor):
-            total = total.full_tensor()  # the norm over every rank's shard, not this rank's
-        torch.nn.utils.clip_grads_with_norm_(params, self.ctx.grad_clip, total, foreach=True)
+        # Per device mesh (under tensor parallel the split layers live on the 2D mesh, the rest on
+        # FSDP's): DTensor's foreach kernels take one mesh at a time. Each norm is over every rank's
+        # shard, not this rank's.
+        by_mesh: dict[Any, list[torch.Tensor]] = {}
+        for p in self.model.parameters():
+            if p.grad is not None:
+                by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+        norms = []
+        for params in by_mesh.values():
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+            norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
+        for params in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(params, self.ctx.grad_clip, total, foreach=True)
 
     @contextlib.contextmanager
     def _gradient_sync_off(self) -> Iterator[None]:
@@ -191,19 +213,25 @@ class FSDPStrategy(SingleDeviceStrategy):
     def save(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
 
+        from strategies.dcp_layout import storable
+
         assert self.model is not None and self.optimizer is not None, "setup() first"
-        dcp.save(self._sharded_state(), checkpoint_id=path)
+        dcp.save(storable(self._sharded_state()), checkpoint_id=path)
 
     def load(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
+        from strategies.dcp_layout import restore_layout, storable
+
         assert self.model is not None and self.optimizer is not None, "setup() first"
-        state = self._sharded_state()
+        live = self._sharded_state()
         saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         if not any(key.startswith("scaler.") for key in saved):
-            state.pop("scaler", None)  # saved in another precision: the scaler starts afresh
+            live.pop("scaler", None)  # saved in another precision: the scaler starts afresh
+        state = storable(live)
         dcp.load(state, checkpoint_id=path)
+        state = restore_layout(state, live)
         set_model_state_dict(self.model, state["model"])
         set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
         self._load_scaler_state(state.get("scaler"))

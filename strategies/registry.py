@@ -28,6 +28,7 @@ from typing import Any
 
 import strategies
 from strategies.base import Preset, RunContext, Strategy, StrategyError
+from strategies.mesh_layout import MeshLayout
 from strategies.plan_model import PlanModel
 
 ENTRY_POINT_GROUP = "parabench.strategies"
@@ -121,6 +122,20 @@ class StrategyRegistry:
 
     def create(self, name: str, ctx: RunContext, **user_options: Any) -> Strategy:
         """Instantiate `name` with its preset options overlaid by the user's."""
+        entry, options = self._resolved(name, user_options)
+        assert entry.cls is not None
+        strategy = entry.cls(ctx, **options)
+        strategy.name = name
+        return strategy
+
+    def mesh_layout(self, name: str, world_size: int, local_world_size: int, **user_options: Any) -> MeshLayout:
+        """How `name` with the user's options lays out the ranks (before any process group exists)."""
+        entry, options = self._resolved(name, user_options)
+        assert entry.cls is not None
+        return entry.cls.mesh_layout(world_size, local_world_size, options)
+
+    def _resolved(self, name: str, user_options: dict[str, Any]) -> tuple[StrategyEntry, dict[str, Any]]:
+        """The entry of `name` and its options (presets overlaid by the user's), checked."""
         entry = self.get(name)
         reason = entry.unavailable_reason
         if reason:
@@ -139,9 +154,7 @@ class StrategyRegistry:
             listed = ", ".join(sorted(allowed)) or "none"
             raise StrategyError(f"strategy {name!r} has no option {', '.join(unknown)}: its options are {listed}")
         _check_option_types(name, user_options, _keyword_options(entry.cls))
-        strategy = entry.cls(ctx, **{**entry.options, **user_options})
-        strategy.name = name
-        return strategy
+        return entry, {**entry.options, **user_options}
 
 
 def _keyword_options(cls: type[Strategy]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ is made again from the folders first (harness/compare/collect.py).
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,7 @@ def _elements(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyRe
 
     elements: list[Element] = [*_overview(sweep, results)]
     elements += [Heading("Summary (fastest first)"), _summary_table(ran, device_type)]
+    elements += _meshes(compare_dir, ran)
     elements += _verdict_rule(sweep) + _unstable_start(curves.get(reference, []), sweep)
     if device_type == "cpu":
         elements.append(
@@ -324,6 +326,40 @@ def _summary_table(ran: list[StrategyResult], device_type: str) -> Table:
         "vs reference",
     ]
     return Table(headers, rows, right_aligned=set(range(1, 11)))
+
+
+def _meshes(compare_dir: Path, ran: list[StrategyResult]) -> list[Element]:
+    """How each finished run laid out its ranks (its summary.json's mesh), when any declared one:
+    the data-parallel degree is what split the global batch."""
+    rows, any_declared = [], False
+    for r in ran:
+        summary_path = compare_dir / str(r.run_dir) / "summary.json"
+        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        mesh = summary.get("mesh")
+        if not mesh:
+            continue
+        declared = mesh["dims"] != ["data"]
+        any_declared = any_declared or declared
+        rows.append(
+            [
+                f"`{r.name}`",
+                " x ".join(map(str, mesh["shape"])) + (": " + " x ".join(mesh["dims"]) if declared else ""),
+                " x ".join(mesh["data_dims"]) if declared else "every rank",
+                str(summary.get("data_parallel_size", r.nproc)),
+                "; ".join(mesh.get("notes", [])),
+            ]
+        )
+    if not any_declared:
+        return []
+    return [
+        Heading("Meshes"),
+        Paragraph(
+            "How each strategy laid out its ranks. The global batch is split over the data-parallel ranks "
+            "(the product of the data dimensions); the ranks of a tensor-parallel group read the same micro-batch, "
+            "and the loss is the mean over the global batch either way."
+        ),
+        Table(["strategy", "mesh", "data split over", "data-parallel ranks", "note"], rows, right_aligned={3}),
+    ]
 
 
 def _number(value: float | None, fmt: str, scale: float = 1.0) -> str:

@@ -18,10 +18,17 @@ class DistEnv:
     world_size: int
     local_rank: int
     device: torch.device
+    # Processes on this node, as the launcher says; None: unknown (then every rank is on one node).
+    local_world_size: int | None = None
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def ranks_per_node(self) -> int:
+        """What a strategy's "one node" means (hsdp's shard group, fsdp-tp's tensor-parallel group)."""
+        return self.local_world_size or self.world_size
 
 
 def launched_by_launcher() -> bool:
@@ -78,7 +85,17 @@ def init_distributed(requested_device: str, timeout_s: float) -> DistEnv:
         # CPU tensors (gloo) still need a path on a GPU machine: offload and host-side metrics use it.
         backend = "cpu:gloo,cuda:nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s), rank=rank, world_size=world)
-    return DistEnv(rank, world, local_rank, device)
+    return DistEnv(rank, world, local_rank, device, local_world_size(world))
+
+
+def local_world_size(world_size: int) -> int:
+    """Processes per node: torchrun (and accelerate launch) say LOCAL_WORLD_SIZE, the deepspeed
+    launcher LOCAL_SIZE; with neither, the whole world is taken to be one node."""
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return world_size
 
 
 def all_reduce(values: list[float], op: dist.ReduceOp, device: torch.device) -> list[float]:

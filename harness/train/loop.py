@@ -117,6 +117,9 @@ class Training:
     def step_metrics(self, trackers: Trackers | None = None) -> StepMetrics:
         return StepMetrics(
             env=self.env,
+            data_parallel_size=self.strategy.data_parallel[1],
+            # One loss per data-parallel rank: the ranks of a tensor-parallel group hold the same one.
+            counts_loss=self.strategy.mesh.leads_its_group(self.env.rank),
             out_dir=Path(self.cfg.out_dir),
             tokens_per_step=self.cfg.batch_size * self.cfg.seq_len,
             flops_per_token=self.fpt,
@@ -136,6 +139,7 @@ class Training:
         assert self.lr_schedule is not None, "setup() first"
         metrics.start(first_step=start_step, append=start_step > 0)
         profiler = StepProfiler(cfg.profile_steps, Path(cfg.out_dir) / "profile", env.rank, env.device)
+        dp_rank, dp_size = strategy.data_parallel
         memory = None
         loss_dtype: torch.dtype | None = None  # as the backend returns it: its resolution bounds the comparison
         for step in range(start_step, cfg.steps):
@@ -144,9 +148,8 @@ class Training:
                 strategy.set_lr(lr)
                 step_loss = None  # this rank's mean loss over its micro-steps, fp32, on the device
                 for micro in range(self.grad_accum):
-                    rows = self.data.batch(
-                        self.schedule.micro_indices(step, micro, env.rank, env.world_size, self.micro_batch)
-                    )
+                    # The data-parallel rank picks the micro-batch: a tensor-parallel group reads one.
+                    rows = self.data.batch(self.schedule.micro_indices(step, micro, dp_rank, dp_size, self.micro_batch))
                     # One contiguous pinned copy, split on the device (views would go through pageable memory).
                     inputs, targets = split_inputs_targets(_pin(rows, env).to(env.device, non_blocking=True))
                     sync_ctx = strategy.no_sync() if micro < self.grad_accum - 1 else contextlib.nullcontext()
@@ -174,8 +177,12 @@ class Training:
 
 def create_strategy(cfg: RunConfig, env: distributed.DistEnv) -> Strategy:
     """`cfg.strategy` for this rank of `env`, constructed (not yet set up): its options and
-    configuration checked."""
-    micro_batch, grad_accum = cfg.world_batch(env.world_size)
+    configuration checked, its mesh laid out. The global batch is split over the data-parallel
+    ranks alone (replicate x shard under hsdp; under fsdp-tp the ranks of a tensor-parallel group
+    share their micro-batch)."""
+    registry = default_registry()
+    mesh = registry.mesh_layout(cfg.strategy, env.world_size, env.ranks_per_node, **cfg.strategy_options)
+    micro_batch, grad_accum = cfg.world_batch(mesh.data_parallel(env.rank)[1], data_parallel=mesh.declared)
     ctx = RunContext(
         rank=env.rank,
         world_size=env.world_size,
@@ -186,8 +193,9 @@ def create_strategy(cfg: RunConfig, env: distributed.DistEnv) -> Strategy:
         grad_accum=grad_accum,
         grad_clip=cfg.grad_clip,
         config=cfg,
+        mesh=mesh,
     )
-    return default_registry().create(cfg.strategy, ctx, **cfg.strategy_options)
+    return registry.create(cfg.strategy, ctx, **cfg.strategy_options)
 
 
 @contextlib.contextmanager
@@ -196,7 +204,6 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
     down on the way out, however the block ends."""
     strategy: Strategy | None = None
     try:
-        micro_batch, grad_accum = cfg.world_batch(env.world_size)
         model, blocks, checkpointed = prepare_model(cfg)
         shapes = param_shapes(model)
         data = load_data(
@@ -208,6 +215,8 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
         )
         schedule = GlobalBatchSchedule(len(data), cfg.batch_size, cfg.seed)
         strategy = create_strategy(cfg, env)
+        strategy.check_model(model)
+        micro_batch, grad_accum = strategy.ctx.micro_batch, strategy.ctx.grad_accum
         # The whole model or per block: the backend knows which it can take.
         compiled = strategy.compile(model) if cfg.compile else None
         yield Training(
@@ -289,11 +298,15 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 
 def _header(training: Training) -> str:
     cfg, env, strategy = training.cfg, training.env, training.strategy
+    mesh = strategy.mesh
+    dp_size = strategy.data_parallel[1]
+    ranks = f"{dp_size} data-parallel ranks" if mesh.declared else f"{env.world_size} ranks"
     return (
         f"parabench train | strategy {cfg.strategy} | model {cfg.model} ({training.n_params / 1e6:.2f}M params) | "
         f"{env.world_size} x {device_info.device_name(env.device)} | {cfg.precision} | global batch "
-        f"{cfg.batch_size} = {env.world_size} ranks x {training.micro_batch} x {training.grad_accum} accum | "
+        f"{cfg.batch_size} = {ranks} x {training.micro_batch} x {training.grad_accum} accum | "
         f"{training.lr_schedule.describe()} | loss floor {_fmt(getattr(training.data, 'loss_floor', None))}"
+        + (f" | {mesh.describe()}" if mesh.declared else "")
         + (f" | compiled: {training.compiled}" if training.compiled else "")
         + (f" | {strategy.layout}" if strategy.layout else "")
         + (f" | checkpointing: {training.checkpointed}" if training.checkpointed else "")
@@ -363,6 +376,8 @@ def _summary(training: Training, metrics: StepMetrics, memory: MemoryBreakdown, 
         "mem_grads_bytes": last.get("mem_grads_bytes"),
         "mem_optimizer_bytes": last.get("mem_optimizer_bytes"),
         "memory_by_device_rank0": memory.as_dict(),
+        "mesh": training.strategy.mesh.as_dict(),
+        "data_parallel_size": training.strategy.data_parallel[1],
         "wall_time_s": time.time() - started,
         "versions": library_versions(),
     }

@@ -1,10 +1,10 @@
 """Per-step metrics without per-step host syncs, reduced over ranks at the logging interval.
 
-Step losses stay on the device until a flush; a flush does one all-reduce for the
-losses and one for the memory figures, then rank 0 appends a line per step to
-metrics.jsonl and hands the same rows to the run's trackers (TensorBoard, W&B, MLflow).
-Step time is the interval's wall time over its steps, so it is the real time, not the time
-to enqueue kernels.
+Step losses stay on the device until a flush; a flush does one all-gather for the
+losses (summed in rank order) and one all-reduce for the memory figures, then rank 0
+appends a line per step to metrics.jsonl and hands the same rows to the run's trackers
+(TensorBoard, W&B, MLflow). Step time is the interval's wall time over its steps, so it is the
+real time, not the time to enqueue kernels.
 """
 
 from __future__ import annotations
@@ -27,6 +27,11 @@ from strategies.memory import MemoryBreakdown
 @dataclass
 class StepMetrics:
     env: DistEnv
+    # The reported loss is the mean over the data-parallel ranks (the whole global batch); under a
+    # tensor-parallel mesh only one rank of each group counts its loss (counts_loss), the others
+    # hold the same one.
+    data_parallel_size: int
+    counts_loss: bool
     out_dir: Path
     tokens_per_step: int
     flops_per_token: float
@@ -73,9 +78,18 @@ class StepMetrics:
         if not self._pending:
             return None
         losses = torch.stack([loss for _, _, loss in self._pending])
+        if not self.counts_loss:
+            losses = torch.zeros_like(losses)
         if dist.is_initialized() and self.env.world_size > 1:
-            dist.all_reduce(losses, op=dist.ReduceOp.SUM)
-        losses = (losses / self.env.world_size).tolist()  # the host sync of this interval
+            # Summed in rank order: an all-reduce's order depends on where a step falls in the
+            # interval's vector, so a resumed run, whose intervals fall elsewhere, would report
+            # the same losses a rounding step apart (seen at 4 ranks).
+            gathered = [torch.empty_like(losses) for _ in range(self.env.world_size)]
+            dist.all_gather(gathered, losses)
+            losses = gathered[0].clone()
+            for other in gathered[1:]:
+                losses += other
+        losses = (losses / self.data_parallel_size).tolist()  # the host sync of this interval
         device_info.synchronize(self.env.device)
         now = time.perf_counter()
         interval = now - self._interval_start

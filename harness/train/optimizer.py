@@ -23,12 +23,24 @@ from strategies.memory import local_tensor
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """nanoGPT's split: matrices and embeddings decay, biases and norms do not."""
+    """nanoGPT's split: matrices and embeddings decay, biases and norms do not. Each is split again
+    by device mesh where the parameters live on several (fsdp-tp: the tensor-parallel layers on the
+    2D mesh, the rest on FSDP's): AdamW's foreach kernels take the tensors of one mesh at a time."""
     params = [p for p in model.parameters() if p.requires_grad]
-    return [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
+    groups = []
+    for decays, decay in ((True, weight_decay), (False, 0.0)):
+        chosen = [p for p in params if (p.dim() >= 2) == decays]
+        groups += [{"params": same_mesh, "weight_decay": decay} for same_mesh in _by_device_mesh(chosen)]
+    return groups
+
+
+def _by_device_mesh(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """`params` grouped by the device mesh they are DTensors on (plain tensors: none), in order of
+    first appearance; one group (perhaps empty) when they share one."""
+    by_mesh: dict[Any, list[nn.Parameter]] = {}
+    for p in params:
+        by_mesh.setdefault(getattr(p, "device_mesh", None), []).append(p)
+    return list(by_mesh.values()) or [[]]
 
 
 def adamw_factory(

@@ -7,18 +7,20 @@ from configs.schema import RunConfig
 from harness.common.writable import check_writable
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
+from strategies.base import StrategyError
 from strategies.registry import default_registry
 from strategies.single import started_more_than_one
 
 
-def preflight(cfg: RunConfig, world_size: int) -> None:
+def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None) -> None:
     """Catch bad input in the parent, once, before any worker starts: one line, not N tracebacks.
 
-    The strategy is constructed (not set up) for the planned world size: plugins check
-    their options and configuration files in __init__, so those errors surface here too.
-    The model is built on the meta device and prepared as the run will (its blocks found,
-    checkpointing turned on). The out_dir is created and tried with a file, the trackers'
-    libraries looked for.
+    A strategy that cannot run on the run's device says why. Its mesh is laid out for the
+    planned world size (`ranks_per_node` on each node, by default all on one) and the strategy
+    constructed (not set up): plugins check their options and configuration files in __init__,
+    so those errors surface here too. The model is built on the meta device and prepared as the
+    run will (its blocks found, checkpointing turned on), and the strategy checks it can lay it out.
+    The out_dir is created and tried with a file, the trackers' libraries looked for.
     """
     import torch
 
@@ -28,12 +30,20 @@ def preflight(cfg: RunConfig, world_size: int) -> None:
     from harness.train.distributed import DistEnv
     from harness.train.loop import create_strategy, prepare_model
 
+    registry = default_registry()
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    device = torch.device("cuda" if use_cuda else "cpu")
-    create_strategy(cfg, DistEnv(rank=0, world_size=world_size, local_rank=0, device=device))
-    if world_size > 1 and default_registry().get(cfg.strategy).one_process:
+    device_type = "cuda" if use_cuda else "cpu"
+    unsupported = registry.get(cfg.strategy).unsupported_reason(device_type)
+    if unsupported:
+        raise StrategyError(f"strategy {cfg.strategy!r} cannot run on {device_type} here: {unsupported}")
+    env = DistEnv(
+        rank=0, world_size=world_size, local_rank=0, device=torch.device(device_type), local_world_size=ranks_per_node
+    )
+    strategy = create_strategy(cfg, env)
+    if world_size > 1 and registry.get(cfg.strategy).one_process:
         raise started_more_than_one(cfg.strategy, world_size)
     with torch.device("meta"):
-        prepare_model(cfg)
+        model, _, _ = prepare_model(cfg)
+    strategy.check_model(model)
     if cfg.data != "markov":
         TokenFileData(cfg.data, cfg.seq_len)

@@ -36,7 +36,7 @@ from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyErro
 if TYPE_CHECKING:
     import torch
     import torch.nn as nn
-    from accelerate import Accelerator
+    from accelerate import Accelerator, ParallelismConfig
 
     from models.blocks import Blocks
     from strategies.memory import MemoryBreakdown
@@ -84,8 +84,15 @@ class AccelerateStrategy(Strategy):
         """Accelerate's kwargs handlers this mode needs."""
         return []
 
+    def _parallelism_config(self) -> ParallelismConfig | None:
+        """Accelerate's ParallelismConfig of the mode's mesh (hsdp, fsdp-tp); None: none."""
+        return None
+
     def _after_build(self, accelerator: Accelerator, plugins: dict[str, Any]) -> None:
         """Anything the mode must do once the Accelerator exists, before prepare()."""
+
+    def _before_optimizer(self, model: nn.Module) -> None:
+        """Anything to do to the model on the device before its optimizer is built (tensor parallel)."""
 
     def _after_prepare(self) -> None:
         """Anything the mode must do once prepare() has wrapped the model."""
@@ -112,6 +119,7 @@ class AccelerateStrategy(Strategy):
             print(self._mode_line(), flush=True)
         # On the device before the optimizer exists, so that it is built there (fused AdamW on CUDA).
         model = model.to(self.ctx.device)
+        self._before_optimizer(model)
         optimizer = optimizer_factory(model)
         blocks = self.find_blocks(model)  # before ZeRO-3 empties the parameters into its partitions
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
@@ -132,11 +140,15 @@ class AccelerateStrategy(Strategy):
             # ranks from it; left to guess on a CPU, it sees a world of one.
             timeout = timedelta(seconds=getattr(self.ctx.config, "pg_timeout_s", 1800))
             handlers.append(InitProcessGroupKwargs(backend=dist.get_backend(), timeout=timeout))
+        # On a CPU, Accelerate refuses a ParallelismConfig before FSDP is switched on (its FSDP is
+        # for accelerators): the FSDP mode attaches it after that (environment.py); on a GPU, as its users do.
+        parallelism = self._parallelism_config() if self.ctx.device.type != "cpu" else None
         # DeepSpeed's notices (the CPU communication op it builds when Accelerate starts it) print on
         # stdout, which carries the run's own lines: to stderr, with the rest of what the libraries say.
         with contextlib.redirect_stdout(sys.stderr):
             accelerator = Accelerator(
                 mixed_precision=ACCELERATE_PRECISION[self.ctx.precision],
+                parallelism_config=parallelism,
                 gradient_accumulation_steps=self.ctx.grad_accum,
                 # MULTI_CPU (gloo DDP) is what cpu=True means; it would also drop FSDP and DeepSpeed.
                 cpu=self.distributed_type is None and self.ctx.device.type == "cpu",
@@ -265,8 +277,12 @@ class AccelerateStrategy(Strategy):
     def teardown(self) -> None:
         if self.accelerator is not None:
             self.accelerator.free_memory()
-            self._environment.restore()
             self.accelerator = None
+        # Also when setup failed after Accelerate set its process-wide state: the next run in the
+        # process (a probe, a test) must not inherit this one's distributed type.
+        if self._environment is not None:
+            self._environment.restore()
+            self._environment = None
         super().teardown()
 
 

@@ -3,11 +3,13 @@ refusal of launch settings that contradict the strategy or the run, and the proc
 state Accelerate keeps, set where parabench must and put back at teardown.
 
 On CPU, Accelerate 1.15 has no distributed type for FSDP or DeepSpeed (it only knows
-MULTI_CPU = DDP over gloo), and without `cpu=True` it counts a world of one. Two small,
-checked nudges make every mode run over gloo: Accelerate is told the process group's
-backend (then it counts the ranks right, and its DeepSpeed path works on CPU), and for FSDP
-the distributed type it gates on the device type is set to FSDP. Accelerate has no public
-API for the second, so it is written into its shared state here, and nowhere else.
+MULTI_CPU = DDP over gloo), and without `cpu=True` it counts a world of one. Small, checked
+nudges make every mode run over gloo: Accelerate is told the process group's backend (then
+it counts the ranks right, and its DeepSpeed path works on CPU); for FSDP the distributed
+type it gates on the device type is set to FSDP; and a ParallelismConfig (hsdp, fsdp-tp),
+which Accelerate checks against that distributed type, is attached after it, as the
+Accelerator's constructor attaches it. Accelerate has no public API for the last two, so
+they are written into its shared state here, and nowhere else.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 ACCELERATE_PRECISION = {"fp32": "no", "bf16": "bf16", "fp16": "fp16"}
 # The names of the modes, as a launch config can choose them.
 LAUNCHABLE_MODES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+# Modes launched with accelerate-fsdp's config plus a parallelism config (--use_parallelism_config).
+PARALLELISM_MODES = ("hsdp", "fsdp-tp")
 # Environment variables Accelerator() writes into os.environ; restored at teardown.
 _ENV_WRITTEN_BY_ACCELERATE = ("ACCELERATE_USE_DEEPSPEED", "ACCELERATE_USE_FSDP", "FSDP_CPU_RAM_EFFICIENT_LOADING")
 
@@ -63,8 +67,29 @@ def launcher_mode(env: Mapping[str, str]) -> str | None:
     if _flag(env, "ACCELERATE_USE_DEEPSPEED"):
         return f"zero{_deepspeed_stage(env)}"
     if _flag(env, "ACCELERATE_USE_FSDP"):
-        return "fsdp"
+        parallelism = launched_parallelism(env) or {}
+        if parallelism.get("tp_size", 1) > 1:
+            return "fsdp-tp"
+        return "hsdp" if parallelism.get("dp_replicate_size", 1) > 1 else "fsdp"
     return "ddp"
+
+
+# accelerate launch's --parallelism_config_* flags, as the environment variables it sets.
+PARALLELISM_SIZES = ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size")
+
+
+def launched_parallelism(env: Mapping[str, str] = os.environ) -> dict[str, int] | None:
+    """The sizes of the ParallelismConfig `accelerate launch` asked for (its config's
+    parallelism_config, or --use_parallelism_config), or None where it asked for none."""
+    if not launched_by_accelerate(env) or not _flag(env, "ACCELERATE_USE_PARALLELISM_CONFIG"):
+        return None
+    sizes = {}
+    for key in PARALLELISM_SIZES:
+        value = env.get(f"PARALLELISM_CONFIG_{key.upper()}", "1").strip()
+        if not value.isdigit():
+            raise StrategyError(f"accelerate launch set parallelism_config_{key}={value!r}: give a whole number")
+        sizes[key] = int(value)
+    return sizes
 
 
 def check_launcher_settings(env: Mapping[str, str], mode: str, ctx: RunContext) -> None:
@@ -73,10 +98,16 @@ def check_launcher_settings(env: Mapping[str, str], mode: str, ctx: RunContext) 
     if launched is None:
         return
     if launched != mode:
-        fix = f"strategy=accelerate-{launched}" if launched in LAUNCHABLE_MODES else "a config from configs/accelerate/"
+        known = launched in LAUNCHABLE_MODES or launched in PARALLELISM_MODES
+        fix = f"strategy=accelerate-{launched}" if known else "a config from configs/accelerate/"
+        config = (
+            "configs/accelerate/fsdp.yaml --use_parallelism_config and its --parallelism_config_* sizes"
+            if mode in PARALLELISM_MODES
+            else f"configs/accelerate/{mode}.yaml"
+        )
         raise StrategyError(
             f"accelerate launch is set up for {launched} (its config file or flags) but the strategy is "
-            f"accelerate-{mode}: use {fix}, or launch with --config_file configs/accelerate/{mode}.yaml"
+            f"accelerate-{mode}: use {fix}, or launch with --config_file {config}"
         )
     if _flag(env, "ACCELERATE_USE_CPU") and (mode != "ddp" or ctx.device.type != "cpu"):
         raise StrategyError(
@@ -97,7 +128,7 @@ def check_launcher_settings(env: Mapping[str, str], mode: str, ctx: RunContext) 
             f"accelerate launch set gradient_accumulation_steps={launched_accum} but this run accumulates "
             f"{ctx.grad_accum} micro-steps: add grad_accum={launched_accum}, or drop it from the accelerate config"
         )
-    if mode == "fsdp" and env.get("FSDP_VERSION", "1").strip() != "2":
+    if mode in ("fsdp", *PARALLELISM_MODES) and env.get("FSDP_VERSION", "1").strip() != "2":
         raise StrategyError(
             "accelerate-fsdp runs FSDP2 but the accelerate config asks for FSDP1: set fsdp_version: 2 in its "
             "fsdp_config (as configs/accelerate/fsdp.yaml does)"
@@ -125,6 +156,17 @@ class AccelerateEnvironment:
         AcceleratorState._shared_state["fsdp_plugin"] = fsdp_plugin
         AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
         PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+
+    @staticmethod
+    def attach_parallelism_config(accelerator: Accelerator, parallelism: Any) -> None:
+        """What Accelerator(parallelism_config=...) does (build the device mesh, check the config
+        against the world), done once FSDP is on: on a CPU Accelerate checks the config against
+        its distributed type, which is FSDP only after enable_fsdp_on_cpu."""
+        from accelerate.state import AcceleratorState
+
+        AcceleratorState._shared_state["parallelism_config"] = parallelism
+        AcceleratorState._shared_state["device_mesh"] = parallelism.get_device_mesh(accelerator.device.type)
+        parallelism._validate_accelerator(accelerator)
 
     def restore(self) -> None:
         """Accelerate's singletons reset (the process group stays the runner's) and the

@@ -86,6 +86,9 @@ class AccelerateFSDPStrategy(AccelerateStrategy):
     def _after_build(self, accelerator: Accelerator, plugins: dict[str, Any]) -> None:
         if self.ctx.device.type == "cpu":
             self._environment.enable_fsdp_on_cpu(accelerator, plugins["fsdp_plugin"])
+            parallelism = self._parallelism_config()
+            if parallelism is not None:
+                self._environment.attach_parallelism_config(accelerator, parallelism)
 
     def _check_state_matches_runner(self) -> None:
         super()._check_state_matches_runner()

@@ -31,6 +31,8 @@ TOLERANCE = 1e-4  # relative, every step: only the order of floating-point sums 
 ACCELERATE_CLI = Path(sys.executable).parent / "accelerate"
 CONFIGS = ROOT / "configs" / "accelerate"
 MODES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
+# Accelerate's ParallelismConfig layouts, run in tests/strategies/test_equivalence_mesh.py.
+MESH_MODES = ("hsdp", "fsdp-tp")
 
 needs_backends = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("accelerate", "deepspeed", "transformers"))
@@ -252,7 +254,7 @@ def test_listed_as_unavailable_without_accelerate():
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     listed = dict(line.split(" | ") for line in proc.stdout.splitlines())
-    assert set(listed) == {f"accelerate-{mode}" for mode in MODES}
+    assert set(listed) == {f"accelerate-{mode}" for mode in (*MODES, *MESH_MODES)}
     assert all(reason == "accelerate is not installed: pip install accelerate" for reason in listed.values())
 
 

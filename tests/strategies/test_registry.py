@@ -12,9 +12,17 @@ from strategies.registry import StrategyRegistry, default_registry
 from strategies.single import SingleDeviceStrategy, started_more_than_one
 from tests.helpers import env_for_tests, run_cli
 
-TORCH_NAMES = {"single", "ddp", "dataparallel", "fsdp", "fsdp-grad-op", "fsdp-offload"}
-DEEPSPEED_NAMES = {"zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"}
-ACCELERATE_NAMES = {"accelerate-ddp", "accelerate-fsdp", "accelerate-zero1", "accelerate-zero2", "accelerate-zero3"}
+TORCH_NAMES = {"single", "ddp", "dataparallel", "fsdp", "fsdp-grad-op", "fsdp-offload", "hsdp", "fsdp-tp"}
+DEEPSPEED_NAMES = {"zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "zero3-hpz", "zero3-zeropp"}
+ACCELERATE_NAMES = {
+    "accelerate-ddp",
+    "accelerate-fsdp",
+    "accelerate-hsdp",
+    "accelerate-fsdp-tp",
+    "accelerate-zero1",
+    "accelerate-zero2",
+    "accelerate-zero3",
+}
 
 
 def _ctx() -> RunContext:

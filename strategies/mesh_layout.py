@@ -1,0 +1,107 @@
+"""How a strategy lays the ranks out: the shape of its device mesh, what each dimension does,
+and which dimensions carry different data.
+
+Plain data (no torch): a strategy declares its layout from the world size and its options
+before any process group exists, so that the run can split the global batch over the
+data-parallel ranks only, preflight can refuse a mesh that does not fit the world, and the
+header, summary.json and the report can name it. Ranks are laid out row-major, as
+torch.distributed.device_mesh.init_device_mesh lays them: the last dimension varies fastest,
+so it is the one inside a node.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+# The one dimension of a strategy that declares no mesh: every rank a data-parallel rank.
+DATA = "data"
+
+
+@dataclass(frozen=True)
+class MeshLayout:
+    shape: tuple[int, ...]
+    dims: tuple[str, ...]
+    # The dimensions across which ranks see different micro-batches; along the others (tensor
+    # parallel) the ranks of a group see the same data and compute parts of one model.
+    data_dims: tuple[str, ...]
+    # What the run should know about this layout, in words (a dimension of size 1, and what the
+    # layout then amounts to); empty when there is nothing to say.
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != len(self.dims) or not set(self.data_dims) <= set(self.dims):
+            raise ValueError(f"mesh shape {self.shape}, dims {self.dims}, data dims {self.data_dims} do not agree")
+
+    @classmethod
+    def flat(cls, world_size: int) -> MeshLayout:
+        """The layout of a strategy that declares none."""
+        return cls((world_size,), (DATA,), (DATA,))
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def declared(self) -> bool:
+        """Whether the strategy declared a mesh of its own (not the flat default)."""
+        return self.dims != (DATA,)
+
+    def coordinates(self, rank: int) -> tuple[int, ...]:
+        """The rank's index along each dimension (row-major, as init_device_mesh)."""
+        out = []
+        for size in reversed(self.shape):
+            rank, index = divmod(rank, size)
+            out.append(index)
+        return tuple(reversed(out))
+
+    def data_parallel(self, rank: int) -> tuple[int, int]:
+        """(data-parallel rank, data-parallel degree): which micro-batch this rank reads, among how many."""
+        coords = dict(zip(self.dims, self.coordinates(rank), strict=True))
+        sizes = dict(zip(self.dims, self.shape, strict=True))
+        index, degree = 0, 1
+        for dim in self.dims:  # row-major over the data dimensions alone
+            if dim in self.data_dims:
+                index, degree = index * sizes[dim] + coords[dim], degree * sizes[dim]
+        return index, degree
+
+    def leads_its_group(self, rank: int) -> bool:
+        """Whether the rank is the first of the ranks that share its data (its tensor-parallel
+        group): the one whose loss counts once for the group in the reported mean."""
+        coords = zip(self.dims, self.coordinates(rank), strict=True)
+        return all(index == 0 for dim, index in coords if dim not in self.data_dims)
+
+    def describe(self) -> str:
+        """'mesh 2 x 2: replicate x shard', with the notes after it."""
+        text = f"mesh {' x '.join(map(str, self.shape))}: {' x '.join(self.dims)}"
+        return text + "".join(f" ({note})" for note in self.notes)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "shape": list(self.shape),
+            "dims": list(self.dims),
+            "data_dims": list(self.data_dims),
+            "notes": list(self.notes),
+        }
+
+
+class MeshError(ValueError):
+    """A mesh that does not fit the world (one line, says what would)."""
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_divides(option: str, size: Any, world_size: int, what: str = "the world size") -> int:
+    """`size` as a whole number that divides `world_size`, or a MeshError saying which sizes would."""
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        raise MeshError(f"strategy_options.{option}={size} must be a whole number >= 1")
+    if world_size % size:
+        choices = ", ".join(map(str, divisors(world_size)))
+        raise MeshError(
+            f"strategy_options.{option}={size} does not divide {what} {world_size}: use one of {choices} "
+            f"(or launch a world size that {size} divides)"
+        )
+    return size

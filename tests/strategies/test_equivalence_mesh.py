@@ -1,0 +1,155 @@
+"""The many-node layouts on a 2 x 2 mesh (CPU, gloo, world size 4), gpt-nano in fp32: each loss
+curve against `single` on the same global batches, the mesh in the header and summary.json,
+what each rank holds, an Hugging Face Llama under fsdp-tp with its own plan, and a rank killed
+mid-run resuming to the uninterrupted curve bit for bit under hsdp and fsdp-tp, and fsdp
+resuming fsdp-tp's checkpoint natively.
+
+One run per layout, shared by every check (module scope); the hsdp and fsdp-tp runs checkpoint
+at step 5 and are the uninterrupted curves the resumes are held to.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.common.testing_hooks import FAULT_ENV
+from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
+
+pytestmark = pytest.mark.timeout(900)
+
+# The compare's fp32 "matches" verdict: only the order of floating-point sums differs.
+TOLERANCE = 1e-5
+NPROC = 4
+CHECKPOINTED = ["checkpoint_every=5"]
+LLAMA = [
+    "model=hf:LlamaConfig",
+    "model_kwargs.hidden_size=64",
+    "model_kwargs.num_hidden_layers=2",
+    "model_kwargs.num_attention_heads=4",
+    "model_kwargs.num_key_value_heads=2",
+    "model_kwargs.intermediate_size=128",
+    "model_kwargs.vocab_size=128",
+    "model_kwargs.max_position_embeddings=64",
+]
+RUNS = {
+    "hsdp": ("hsdp", ["strategy_options.shard_size=2", *CHECKPOINTED]),
+    # Sequence parallel (the GPT's plan) and two micro-steps of accumulation per step.
+    "fsdp-tp": ("fsdp-tp", ["strategy_options.tp_size=2", "micro_batch=2", *CHECKPOINTED]),
+    "accelerate-hsdp": ("accelerate-hsdp", ["strategy_options.shard_size=2"]),
+    "zero3-hpz": ("zero3-hpz", ["strategy_options.zero_hpz_partition_size=2"]),
+    # Hugging Face's plan: no sequence parallel, the vocabulary-parallel embedding and gathered head.
+    "llama-fsdp-tp": ("fsdp-tp", ["strategy_options.tp_size=2", *LLAMA]),
+}
+
+
+def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC, fault: str | None = None):
+    env = env_for_tests(**({FAULT_ENV: fault} if fault else {}))
+    args = ["train", f"strategy={strategy}", f"nproc={nproc}", f"out_dir={out_dir}", *NANO, *extra]
+    return run_cli(args, env=env, timeout=300)
+
+
+def _ok(proc) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, reference_run):
+    """name -> (summary, rows, stdout, out_dir)."""
+    out = {}
+    single_dir = tmp_path_factory.mktemp("llama-single")
+    stdout = _ok(_launch("single", single_dir, LLAMA, nproc=1))
+    out["llama-single"] = (*read_run(single_dir), stdout, single_dir)
+    for name, (strategy, extra) in RUNS.items():
+        if strategy == "zero3-hpz" and importlib.util.find_spec("deepspeed") is None:
+            continue
+        if strategy.startswith("accelerate") and importlib.util.find_spec("accelerate") is None:
+            continue
+        out_dir = tmp_path_factory.mktemp(name)
+        stdout = _ok(_launch(strategy, out_dir, extra))
+        out[name] = (*read_run(out_dir), stdout, out_dir)
+    return out
+
+
+@pytest.mark.parametrize("name", ["hsdp", "fsdp-tp", "accelerate-hsdp", "zero3-hpz", "llama-fsdp-tp"])
+def test_loss_matches_single_at_every_step(runs, reference_run, name, record_property):
+    if name not in runs:
+        pytest.skip(f"{RUNS[name][0]}'s backend is not installed")
+    summary, rows, _, _ = runs[name]
+    reference = runs["llama-single"][1] if name.startswith("llama") else reference_run[1]
+    deviation = max_rel_diff(rows, reference)
+    record_property("max_rel_loss_diff", deviation)
+    print(f"{name}: largest relative loss deviation from single = {deviation:.2e}")
+    assert deviation < TOLERANCE
+    assert summary["world_size"] == NPROC
+
+
+@pytest.mark.parametrize(
+    "name, shape, dims, data_parallel",
+    [
+        ("hsdp", [2, 2], ["replicate", "shard"], 4),
+        ("fsdp-tp", [2, 2], ["shard", "tp"], 2),
+        ("zero3-hpz", [2, 2], ["groups", "hpz"], 4),
+    ],
+)
+def test_the_header_and_summary_give_the_mesh(runs, name, shape, dims, data_parallel):
+    if name not in runs:
+        pytest.skip("backend not installed")
+    summary, _, stdout, _ = runs[name]
+    assert summary["mesh"]["shape"] == shape and summary["mesh"]["dims"] == dims
+    assert summary["data_parallel_size"] == data_parallel
+    header = next(line for line in stdout.splitlines() if line.startswith("parabench train"))
+    assert f"mesh {' x '.join(map(str, shape))}: {' x '.join(dims)}" in header
+    assert f"global batch 8 = {data_parallel} data-parallel ranks x" in header
+
+
+def test_tensor_parallel_splits_the_batch_over_the_data_parallel_ranks_only(runs):
+    summary, _, _, _ = runs["fsdp-tp"]
+    # 8 sequences over 2 data-parallel ranks: 4 each, as 2 micro-steps of 2.
+    assert (summary["micro_batch"], summary["grad_accum"]) == (2, 2)
+    assert "sequence parallel" in summary["blocks"]["units"]
+    assert "no sequence parallel" in runs["llama-fsdp-tp"][0]["blocks"]["units"]
+
+
+def test_what_each_rank_holds(runs, reference_run):
+    single = reference_run[0]
+    for key in ("mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"):
+        # hsdp shards over 2 and replicates over 2: half of everything.
+        assert runs["hsdp"][0][key] == pytest.approx(single[key] / 2, rel=0.05), key
+        # fsdp-tp: the blocks split 4 ways (2 tensor-parallel x 2 FSDP), the tied embeddings 2 ways.
+        assert single[key] / 4 < runs["fsdp-tp"][0][key] < single[key] / 2, key
+    if "zero3-hpz" in runs:
+        # ZeRO-3's quarter of the parameters plus hpZ's secondary half.
+        assert runs["zero3-hpz"][0]["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"] * 3 / 4, rel=0.05)
+
+
+def _losses(out_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.mark.parametrize("name", ["hsdp", "fsdp-tp"])
+def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, name, tmp_path):
+    strategy, extra = RUNS[name]
+    out = tmp_path / "killed"
+    killed = _launch(strategy, out, extra, fault="kill@3:5")
+    assert killed.returncode != 0
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_5"]
+    resumed = _ok(_launch(strategy, out, [*extra, "resume=auto"]))
+    assert "resumed at step 5" in resumed and "model and optimizer state" in resumed
+    assert _losses(out) == _losses(runs[name][3])
+
+
+def test_fsdp_resumes_an_fsdp_tp_checkpoint_with_its_optimizer_state(runs, tmp_path):
+    """One DCP layout for fsdp, hsdp and fsdp-tp (strategies/dcp_layout.py): fsdp on two ranks
+    carries on fsdp-tp's curve from its step-5 checkpoint, model and optimizer state."""
+    source = runs["fsdp-tp"][3]
+    out = tmp_path / "fsdp"
+    resumed = _ok(_launch("fsdp", out, [f"resume={source / 'checkpoints' / 'step_5'}"], nproc=2))
+    assert "resumed at step 5" in resumed and "model and optimizer state" in resumed
+    carried, original = _losses(out), _losses(source)
+    assert sorted(carried) == list(range(6, 11))
+    assert max(abs(carried[s] - original[s]) / original[s] for s in carried) < TOLERANCE
