@@ -36,6 +36,7 @@ class Question:
     factors: SpeedFactors  # compute scale, backend overheads, memory corrections (calibration.py)
     checkpointing: str = "none"  # none | full | selective
     fused_loss: bool = False  # a fused or chunked cross-entropy: no whole fp32 logits
+    fused_norm: bool = False  # a fused RMSNorm kernel: saves its input and 1/rms, no fp32 copy
     attention: str = "flash"  # the attention kernel (attention.py)
     compiled: bool = False  # compile=true: elementwise chains fused
     strategy_options: dict[str, Any] = field(default_factory=dict)
@@ -228,6 +229,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         fused_loss=_fused_loss(backend, q),
         tp=layout.tp,
         attention=q.attention,
+        fused_norm=q.fused_norm,
     )
     tokens = q.micro_batch * q.seq_len
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, tokens)
@@ -275,6 +277,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             tp=layout.tp,
             optimizer_params=optimizer_params,
             engine=backend.engine,
+            fused_norm=q.fused_norm,
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,
