@@ -244,6 +244,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         factors=default_factors(),
         checkpointing=_checkpointing(row["activation_checkpointing"]),
         fused_loss=row["source"].startswith("mosaicml"),  # llm-foundry's default loss_fn: fused_crossentropy
+        fused_norm="norm_type fused_rmsnorm" in row["notes"],  # torchtitan's Triton RMSNorm, as its config chose
         attention=_attention(row),
         compiled=row["compile"].strip().lower() in ("true", "yes", "1"),
     )

@@ -21,10 +21,16 @@ def outcomes():
 def test_every_published_run_is_planned_to_fit_and_the_oom_one_not(outcomes):
     runs = [o for rows in outcomes.values() for o in rows if o.plan is not None]
     assert len(runs) > 200
-    misses = [o for o in runs if not o.plan.fits]
-    # torchtitan's llama2-13b without checkpointing at local batch 2 on 64 A100s sits 4% over the card
-    # in the plan (activations counted as its RMSNorm, SwiGLU and SDPA save them); every other run fits.
-    assert [(o.row["model"], o.row["activation_checkpointing"]) for o in misses] == [("llama2-13b", "false")]
+    assert all(o.plan.fits for o in runs)
+    # torchtitan's llama2-13b without checkpointing at local batch 2 on 64 A100s ran its Triton fused
+    # RMSNorm (llama_13b.toml at the commit the figures were published): planned with the eager
+    # norm's fp32 copies it would sit 8% over the card.
+    (titan_13b,) = [
+        o
+        for o in outcomes["torchtitan_llama_fsdp.csv"]
+        if o.row["model"] == "llama2-13b" and o.row["activation_checkpointing"] == "false"
+    ]
+    assert titan_13b.plan.reserved_bytes < titan_13b.plan.headroom.usable
     (oom,) = published.plan_rows(published.read_rows(published.OOM_CSV))
     assert oom.plan.fits is False  # llama2-70b, local batch 2, selective AC: out of memory as published
 
