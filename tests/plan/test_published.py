@@ -69,6 +69,15 @@ def test_the_report_states_the_figures_and_the_bias_by_gpu_nodes_and_sequence(tm
     assert "planned not to fit: right" in text
 
 
+def test_the_per_token_line_separates_what_grows_with_the_sequence(outcomes):
+    c, a, worst = published._line_fit([(512, 3.0 + 0.5 * 512), (2048, 3.0 + 0.5 * 2048), (8192, 3.0 + 0.5 * 8192)])
+    assert (c, a, worst) == (pytest.approx(3.0), pytest.approx(0.5), pytest.approx(0.0, abs=1e-12))
+    lines = published.per_token_lines(outcomes["public_runs.csv"])
+    table = [line for line in lines if line.startswith("| mpt-")]
+    assert len(table) >= 15  # every model on every card llm-foundry swept on 8 GPUs
+    assert any("at most" in line and "of a planned step" in line for line in lines)
+
+
 def test_a_csv_missing_a_column_is_a_one_line_error(tmp_path):
     path = tmp_path / "runs.csv"
     with path.open("w", newline="") as f:
