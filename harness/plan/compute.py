@@ -189,7 +189,7 @@ def elementwise_bytes_per_token(
     """(forward, backward) bytes one block's elementwise work moves per token on one of `tp` GPUs
     (tensor parallel splits the heads' and the MLP's work; the residual stream's is split by
     sequence parallelism alike)."""
-    h, f, q, kv = dims.width, dims.ffn_width / tp, dims.q_width / tp, dims.kv_width / tp
+    h, f, q, kv = dims.width, dims.ffn_width, dims.q_width, dims.kv_width
     a, res = r.matmul, r.residual
     norm_f, norm_b = _norm_bytes(dims, r, compiled, fused_norm)
     qk = q + kv

@@ -159,6 +159,19 @@ def test_a_fused_rms_norm_moves_what_layer_norm_does():
     assert _work(shape, fused_norm=True).elementwise_s < _work(shape).elementwise_s
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tensor_parallel_splits_each_blocks_elementwise_work_once(compiled):
+    """The heads' and the MLP's work splits over the group, the residual stream's too (sequence
+    parallelism): every byte once over tp, none twice."""
+    shape = shape_of_description(
+        params=None, layers=8, width=4096, heads=32, vocab=128256, seq_len=8192, kv_heads=8, ffn=14336, arch="llama"
+    )
+    regime = Regime.of("bf16", "low_precision")
+    whole = elementwise_bytes_per_token(shape.dims, regime, compiled, tp=1)
+    split = elementwise_bytes_per_token(shape.dims, regime, compiled, tp=8)
+    assert split == pytest.approx((whole[0] / 8, whole[1] / 8))
+
+
 def test_a_model_without_layers_costs_its_six_n_flops_at_the_matmul_rate():
     shape = shape_of_description(params=1e9, layers=None, width=None, heads=None, vocab=None, seq_len=1024)
     plain = shape.__class__(shape.name, shape.params, shape.flops_params, None, None)
