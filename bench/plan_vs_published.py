@@ -256,6 +256,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         checkpointing=_checkpointing(row["activation_checkpointing"]),
         fused_loss=row["source"].startswith("mosaicml"),  # llm-foundry's default loss_fn: fused_crossentropy
         fused_norm="norm_type fused_rmsnorm" in row["notes"],  # torchtitan's Triton RMSNorm, as its config chose
+        complex_rope=row["source"].startswith("pytorch/torchtitan"),  # its apply_rotary_emb: view_as_complex
         attention=_attention(row),
         compiled=row["compile"].strip().lower() in ("true", "yes", "1"),
     )

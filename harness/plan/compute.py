@@ -41,9 +41,15 @@ projection reads its input through a cast (r+a), in bf16 throughout r=a=2):
   residual add      r+a+r forward; backward the gradients' sum (3r) and, under autocast, the
                     branch's cast (r+a)
   GELU / SwiGLU     2f·a / 5f·a forward (SiLU, then the product), 3f·a / 9f·a backward
-  rotary            20 bytes per element of q and k each way (halves rotated, two products, a sum)
+  rotary            20 bytes per element of q and k each way (halves rotated, two products, a sum;
+                    or in complex numbers, as torchtitan writes it: the fp32 upcast, the complex
+                    product, the cast back)
   repeat_kv         GQA's keys and values expanded to every head: 2·(q+kv)·a each way
-Compiled, each chain between two matmuls reads its inputs and writes its outputs once.
+Compiled, each chain between two matmuls reads its inputs and writes its outputs once, but for
+a rotary embedding computed in complex numbers (complex_rope=true): Inductor generates no code for
+complex tensors and runs those operators as eager kernels (torch/_inductor/lowering.py,
+`unsupported_input_tensor`: "Torchinductor does not support code generation for complex
+operators"), so that rotary costs what it does eager.
 A model without transformer sizes costs its 6N flops at the card's matmul rate, and its optimizer.
 """
 
@@ -184,7 +190,7 @@ def _norm_bytes(dims: TransformerDims, r: Regime, compiled: bool, fused_norm: bo
 
 
 def elementwise_bytes_per_token(
-    dims: TransformerDims, r: Regime, compiled: bool, tp: int, fused_norm: bool = False
+    dims: TransformerDims, r: Regime, compiled: bool, tp: int, fused_norm: bool = False, complex_rope: bool = False
 ) -> tuple[float, float]:
     """(forward, backward) bytes one block's elementwise work moves per token on one of `tp` GPUs
     (tensor parallel splits the heads' and the MLP's work; the residual stream's is split by
@@ -197,7 +203,7 @@ def elementwise_bytes_per_token(
     if compiled:
         junction_f, junction_b = (2 * res + 2 * a) * h, (3 * res + a) * h
         act_f, act_b = (3 * f * a, 5 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
-        rotary = 2 * a * qk if dims.rotary else 0.0
+        rotary = (10 if complex_rope else 2) * a * qk if dims.rotary else 0.0
         return (2 * junction_f + act_f + rotary + expand) / tp, (2 * junction_b + act_b + rotary + expand) / tp
     casts = 0.0
     if r.autocast:
@@ -220,8 +226,9 @@ def _elementwise(
     tp: int,
     bandwidth: float,
     fused_norm: bool = False,
+    complex_rope: bool = False,
 ) -> Kernels:
-    forward, backward = elementwise_bytes_per_token(dims, r, compiled, tp, fused_norm)
+    forward, backward = elementwise_bytes_per_token(dims, r, compiled, tp, fused_norm, complex_rope)
     block = Kernels(forward, backward, forward if checkpointing != "none" else 0.0)
     # Outside the blocks: the embedding's lookup and its gradient, the final norm.
     norm_f, norm_b = _norm_bytes(dims, r, compiled, fused_norm)
@@ -267,6 +274,7 @@ def compute_work(
     copy_bytes: float = 0.0,
     matmul_precision: str | None = None,
     fused_norm: bool = False,
+    complex_rope: bool = False,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters."""
@@ -282,7 +290,7 @@ def compute_work(
     projections = matmul_precision or precision
     matmuls = _matmuls(dims, tokens, gpu, precision, checkpointing, tp, projections)
     attn = _attention(dims, micro_batch, seq_len, gpu, attention, precision, checkpointing, tp)
-    elementwise = _elementwise(dims, tokens, regime, compiled, checkpointing, tp, bandwidth, fused_norm)
+    elementwise = _elementwise(dims, tokens, regime, compiled, checkpointing, tp, bandwidth, fused_norm, complex_rope)
     if regime.autocast:  # the weights' casts, forward and backward (again when recomputed)
         weights = sum(o * i for o, i in block_projections(dims, tp)) * dims.layers + dims.vocab * dims.width / tp
         casts = AUTOCAST_WEIGHT_BYTES * weights / bandwidth

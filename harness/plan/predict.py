@@ -37,6 +37,7 @@ class Question:
     checkpointing: str = "none"  # none | full | selective
     fused_loss: bool = False  # a fused or chunked cross-entropy: no whole fp32 logits
     fused_norm: bool = False  # a fused RMSNorm kernel: saves its input and 1/rms, no fp32 copy
+    complex_rope: bool = False  # rotary in complex numbers (torchtitan): compile leaves it eager
     attention: str = "flash"  # the attention kernel (attention.py)
     compiled: bool = False  # compile=true: elementwise chains fused
     strategy_options: dict[str, Any] = field(default_factory=dict)
@@ -278,6 +279,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             optimizer_params=optimizer_params,
             engine=backend.engine,
             fused_norm=q.fused_norm,
+            complex_rope=q.complex_rope,
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,

@@ -159,6 +159,19 @@ def test_a_fused_rms_norm_moves_what_layer_norm_does():
     assert _work(shape, fused_norm=True).elementwise_s < _work(shape).elementwise_s
 
 
+def test_compile_leaves_a_complex_rotary_at_eagers_cost():
+    """Inductor runs complex operators as eager kernels: torchtitan's rotary costs compiled what it
+    costs eager (20 bytes per element of q and k each way), a real-valued one 4."""
+    shape = shape_of_description(params=None, layers=8, width=4096, heads=32, vocab=128256, seq_len=8192, arch="llama")
+    regime, dims = Regime.of("bf16", "low_precision"), shape.dims
+    real = elementwise_bytes_per_token(dims, regime, compiled=True, tp=1)
+    complex_ = elementwise_bytes_per_token(dims, regime, compiled=True, tp=1, complex_rope=True)
+    rotated = dims.q_width + dims.kv_width
+    assert complex_[0] - real[0] == complex_[1] - real[1] == (20 - 4) * rotated
+    eager = elementwise_bytes_per_token(dims, regime, compiled=False, tp=1)
+    assert elementwise_bytes_per_token(dims, regime, compiled=False, tp=1, complex_rope=True) == eager
+
+
 @pytest.mark.parametrize("compiled", [False, True])
 def test_tensor_parallel_splits_each_blocks_elementwise_work_once(compiled):
     """The heads' and the MLP's work splits over the group, the residual stream's too (sequence
