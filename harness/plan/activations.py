@@ -4,8 +4,11 @@ saves for backward, at the moment backward starts (when they are all alive).
 Per token and block of width h, MLP width f, query width q = heads·head_dim and key/value
 width k = kv_heads·head_dim (GPT-2: f = 4h, q = k = h):
   norms:                 LayerNorm keeps its input (residual dtype); RMSNorm as transformers
-                         writes it computes in fp32 and keeps that fp32 input plus the
-                         normalised tensor in the residual dtype
+                         and torchtitan write it in eager PyTorch computes in fp32 and keeps
+                         that fp32 input plus the normalised tensor in the residual dtype; a
+                         fused RMSNorm kernel (fused_norm=true: torchtitan's Triton
+                         TritonFusedRMSNorm, Apex's, Liger's) keeps its input and 1/rms only
+                         (`ctx.save_for_backward(x, weight, rstd)`), as LayerNorm does
   matmul dtype:          attention input h (autocast: one bf16 copy per projection reading it),
                          q + 2k kept by SDPA, its output q (the same storage the output
                          projection reads: SDPA lays it out as (B, T, heads, head_dim), so the
@@ -69,14 +72,22 @@ def _dtypes(precision: str, mixed_precision: str) -> tuple[int, int]:
     return (4, low) if mixed_precision == "autocast" else (low, low)
 
 
-def norm_bytes_per_token(dims: TransformerDims, residual: int) -> int:
-    if dims.rms_norm:
+def norm_bytes_per_token(dims: TransformerDims, residual: int, fused_norm: bool = False) -> int:
+    """What one norm saves per token: its input and statistics, and eager RMSNorm's fp32 copy
+    and normalised tensor besides."""
+    if dims.rms_norm and not fused_norm:
         return dims.width * (4 + residual) + NORM_STATS_BYTES[True]
-    return dims.width * residual + NORM_STATS_BYTES[False]
+    return dims.width * residual + NORM_STATS_BYTES[dims.rms_norm]
 
 
 def block_bytes_per_token(
-    dims: TransformerDims, precision: str, mixed_precision: str, tp: int = 1, attention: str = "flash", seq_len: int = 0
+    dims: TransformerDims,
+    precision: str,
+    mixed_precision: str,
+    tp: int = 1,
+    attention: str = "flash",
+    seq_len: int = 0,
+    fused_norm: bool = False,
 ) -> float:
     """What one block saves for backward, per token, on one of `tp` GPUs."""
     residual, matmul = _dtypes(precision, mixed_precision)
@@ -89,7 +100,7 @@ def block_bytes_per_token(
     split = (q + 2 * kv + q + (4 if dims.gated_mlp else 2) * f) * matmul + dims.heads * LOGSUMEXP_BYTES
     if attention == "math":  # the unfused kernel keeps its softmax: heads x T per token
         split += dims.heads * seq_len * matmul
-    return (2 * norm_bytes_per_token(dims, residual) + split) / tp + gathered
+    return (2 * norm_bytes_per_token(dims, residual, fused_norm) + split) / tp + gathered
 
 
 def selective_bytes_per_token(dims: TransformerDims, precision: str, mixed_precision: str, tp: int = 1) -> float:
@@ -105,11 +116,11 @@ def loss_bytes_per_logit(precision: str, fused: bool) -> int:
 
 
 def head_bytes_per_token(
-    dims: TransformerDims, precision: str, mixed_precision: str, fused_loss: bool, tp: int = 1
+    dims: TransformerDims, precision: str, mixed_precision: str, fused_loss: bool, tp: int = 1, fused_norm: bool = False
 ) -> float:
     residual, matmul = _dtypes(precision, mixed_precision)
     loss = loss_bytes_per_logit(precision, fused_loss) * dims.vocab
-    return (norm_bytes_per_token(dims, residual) + loss) / tp + dims.width * matmul
+    return (norm_bytes_per_token(dims, residual, fused_norm) + loss) / tp + dims.width * matmul
 
 
 def activations(
@@ -123,6 +134,7 @@ def activations(
     fused_loss: bool = False,
     tp: int = 1,
     attention: str = "flash",
+    fused_norm: bool = False,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which)."""
@@ -144,8 +156,8 @@ def activations(
             checkpointing=checkpointing == "full",
         )
     tokens = micro_batch * seq_len
-    block = block_bytes_per_token(dims, precision, mixed_precision, tp, attention, seq_len) * tokens
-    head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp) * tokens
+    block = block_bytes_per_token(dims, precision, mixed_precision, tp, attention, seq_len, fused_norm) * tokens
+    head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm) * tokens
     if checkpointing == "none":
         return Activations(blocks=int(dims.layers * block), head=int(head))
     if checkpointing == "full":

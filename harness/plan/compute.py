@@ -36,13 +36,20 @@ residual stream's bytes, a: the matmuls' inputs and outputs; under autocast r=4,
 projection reads its input through a cast (r+a), in bf16 throughout r=a=2):
   LayerNorm         forward r+n, backward 2r+n (n: its output's bytes, r under autocast)
   RMSNorm (eager)   fp32 upcast, square, mean, scale, downcast, weight: 36 bytes per element from
-                    bf16 (28 from fp32) forward, twice that backward
+                    bf16 (28 from fp32) forward, twice that backward; a fused kernel
+                    (fused_norm=true) moves what LayerNorm does
   residual add      r+a+r forward; backward the gradients' sum (3r) and, under autocast, the
                     branch's cast (r+a)
   GELU / SwiGLU     2f·a / 5f·a forward (SiLU, then the product), 3f·a / 9f·a backward
-  rotary            20 bytes per element of q and k each way (halves rotated, two products, a sum)
+  rotary            20 bytes per element of q and k each way (halves rotated, two products, a sum;
+                    or in complex numbers, as torchtitan writes it: the fp32 upcast, the complex
+                    product, the cast back)
   repeat_kv         GQA's keys and values expanded to every head: 2·(q+kv)·a each way
-Compiled, each chain between two matmuls reads its inputs and writes its outputs once.
+Compiled, each chain between two matmuls reads its inputs and writes its outputs once, but for
+a rotary embedding computed in complex numbers (complex_rope=true): Inductor generates no code for
+complex tensors and runs those operators as eager kernels (torch/_inductor/lowering.py,
+`unsupported_input_tensor`: "Torchinductor does not support code generation for complex
+operators"), so that rotary costs what it does eager.
 A model without transformer sizes costs its 6N flops at the card's matmul rate, and its optimizer.
 """
 
@@ -171,10 +178,10 @@ def _matmuls(
     return Kernels(block.forward * dims.layers, block.backward * dims.layers, block.again * dims.layers) + head
 
 
-def _norm_bytes(dims: TransformerDims, r: Regime, compiled: bool) -> tuple[float, float]:
+def _norm_bytes(dims: TransformerDims, r: Regime, compiled: bool, fused_norm: bool = False) -> tuple[float, float]:
     """(forward, backward) bytes per element of one norm."""
     out = r.residual if r.autocast else r.matmul
-    if compiled:
+    if compiled or fused_norm:
         return r.residual + out, 2 * r.residual + out
     if dims.rms_norm:
         forward = RMSNORM_EAGER_BYTES[r.residual]
@@ -182,19 +189,21 @@ def _norm_bytes(dims: TransformerDims, r: Regime, compiled: bool) -> tuple[float
     return r.residual + out, 2 * r.residual + out
 
 
-def elementwise_bytes_per_token(dims: TransformerDims, r: Regime, compiled: bool, tp: int) -> tuple[float, float]:
+def elementwise_bytes_per_token(
+    dims: TransformerDims, r: Regime, compiled: bool, tp: int, fused_norm: bool = False, complex_rope: bool = False
+) -> tuple[float, float]:
     """(forward, backward) bytes one block's elementwise work moves per token on one of `tp` GPUs
     (tensor parallel splits the heads' and the MLP's work; the residual stream's is split by
     sequence parallelism alike)."""
-    h, f, q, kv = dims.width, dims.ffn_width / tp, dims.q_width / tp, dims.kv_width / tp
+    h, f, q, kv = dims.width, dims.ffn_width, dims.q_width, dims.kv_width
     a, res = r.matmul, r.residual
-    norm_f, norm_b = _norm_bytes(dims, r, compiled)
+    norm_f, norm_b = _norm_bytes(dims, r, compiled, fused_norm)
     qk = q + kv
     expand = 2 * (q + kv) * a if dims.kv_heads < dims.heads else 0.0
     if compiled:
         junction_f, junction_b = (2 * res + 2 * a) * h, (3 * res + a) * h
         act_f, act_b = (3 * f * a, 5 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
-        rotary = 2 * a * qk if dims.rotary else 0.0
+        rotary = (10 if complex_rope else 2) * a * qk if dims.rotary else 0.0
         return (2 * junction_f + act_f + rotary + expand) / tp, (2 * junction_b + act_b + rotary + expand) / tp
     casts = 0.0
     if r.autocast:
@@ -209,12 +218,20 @@ def elementwise_bytes_per_token(dims: TransformerDims, r: Regime, compiled: bool
 
 
 def _elementwise(
-    dims: TransformerDims, tokens: int, r: Regime, compiled: bool, checkpointing: str, tp: int, bandwidth: float
+    dims: TransformerDims,
+    tokens: int,
+    r: Regime,
+    compiled: bool,
+    checkpointing: str,
+    tp: int,
+    bandwidth: float,
+    fused_norm: bool = False,
+    complex_rope: bool = False,
 ) -> Kernels:
-    forward, backward = elementwise_bytes_per_token(dims, r, compiled, tp)
+    forward, backward = elementwise_bytes_per_token(dims, r, compiled, tp, fused_norm, complex_rope)
     block = Kernels(forward, backward, forward if checkpointing != "none" else 0.0)
     # Outside the blocks: the embedding's lookup and its gradient, the final norm.
-    norm_f, norm_b = _norm_bytes(dims, r, compiled)
+    norm_f, norm_b = _norm_bytes(dims, r, compiled, fused_norm)
     root = Kernels((2 * r.residual + norm_f) * dims.width, (2 * r.residual + norm_b) * dims.width)
     per_token = Kernels(block.forward * dims.layers, block.backward * dims.layers, block.again * dims.layers) + root
     scale = tokens / bandwidth
@@ -256,6 +273,8 @@ def compute_work(
     engine: str,
     copy_bytes: float = 0.0,
     matmul_precision: str | None = None,
+    fused_norm: bool = False,
+    complex_rope: bool = False,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters."""
@@ -271,7 +290,7 @@ def compute_work(
     projections = matmul_precision or precision
     matmuls = _matmuls(dims, tokens, gpu, precision, checkpointing, tp, projections)
     attn = _attention(dims, micro_batch, seq_len, gpu, attention, precision, checkpointing, tp)
-    elementwise = _elementwise(dims, tokens, regime, compiled, checkpointing, tp, bandwidth)
+    elementwise = _elementwise(dims, tokens, regime, compiled, checkpointing, tp, bandwidth, fused_norm, complex_rope)
     if regime.autocast:  # the weights' casts, forward and backward (again when recomputed)
         weights = sum(o * i for o, i in block_projections(dims, tp)) * dims.layers + dims.vocab * dims.width / tp
         casts = AUTOCAST_WEIGHT_BYTES * weights / bandwidth

@@ -135,6 +135,8 @@ def heading(q: Question) -> list[str]:
         f"  {q.topology.describe()} | {gpu} | {q.precision} | micro-batch {q.micro_batch} x {q.seq_len} tokens x "
         f"{q.grad_accum} accumulation | checkpointing {q.checkpointing}"
         + (" | fused loss" if q.fused_loss else "")
+        + (" | fused norm" if q.fused_norm else "")
+        + (" | complex rotary" if q.complex_rope else "")
         + (" | compiled" if q.compiled else "")
         + ("" if q.attention == "flash" else f" | attention {q.attention}"),
         *(f"  {line}" for line in basis_lines(q)),

@@ -61,6 +61,8 @@ class PlanConfig:
     precision: str = "bf16"
     activation_checkpointing: Any = "none"  # none | full | selective (true/false: full/none)
     fused_loss: bool = False  # a fused or chunked cross-entropy that never holds the whole fp32 logits
+    fused_norm: bool = False  # a fused RMSNorm kernel (torchtitan's Triton one, Apex's, Liger's)
+    complex_rope: bool = False  # rotary embedding in complex numbers (torchtitan's): compile runs it eager
     attention: str = "flash"  # flash (SDPA's FlashAttention-2) | flash3 | flash1 | triton | math
     compile: bool = False  # plan for compile=true runs (elementwise chains fused)
     strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows
@@ -255,6 +257,8 @@ def question(
         factors=speed_factors(cfg),
         checkpointing=checkpointing_of(cfg),
         fused_loss=cfg.fused_loss,
+        fused_norm=cfg.fused_norm,
+        complex_rope=cfg.complex_rope,
         attention=cfg.attention,
         compiled=cfg.compile,
         strategy_options=dict(cfg.strategy_options),

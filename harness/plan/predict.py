@@ -36,6 +36,8 @@ class Question:
     factors: SpeedFactors  # compute scale, backend overheads, memory corrections (calibration.py)
     checkpointing: str = "none"  # none | full | selective
     fused_loss: bool = False  # a fused or chunked cross-entropy: no whole fp32 logits
+    fused_norm: bool = False  # a fused RMSNorm kernel: saves its input and 1/rms, no fp32 copy
+    complex_rope: bool = False  # rotary in complex numbers (torchtitan): compile leaves it eager
     attention: str = "flash"  # the attention kernel (attention.py)
     compiled: bool = False  # compile=true: elementwise chains fused
     strategy_options: dict[str, Any] = field(default_factory=dict)
@@ -228,6 +230,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         fused_loss=_fused_loss(backend, q),
         tp=layout.tp,
         attention=q.attention,
+        fused_norm=q.fused_norm,
     )
     tokens = q.micro_batch * q.seq_len
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, tokens)
@@ -275,6 +278,8 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             tp=layout.tp,
             optimizer_params=optimizer_params,
             engine=backend.engine,
+            fused_norm=q.fused_norm,
+            complex_rope=q.complex_rope,
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,

@@ -12,7 +12,7 @@ import pytest
 
 from harness.common.hardware import GPUS, gpu_spec
 from harness.plan.attention import attention_seconds, attention_tflops
-from harness.plan.compute import MEMORY_EFFICIENCY, compute_work
+from harness.plan.compute import MEMORY_EFFICIENCY, Regime, compute_work, elementwise_bytes_per_token
 from harness.plan.gemm import gemm_tflops
 from harness.plan.model_shape import shape_of_description, shape_of_spec
 from tests.helpers import ROOT
@@ -87,6 +87,8 @@ def test_attention_by_kernel_head_dim_and_sequence():
             (attention_tflops(gpu, "flash", 64, 4096) + attention_tflops(gpu, "flash", 128, 4096)) / 2
         )
         assert attention_tflops(gpu, "math", 128, 4096) < attention_tflops(gpu, "flash", 128, 4096)
+        # Tri Dao's Triton kernel (llm-foundry's attn_impl=triton): FlashAttention-1's rate, by its header.
+        assert attention_tflops(gpu, "triton", 64, 16384) == attention_tflops(gpu, "flash1", 64, 16384)
     assert attention_tflops(H100, "flash3", 128, 8192) > 1.5 * attention_tflops(H100, "flash", 128, 8192)
     forward, backward = attention_seconds(H100, "flash", "bf16", batch=2, seq=4096, heads=32, head_dim=128)
     assert backward == pytest.approx(2.5 * forward)  # the benchmark's flop split
@@ -142,6 +144,45 @@ def test_compile_fuses_the_elementwise_work_and_fused_loss_the_loss():
     assert compiled.elementwise_s < eager.elementwise_s / 2
     assert fused.loss_s == pytest.approx(eager.loss_s * 6 / 36)
     assert fused.matmul_s == eager.matmul_s
+
+
+def test_a_fused_rms_norm_moves_what_layer_norm_does():
+    """Eager RMSNorm goes through fp32 (36 bytes per element forward from bf16, 72 backward); a fused
+    kernel reads its input and writes its output (4), and reads the input and the gradient to
+    write the input's gradient (6)."""
+    shape = shape_of_description(params=None, layers=8, width=2048, heads=16, vocab=32000, seq_len=2048, arch="llama")
+    regime = Regime.of("bf16", "low_precision")
+    eager = elementwise_bytes_per_token(shape.dims, regime, compiled=False, tp=1)
+    fused = elementwise_bytes_per_token(shape.dims, regime, compiled=False, tp=1, fused_norm=True)
+    two_norms = 2 * shape.dims.width
+    assert eager[0] - fused[0] == (36 - 4) * two_norms and eager[1] - fused[1] == (72 - 6) * two_norms
+    assert _work(shape, fused_norm=True).elementwise_s < _work(shape).elementwise_s
+
+
+def test_compile_leaves_a_complex_rotary_at_eagers_cost():
+    """Inductor runs complex operators as eager kernels: torchtitan's rotary costs compiled what it
+    costs eager (20 bytes per element of q and k each way), a real-valued one 4."""
+    shape = shape_of_description(params=None, layers=8, width=4096, heads=32, vocab=128256, seq_len=8192, arch="llama")
+    regime, dims = Regime.of("bf16", "low_precision"), shape.dims
+    real = elementwise_bytes_per_token(dims, regime, compiled=True, tp=1)
+    complex_ = elementwise_bytes_per_token(dims, regime, compiled=True, tp=1, complex_rope=True)
+    rotated = dims.q_width + dims.kv_width
+    assert complex_[0] - real[0] == complex_[1] - real[1] == (20 - 4) * rotated
+    eager = elementwise_bytes_per_token(dims, regime, compiled=False, tp=1)
+    assert elementwise_bytes_per_token(dims, regime, compiled=False, tp=1, complex_rope=True) == eager
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tensor_parallel_splits_each_blocks_elementwise_work_once(compiled):
+    """The heads' and the MLP's work splits over the group, the residual stream's too (sequence
+    parallelism): every byte once over tp, none twice."""
+    shape = shape_of_description(
+        params=None, layers=8, width=4096, heads=32, vocab=128256, seq_len=8192, kv_heads=8, ffn=14336, arch="llama"
+    )
+    regime = Regime.of("bf16", "low_precision")
+    whole = elementwise_bytes_per_token(shape.dims, regime, compiled, tp=1)
+    split = elementwise_bytes_per_token(shape.dims, regime, compiled, tp=8)
+    assert split == pytest.approx((whole[0] / 8, whole[1] / 8))
 
 
 def test_a_model_without_layers_costs_its_six_n_flops_at_the_matmul_rate():

@@ -210,6 +210,47 @@ def test_activation_formula_matches_autograds_saved_tensors(spec, kwargs, style,
         assert weight_copies == matmul_weights(shape) * 2
 
 
+class _FusedRMSNorm(torch.autograd.Function):
+    """What a fused RMSNorm kernel keeps for backward (torchtitan's TritonFusedRMSNorm:
+    `ctx.save_for_backward(x, weight, rstd)`, rstd in fp32), computed here in eager ops."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        rstd = torch.rsqrt(x.float().pow(2).mean(-1) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.float() * rstd[..., None]).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        raise NotImplementedError("the test counts what the forward saves; it runs no backward")
+
+
+@pytest.mark.parametrize("style", ["fp32", "low_precision"])
+def test_a_fused_rms_norm_keeps_its_input_and_statistics_only(style):
+    batch, seq = 3, 40
+    torch.manual_seed(0)
+    model = build_model("hf:LlamaConfig", LLAMA_TINY)
+    if style == "low_precision":
+        model = model.to(torch.bfloat16)
+    norms = [m for m in model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert len(norms) == 2 * LLAMA_TINY["num_hidden_layers"] + 1
+    for norm in norms:
+        norm.forward = lambda x, norm=norm: _FusedRMSNorm.apply(x, norm.weight, norm.variance_epsilon)
+    model.train()
+    rows = torch.randint(0, model.vocab_size, (batch, seq + 1))
+    acts_saved, _ = _saved_activation_bytes(model, rows, autocast=False)
+    shape = shape_of_module("hf:LlamaConfig", model)
+    precision = "fp32" if style == "fp32" else "bf16"
+    kwargs = dict(micro_batch=batch, seq_len=seq, precision=precision, checkpointing="none")
+    fused = activations(shape, mixed_precision="low_precision", fused_norm=True, **kwargs)
+    eager = activations(shape, mixed_precision="low_precision", **kwargs)
+    saved_part = fused.blocks + fused.head - (LOSS_BYTES_PER_LOGIT - 4) * shape.dims.vocab * batch * seq
+    assert acts_saved == pytest.approx(saved_part, rel=0.01)
+    # Each of the five norms keeps 4 bytes per element less: eager keeps an fp32 copy and the
+    # normalised tensor where its input would do.
+    assert eager.total - fused.total == 5 * batch * seq * LLAMA_TINY["hidden_size"] * 4
+
+
 def test_activations_grow_linearly_with_sequence_no_score_matrix():
     shape = shape_of_spec("gpt2-124m")
     one, two = (
