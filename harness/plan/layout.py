@@ -12,6 +12,11 @@ from harness.plan.model_shape import ModelShape, PlanError
 from harness.plan.network import Group, Topology
 
 
+class LayoutError(PlanError):
+    """A strategy that cannot lay this question out (its sizes do not divide the GPUs, the heads,
+    the global batch): an error where the strategy was asked for, a listed omission otherwise."""
+
+
 @dataclass(frozen=True)
 class Layout:
     tp: int  # GPUs splitting each matmul (1: no tensor parallelism)
@@ -56,16 +61,16 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     gpus, per_node = topology.gpus, min(topology.per_node, topology.gpus)
     tp = _size(backend, "tp_size", per_node) if backend.tensor_parallel else 1
     if gpus % tp:
-        raise PlanError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
+        raise LayoutError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
     if tp > per_node:
-        raise PlanError(
+        raise LayoutError(
             f"{backend.name}: tp_size={tp} spans nodes ({per_node} GPUs each): tensor parallelism runs inside a node, "
             f"use one of {_divisors(per_node)}"
         )
     dims = shape.dims
     if tp > 1:
         if dims is None:
-            raise PlanError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
+            raise LayoutError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
         for what, count in (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width)):
             if count % tp:
                 fits = [
@@ -73,7 +78,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
                     for d in range(1, per_node + 1)
                     if gpus % d == 0 and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
                 ]
-                raise PlanError(
+                raise LayoutError(
                     f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
                     f"use one of {', '.join(map(str, fits))}"
                 )
@@ -82,7 +87,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     if backend.hybrid_shard:
         shard = _size(backend, "shard_size", max(1, per_node // tp))
         if data_parallel % shard:
-            raise PlanError(
+            raise LayoutError(
                 f"{backend.name}: shard_size={shard} does not divide the {data_parallel} data-parallel GPUs "
                 f"(gpus={gpus} / tp {tp}): use one of {_divisors(data_parallel)}"
             )
@@ -90,7 +95,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     if backend.secondary_partition:
         hpz = _size(backend, "zero_hpz_partition_size", per_node)
         if gpus % hpz or hpz > per_node:
-            raise PlanError(
+            raise LayoutError(
                 f"{backend.name}: zero_hpz_partition_size={hpz} must divide gpus={gpus} and stay inside a node: "
                 f"use one of {_divisors(per_node)}"
             )

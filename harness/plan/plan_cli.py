@@ -234,16 +234,16 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
 
 def _single(cfg: PlanConfig) -> int:
     q = question(cfg)
-    names = strategy_names(cfg, q.gpus)
-    plans = plan_all(names, q)
+    plans, not_planned = plan_all(strategy_names(cfg, q.gpus), q, asked=bool(cfg.strategies))
     rec = recommend(plans, q)
     plots: list[Path] = []
     if cfg.plot:
         from harness.plan.plots import write_plots  # matplotlib only when asked
 
-        plots = write_plots(q, names, Path(cfg.out_dir))
+        plots = write_plots(q, [p.name for p in plans], Path(cfg.out_dir))
     if cfg.format == "json":
-        print(json.dumps(as_json(cfg, q, plans, rec) | {"plots": [str(p) for p in plots]}, indent=2))
+        doc = as_json(cfg, q, plans, rec) | {"not_planned": not_planned, "plots": [str(p) for p in plots]}
+        print(json.dumps(doc, indent=2))
         return 0
     paper = ", ".join(f"{name} {b / GB:.1f} GB" for name, b in zero_paper_view(q).items())
     lines = (
@@ -257,6 +257,7 @@ def _single(cfg: PlanConfig) -> int:
             "its partition during the last micro-step's backward, so it keeps ZeRO-2's gradients at rest.",
             *engine_differences(plans, q),
             *unmodelled(plans, q),
+            *(f"Not planned: {name}: {why}" for name, why in not_planned.items()),
             "",
         ]
         + rec.lines
@@ -272,7 +273,7 @@ def _sweep(cfg: PlanConfig) -> int:
         shape = shape_for(cfg, model)
         for gpus in gpu_counts(cfg):
             q = question(replace(cfg, gpus=gpus), model, gpus, shape)
-            plans = plan_all(strategy_names(cfg, gpus), q)
+            plans, _ = plan_all(strategy_names(cfg, gpus), q, asked=bool(cfg.strategies))
             points.append((q, plans, recommend(plans, q)))
     plots: list[Path] = []
     if cfg.plot:

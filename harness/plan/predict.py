@@ -15,8 +15,8 @@ from harness.plan.buffers import Buffers, backend_buffers
 from harness.plan.capacity import Headroom, headroom
 from harness.plan.comm import Collective, collectives, local_copy_bytes
 from harness.plan.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches
-from harness.plan.layout import Layout, layout_of
-from harness.plan.model_shape import ModelShape, PlanError
+from harness.plan.layout import Layout, LayoutError, layout_of
+from harness.plan.model_shape import ModelShape
 from harness.plan.model_states import GPU, model_states
 from harness.plan.network import Topology
 from harness.plan.speed import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
@@ -187,14 +187,14 @@ def batching(q: Question, layout: Layout) -> tuple[int, int]:
     if q.split_global_batch:
         per_rank, rem = divmod(q.global_batch, layout.data_parallel)
         if rem or per_rank == 0:
-            raise PlanError(
+            raise LayoutError(
                 f"batch_size={q.global_batch} does not split over {layout.data_parallel} data-parallel ranks "
                 f"(gpus / tp_size {layout.tp}): choose a multiple of {layout.data_parallel}"
             )
         return per_rank, 1
     per_rank, rem = divmod(q.global_batch, layout.data_parallel * q.micro_batch)
     if rem or per_rank == 0:
-        raise PlanError(
+        raise LayoutError(
             f"batch_size={q.global_batch} is not a multiple of micro_batch={q.micro_batch} x {layout.data_parallel} "
             f"data-parallel ranks (gpus / tp_size {layout.tp}): choose a batch_size that is"
         )
@@ -313,5 +313,17 @@ def plan_strategy(name: str, q: Question) -> StrategyPlan:
     return plan_backend(backend_for(name, q.shape, storage_precision(q.precision), q.gpus, q.strategy_options), q)
 
 
-def plan_all(names: list[str], q: Question) -> list[StrategyPlan]:
-    return [plan_strategy(name, q) for name in names]
+def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list[StrategyPlan], dict[str, str]]:
+    """The plans of `names`, and the strategies that cannot lay this question out, with why (a
+    tp_size that does not divide the heads, a global batch that does not split): a strategy the
+    user asked for raises that one-line error; one planned by default is left out and listed."""
+    plans: list[StrategyPlan] = []
+    not_planned: dict[str, str] = {}
+    for name in names:
+        try:
+            plans.append(plan_strategy(name, q))
+        except LayoutError as exc:
+            if asked:
+                raise
+            not_planned[name] = str(exc)
+    return plans, not_planned
