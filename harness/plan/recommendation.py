@@ -54,8 +54,18 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
     if largest == "overhead":
         return f"{t.overhead_s * 1e3:.0f} ms per step of {t.overhead_what or 'the backend own work'}"
     if largest == "comm":
-        slowest = max((c for c in p.collectives if c.kind != "host-copy"), key=lambda c: c.payload_bytes, default=None)
-        where = f" ({slowest.what} over {slowest.group.size} GPUs on {slowest.group.nodes} nodes)" if slowest else ""
+        # Across the most nodes first (a node's network is several times slower than its links), then the most bytes.
+        slowest = max(
+            (c for c in p.collectives if c.kind != "host-copy"),
+            key=lambda c: (c.group.nodes, c.wire_bytes()),
+            default=None,
+        )
+        nodes = slowest.group.nodes if slowest else 0
+        where = (
+            f" ({slowest.what} over {slowest.group.size} GPUs on {nodes} node{'s' if nodes != 1 else ''})"
+            if slowest
+            else ""
+        )
         return f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication no compute hides{where}"
     return f"{t.compute_s * 1e3:.0f} ms of compute per step against {b.compute_s * 1e3:.0f} ms"
 
@@ -65,6 +75,8 @@ def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:
         return "moves more bytes per step"
     if _tied(p, best):
         more = (p.peak_bytes or 0) - (best.peak_bytes or 0)
+        if abs(more) < 0.05 * GIB:
+            return f"as fast (within {TIE:.0%}) and as large: no reason to prefer it"
         return f"as fast (within {TIE:.0%}) but needs {_gib(abs(more))} {'more' if more >= 0 else 'less'} per GPU"
     slower = best.time.tokens_per_s / p.time.tokens_per_s - 1
     return f"{slower:.0%} slower: {_cause(p, best)}"
