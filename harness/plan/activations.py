@@ -120,7 +120,7 @@ def head_bytes_per_token(
 ) -> float:
     residual, matmul = _dtypes(precision, mixed_precision)
     loss = loss_bytes_per_logit(precision, fused_loss) * dims.vocab
-    return (norm_bytes_per_token(dims, residual, fused_norm) + loss) / tp + dims.width * matmul
+    return norm_bytes_per_token(dims, residual, fused_norm) / tp + loss / dims.head_split(tp) + dims.width * matmul
 
 
 def activations(

@@ -169,7 +169,7 @@ def _matmuls(
         backward = gemm_seconds(tokens, into, out, gpu, projections) + gemm_seconds(out, into, tokens, gpu, projections)
         again = forward if checkpointing == "full" or (checkpointing == "selective" and index % 2 == 1) else 0.0
         block += Kernels(forward, backward, again)
-    head_out = dims.vocab // tp
+    head_out = dims.vocab // dims.head_split(tp)
     head = Kernels(
         gemm_seconds(tokens, head_out, dims.width, gpu, precision),
         gemm_seconds(tokens, dims.width, head_out, gpu, precision)
@@ -292,14 +292,16 @@ def compute_work(
     attn = _attention(dims, micro_batch, seq_len, gpu, attention, precision, checkpointing, tp)
     elementwise = _elementwise(dims, tokens, regime, compiled, checkpointing, tp, bandwidth, fused_norm, complex_rope)
     if regime.autocast:  # the weights' casts, forward and backward (again when recomputed)
-        weights = sum(o * i for o, i in block_projections(dims, tp)) * dims.layers + dims.vocab * dims.width / tp
+        weights = sum(
+            o * i for o, i in block_projections(dims, tp)
+        ) * dims.layers + dims.vocab * dims.width / dims.head_split(tp)
         casts = AUTOCAST_WEIGHT_BYTES * weights / bandwidth
         elementwise += Kernels(casts * 6 / AUTOCAST_WEIGHT_BYTES, casts * 14 / AUTOCAST_WEIGHT_BYTES)
     elementwise += Kernels(0.0, copy_bytes / bandwidth)
     if projections == "fp8":
         elementwise += Kernels(*(moved / bandwidth for moved in fp8_cast_bytes(dims, tokens, tp, checkpointing)))
     loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]
-    loss = loss_bytes * tokens * dims.vocab / tp / bandwidth
+    loss = loss_bytes * tokens * dims.vocab / dims.head_split(tp) / bandwidth
     forward = matmuls.forward + attn.forward + elementwise.forward + loss / 3
     again = matmuls.again + attn.again + elementwise.again
     return ComputeWork(matmuls.total, attn.total, elementwise.total, loss, again, forward, optimizer)

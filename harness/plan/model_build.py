@@ -30,7 +30,9 @@ def _dims_of(model: nn.Module, blocks: Blocks) -> TransformerDims | None:
         return None
     if hasattr(config, "n_layer") and hasattr(config, "n_embd") and not hasattr(config, "hidden_size"):
         width, heads = config.n_embd, config.n_head  # the zoo's GPT
-        return TransformerDims(config.n_layer, width, heads, width // heads, heads, 4 * width, config.vocab_size)
+        return TransformerDims(
+            config.n_layer, width, heads, width // heads, heads, 4 * width, config.vocab_size, tp_splits_head=False
+        )
     if hasattr(config, "hidden_size") and hasattr(config, "num_hidden_layers"):
         width, heads = int(config.hidden_size), int(config.num_attention_heads)
         head_dim = getattr(config, "head_dim", None) or width // heads

@@ -54,6 +54,13 @@ class TransformerDims:
     fused_qkv: bool = True  # one matmul makes q, k and v (GPT-2) rather than three (Llama)
     rms_norm: bool = False  # RMSNorm, which saves two tensors for backward where LayerNorm saves one
     rotary: bool = False  # rotary position embeddings applied to q and k in every block
+    # Tensor parallel splits the embedding, the head and its loss by vocabulary, as Hugging Face's
+    # and torchtitan's Llama plans do; parabench's GPT keeps its tied embedding and head whole.
+    tp_splits_head: bool = True
+
+    def head_split(self, tp: int) -> int:
+        """How many ways tensor parallel splits the embedding, the head and the loss."""
+        return tp if self.tp_splits_head else 1
 
     @property
     def q_width(self) -> int:
@@ -160,6 +167,7 @@ def _gpt_shape(name: str, cfg: GPTConfig, kv_heads: int | None = None, ffn: int 
         kv_heads or cfg.n_head,
         ffn or 4 * cfg.n_embd,
         cfg.vocab_size,
+        tp_splits_head=False,  # models/gpt.py's tensor-parallel plan splits the blocks only
     )
     return _shape(name, gpt_tensors(cfg, kv_heads, ffn), dims, positions="wpe.weight", tied_head=True)
 

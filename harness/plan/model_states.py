@@ -64,8 +64,11 @@ def tp_slice(t: ParamTensor, tp: int) -> ParamTensor:
 
 
 def _tensors(shape: ModelShape, tp: int) -> tuple[ParamTensor, ...]:
+    """What one tensor-parallel GPU holds: the blocks' matrices split, the root's where the
+    model's plan splits its embedding and head."""
     assert shape.tensors is not None
-    return tuple(tp_slice(t, tp) for t in shape.tensors)
+    head = shape.dims.head_split(tp) if shape.dims is not None else tp
+    return tuple(tp_slice(t, tp if t.block is not None else head) for t in shape.tensors)
 
 
 def _groups(shape: ModelShape, tp: int = 1) -> list[list[ParamTensor]]:
@@ -180,8 +183,10 @@ def _zero3_states(shape: ModelShape, backend: Backend, precision: str, world: in
         bucket = int(backend.option("reduce_bucket_size")) * BYTES[backend.option("communication_data_type")]
     held.add("params", part * low, backend.offload_params)
     held.add("params", whole * low)
-    if hpz > 1 and world > hpz:
-        held.add("params", math.ceil(part * world / hpz) * low)  # hpZ's secondary partition
+    if hpz > 1:
+        # hpZ's secondary partition, kept whenever the group has more than one rank: DeepSpeed
+        # builds it even where the group is the whole world (measured: a 2-rank run holds both).
+        held.add("params", math.ceil(part * world / hpz) * low)
     held.add("grads", part * low, offload)
     held.add("grads", bucket)
     held.add("optimizer", part * 4, offload)
