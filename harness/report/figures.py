@@ -142,7 +142,7 @@ def draw_loss_vs_reference(curves: Curves, colour: dict, reference: str | None, 
     signed.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     relative.set_yscale("log")
     relative.set(
-        xlabel="step", ylabel="|relative difference|", title=f"Relative difference (exact match drawn at {floor:.0e})"
+        xlabel="step", ylabel="|relative difference|", title=f"Relative difference (exact match at {floor:.0e})"
     )
     for ax in (signed, relative):
         ax.grid(alpha=0.3)

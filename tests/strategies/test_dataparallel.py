@@ -68,7 +68,17 @@ def test_its_mfu_counts_every_gpu_it_drives(monkeypatch, tmp_path):
     env = DistEnv(rank=0, world_size=1, local_rank=0, device=cuda0)
 
     def metrics(devices: list[torch.device]) -> StepMetrics:
-        return StepMetrics(env, tmp_path, 1024, 6e6, "fp32", timing_warmup=0, devices=devices)
+        return StepMetrics(
+            env,
+            data_parallel_size=1,
+            counts_loss=True,
+            out_dir=tmp_path,
+            tokens_per_step=1024,
+            flops_per_token=6e6,
+            precision="fp32",
+            timing_warmup=0,
+            devices=devices,
+        )
 
     driven = DataParallelStrategy(_ctx(cuda0)).devices()
     assert metrics(driven).job_peak_flops == 2 * metrics([]).job_peak_flops == 2e12
