@@ -237,8 +237,12 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     grads_held = buffers.grads_resident or q.grad_accum > 1
     peak = peak_allocated(on_device(states), acts, buffers, grads_held)
     missed = q.factors.memory_per_param.get(backend.name)
-    if peak is not None and missed:
-        peak = int(peak + missed * q.shape.params)  # what a calibration found the model to miss
+    if peak is not None and missed and missed > 0:
+        # What a calibration found the model to miss, per parameter this GPU holds (the stage's
+        # shards of it under ZeRO-3 and FSDP). Only added: a model found to over-predict one run
+        # is not taken to hold less at another size, where the difference has no parameter scale.
+        held_params = q.shape.params / (layout.shard * layout.tp if backend.stage == 3 else layout.tp)
+        peak = int(peak + missed * held_params)
     room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
     fits = None if peak is None else room.fits(peak)
     fp8 = q.precision == "fp8"
