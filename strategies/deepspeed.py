@@ -291,6 +291,10 @@ def _import_deepspeed(ctx: RunContext) -> Any:
     for handler in deepspeed.utils.logger.handlers:  # its own, on stdout: the run's own lines go there
         if type(handler) is logging.StreamHandler and handler.stream in (sys.stdout, sys.__stdout__):
             handler.setStream(sys.stderr)
+    if device == "cpu":
+        from strategies.deepspeed_cpu_op import build_cpu_comm_op
+
+        build_cpu_comm_op(ctx.local_rank)
     return deepspeed
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,29 @@ def env_for_tests(**extra: str) -> dict[str, str]:
     return env
 
 
+def run_bounded(
+    cmd: list[str], *, timeout: float, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """`cmd` with its output captured, killed at `timeout` together with every process it started:
+    a launcher's ranks left running would take the cores of the tests that follow."""
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or env_for_tests(),
+        cwd=cwd or ROOT,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
 def run_cli(
     args: list[str],
     *,
@@ -31,10 +55,7 @@ def run_cli(
     prefix: list[str] | None = None,
 ) -> subprocess.CompletedProcess:
     """`python runner.py <args>` (or `<prefix> runner.py <args>` for another launcher), killed at `timeout`."""
-    cmd = (prefix or [sys.executable]) + [RUNNER, *args]
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, env=env or env_for_tests(), cwd=cwd or ROOT
-    )
+    return run_bounded((prefix or [sys.executable]) + [RUNNER, *args], timeout=timeout, env=env, cwd=cwd)
 
 
 def read_run(out_dir: Path) -> tuple[dict, list[dict]]:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from bench import overhead
 from bench.overhead_table import COLUMNS, GIB, Measured, Side, findings, table
 from bench.runs import DEFAULT_RUNS, GROUPS, RUN_NAMES, RUNS, select
-from tests.helpers import ROOT, env_for_tests
+from tests.helpers import ROOT, env_for_tests, run_bounded
 
 DRY_RUNS = ("single", "ddp", "accelerate-ddp", "fsdp")
 
@@ -52,7 +51,7 @@ def test_dry_run_prints_both_columns_for_each_strategy(tmp_path):
         "--work-dir",
         str(work),
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env_for_tests(), cwd=ROOT)
+    proc = run_bounded(cmd, timeout=240, env=env_for_tests(), cwd=ROOT)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
 
     rows = _table_rows(proc.stdout)

@@ -32,7 +32,7 @@ from harness.compare.stop_signals import StopSignals
 from harness.compare.supervise import GRACE_S, JobOutcome
 from harness.report.report_cli import build_report
 from tests.compare.test_compare import processes_with
-from tests.helpers import NANO, ROOT, RUNNER, env_for_tests, read_run, run_cli
+from tests.helpers import NANO, ROOT, RUNNER, env_for_tests, read_run, run_bounded, run_cli
 
 PAUSING_PLUGIN = """
 import os, time
@@ -194,9 +194,7 @@ def test_a_requeued_compare_job_picks_up_with_resume_auto(killed_then_resumed, p
     env = {**plugin_env, "SLURM_SUBMIT_DIR": str(ROOT), "SLURM_JOB_ID": "4242"}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env["PATH"]])  # `python`: this environment's
     script = ROOT / "configs" / "slurm" / "compare.sbatch"
-    proc = subprocess.run(
-        ["bash", str(script), *compare_args(out)[1:]], env=env, capture_output=True, text=True, timeout=180
-    )
+    proc = run_bounded(["bash", str(script), *compare_args(out)[1:]], env=env, timeout=180)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "resume=auto: 5 kept, 0 to continue" in proc.stdout
     assert {name: (out / name / "summary.json").stat().st_mtime_ns for name in STRATEGIES} == summaries

@@ -8,12 +8,11 @@ import json
 import os
 import re
 import stat
-import subprocess
 from pathlib import Path
 
 from harness.compare.slurm import SlurmJob
 from harness.train.distributed import free_port
-from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_cli
+from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_bounded, run_cli
 
 FAKE_SRUN = """#!/bin/bash
 # Stand-in for srun: start --ntasks copies of the command, one per "node", and wait.
@@ -96,7 +95,7 @@ def test_script_runs_two_nodes_through_the_rendezvous(tmp_path, reference_run):
     script.write_text(job.script())
     env = _fake_slurm(tmp_path)
     env.update(SLURM_JOB_NODELIST="127.0.0.1", SLURM_JOB_NUM_NODES="2", SLURM_JOB_ID="4242")
-    proc = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
+    proc = run_bounded(["bash", str(script)], env=env, timeout=240)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     summary, rows = read_run(out)
     assert (summary["nodes"], summary["procs_per_node"]) == (2, 1)

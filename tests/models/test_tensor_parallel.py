@@ -4,7 +4,6 @@ applying a plan (in a one-rank process group) keeps the model's function and its
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
@@ -13,7 +12,7 @@ import torch.nn as nn
 from harness.train.distributed import free_port
 from models.tensor_parallel import TensorParallelError, plan_of, uses_sequence_parallel
 from models.zoo import build_model
-from tests.helpers import ROOT, env_for_tests
+from tests.helpers import ROOT, env_for_tests, run_bounded
 
 LLAMA_KWARGS = {
     "hidden_size": 64,
@@ -116,10 +115,8 @@ dist.destroy_process_group()
 
 
 def test_a_plan_applied_keeps_the_function_and_the_ties():
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", APPLY_PROBE, str(free_port())],
-        capture_output=True,
-        text=True,
         timeout=120,
         env=env_for_tests(),
         cwd=ROOT,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from harness.plan.predict import plan_all, plan_strategy
 from harness.plan.recommendation import recommend
 from models.zoo import build_model
 from strategies.registry import default_registry
-from tests.helpers import ROOT, env_for_tests
+from tests.helpers import ROOT, env_for_tests, run_bounded
 
 GB = 1e9
 LLAMA_TINY = dict(
@@ -116,7 +115,7 @@ def measured(tmp_path_factory) -> dict[int, dict[str, dict]]:
             names,
             ",".join(PRECISIONS),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env=env_for_tests(), cwd=ROOT)
+        proc = run_bounded(cmd, timeout=240, env=env_for_tests(), cwd=ROOT)
         assert proc.returncode == 0, (
             f"plan_worker at world size {world} failed\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         )

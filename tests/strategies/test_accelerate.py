@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from strategies.accelerate.fsdp_mode import AccelerateFSDPStrategy
 from strategies.accelerate.zero_mode import AccelerateDeepSpeedStrategy
 from strategies.base import RunContext, StrategyError
 from strategies.registry import default_registry
-from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_cli, train
+from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_bounded, run_cli, train
 
 TOLERANCE = 1e-4  # relative, every step: only the order of floating-point sums differs
 ACCELERATE_CLI = Path(sys.executable).parent / "accelerate"
@@ -128,10 +127,8 @@ def accumulated(tmp_path_factory) -> list[dict]:
     path = tmp_path_factory.mktemp("accumulation") / "gradients.json"
     worker = ROOT / "tests" / "strategies" / "accumulation_worker.py"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(worker), str(path)]
-    proc = subprocess.run(
+    proc = run_bounded(
         [*cmd, "accelerate-fsdp,accelerate-zero2"],
-        capture_output=True,
-        text=True,
         timeout=240,
         env=env_for_tests(),
         cwd=ROOT,
@@ -249,9 +246,7 @@ def test_listed_as_unavailable_without_accelerate():
         "for entry in builtin_registry().entries():\n"
         "    if entry.name.startswith('accelerate-'): print(entry.name, '|', entry.unavailable_reason)\n"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env_for_tests(), cwd=ROOT
-    )
+    proc = run_bounded([sys.executable, "-c", code], timeout=120, env=env_for_tests(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     listed = dict(line.split(" | ") for line in proc.stdout.splitlines())
     assert set(listed) == {f"accelerate-{mode}" for mode in (*MODES, *MESH_MODES)}

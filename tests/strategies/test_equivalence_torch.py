@@ -3,13 +3,12 @@ global batches (CPU, gloo, world size 2), and sharding measured from the tensors
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
 from harness.train.distributed import free_port
-from tests.helpers import ROOT, env_for_tests, max_rel_diff, train
+from tests.helpers import ROOT, env_for_tests, max_rel_diff, run_bounded, train
 
 TOLERANCE = 1e-4  # relative, every step: only the order of floating-point sums differs
 
@@ -117,10 +116,8 @@ dist.destroy_process_group()
 
 
 def test_fsdp_reduces_every_micro_step_unless_told_not_to():
-    proc = subprocess.run(
+    proc = run_bounded(
         [sys.executable, "-c", SYNC_PROBE, str(free_port())],
-        capture_output=True,
-        text=True,
         timeout=120,
         env=env_for_tests(),
         cwd=ROOT,

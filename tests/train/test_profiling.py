@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 
 import pytest
 
 from configs.schema import ConfigError, load_config
 from harness.train.profiling import STEP_MARK, collective_kind, summarize
-from tests.helpers import NANO, ROOT, env_for_tests, run_cli
+from tests.helpers import NANO, ROOT, env_for_tests, run_bounded, run_cli
 
 
 def _event(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict:
@@ -100,7 +99,7 @@ def test_runner_and_hand_written_ddp_traces_count_the_same_collectives(tmp_path)
         "--profile-dir",
         str(hand_dir),
     ]
-    done = subprocess.run(hand, capture_output=True, text=True, timeout=180, env=env_for_tests(), cwd=ROOT)
+    done = run_bounded(hand, timeout=180, env=env_for_tests(), cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     for rank in (0, 1):
         runner = json.loads((runner_dir / "profile" / f"rank{rank}.summary.json").read_text())
