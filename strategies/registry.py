@@ -175,7 +175,7 @@ class StrategyRegistry:
         return StrategyEntry(
             name,
             builtin.cls,
-            f"{file.name}: {choice.summary}, run as {builtin.name}",
+            f"{choice.summary}, run as {builtin.name}",
             {**builtin.options, **choice.options},
             builtin.load_error,
             plan,

@@ -127,7 +127,7 @@ def main(args: list[str]) -> int:
     )
     for entry in plan.strategies:
         if entry.runs_as is not None:
-            print(f"{entry.shown}: {entry.name}, {entry.description}")
+            print(f"{entry.shown} ({entry.name}): {entry.description}")
             for line in entry.followed:
                 print(f"  {line}")
 

@@ -94,7 +94,7 @@ class AccelerateFile:
             )
         kind = self.distributed_type
         if kind in DDP_TYPES:
-            return FileChoice("accelerate-ddp", f"{kind}, DistributedDataParallel")
+            return FileChoice("accelerate-ddp", f"Accelerate {kind}: DistributedDataParallel")
         if kind == "FSDP":
             return self._fsdp_choice()
         if kind == "DEEPSPEED":
@@ -137,7 +137,8 @@ class AccelerateFile:
                     "splits no sequences; set it to 1"
                 )
         plan_changes = {} if _true(fsdp.get("fsdp_reshard_after_forward", True)) else {"reshard_after_forward": False}
-        summary = "FSDP2" + ("" if not plan_changes else ", parameters kept gathered from forward to backward")
+        summary = "Accelerate driving FSDP2"
+        summary += ", parameters kept gathered from forward to backward" if plan_changes else ""
         wrap = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
         summary += f", one unit per {wrap}" if wrap else ""
         replicate, tp = sizes.get("dp_replicate_size", 1), sizes.get("tp_size", 1)
@@ -180,7 +181,7 @@ class AccelerateFile:
                     f"compare deepspeed:{json_file}"
                 )
             stage = int(choice.builtin[-1])
-            summary = f"DeepSpeed ZeRO-{stage} from {json_file.name}"
+            summary = f"Accelerate driving DeepSpeed ZeRO-{stage} from {json_file.name}"
             return FileChoice(f"accelerate-zero{stage}", summary, files={DEEPSPEED_FILE_KEY: json_file})
         stage = deepspeed.get("zero_stage", ACCELERATE_DEFAULT_ZERO_STAGE)
         if stage not in (1, 2, 3):
@@ -195,7 +196,7 @@ class AccelerateFile:
                     f"{self.label} sets deepspeed_config.{key}: {device}: parabench's Accelerate runs ZeRO without "
                     "offload (accelerate-zero1-3); set it to none, or compare zero2-offload, zero3-offload"
                 )
-        return FileChoice(f"accelerate-zero{stage}", f"DeepSpeed ZeRO-{stage}")
+        return FileChoice(f"accelerate-zero{stage}", f"Accelerate driving DeepSpeed ZeRO-{stage}")
 
     def deepspeed_json(self) -> Path | None:
         """The DeepSpeed JSON the file names (Accelerate opens it from the directory it runs in)."""
