@@ -155,7 +155,7 @@ class StrategyRegistry:
         file = Path(path)
         if not file.is_file():
             raise StrategyError(
-                f"strategy {name!r} names no file {path!r}: give the path of a {kind} config file, relative to the "
+                f"strategy {name!r} names no file {path!r}: give the path of the {kind} config file, relative to the "
                 "directory you run parabench from"
             )
         stat = file.stat()
