@@ -77,11 +77,23 @@ class AccelerateFile:
                 f"{label} is for compute_environment {config.compute_environment.value}: parabench runs "
                 "LOCAL_MACHINE configs"
             )
-        return cls(path, label, config)
+        file = cls(path, label, config)
+        file._check_distributed_type()
+        return file
 
     @property
     def distributed_type(self) -> str:
         return str(self.config.distributed_type.value)
+
+    def _check_distributed_type(self) -> None:
+        from accelerate.utils import DistributedType
+
+        found = self.config.distributed_type
+        if not isinstance(found, DistributedType):  # YAML reads a bare NO as false
+            raise StrategyError(
+                f"{self.label} sets distributed_type: {found!r}, which is none of Accelerate's: give MULTI_GPU, "
+                "MULTI_CPU, FSDP or DEEPSPEED (quoted where YAML would read it otherwise)"
+            )
 
     # ---- what the file amounts to -------------------------------------------------------------
 
