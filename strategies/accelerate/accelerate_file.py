@@ -165,6 +165,12 @@ class AccelerateFile:
             return FileChoice("accelerate-fsdp-tp", summary, {"tp_size": tp}, plan_changes)
         if replicate > 1:
             shard = sizes.get("dp_shard_size", 1)
+            if shard == 1:  # Accelerate's own refusal, made before any process starts
+                raise StrategyError(
+                    f"{self.label} sets parallelism_config_dp_shard_size: 1 beside dp_replicate_size: {replicate}: "
+                    "Accelerate's FSDP needs ranks to shard over; set dp_shard_size above 1, or distributed_type: "
+                    "MULTI_GPU for replicas alone"
+                )
             summary += f", hybrid: {replicate} replicas x {shard} shards"
             return FileChoice("accelerate-hsdp", summary, {"shard_size": shard}, plan_changes)
         return FileChoice("accelerate-fsdp", summary, {}, plan_changes)

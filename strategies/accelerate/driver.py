@@ -150,7 +150,12 @@ class AccelerateStrategy(Strategy):
         from accelerate import Accelerator
         from accelerate.utils import InitProcessGroupKwargs
 
-        self._environment = AccelerateEnvironment(self._file_env or {})
+        launch = dict(self._file_env or {})
+        if self.ctx.device.type == "cpu":
+            # Told by this flag, Accelerate would build the file's ParallelismConfig and check it before FSDP
+            # is on; the mode attaches the same sizes (its mesh, from the file) once it is, as for its own.
+            launch.pop("ACCELERATE_USE_PARALLELISM_CONFIG", None)
+        self._environment = AccelerateEnvironment(launch)
         plugins = self._plugins(model)
         handlers = self._handlers()
         if self.ctx.device.type == "cpu":

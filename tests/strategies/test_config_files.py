@@ -22,7 +22,7 @@ from strategies.accelerate.environment import check_launcher_settings, launcher_
 from strategies.base import RunContext, StrategyError
 from strategies.config_files import split_spec
 from strategies.registry import default_registry
-from tests.helpers import NANO, run_cli
+from tests.helpers import NANO, max_rel_diff, run_cli, train
 
 needs_backends = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("accelerate", "deepspeed", "transformers")),
@@ -230,6 +230,11 @@ def test_a_file_keeping_parameters_gathered_is_planned_without_resharding(tmp_pa
             "parallelism_config_cp_size",
         ),
         (
+            "rep.yaml",
+            FSDP2_YAML + "parallelism_config:\n  parallelism_config_dp_replicate_size: 2\n",
+            "parallelism_config_dp_shard_size: 1",
+        ),
+        (
             "ds0.yaml",
             MULTI_GPU_YAML.replace("MULTI_GPU", "DEEPSPEED") + "deepspeed_config:\n  zero_stage: 0\n",
             "deepspeed_config.zero_stage: 0",
@@ -382,6 +387,16 @@ def test_a_file_strategy_under_accelerate_launch_is_refused(tmp_path, monkeypatc
     monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "no")
     with pytest.raises(StrategyError, match="not accelerate launch"):
         created(f"accelerate:{write(tmp_path, 'gpu.yaml', MULTI_GPU_YAML)}")
+
+
+def test_a_parallelism_config_runs_as_hybrid_sharding_on_the_cpu_and_matches_single(tmp_path, reference_run):
+    """2 replicas x 2 shards at world size 4: on a CPU Accelerate is given the file's ParallelismConfig
+    once FSDP is on, as accelerate-hsdp is given its own."""
+    yaml = FSDP2_YAML + (
+        "parallelism_config:\n  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n"
+    )
+    summary, rows = train(tmp_path / "run", f"accelerate:{write(tmp_path, 'hsdp.yaml', yaml)}", nproc=4)
+    assert summary["mesh"]["shape"] == [2, 2] and max_rel_diff(rows, reference_run[1]) < 1e-4
 
 
 # ---- one compare: every file beside single, on the same model, data, seed and global batch ---------
