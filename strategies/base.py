@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from models.blocks import Blocks
+    from strategies.config_files import ConfigFile, FileChoice
     from strategies.memory import MemoryBreakdown
 
 OptimizerFactory = Callable[["nn.Module"], "torch.optim.Optimizer"]
@@ -98,6 +99,9 @@ class RunContext:
     config: Any = None  # the whole RunConfig, for backends that build their own config from it
     # The strategy's layout of the ranks (Strategy.mesh_layout); None: the flat default.
     mesh: MeshLayout | None = None
+    # The user's own config file the strategy runs from (`accelerate:<file.yaml>`: strategies/config_files.py),
+    # set by the registry; None: the built-in's own settings.
+    config_file: ConfigFile | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -123,6 +127,9 @@ class Strategy(ABC):
     # which drives every visible GPU from one process. Read from the class that declares it, not
     # inherited (ddp and fsdp reuse single's plain-torch verbs but run a process per device).
     one_process: ClassVar[bool] = False
+    # The kind of config file this class (and its subclasses) can run as `<kind>:<path>`
+    # (strategies/config_files.py); None: none.
+    config_file_kind: ClassVar[str | None] = None
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx
@@ -133,11 +140,19 @@ class Strategy(ABC):
         self.layout: str | None = None
         # How the ranks are laid out: the run's (from mesh_layout), else the flat default.
         self.mesh: MeshLayout = ctx.mesh or MeshLayout.flat(ctx.world_size)
+        # What the strategy followed of its config file (ctx.config_file), in words: said at setup.
+        self.followed: list[str] = []
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
         """Why this backend cannot run here (a missing package), or None when it can."""
         return None
+
+    @classmethod
+    def resolve_config_file(cls, path: Path) -> FileChoice:
+        """What the config file at `path` (of this class's config_file_kind) amounts to: the built-in
+        name that runs it; a StrategyError (one line, naming the key) where no built-in can."""
+        raise StrategyError(f"{cls.__name__} runs no config files")
 
     @classmethod
     def recovers_from_oom(cls, options: dict[str, Any]) -> bool:
@@ -169,6 +184,12 @@ class Strategy(ABC):
     def data_parallel(self) -> tuple[int, int]:
         """(this rank's data-parallel rank, the data-parallel degree): which micro-batch it reads."""
         return self.mesh.data_parallel(self.ctx.rank)
+
+    def say_followed(self) -> None:
+        """On rank 0, what the strategy followed of its config file, a line each."""
+        if self.ctx.rank == 0 and self.ctx.config_file is not None:
+            for line in self.followed:
+                print(f"{self.ctx.config_file.label}: {line}", flush=True)
 
     def check_model(self, model: nn.Module) -> None:
         """Refuse, in one line, a model this backend cannot lay out as asked (before any worker

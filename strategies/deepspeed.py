@@ -9,6 +9,9 @@ AdamW groups are handed to DeepSpeedCPUAdam, DeepSpeed's vectorised host optimiz
 (a C++-only JIT build, no nvcc); on a CPU-only run, where offload moves nothing,
 torch AdamW steps the partitions and nothing is built.
 
+`deepspeed:<file.json>` runs a user's DeepSpeed JSON as one of these names, chosen by its stage
+and offload (strategies/deepspeed_file.py): the file is then the top layer of the config.
+
 Accumulation is DeepSpeed's own: engine.backward scales by 1/grad_accum, and the
 micro-step counter DeepSpeed keeps in engine.step() is advanced after every micro-step
 but the last, so its accumulation boundary falls on the runner's last micro-step.
@@ -36,6 +39,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
+from strategies import deepspeed_file
 from strategies.base import (
     OptimizerFactory,
     Preset,
@@ -45,6 +49,7 @@ from strategies.base import (
     compile_blocks,
     missing_package_reason,
 )
+from strategies.config_files import FileChoice
 from strategies.deepspeed_config import (
     check_user_config,
     check_zero_options,
@@ -111,6 +116,7 @@ class DeepSpeedStrategy(Strategy):
         _zero("zero3-offload", "DeepSpeed ZeRO-3, parameters and optimizer state on the CPU", 3, offload=True),
     )
     listing_order = 30
+    config_file_kind = "deepspeed"  # `deepspeed:<file.json>`
     checkpoint_format = "deepspeed"  # the family; each instance narrows it to its stage
     # Plain ZeRO checkpoints hold one optimizer partition per rank, and DeepSpeed refuses to
     # load them at another data-parallel size (it would need a universal checkpoint).
@@ -132,7 +138,11 @@ class DeepSpeedStrategy(Strategy):
         offload_params: bool = False,
         cpu_adam: bool | None = None,
     ):
+        file, followed = ctx.config_file, []
+        if file is not None:  # the file may split the batch its own way: the context says so from here on
+            file_config, ctx, followed = deepspeed_file.for_run(deepspeed_file.read(file.path), ctx, file.label)
         super().__init__(ctx)
+        self.followed = followed
         self.stage, self.offload_optimizer, self.offload_params = check_zero_options(
             stage, offload_optimizer, offload_params
         )
@@ -152,8 +162,11 @@ class DeepSpeedStrategy(Strategy):
             offload_params=self.offload_params,
             torch_optimizer_offloaded=self.offload_optimizer and not self.cpu_adam,
         )
-        source = getattr(ctx.config, "deepspeed_config", None)
-        self.user_config = read_user_config(source) if source else {}
+        if file is not None:
+            self.user_config, source = file_config, file.label
+        else:
+            source = getattr(ctx.config, "deepspeed_config", None)
+            self.user_config = read_user_config(source) if source else {}
         check_user_config(self.user_config, self.run_config, source or "")
         self.config: dict[str, Any] = {}
         self.engine: Any = None  # deepspeed.DeepSpeedEngine after setup
@@ -165,6 +178,10 @@ class DeepSpeedStrategy(Strategy):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         return missing_package_reason("deepspeed", "pip install deepspeed")
+
+    @classmethod
+    def resolve_config_file(cls, path: Path) -> FileChoice:
+        return deepspeed_file.choose(path, f"{cls.config_file_kind}:{path}")
 
     def compile(self, model: nn.Module) -> str:
         # ZeRO-3 fetches and releases each module's partitioned parameters in hooks around
@@ -182,6 +199,7 @@ class DeepSpeedStrategy(Strategy):
             sizing_config(model_size(model), self.stage, self.ctx.world_size), self.run_config, self.user_config
         )
         write_config(self.config, self.ctx)
+        self.say_followed()
         if self.stage == 3:  # found before DeepSpeed empties the parameters into its partitions
             self.layout = zero3_layout(self.find_blocks(model))
         # The runner's process group already exists: DeepSpeed wraps it, never makes its own. Its

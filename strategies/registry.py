@@ -8,6 +8,10 @@ presets, or the entry point's name) or a `register_strategies(registry)` functio
 modules named in PARABENCH_PLUGINS (import paths, comma-separated: a plugin in one file, no
 packaging). A plugin whose dependency is missing stays listed, with the reason.
 
+A class that declares `config_file_kind` also runs a user's own config file of that kind, named
+`<kind>:<path>` (`accelerate:mine.yaml`, `deepspeed:ds.json`): `get` reads the file and answers
+with the entry of the built-in it amounts to, under the file's name (strategies/config_files.py).
+
 A plugin's options are the keyword-only parameters of its __init__; those a name
 presets (zero1's stage=1, fsdp-grad-op's reshard_after_forward=False) are what the
 name means, so a run cannot override them: results under a name mean one thing.
@@ -21,13 +25,15 @@ import importlib
 import inspect
 import os
 import pkgutil
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import strategies
 from strategies.base import Preset, RunContext, Strategy, StrategyError
+from strategies.config_files import ConfigFile, split_spec
 from strategies.mesh_layout import MeshLayout
 from strategies.plan_model import PlanModel
 
@@ -43,6 +49,12 @@ class StrategyEntry:
     options: dict[str, Any] = field(default_factory=dict)
     load_error: str | None = None  # set when the plugin itself could not be loaded
     plan: PlanModel | None = None  # the planner's model of this name; None: not planned
+    config_file: ConfigFile | None = None  # set for `<kind>:<path>`: the file and the built-in it runs as
+
+    @property
+    def resolves_to(self) -> str | None:
+        """The built-in name a config file runs as (None for a registered name)."""
+        return self.config_file.choice.builtin if self.config_file else None
 
     @property
     def unavailable_reason(self) -> str | None:
@@ -83,6 +95,9 @@ class StrategyEntry:
 class StrategyRegistry:
     def __init__(self) -> None:
         self._entries: dict[str, StrategyEntry] = {}
+        self._file_kinds: dict[str, type[Strategy]] = {}  # config file kind -> the class that declares it
+        # `<kind>:<path>` entries, by name and the file's size and modification time: read once per version.
+        self._file_entries: dict[tuple[str, int, int], StrategyEntry] = {}
 
     def register(
         self, name: str, cls: type[Strategy], description: str = "", plan: PlanModel | None = None, **options: Any
@@ -97,6 +112,18 @@ class StrategyRegistry:
         presets = vars(cls).get("presets") or ((Preset(default_name, cls.description),) if default_name else ())
         for preset in presets:
             self.register(preset.name, cls, preset.description, preset.plan, **preset.options)
+        if cls.config_file_kind:
+            declaring = next(c for c in cls.__mro__ if "config_file_kind" in vars(c))
+            self.register_file_kind(cls.config_file_kind, declaring)
+
+    def register_file_kind(self, kind: str, cls: type[Strategy]) -> None:
+        """`<kind>:<path>` names a config file that `cls.resolve_config_file` resolves."""
+        known = self._file_kinds.setdefault(kind, cls)
+        if known is not cls:
+            raise StrategyError(f"config file kind {kind!r} is registered twice ({known.__name__}, {cls.__name__})")
+
+    def file_kinds(self) -> list[str]:
+        return list(self._file_kinds)
 
     def register_broken(self, name: str, reason: str) -> None:
         self._entries.setdefault(name, StrategyEntry(name, None, load_error=reason))
@@ -115,15 +142,52 @@ class StrategyRegistry:
         return list(self._entries.values())
 
     def get(self, name: str) -> StrategyEntry:
-        try:
+        if name in self._entries:
             return self._entries[name]
-        except KeyError:
-            raise StrategyError(f"unknown strategy {name!r}: known strategies are {', '.join(self._entries)}") from None
+        spec = split_spec(name)
+        if spec is not None and spec[0] in self._file_kinds:
+            return self._file_entry(name, *spec)
+        files = "".join(f", or {kind}:<file>" for kind in self._file_kinds)
+        raise StrategyError(f"unknown strategy {name!r}: known strategies are {', '.join(self._entries)}{files}")
+
+    def _file_entry(self, name: str, kind: str, path: str) -> StrategyEntry:
+        """The entry of `<kind>:<path>`: the built-in the file resolves to, under the file's name."""
+        file = Path(path)
+        if not file.is_file():
+            raise StrategyError(
+                f"strategy {name!r} names no file {path!r}: give the path of the {kind} config file, relative to the "
+                "directory you run parabench from"
+            )
+        stat = file.stat()
+        key = (name, stat.st_size, stat.st_mtime_ns)
+        if key not in self._file_entries:
+            self._file_entries[key] = self._resolve_file(name, kind, file)
+        return self._file_entries[key]
+
+    def _resolve_file(self, name: str, kind: str, file: Path) -> StrategyEntry:
+        owner = self._file_kinds[kind]
+        reason = owner.unavailable_reason()
+        if reason:  # the file cannot even be read without the backend's package
+            return StrategyEntry(name, None, load_error=reason)
+        choice = owner.resolve_config_file(file)
+        builtin = self.get(choice.builtin)
+        plan = replace(builtin.plan, **choice.plan_changes) if builtin.plan is not None else None
+        return StrategyEntry(
+            name,
+            builtin.cls,
+            f"{choice.summary}, run as {builtin.name}",
+            {**builtin.options, **choice.options},
+            builtin.load_error,
+            plan,
+            ConfigFile(kind, file, choice),
+        )
 
     def create(self, name: str, ctx: RunContext, **user_options: Any) -> Strategy:
         """Instantiate `name` with its preset options overlaid by the user's."""
         entry, options = self._resolved(name, user_options)
         assert entry.cls is not None
+        if entry.config_file is not None:
+            ctx = replace(ctx, config_file=entry.config_file)
         strategy = entry.cls(ctx, **options)
         strategy.name = name
         return strategy

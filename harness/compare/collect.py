@@ -103,7 +103,7 @@ def _stale(out: Path, plan: SweepPlan, results_path: Path) -> bool:
 
 
 def _run_files(out: Path, plan: SweepPlan) -> list[Path]:
-    folders = [out / entry.name for entry in plan.strategies if entry.skipped is None]
+    folders = [out / entry.run_folder for entry in plan.strategies if entry.skipped is None]
     folders += [noise_dir(out, seed) for seed in range(1, plan.noise_runs + 1)]
     names = (RUN_RECORD, "summary.json", "metrics.jsonl")
     return [folder / name for folder in folders for name in names if (folder / name).is_file()]
@@ -120,15 +120,22 @@ def _counts(record: RunRecord | None, plan: SweepPlan) -> bool:
 
 
 def _strategy_result(out: Path, plan: SweepPlan, entry: PlannedStrategy, state: str) -> StrategyResult:
+    result = _outcome(out, plan, entry, state)
+    if entry.label is not None:  # a config file given as a strategy
+        result.strategy, result.runs_as, result.followed = entry.name, entry.runs_as, list(entry.followed)
+    return result
+
+
+def _outcome(out: Path, plan: SweepPlan, entry: PlannedStrategy, state: str) -> StrategyResult:
     if entry.skipped is not None:
-        return StrategyResult(name=entry.name, description=entry.description, status="skipped", error=entry.skipped)
-    run_dir = out / entry.name
+        return StrategyResult(name=entry.shown, description=entry.description, status="skipped", error=entry.skipped)
+    run_dir = out / entry.run_folder
     record = read_record(run_dir)
     if not _counts(record, plan):
         reason = NOT_REACHED.get(state, NOT_REACHED["interrupted"])
-        return StrategyResult(name=entry.name, description=entry.description, status="not run", error=reason)
+        return StrategyResult(name=entry.shown, description=entry.description, status="not run", error=reason)
     assert record is not None
-    result = from_record(entry.name, entry.description, run_dir, out, record)
+    result = from_record(entry.shown, entry.description, run_dir, out, record)
     result.kept = record.label in plan.kept
     return result
 

@@ -5,7 +5,9 @@ Every strategy is its own job in its own session (harness.compare.supervise), so
 an out-of-memory error, a signal or a hang is one strategy's result and the sweep
 goes on; Ctrl-C, SIGTERM or SIGHUP (harness.compare.stop_signals) stops the running job, skips
 the rest and still writes the report for what finished. `single` runs in one process with the
-same global batch: it is the reference the others' loss curves are held to.
+same global batch: it is the reference the others' loss curves are held to. A user's own
+config file runs beside the built-ins (`accelerate:mine.yaml`, `deepspeed:ds.json`), labelled by
+its file's name, its run in a folder of its own (harness/compare/run_names.py).
 
 What the sweep learns is on the disk as it comes: compare.json (the plan) when it starts, each
 run's run.json in its folder, and results.json rewritten after every run, so a compare killed by
@@ -47,6 +49,7 @@ from harness.compare.out_dir_lock import OutDirLock
 from harness.compare.progress import SweepProgress
 from harness.compare.results import StrategyResult, write_results
 from harness.compare.resume import CHECKPOINT_DIR, CONTINUE, KEEP, PlannedRun, decide
+from harness.compare.run_names import RunName, run_names, safe_name
 from harness.compare.run_record import RUN_RECORD, RunRecord
 from harness.compare.stop_signals import StopSignals
 from harness.compare.supervise import JobOutcome, run_job
@@ -70,19 +73,21 @@ def main(args: list[str]) -> int:
         nproc = cfg.nproc or _default_nproc(device_type)
     registry = default_registry()
     names = _strategy_names(cfg, registry)
+    shown = run_names(names, registry)
     check_own_options(cfg, names, registry.names())
     planned = [(name, _skip_reason(registry, name, device_type)) for name in names]
     runnable = [name for name, reason in planned if reason is None]
     shared = train_options(cfg, registry.names())
-    _preflight(cfg, shared, runnable, nproc)
+    followed = _preflight(cfg, shared, runnable, nproc)
 
     out = Path(cfg.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     # The reference runs again with rounding noise right after it finishes: the verdicts' yardstick.
     intended_reference = REFERENCE if REFERENCE in runnable else next(iter(runnable), None)
     noise_count = cfg.noise_runs if intended_reference else 0
-    labels = _listed_with_noise(names, intended_reference, noise_count)
-    sweep = Sweep(cfg, shared, out, nproc, SweepProgress(labels, cfg.steps), device_type)
+    reference_label = shown[intended_reference].label if intended_reference else None
+    labels = _listed_with_noise([shown[name].label for name in names], reference_label, noise_count)
+    sweep = Sweep(cfg, shared, out, nproc, SweepProgress(labels, cfg.steps), device_type, shown)
     if cfg.dry_run:
         return _print_slurm_scripts(sweep, runnable)
     lock = OutDirLock(out)
@@ -106,8 +111,8 @@ def main(args: list[str]) -> int:
         nproc=nproc,
         host=f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores",
         versions=versions,
-        strategies=[PlannedStrategy(name, registry.get(name).description, reason) for name, reason in planned],
-        noise_reference=intended_reference,
+        strategies=[_planned(registry, name, reason, shown[name], followed.get(name, [])) for name, reason in planned],
+        noise_reference=reference_label,
         noise_runs=noise_count,
         kept=[label for label, decision in decisions.items() if decision == KEEP],
     )
@@ -120,6 +125,11 @@ def main(args: list[str]) -> int:
         + (f" | resume=auto: {len(kept)} kept, {len(continued)} to continue" if cfg.resume == "auto" else "")
         + f" | {out}"
     )
+    for entry in plan.strategies:
+        if entry.runs_as is not None:
+            print(f"{entry.shown} ({entry.name}): {entry.description}")
+            for line in entry.followed:
+                print(f"  {line}")
 
     interrupted = False
     searched: dict | None = None
@@ -127,10 +137,10 @@ def main(args: list[str]) -> int:
         sweep.stop = stop
         for entry in plan.strategies:
             if entry.skipped is not None:
-                sweep.progress.finish(entry.name, "skipped", entry.skipped)
+                sweep.progress.finish(entry.shown, "skipped", entry.skipped)
                 continue
             if interrupted:
-                sweep.progress.finish(entry.name, "not run", "the sweep was interrupted before it")
+                sweep.progress.finish(entry.shown, "not run", "the sweep was interrupted before it")
                 continue
             result = sweep.run(runs[entry.name])
             interrupted = result.status == "interrupted" or stop.requested is not None
@@ -165,8 +175,8 @@ def processes_for(name: str, nproc: int) -> int:
 
 
 class Sweep:
-    """Runs strategies and noise runs as supervised launcher jobs into `<out>/<strategy>/` and
-    `<out>/noise/<seed>/`, each with its run.json, and rewrites results.json after each."""
+    """Runs strategies and noise runs as supervised launcher jobs into `<out>/<strategy's folder>/`
+    and `<out>/noise/<seed>/`, each with its run.json, and rewrites results.json after each."""
 
     def __init__(
         self,
@@ -176,9 +186,11 @@ class Sweep:
         nproc: int,
         progress: SweepProgress,
         device_type: str = "cpu",
+        shown: dict[str, RunName] | None = None,
     ):
         self.cfg, self.shared, self.out, self.nproc, self.progress = cfg, shared, out, nproc, progress
         self.device_type = device_type
+        self.shown = shown or {}  # each strategy's label and folder; a name not in it is both
         # One file with the shared options: every run reads the very same configuration
         # (plus, on its command line, the strategy_options section of its own strategy).
         self.train_config = out / "train_config.yaml"
@@ -203,6 +215,13 @@ class Sweep:
     def nproc_for(self, name: str) -> int:
         return processes_for(name, self.nproc)
 
+    def name_of(self, name: str) -> RunName:
+        return self.shown.get(name) or RunName(name, name)
+
+    def strategy_labelled(self, label: str) -> str:
+        """The strategy name behind a label of results.json."""
+        return next((name for name, shown in self.shown.items() if shown.label == label), label)
+
     def planned_run(self, name: str, versions: dict[str, Any], noise_seed: int | None = None) -> PlannedRun:
         """Strategy `name`'s run (or its noise run `noise_seed`), with its configuration's identity."""
         options = {
@@ -212,13 +231,20 @@ class Sweep:
             "noise_seed": noise_seed,
         }
         nodes = 1 if self.nproc_for(name) == 1 or self.cfg.launcher == "local" else self.cfg.nodes
+        file = default_registry().get(name).config_file
         identity = run_identity(
-            options, world_size=self.nproc_for(name), nodes=nodes, device_type=self.device_type, versions=versions
+            options,
+            world_size=self.nproc_for(name),
+            nodes=nodes,
+            device_type=self.device_type,
+            versions=versions,
+            files={f"strategy.{key}": path for key, path in file.choice.files.items()} if file else None,
         )
+        shown = self.name_of(name)
         if noise_seed is None:
-            return PlannedRun(name, name, self.out / name, self.nproc_for(name), identity)
+            return PlannedRun(shown.label, name, self.out / shown.folder, self.nproc_for(name), identity)
         return PlannedRun(
-            f"{name} noise {noise_seed}",
+            f"{shown.label} noise {noise_seed}",
             name,
             noise_dir(self.out, noise_seed),
             self.nproc_for(name),
@@ -311,7 +337,7 @@ class Sweep:
             run.run_dir,
             [*extra, *(["resume=auto"] if continued else [])],
             on_poll=self.poll,
-            job=run.label.replace(" ", "-"),
+            job=safe_name(run.label),
             append_log=continued,
         )
         ran = outcome.ok and (run.run_dir / "summary.json").is_file()
@@ -337,7 +363,8 @@ class Sweep:
     ) -> JobOutcome:
         """`runner.py <command>` (train, or the batch search's probe) for strategy `name` into
         `run_dir`, its output in `log_path` (default run_dir/log.txt). Under SLURM `job` (default
-        `name`) names the script, so that a noise run or a probe does not overwrite the strategy's own."""
+        the strategy's folder) names the script, so that a noise run or a probe does not overwrite
+        the strategy's own."""
         nproc = self.nproc_for(name)
         args = [*self.train_args(name, run_dir, command), f"nproc={nproc}", *extra]
         if self.cfg.launcher == "slurm":
@@ -361,12 +388,12 @@ class Sweep:
         return outcome
 
     def slurm_script(self, name: str, run_dir: Path, args: list[str], job: str | None = None) -> Path:
-        """Write `<out>/slurm/parabench-<job, default name>.sbatch`: the reference on one process, the rest on
-        nodes x gpus_per_node."""
+        """Write `<out>/slurm/parabench-<job, default the strategy's folder>.sbatch`: the reference on one
+        process, the rest on nodes x gpus_per_node."""
         one = self.nproc_for(name) == 1
         nodes, per_node = (1, 1) if one else (self.cfg.nodes, self.nproc // self.cfg.nodes)
         spec = slurm.SlurmJob(
-            name=f"parabench-{job or name}",
+            name=f"parabench-{job or self.name_of(name).folder}",
             nodes=nodes,
             procs_per_node=per_node,
             runner_args=args,
@@ -401,14 +428,24 @@ def _listed_with_noise(names: list[str], reference: str | None, count: int) -> l
 
 
 def predicted(run_dir: Path) -> dict[str, Any]:
-    """What `runner.py plan` predicts for the run in `run_dir`, from its summary.json."""
+    """What `runner.py plan` predicts for the run in `run_dir`, from its summary.json; a config file
+    given as a strategy is planned as the built-in it ran as, with the batch split it followed."""
     from harness.plan import PlanError, prediction_for_run
 
     summary = json.loads((run_dir / "summary.json").read_text())
+    cfg = RunConfig(**summary["config"])
     try:
-        return prediction_for_run(RunConfig(**summary["config"]), summary)
+        runs_as = default_registry().get(cfg.strategy).resolves_to
+    except ValueError as exc:  # the file is gone or broken since the run read it
+        return {"note": f"the planner could not answer: {exc}"}
+    split = (summary.get("micro_batch"), summary.get("grad_accum"))
+    if runs_as is not None and None not in split and split[0] * split[1] * summary["world_size"] == cfg.batch_size:
+        cfg.micro_batch, cfg.grad_accum = split
+    try:
+        prediction = prediction_for_run(cfg, summary)
     except PlanError as exc:
         return {"note": f"the planner could not answer: {exc}"}
+    return {**prediction, "planned_as": runs_as} if runs_as is not None else prediction
 
 
 def _finish_detail(result: StrategyResult) -> str:
@@ -438,7 +475,7 @@ def _print_slurm_scripts(sweep: Sweep, runnable: list[str]) -> int:
     """dry_run=true: write one sbatch script per strategy and print them; submit nothing."""
     sweep.write_train_config()  # what the scripts name
     for name in runnable:
-        run_dir = sweep.out / name
+        run_dir = sweep.out / sweep.name_of(name).folder
         script = sweep.slurm_script(name, run_dir, sweep.train_args(name, run_dir))
         print(f"# ---- {script}\n{script.read_text()}")
     print(
@@ -468,8 +505,17 @@ def _default_nproc(device_type: str) -> int:
 def _strategy_names(cfg: CompareConfig, registry: StrategyRegistry) -> list[str]:
     names = list(dict.fromkeys(cfg.strategies or registry.names()))  # keep order, drop repeats
     for name in names:
-        registry.get(name)  # an unknown name is an error that lists the known ones
+        registry.get(name)  # an unknown name is an error that lists the known ones; a config file is read
     return names
+
+
+def _planned(
+    registry: StrategyRegistry, name: str, skipped: str | None, shown: RunName, followed: list[str]
+) -> PlannedStrategy:
+    entry = registry.get(name)
+    if entry.config_file is None:
+        return PlannedStrategy(name, entry.description, skipped)
+    return PlannedStrategy(name, entry.description, skipped, shown.label, shown.folder, entry.resolves_to, followed)
 
 
 def _skip_reason(registry: StrategyRegistry, name: str, device_type: str) -> str | None:
@@ -480,12 +526,15 @@ def _skip_reason(registry: StrategyRegistry, name: str, device_type: str) -> str
     return f"unsupported on {device_type}: {unsupported}" if unsupported else None
 
 
-def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], nproc: int) -> None:
-    """Bad input fails once, here, as one line, rather than once per strategy."""
+def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], nproc: int) -> dict[str, list[str]]:
+    """Bad input fails once, here, as one line, rather than once per strategy. Returns what each
+    strategy followed of its config file, in words."""
     check_writable(cfg.out_dir)
+    followed = {}
     for name in runnable:
         options = {**shared, "strategy_options": {**shared["strategy_options"], **own_options(cfg, name)}}
-        preflight(RunConfig(**options, strategy=name), processes_for(name, nproc))
+        followed[name] = preflight(RunConfig(**options, strategy=name), processes_for(name, nproc)).followed
+    return followed
 
 
 def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult], device_type: str) -> dict:
@@ -504,12 +553,13 @@ def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult
     try:
         for current in (r.name for r in results if r.ran):
             sweep.progress.note(f"batch search: {current}")
-            searched = _search_one(cfg, sweep, current).as_result()
+            searched = _search_one(cfg, sweep, sweep.strategy_labelled(current)).as_result()
             sweep.progress.note(f"batch search: {current}: {batch_search.describe(searched)}")
             found.append(searched)
     except KeyboardInterrupt:
         interrupted = current
-        stopped = sweep.out / "batch_search" / str(current) / batch_search.SEARCH_FILE
+        stopped = sweep.out / "batch_search" / sweep.name_of(sweep.strategy_labelled(str(current))).folder
+        stopped = stopped / batch_search.SEARCH_FILE
         if stopped.is_file():  # the probes it made before the stop
             found.append(batch_search.load(stopped).as_result())
     return {
@@ -521,9 +571,10 @@ def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult
 
 
 def _search_one(cfg: CompareConfig, sweep: Sweep, name: str) -> batch_search.Search:
-    """One strategy's search, its files in <out>/batch_search/<name>/ (search.json, a log per job)."""
+    """One strategy's search, its files in <out>/batch_search/<its folder>/ (search.json, a log per job)."""
     nproc = sweep.nproc_for(name)
-    folder = sweep.out / "batch_search" / name
+    shown = sweep.name_of(name)
+    folder = sweep.out / "batch_search" / shown.folder
     shutil.rmtree(folder, ignore_errors=True)  # an earlier compare's probes into the same out_dir
     folder.mkdir(parents=True)
     if nproc > 1:
@@ -536,7 +587,7 @@ def _search_one(cfg: CompareConfig, sweep: Sweep, name: str) -> batch_search.Sea
     else:
         why_not = None
     initial = batch_search.Search(
-        strategy=name,
+        strategy=shown.label,
         world_size=nproc,
         fallback_start=cfg.micro_batch or max(1, cfg.batch_size // nproc),
         job_time_s=cfg.timeout_s,
@@ -553,7 +604,7 @@ def _search_one(cfg: CompareConfig, sweep: Sweep, name: str) -> batch_search.Sea
             on_poll=sweep.poll,
             command="probe",
             log_path=folder / f"job_{next(jobs)}.log",
-            job=f"{name}-probe",
+            job=f"{shown.folder}-probe",
         )
 
     return batch_search.search(folder / batch_search.SEARCH_FILE, initial, launch)

@@ -6,7 +6,8 @@ In it: every option of the run (model, data, seed, batch, steps, precision, the 
 rate, the strategy and its options, the noise seed, ...), the world size, the nodes and the
 device type, the versions of torch, DeepSpeed and Accelerate, and the content of every file
 an option names (a token file, a DeepSpeed JSON, a strategy named by its config file as in
-`accelerate:my.yaml`): a changed file is a changed configuration. Not in it: where the run
+`accelerate:my.yaml`, and the files that config file names in turn, such as the DeepSpeed JSON of
+an Accelerate config): a changed file is a changed configuration. Not in it: where the run
 writes, how long it may take, how often it logs and checkpoints.
 
 The identity is flat (`strategy_options.bucket_cap_mb`, `versions.torch`, `file.data`), so a
@@ -40,10 +41,17 @@ class ConfigurationChanged(ConfigError):
 
 
 def run_identity(
-    options: dict[str, Any], *, world_size: int, nodes: int, device_type: str, versions: dict[str, Any]
+    options: dict[str, Any],
+    *,
+    world_size: int,
+    nodes: int,
+    device_type: str,
+    versions: dict[str, Any],
+    files: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """The flat identity of one run whose configuration is `options` (RunConfig's keys, the
-    strategy's own options merged into strategy_options)."""
+    strategy's own options merged into strategy_options); `files` are further files the run
+    reads, by the key that names them (the DeepSpeed JSON an Accelerate config names)."""
     identity = _flat({k: v for k, v in options.items() if k not in NEUTRAL_KEYS})
     identity.update(world_size=world_size, nodes=nodes, device_type=device_type)
     identity.update({f"versions.{name}": versions.get(name) for name in VERSIONED})
@@ -51,6 +59,8 @@ def run_identity(
         named = _named_file(value)
         if named is not None:
             identity[f"file.{key}"] = fingerprint(named)
+    for key, path in (files or {}).items():
+        identity[f"file.{key}"] = fingerprint(path)
     return json.loads(json.dumps(identity))  # as run.json will read back: lists, not tuples
 
 

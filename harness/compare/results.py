@@ -22,7 +22,8 @@ RESULTS_FILE = "results.json"
 # 2: verdicts against measured noise (verdict_kind, noise_ratio, the sweep's "noise");
 # 3: the batch search's prediction, probes and times;
 # 4: rewritten after every run: the sweep's state, each run's configuration hash, the runs kept from before.
-FORMAT_VERSION = 4
+# 5: config files as strategies: an entry's strategy as given, the built-in it ran as, what it followed.
+FORMAT_VERSION = 5
 # Figures copied from each run's summary.json.
 SUMMARY_FIELDS = (
     "final_loss",
@@ -49,8 +50,13 @@ class ResultsError(ValueError):
 
 @dataclass
 class StrategyResult:
-    name: str
+    name: str  # as the compare labels it (harness/compare/run_names.py)
     description: str = ""
+    # A config file given as a strategy: the strategy as given (`accelerate:configs/mine.yaml`), the
+    # built-in it ran as and what it followed of the file; None and empty for a registered name.
+    strategy: str | None = None
+    runs_as: str | None = None
+    followed: list[str] = field(default_factory=list)
     # ok (ran to the end), failed (error_kind says how), skipped (never started: unavailable or
     # unsupported here), interrupted (stopped by Ctrl-C, SIGTERM or SIGHUP, or killed with the compare),
     # not run (after those, or not reached yet).

@@ -20,9 +20,22 @@ NOISE_DIR = "noise"
 
 @dataclass
 class PlannedStrategy:
-    name: str
+    name: str  # as given: `fsdp`, `accelerate:configs/mine.yaml`
     description: str
     skipped: str | None = None  # why it never starts here (unavailable, unsupported); None: it runs
+    # A config file's label and folder (harness/compare/run_names.py); None: the name is both.
+    label: str | None = None
+    folder: str | None = None
+    runs_as: str | None = None  # the built-in a config file runs as
+    followed: list[str] = field(default_factory=list)  # what its strategy followed of the file, in words
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.name
+
+    @property
+    def run_folder(self) -> str:
+        return self.folder or self.name
 
 
 @dataclass
@@ -39,7 +52,7 @@ class SweepPlan:
     host: str
     versions: dict[str, Any]
     strategies: list[PlannedStrategy]
-    noise_reference: str | None  # the strategy the noise runs repeat
+    noise_reference: str | None  # the label of the strategy the noise runs repeat
     noise_runs: int
     kept: list[str] = field(default_factory=list)  # labels of the runs kept from an earlier compare
 

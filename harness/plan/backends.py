@@ -2,7 +2,8 @@
 it runs mixed precision, which buffers it allocates and when it communicates.
 
 Every registered strategy with a PlanModel (strategies/plan_model.py) is planned from it, a
-plugin's as a built-in's: the planner never asks for a strategy by name. The buffer sizes and
+plugin's as a built-in's: the planner never asks for a strategy by name. A config file given as a
+strategy (`accelerate:mine.yaml`) is planned, under its own name, as the built-in it runs as. The buffer sizes and
 the layout's sizes (tp_size, shard_size, zero_hpz_partition_size) come from the strategy's own
 option defaults, overlaid by the user's.
 """
@@ -35,6 +36,12 @@ class Backend(PlanModel):
     name: str = ""
     options: dict[str, Any] = field(default_factory=dict)  # bucket sizes and other knobs, defaults filled in
     single_process: bool = False  # the strategy's class runs one process whatever the GPU count
+    runs_as: str | None = None  # a config file given as a strategy: the built-in it runs as
+
+    @property
+    def measured_as(self) -> str:
+        """The name a calibration's measurements of this strategy are kept under."""
+        return self.runs_as or self.name
 
     @property
     def replicated(self) -> bool:
@@ -102,12 +109,39 @@ def known_backends() -> list[str]:
     return list(planner_models())
 
 
+def model_of(name: str) -> Backend | None:
+    """The planner's model of strategy `name` (None: it has none): a registered strategy's, or for a
+    config file given as a strategy, the model of the built-in the registry resolves it to."""
+    models = planner_models()
+    if name in models or ":" not in name:
+        return models.get(name)
+    from strategies.registry import default_registry
+
+    try:
+        entry = default_registry().get(name)
+    except ValueError as exc:  # no such file, or one no built-in runs: the registry's one line
+        raise PlanError(str(exc)) from None
+    if entry.plan is None:
+        return None
+    fields_of = {f.name: getattr(entry.plan, f.name) for f in fields(PlanModel)}
+    return Backend(**fields_of, name=name, single_process=entry.one_process, runs_as=entry.resolves_to)
+
+
+def planned_as(name: str) -> str | None:
+    """The built-in a config file given as a strategy is planned as; None for a registered name."""
+    if ":" not in name or name in planner_models():
+        return None
+    from strategies.registry import default_registry
+
+    return default_registry().get(name).resolves_to
+
+
 def _plugin_defaults(name: str) -> dict[str, Any]:
     """Keyword defaults of the registered plugin class, overlaid by the name's preset options."""
     from strategies.registry import default_registry
 
     registry = default_registry()
-    return registry.get(name).option_values() if name in registry.names() else {}
+    return registry.get(name).option_values() if name in registry.names() or ":" in name else {}
 
 
 def _deepspeed_sizing(backend: Backend, shape: ModelShape, world: int) -> dict[str, Any]:
@@ -123,10 +157,10 @@ def backend_for(
 ) -> Backend:
     """The planner's model of strategy `name` for this model on `world` GPUs, with its bucket
     sizes and knobs filled in."""
-    models = planner_models()
-    if name not in models:
-        raise PlanError(f"no planner model for strategy {name!r}: the planner knows {', '.join(models)}")
-    return filled_in(models[name], shape, precision, world, {**_plugin_defaults(name), **(user_options or {})})
+    model = model_of(name)
+    if model is None:
+        raise PlanError(f"no planner model for strategy {name!r}: the planner knows {', '.join(planner_models())}")
+    return filled_in(model, shape, precision, world, {**_plugin_defaults(name), **(user_options or {})})
 
 
 def backend_of(plan: PlanModel, name: str, options: dict[str, Any] | None = None) -> Backend:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from harness.plan.backends import known_backends
+from harness.plan.backends import model_of
 from harness.plan.predict import Question, plan_strategy
 
 SEARCH_FRACTION = 0.95
@@ -24,7 +24,7 @@ def largest_micro_batch(name: str, question: Question, *, limit: int, fraction: 
     memory is within `fraction` of the question's GPU memory: 0 where not even one sequence is
     predicted to fit, None where the planner has no model of the strategy or no estimate of its
     activations."""
-    if name not in known_backends():
+    if model_of(name) is None:
         return None
     usable = fraction * question.capacity_bytes
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.common import hardware
-from harness.plan.backends import known_backends
+from harness.plan.backends import model_of
 from harness.plan.calibration import default_factors
 from harness.plan.model_shape import shape_of_spec
 from harness.plan.network import DEFAULT_FABRIC, FABRICS, IntraNode, Topology, parse_intra
@@ -51,7 +51,7 @@ def prediction_for_run(cfg: Any, summary: dict[str, Any]) -> dict[str, Any]:
     None for what is not predicted (peak and speed on a CPU, everything for a strategy the
     planner has no model of)."""
     keys = [f"mem_{c}_bytes" for c in CATEGORIES] + ["peak_mem_allocated_bytes", "tokens_per_s"]
-    if cfg.strategy not in known_backends():
+    if model_of(cfg.strategy) is None:
         return {**dict.fromkeys(keys), "note": f"the planner has no model of strategy {cfg.strategy!r}"}
     memory = summary.get("device_memory_bytes")
     on_gpu = summary.get("device_type") == "cuda" and memory is not None

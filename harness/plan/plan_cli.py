@@ -20,7 +20,7 @@ from typing import Any
 
 from configs.schema import load_config
 from harness.common.units import GB, GIB
-from harness.plan.backends import known_backends, planner_models
+from harness.plan.backends import known_backends, model_of, planned_as
 from harness.plan.engines import engine_differences
 from harness.plan.model_shape import PlanError
 from harness.plan.model_states import zero_paper_bytes_per_gpu
@@ -39,19 +39,23 @@ def strategy_names(cfg: PlanConfig, gpus: int | None = None) -> list[str]:
     count = gpus if gpus is not None else gpu_counts(cfg)[0]
     known = known_backends()
     if cfg.strategies:
-        unknown = [s for s in cfg.strategies if s not in known]
+        unknown = [s for s in cfg.strategies if s not in known and model_of(s) is None]
         if unknown:
             raise PlanError(f"unknown strategy {', '.join(unknown)}: the planner knows {', '.join(known)}")
         names = list(cfg.strategies)
     else:
         names = [n for n in default_registry().names() if n in known]
     if count > 1:
-        models = planner_models()
-        alone = [n for n in names if models[n].one_process]
+        alone = [n for n in names if model_of(n).one_process]
         if cfg.strategies and alone:
             raise PlanError(f"strategy {alone[0]} runs on one GPU but gpus={count}: drop it or set gpus=1")
         names = [n for n in names if n not in alone]
     return names
+
+
+def _config_files(names: list[str]) -> list[str]:
+    """A line for each config file given as a strategy: the built-in it is planned as."""
+    return [f"{name} is planned as {planned_as(name)}, the built-in it runs as." for name in names if planned_as(name)]
 
 
 def _gb(n: float | None) -> str:
@@ -258,6 +262,7 @@ def _single(cfg: PlanConfig) -> int:
             *engine_differences(plans, q),
             *unmodelled(plans, q),
             *(f"Not planned: {name}: {why}" for name, why in not_planned.items()),
+            *_config_files([p.name for p in plans]),
             "",
         ]
         + rec.lines
@@ -298,6 +303,7 @@ def _sweep(cfg: PlanConfig) -> int:
     lines = [f"parabench plan | {models} on {counts} GPUs", *heading(first)[1:], ""] + aligned(rows, left=4) + [""]
     for q, _, rec in points:
         lines.append(f"{q.shape.name} on {q.gpus} GPUs: {rec.lines[0]}")
+    lines += _config_files(list(cfg.strategies or []))
     print("\n".join(lines + [f"wrote {p}" for p in plots]))
     return 0
 

@@ -236,7 +236,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, tokens)
     grads_held = buffers.grads_resident or q.grad_accum > 1
     peak = peak_allocated(on_device(states), acts, buffers, grads_held)
-    missed = q.factors.memory_per_param.get(backend.name)
+    missed = q.factors.memory_per_param.get(backend.measured_as)
     if peak is not None and missed and missed > 0:
         # What a calibration found the model to miss, per parameter this GPU holds (the stage's
         # shards of it under ZeRO-3 and FSDP). Only added: a model found to over-predict one run

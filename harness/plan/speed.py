@@ -135,8 +135,8 @@ def overhead_per_micro_step(backend: Backend, factors: SpeedFactors) -> float:
     """A strategy's measured overhead; one not measured is priced as the measured strategy that
     runs the same engine and stage the same way (its hooks are the engine's: accelerate-zero3 as
     zero3, a hybrid or tensor-parallel FSDP as fsdp), and as nothing where none was."""
-    if backend.name in factors.overhead_s:
-        return factors.overhead_s[backend.name]
+    if backend.measured_as in factors.overhead_s:
+        return factors.overhead_s[backend.measured_as]
     same = ("engine", "stage", "reshard_after_forward", "offload_optimizer", "data_parallel", "replicas")
     for model in planner_models().values():
         if model.name in factors.overhead_s and not model.via_accelerate:

@@ -114,6 +114,7 @@ def _elements(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyRe
     elements: list[Element] = [*_overview(sweep, results)]
     elements += [Heading("Summary (fastest first)"), _summary_table(ran, device_type)]
     elements += _meshes(compare_dir, ran)
+    elements += _config_files(results)
     elements += _verdict_rule(sweep) + _unstable_start(curves.get(reference, []), sweep)
     if device_type == "cpu":
         elements.append(
@@ -359,6 +360,25 @@ def _meshes(compare_dir: Path, ran: list[StrategyResult]) -> list[Element]:
             "and the loss is the mean over the global batch either way."
         ),
         Table(["strategy", "mesh", "data split over", "data-parallel ranks", "note"], rows, right_aligned={3}),
+    ]
+
+
+def _config_files(results: list[StrategyResult]) -> list[Element]:
+    """The config files given as strategies: which file each label is, the built-in it ran as (and
+    was planned as), and what parabench followed of it."""
+    files = [r for r in results if r.strategy is not None]
+    if not files:
+        return []
+    rows = [[f"`{r.name}`", f"`{r.strategy}`", r.description, "; ".join(r.followed) or "-"] for r in files]
+    return [
+        Heading("Config files"),
+        Paragraph(
+            "Each file ran through its backend as its users run it (an Accelerate config as `accelerate launch "
+            "--config_file` sets Accelerate up, a DeepSpeed JSON through `deepspeed.initialize`), on the same model, "
+            "data, seed and global batch as the rest, by the class of the built-in it amounts to, which the planner "
+            "planned it as. What parabench followed of each file instead of refusing it:"
+        ),
+        Table(["strategy", "file", "what it is", "followed"], rows),
     ]
 
 

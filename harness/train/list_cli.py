@@ -1,5 +1,6 @@
 """`runner.py list`: strategies (available or not, and why) and models with their sizes.
-`runner.py list --markdown`: the strategies as a Markdown table (the README's table)."""
+`runner.py list --markdown`: the strategies as a Markdown table (the README's table).
+`runner.py list accelerate:mine.yaml deepspeed:ds.json`: what each config file runs as."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def main(args: list[str]) -> int:
         print("\n".join(strategy_table(default_registry())))
         return 0
     if args:
-        raise ValueError(f"list takes no arguments but --markdown (got {' '.join(args)})")
+        return _config_files(args)
     print("strategies:")
     for entry in default_registry().entries():
         reason = entry.unavailable_reason
@@ -47,4 +48,21 @@ def main(args: list[str]) -> int:
         )
         print(f"  {name:<18} {info['params'] / 1e6:>10.2f}M params{shape}")
     print("  any user model as model=package.module:build (with model_kwargs.<name>=<value>)")
+    kinds = default_registry().file_kinds()
+    if kinds:
+        print("config files:")
+        print(f"  any {', '.join(kinds)} config file as a strategy: {', '.join(f'{k}:<file>' for k in kinds)}")
+    return 0
+
+
+def _config_files(names: list[str]) -> int:
+    """What each `<kind>:<path>` runs as: the built-in whose class runs it and whose PlanModel plans it."""
+    registry = default_registry()
+    for name in names:
+        entry = registry.get(name)
+        if entry.config_file is None:
+            raise ValueError(f"list takes --markdown or config files as <kind>:<path> (got {name})")
+        reason = entry.unavailable_reason
+        status = "available" if reason is None else f"unavailable: {reason}"
+        print(f"{name}: {entry.description} (planned as {entry.resolves_to})  [{status}]")
     return 0

@@ -7,12 +7,12 @@ from configs.schema import RunConfig
 from harness.common.writable import check_writable
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
-from strategies.base import StrategyError
+from strategies.base import Strategy, StrategyError
 from strategies.registry import default_registry
 from strategies.single import started_more_than_one
 
 
-def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None) -> None:
+def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None) -> Strategy:
     """Catch bad input in the parent, once, before any worker starts: one line, not N tracebacks.
 
     A strategy that cannot run on the run's device says why. Its mesh is laid out for the
@@ -20,7 +20,8 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     constructed (not set up): plugins check their options and configuration files in __init__,
     so those errors surface here too. The model is built on the meta device and prepared as the
     run will (its blocks found, checkpointing turned on), and the strategy checks it can lay it out.
-    The out_dir is created and tried with a file, the trackers' libraries looked for.
+    The out_dir is created and tried with a file, the trackers' libraries looked for. Returns the
+    strategy as constructed for rank 0 (what it followed of a config file: its `followed`).
     """
     import torch
 
@@ -47,3 +48,4 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     strategy.check_model(model)
     if cfg.data != "markov":
         TokenFileData(cfg.data, cfg.seq_len)
+    return strategy

@@ -4,7 +4,9 @@ mode's class), the loop's verbs through it, and Accelerate's own checkpoints.
 
 Under `accelerate launch` Accelerate takes its own settings from the ACCELERATE_* environment
 the launcher sets, and settings that contradict the chosen strategy name or the run are
-refused in one line (environment.py). Either way it reuses the process group the runner
+refused in one line (environment.py). `accelerate:<file.yaml>` runs a user's own config the same
+way: the settings `accelerate launch` would set from it are made by Accelerate's launch code and
+set while the run's Accelerator lives (accelerate_file.py). Either way it reuses the process group the runner
 created; Accelerate's state is checked to agree with it.
 
 Checkpoints are Accelerate's own `save_state`/`load_state` directories, one format per
@@ -25,6 +27,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Iterator
 
+from strategies.accelerate.accelerate_file import AccelerateFile
 from strategies.accelerate.environment import (
     ACCELERATE_PRECISION,
     AccelerateEnvironment,
@@ -32,6 +35,7 @@ from strategies.accelerate.environment import (
     launched_by_accelerate,
 )
 from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, missing_package_reason
+from strategies.config_files import FileChoice
 
 if TYPE_CHECKING:
     import torch
@@ -56,10 +60,19 @@ class AccelerateStrategy(Strategy):
     listing_order = 40
     # The distributed type Accelerate must choose for this mode (None: whatever DDP it picks).
     distributed_type: str | None = None
+    config_file_kind = "accelerate"  # `accelerate:<file.yaml>`
 
     def __init__(self, ctx: RunContext):
+        file = ctx.config_file
+        self.file = AccelerateFile.read(file.path, file.label) if file is not None else None
+        # What `accelerate launch --config_file` would set from the file (None: no file, the process's own).
+        self._file_env: dict[str, str] | None = None
+        followed: list[str] = []
+        if self.file is not None:  # the file may split the batch its own way: the context says so from here on
+            ctx, followed, self._file_env = self.file.for_run(ctx)
         super().__init__(ctx)
-        check_launcher_settings(os.environ, self.mode, ctx)
+        self.followed = followed
+        check_launcher_settings(os.environ if self._file_env is None else self._file_env, self.mode, ctx)
         # Each mode writes its own layout.
         self.checkpoint_format = f"accelerate-{self.mode}"
         self.accelerator: Accelerator | None = None
@@ -73,6 +86,10 @@ class AccelerateStrategy(Strategy):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         return missing_package_reason("accelerate", "pip install accelerate")
+
+    @classmethod
+    def resolve_config_file(cls, path: Path) -> FileChoice:
+        return AccelerateFile.read(path, f"{cls.config_file_kind}:{path}").choice()
 
     # ---- what each mode adds ------------------------------------------------------------
 
@@ -117,6 +134,7 @@ class AccelerateStrategy(Strategy):
         self._check_state_matches_runner()
         if self.ctx.rank == 0:
             print(self._mode_line(), flush=True)
+        self.say_followed()
         # On the device before the optimizer exists, so that it is built there (fused AdamW on CUDA).
         model = model.to(self.ctx.device)
         self._before_optimizer(model)
@@ -132,7 +150,12 @@ class AccelerateStrategy(Strategy):
         from accelerate import Accelerator
         from accelerate.utils import InitProcessGroupKwargs
 
-        self._environment = AccelerateEnvironment()
+        launch = dict(self._file_env or {})
+        if self.ctx.device.type == "cpu":
+            # Told by this flag, Accelerate would build the file's ParallelismConfig and check it before FSDP
+            # is on; the mode attaches the same sizes (its mesh, from the file) once it is, as for its own.
+            launch.pop("ACCELERATE_USE_PARALLELISM_CONFIG", None)
+        self._environment = AccelerateEnvironment(launch)
         plugins = self._plugins(model)
         handlers = self._handlers()
         if self.ctx.device.type == "cpu":
@@ -181,7 +204,10 @@ class AccelerateStrategy(Strategy):
 
     def _mode_line(self) -> str:
         acc = self.accelerator
-        source = "accelerate launch config" if launched_by_accelerate(os.environ) else "configured in code"
+        if self.file is not None:
+            source = f"accelerate config {self.file.path.name}"
+        else:
+            source = "accelerate launch config" if launched_by_accelerate(os.environ) else "configured in code"
         return (
             f"accelerate: mode {self.mode} ({source}): {self._mode_detail()}, {acc.num_processes} "
             f"process{'es' if acc.num_processes != 1 else ''}, "

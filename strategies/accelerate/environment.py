@@ -138,10 +138,12 @@ def check_launcher_settings(env: Mapping[str, str], mode: str, ctx: RunContext) 
 class AccelerateEnvironment:
     """The process-wide state an Accelerator leaves behind (its singletons, the variables it
     writes into os.environ), saved before one is built and put back at teardown, so that a
-    second run in the same process (the batch search's probes) starts clean."""
+    second run in the same process (the batch search's probes) starts clean. `launch` is set
+    meanwhile: the settings `accelerate launch` would have set from a user's config file."""
 
-    def __init__(self) -> None:
-        self._env_before = {k: os.environ.get(k) for k in _ENV_WRITTEN_BY_ACCELERATE}
+    def __init__(self, launch: Mapping[str, str]) -> None:
+        self._env_before = {k: os.environ.get(k) for k in {*_ENV_WRITTEN_BY_ACCELERATE, *launch}}
+        os.environ.update(launch)
 
     @staticmethod
     def enable_fsdp_on_cpu(accelerator: Accelerator, fsdp_plugin: Any) -> None:

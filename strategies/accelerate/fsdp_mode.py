@@ -39,6 +39,11 @@ class AccelerateFSDPStrategy(AccelerateStrategy):
     def recovers_from_oom(cls, options: dict[str, Any]) -> bool:
         return True  # teardown frees the Accelerator and resets its process-wide state
 
+    def check_model(self, model: nn.Module) -> None:
+        super().check_model(model)
+        if self.file is not None:
+            self.file.check_model(model)
+
     def compile(self, model: nn.Module) -> str:
         # FSDP hooks each block (gather and release its parameters): per block, as under the native fsdp.
         return compile_blocks(model, self.find_blocks(model))

@@ -95,6 +95,10 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
                 zero3_init_flag=False,  # the model is built before the engine, the same for every strategy
             )
         config = plugin.deepspeed_config
+        if self.file is not None:
+            # An optimizer section of the file's DeepSpeed JSON is there only if it is the run's AdamW
+            # (accelerate_file.py checked it): the runner's AdamW is that optimizer.
+            config.pop("optimizer", None)
         for key in ("optimizer", "scheduler"):
             if key in config:
                 raise StrategyError(
@@ -127,6 +131,10 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
         for key, value in sizing.items():
             if zero_config.get(key, "auto") == "auto":
                 zero_config[key] = value
+        # Any other "auto" of a DeepSpeed JSON (the ZeRO-3 prefetch bucket): DeepSpeed's own default, as
+        # under zero1-3; Accelerate would size it from a transformers model's hidden size.
+        for key in [key for key, value in zero_config.items() if value == "auto"]:
+            del zero_config[key]
         return {"deepspeed_plugin": plugin}
 
     def _merge_user_deepspeed_config(self, config: dict[str, Any], stage: int) -> None:
