@@ -74,8 +74,8 @@ def engine_differences(plans: list[StrategyPlan], q: Question) -> list[str]:
 
 def _measured_apart(plan: StrategyPlan, native: StrategyPlan, q: Question) -> str:
     """What the calibration measured of each beyond the model, where it differs by 1 ms or more."""
-    ours = q.factors.overhead_s.get(plan.name)
-    theirs = q.factors.overhead_s.get(native.name)
+    ours = q.factors.overhead_s.get(plan.backend.measured_as)
+    theirs = q.factors.overhead_s.get(native.backend.measured_as)
     if ours is None or theirs is None or abs(ours - theirs) < 1e-3:
         return ""
     more = ours - theirs

@@ -178,7 +178,7 @@ def step_time(
     contended = contention(overlap, sms, memory_bytes_per_s)
     offload_s = 0.0
     if backend.offload_optimizer:
-        rate = factors.host_s_per_param.get(backend.name, HOST_ADAM_S_PER_PARAM)
+        rate = factors.host_s_per_param.get(backend.measured_as, HOST_ADAM_S_PER_PARAM)
         offload_s = shard_params * topology.per_node * rate  # a node's CPUs step all its GPUs' shards
     overhead = grad_accum * overhead_per_micro_step(backend, factors)
     what = "the backend's own work, as measured" if overhead else ""
