@@ -11,11 +11,11 @@ import dataclasses
 import importlib
 from typing import Any, Callable
 
-import torch
 import torch.nn as nn
 
 from models.gpt import GPT, PRESETS
 from models.mlp import TokenMLP
+from models.on_meta import on_meta
 
 
 class ModelError(ValueError):
@@ -88,7 +88,7 @@ def flops_per_token(model: nn.Module, seq_len: int) -> float:
 
 def describe(spec: str) -> dict[str, Any]:
     """Parameter count and shape of a zoo model, built on the meta device (no memory)."""
-    with torch.device("meta"):
+    with on_meta():
         model = build_model(spec)
     info: dict[str, Any] = {"name": spec, "params": num_params(model)}
     if isinstance(model, GPT):

@@ -7,6 +7,7 @@ from configs.schema import RunConfig
 from harness.common.writable import check_writable
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
+from models.on_meta import on_meta
 from strategies.base import Strategy, StrategyError
 from strategies.registry import default_registry
 from strategies.single import started_more_than_one
@@ -43,7 +44,7 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     strategy = create_strategy(cfg, env)
     if world_size > 1 and registry.get(cfg.strategy).one_process:
         raise started_more_than_one(cfg.strategy, world_size)
-    with torch.device("meta"):
+    with on_meta():
         model, _, _ = prepare_model(cfg)
     strategy.check_model(model)
     if cfg.data != "markov":
