@@ -38,7 +38,6 @@ EXTRA = {
     (RECURRENT, "zero3"): ["activation_checkpointing=true"],
     (DECODER, "accelerate-fsdp"): ["activation_checkpointing=true"],
     (NESTED, "fsdp"): ["activation_checkpointing=true", "compile=true"],
-    (NESTED, "zero3"): ["activation_checkpointing=true"],
 }
 RUN_TIMEOUT = 300
 
@@ -228,9 +227,19 @@ UNITS = {
 }
 
 
+# Every model under fsdp, and each other per-block backend on a model of its own: the blocks are
+# found by one function for all of them, and each backend's wrapping of them is what differs.
+SHARDED_RUNS = [
+    (RECURRENT, "fsdp"),
+    (DECODER, "fsdp"),
+    (NESTED, "fsdp"),
+    (DECODER, "accelerate-fsdp"),
+    (RECURRENT, "zero3"),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy", ["fsdp", "accelerate-fsdp", "zero3"])
-@pytest.mark.parametrize("model", list(EXPECTED))
+@pytest.mark.parametrize("model, strategy", SHARDED_RUNS)
 def test_user_model_matches_single_sharded_per_block(trained, model, strategy):
     summary, rows, _ = trained(model, strategy)
     _, reference, _ = trained(model, "single")

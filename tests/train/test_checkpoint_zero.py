@@ -32,6 +32,9 @@ _NEEDS_ACCELERATE = pytest.mark.skipif(
     reason="needs accelerate and transformers",
 )
 RESUMABLE = (*STAGES, *(pytest.param(name, marks=_NEEDS_ACCELERATE) for name in ("accelerate-ddp", "accelerate-zero2")))
+# ZeRO-1 and ZeRO-2 are one optimizer class in DeepSpeed, which saves and loads both alike: the
+# kill and resume runs once for it, as zero2; zero1's own checkpoint is still exported and checked.
+KILLED_AND_RESUMED = [name for name in RESUMABLE if name != "zero1"]
 # Room for DeepSpeed's one-time JIT build of its shared-memory op in whichever run comes first.
 RUN_TIMEOUT = 480
 
@@ -74,7 +77,7 @@ def continued(strategy: str, source: Path, base: Path) -> tuple[Path, str]:
     return out, proc.stdout
 
 
-@pytest.mark.parametrize("strategy", RESUMABLE)
+@pytest.mark.parametrize("strategy", KILLED_AND_RESUMED)
 def test_killed_rank_then_resume_matches_the_uninterrupted_run_bit_for_bit(strategy, tmp_path_factory, tmp_path):
     reference = losses(straight_run(strategy, tmp_path_factory.getbasetemp()))
     left, stdout = killed_and_resumed(strategy, tmp_path / "killed")
