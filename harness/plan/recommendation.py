@@ -100,6 +100,17 @@ def _why_not(p: StrategyPlan) -> str:
     )
 
 
+def _numerics(p: StrategyPlan, q: Question) -> list[str]:
+    """What a strategy changes in the numbers it trains with, beyond the order of sums: said wherever
+    the plan points at it, since a plan prices speed and memory, not the loss curve."""
+    if not p.backend.quantized_comm or q.precision == "fp32":
+        return []
+    return [
+        f"{p.name} sends weights as int8 and gradients as int4 (ZeRO++ qwZ and qgZ): its loss can drift from "
+        "zero3's; compare the two on a smaller model (runner.py compare) before a long run."
+    ]
+
+
 def _why_best(best: StrategyPlan, plans: list[StrategyPlan], q: Question) -> str:
     """Why the chosen strategy wins, against what it beats."""
     lost = [p for p in plans if p.fits is False]
@@ -181,6 +192,7 @@ def _nothing_fits(plans: list[StrategyPlan], q: Question) -> Recommendation:
                 f"Use {best.name} with activation_checkpointing={mode}: the fastest that then fits, "
                 f"{_gib(best.peak_bytes)} per GPU{speed}."
             )
+            lines += _numerics(best, q)
             return Recommendation(best.name, fitting[1].name if len(fitting) > 1 else None, lines)
     for p in sorted(plans, key=lambda p: p.peak_bytes or 0)[:3]:
         ways = _fits_with(p.name, q)
@@ -211,7 +223,8 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     )
     lines = [
         f"Use {best.name}: the fastest that fits, {_gib(best.peak_bytes)} per GPU{speed}{unknown}; "
-        f"{_why_best(best, plans, q)}."
+        f"{_why_best(best, plans, q)}.",
+        *_numerics(best, q),
     ]
     runner_up = ranked[1] if len(ranked) > 1 else None
     if runner_up:
@@ -226,6 +239,7 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
         ways = _fits_with(fastest.name, q)
         if ways:
             lines.append(f"What would change the answer: {fastest.name} is faster and fits with {' or '.join(ways)}.")
+            lines += _numerics(fastest, q)
     elif best.time and best.time.efficiency < 0.8:
         lines.append(
             f"What would change the answer: communication costs {best.name} {1 - best.time.efficiency:.0%} of its step "

@@ -122,6 +122,11 @@ def test_hpz_keeps_a_secondary_copy_in_the_node_and_gathers_from_it():
     assert hpz.time.exposed_comm_s < zero3.time.exposed_comm_s
     # qwZ and qgZ: int8 weights and int4 gradients on the wire.
     assert zeropp.time.wire_bytes < hpz.time.wire_bytes / 2
+    # A plan prices speed, not the loss: pointing at quantized communication, it says what that risks.
+    caveat = "test-zero3-zeropp sends weights as int8 and gradients as int4"
+    rec = recommend([zeropp, zero3], q)
+    assert rec.best == "test-zero3-zeropp" and any(line.startswith(caveat) for line in rec.lines)
+    assert not any(caveat in line for line in recommend([hpz, zero3], q).lines)
 
 
 def test_dataparallel_shows_the_gpu0_gather_that_makes_it_slow():
