@@ -10,7 +10,8 @@ model is built, as Hugging Face's loaders skip them for weights about to be repl
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -35,17 +36,24 @@ _INITIALISERS = (
 
 @contextlib.contextmanager
 def on_meta() -> Iterator[None]:
-    """Build modules on the meta device with torch.nn.init's initialisers skipped."""
+    """Build modules on the meta device with torch.nn.init's initialisers skipping meta tensors.
+
+    A library imported while the model is built may keep its own reference to an initialiser
+    (transformers does): what it keeps initialises every tensor but a meta one, as before."""
     saved = {name: getattr(torch.nn.init, name) for name in _INITIALISERS}
     try:
-        for name in saved:
-            setattr(torch.nn.init, name, _unchanged)
+        for name, initialiser in saved.items():
+            setattr(torch.nn.init, name, _skipping_meta(initialiser))
         with torch.device("meta"):
             yield
     finally:
-        for name, function in saved.items():
-            setattr(torch.nn.init, name, function)
+        for name, initialiser in saved.items():
+            setattr(torch.nn.init, name, initialiser)
 
 
-def _unchanged(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
-    return tensor
+def _skipping_meta(initialiser: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    @functools.wraps(initialiser)
+    def initialise(tensor: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        return tensor if tensor.is_meta else initialiser(tensor, *args, **kwargs)
+
+    return initialise

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import sys
+
 import pytest
 import torch
 
 from models.gpt import GPT, PRESETS
 from models.zoo import ModelError, build_model, describe, flops_per_token, num_params
+from tests.helpers import run_bounded
 
 
 @pytest.mark.parametrize(
@@ -82,3 +87,39 @@ def test_every_preset_builds_on_meta():
     for name in PRESETS:
         with torch.device("meta"):
             assert isinstance(build_model(name), GPT)
+
+
+BUILD_AFTER_META = """
+import json, sys, torch
+from models.on_meta import on_meta
+from models.zoo import build_model
+spec, kwargs, first = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+if first == "meta":
+    with on_meta():
+        assert all(p.is_meta for p in build_model(spec, kwargs).parameters())
+torch.manual_seed(0)
+print(sum(p.double().abs().sum().item() for p in build_model(spec, kwargs).parameters()))
+"""
+TINY_LLAMA = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+
+
+@pytest.mark.parametrize(
+    "spec, kwargs",
+    [
+        ("gpt-nano", {}),
+        pytest.param(
+            "hf:LlamaConfig",
+            {**TINY_LLAMA, "vocab_size": 64},
+            marks=pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="needs transformers"),
+        ),
+    ],
+)
+def test_a_meta_build_leaves_the_next_real_build_initialised_as_before(spec, kwargs):
+    """The checks before a run build the model on the meta device in the process that may then
+    train it: a library first imported during that build (transformers) must still initialise."""
+    weights = {}
+    for first in ("meta", "real"):
+        proc = run_bounded([sys.executable, "-c", BUILD_AFTER_META, spec, json.dumps(kwargs), first], timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        weights[first] = float(proc.stdout.split()[-1])
+    assert weights["meta"] == weights["real"] > 0
