@@ -163,7 +163,7 @@ def test_resume_keeps_the_finished_runs_and_matches_an_uninterrupted_compare(kil
     assert resumed["ddp-pausing"]["resumed_from_step"] == 4
     assert losses(out / "ddp-pausing") == losses(uninterrupted / "ddp-pausing")
     for name in STRATEGIES:
-        assert resumed[name]["status"] == "ok", resumed[name]
+        assert resumed[name]["status"] == "ok", (name, resumed[name]["error"], resumed[name]["log_tail"])
         assert losses(out / name) == losses(uninterrupted / name), name
         assert (resumed[name]["verdict"], resumed[name]["final_loss"]) == (
             straight[name]["verdict"],
