@@ -33,7 +33,7 @@ from harness.common.hardware import gpu_spec
 from harness.plan.backends import counterpart, planner_models
 from harness.plan.model_shape import ModelShape, PlanError, shape_of_spec
 from harness.plan.network import DEFAULT_FABRIC, FABRICS, Topology, parse_intra
-from harness.plan.predict import Question, StrategyPlan, plan_strategy
+from harness.plan.predict import Question, StrategyPlan, params_held, plan_strategy
 from harness.plan.speed import HOST_ADAM_S_PER_PARAM, SpeedFactors
 
 REFERENCE = Path(__file__).with_name("reference_h100.json")
@@ -260,7 +260,7 @@ def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> t
         )
         scale = 1.0
     factors = SpeedFactors(compute_scale=scale, basis=basis, measured=True)
-    params = shape_of(settings).params
+    shape = shape_of(settings)
     rows: list[FitRow] = []
     # The reference first (its step is the scale); offload strategies last: they take their
     # sibling's overhead before the host's share.
@@ -303,7 +303,9 @@ def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> t
                 "predicted: too far apart to correct, planned as the model has it"
             )
         elif missed is not None:
-            factors = replace(factors, memory_per_param={**factors.memory_per_param, m.strategy: missed / params})
+            planned = _plan(settings, m, factors)
+            per_param = missed / params_held(shape, planned.backend, planned.layout)
+            factors = replace(factors, memory_per_param={**factors.memory_per_param, m.strategy: per_param})
         final = _plan(settings, m, factors).time
         rows.append(
             FitRow(m.strategy, m.step_s, final.compute_s, final.exposed_comm_s, final.overhead_s, fitted, missed)

@@ -213,6 +213,12 @@ def _fused_loss(backend: Backend, q: Question) -> bool:
     return q.fused_loss or (q.compiled and backend.stage == 0)
 
 
+def params_held(shape: ModelShape, backend: Backend, layout: Layout) -> float:
+    """The parameters one GPU keeps at rest: its shard under ZeRO-3 and FSDP, its tensor-parallel
+    part under the others."""
+    return shape.params / (layout.shard * layout.tp if backend.stage == 3 else layout.tp)
+
+
 def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     """The plan of one strategy (its Backend: a registered PlanModel, options filled in)."""
     layout = layout_of(backend, q.shape, q.topology)
@@ -237,12 +243,10 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     grads_held = buffers.grads_resident or q.grad_accum > 1
     peak = peak_allocated(on_device(states), acts, buffers, grads_held)
     missed = q.factors.memory_per_param.get(backend.measured_as)
-    if peak is not None and missed and missed > 0:
-        # What a calibration found the model to miss, per parameter this GPU holds (the stage's
-        # shards of it under ZeRO-3 and FSDP). Only added: a model found to over-predict one run
-        # is not taken to hold less at another size, where the difference has no parameter scale.
-        held_params = q.shape.params / (layout.shard * layout.tp if backend.stage == 3 else layout.tp)
-        peak = int(peak + missed * held_params)
+    if peak is not None and missed:
+        # What a calibration found the model to miss, per parameter this GPU holds: a fit at one
+        # layout is carried to another by what each GPU keeps, never by the whole model's size.
+        peak = int(peak + missed * params_held(q.shape, backend, layout))
     room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
     fits = None if peak is None else room.fits(peak)
     fp8 = q.precision == "fp8"

@@ -233,3 +233,17 @@ def test_the_calibration_check_holds_a_calibrated_plan_to_another_size(tmp_path)
     lines, met = check(tmp_path / "124m", tmp_path / "350m-slow")
     zero3 = next(line for line in lines if line.startswith("| zero3 |"))
     assert not met and zero3.endswith("missed |") and "not met" in lines[-1]
+
+
+def test_a_memory_correction_follows_the_parameters_each_gpu_holds():
+    """A calibration's miss, fitted on one GPU, is carried by what each GPU keeps: under ZeRO-3 on
+    64 GPUs a 64th of the model's, so an over-prediction found at one size cannot turn a peak at
+    another negative."""
+    q = question(PlanConfig(model="gpt2-1.5b", gpus=64, strategies=["zero3", "ddp"]))
+    per_param = -2.0  # bytes: the model held two bytes a parameter more than measured
+    uncorrected = replace(q, factors=replace(q.factors, memory_per_param={}))
+    corrected = replace(q, factors=replace(q.factors, memory_per_param={"zero3": per_param, "ddp": per_param}))
+    for name, share in (("zero3", 1 / 64), ("ddp", 1.0)):
+        plain, fitted = plan_strategy(name, uncorrected), plan_strategy(name, corrected)
+        assert fitted.peak_bytes - plain.peak_bytes == pytest.approx(per_param * q.shape.params * share, rel=1e-6)
+        assert fitted.peak_bytes > 0
