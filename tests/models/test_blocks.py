@@ -227,10 +227,9 @@ UNITS = {
 }
 
 
-# Every model under fsdp, and each other per-block backend on a model of its own: the blocks are
-# found by one function for all of them, and each backend's wrapping of them is what differs.
+# Every model and every per-block backend at least once: the blocks are found by one function for
+# all of them, and each backend's wrapping of them is what differs.
 SHARDED_RUNS = [
-    (RECURRENT, "fsdp"),
     (DECODER, "fsdp"),
     (NESTED, "fsdp"),
     (DECODER, "accelerate-fsdp"),

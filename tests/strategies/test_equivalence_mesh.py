@@ -131,10 +131,8 @@ def _losses(out_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())}
 
 
-def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, tmp_path):
-    """fsdp-tp, the layout with the most to restore (tensor-parallel shards, sequence parallel,
-    accumulation); hsdp writes the same DCP layout (strategies/dcp_layout.py)."""
-    name = "fsdp-tp"
+@pytest.mark.parametrize("name", ["hsdp", "fsdp-tp"])
+def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, name, tmp_path):
     strategy, extra = RUNS[name]
     out = tmp_path / "killed"
     killed = _launch(strategy, out, extra, fault="kill@3:5")
