@@ -1,5 +1,4 @@
 import importlib.util
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,17 +12,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     timeout kills midway would leave its build lock for every later DeepSpeed run to wait on."""
     if hasattr(session.config, "workerinput") or importlib.util.find_spec("deepspeed") is None:
         return  # an xdist worker (the controller built it), or nothing to build
-    from tests.helpers import ROOT, env_for_tests
+    from tests.helpers import env_for_tests, run_bounded
 
     build = "from strategies.deepspeed_cpu_op import build_cpu_comm_op; build_cpu_comm_op(0)"
-    proc = subprocess.run(
-        [sys.executable, "-c", build],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env=env_for_tests(DS_ACCELERATOR="cpu"),
-        cwd=ROOT,
-    )
+    proc = run_bounded([sys.executable, "-c", build], timeout=900, env=env_for_tests(DS_ACCELERATOR="cpu"))
     if proc.returncode != 0:  # the DeepSpeed tests then fail with the reason; the rest still run
         print(f"DeepSpeed's CPU op did not build:\n{proc.stderr[-2000:]}", file=sys.stderr)
 
