@@ -296,6 +296,8 @@ def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> t
                 if residual >= 0
                 else f"nothing: measured {-residual / t.step_s:.1%} faster than the model, priced at the model's speed"
             )
+        # The layout and the time do not depend on a memory correction: one plan serves both.
+        planned = _plan(settings, m, factors)
         missed = _memory_missed(settings, m, factors)
         if missed is not None and m.peak_bytes and abs(missed) > MEMORY_CORRECTION_LIMIT * m.peak_bytes:
             unused.append(
@@ -303,10 +305,9 @@ def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> t
                 "predicted: too far apart to correct, planned as the model has it"
             )
         elif missed is not None:
-            planned = _plan(settings, m, factors)
             per_param = missed / params_held(shape, planned.backend, planned.layout)
             factors = replace(factors, memory_per_param={**factors.memory_per_param, m.strategy: per_param})
-        final = _plan(settings, m, factors).time
+        final = planned.time
         rows.append(
             FitRow(m.strategy, m.step_s, final.compute_s, final.exposed_comm_s, final.overhead_s, fitted, missed)
         )

@@ -292,9 +292,8 @@ def compute_work(
     attn = _attention(dims, micro_batch, seq_len, gpu, attention, precision, checkpointing, tp)
     elementwise = _elementwise(dims, tokens, regime, compiled, checkpointing, tp, bandwidth, fused_norm, complex_rope)
     if regime.autocast:  # the weights' casts, forward and backward (again when recomputed)
-        weights = sum(
-            o * i for o, i in block_projections(dims, tp)
-        ) * dims.layers + dims.vocab * dims.width / dims.head_split(tp)
+        block_weights = sum(o * i for o, i in block_projections(dims, tp)) * dims.layers
+        weights = block_weights + dims.vocab * dims.width / dims.head_split(tp)
         casts = AUTOCAST_WEIGHT_BYTES * weights / bandwidth
         elementwise += Kernels(casts * 6 / AUTOCAST_WEIGHT_BYTES, casts * 14 / AUTOCAST_WEIGHT_BYTES)
     elementwise += Kernels(0.0, copy_bytes / bandwidth)
