@@ -10,7 +10,10 @@ The keys, their defaults and meanings are the fields of RunConfig in configs/sch
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
+from typing import NoReturn
 
 from configs.schema import RunConfig, load_config
 from harness.common.writable import check_writable
@@ -28,13 +31,26 @@ def main(args: list[str]) -> int:
         check_writable(cfg.out_dir)
         check_trackers(cfg)
         _train(cfg)
-        return 0
+        _leave_finished_worker()
     nproc = cfg.nproc or 1
     preflight(cfg, nproc)
     if nproc > 1:
         return run_under_torchrun(nproc, ["train", *args])
     _train(cfg)
     return 0
+
+
+def _leave_finished_worker() -> NoReturn:
+    """Exit a worker whose run finished, skipping the interpreter's teardown of its objects.
+
+    Torn down with the interpreter, gloo's worker threads can still hold work that references
+    tensors: destroying them then aborts the process (SIGABRT, "terminate called without an
+    active exception"), and a complete run on a CPU would be reported failed. The exit handlers
+    (trackers' libraries, logging) run first, as at any exit; everything the run writes is closed."""
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _train(cfg: RunConfig) -> None:
