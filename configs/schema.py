@@ -8,10 +8,12 @@ what is allowed, so the CLI can print it instead of a traceback.
 from __future__ import annotations
 
 import difflib
+import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -199,12 +201,28 @@ def _read_yaml(path: str) -> DictConfig:
 LIST_KEYS = ("model_blocks", "trackers")
 
 
+# Keys whose values are strategy names, which may be `<kind>:<path>`: quoted before YAML reads them,
+# so that a colon is part of the name (`deepspeed:` alone, `accelerate: x.yaml`) and never a mapping.
+NAME_KEYS = ("strategy", "strategies")
+QUOTES = "\"'"
+
+
 def parse_overrides(args: list[str]) -> list[str]:
     """Check that each argument is `key=value` and return them as an omegaconf dotlist."""
     for arg in args:
         if "=" not in arg or arg.startswith("="):
             raise ConfigError(f"argument {arg!r} is not key=value (for example steps=20)")
-    return [_bracketed(arg) for arg in args]
+    return [_quoted_names(_bracketed(arg)) for arg in args]
+
+
+def _quoted_names(arg: str) -> str:
+    key, _, value = arg.partition("=")
+    if key not in NAME_KEYS or not value or value == "null":
+        return arg
+    if value.startswith("[") and value.endswith("]"):
+        names = [name.strip().strip(QUOTES) for name in value[1:-1].split(",")]
+        return f"{key}=[{', '.join(json.dumps(name) for name in names if name)}]"
+    return f"{key}={json.dumps(value.strip().strip(QUOTES))}"
 
 
 def _bracketed(arg: str) -> str:
@@ -224,7 +242,7 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
     overrides = [a for a in overrides if not a.startswith("config=")]
     base = OmegaConf.structured(schema)
     try:
-        layers = [base] + [_read_yaml(p) for p in preset] + [OmegaConf.from_dotlist(overrides)]
+        layers = [base] + [_read_yaml(p) for p in preset] + [_read_overrides(overrides)]
         merged = OmegaConf.merge(*layers)
         cfg = OmegaConf.to_object(merged)
     except ConfigError:
@@ -234,6 +252,19 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
     if isinstance(cfg, RunConfig):
         _validate(cfg)
     return cfg
+
+
+def _read_overrides(overrides: list[str]) -> DictConfig:
+    """The `key=value` arguments as one config; a value YAML cannot read is one line naming it."""
+    for override in overrides:
+        try:
+            OmegaConf.from_dotlist([override])
+        except yaml.YAMLError as exc:
+            problem = str(exc).splitlines()[0]
+            raise ConfigError(
+                f"cannot read {override!r} ({problem}): quote the value, e.g. key='a: b', or write lists as [a,b]"
+            ) from None
+    return OmegaConf.from_dotlist(overrides)
 
 
 def _omegaconf_message(exc: OmegaConfBaseException, schema: type) -> str:

@@ -21,6 +21,7 @@ Nothing here imports torch: `runner.py list` and `runner.py plan` read the prese
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import inspect
 import os
@@ -38,6 +39,7 @@ from strategies.mesh_layout import MeshLayout
 from strategies.plan_model import PlanModel
 
 ENTRY_POINT_GROUP = "parabench.strategies"
+EXAMPLE_FILES = {"deepspeed": "ds_config.json", "accelerate": "accelerate_config.yaml"}
 PLUGINS_ENV = "PARABENCH_PLUGINS"
 
 
@@ -148,10 +150,19 @@ class StrategyRegistry:
         if spec is not None and spec[0] in self._file_kinds:
             return self._file_entry(name, *spec)
         files = "".join(f", or {kind}:<file>" for kind in self._file_kinds)
-        raise StrategyError(f"unknown strategy {name!r}: known strategies are {', '.join(self._entries)}{files}")
+        close = difflib.get_close_matches(name, [*self._entries, *self._file_kinds], n=1)
+        hint = ""
+        if close:
+            hint = f"did you mean {close[0] + ':<file>' if close[0] in self._file_kinds else close[0]!r}? "
+        raise StrategyError(f"unknown strategy {name!r}: {hint}known strategies are {', '.join(self._entries)}{files}")
 
     def _file_entry(self, name: str, kind: str, path: str) -> StrategyEntry:
         """The entry of `<kind>:<path>`: the built-in the file resolves to, under the file's name."""
+        if not path.strip():
+            raise StrategyError(
+                f"strategy {name!r} names no file: write the path of your {kind} config file after the colon, "
+                f"e.g. {kind}:{EXAMPLE_FILES.get(kind, 'my_config')}"
+            )
         file = Path(path)
         if not file.is_file():
             raise StrategyError(

@@ -63,6 +63,7 @@ def collect(out: Path, plan: SweepPlan, state: str) -> tuple[dict[str, Any], lis
         "device_type": plan.device_type,
         "nproc": plan.nproc,
         "kept": plan.kept,
+        "compare_wide_options": plan.compare_wide_options,
         "loss_floor": summary.get("loss_floor"),
         "model": {
             "name": plan.config.get("model"),

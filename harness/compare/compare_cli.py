@@ -40,8 +40,9 @@ from harness.compare.compare_config import (
     CompareConfig,
     check_own_options,
     load_compare_config,
-    own_option_args,
-    own_options,
+    option_args,
+    options_for,
+    takers_of_compare_wide_options,
     train_options,
 )
 from harness.compare.identity import run_identity
@@ -75,6 +76,7 @@ def main(args: list[str]) -> int:
     names = _strategy_names(cfg, registry)
     shown = run_names(names, registry)
     check_own_options(cfg, names, registry.names())
+    takers = takers_of_compare_wide_options(cfg, names, registry)
     planned = [(name, _skip_reason(registry, name, device_type)) for name in names]
     runnable = [name for name, reason in planned if reason is None]
     shared = train_options(cfg, registry.names())
@@ -115,6 +117,10 @@ def main(args: list[str]) -> int:
         noise_reference=reference_label,
         noise_runs=noise_count,
         kept=[label for label, decision in decisions.items() if decision == KEEP],
+        compare_wide_options={
+            key: {"value": cfg.strategy_options[key], "taken_by": [shown[name].label for name in names]}
+            for key, names in takers.items()
+        },
     )
     sweep.start(plan, decisions)
     kept, continued = plan.kept, [label for label, decision in decisions.items() if decision == CONTINUE]
@@ -125,6 +131,8 @@ def main(args: list[str]) -> int:
         + (f" | resume=auto: {len(kept)} kept, {len(continued)} to continue" if cfg.resume == "auto" else "")
         + f" | {out}"
     )
+    for key, taken in plan.compare_wide_options.items():
+        print(f"strategy_options.{key}={json.dumps(taken['value'])} reaches {', '.join(taken['taken_by'])}")
     for entry in plan.strategies:
         if entry.runs_as is not None:
             print(f"{entry.shown} ({entry.name}): {entry.description}")
@@ -209,7 +217,7 @@ class Sweep:
             f"config={self.train_config}",
             f"strategy={name}",
             f"out_dir={run_dir}",
-            *own_option_args(self.cfg, name),
+            *option_args(self.cfg, name, default_registry()),
         ]
 
     def nproc_for(self, name: str) -> int:
@@ -226,7 +234,7 @@ class Sweep:
         """Strategy `name`'s run (or its noise run `noise_seed`), with its configuration's identity."""
         options = {
             **self.shared,
-            "strategy_options": {**self.shared["strategy_options"], **own_options(self.cfg, name)},
+            "strategy_options": options_for(self.cfg, name, default_registry()),
             "strategy": name,
             "noise_seed": noise_seed,
         }
@@ -532,7 +540,7 @@ def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], 
     check_writable(cfg.out_dir)
     followed = {}
     for name in runnable:
-        options = {**shared, "strategy_options": {**shared["strategy_options"], **own_options(cfg, name)}}
+        options = {**shared, "strategy_options": options_for(cfg, name, default_registry())}
         followed[name] = preflight(RunConfig(**options, strategy=name), processes_for(name, nproc)).followed
     return followed
 

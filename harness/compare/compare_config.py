@@ -13,6 +13,7 @@ from typing import Any, Collection, Optional
 from configs.schema import ConfigError, RunConfig, load_config, to_dict
 from harness.compare.resume import check_mode
 from harness.train import MLFLOW_DB
+from strategies.registry import StrategyRegistry
 
 DEFAULT_PRESET = "default"
 
@@ -121,9 +122,9 @@ def train_options(cfg: CompareConfig, strategy_names: Collection[str]) -> dict[s
     options.update(_tracker_options(cfg))
     # A run's whole output is its log.txt already (harness/compare/supervise.py), libraries' included.
     options["verbose"] = True
-    options["strategy_options"] = {
-        k: v for k, v in options["strategy_options"].items() if not _is_section(k, v, strategy_names)
-    }
+    # Every strategy option travels on its run's own command line (options_for): a compare-wide one
+    # reaches only the strategies that have it.
+    options["strategy_options"] = {}
     return options
 
 
@@ -148,9 +149,48 @@ def own_options(cfg: CompareConfig, name: str) -> dict[str, Any]:
     return dict(section) if isinstance(section, dict) else {}
 
 
-def own_option_args(cfg: CompareConfig, name: str) -> list[str]:
-    """own_options as `train` arguments (JSON values read back as the same YAML scalars)."""
-    return [f"strategy_options.{key}={json.dumps(value)}" for key, value in own_options(cfg, name).items()]
+def compare_wide_options(cfg: CompareConfig, registered: Collection[str]) -> dict[str, Any]:
+    """The options of `strategy_options.<key>=`: for every strategy of the compare that has `key`."""
+    return {k: v for k, v in cfg.strategy_options.items() if not _is_section(k, v, registered)}
+
+
+def options_for(cfg: CompareConfig, name: str, registry: StrategyRegistry) -> dict[str, Any]:
+    """Strategy `name`'s options in this compare: the compare-wide ones it has, then its own section."""
+    has = registry.get(name).user_options()
+    wide = compare_wide_options(cfg, registry.names())
+    return {**{k: v for k, v in wide.items() if k in has}, **own_options(cfg, name)}
+
+
+def option_args(cfg: CompareConfig, name: str, registry: StrategyRegistry) -> list[str]:
+    """options_for as `train` arguments (JSON values read back as the same YAML scalars)."""
+    options = options_for(cfg, name, registry)
+    return [f"strategy_options.{key}={json.dumps(value)}" for key, value in options.items()]
+
+
+def takers_of_compare_wide_options(
+    cfg: CompareConfig, compared: Collection[str], registry: StrategyRegistry
+) -> dict[str, list[str]]:
+    """Each compare-wide option with the compared strategies that take it. An option none of them
+    has is a mistake worth one line (with the closest option they do have)."""
+    wide = compare_wide_options(cfg, registry.names())
+    takers: dict[str, list[str]] = {key: [] for key in wide}
+    known: set[str] = set()
+    for name in compared:
+        has = registry.get(name).user_options()
+        known |= set(has)
+        for key in wide:
+            if key in has:
+                takers[key].append(name)
+    for key, names in takers.items():
+        if not names:
+            close = difflib.get_close_matches(key, sorted(known), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            listed = ", ".join(sorted(known)) or "none"
+            raise ConfigError(
+                f"strategy_options.{key} is an option of none of the compared strategies: {hint}their options are "
+                f"{listed} (runner.py list shows each strategy's)"
+            )
+    return takers
 
 
 def check_own_options(cfg: CompareConfig, compared: Collection[str], registered: Collection[str]) -> None:

@@ -55,6 +55,9 @@ class SweepPlan:
     noise_reference: str | None  # the label of the strategy the noise runs repeat
     noise_runs: int
     kept: list[str] = field(default_factory=list)  # labels of the runs kept from an earlier compare
+    # `strategy_options.<key>=` given for the whole compare: {key: {"value": ..., "taken_by": [labels]}},
+    # the strategies that have the option (the others run without it).
+    compare_wide_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def noise_label(self, seed: int) -> str:
         return f"{self.noise_reference} noise {seed}"

@@ -115,6 +115,7 @@ def _elements(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyRe
     elements += [Heading("Summary (fastest first)"), _summary_table(ran, device_type)]
     elements += _meshes(compare_dir, ran)
     elements += _config_files(results)
+    elements += _compare_wide_options(sweep, results)
     elements += _verdict_rule(sweep) + _unstable_start(curves.get(reference, []), sweep)
     if device_type == "cpu":
         elements.append(
@@ -379,6 +380,32 @@ def _config_files(results: list[StrategyResult]) -> list[Element]:
             "planned it as. What parabench followed of each file instead of refusing it:"
         ),
         Table(["strategy", "file", "what it is", "followed"], rows),
+    ]
+
+
+def _compare_wide_options(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Element]:
+    """The `strategy_options.<key>=` given for the whole compare, and which strategies took each."""
+    options = sweep.get("compare_wide_options") or {}
+    if not options:
+        return []
+    names = [r.name for r in results]
+    rows = []
+    for key, taken in options.items():
+        others = [name for name in names if name not in taken["taken_by"]]
+        rows.append(
+            [
+                f"`{key}={json.dumps(taken['value'])}`",
+                ", ".join(f"`{name}`" for name in taken["taken_by"]),
+                ", ".join(f"`{name}`" for name in others) or "-",
+            ]
+        )
+    return [
+        Heading("Compare-wide options"),
+        Paragraph(
+            "Each `strategy_options.<key>=` given for the whole compare reached the strategies that have that option; "
+            "the others ran without it."
+        ),
+        Table(["option", "taken by", "not an option of"], rows),
     ]
 
 

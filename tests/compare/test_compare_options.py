@@ -1,0 +1,75 @@
+"""A compare's strategy options and strategy names: a compare-wide `strategy_options.<key>=` reaches
+the strategies that have the option, and a misspelt name or option is one line saying what to give."""
+
+from __future__ import annotations
+
+import pytest
+
+from configs.schema import ConfigError
+from harness.compare.compare_config import load_compare_config, options_for, takers_of_compare_wide_options
+from strategies.registry import default_registry
+from tests.helpers import run_cli
+
+
+def _takers(*args: str) -> dict[str, list[str]]:
+    cfg = load_compare_config(list(args))
+    return takers_of_compare_wide_options(cfg, cfg.strategies, default_registry())
+
+
+def test_a_compare_wide_option_reaches_each_strategy_that_has_it_and_no_other():
+    args = [
+        "strategies=[single,hsdp,fsdp-tp]",
+        "strategy_options.tp_size=2",
+        "strategy_options.shard_size=2",
+        "strategy_options.hsdp.prefetch_blocks=1",
+    ]
+    assert _takers(*args) == {"tp_size": ["fsdp-tp"], "shard_size": ["hsdp"]}
+    cfg, registry = load_compare_config(args), default_registry()
+    assert options_for(cfg, "single", registry) == {}
+    assert options_for(cfg, "hsdp", registry) == {"shard_size": 2, "prefetch_blocks": 1}
+    assert options_for(cfg, "fsdp-tp", registry) == {"tp_size": 2}
+
+
+def test_an_option_no_compared_strategy_has_is_one_line_with_the_closest():
+    with pytest.raises(ConfigError, match=r"strategy_options.tp_sise is an option of none .* did you mean 'tp_size'"):
+        _takers("strategies=[single,fsdp-tp]", "strategy_options.tp_sise=2")
+    with pytest.raises(ConfigError, match="their options are none"):
+        _takers("strategies=[single]", "strategy_options.tp_size=2")
+
+
+def test_the_slurm_scripts_carry_each_strategy_its_own_options(tmp_path):
+    proc = run_cli(
+        [
+            "compare",
+            "launcher=slurm",
+            "dry_run=true",
+            "nodes=2",
+            "gpus_per_node=2",
+            "device=cpu",
+            "strategies=[single,hsdp,fsdp-tp]",
+            "strategy_options.tp_size=2",
+            f"out_dir={tmp_path}",
+        ],
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    launches = {line.split("strategy=")[1].split()[0]: line for line in proc.stdout.splitlines() if " train " in line}
+    assert "tp_size" not in launches["single"] and "tp_size" not in launches["hsdp"]
+    assert "strategy_options.tp_size=2" in launches["fsdp-tp"]
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["compare", "strategies=[single,deepspeed:]"], "strategy 'deepspeed:' names no file: write the path"),
+        (["compare", "strategies=single,accelerate:"], "strategy 'accelerate:' names no file"),
+        (["compare", "strategies=[single,zero3x]"], "unknown strategy 'zero3x': did you mean 'zero3'?"),
+        (["compare", "strategies=[single,deepspeed]"], "did you mean 'deepspeed:<file>'?"),
+        (["train", "strategy=deepspeed:"], "strategy 'deepspeed:' names no file"),
+        (["train", "strategy=single", "steps=[1,"], "cannot read 'steps=[1,'"),
+    ],
+)
+def test_a_bad_strategy_spelling_is_one_line(tmp_path, args, words):
+    proc = run_cli([*args, f"out_dir={tmp_path}"], timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and words in proc.stderr, proc.stderr
