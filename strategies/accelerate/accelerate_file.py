@@ -12,7 +12,9 @@ parallelism_config replicates or splits tensors, DEEPSPEED as accelerate-zero1-3
 deepspeed_config, or the DeepSpeed JSON its deepspeed_config_file names, which strategies/
 deepspeed_file.py checks as for `deepspeed:<file.json>`). Against the run (for_run): the precision
 must be the run's; the file's accumulation is followed where it makes the global batch; MULTI_GPU
-and MULTI_CPU follow the device the run is on, and say so.
+and MULTI_CPU follow the device the run is on; FSDP's CPU-RAM-efficient loading, which accelerate
+launch turns on unless the file turns it off, is off (every rank builds the same seeded model); each
+is said. What accelerate launch itself refuses in the file is refused in one line.
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ IGNORED_BESIDE_JSON = (
 )
 # Where a DeepSpeedPlugin is given no stage.
 ACCELERATE_DEFAULT_ZERO_STAGE = 2
+EFFICIENT_LOADING_OFF = (
+    "every rank builds the same seeded model, so there is nothing to load on one rank alone (and Accelerate's "
+    "reload from rank 0 would untie weights a model shares outside transformers)"
+)
 
 
 @dataclass(frozen=True)
@@ -269,16 +275,26 @@ class AccelerateFile:
             ctx, more = self._deepspeed_for_run(ctx)
             followed += more
         env = self.launch_env(ctx)
-        if self.distributed_type == "FSDP" and _true(self.config.fsdp_config.get("fsdp_cpu_ram_efficient_loading")):
-            # Accelerate's reload re-ties tied weights only in a transformers model (its tie_weights()):
-            # parabench's GPT, whose head shares the embedding, would train them untied.
+        # From what accelerate launch sets, not from the file's keys: a file without the key gets the
+        # launcher's default, which is on. Accelerate's reload re-ties tied weights only in a
+        # transformers model (its tie_weights()): parabench's GPT, whose head shares the embedding,
+        # would train them as two parameters.
+        if _true(env.get("FSDP_CPU_RAM_EFFICIENT_LOADING")):
             env["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "false"
+            followed.append(f"{self._efficient_loading_setting()} is off here: {EFFICIENT_LOADING_OFF}")
+        if self.distributed_type == "FSDP" and ctx.precision != "fp32":
             followed.append(
-                "fsdp_config.fsdp_cpu_ram_efficient_loading: true is off here: every rank builds the same seeded "
-                "model, so there is nothing to load on one rank alone (and Accelerate's reload from rank 0 would "
-                "untie weights a model shares outside transformers)"
+                f"mixed_precision: {ACCELERATE_PRECISION[ctx.precision]} under FSDP2: Accelerate's own policy, "
+                f"gradients reduced in {ctx.precision} (accelerate-fsdp reduces them in fp32), as accelerate launch "
+                "runs it"
             )
         return ctx, followed, env
+
+    def _efficient_loading_setting(self) -> str:
+        key = "fsdp_config.fsdp_cpu_ram_efficient_loading"
+        if key.split(".")[1] in self.config.fsdp_config:
+            return f"{key}: true"
+        return f"{key} (not in the file: accelerate launch's default, true)"
 
     def _refuse_keys_beside_json(self) -> None:
         """What Accelerate refuses beside a deepspeed_config_file (DeepSpeedPlugin, which would say it
@@ -363,16 +379,22 @@ class AccelerateFile:
         if self.distributed_type == "MULTI_CPU" and ctx.device.type == "cuda":
             argv.append("--multi_gpu")  # the run's device, not the file's
         args = launch_command_parser().parse_args([*argv, "runner.py", "train"])
-        with redirect_stdout(sys.stderr):  # what Accelerate says about defaults: with the libraries' output
-            args, defaults, precision_from_config = _validate_launch_command(args)
-            if args.use_deepspeed and not args.cpu:  # as launch_command hands them to its DeepSpeed launcher
-                fields = [*defaults.deepspeed_config, *(["mixed_precision"] if precision_from_config else [])]
-                args.deepspeed_fields_from_accelerate_config = ",".join(fields)
-                _, env = prepare_deepspeed_cmd_env(args)
-            elif (args.use_fsdp or args.multi_gpu) and not args.cpu:
-                env = prepare_multi_gpu_env(args)
-            else:
-                _, env = prepare_simple_launcher_cmd_env(args)
+        try:
+            with redirect_stdout(sys.stderr):  # what Accelerate says about defaults: with the libraries' output
+                args, defaults, precision_from_config = _validate_launch_command(args)
+                if args.use_deepspeed and not args.cpu:  # as launch_command hands them to its DeepSpeed launcher
+                    fields = [*defaults.deepspeed_config, *(["mixed_precision"] if precision_from_config else [])]
+                    args.deepspeed_fields_from_accelerate_config = ",".join(fields)
+                    _, env = prepare_deepspeed_cmd_env(args)
+                elif (args.use_fsdp or args.multi_gpu) and not args.cpu:
+                    env = prepare_multi_gpu_env(args)
+                else:
+                    _, env = prepare_simple_launcher_cmd_env(args)
+        except ValueError as exc:  # accelerate launch's own refusals, which name its flags: the file's keys
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].replace("`--", "`")
+            raise StrategyError(
+                f"{self.label}: accelerate launch refuses it ({first}): change those keys in the file"
+            ) from None
         return {key: value for key, value in env.items() if key.startswith(ENV_PREFIXES)}
 
     def check_model(self, model: nn.Module) -> None:
