@@ -34,6 +34,7 @@ from strategies.accelerate.environment import (
     check_launcher_settings,
     launched_by_accelerate,
 )
+from strategies.accelerate.tied_parameters import check_still_shared, shared_parameters
 from strategies.base import OptimizerFactory, RunContext, Strategy, StrategyError, missing_package_reason
 from strategies.config_files import FileChoice
 
@@ -140,7 +141,9 @@ class AccelerateStrategy(Strategy):
         self._before_optimizer(model)
         optimizer = optimizer_factory(model)
         blocks = self.find_blocks(model)  # before ZeRO-3 empties the parameters into its partitions
+        shared = shared_parameters(model)
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        check_still_shared(shared, self.accelerator.unwrap_model(self.model), self.mode)
         self._after_prepare()
         self.layout = self._layout(blocks)
         return self.model, self.optimizer
