@@ -1,10 +1,11 @@
 """A user's own Accelerate YAML and DeepSpeed JSON as strategies (`accelerate:<file.yaml>`,
 `deepspeed:<file.json>`): what each file resolves to, what contradicts a run (one line naming
 the key) and what is followed (said), and one real compare, CPU, world size 2, gpt-nano, fp32, of
-`single` against four files, each of which must match it.
+`single` against five files, each of which must match it.
 
 The files are written as `accelerate config` and Hugging Face's DeepSpeed templates write them
-(FSDP2 with CPU-RAM-efficient loading on, its default; "auto" everywhere a template has it).
+(FSDP2 with CPU-RAM-efficient loading on, its default, or without the key, which accelerate launch
+then turns on; ZeRO-2 with its settings inline; "auto" everywhere a template has it).
 """
 
 from __future__ import annotations
@@ -58,15 +59,17 @@ tpu_use_cluster: false
 tpu_use_sudo: false
 use_cpu: false
 """
+# The same without the key: accelerate launch then turns CPU-RAM-efficient loading on, its default.
+FSDP2_NO_LOADING_KEY_YAML = FSDP2_YAML.replace("  fsdp_cpu_ram_efficient_loading: true\n", "")
 MULTI_CPU_YAML = """\
 compute_environment: LOCAL_MACHINE
 debug: false
 distributed_type: MULTI_CPU
 downcast_bf16: 'no'
+enable_cpu_affinity: false
 machine_rank: 0
 main_training_function: main
 mixed_precision: 'no'
-mpirun_config: {}
 num_machines: 1
 num_processes: 2
 rdzv_backend: static
@@ -77,6 +80,31 @@ tpu_use_sudo: false
 use_cpu: true
 """
 MULTI_GPU_YAML = MULTI_CPU_YAML.replace("MULTI_CPU", "MULTI_GPU").replace("use_cpu: true", "use_cpu: false")
+# DeepSpeed ZeRO-2 through Accelerate, its settings inline (no JSON), as `accelerate config` writes it.
+ZERO2_YAML = """\
+compute_environment: LOCAL_MACHINE
+debug: false
+deepspeed_config:
+  gradient_accumulation_steps: 1
+  offload_optimizer_device: none
+  offload_param_device: none
+  zero3_init_flag: false
+  zero_stage: 2
+distributed_type: DEEPSPEED
+downcast_bf16: 'no'
+enable_cpu_affinity: false
+machine_rank: 0
+main_training_function: main
+mixed_precision: 'no'
+num_machines: 1
+num_processes: 2
+rdzv_backend: static
+same_network: true
+tpu_env: []
+tpu_use_cluster: false
+tpu_use_sudo: false
+use_cpu: false
+"""
 
 
 def accelerate_naming(json_file: Path) -> dict:
@@ -146,6 +174,8 @@ def created(spec: str, run: RunContext | None = None):
         (MULTI_CPU_YAML, "accelerate-ddp", {}),
         (MULTI_GPU_YAML, "accelerate-ddp", {}),
         (FSDP2_YAML, "accelerate-fsdp", {}),
+        (FSDP2_NO_LOADING_KEY_YAML, "accelerate-fsdp", {}),
+        (ZERO2_YAML, "accelerate-zero2", {"stage": 2}),
         (
             FSDP2_YAML
             + "parallelism_config:\n  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 4\n",
@@ -361,6 +391,48 @@ def test_the_settings_are_what_accelerate_launch_sets_from_the_file(tmp_path, na
     assert not [key for key in env if not key.startswith(("ACCELERATE_", "FSDP_", "PARALLELISM_CONFIG_"))]
 
 
+def test_cpu_ram_efficient_loading_is_off_whether_the_file_sets_it_or_leaves_it_to_the_launcher(tmp_path):
+    """accelerate launch turns it on where the file has no key: what decides is what it sets, the
+    same for both files, and what each file says is named."""
+    with_key = created(f"accelerate:{write(tmp_path, 'key.yaml', FSDP2_YAML)}")
+    without = created(f"accelerate:{write(tmp_path, 'nokey.yaml', FSDP2_NO_LOADING_KEY_YAML)}")
+    assert without._file_env == with_key._file_env and with_key._file_env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "false"
+    assert any(
+        "fsdp_cpu_ram_efficient_loading (not in the file: accelerate launch's default, true) is off here" in line
+        for line in without.followed
+    )
+    off = FSDP2_YAML.replace("fsdp_cpu_ram_efficient_loading: true", "fsdp_cpu_ram_efficient_loading: false")
+    strategy = created(f"accelerate:{write(tmp_path, 'off.yaml', off)}")
+    assert strategy._file_env == with_key._file_env and not [f for f in strategy.followed if "efficient" in f]
+
+
+def test_a_file_accelerate_launch_refuses_is_one_line_naming_its_keys(tmp_path):
+    yaml = FSDP2_NO_LOADING_KEY_YAML.replace("fsdp_version: 2", "fsdp_sync_module_states: false\n  fsdp_version: 2")
+    with pytest.raises(StrategyError, match=r"accelerate launch refuses it \(When using `fsdp_cpu_ram_efficient_load"):
+        created(f"accelerate:{write(tmp_path, 'nosync.yaml', yaml)}")
+
+
+def test_accelerates_own_fsdp_mixed_precision_is_said(tmp_path):
+    bf16 = FSDP2_YAML.replace("mixed_precision: 'no'", "mixed_precision: bf16")
+    strategy = created(f"accelerate:{write(tmp_path, 'bf16.yaml', bf16)}", ctx(precision="bf16"))
+    assert any("gradients reduced in bf16 (accelerate-fsdp reduces them in fp32)" in f for f in strategy.followed)
+
+
+def test_weights_prepare_unties_are_refused_naming_them():
+    """A move to the meta device and back (CPU-RAM-efficient loading's) leaves the head and the
+    embedding two parameters: the check after prepare() refuses that model in one line."""
+    from models.zoo import build_model
+    from strategies.accelerate.tied_parameters import check_still_shared, shared_parameters
+
+    model = build_model("gpt-nano", {})
+    shared = shared_parameters(model)
+    assert shared == [("wte.weight", "lm_head.weight")]
+    check_still_shared(shared, model, "fsdp")
+    with pytest.raises(StrategyError, match=r"made wte\.weight and lm_head\.weight separate parameters") as caught:
+        check_still_shared(shared, model.to("meta"), "fsdp")
+    assert "\n" not in str(caught.value)
+
+
 def test_a_parallelism_config_must_lay_out_the_runs_processes(tmp_path):
     yaml = (
         FSDP2_YAML
@@ -407,10 +479,12 @@ def compare(tmp_path_factory):
     folder = tmp_path_factory.mktemp("files")
     deepspeed_json = write(folder / "deepspeed", "zero2.json", {**HF_ZERO2, "gradient_accumulation_steps": 2})
     files = [
-        f"accelerate:{write(folder, 'fsdp2.yaml', FSDP2_YAML)}",
+        # Without the loading key: accelerate launch's default would have it on (and untie the head).
+        f"accelerate:{write(folder, 'fsdp2.yaml', FSDP2_NO_LOADING_KEY_YAML)}",
         f"accelerate:{write(folder, 'multi_cpu.yaml', MULTI_CPU_YAML)}",
         f"deepspeed:{deepspeed_json}",
         f"accelerate:{write(folder / 'accelerate', 'zero2.json', accelerate_naming(deepspeed_json))}",
+        f"accelerate:{write(folder, 'deepspeed_zero2.yaml', ZERO2_YAML)}",
     ]
     out = folder / "compare"
     args = ["compare", f"strategies=[single,{','.join(files)}]", "noise_runs=0", f"out_dir={out}", *NANO, "nproc=2"]
@@ -423,13 +497,21 @@ def test_each_file_matches_single_in_fp32(compare):
     out, _, _ = compare
     results = {r["name"]: r for r in json.loads((out / "results.json").read_text())["strategies"]}
     # Two files named zero2.json (one Accelerate config, one DeepSpeed JSON): told apart by their folders.
-    assert set(results) == {"single", "fsdp2.yaml", "multi_cpu.yaml", "deepspeed/zero2.json", "accelerate/zero2.json"}
+    assert set(results) == {
+        "single",
+        "fsdp2.yaml",
+        "multi_cpu.yaml",
+        "deepspeed/zero2.json",
+        "accelerate/zero2.json",
+        "deepspeed_zero2.yaml",
+    }
     for name, result in results.items():
         assert result["status"] == "ok", (name, result["error"])
         assert result["verdict_kind"] == ("reference" if name == "single" else "matches"), (name, result["verdict"])
     runs_as = {name: r["runs_as"] for name, r in results.items()}
     assert runs_as["fsdp2.yaml"] == "accelerate-fsdp" and runs_as["multi_cpu.yaml"] == "accelerate-ddp"
     assert runs_as["deepspeed/zero2.json"] == "zero2" and runs_as["accelerate/zero2.json"] == "accelerate-zero2"
+    assert runs_as["deepspeed_zero2.yaml"] == "accelerate-zero2"
     # The planner planned each as the built-in it ran as.
     assert {r["prediction"]["planned_as"] for n, r in results.items() if n != "single"} == set(runs_as.values()) - {
         None
@@ -441,6 +523,7 @@ def test_each_file_ran_in_a_folder_of_its_own_as_its_file_says(compare):
     folders = sorted(p.name for p in out.iterdir() if (p / "run.json").is_file())
     assert folders == [
         "accelerate-accelerate-zero2.json",
+        "accelerate-deepspeed_zero2.yaml",
         "accelerate-fsdp2.yaml",
         "accelerate-multi_cpu.yaml",
         "deepspeed-deepspeed-zero2.json",
@@ -451,15 +534,15 @@ def test_each_file_ran_in_a_folder_of_its_own_as_its_file_says(compare):
     assert "followed its gradient_accumulation_steps=2" in stdout
     log = (out / "accelerate-fsdp2.yaml" / "log.txt").read_text()
     assert "accelerate: mode fsdp (accelerate config fsdp2.yaml): FSDP v2, 2 processes" in log
+    assert "accelerate launch's default, true) is off here" in stdout
 
 
 def test_the_report_lists_them_by_file_name(compare):
     out, files, _ = compare
     report = (out / "report.md").read_text()
     assert "## Config files" in report
-    for label, spec in zip(
-        ["fsdp2.yaml", "multi_cpu.yaml", "deepspeed/zero2.json", "accelerate/zero2.json"], files, strict=True
-    ):
+    labels = ["fsdp2.yaml", "multi_cpu.yaml", "deepspeed/zero2.json", "accelerate/zero2.json", "deepspeed_zero2.yaml"]
+    for label, spec in zip(labels, files, strict=True):
         assert f"| `{label}` | `{spec}` |" in report
 
 
