@@ -62,6 +62,10 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    # As transformers' models name theirs: what Accelerate's TRANSFORMER_BASED_WRAP wraps when a config
+    # file names no class (fsdp_transformer_layer_cls_to_wrap left out).
+    _no_split_modules = ["Block"]
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.config = cfg
