@@ -19,6 +19,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 CONFIG_DIR = Path(__file__).resolve().parent
 PRECISIONS = ("fp32", "bf16", "fp16")
+LR_SCHEDULES = ("cosine", "constant", "linear")  # harness/train/optimizer.py computes each
+DEEPSPEED_SCHEDULERS = {"constant": "WarmupLR", "linear": "WarmupDecayLR"}  # the DeepSpeed scheduler each shape is
+DEEPSPEED_MIN_WARMUP = 2  # DeepSpeed's schedulers warm up over max(2, warmup_num_steps) steps
+WARMUP_TYPES = ("linear", "log")
 DEVICES = ("auto", "cpu", "cuda")
 TRACKERS = ("tensorboard", "wandb", "mlflow")
 
@@ -52,6 +56,12 @@ class RunConfig:
     lr: Optional[float] = None
     min_lr: Optional[float] = None
     warmup_steps: Optional[int] = None
+    # The schedule's shape: `cosine` (unset: the above), or DeepSpeed's `constant` (WarmupLR) and `linear`
+    # (WarmupDecayLR), step by step as DeepSpeed computes them: a warm-up from min_lr (unset: 0) to lr, then
+    # lr held, or back to min_lr at the last step. A DeepSpeed JSON's scheduler section sets them where the
+    # run leaves them unset. warmup_type: `linear` (unset) or `log` (DeepSpeed's default), for those two.
+    lr_schedule: Optional[str] = None
+    warmup_type: Optional[str] = None
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -150,6 +160,15 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError(f"{name}={value} must be a positive number (or leave it unset)")
     if cfg.lr is not None and cfg.lr <= 0:
         raise ConfigError(f"lr={cfg.lr} must be positive (or leave it unset: by model size)")
+    if cfg.lr_schedule is not None and cfg.lr_schedule not in LR_SCHEDULES:
+        raise ConfigError(f"lr_schedule={cfg.lr_schedule!r} is not one of {', '.join(LR_SCHEDULES)}")
+    if cfg.warmup_type is not None and cfg.warmup_type not in WARMUP_TYPES:
+        raise ConfigError(f"warmup_type={cfg.warmup_type!r} is not one of {', '.join(WARMUP_TYPES)}")
+    if cfg.warmup_type == "log" and cfg.lr_schedule in (None, "cosine"):
+        raise ConfigError(
+            "warmup_type=log is the warm-up of DeepSpeed's shapes: set lr_schedule=constant or linear with it "
+            "(the cosine warms up linearly)"
+        )
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"precision={cfg.precision!r} is not one of {', '.join(PRECISIONS)}")
     if cfg.device not in DEVICES:

@@ -102,6 +102,10 @@ class RunContext:
     # The user's own config file the strategy runs from (`accelerate:<file.yaml>`: strategies/config_files.py),
     # set by the registry; None: the built-in's own settings.
     config_file: ConfigFile | None = None
+    # The run's learning-rate schedule as the loop resolved it (harness/train/optimizer.py Schedule: lr, min_lr,
+    # warmup_steps, shape, warmup_type, at(step, steps), describe()), for a backend that runs a scheduler of its
+    # own to check against it; None where no run resolved one.
+    schedule: Any = None
 
     @property
     def dtype(self) -> torch.dtype:

@@ -99,13 +99,13 @@ class Training:
     compiled: str | None  # None: eager
     n_params: int = 0
     fpt: float = 0.0
-    lr_schedule: Schedule | None = None
+    lr_schedule: Schedule | None = None  # the run's (run_schedule), which built() resolves
 
     def setup(self) -> None:
         """Wrap or shard the model and build its optimizer; peak memory is counted from here."""
         cfg, env = self.cfg, self.env
         self.n_params, self.fpt = num_params(self.model), flops_per_token(self.model, cfg.seq_len)
-        self.lr_schedule = resolve_schedule(cfg.lr, cfg.min_lr, cfg.warmup_steps, params=self.n_params, steps=cfg.steps)
+        assert self.lr_schedule is not None, "built() resolves the schedule"
         for device in self.strategy.devices():
             device_info.reset_peak_memory(device)
         noise = RoundingNoise(cfg.precision, cfg.noise_seed, env.rank) if cfg.noise_seed is not None else None
@@ -175,11 +175,25 @@ class Training:
         return memory, loss_dtype
 
 
-def create_strategy(cfg: RunConfig, env: distributed.DistEnv) -> Strategy:
+def run_schedule(cfg: RunConfig, model: torch.nn.Module) -> Schedule:
+    """The learning-rate schedule `cfg` trains `model` under, derived values filled in."""
+    return resolve_schedule(
+        cfg.lr,
+        cfg.min_lr,
+        cfg.warmup_steps,
+        params=num_params(model),
+        steps=cfg.steps,
+        shape=cfg.lr_schedule,
+        warmup_type=cfg.warmup_type,
+    )
+
+
+def create_strategy(cfg: RunConfig, env: distributed.DistEnv, schedule: Schedule) -> Strategy:
     """`cfg.strategy` for this rank of `env`, constructed (not yet set up): its options and
     configuration checked, its mesh laid out. The global batch is split over the data-parallel
     ranks alone (replicate x shard under hsdp; under fsdp-tp the ranks of a tensor-parallel group
-    share their micro-batch)."""
+    share their micro-batch). `schedule`: the run's (run_schedule), for a backend running its own
+    scheduler to check."""
     registry = default_registry()
     mesh = registry.mesh_layout(cfg.strategy, env.world_size, env.ranks_per_node, **cfg.strategy_options)
     micro_batch, grad_accum = cfg.world_batch(mesh.data_parallel(env.rank)[1], data_parallel=mesh.declared)
@@ -194,6 +208,7 @@ def create_strategy(cfg: RunConfig, env: distributed.DistEnv) -> Strategy:
         grad_clip=cfg.grad_clip,
         config=cfg,
         mesh=mesh,
+        schedule=schedule,
     )
     return registry.create(cfg.strategy, ctx, **cfg.strategy_options)
 
@@ -214,13 +229,26 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
             seed=cfg.seed,
         )
         schedule = GlobalBatchSchedule(len(data), cfg.batch_size, cfg.seed)
-        strategy = create_strategy(cfg, env)
+        lr_schedule = run_schedule(cfg, model)
+        strategy = create_strategy(cfg, env, lr_schedule)
         strategy.check_model(model)
         micro_batch, grad_accum = strategy.ctx.micro_batch, strategy.ctx.grad_accum
         # The whole model or per block: the backend knows which it can take.
         compiled = strategy.compile(model) if cfg.compile else None
         yield Training(
-            cfg, env, model, blocks, checkpointed, shapes, data, schedule, micro_batch, grad_accum, strategy, compiled
+            cfg,
+            env,
+            model,
+            blocks,
+            checkpointed,
+            shapes,
+            data,
+            schedule,
+            micro_batch,
+            grad_accum,
+            strategy,
+            compiled,
+            lr_schedule=lr_schedule,
         )
     finally:
         if strategy is not None:

@@ -6,6 +6,11 @@ peak learning rate by model size (GPT-3's table, which nanoGPT and llm.c use for
 sizes), a linear warm-up over a tenth of the run, then cosine decay to a tenth of the peak.
 A fixed 3e-3 with a 3-step warm-up, right for a 0.1M-parameter model, made gpt2-124m's
 loss jump from 10.9 to 11.7 at step 6 on an H100.
+
+Its shape (lr_schedule) is that cosine, or one of DeepSpeed's: `constant` is its WarmupLR and
+`linear` its WarmupDecayLR, computed step by step as DeepSpeed computes them under its engine,
+so that every strategy of a comparison can train under the schedule a DeepSpeed JSON's
+`scheduler` section runs (strategies/deepspeed_file.py), DeepSpeed's own scheduler included.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 
+from configs.schema import DEEPSPEED_MIN_WARMUP, DEEPSPEED_SCHEDULERS
 from harness.train.noise import RoundingNoise
 from strategies.memory import local_tensor
 
@@ -58,14 +64,63 @@ def adamw_factory(
     return build
 
 
-def lr_at(step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps: int) -> float:
-    """Linear warmup, then cosine decay to min_lr at the last step (nanoGPT's get_lr)."""
+def lr_at(
+    step: int,
+    *,
+    lr: float,
+    min_lr: float,
+    warmup_steps: int,
+    total_steps: int,
+    shape: str = "cosine",
+    warmup_type: str = "linear",
+) -> float:
+    """The learning rate of step `step` (from 0) of `total_steps`, of the schedule's shape:
+
+    cosine: linear warm-up, then cosine decay to min_lr at the last step (nanoGPT's get_lr);
+    constant, linear: DeepSpeed's WarmupLR and WarmupDecayLR with warmup_min_lr=min_lr,
+        warmup_max_lr=lr, warmup_num_steps=warmup_steps, total_num_steps=total_steps (deepspeed_lr).
+    """
+    if shape in DEEPSPEED_SCHEDULERS:
+        return deepspeed_lr(
+            step,
+            lr=lr,
+            min_lr=min_lr,
+            warmup_steps=warmup_steps,
+            total_steps=total_steps,
+            decays=shape == "linear",
+            warmup_type=warmup_type,
+        )
     if step < warmup_steps:
         return lr * (step + 1) / (warmup_steps + 1)
     if total_steps <= warmup_steps + 1:
         return lr
     progress = (step - warmup_steps) / (total_steps - 1 - warmup_steps)
     return min_lr + 0.5 * (1.0 + math.cos(math.pi * min(progress, 1.0))) * (lr - min_lr)
+
+
+def deepspeed_lr(
+    step: int, *, lr: float, min_lr: float, warmup_steps: int, total_steps: int, decays: bool, warmup_type: str
+) -> float:
+    """The learning rate DeepSpeed's WarmupLR (decays=False) or WarmupDecayLR trains step `step`
+    with, in DeepSpeed's own arithmetic. The engine builds the scheduler at iteration -1, where it
+    holds warmup_min_lr, and steps it after each optimizer step: step k runs at iteration k - 1, so
+    the first two steps both run at min_lr. The warm-up (log: log(i + 1) / log(W); linear: i / W)
+    lasts W = max(2, warmup_steps) iterations; WarmupDecayLR then falls linearly to min_lr at
+    iteration total_steps."""
+    iteration = step - 1
+    if iteration < 0:
+        return min_lr
+    warmup = max(DEEPSPEED_MIN_WARMUP, warmup_steps)
+    if iteration < warmup:
+        if warmup_type == "log":
+            gamma = (1.0 / math.log(warmup)) * math.log(iteration + 1)
+        else:
+            gamma = iteration / warmup
+    elif decays:
+        gamma = max(0.0, float(total_steps - iteration) / float(max(1.0, total_steps - warmup)))
+    else:
+        gamma = 1.0
+    return min_lr + ((lr - min_lr) * gamma)
 
 
 # GPT-3's peak learning rates by parameter count (Brown et al. 2020, table 2.1).
@@ -106,28 +161,65 @@ class Schedule:
     min_lr: float
     warmup_steps: int
     derived: tuple[str, ...] = ()  # the keys left unset, filled here
+    shape: str = "cosine"  # configs/schema.py LR_SCHEDULES
+    warmup_type: str = "linear"  # configs/schema.py WARMUP_TYPES: log under DeepSpeed's shapes only
 
     def at(self, step: int, total_steps: int) -> float:
-        return lr_at(step, lr=self.lr, min_lr=self.min_lr, warmup_steps=self.warmup_steps, total_steps=total_steps)
+        return lr_at(
+            step,
+            lr=self.lr,
+            min_lr=self.min_lr,
+            warmup_steps=self.warmup_steps,
+            total_steps=total_steps,
+            shape=self.shape,
+            warmup_type=self.warmup_type,
+        )
 
     def describe(self) -> str:
         how = " (" + ", ".join(self.derived) + " from the model and the run)" if self.derived else ""
-        steps = f"{self.warmup_steps} step" + ("s" if self.warmup_steps != 1 else "")
-        return f"lr {self.lr:.1e} -> {self.min_lr:.1e}, warm-up {steps}{how}"
+        if self.shape == "cosine":
+            steps = f"{self.warmup_steps} step" + ("s" if self.warmup_steps != 1 else "")
+            return f"lr {self.lr:.1e} -> {self.min_lr:.1e}, warm-up {steps}{how}"
+        then = "constant" if self.shape == "constant" else f"linear to {self.min_lr:.1e}"
+        return (
+            f"lr {self.min_lr:.1e} -> {self.lr:.1e} over a {self.warmup_type} warm-up of "
+            f"{max(DEEPSPEED_MIN_WARMUP, self.warmup_steps)} steps, then {then} "
+            f"(DeepSpeed's {DEEPSPEED_SCHEDULERS[self.shape]}){how}"
+        )
 
     def as_dict(self) -> dict[str, Any]:
-        return {"lr": self.lr, "min_lr": self.min_lr, "warmup_steps": self.warmup_steps, "derived": list(self.derived)}
+        return {
+            "lr": self.lr,
+            "min_lr": self.min_lr,
+            "warmup_steps": self.warmup_steps,
+            "shape": self.shape,
+            "warmup_type": self.warmup_type,
+            "derived": list(self.derived),
+        }
 
 
 def resolve_schedule(
-    lr: float | None, min_lr: float | None, warmup_steps: int | None, *, params: int, steps: int
+    lr: float | None,
+    min_lr: float | None,
+    warmup_steps: int | None,
+    *,
+    params: int,
+    steps: int,
+    shape: str | None = None,
+    warmup_type: str | None = None,
 ) -> Schedule:
-    """The run's schedule: what the config sets, the rest from the model's size and the run's length."""
+    """The run's schedule: what the config sets, the rest from the model's size and the run's length.
+    Unset, min_lr is a tenth of the peak under the cosine, and 0 under DeepSpeed's shapes (their
+    warmup_min_lr's default, which Hugging Face's Trainer fills "auto" with)."""
     derived = tuple(k for k, v in (("lr", lr), ("min_lr", min_lr), ("warmup_steps", warmup_steps)) if v is None)
+    shape = shape or "cosine"
     peak = lr if lr is not None else lr_for_model_size(params)
+    floor = MIN_LR_FRACTION * peak if shape == "cosine" else 0.0
     return Schedule(
         lr=peak,
-        min_lr=min_lr if min_lr is not None else MIN_LR_FRACTION * peak,
+        min_lr=min_lr if min_lr is not None else floor,
         warmup_steps=warmup_steps if warmup_steps is not None else max(1, round(WARMUP_FRACTION * steps)),
         derived=derived,
+        shape=shape,
+        warmup_type=warmup_type or "linear",
     )

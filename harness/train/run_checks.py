@@ -19,8 +19,9 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     A strategy that cannot run on the run's device says why. Its mesh is laid out for the
     planned world size (`ranks_per_node` on each node, by default all on one) and the strategy
     constructed (not set up): plugins check their options and configuration files in __init__,
-    so those errors surface here too. The model is built on the meta device and prepared as the
-    run will (its blocks found, checkpointing turned on), and the strategy checks it can lay it out.
+    so those errors surface here too. The model is built first, on the meta device, and prepared as
+    the run will (its blocks found, checkpointing turned on): the strategy is given the run's
+    learning-rate schedule, which depends on its size, and checks it can lay the model out.
     The out_dir is created and tried with a file, the trackers' libraries looked for. Returns the
     strategy as constructed for rank 0 (what it followed of a config file: its `followed`).
     """
@@ -30,7 +31,7 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     check_trackers(cfg)
 
     from harness.train.distributed import DistEnv
-    from harness.train.loop import create_strategy, prepare_model
+    from harness.train.loop import create_strategy, prepare_model, run_schedule
 
     registry = default_registry()
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
@@ -41,11 +42,11 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     env = DistEnv(
         rank=0, world_size=world_size, local_rank=0, device=torch.device(device_type), local_world_size=ranks_per_node
     )
-    strategy = create_strategy(cfg, env)
-    if world_size > 1 and registry.get(cfg.strategy).one_process:
-        raise started_more_than_one(cfg.strategy, world_size)
     with on_meta():
         model, _, _ = prepare_model(cfg)
+    strategy = create_strategy(cfg, env, run_schedule(cfg, model))
+    if world_size > 1 and registry.get(cfg.strategy).one_process:
+        raise started_more_than_one(cfg.strategy, world_size)
     strategy.check_model(model)
     if cfg.data != "markov":
         TokenFileData(cfg.data, cfg.seq_len)
