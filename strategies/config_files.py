@@ -34,6 +34,10 @@ class FileChoice:
     plan_changes: dict[str, Any] = field(default_factory=dict)  # PlanModel fields the file sets otherwise
     # Other files the file names, by the key that names them: their content is part of the configuration.
     files: dict[str, Path] = field(default_factory=dict)
+    # RunConfig keys the file sets for the whole run (a DeepSpeed JSON's scheduler: lr_schedule, warmup_type),
+    # and what sets them, in words: every strategy of a compare that leaves them unset trains with them.
+    run_settings: dict[str, Any] = field(default_factory=dict)
+    run_settings_from: str = ""
 
 
 @dataclass(frozen=True)

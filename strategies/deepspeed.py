@@ -3,8 +3,10 @@
 One class, five names. The DeepSpeed config is built in code from the run
 (strategies/deepspeed_config.py); the optimizer is the runner's own torch AdamW, so
 the learning rate (set by the runner every step) and clipping match every other
-strategy. No DeepSpeed scheduler, and no FusedAdam (DeepSpeed would JIT-build it with
-nvcc, which fails on some GPU images). Under optimizer offload on a GPU the same
+strategy. No FusedAdam (DeepSpeed would JIT-build it with nvcc, which fails on some GPU
+images). DeepSpeed's own scheduler runs only where a user's JSON has one that is the run's
+schedule (strategies/deepspeed_file.py): it then sets the learning rate, and every step
+checks it is the one the runner's schedule has. Under optimizer offload on a GPU the same
 AdamW groups are handed to DeepSpeedCPUAdam, DeepSpeed's vectorised host optimizer
 (a C++-only JIT build, no nvcc); on a CPU-only run, where offload moves nothing,
 torch AdamW steps the partitions and nothing is built.
@@ -34,6 +36,7 @@ import contextlib
 import io
 import json
 import logging
+import math
 import os
 import sys
 from pathlib import Path
@@ -139,8 +142,10 @@ class DeepSpeedStrategy(Strategy):
         cpu_adam: bool | None = None,
     ):
         file, followed = ctx.config_file, []
+        self.scheduler: dict[str, Any] | None = None  # a file's scheduler section, filled: DeepSpeed steps it
         if file is not None:  # the file may split the batch its own way: the context says so from here on
             file_config, ctx, followed = deepspeed_file.for_run(deepspeed_file.read(file.path), ctx, file.label)
+            self.scheduler = file_config.pop("scheduler", None)
         super().__init__(ctx)
         self.followed = followed
         self.stage, self.offload_optimizer, self.offload_params = check_zero_options(
@@ -183,6 +188,17 @@ class DeepSpeedStrategy(Strategy):
     def resolve_config_file(cls, path: Path) -> FileChoice:
         return deepspeed_file.choose(path, f"{cls.config_file_kind}:{path}")
 
+    def check_model(self, model: nn.Module) -> None:
+        super().check_model(model)
+        self._fill_model_sized(model)
+
+    def _fill_model_sized(self, model: nn.Module) -> None:
+        """A file's "auto" bucket sizes, from the model's width (once: then nothing is "auto")."""
+        if self.ctx.config_file is not None:
+            self.user_config, self.followed = deepspeed_file.fill_model_sized(
+                self.user_config, self.followed, model_size(model), self.ctx.config_file.label
+            )
+
     def compile(self, model: nn.Module) -> str:
         # ZeRO-3 fetches and releases each module's partitioned parameters in hooks around
         # it: those hooks must stay outside the graphs. ZeRO-1/2 only hook the gradients.
@@ -195,9 +211,12 @@ class DeepSpeedStrategy(Strategy):
         optimizer = optimizer_factory(model)
         if self.cpu_adam:
             optimizer = _as_cpu_adam(optimizer)
+        self._fill_model_sized(model)
         self.config = final_config(
             sizing_config(model_size(model), self.stage, self.ctx.world_size), self.run_config, self.user_config
         )
+        if self.scheduler is not None:
+            self.config["scheduler"] = self.scheduler
         write_config(self.config, self.ctx)
         self.say_followed()
         if self.stage == 3:  # found before DeepSpeed empties the parameters into its partitions
@@ -230,13 +249,27 @@ class DeepSpeedStrategy(Strategy):
             raise StrategyError(
                 f"DeepSpeed's micro-step counter is off the accumulation boundary after {self._micro_step} micro-steps"
             )
-        self.engine.step()  # reduce, clip, optimizer step, zero the gradients
+        self.engine.step()  # reduce, clip, optimizer step, zero the gradients; a scheduler's step
         self._micro_step = 0
+        if self.engine.lr_scheduler is not None and not self.engine.was_step_applied():
+            # fp16 overflow: DeepSpeed skips the step and holds its scheduler, while the runner's schedule
+            # (and every other strategy's, whose scaler skips the step too) moves on to the next step's lr.
+            self.engine.lr_scheduler.step()
 
     def set_lr(self, lr: float) -> None:
-        # The optimizer DeepSpeed steps (ZeRO-3's own set_lr is a no-op).
-        for group in self.engine.basic_optimizer.param_groups:
-            group["lr"] = lr
+        groups = self.engine.basic_optimizer.param_groups  # the optimizer DeepSpeed steps
+        if self.scheduler is None:
+            for group in groups:  # (ZeRO-3's own set_lr is a no-op)
+                group["lr"] = lr
+            return
+        # The file's scheduler set this step's lr itself: it must be the runner's.
+        applied = next((group["lr"] for group in groups if not math.isclose(group["lr"], lr, rel_tol=1e-9)), None)
+        if applied is not None:
+            label = self.ctx.config_file.label if self.ctx.config_file else "the DeepSpeed config"
+            raise StrategyError(
+                f"{label}'s scheduler {self.scheduler['type']} set lr {applied:.6e} for this step but the run's "
+                f"schedule has {lr:.6e}: remove the scheduler section to train under the runner's schedule"
+            )
 
     def memory_breakdown(self) -> MemoryBreakdown:
         assert self.engine is not None, "setup() first"
@@ -248,7 +281,8 @@ class DeepSpeedStrategy(Strategy):
 
     def load(self, path: Path) -> None:
         assert self.engine is not None, "setup() first"
-        load_zero_checkpoint(self.engine, path, CHECKPOINT_TAG)
+        # A scheduler's step is in the checkpoint, which DeepSpeed writes whenever it runs one.
+        load_zero_checkpoint(self.engine, path, CHECKPOINT_TAG, with_scheduler=self.scheduler is not None)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         assert self.engine is not None, "setup() first"
@@ -256,6 +290,11 @@ class DeepSpeedStrategy(Strategy):
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         assert self.engine is not None, "setup() first"
+        if self.scheduler is not None and self.ctx.config_file is not None:
+            raise StrategyError(
+                f"{self.ctx.config_file.label} runs DeepSpeed's scheduler, whose step only its own checkpoint holds: "
+                "resume from a checkpoint of this strategy, or remove the file's scheduler section"
+            )
         load_zero_full_state_dict(self.engine, state)
 
     @classmethod
@@ -346,9 +385,12 @@ def save_zero_checkpoint(engine: Any, path: Path, tag: str) -> None:
     engine.save_checkpoint(str(path), tag=tag)
 
 
-def load_zero_checkpoint(engine: Any, path: Path, tag: str) -> None:
-    """Collective: model, fp32 master weights and optimizer partitions back from `path`/`tag`."""
-    loaded, _ = engine.load_checkpoint(str(path), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=False)
+def load_zero_checkpoint(engine: Any, path: Path, tag: str, *, with_scheduler: bool) -> None:
+    """Collective: model, fp32 master weights and optimizer partitions (and with_scheduler, the
+    scheduler's step) back from `path`/`tag`."""
+    loaded, _ = engine.load_checkpoint(
+        str(path), tag=tag, load_optimizer_states=True, load_lr_scheduler_states=with_scheduler
+    )
     if loaded is None:  # DeepSpeed only logs a warning when it finds nothing to load
         raise StrategyError(f"DeepSpeed found no checkpoint in {path / tag}: resume from another checkpoint")
 

@@ -135,6 +135,24 @@ def sizing_config(size: ModelSize, stage: int, world_size: int) -> dict[str, Any
     return {"zero_optimization": zero}
 
 
+# The bucket sizes Hugging Face's Trainer gives "auto" from the model's hidden width h
+# (transformers' HfTrainerDeepSpeedConfig.trainer_config_finalize), in words; hf_bucket_sizes has them.
+HF_BUCKET_SIZES = {
+    "reduce_bucket_size": "the model's width squared",
+    "stage3_prefetch_bucket_size": "0.9 x the model's width squared",
+    "stage3_param_persistence_threshold": "10 x the model's width",
+}
+
+
+def hf_bucket_sizes(hidden: int) -> dict[str, int]:
+    """HF_BUCKET_SIZES for a model of width `hidden`, in elements."""
+    return {
+        "reduce_bucket_size": hidden * hidden,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden * hidden),
+        "stage3_param_persistence_threshold": 10 * hidden,
+    }
+
+
 def read_user_config(path: str) -> dict[str, Any]:
     """A user's DeepSpeed JSON file as a dict (one-line errors for a missing or broken file)."""
     file = Path(path)
@@ -171,7 +189,8 @@ def check_user_config(user: dict[str, Any], run: dict[str, Any], source: str) ->
             raise DeepSpeedConfigError(
                 f"deepspeed_config {source} has an {section!r} section, but parabench builds the optimizer "
                 "(AdamW) and sets its learning rate every step so that all strategies match: remove it and "
-                "set lr=, min_lr=, warmup_steps=, weight_decay=, beta1=, beta2= on the command line"
+                "set lr=, min_lr=, warmup_steps=, lr_schedule=, weight_decay=, beta1=, beta2= on the command line, "
+                f"or run the file as strategy deepspeed:{source}, which runs an AdamW and a scheduler of the run's"
             )
     if "zero_optimization" in user and not isinstance(user["zero_optimization"], dict):
         raise DeepSpeedConfigError(

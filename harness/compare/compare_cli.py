@@ -55,7 +55,7 @@ from harness.compare.run_record import RUN_RECORD, RunRecord
 from harness.compare.stop_signals import StopSignals
 from harness.compare.supervise import JobOutcome, run_job
 from harness.compare.sweep_plan import PlannedStrategy, SweepPlan, noise_dir
-from harness.train import RUNNER, library_versions, preflight, torchrun_command, worker_env
+from harness.train import RUNNER, adopt_file_settings, library_versions, preflight, torchrun_command, worker_env
 from strategies.registry import StrategyRegistry, default_registry
 
 REFERENCE = "single"
@@ -74,6 +74,7 @@ def main(args: list[str]) -> int:
         nproc = cfg.nproc or _default_nproc(device_type)
     registry = default_registry()
     names = _strategy_names(cfg, registry)
+    cfg, adopted = adopt_file_settings(cfg, names)  # a DeepSpeed JSON's scheduler: every strategy's schedule
     shown = run_names(names, registry)
     check_own_options(cfg, names, registry.names())
     takers = takers_of_compare_wide_options(cfg, names, registry)
@@ -131,6 +132,8 @@ def main(args: list[str]) -> int:
         + (f" | resume=auto: {len(kept)} kept, {len(continued)} to continue" if cfg.resume == "auto" else "")
         + f" | {out}"
     )
+    for line in adopted:
+        print(line)
     for key, taken in plan.compare_wide_options.items():
         print(f"strategy_options.{key}={json.dumps(taken['value'])} reaches {', '.join(taken['taken_by'])}")
     for entry in plan.strategies:

@@ -15,6 +15,7 @@ _EXPORTS = {
     "init_distributed": "distributed",
     "shutdown_distributed": "distributed",
     "preflight": "run_checks",
+    "adopt_file_settings": "file_settings",
     "built": "loop",
     "library_versions": "loop",
     "UNIT_ROUNDOFF": "noise",

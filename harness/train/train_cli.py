@@ -18,6 +18,7 @@ from typing import NoReturn
 from configs.schema import RunConfig, load_config
 from harness.common.writable import check_writable
 from harness.train.distributed import launched_by_launcher
+from harness.train.file_settings import adopt_file_settings
 from harness.train.launch import run_under_torchrun
 from harness.train.library_output import library_output
 from harness.train.run_checks import preflight
@@ -26,6 +27,7 @@ from harness.train.trackers import check_trackers
 
 def main(args: list[str]) -> int:
     cfg = load_config(args)
+    cfg, _ = adopt_file_settings(cfg, [cfg.strategy])  # a file's scheduler: the schedule, in every process alike
     if launched_by_launcher():
         # No preflight under another launcher: every rank checks these, and stops with one line.
         check_writable(cfg.out_dir)

@@ -126,7 +126,7 @@ def accelerate_naming(json_file: Path) -> dict:
     }
 
 
-# Hugging Face's ZeRO-2 template, less its scheduler (a comparison shares parabench's).
+# Hugging Face's ZeRO-2 template, less its scheduler (tests/strategies/test_deepspeed_auto_files.py runs it whole).
 HF_ZERO2 = {
     "fp16": {"enabled": "auto", "loss_scale": 0, "initial_scale_power": 16},
     "bf16": {"enabled": "auto"},
@@ -332,7 +332,10 @@ def test_another_precision_is_refused_naming_the_key(tmp_path):
             {"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2},
             r"train_micro_batch_size_per_gpu=4 x gradient_accumulation_steps=2 = 8 sequences per rank",
         ),
-        ({"scheduler": {"type": "WarmupLR", "params": {}}}, r"has a scheduler section \(WarmupLR\)"),
+        (
+            {"scheduler": {"type": "WarmupCosineLR", "params": {}}},
+            r"scheduler\.type=\"WarmupCosineLR\", a schedule the other strategies cannot",
+        ),
         ({"optimizer": {"type": "SGD", "params": {"lr": "auto"}}}, r"optimizer\.type=SGD"),
         ({"optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}, r"optimizer\.params\.lr=0\.0001"),
         ({"zero_optimization": {"stage": 2, "allgather_bucket_size": "auto"}}, r"allgather_bucket_size to \"auto\""),
