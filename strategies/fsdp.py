@@ -112,9 +112,13 @@ class FSDPStrategy(SingleDeviceStrategy):
     def _before_sharding(self, model: nn.Module) -> None:
         """Anything to do to the model on the device before FSDP shards it (fsdp-tp: tensor parallel)."""
 
-    def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def _wrap(self, module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool, policies: dict) -> None:
+        """Make `module` one unit over `mesh`: its parameters sharded, gathered for its forward and backward."""
         from torch.distributed.fsdp import fully_shard
 
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, **policies)
+
+    def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         mesh = self._fsdp_mesh()
         policies = self._policies()
         if not self.cpu_offload:
@@ -124,11 +128,11 @@ class FSDPStrategy(SingleDeviceStrategy):
         tied = tied_outside(model, found)
         blocks = [block for block in found.modules if id(block) not in tied]
         for block in blocks:
-            fully_shard(block, mesh=mesh, reshard_after_forward=self.reshard_after_forward, **policies)
+            self._wrap(block, mesh, self.reshard_after_forward, policies)
         self._set_explicit_prefetch(blocks)
         # The root holds what no block does (embeddings, final norm, head); it is
         # gathered again for backward at once, so resharding it after forward buys nothing.
-        fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward and not blocks, **policies)
+        self._wrap(model, mesh, self.reshard_after_forward and not blocks, policies)
         self.layout = f"{self._layout_name()}: {fsdp_units(model, found)}"
         if tied:
             self.layout += f" ({', '.join(tied.values())}: tied to a parameter outside, kept in the root's unit)"
@@ -197,18 +201,27 @@ class FSDPStrategy(SingleDeviceStrategy):
         return contextlib.nullcontext() if self.sync_each_micro_step else self._gradient_sync_off()
 
     def _sharded_state(self) -> dict[str, Any]:
-        from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         # Keyed by parameter name, not by position, and sharded as the model is: what DCP
         # needs to write each rank's part and to reshard it on load.
-        state: dict[str, Any] = {
-            "model": get_model_state_dict(self.model),
-            # On a fresh optimizer this takes one zero-lr step to create the state DCP loads into.
-            "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
-        }
+        state: dict[str, Any] = {"model": get_model_state_dict(self.model), "optimizer": self._optimizer_state()}
         if self.scaler:
             state["scaler"] = self.scaler.state_dict()
         return state
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state keyed by parameter name, its tensors sharded as the parameters are."""
+        from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+        # On a fresh optimizer this takes one zero-lr step to create the state DCP loads into.
+        return get_optimizer_state_dict(self.model, self.optimizer)
+
+    def _load_optimizer_state(self, state: dict[str, Any]) -> None:
+        """Put `state` (as _optimizer_state gives it, filled by a checkpoint) into the optimizer."""
+        from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+        set_optimizer_state_dict(self.model, self.optimizer, state)
 
     def save(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
@@ -220,7 +233,7 @@ class FSDPStrategy(SingleDeviceStrategy):
 
     def load(self, path: Path) -> None:
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+        from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
         from strategies.dcp_layout import restore_layout, storable
 
@@ -233,7 +246,7 @@ class FSDPStrategy(SingleDeviceStrategy):
         dcp.load(state, checkpoint_id=path)
         state = restore_layout(state, live)
         set_model_state_dict(self.model, state["model"])
-        set_optimizer_state_dict(self.model, self.optimizer, state["optimizer"])
+        self._load_optimizer_state(state["optimizer"])
         self._load_scaler_state(state.get("scaler"))
 
     @classmethod

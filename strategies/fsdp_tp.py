@@ -85,7 +85,7 @@ class FSDPTensorParallelStrategy(FSDPStrategy):
         from torch.distributed.device_mesh import init_device_mesh
 
         self._mesh_2d = init_device_mesh(self.ctx.device.type, self.mesh.shape, mesh_dim_names=self.mesh.dims)
-        return self._mesh_2d["shard"]
+        return self._mesh_2d[self.mesh.data_dims[0]]
 
     def _before_sharding(self, model: nn.Module) -> None:
         from models.tensor_parallel import describe, parallelize, plan_of, uses_sequence_parallel
@@ -123,14 +123,22 @@ def _fsdp_shard_dim(param: Any) -> Any:
     return None
 
 
-def tensor_parallel_layout(world_size: int, local_world_size: int, tp_size: int | None) -> MeshLayout:
-    """shard x tp: groups of tp_size ranks (by default one node's, at most 8) split each layer, FSDP
-    shards across the groups. Only the shard dimension reads different data."""
+def tensor_parallel_layout(
+    world_size: int,
+    local_world_size: int,
+    tp_size: int | None,
+    data_dim: str = "shard",
+    across: str = "FSDP shards",
+    without_tp: str = "fsdp",
+) -> MeshLayout:
+    """data x tp: groups of tp_size ranks (by default one node's, at most 8) split each layer, the
+    data-parallel layout (`across`: FSDP by default) runs across the groups along `data_dim`, the
+    one dimension that reads different data; `without_tp` names what tp 1 leaves."""
     tp = check_divides("tp_size", min(MAX_DEFAULT_TP, local_world_size) if tp_size is None else tp_size, world_size)
-    shard = world_size // tp
+    groups = world_size // tp
     notes = []
-    if shard == 1:
-        notes.append("one data-parallel rank: tensor parallel alone, FSDP shards over one rank")
+    if groups == 1:
+        notes.append(f"one data-parallel rank: tensor parallel alone, {across} over one rank")
     if tp == 1:
-        notes.append("tp 1: no tensor parallel, the layout of fsdp")
-    return MeshLayout((shard, tp), ("shard", "tp"), ("shard",), tuple(notes))
+        notes.append(f"tp 1: no tensor parallel, the layout of {without_tp}")
+    return MeshLayout((groups, tp), (data_dim, "tp"), (data_dim,), tuple(notes))

@@ -12,7 +12,18 @@ from strategies.registry import StrategyRegistry, default_registry
 from strategies.single import SingleDeviceStrategy, started_more_than_one
 from tests.helpers import env_for_tests, run_cli
 
-TORCH_NAMES = {"single", "ddp", "dataparallel", "fsdp", "fsdp-grad-op", "fsdp-offload", "hsdp", "fsdp-tp"}
+TORCH_NAMES = {
+    "single",
+    "ddp",
+    "dataparallel",
+    "fsdp",
+    "fsdp-grad-op",
+    "fsdp-offload",
+    "hsdp",
+    "fsdp-tp",
+    "ddp-tp",
+    "zero1-tp",
+}
 DEEPSPEED_NAMES = {"zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "zero3-hpz", "zero3-zeropp"}
 ACCELERATE_NAMES = {
     "accelerate-ddp",
