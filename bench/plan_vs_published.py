@@ -38,6 +38,7 @@ from harness.plan.model_shape import ModelShape, PlanError, shape_of_description
 from harness.plan.network import DEFAULT_FABRIC, FABRICS, Fabric, Topology, parse_fabric, parse_intra  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
+from harness.plan.recipe import Recipe  # noqa: E402
 from harness.plan.speed import HOST_S_PER_LAUNCH  # noqa: E402
 from strategies.plan_model import PlanModel  # noqa: E402
 
@@ -158,8 +159,6 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     sharding = row["sharding"]
     if "pp=" in sharding or ("cp=" in sharding and "cp=1" not in sharding.split()):
         return "pipeline or context parallelism: not modelled"
-    if "model.bfloat16()" in row["notes"] or row["source"].startswith("VectorInstitute"):
-        return "the whole model cast to bf16, optimizer state in bf16: no layout of the planner's holds that"
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
         return "checkpointing an unstated fraction of the blocks: not modelled"
     reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
@@ -208,6 +207,34 @@ def _precision(row: dict[str, str]) -> str:
     return precision
 
 
+# torchtitan commits whose training loop compiles the loss with the model (torchtitan/components/
+# loss.py: `if job_config.training.compile: loss_fn = torch.compile(loss_fn)`); at 9dec370 and
+# before, train.py leaves that commented out.
+TORCHTITAN_COMPILED_LOSS = ("e7c0cae",)
+
+
+def _fused_loss(row: dict[str, str]) -> bool:
+    """llm-foundry's default loss is its fused cross-entropy; torchtitan's is compiled with the
+    model where its code at the cited commit does so."""
+    if row["source"].startswith("mosaicml"):
+        return True
+    compiled = row["compile"].strip().lower() in ("true", "yes", "1")
+    return (
+        row["source"].startswith("pytorch/torchtitan")
+        and compiled
+        and any(c in row["notes"] for c in TORCHTITAN_COMPILED_LOSS)
+    )
+
+
+def recipe_of_row(row: dict[str, str]) -> Recipe:
+    """What the source says its run did beyond the layout: the whole model cast to bf16 with its
+    optimizer state (VectorLM: `model.bfloat16()`), torchao's fp8 all-gathers."""
+    return Recipe(
+        pure_bf16="model.bfloat16()" in row["notes"] or row["source"].startswith("VectorInstitute"),
+        fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
+    )
+
+
 def shape_of_row(row: dict[str, str]) -> ModelShape:
     """The model a row describes."""
     return shape_of_description(
@@ -254,11 +281,12 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         gpu=gpu,
         factors=default_factors(),
         checkpointing=_checkpointing(row["activation_checkpointing"]),
-        fused_loss=row["source"].startswith("mosaicml"),  # llm-foundry's default loss_fn: fused_crossentropy
+        fused_loss=_fused_loss(row),
         fused_norm="norm_type fused_rmsnorm" in row["notes"],  # torchtitan's Triton RMSNorm, as its config chose
         complex_rope=row["source"].startswith("pytorch/torchtitan"),  # its apply_rotary_emb: view_as_complex
         attention=_attention(row),
         compiled=row["compile"].strip().lower() in ("true", "yes", "1"),
+        recipe=recipe_of_row(row),
     )
     backend = filled_in(backend_of(model, row["sharding"], options), shape, storage_precision(precision), gpus, options)
     return q, plan_backend(backend, q), None
@@ -445,10 +473,52 @@ def per_token_lines(outcomes: list[Outcome]) -> list[str]:
     ]
 
 
-def oom_lines(path: Path) -> list[str]:
+def fit_lines(ran: list[Outcome], ran_out: list[Outcome]) -> list[str]:
+    """Will it fit? Runs that ran planned not to fit (goal: at most 3%), runs that ran out of memory
+    planned not to fit (goal: at least 90%), and the planned peak against the published one."""
+    planned = [o for o in ran if o.plan is not None and o.plan.fits is not None]
+    wrong = [o for o in planned if not o.plan.fits]
+    caught = [o for o in ran_out if o.plan is not None and o.plan.fits is False]
+    lines = [
+        "### Will it fit?",
+        "",
+        f"- Runs that ran: {len(wrong)} of {len(planned)} planned not to fit "
+        f"({len(wrong) / max(len(planned), 1):.1%}).",
+        f"- Runs that ran out of memory: {len(caught)} of {len(ran_out)} planned not to fit "
+        f"({len(caught) / max(len(ran_out), 1):.0%}).",
+    ]
+    lines += [
+        f"  - ran, planned not to fit: {o.row['model']} on {o.row['gpus']} {o.row['gpu']}, micro-batch "
+        f"{o.row['micro_batch']}, {o.row['activation_checkpointing']} AC: {o.plan.reserved_bytes / GIB:.1f} GiB "
+        f"planned, {o.plan.headroom.usable / GIB:.1f} usable"
+        for o in wrong
+    ]
+    memory = [o for o in ran if o.memory_error is not None]
+    if memory:
+        errors = [o.memory_error for o in memory]
+        lines += [
+            f"- Peak memory, {len(memory)} runs: median |error| {statistics.median(abs(e) for e in errors):.1%}, "
+            f"median error {statistics.median(errors):+.1%}. Every published figure here is torch's max reserved "
+            "(torchtitan's `memory:` log line, torch.cuda.max_memory_reserved, the most loaded GPU), so each is "
+            "held against the plan's reserved: its peak allocated with the caching allocator's reserve.",
+            "",
+            "| model | GPUs | GPU | micro-batch | AC | precision | sharding | published reserved GiB | planned "
+            "| error |",
+            "|---|---:|---|---:|---|---|---|---:|---:|---:|",
+        ]
+        lines += [
+            f"| {o.row['model']} | {o.row['gpus']} | {o.row['gpu']} | {o.row['micro_batch']} | "
+            f"{o.row['activation_checkpointing']} | {o.row['precision']} | {o.row['sharding']} | "
+            f"{float(o.row['published_mem_gib']):.1f} | {o.plan.reserved_bytes / GIB:.1f} | {o.memory_error:+.1%} |"
+            for o in memory
+        ]
+    return lines + [""]
+
+
+def oom_lines(outcomes: list[Outcome]) -> list[str]:
     """Each configuration a source reports out of memory must be planned not to fit."""
     lines = ["### Published out-of-memory configurations", ""]
-    for o in plan_rows(read_rows(path)):
+    for o in outcomes:
         r = o.row
         verdict = "planned not to fit: right" if o.plan and o.plan.fits is False else "planned to fit: WRONG"
         usage = (
@@ -473,13 +543,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         paths = args.csv or list(DEFAULT_CSVS)
         sections = [(path, plan_rows(read_rows(path))) for path in paths]
-        lines = []
+        ran_out = [] if args.csv else plan_rows(read_rows(OOM_CSV))
+        lines = fit_lines([o for _, outcomes in sections for o in outcomes], ran_out)
         for path, outcomes in sections:
             lines += report(path.name, outcomes, args.rows)
         lines += two_d_lines([o for _, outcomes in sections for o in outcomes])
         lines += per_token_lines([o for _, outcomes in sections for o in outcomes])
-        if not args.csv:
-            lines += oom_lines(OOM_CSV)
+        if ran_out:
+            lines += oom_lines(ran_out)
     except PublishedError as exc:
         print(f"plan_vs_published: error: {exc}", file=sys.stderr)
         return 2
@@ -501,7 +572,11 @@ def main(argv: list[str] | None = None) -> int:
             "kept aside are. Which kernel and model each row ran is read from its source's configs at the cited "
             "commit (bench/data/README.md); one choice is argued from the published rows themselves: llm-foundry's "
             ">=128-GPU rows of 1b, 3b and 7b are planned with its Triton attention although its sweep asked for "
-            "flash (`_attention` says why and what FlashAttention-2 would give).\n\n" + text + "\n"
+            "flash (`_attention` says why and what FlashAttention-2 would give). What each run did beyond its "
+            "layout is read from its source too (`recipe_of_row`, `_fused_loss`): VectorLM's model and AdamW state "
+            "in bf16, torchtitan's fp8 all-gathers and, from the commit that compiles it, its compiled loss.\n\n"
+            + text
+            + "\n"
         )
     return 0
 

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from harness.plan.compute import block_projections
 from harness.plan.model_shape import ModelShape, PlanError, TransformerDims
 from harness.plan.model_states import BYTES, compute_bytes
+from harness.plan.recipe import OFFLOAD_BLOCKS_ON_GPU
 
 LOSS_BYTES_PER_LOGIT = 12
 # Of those, the log-softmax's incoming gradient and the one it makes (fp32): made in backward,
@@ -58,6 +59,7 @@ class Activations:
     blocks: int  # what the transformer blocks keep for backward (checkpointed: what the policy keeps)
     head: int  # final norm, head input and the loss's buffers over the vocabulary
     rebuilt: int = 0  # checkpointed: one block rebuilt in backward, less the loss buffers freed by then
+    host: int = 0  # offloaded to host memory: copied out in the forward and back in the backward
 
     @property
     def total(self) -> int:
@@ -80,6 +82,14 @@ def norm_bytes_per_token(dims: TransformerDims, residual: int, fused_norm: bool 
     return dims.width * residual + NORM_STATS_BYTES[dims.rms_norm]
 
 
+def qk_norm_bytes_per_token(dims: TransformerDims, matmul: int, fused_norm: bool = False) -> int:
+    """What an RMSNorm on each head's queries and keys saves per token: its input (and eager's fp32
+    copy) over q + k, and 1/rms per head."""
+    width = dims.q_width + dims.kv_width
+    stats = (dims.heads + dims.kv_heads) * NORM_STATS_BYTES[True]
+    return width * (matmul if fused_norm else 4 + matmul) + stats
+
+
 def block_bytes_per_token(
     dims: TransformerDims,
     precision: str,
@@ -88,6 +98,7 @@ def block_bytes_per_token(
     attention: str = "flash",
     seq_len: int = 0,
     fused_norm: bool = False,
+    qk_norm: bool = False,
 ) -> float:
     """What one block saves for backward, per token, on one of `tp` GPUs."""
     residual, matmul = _dtypes(precision, mixed_precision)
@@ -100,6 +111,8 @@ def block_bytes_per_token(
     split = (q + 2 * kv + q + (4 if dims.gated_mlp else 2) * f) * matmul + dims.heads * LOGSUMEXP_BYTES
     if attention == "math":  # the unfused kernel keeps its softmax: heads x T per token
         split += dims.heads * seq_len * matmul
+    if qk_norm:
+        split += qk_norm_bytes_per_token(dims, matmul, fused_norm)
     return (2 * norm_bytes_per_token(dims, residual, fused_norm) + split) / tp + gathered
 
 
@@ -135,9 +148,12 @@ def activations(
     tp: int = 1,
     attention: str = "flash",
     fused_norm: bool = False,
+    qk_norm: bool = False,
+    offload: bool = False,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
-    a known transformer nor traceable on the meta device: shape.note says which)."""
+    a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
+    the blocks keep goes to host memory but for the OFFLOAD_BLOCKS_ON_GPU blocks in flight."""
     dims = shape.dims
     if dims is None:
         if checkpointing == "selective":
@@ -156,14 +172,19 @@ def activations(
             checkpointing=checkpointing == "full",
         )
     tokens = micro_batch * seq_len
-    block = block_bytes_per_token(dims, precision, mixed_precision, tp, attention, seq_len, fused_norm) * tokens
+    per_token = block_bytes_per_token(dims, precision, mixed_precision, tp, attention, seq_len, fused_norm, qk_norm)
+    block = per_token * tokens
     head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm) * tokens
     if checkpointing == "none":
-        return Activations(blocks=int(dims.layers * block), head=int(head))
-    if checkpointing == "full":
+        kept, rebuilt = block, 0.0
+    elif checkpointing == "full":
         residual, _ = _dtypes(precision, mixed_precision)
-        kept = dims.layers * dims.width * residual * tokens / tp
         # The head's loss buffers are freed before the first block is rebuilt.
-        return Activations(blocks=int(kept), head=int(head), rebuilt=int(max(0, block - head)))
-    kept = selective_bytes_per_token(dims, precision, mixed_precision, tp) * tokens
-    return Activations(blocks=int(dims.layers * kept), head=int(head), rebuilt=int(max(0, block - kept - head)))
+        kept, rebuilt = dims.width * residual * tokens / tp, max(0, block - head)
+    else:
+        kept = selective_bytes_per_token(dims, precision, mixed_precision, tp) * tokens
+        rebuilt = max(0, block - kept - head)
+    on_gpu = min(dims.layers, OFFLOAD_BLOCKS_ON_GPU) if offload else dims.layers
+    return Activations(
+        blocks=int(on_gpu * kept), head=int(head), rebuilt=int(rebuilt), host=int((dims.layers - on_gpu) * kept)
+    )

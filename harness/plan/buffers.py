@@ -4,7 +4,8 @@ after the buffer, with the phase in which it is alive.
 torch engine: autocast's bf16 copies of every matmul weight (cached from forward until
 each layer's backward); DDP's gradient buckets when .grad is not a view into them; FSDP2's
 gathered parameters (the root for the whole step, a block in use plus one prefetched, or
-every block when it does not reshard after forward) and one block's reduce-scatter.
+every block when it does not reshard after forward) and one block's reduce-scatter; FSDP2's
+replicate (ddp-tp, zero1-tp) alike, its units copied on one rank and kept until their backward.
 DeepSpeed: ZeRO-1/2's reduction bucket(s) (two with overlap_comm; allocated by the first
 gradient hook, once the loss's buffers are freed), ZeRO-1's whole
 gradients while accumulating, the fp32 gradient built for the optimizer step; ZeRO-3's
@@ -27,6 +28,7 @@ from harness.plan.backends import Backend
 from harness.plan.layout import Layout
 from harness.plan.model_shape import ModelShape
 from harness.plan.model_states import BYTES, compute_bytes
+from harness.plan.recipe import PLAIN, Recipe
 
 
 @dataclass(frozen=True)
@@ -48,26 +50,32 @@ def matmul_weights(shape: ModelShape) -> int:
     return sum(t.numel for t in shape.tensors if t.block is not None and len(t.shape) >= 2) + head
 
 
-def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, layout: Layout, grad_accum: int) -> Buffers:
+def _torch_buffers(
+    shape: ModelShape, backend: Backend, precision: str, layout: Layout, grad_accum: int, recipe: Recipe
+) -> Buffers:
     backward: dict[str, int] = {}
     tp = layout.tp
     blocks = [b // tp for b in shape.block_params()]
-    if backend.stage == 0:
+    if backend.stage == 0 and not backend.fsdp2_units:
         if precision != "fp32" and backend.mixed_precision == "autocast":
             backward["autocast weight copies"] = matmul_weights(shape) // tp * BYTES[precision]
         ddp = backend.ddp_wrapped(layout.data_parallel)
         if ddp and not backend.option("gradient_as_bucket_view"):
-            backward["DDP gradient buckets (besides .grad)"] = shape.params // tp * 4
+            grad_bytes = 2 if recipe.pure_bf16 and not recipe.fp32_grad_accum else 4
+            backward["DDP gradient buckets (besides .grad)"] = shape.params // tp * grad_bytes
         return Buffers(backward=backward, grads_resident=ddp)
     unsharded = compute_bytes(precision)
     backward["root parameters gathered for the step"] = shape.root_params() // tp * unsharded
     largest = max(blocks) if blocks else 0
+    # torchao's fp8 all-gather: a block's matrices arrive as fp8, one byte an element.
+    share = fp8_block_share(shape) if recipe.fp8_all_gather else 0.0
+    per_element = share * 1 + (1 - share) * unsharded
     if backend.reshard_after_forward:
         # FSDP2 prefetches one block by itself; strategy_options.prefetch_blocks=n keeps n ahead.
         in_flight = 1 + max(1, int(backend.options.get("prefetch_blocks") or 0))
-        backward["blocks gathered (in use + prefetched)"] = in_flight * largest * unsharded
+        backward["blocks gathered (in use + prefetched)"] = int(in_flight * largest * per_element)
     else:
-        backward["every block kept gathered until backward"] = sum(blocks) * unsharded
+        backward["every block kept gathered until backward"] = int(sum(blocks) * per_element)
     reduce_bytes = 4 if backend.reduce_in_fp32 or precision == "fp32" else BYTES[precision]
     backward["one block's unsharded gradients and reduce-scatter input"] = largest * (unsharded + reduce_bytes)
     if grad_accum > 1 and not backend.sharded_grads_every_micro_step:
@@ -76,7 +84,16 @@ def _torch_buffers(shape: ModelShape, backend: Backend, precision: str, layout: 
     return Buffers(backward=backward)
 
 
-def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, layout: Layout, grad_accum: int) -> Buffers:
+def fp8_block_share(shape: ModelShape) -> float:
+    """The share of the blocks' parameters in their projections' matrices, which torchao casts to fp8."""
+    blocks = sum(shape.block_params())
+    head = shape.dims.vocab * shape.dims.width if shape.dims else 0
+    return min(1.0, (matmul_weights(shape) - head) / blocks) if blocks else 0.0
+
+
+def _deepspeed_buffers(
+    shape: ModelShape, backend: Backend, precision: str, layout: Layout, grad_accum: int, recipe: Recipe
+) -> Buffers:
     low = BYTES[precision]
     backward: dict[str, int] = {}
     step: dict[str, int] = {}
@@ -103,7 +120,9 @@ def _deepspeed_buffers(shape: ModelShape, backend: Backend, precision: str, layo
     }
     if backend.stage == 1 and grad_accum > 1:
         # ZeRO-1 reduces only in the last micro-step's backward: until then every gradient is whole.
-        backward["whole gradients accumulated between micro-steps"] = shape.params * low
+        backward["whole gradients accumulated between micro-steps"] = shape.params * (
+            4 if recipe.fp32_grad_accum else low
+        )
     if not backend.offload_optimizer:
         step["fp32 gradient partition for the step"] = part * 4
     return Buffers(backward=backward, hooks=hooks, step=step, grads_resident=True)
@@ -118,12 +137,18 @@ def _gathered_logits(shape: ModelShape, precision: str, layout: Layout, tokens: 
 
 
 def backend_buffers(
-    shape: ModelShape, backend: Backend, precision: str, layout: Layout, grad_accum: int, tokens: int = 0
+    shape: ModelShape,
+    backend: Backend,
+    precision: str,
+    layout: Layout,
+    grad_accum: int,
+    tokens: int = 0,
+    recipe: Recipe = PLAIN,
 ) -> Buffers:
     """The buffers of `backend` beside the model states; `tokens` per micro-step."""
     if backend.engine == "deepspeed":
-        return _deepspeed_buffers(shape, backend, precision, layout, grad_accum)
-    buffers = _torch_buffers(shape, backend, precision, layout, grad_accum)
+        return _deepspeed_buffers(shape, backend, precision, layout, grad_accum, recipe)
+    buffers = _torch_buffers(shape, backend, precision, layout, grad_accum, recipe)
     if backend.replicas == "threads":
         return Buffers({**buffers.backward, **_gathered_logits(shape, precision, layout, tokens)}, grads_resident=True)
     return buffers

@@ -12,8 +12,11 @@ question (model, micro-batch, precision, world size, device) and predicts it; th
                   one measured faster than the model is priced at nothing, and said so
   host step       for each offload strategy, what remains after its sibling's overhead
                   (zero3-offload after zero3's), per parameter stepped on the host
-  memory          each strategy's measured peak allocated less the predicted one, per parameter,
-                  where it is within MEMORY_CORRECTION_LIMIT of the measurement (beyond, reported)
+  memory          each strategy's measured peak allocated less the predicted one, split into
+                  fixed bytes, a share of the activations and bytes per parameter held as far as
+                  the peaks measured (this compare's, and those of `calibrate_from`'s further
+                  compares) can tell them apart (memory_correction.py), where each miss is within
+                  MEMORY_CORRECTION_LIMIT of its measurement (beyond, reported)
 Every strategy is priced from its own measurement, so two that drive the same engine with the
 same settings but measured apart (accelerate-zero3 and zero3) are planned apart, and the plan
 says by how much. Without a measurement of its own the planner uses the factors fitted the same
@@ -31,6 +34,7 @@ from typing import Any
 
 from harness.common.hardware import gpu_spec
 from harness.plan.backends import counterpart, planner_models
+from harness.plan.memory_correction import MemoryCorrection, MissPoint, fit_correction
 from harness.plan.model_shape import ModelShape, PlanError, shape_of_spec
 from harness.plan.network import DEFAULT_FABRIC, FABRICS, Topology, parse_intra
 from harness.plan.predict import Question, StrategyPlan, params_held, plan_strategy
@@ -94,10 +98,12 @@ def _reference_factors() -> SpeedFactors:
     return replace(factors, measured=False)
 
 
-def calibrate_from(path: Path) -> tuple[SpeedFactors, list[FitRow]]:
-    """Fit to a compare folder (results.json) or a train folder (summary.json)."""
+def calibrate_from(path: Path, *more: Path) -> tuple[SpeedFactors, list[FitRow]]:
+    """Fit to a compare folder (results.json) or a train folder (summary.json); the peaks of
+    `more` (compares at other sizes or micro-batches) split each memory miss by kind."""
     settings, measurements, basis = read_measurements(path)
-    return fit(settings, measurements, basis)
+    others = [read_measurements(other)[:2] for other in more]
+    return fit(settings, measurements, basis, others)
 
 
 def calibration_for_report(compare_dir: Path) -> dict[str, Any]:
@@ -238,7 +244,12 @@ def _plan(settings: RunSettings, measurement: Measurement, factors: SpeedFactors
     return plan_strategy(measurement.strategy, question_for(settings, measurement, factors))
 
 
-def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> tuple[SpeedFactors, list[FitRow]]:
+def fit(
+    settings: RunSettings,
+    measurements: list[Measurement],
+    basis: str,
+    more: list[tuple[RunSettings, list[Measurement]]] | None = None,
+) -> tuple[SpeedFactors, list[FitRow]]:
     models = planner_models()
     known = {m.strategy: m for m in measurements if m.strategy in models}
     # The step of a strategy that runs the model alone on one GPU is all compute: it fixes the scale.
@@ -260,7 +271,6 @@ def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> t
         )
         scale = 1.0
     factors = SpeedFactors(compute_scale=scale, basis=basis, measured=True)
-    shape = shape_of(settings)
     rows: list[FitRow] = []
     # The reference first (its step is the scale); offload strategies last: they take their
     # sibling's overhead before the host's share.
@@ -297,27 +307,56 @@ def fit(settings: RunSettings, measurements: list[Measurement], basis: str) -> t
                 else f"nothing: measured {-residual / t.step_s:.1%} faster than the model, priced at the model's speed"
             )
         # The layout and the time do not depend on a memory correction: one plan serves both.
-        planned = _plan(settings, m, factors)
-        missed = _memory_missed(settings, m, factors)
-        if missed is not None and m.peak_bytes and abs(missed) > MEMORY_CORRECTION_LIMIT * m.peak_bytes:
-            unused.append(
-                f"{m.strategy}: peak {m.peak_bytes / 2**30:.2f} GiB measured, {(m.peak_bytes - missed) / 2**30:.2f} "
-                "predicted: too far apart to correct, planned as the model has it"
-            )
-        elif missed is not None:
-            per_param = missed / params_held(shape, planned.backend, planned.layout)
-            factors = replace(factors, memory_per_param={**factors.memory_per_param, m.strategy: per_param})
-        final = planned.time
+        final = _plan(settings, m, factors).time
+        point = _memory_missed(settings, m, factors)
         rows.append(
-            FitRow(m.strategy, m.step_s, final.compute_s, final.exposed_comm_s, final.overhead_s, fitted, missed)
+            FitRow(
+                m.strategy,
+                m.step_s,
+                final.compute_s,
+                final.exposed_comm_s,
+                final.overhead_s,
+                fitted,
+                None if point is None else point.missed,
+            )
         )
-    return replace(factors, unused=tuple(unused)), rows
+    memory, too_far = _memory_corrections([(settings, measurements), *(more or [])], factors)
+    return replace(factors, memory=memory, unused=tuple(unused + too_far)), rows
 
 
-def _memory_missed(settings: RunSettings, m: Measurement, factors: SpeedFactors) -> float | None:
-    """The measured peak allocated less the model's (before any correction of its own)."""
+def _memory_corrections(
+    compares: list[tuple[RunSettings, list[Measurement]]], factors: SpeedFactors
+) -> tuple[dict[str, MemoryCorrection], list[str]]:
+    """Each measured strategy's memory miss, by kind, over every peak measured of it; a miss
+    beyond MEMORY_CORRECTION_LIMIT of its peak is reported and left out."""
+    models = planner_models()
+    points: dict[str, list[MissPoint]] = {}
+    too_far: list[str] = []
+    for settings, measurements in compares:
+        for m in measurements:
+            point = _memory_missed(settings, m, factors) if m.strategy in models else None
+            if point is None:
+                continue
+            if abs(point.missed) > MEMORY_CORRECTION_LIMIT * m.peak_bytes:
+                too_far.append(
+                    f"{m.strategy}: peak {m.peak_bytes / 2**30:.2f} GiB measured at {settings.model}, "
+                    f"{(m.peak_bytes - point.missed) / 2**30:.2f} predicted: too far apart to correct, "
+                    "planned as the model has it"
+                )
+                continue
+            points.setdefault(m.strategy, []).append(point)
+    return {name: fit_correction(p) for name, p in points.items()}, too_far
+
+
+def _memory_missed(settings: RunSettings, m: Measurement, factors: SpeedFactors) -> MissPoint | None:
+    """The measured peak allocated less the model's (before any correction of its own), beside
+    the activations and parameters the plan has there."""
     if m.peak_bytes is None:
         return None
-    plain = replace(factors, memory_per_param={k: v for k, v in factors.memory_per_param.items() if k != m.strategy})
-    predicted = _plan(settings, m, plain).peak_bytes
-    return None if predicted is None else m.peak_bytes - predicted
+    plain = replace(factors, memory={k: v for k, v in factors.memory.items() if k != m.strategy})
+    plan = _plan(settings, m, plain)
+    if plan.peak_bytes is None or plan.activations is None:
+        return None
+    held = params_held(shape_of(settings), plan.backend, plan.layout)
+    tokens = settings.micro_batch * settings.seq_len
+    return MissPoint(m.peak_bytes - plan.peak_bytes, plan.activations.total, held, tokens)

@@ -55,7 +55,7 @@ A model without transformer sizes costs its 6N flops at the card's matmul rate, 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.common.hardware import GPUSpec
 from harness.plan.attention import attention_seconds
@@ -275,9 +275,11 @@ def compute_work(
     matmul_precision: str | None = None,
     fused_norm: bool = False,
     complex_rope: bool = False,
+    qk_norm: bool = False,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
-    optimizer over `optimizer_params` parameters."""
+    optimizer over `optimizer_params` parameters; `qk_norm`: an RMSNorm on each head's queries
+    and keys, moving their elements as a norm of the matmuls' dtype does."""
     tokens = micro_batch * seq_len
     regime = Regime.of(precision, mixed_precision)
     bandwidth = gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY
@@ -297,6 +299,11 @@ def compute_work(
         casts = AUTOCAST_WEIGHT_BYTES * weights / bandwidth
         elementwise += Kernels(casts * 6 / AUTOCAST_WEIGHT_BYTES, casts * 14 / AUTOCAST_WEIGHT_BYTES)
     elementwise += Kernels(0.0, copy_bytes / bandwidth)
+    if qk_norm:
+        rms = replace(dims, rms_norm=True)
+        norm_f, norm_b = _norm_bytes(rms, Regime(regime.matmul, regime.matmul, False), compiled, fused_norm)
+        moved = (dims.q_width + dims.kv_width) * tokens * dims.layers / tp / bandwidth
+        elementwise += Kernels(norm_f * moved, norm_b * moved, norm_f * moved if checkpointing != "none" else 0.0)
     if projections == "fp8":
         elementwise += Kernels(*(moved / bandwidth for moved in fp8_cast_bytes(dims, tokens, tp, checkpointing)))
     loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from harness.plan.backends import Backend, planner_models
 from harness.plan.comm import Collective
 from harness.plan.compute import ComputeWork
+from harness.plan.memory_correction import MemoryCorrection
 from harness.plan.network import Topology
 
 HOST_ADAM_S_PER_PARAM = 1e-9  # DeepSpeed CPUAdam on one node's CPUs (AVX-512), where nothing is measured
@@ -48,12 +49,12 @@ NCCL_MEMORY_PASSES = 3
 @dataclass(frozen=True)
 class SpeedFactors:
     """What the speed model takes from a measurement: the compute scale, each strategy's overhead
-    per micro-step and host rate, and the peak memory the memory model misses, per parameter."""
+    per micro-step and host rate, and the peak memory the memory model misses, by kind."""
 
     compute_scale: float = 1.0
     overhead_s: dict[str, float] = field(default_factory=dict)  # strategy -> seconds per micro-step
     host_s_per_param: dict[str, float] = field(default_factory=dict)  # offload strategies
-    memory_per_param: dict[str, float] = field(default_factory=dict)  # strategy -> bytes per parameter
+    memory: dict[str, MemoryCorrection] = field(default_factory=dict)  # strategy -> what the peak model misses
     launch_s: float = HOST_S_PER_LAUNCH  # DataParallel's serialised launches
     basis: str = "assumed"  # where the figures come from, said beside every prediction
     measured: bool = False  # True: measured on the machine being planned for (plan calibrate=)
