@@ -1,14 +1,17 @@
 """Communication per step per GPU: which collectives each layout runs, over which group of GPUs,
 how many bytes, and which compute phase can hide them (network.py prices them).
 
-Data parallel (DDP) all-reduces the gradients; ZeRO-1/2 reduce-scatter them and all-gather the
+Data parallel (DDP) all-reduces the gradients, in buckets (replicate: a unit at a time);
+torch's ZeRO-1 (ZeroRedundancyOptimizer) all-reduces them too, then broadcasts each updated
+parameter from the rank that stepped it; DeepSpeed's ZeRO-1/2 reduce-scatter them and all-gather the
 updated parameters; FSDP and ZeRO-3 all-gather each unit's parameters for the forward and again
 for the backward, then reduce-scatter its gradients (the ZeRO paper's 1.5x of data parallel).
 Hybrid sharding does that inside its shard group and all-reduces the shards' gradients across
 the replicas; hpZ gathers the backward's parameters from its secondary copy inside the node.
 Tensor parallelism (torchtitan's plan, with sequence parallelism) all-gathers a block's
 activations before the attention and the MLP and reduce-scatters their outputs, forward and
-backward, inside its group and in the block's critical path. torch.nn.DataParallel broadcasts
+backward, inside its group and in the block's critical path: on NVLink inside a node, on the
+network where the group is wider than a node. torch.nn.DataParallel broadcasts
 the model from GPU 0 every step, gathers the replicas' outputs onto it and reduces their
 gradients onto it, none of it hidden.
 """
@@ -123,6 +126,18 @@ def _tensor_parallel(
     return out
 
 
+def tensor_parallel_across_nodes(collectives: list[Collective]) -> str | None:
+    """Why tensor parallelism wider than a node costs what it does: its per-layer collectives cross
+    the network with nothing to hide them; None where its group stays inside a node."""
+    crossing = next((c for c in collectives if c.what.startswith("tensor-parallel") and c.group.nodes > 1), None)
+    if crossing is None:
+        return None
+    return (
+        f"tensor parallelism over {crossing.group.size} GPUs spans {crossing.group.nodes} nodes: the all-gathers and "
+        "reduce-scatters of every block's activations cross the network, in the block's critical path"
+    )
+
+
 def _data_parallel_threads(shape: ModelShape, precision: str, gpus: int, tokens: int, group: Group) -> list[Collective]:
     """torch.nn.DataParallel: the model copied out of GPU 0 every step, the replicas' outputs
     (the logits) gathered onto it, their gradients summed onto it; nothing overlaps."""
@@ -161,20 +176,21 @@ def collectives(
     out: list[Collective] = []
     if backend.replicas == "threads":
         out += _data_parallel_threads(shape, precision, gpus, tokens, world)
-    elif layout.data_parallel > 1 and backend.stage == 0:
+    elif layout.data_parallel > 1 and backend.engine == "torch" and backend.stage in (0, 1):
         payload = params * grad_bytes
-        bucket = int(backend.option("bucket_cap_mb") * 2**20)
+        if backend.fsdp2_units:  # replicate: each unit's gradients as its backward ends
+            reduces, tail = calls, largest_block * grad_bytes
+        else:  # DDP's buckets
+            bucket = int(backend.option("bucket_cap_mb") * 2**20)
+            reduces, tail = max(1, math.ceil(payload / bucket)), min(bucket, payload)
         out.append(
-            Collective(
-                "all-reduce gradients",
-                "all-reduce",
-                payload,
-                max(1, math.ceil(payload / bucket)),
-                "backward",
-                shards,
-                tail_bytes=min(bucket, payload),
-            )
+            Collective("all-reduce gradients", "all-reduce", payload, reduces, "backward", shards, tail_bytes=tail)
         )
+        if backend.stage == 1:
+            # torch's ZeRO-1 (ZeroRedundancyOptimizer): each rank broadcasts the fp32 parameters it
+            # stepped, one tensor at a time, after the step.
+            tensors = len(shape.tensors) if shape.tensors else calls
+            out.append(Collective("broadcast updated parameters", "broadcast", params * 4, tensors, None, shards))
     elif layout.shard > 1 and backend.stage in (1, 2) and backend.engine == "deepspeed":
         reduce_payload = params * grad_bytes
         reduce_calls = max(1, math.ceil(params / backend.option("reduce_bucket_size")))
@@ -285,16 +301,17 @@ def local_copy_bytes(
 ) -> float:
     """Bytes a micro-step moves through the GPU's memory around its collectives, besides the wire:
     FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
-    and write, forward and again in a resharded backward) and the gradients into the reduction's
-    input (read in the compute dtype, written in the reduction's); ZeRO-1/2 copy the gradients into
-    their bucket. Tensor parallelism gathers and scatters activations along the sequence, not the
-    first dimension NCCL works on, so each of its collectives copies the whole activation once more
-    (DTensor's redistribution between Shard(1) and Replicate)."""
+    and write, forward and again in a resharded backward; replicate, a unit's copy of one rank) and
+    the gradients into the reduction's input (read in the compute dtype, written in the reduction's);
+    ZeRO-1/2 copy the gradients into their bucket. Tensor parallelism gathers and scatters
+    activations along the sequence, not the first dimension NCCL works on, so each of its
+    collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
+    and Replicate)."""
     params = shape.params / layout.tp
     gather = 2 * compute_bytes(precision)
     reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
     moved = 0.0
-    if backend.stage == 3 and backend.replicas != "threads":
+    if (backend.stage == 3 or backend.fsdp2_units) and backend.replicas != "threads":
         gathers = 2 if backend.reshard_after_forward else 1
         moved += params * (gathers * gather + reduce)
     elif backend.stage in (1, 2) and backend.engine == "deepspeed":

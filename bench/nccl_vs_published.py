@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""The planner's collectives against published nccl-tests figures: every row of
+bench/data/nccl_tests_published.csv (a collective, a cluster and a size, with the bus bandwidth
+or, for the smallest sizes, the time nccl-tests printed) planned as NCCL's model would run it,
+planned beside published, and the algorithm and protocol the model picks.
+
+    python bench/nccl_vs_published.py              # written to bench/results/nccl_vs_published.md
+    python bench/nccl_vs_published.py --out -      # printed only
+
+No torch, on the CPU, in well under a second. No constant of the network model was set from
+these rows (docs/planner.md says where each comes from).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import shlex
+import statistics
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from harness.common.hardware import GPUS  # noqa: E402
+from harness.plan.model_shape import PlanError  # noqa: E402
+from harness.plan.nccl_tuning import Choice, bus_bandwidth  # noqa: E402
+from harness.plan.network import Topology, parse_fabric, parse_intra  # noqa: E402
+
+CSV = ROOT / "bench" / "data" / "nccl_tests_published.csv"
+COLUMNS = ("source", "collective", "gpu", "gpus", "nodes", "inter_node", "size_bytes", "published_busbw_gbs")
+
+
+@dataclass(frozen=True)
+class Row:
+    source: str
+    collective: str
+    gpu: str
+    gpus: int
+    nodes: int
+    inter_node: str
+    size: int
+    busbw_gbs: float | None  # what nccl-tests printed as busbw, or
+    time_us: float | None  # its time, where the size is too small for a bandwidth
+
+
+@dataclass(frozen=True)
+class Planned:
+    row: Row
+    choice: Choice
+
+    @property
+    def busbw_gbs(self) -> float:
+        return bus_bandwidth(self.row.collective, self.row.size, self.choice.seconds, self.row.gpus) / 1e9
+
+    @property
+    def error(self) -> float:
+        """Planned over published, less one: in bandwidth, or in time where the row gives a time."""
+        if self.row.busbw_gbs is not None:
+            return self.busbw_gbs / self.row.busbw_gbs - 1
+        return self.choice.seconds * 1e6 / self.row.time_us - 1
+
+
+def read_rows(path: Path = CSV) -> list[Row]:
+    """The published rows; a missing column or a bad number is a one-line PlanError."""
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise PlanError(f"{path}: missing columns {', '.join(missing)}: see bench/data/README.md")
+        rows = []
+        for n, r in enumerate(reader, start=2):
+            try:
+                busbw, time = r["published_busbw_gbs"].strip(), r.get("published_time_us", "").strip()
+                rows.append(
+                    Row(
+                        r["source"],
+                        r["collective"],
+                        r["gpu"],
+                        int(r["gpus"]),
+                        int(r["nodes"]),
+                        r["inter_node"],
+                        int(r["size_bytes"]),
+                        float(busbw) if busbw else None,
+                        float(time) if time else None,
+                    )
+                )
+            except ValueError as exc:
+                raise PlanError(f"{path}:{n}: {exc}: give whole numbers of GPUs, nodes and bytes") from None
+            if (rows[-1].busbw_gbs is None) == (rows[-1].time_us is None):
+                raise PlanError(f"{path}:{n}: give one of published_busbw_gbs and published_time_us")
+    return rows
+
+
+def topology(row: Row) -> Topology:
+    spec = GPUS[row.gpu]
+    fabric = parse_fabric(row.inter_node)
+    return Topology(row.gpus, row.nodes, parse_intra(None, spec), fabric, spec.attention_family == "hopper")
+
+
+def plan(row: Row) -> Planned:
+    t = topology(row)
+    return Planned(row, t.choice(t.world(), row.collective, row.size))
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n} B"
+
+
+def report(planned: list[Planned]) -> list[str]:
+    lines = [
+        "| source | collective | GPUs (nodes) | fabric | size | published | planned | error | NCCL's choice |",
+        "|---|---|---:|---|---:|---:|---:|---:|---|",
+    ]
+    for p in planned:
+        r = p.row
+        if r.busbw_gbs is not None:
+            published, ours = f"{r.busbw_gbs:g} GB/s", f"{p.busbw_gbs:.1f} GB/s"
+        else:
+            published, ours = f"{r.time_us:g} us", f"{p.choice.seconds * 1e6:.1f} us"
+        lines.append(
+            f"| {r.source} | {r.collective} | {r.gpus} ({r.nodes}) | {r.inter_node} | {_size(r.size)} | "
+            f"{published} | {ours} | {p.error:+.1%} | {p.choice.describe()} |"
+        )
+    errors = [abs(p.error) for p in planned if p.row.busbw_gbs is not None]
+    return lines + [
+        "",
+        f"Bus bandwidth rows: {len(errors)}, median |error| {statistics.median(errors):.1%}, "
+        f"largest {max(errors):.1%}.",
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", default=str(ROOT / "bench" / "results" / "nccl_vs_published.md"), help="'-': print only")
+    args = p.parse_args(argv)
+    try:
+        lines = report([plan(row) for row in read_rows()])
+    except PlanError as exc:
+        print(f"nccl_vs_published: error: {exc}", file=sys.stderr)
+        return 2
+    now = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    command = shlex.join(["python", "bench/nccl_vs_published.py", *argv])
+    text = "\n".join([f"## {now}", "", f"Command: `{command}`", "", *lines])
+    print(text)
+    if args.out != "-":
+        Path(args.out).write_text(
+            "# The planner's collectives against published nccl-tests figures\n\n"
+            "Written by `bench/nccl_vs_published.py` from `bench/data/nccl_tests_published.csv` (sources in "
+            "bench/data/README.md). Error: planned over published, less one, in bus bandwidth, or in time for the "
+            "8-byte rows.\n\n" + text + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
