@@ -25,6 +25,7 @@ _EXPORTS = {
     "question_for_run": "for_run",
     "prediction_for_run": "for_run",
     "calibration_for_report": "calibration",
+    "catalogue_listing": "model_catalogue",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -4,8 +4,8 @@ and the parameter tensors its causal LM builds from them, in the model's own ord
 
 An `hf:` spec of a class listed here, with model_kwargs this table knows, is planned from
 these; any other (another class, or a field not listed) is built on the meta device as
-before. tests/plan/test_model_shape.py holds every entry to the real config class and the
-real model built from it.
+before. tests/plan/test_model_shape.py and test_catalogue.py hold every entry to the real config
+class and the real model built from it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ _COMMON_INERT = frozenset(
         "bos_token_id",
         "dtype",
         "eos_token_id",
+        "hidden_act",  # the gated MLP's activation (SiLU, GELU): the same matmuls and saved tensors
         "initializer_range",
         "max_position_embeddings",
         "pad_token_id",
@@ -53,7 +54,9 @@ class HFArchitecture:
     config_class: str
     model_type: str
     defaults: dict[str, Any]  # the shape fields, as the class sets them when not given
-    # "llama": RMSNorm, SwiGLU, q/k/v/o, rotary; "gpt2": LayerNorm, GELU, fused qkv (Conv1D), learned positions.
+    # "llama": RMSNorm, SwiGLU, q/k/v/o, rotary; "phi3": the same with q/k/v and gate/up fused;
+    # "falcon": LayerNorm, GELU, fused qkv (multi-query), attention beside the MLP, rotary;
+    # "gpt2": LayerNorm, GELU, fused qkv (Conv1D), learned positions.
     family: str
     inert: frozenset[str]  # the class's other fields, which shape nothing the planner models
     qkv_bias: bool = False
@@ -61,9 +64,14 @@ class HFArchitecture:
     def sizes(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         """The shape fields with `kwargs` over the defaults, derived ones filled in as the class does."""
         s = {**self.defaults, **{k: v for k, v in kwargs.items() if k in self.defaults}}
-        if self.family == "llama":
+        if self.family in ("llama", "phi3"):
             s["num_key_value_heads"] = s.get("num_key_value_heads") or s["num_attention_heads"]
             s["head_dim"] = s.get("head_dim") or s["hidden_size"] // s["num_attention_heads"]
+        if self.family == "falcon":
+            s["num_kv_heads"] = s.get("num_kv_heads") or s["num_attention_heads"]
+            s["ffn_hidden_size"] = s.get("ffn_hidden_size") or 4 * s["hidden_size"]
+            if s.get("num_ln_in_parallel_attn") is None and s["new_decoder_architecture"]:
+                s["num_ln_in_parallel_attn"] = 2
         return s
 
 
@@ -105,6 +113,56 @@ ARCHITECTURES = (
         "llama",
         _COMMON_INERT | {"sliding_window", "use_sliding_window"},
         qkv_bias=True,
+    ),
+    HFArchitecture(
+        "Phi3Config",
+        "phi3",
+        {
+            **{k: v for k, v in _LLAMA.items() if k not in ("attention_bias", "mlp_bias", "head_dim")},
+            "hidden_size": 3072,
+            "intermediate_size": 8192,
+            "vocab_size": 32064,
+        },
+        "phi3",
+        _COMMON_INERT | {"embd_pdrop", "original_max_position_embeddings", "resid_pdrop", "sliding_window"},
+    ),
+    HFArchitecture(
+        "GemmaConfig",
+        "gemma",
+        {
+            **{k: v for k, v in _LLAMA.items() if k != "mlp_bias"},
+            "hidden_size": 3072,
+            "intermediate_size": 24576,
+            "num_hidden_layers": 28,
+            "num_attention_heads": 16,
+            "num_key_value_heads": 16,
+            "head_dim": 256,
+            "vocab_size": 256000,
+            "tie_word_embeddings": True,
+        },
+        "llama",
+        _COMMON_INERT | {"use_bidirectional_attention"},
+    ),
+    HFArchitecture(
+        "FalconConfig",
+        "falcon",
+        {
+            "hidden_size": 4544,
+            "num_hidden_layers": 32,
+            "num_attention_heads": 71,
+            "num_kv_heads": None,
+            "multi_query": True,
+            "new_decoder_architecture": False,
+            "parallel_attn": True,
+            "num_ln_in_parallel_attn": None,
+            "bias": False,
+            "alibi": False,
+            "ffn_hidden_size": None,
+            "vocab_size": 65024,
+            "tie_word_embeddings": True,
+        },
+        "falcon",
+        (_COMMON_INERT - {"hidden_act", "rms_norm_eps"}) | {"activation", "hidden_dropout", "layer_norm_epsilon"},
     ),
     HFArchitecture(
         "GPT2Config",
@@ -165,6 +223,66 @@ def llama_tensors(s: dict[str, Any], qkv_bias: bool) -> list[tuple[str, tuple[in
                 out.append((f"{name}.bias", shape[:1], i))
         out += [("input_layernorm", (h,), i), ("post_attention_layernorm", (h,), i)]
     out.append(("norm", (h,), None))
+    if not s["tie_word_embeddings"]:
+        out.append(("lm_head", (s["vocab_size"], h), None))
+    return out
+
+
+def phi3_tensors(s: dict[str, Any]) -> list[tuple[str, tuple[int, ...], int | None]]:
+    """(name, shape, block) of Phi3ForCausalLM's parameters: Llama's, with q/k/v in one matrix and
+    gate/up in another (its attention defines o_proj first)."""
+    h, f, layers = s["hidden_size"], s["intermediate_size"], s["num_hidden_layers"]
+    q, kv = s["num_attention_heads"] * s["head_dim"], s["num_key_value_heads"] * s["head_dim"]
+    out: list[tuple[str, tuple[int, ...], int | None]] = [("embed_tokens", (s["vocab_size"], h), None)]
+    for i in range(layers):
+        out += [
+            ("o_proj", (h, q), i),
+            ("qkv_proj", (q + 2 * kv, h), i),
+            ("gate_up_proj", (2 * f, h), i),
+            ("down_proj", (h, f), i),
+            ("input_layernorm", (h,), i),
+            ("post_attention_layernorm", (h,), i),
+        ]
+    out.append(("norm", (h,), None))
+    if not s["tie_word_embeddings"]:
+        out.append(("lm_head", (s["vocab_size"], h), None))
+    return out
+
+
+def falcon_kv_heads(s: dict[str, Any]) -> int:
+    """The key/value heads Falcon's attention runs: num_kv_heads in the new decoder, one for
+    multi-query, else one per query head."""
+    if s["new_decoder_architecture"]:
+        return s["num_kv_heads"]
+    return 1 if s["multi_query"] else s["num_attention_heads"]
+
+
+def falcon_tensors(s: dict[str, Any]) -> list[tuple[str, tuple[int, ...], int | None]]:
+    """(name, shape, block) of FalconForCausalLM's parameters: fused qkv, attention and MLP read
+    one or two LayerNorms (parallel_attn), a post-attention norm where they run in sequence."""
+    h, heads, f = s["hidden_size"], s["num_attention_heads"], s["ffn_hidden_size"]
+    qkv = (
+        (heads + 2 * falcon_kv_heads(s)) * (h // heads) if s["new_decoder_architecture"] or s["multi_query"] else 3 * h
+    )
+    if not s["parallel_attn"]:
+        norms = ["post_attention_layernorm", "input_layernorm"]
+    elif s["num_ln_in_parallel_attn"] == 2:
+        norms = ["ln_attn", "ln_mlp"]
+    else:
+        norms = ["input_layernorm"]
+    out: list[tuple[str, tuple[int, ...], int | None]] = [("word_embeddings", (s["vocab_size"], h), None)]
+    for i in range(s["num_hidden_layers"]):
+        for name, shape in (
+            ("query_key_value", (qkv, h)),
+            ("dense", (h, h)),
+            ("dense_h_to_4h", (f, h)),
+            ("dense_4h_to_h", (h, f)),
+        ):
+            out.append((f"{name}.weight", shape, i))
+            if s["bias"]:
+                out.append((f"{name}.bias", shape[:1], i))
+        out += [(f"{norm}.{part}", (h,), i) for norm in norms for part in ("weight", "bias")]
+    out += [("ln_f.weight", (h,), None), ("ln_f.bias", (h,), None)]
     if not s["tie_word_embeddings"]:
         out.append(("lm_head", (s["vocab_size"], h), None))
     return out

@@ -19,6 +19,11 @@ PROBE_SEQ_LEN = 8  # tokens of the trial trace that tells whether a model can be
 
 
 def built_shape(spec: str, model_kwargs: dict[str, Any], block_names: list[str] | None) -> ModelShape:
+    if spec.startswith("hf:"):
+        from harness.plan.hf_files import refuse_experts
+        from models.hf import build_config
+
+        refuse_experts(spec, build_config(spec[3:], model_kwargs).to_dict())
     with torch.device("meta"):
         model = build_model(spec, model_kwargs)
     return shape_of_module(spec, model, block_names)

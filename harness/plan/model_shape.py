@@ -5,12 +5,14 @@ Read without torch where the sizes say everything: the zoo's GPT presets (models
 the Hugging Face architectures of hf_configs.py, and a bare description (layers=, width=,
 heads=, kv_heads=, ffn=, vocab=, arch=, or params= alone). Anything else (a user's model by
 import path, another `hf:` class, named blocks) is built on the meta device (model_build.py),
-so a 70B model costs no memory either way.
+so a 70B model costs no memory either way. Public models are named from a catalogue
+(model_catalogue.json) and Hugging Face config.json files read offline (hf_files.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -99,15 +101,20 @@ class ModelShape:
 
     def block_params(self) -> list[int]:
         """Parameters of each transformer block (the unit FSDP and ZeRO-3 gather at once)."""
+        return list(self._block_counts)
+
+    @functools.cached_property
+    def _block_counts(self) -> tuple[int, ...]:
+        # Counted once per shape: a plan asks for it many times, and a 405B model has over 1,000 tensors.
         if self.tensors is not None:
             counts: dict[int, int] = {}
             for t in self.tensors:
                 if t.block is not None:
                     counts[t.block] = counts.get(t.block, 0) + t.numel
-            return [counts[i] for i in sorted(counts)]
+            return tuple(counts[i] for i in sorted(counts))
         if self.dims is None:
-            return []
-        return [(self.params - self.root_params()) // self.dims.layers] * self.dims.layers
+            return ()
+        return ((self.params - self.root_params()) // self.dims.layers,) * self.dims.layers
 
     def root_params(self) -> int:
         """Parameters outside the blocks: embeddings, final norm, head (gathered for the whole step)."""
@@ -172,7 +179,7 @@ def _gpt_shape(name: str, cfg: GPTConfig, kv_heads: int | None = None, ffn: int 
     return _shape(name, gpt_tensors(cfg, kv_heads, ffn), dims, positions="wpe.weight", tied_head=True)
 
 
-def _llama_dims(s: dict[str, Any]) -> TransformerDims:
+def _llama_dims(s: dict[str, Any], fused_qkv: bool = False) -> TransformerDims:
     return TransformerDims(
         s["num_hidden_layers"],
         s["hidden_size"],
@@ -182,13 +189,34 @@ def _llama_dims(s: dict[str, Any]) -> TransformerDims:
         s["intermediate_size"],
         s["vocab_size"],
         gated_mlp=True,
-        fused_qkv=False,
+        fused_qkv=fused_qkv,
         rms_norm=True,
         rotary=True,
     )
 
 
-def _hf_shape(spec: str, arch: hf_configs.HFArchitecture, kwargs: dict[str, Any]) -> ModelShape:
+PARALLEL_ATTENTION_NOTE = (
+    "attention and MLP side by side from one norm (parallel_attn): planned as a block that runs them in "
+    "sequence, which counts one more norm's activations"
+)
+
+
+def _falcon_shape(spec: str, s: dict[str, Any]) -> ModelShape:
+    h, heads = s["hidden_size"], s["num_attention_heads"]
+    if h % heads:
+        raise PlanError(f"model {spec}: hidden_size={h} must be a multiple of num_attention_heads={heads}")
+    kv = hf_configs.falcon_kv_heads(s)
+    if heads % kv:
+        raise PlanError(f"model {spec}: num_attention_heads={heads} must be a multiple of num_kv_heads={kv}")
+    dims = TransformerDims(
+        s["num_hidden_layers"], h, heads, h // heads, kv, s["ffn_hidden_size"], s["vocab_size"], rotary=not s["alibi"]
+    )
+    shape = _shape(spec, hf_configs.falcon_tensors(s), dims, tied_head=bool(s["tie_word_embeddings"]))
+    return dataclasses.replace(shape, note=PARALLEL_ATTENTION_NOTE) if s["parallel_attn"] else shape
+
+
+def hf_shape(spec: str, arch: hf_configs.HFArchitecture, kwargs: dict[str, Any]) -> ModelShape:
+    """The shape of `arch` with `kwargs` (its shape fields) over its defaults, read from its sizes."""
     for key, value in kwargs.items():
         if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and key != "pad_token_id":
             raise PlanError(f"model {spec}: model_kwargs.{key}={value} must be positive")
@@ -200,26 +228,41 @@ def _hf_shape(spec: str, arch: hf_configs.HFArchitecture, kwargs: dict[str, Any]
             raise PlanError(f"model {spec}: n_embd={h} must be a multiple of n_head={heads}")
         dims = TransformerDims(s["n_layer"], h, heads, h // heads, heads, s["n_inner"] or 4 * h, s["vocab_size"])
         return _shape(spec, hf_configs.gpt2_tensors(s), dims, positions="wpe", tied_head=tied)
+    if arch.family == "falcon":
+        return _falcon_shape(spec, s)
     if s["hidden_size"] % s["num_attention_heads"] and not kwargs.get("head_dim"):
         raise PlanError(f"model {spec}: hidden_size must be a multiple of num_attention_heads (or give head_dim)")
+    if arch.family == "phi3":
+        return _shape(spec, hf_configs.phi3_tensors(s), _llama_dims(s, fused_qkv=True), tied_head=tied)
     return _shape(spec, hf_configs.llama_tensors(s, arch.qkv_bias), _llama_dims(s), tied_head=tied)
 
 
 def shape_of_spec(
     spec: str, model_kwargs: dict[str, Any] | None = None, block_names: list[str] | None = None
 ) -> ModelShape:
-    """A zoo preset, an `hf:` spec or an import path: read from its sizes where it can be, else
-    built on the meta device."""
+    """A zoo preset, a model of the catalogue, an `hf:` spec (a config class, a model type, or a
+    config.json or the directory holding one) or an import path: read from its sizes where it
+    can be, else built on the meta device."""
+    from harness.plan import hf_files, model_catalogue
+
     kwargs = dict(model_kwargs or {})
     if not block_names and spec in PRESETS:
         try:
             return _gpt_shape(spec, dataclasses.replace(PRESETS[spec], **kwargs))
         except TypeError as exc:
             raise PlanError(f"model {spec!r} rejected model_kwargs {kwargs}: {exc}") from None
+    listed = model_catalogue.entry(spec)
+    if listed is not None and listed.config:
+        return hf_files.shape_of_fields(spec, {**listed.config, **kwargs}, block_names)
+    config_file = hf_files.config_file(spec[3:]) if spec.startswith("hf:") else None
+    if config_file is not None:
+        return hf_files.shape_of_fields(spec, {**hf_files.read_config(spec, config_file), **kwargs}, block_names)
+    if ":" not in spec:
+        model_catalogue.check_known(spec)
     arch = hf_configs.architecture(spec[3:]) if spec.startswith("hf:") and not block_names else None
     plain = hf_configs.plain_kwargs(arch, kwargs) if arch else None
     if arch is not None and plain is not None:
-        return _hf_shape(spec, arch, plain)
+        return hf_shape(spec, arch, plain)
     from harness.plan.model_build import built_shape  # torch: only for what the sizes cannot say
 
     return built_shape(spec, kwargs, block_names)

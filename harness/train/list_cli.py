@@ -1,9 +1,11 @@
-"""`runner.py list`: strategies (available or not, and why) and models with their sizes.
+"""`runner.py list`: strategies (available or not, and why), models with their sizes, and the
+planner's catalogue of public models.
 `runner.py list --markdown`: the strategies as a Markdown table (the README's table).
 `runner.py list accelerate:mine.yaml deepspeed:ds.json`: what each config file runs as."""
 
 from __future__ import annotations
 
+from harness.plan import catalogue_listing
 from models.zoo import describe, known_models
 from strategies.registry import StrategyRegistry, default_registry
 
@@ -48,6 +50,9 @@ def main(args: list[str]) -> int:
         )
         print(f"  {name:<18} {info['params'] / 1e6:>10.2f}M params{shape}")
     print("  any user model as model=package.module:build (with model_kwargs.<name>=<value>)")
+    print("planner catalogue (runner.py plan model=<name>; each one's sources in docs/planner.md):")
+    print("\n".join(catalogue_listing()))
+    print("  any Hugging Face config offline as model=hf:<dir or config.json>")
     kinds = default_registry().file_kinds()
     if kinds:
         print("config files:")
