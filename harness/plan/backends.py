@@ -61,6 +61,13 @@ class Backend(PlanModel):
         return self.options[key]
 
     @property
+    def fsdp2_units(self) -> bool:
+        """Runs on FSDP2's machinery (fully_shard; replicate under ddp-tp and zero1-tp): every block
+        and the root a unit whose parameters are copied for compute (gathered, cast) from its
+        forward on, and whose gradients are reduced as its backward ends."""
+        return self.engine == "torch" and self.mixed_precision == "low_precision"
+
+    @property
     def sharded_grads_every_micro_step(self) -> bool:
         """Stage 3 under accumulation: gradients reduce-scattered on every micro-step (DeepSpeed's
         ZeRO-3 always, parabench's fsdp by default), or kept unsharded until the last
@@ -68,19 +75,27 @@ class Backend(PlanModel):
         return self.engine == "deepspeed" or bool(self.options.get("sync_each_micro_step", False))
 
 
+_MODELS: dict[tuple, dict[str, Backend]] = {}
+
+
 def planner_models() -> dict[str, Backend]:
     """Every registered strategy the planner has a model of, by name, in the registry's order."""
     from strategies.registry import default_registry
 
-    return {
-        entry.name: Backend(
-            **{f.name: getattr(entry.plan, f.name) for f in fields(PlanModel)},
-            name=entry.name,
-            single_process=entry.one_process,
-        )
-        for entry in default_registry().entries()
-        if entry.plan is not None
-    }
+    entries = [entry for entry in default_registry().entries() if entry.plan is not None]
+    # Built once per registry state: every plan asks for it, and a plugin registered later changes the key.
+    key = tuple((entry.name, entry.plan, entry.one_process) for entry in entries)
+    if key not in _MODELS:
+        _MODELS.clear()
+        _MODELS[key] = {
+            entry.name: Backend(
+                **{f.name: getattr(entry.plan, f.name) for f in fields(PlanModel)},
+                name=entry.name,
+                single_process=entry.one_process,
+            )
+            for entry in entries
+        }
+    return dict(_MODELS[key])
 
 
 # DDP's own default bucket (torch.nn.parallel.DistributedDataParallel), used where a plugin sets none.

@@ -23,10 +23,17 @@ def checkpointing_mode(value: Any) -> str:
 
 
 def question_for_run(
-    cfg: Any, world_size: int, nodes: int, gpu_mem_bytes: float, spec: hardware.GPUSpec | None = None
+    cfg: Any,
+    world_size: int,
+    nodes: int,
+    gpu_mem_bytes: float,
+    spec: hardware.GPUSpec | None = None,
+    split: tuple[int, int] | None = None,
 ) -> Question:
-    """The planning question a run (a RunConfig) answers; without a known GPU `spec`, memory only."""
-    micro_batch, grad_accum = cfg.world_batch(world_size)
+    """The planning question a run (a RunConfig) answers; without a known GPU `spec`, memory only.
+    split: the (micro-batch, accumulation) the run followed, where its data-parallel ranks are fewer
+    than its processes (tensor parallelism); default, the batch split over every process."""
+    micro_batch, grad_accum = split or cfg.world_batch(world_size)
     family = spec.attention_family if spec else "hopper"
     intra = parse_intra(None, spec) if spec else IntraNode("nvlink", 0.0)
     return Question(
@@ -56,7 +63,11 @@ def prediction_for_run(cfg: Any, summary: dict[str, Any]) -> dict[str, Any]:
     memory = summary.get("device_memory_bytes")
     on_gpu = summary.get("device_type") == "cuda" and memory is not None
     spec = hardware.gpu_spec(summary.get("device") or "") if on_gpu else None
-    q = question_for_run(cfg, summary["world_size"], summary.get("nodes", 1), memory if on_gpu else float("inf"), spec)
+    followed = (summary.get("micro_batch"), summary.get("grad_accum"))
+    split = followed if None not in followed else None
+    q = question_for_run(
+        cfg, summary["world_size"], summary.get("nodes", 1), memory if on_gpu else float("inf"), spec, split
+    )
     plan = plan_strategy(cfg.strategy, q)
     return {
         **{f"mem_{c}_bytes": plan.states.total(c) for c in CATEGORIES},

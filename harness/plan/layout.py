@@ -59,13 +59,18 @@ def _dp_group(topology: Topology, size: int, stride: int) -> Group:
 def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout:
     """The layout `backend` gives `shape` on `topology`; a size that does not divide is a one-line error."""
     gpus, per_node = topology.gpus, min(topology.per_node, topology.gpus)
+    if backend.replicas == "threads" and topology.nodes > 1:
+        raise LayoutError(
+            f"{backend.name}: one process drives every GPU (its replicas are threads), so it runs inside one node: "
+            f"not planned beyond {topology.per_node} GPUs (gpus={gpus} on {topology.nodes} nodes)"
+        )
     tp = _size(backend, "tp_size", per_node) if backend.tensor_parallel else 1
     if gpus % tp:
         raise LayoutError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
-    if tp > per_node:
+    if tp > per_node and tp % per_node:
         raise LayoutError(
-            f"{backend.name}: tp_size={tp} spans nodes ({per_node} GPUs each): tensor parallelism runs inside a node, "
-            f"use one of {_divisors(per_node)}"
+            f"{backend.name}: tp_size={tp} splits a node's {per_node} GPUs between two tensor-parallel groups: "
+            f"use a divisor of {per_node} ({_divisors(per_node)}) or a multiple of it"
         )
     dims = shape.dims
     if tp > 1:
@@ -75,8 +80,10 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
             if count % tp:
                 fits = [
                     d
-                    for d in range(1, per_node + 1)
-                    if gpus % d == 0 and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
+                    for d in range(1, gpus + 1)
+                    if gpus % d == 0
+                    and (per_node % d == 0 or d % per_node == 0)
+                    and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
                 ]
                 raise LayoutError(
                     f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
@@ -107,6 +114,6 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
         hpz=hpz,
         shard_group=_dp_group(topology, shard, tp),
         replica_group=_dp_group(topology, replicas, tp * shard) if replicas > 1 else Group(1, 1),
-        tp_group=topology.in_node(tp),
+        tp_group=topology.consecutive(tp),
         hpz_group=topology.in_node(hpz),
     )

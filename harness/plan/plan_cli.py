@@ -21,13 +21,16 @@ from typing import Any
 from configs.schema import load_config
 from harness.common.units import GB, GIB
 from harness.plan.backends import known_backends, model_of, planned_as
+from harness.plan.batch_limit import fitting_micro_batch, micro_batch_limit
 from harness.plan.engines import engine_differences
 from harness.plan.model_shape import PlanError
 from harness.plan.model_states import zero_paper_bytes_per_gpu
 from harness.plan.network import Group
 from harness.plan.plan_options import PlanConfig, check, gpu_counts, models_asked, question, shape_for
-from harness.plan.predict import Question, StrategyPlan, plan_all, storage_precision
+from harness.plan.predict import Question, StrategyPlan, batching, plan_all, storage_precision
+from harness.plan.recipe_plan import fp8_gathers
 from harness.plan.recommendation import Recommendation, recommend
+from harness.plan.what_if import skipped, skipped_lines
 
 __all__ = ["PlanConfig", "main", "question", "strategy_names"]
 
@@ -71,6 +74,7 @@ TABLE_HEADER = (
     "buffers",
     "peak",
     "fits",
+    "max mb",
     "cpu",
     "wire/step",
     "exposed",
@@ -94,6 +98,7 @@ def _row(p: StrategyPlan, q: Question) -> tuple[str, ...]:
     buffers = sum(p.buffers.backward.values()) + sum(p.buffers.hooks.values())
     t = p.time
     per_gpu = t.tokens_per_s / q.gpus if t else None
+    largest = fitting_micro_batch(p, q)
     mfu = per_gpu * q.shape.flops_per_token(q.seq_len) / _mfu_peak(q) if t and q.gpu else None
     return (
         p.name,
@@ -104,6 +109,7 @@ def _row(p: StrategyPlan, q: Question) -> tuple[str, ...]:
         _gb(buffers),
         _gb(p.peak_bytes),
         {True: "yes", False: "NO", None: "?"}[p.fits],
+        "-" if largest is None else micro_batch_limit(largest),
         _gb(cpu) if cpu else "-",
         _gb(t.wire_bytes) if t else "-",
         f"{t.exposed_comm_s * 1e3:.0f} ms" if t else "-",
@@ -136,19 +142,61 @@ def heading(q: Question) -> list[str]:
     gpu = q.gpu.name if q.gpu else "an unknown card"
     lines = [
         f"parabench plan | {s.name} ({shape})",
-        f"  {q.topology.describe()} | {gpu} | {q.precision} | micro-batch {q.micro_batch} x {q.seq_len} tokens x "
-        f"{q.grad_accum} accumulation | checkpointing {q.checkpointing}"
+        f"  {q.topology.describe()} | {gpu} | {q.precision} | {_batch(q)} | checkpointing {q.checkpointing}"
         + (" | fused loss" if q.fused_loss else "")
         + (" | fused norm" if q.fused_norm else "")
         + (" | complex rotary" if q.complex_rope else "")
         + (" | compiled" if q.compiled else "")
-        + ("" if q.attention == "flash" else f" | attention {q.attention}"),
+        + ("" if q.attention == "flash" else f" | attention {q.attention}")
+        + "".join(f" | {choice}" for choice in q.recipe.describe()),
         *(f"  {line}" for line in basis_lines(q)),
     ]
     if s.note:
         lines.append(f"  note: {s.note}")
-    lines.append("  GiB per GPU; peak = predicted peak allocated; tok/s/GPU and MFU (6N + 12LHQT) per GPU")
+    lines.append(
+        "  GiB per GPU; peak = predicted peak allocated; max mb = the largest micro-batch per data-parallel rank "
+        "that fits; tok/s/GPU and MFU (6N + 12LHQT) per GPU"
+    )
     return lines
+
+
+def _batch(q: Question) -> str:
+    if q.global_batch is None:
+        return f"micro-batch {q.micro_batch} x {q.seq_len} tokens x {q.grad_accum} accumulation"
+    micro = "" if q.split_global_batch else f" in micro-batches of {q.micro_batch}"
+    return f"batch {q.global_batch} x {q.seq_len} tokens over each layout's data-parallel ranks{micro}"
+
+
+def batch_splits(q: Question, plans: list[StrategyPlan]) -> dict[str, dict[str, int]]:
+    """How each layout splits the global batch: its data-parallel ranks, micro-batch and accumulation."""
+    if q.global_batch is None:
+        return {}
+    out = {}
+    for p in plans:
+        micro, accumulation = batching(q, p.layout)
+        out[p.name] = {"ranks": p.layout.data_parallel, "micro_batch": micro, "grad_accum": accumulation}
+    return out
+
+
+def _split_lines(q: Question, plans: list[StrategyPlan]) -> list[str]:
+    groups: dict[tuple[int, int, int], list[str]] = {}
+    for name, s in batch_splits(q, plans).items():
+        groups.setdefault((s["ranks"], s["micro_batch"], s["grad_accum"]), []).append(name)
+    return [
+        f"Batch {q.global_batch} over {ranks} data-parallel rank{'s' if ranks > 1 else ''}: micro-batch {micro} x "
+        f"{accumulation} accumulation ({', '.join(names)})."
+        for (ranks, micro, accumulation), names in groups.items()
+    ]
+
+
+def planned(cfg: PlanConfig, q: Question) -> tuple[list[StrategyPlan], dict[str, str]]:
+    """The plans of the strategies asked (or all), and why any could not be laid out; where none
+    can be, a one-line error with the reasons."""
+    plans, not_planned = plan_all(strategy_names(cfg, q.gpus), q, asked=bool(cfg.strategies))
+    if not plans:
+        reasons = "; ".join(dict.fromkeys(not_planned.values()))
+        raise PlanError(f"{q.shape.name} on {q.gpus} GPUs: no strategy can lay it out: {reasons}")
+    return plans, not_planned
 
 
 def basis_lines(q: Question) -> list[str]:
@@ -181,8 +229,11 @@ def basis_lines(q: Question) -> list[str]:
             f"{t.fabric.efficiency:.0%}, NCCL's rings over the rails)"
         )
     lines = [f"speed: {compute}", f"backend overheads and offload host steps {where} from {f.basis}", network]
-    if f.memory_per_param:
-        lines.append("memory: the model's, plus what the calibration run measured beyond it, scaled by parameters")
+    if f.memory:
+        lines.append(
+            "memory: the model's, plus what the calibration measured beyond it, each kind carried by what it grows "
+            "with (fixed bytes, a share of the activations, bytes per parameter held), never below the model states"
+        )
     lines += [f"calibration not used: {u}" for u in f.unused]
     if not f.measured:
         lines.append("calibrate=<out_dir of a compare on this machine> replaces the assumed figures with measured ones")
@@ -198,13 +249,28 @@ def zero_paper_view(q: Question) -> dict[str, float]:
 
 
 def unmodelled(plans: list[StrategyPlan], q: Question) -> list[str]:
-    """What the memory model is known to leave out, where no calibration has measured it."""
-    return [
+    """What the memory model is known to leave out, where no calibration has measured it, and
+    the recipe's choices a strategy does not take."""
+    lines = [
         f"{p.name}: DeepSpeed's GPU staging of offloaded parameters is not modelled (an H100 measured 4% above "
         "this kind of peak at gpt2-124m, micro-batch 4); calibrate= adds what your compare measures."
         for p in plans
-        if p.backend.engine == "deepspeed" and p.backend.offload_params and p.name not in q.factors.memory_per_param
+        if p.backend.engine == "deepspeed" and p.backend.offload_params and p.name not in q.factors.memory
     ]
+    deepspeed = [p.name for p in plans if p.backend.engine == "deepspeed"]
+    if q.recipe.pure_bf16 and deepspeed:
+        verb = "keeps" if len(deepspeed) == 1 else "keep"
+        lines.append(
+            f"pure_bf16: {', '.join(deepspeed)} {verb} DeepSpeed's fp32 master copy and moments (its bf16 mode "
+            "has no other), as planned."
+        )
+    gathering = [p.name for p in plans if fp8_gathers(p.backend, q.recipe)]
+    if q.recipe.fp8_all_gather and len(gathering) < len(plans):
+        lines.append(
+            "fp8_all_gather: only FSDP2's sharding gathers fp8 weights under torchao; "
+            + (f"planned for {', '.join(gathering)}." if gathering else "no strategy planned here does.")
+        )
+    return lines
 
 
 def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recommendation) -> dict[str, Any]:
@@ -218,6 +284,7 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
             "capacity_bytes": q.capacity_bytes,
             "peak_flops": _mfu_peak(q) if q.gpu else None,  # what MFU is against (bf16's for fp8)
             "topology": q.topology.describe(),
+            "batch_per_layout": batch_splits(q, plans),
         },
         "model": {
             "name": s.name,
@@ -229,16 +296,17 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
         },
         "basis": basis_lines(q),
         "headroom": plans[0].headroom.describe() if plans else None,
-        "strategies": [p.as_dict() for p in plans],
+        "strategies": [p.as_dict() | {"largest_micro_batch": fitting_micro_batch(p, q)} for p in plans],
         "zero_paper_model_states_bytes": zero_paper_view(q),
         "recommendation": rec.as_dict(),
         "same_engine": engine_differences(plans, q),
+        "what_ifs_skipped": skipped(plans, q),
     }
 
 
 def _single(cfg: PlanConfig) -> int:
     q = question(cfg)
-    plans, not_planned = plan_all(strategy_names(cfg, q.gpus), q, asked=bool(cfg.strategies))
+    plans, not_planned = planned(cfg, q)
     rec = recommend(plans, q)
     plots: list[Path] = []
     if cfg.plot:
@@ -261,11 +329,13 @@ def _single(cfg: PlanConfig) -> int:
             "its partition during the last micro-step's backward, so it keeps ZeRO-2's gradients at rest.",
             *engine_differences(plans, q),
             *unmodelled(plans, q),
+            *_split_lines(q, plans),
             *(f"Not planned: {name}: {why}" for name, why in not_planned.items()),
             *_config_files([p.name for p in plans]),
             "",
         ]
         + rec.lines
+        + skipped_lines(plans, q)
     )
     print("\n".join(lines + [f"wrote {p}" for p in plots]))
     return 0
@@ -278,7 +348,7 @@ def _sweep(cfg: PlanConfig) -> int:
         shape = shape_for(cfg, model)
         for gpus in gpu_counts(cfg):
             q = question(replace(cfg, gpus=gpus), model, gpus, shape)
-            plans, _ = plan_all(strategy_names(cfg, gpus), q, asked=bool(cfg.strategies))
+            plans, _ = planned(cfg, q)
             points.append((q, plans, recommend(plans, q)))
     plots: list[Path] = []
     if cfg.plot:
@@ -311,6 +381,10 @@ def _sweep(cfg: PlanConfig) -> int:
 def main(args: list[str]) -> int:
     cfg: PlanConfig = load_config(args, schema=PlanConfig)
     check(cfg)
+    if cfg.search:
+        from harness.plan.search_cli import run_search  # imports this module
+
+        return run_search(cfg)
     if len(models_asked(cfg)) > 1 or len(gpu_counts(cfg)) > 1:
         return _sweep(cfg)
     return _single(cfg)

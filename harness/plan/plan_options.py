@@ -11,11 +11,13 @@ from configs.schema import PRECISIONS
 from harness.common.hardware import GPUS, GPUSpec, gpu_spec
 from harness.common.units import GB
 from harness.plan.attention import KERNELS
+from harness.plan.batch_split import widest_split
 from harness.plan.calibration import calibrate_from, default_factors
 from harness.plan.compute import CHECKPOINTING
 from harness.plan.model_shape import ARCHS, ModelShape, PlanError, shape_of_description, shape_of_spec
-from harness.plan.network import DEFAULT_FABRIC, Topology, parse_fabric, parse_intra
+from harness.plan.network import Topology, default_fabric, parse_fabric, parse_intra
 from harness.plan.predict import Question
+from harness.plan.recipe import Recipe, with_tied_embeddings
 from harness.plan.speed import SpeedFactors
 
 FORMATS = ("table", "json")
@@ -50,13 +52,18 @@ class PlanConfig:
     inter_node: str = "auto"  # between nodes: 8x400gbps, or a named cluster (auto: the card's platform)
     # Speed: the compute model, scaled by `calibrate=<compare or train out_dir>` on this machine,
     # or, without it, by the reference H100 compare shipped with parabench.
-    calibrate: Optional[str] = None
+    # calibrate=[a,b]: the first fits the speed; the peaks of all split each memory miss by kind.
+    calibrate: Any = None
     mfu: Optional[float] = None  # set: compute at this fixed MFU instead of the compute model
     # The run.
     # Sequences per data-parallel rank per micro-step (a tensor-parallel group shares one); unset:
     # batch_size over each layout's ranks, or 1.
     micro_batch: Optional[int] = None
     batch_size: Optional[int] = None  # global, in sequences; default micro_batch x data-parallel ranks
+    # search=true: plan every layout (strategy, tp, shard, micro-batch, accumulation, checkpointing)
+    # that makes this global batch, in tokens (4194304 or 4M), and rank those that fit (search.py).
+    search: bool = False
+    global_batch_tokens: Any = None
     seq_len: int = 1024
     precision: str = "bf16"
     activation_checkpointing: Any = "none"  # none | full | selective (true/false: full/none)
@@ -65,6 +72,15 @@ class PlanConfig:
     complex_rope: bool = False  # rotary embedding in complex numbers (torchtitan's): compile runs it eager
     attention: str = "flash"  # flash (SDPA's FlashAttention-2) | flash3 | flash1 | triton | math
     compile: bool = False  # plan for compile=true runs (elementwise chains fused)
+    # How the run trains beyond the strategy (harness/plan/recipe.py says what each changes).
+    pure_bf16: bool = False  # bf16 parameters, gradients and AdamW state, no fp32 master (torchtune)
+    optimizer: str = "adamw"  # adamw | adamw8bit (bitsandbytes, torchao)
+    tied_embeddings: Optional[bool] = None  # the head shares the embedding's weight; unset: as the model is
+    qk_norm: bool = False  # RMSNorm on each head's queries and keys (OLMo 2, Qwen3)
+    fp32_grad_accum: bool = False  # gradients accumulated in fp32 buffers (Megatron-LM's main_grad)
+    fp8_all_gather: bool = False  # FSDP2 gathers fp8 weights (torchao), with precision=fp8
+    activation_offload: bool = False  # saved activations in host memory (torchtune)
+    fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse
     strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows
     strategy_options: dict[str, Any] = field(default_factory=dict)
     # Output.
@@ -141,8 +157,23 @@ def check(cfg: PlanConfig) -> None:
         raise PlanError(f"attention={cfg.attention!r} is not one of {', '.join(KERNELS)}")
     if cfg.arch not in ARCHS:
         raise PlanError(f"arch={cfg.arch!r} is not one of {', '.join(ARCHS)}")
+    recipe_of(cfg).check(cfg.precision)
     if cfg.nodes is not None and len(gpu_counts(cfg)) > 1:
         raise PlanError("nodes= fixes one GPU count's nodes: with gpus=[...] give gpus_per_node= instead")
+
+
+def recipe_of(cfg: PlanConfig) -> Recipe:
+    """The run's recipe as the options give it."""
+    return Recipe(
+        pure_bf16=cfg.pure_bf16,
+        optimizer=cfg.optimizer,
+        tied_embeddings=cfg.tied_embeddings,
+        qk_norm=cfg.qk_norm,
+        fp32_grad_accum=cfg.fp32_grad_accum,
+        fp8_all_gather=cfg.fp8_all_gather,
+        activation_offload=cfg.activation_offload,
+        fragmentation=cfg.fragmentation,
+    )
 
 
 def gpu_of(cfg: PlanConfig) -> GPUSpec:
@@ -179,7 +210,8 @@ def speed_factors(cfg: PlanConfig) -> SpeedFactors:
     """Measured on this machine (calibrate=), else the reference run's; mfu= fixes the compute instead."""
     from dataclasses import replace
 
-    factors = calibrate_from(Path(cfg.calibrate))[0] if cfg.calibrate else default_factors()
+    paths = [Path(str(p)) for p in _listed(cfg.calibrate)] if cfg.calibrate else []
+    factors = calibrate_from(*paths)[0] if paths else default_factors()
     return replace(factors, fixed_mfu=cfg.mfu) if cfg.mfu is not None else factors
 
 
@@ -206,31 +238,21 @@ def shape_for(cfg: PlanConfig, model: str | None) -> ModelShape:
     )
 
 
-def batching(cfg: PlanConfig, data_parallel: int) -> tuple[int, int]:
-    """(micro-batch, accumulation) on `data_parallel` ranks, as the question's header states it."""
+def batching(cfg: PlanConfig, gpus: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) the question starts from: as asked, or the global batch over
+    the most data-parallel ranks it divides over (every GPU where it can); each layout then splits
+    it over its own ranks (predict.batching)."""
     if cfg.batch_size is None:
         return cfg.micro_batch or 1, 1
-    per_rank, rem = divmod(cfg.batch_size, data_parallel)
-    if rem:
-        raise PlanError(
-            f"batch_size={cfg.batch_size} does not divide over {data_parallel} data-parallel ranks: "
-            f"choose a batch_size that is a multiple of {data_parallel}"
-        )
-    micro = cfg.micro_batch or per_rank
-    accum, rem = divmod(per_rank, micro)
-    if rem or accum == 0:
-        raise PlanError(
-            f"micro_batch={micro} does not divide the per-rank batch {per_rank} "
-            f"(batch_size={cfg.batch_size} / {data_parallel} ranks)"
-        )
-    return micro, accum
+    return widest_split(cfg.batch_size, gpus, cfg.micro_batch)
 
 
 def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
     nodes = cfg.nodes if cfg.nodes is not None else max(1, -(-gpus // cfg.gpus_per_node))
     if gpus % nodes:
         raise PlanError(f"gpus={gpus} does not split over nodes={nodes}: give a multiple of {nodes}")
-    fabric = parse_fabric(DEFAULT_FABRIC[gpu.attention_family] if cfg.inter_node == "auto" else cfg.inter_node)
+    auto = cfg.inter_node == "auto"
+    fabric = default_fabric(gpu.attention_family, gpus // nodes) if auto else parse_fabric(cfg.inter_node)
     intra = parse_intra(cfg.interconnect, gpu)
     return Topology(gpus, nodes, intra, fabric, gpu.attention_family == "hopper")
 
@@ -245,8 +267,9 @@ def question(
     count = gpus if gpus is not None else gpu_counts(cfg)[0]
     topology = topology_for(cfg, count, gpu)
     micro_batch, grad_accum = batching(cfg, count)
+    shape = shape or shape_for(cfg, model if model is not None else models_asked(cfg)[0])
     return Question(
-        shape=shape or shape_for(cfg, model if model is not None else models_asked(cfg)[0]),
+        shape=with_tied_embeddings(shape, cfg.tied_embeddings),
         topology=topology,
         capacity_bytes=gpu.capacity_bytes,
         micro_batch=micro_batch,
@@ -264,4 +287,5 @@ def question(
         strategy_options=dict(cfg.strategy_options),
         global_batch=cfg.batch_size,
         split_global_batch=cfg.micro_batch is None,
+        recipe=recipe_of(cfg),
     )

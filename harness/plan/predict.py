@@ -11,14 +11,19 @@ from typing import Any
 from harness.common.hardware import GPUSpec
 from harness.plan.activations import Activations, activations
 from harness.plan.backends import Backend, backend_for
+from harness.plan.batch_split import nearest_split, split
 from harness.plan.buffers import Buffers, backend_buffers
 from harness.plan.capacity import Headroom, headroom
 from harness.plan.comm import Collective, collectives, local_copy_bytes
 from harness.plan.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches
+from harness.plan.invariants import check_memory
 from harness.plan.layout import Layout, LayoutError, layout_of
+from harness.plan.memory_correction import corrected_peak
 from harness.plan.model_shape import ModelShape
 from harness.plan.model_states import GPU, model_states
 from harness.plan.network import Topology
+from harness.plan.recipe import PLAIN, Recipe
+from harness.plan.recipe_plan import FRAGMENTATION, recipe_collectives, with_recipe
 from harness.plan.speed import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
@@ -46,6 +51,10 @@ class Question:
     # split_global_batch the micro-batch is the global batch over each layout's ranks instead.
     global_batch: int | None = None
     split_global_batch: bool = False
+    # A what-if on another GPU count (with_gpus): the global batch kept, each layout taking the
+    # largest micro-batch up to the asked one that divides its ranks' share.
+    nearest_split: bool = False
+    recipe: Recipe = PLAIN  # pure bf16, the optimizer, QK-norm, offload... (recipe.py)
 
     @property
     def gpus(self) -> int:
@@ -56,10 +65,11 @@ class Question:
         return self.topology.nodes
 
     def with_gpus(self, gpus: int) -> "Question":
-        """The same question on `gpus` GPUs, as many per node as now (more nodes as needed)."""
+        """The same question on `gpus` GPUs, as many per node as now (more nodes as needed); a
+        global batch is kept, split as each layout there can (nearest_split)."""
         per_node = self.topology.per_node
         nodes = max(1, -(-gpus // per_node))
-        return replace(self, topology=replace(self.topology, gpus=gpus, nodes=nodes))
+        return replace(self, topology=replace(self.topology, gpus=gpus, nodes=nodes), nearest_split=True)
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,9 @@ class StrategyPlan:
     fits: bool | None
     collectives: list[Collective]
     time: StepTime | None
+
+    def __post_init__(self) -> None:
+        check_memory(self.name, self.states, self.activations, self.buffers, self.peak_bytes)
 
     @property
     def reserved_bytes(self) -> float | None:
@@ -185,20 +198,10 @@ def batching(q: Question, layout: Layout) -> tuple[int, int]:
     if q.global_batch is None:
         return q.micro_batch, q.grad_accum
     if q.split_global_batch:
-        per_rank, rem = divmod(q.global_batch, layout.data_parallel)
-        if rem or per_rank == 0:
-            raise LayoutError(
-                f"batch_size={q.global_batch} does not split over {layout.data_parallel} data-parallel ranks "
-                f"(gpus / tp_size {layout.tp}): choose a multiple of {layout.data_parallel}"
-            )
-        return per_rank, 1
-    per_rank, rem = divmod(q.global_batch, layout.data_parallel * q.micro_batch)
-    if rem or per_rank == 0:
-        raise LayoutError(
-            f"batch_size={q.global_batch} is not a multiple of micro_batch={q.micro_batch} x {layout.data_parallel} "
-            f"data-parallel ranks (gpus / tp_size {layout.tp}): choose a batch_size that is"
-        )
-    return q.micro_batch, per_rank
+        return split(q.global_batch, layout.data_parallel, None, layout.tp)
+    if q.nearest_split:
+        return nearest_split(q.global_batch, layout.data_parallel, q.micro_batch, layout.tp)
+    return split(q.global_batch, layout.data_parallel, q.micro_batch, layout.tp)
 
 
 def storage_precision(precision: str) -> str:
@@ -208,14 +211,17 @@ def storage_precision(precision: str) -> str:
 
 def _fused_loss(backend: Backend, q: Question) -> bool:
     """Whether the cross-entropy runs fused: asked for (fused_loss=), or compiled with the whole
-    model, as a strategy that shards no blocks compiles it (sharding strategies compile each block,
-    leaving the head and loss eager: strategies/base.py compile_blocks, torchtitan alike)."""
-    return q.fused_loss or (q.compiled and backend.stage == 0)
+    model, as a strategy that shards no blocks compiles it (sharding strategies, and replicate's units,
+    compile each block, leaving the head and loss eager: strategies/base.py compile_blocks, torchtitan
+    alike)."""
+    return q.fused_loss or (q.compiled and backend.stage == 0 and not backend.fsdp2_units)
 
 
 def params_held(shape: ModelShape, backend: Backend, layout: Layout) -> float:
     """The parameters one GPU keeps at rest: its shard under ZeRO-3 and FSDP, its tensor-parallel
-    part under the others."""
+    part under the others, none where they are offloaded to the host."""
+    if backend.offload_params:
+        return 0.0
     return shape.params / (layout.shard * layout.tp if backend.stage == 3 else layout.tp)
 
 
@@ -225,7 +231,32 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     micro_batch, grad_accum = batching(q, layout)
     q = replace(q, micro_batch=micro_batch, grad_accum=grad_accum)
     held = storage_precision(q.precision)
-    states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz)
+    backend = with_recipe(backend, q.recipe)
+    states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz, q.recipe)
+    memory = memory_at(backend, q, layout, states)
+    room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
+    fits = None if memory.peak is None else room.fits(memory.peak)
+    fp8 = q.precision == "fp8"
+    tokens = q.micro_batch * q.seq_len
+    comms = collectives(q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8)
+    comms = recipe_collectives(comms, q.shape, backend, q.recipe, memory.activations)
+    timing = _time(backend, q, layout, comms) if q.gpu is not None else None
+    acts, buffers, peak = memory.activations, memory.buffers, memory.peak
+    return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """What a micro-batch adds to the model states: its activations, the backend's buffers, the peak."""
+
+    activations: Activations | None
+    buffers: Buffers
+    peak: int | None  # None where the activations are unknown
+
+
+def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreakdown) -> Memory:
+    """Activations, buffers and peak of `q`'s micro-batch and accumulation beside `states`."""
+    held = storage_precision(q.precision)
     acts = activations(
         q.shape,
         micro_batch=q.micro_batch,
@@ -237,22 +268,22 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         tp=layout.tp,
         attention=q.attention,
         fused_norm=q.fused_norm,
+        qk_norm=q.recipe.qk_norm,
+        offload=q.recipe.activation_offload,
     )
-    tokens = q.micro_batch * q.seq_len
-    buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, tokens)
+    buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
+    if acts is not None and q.recipe.fragmentation:
+        lost = {FRAGMENTATION: int(q.recipe.fragmentation * acts.total)}
+        buffers = replace(buffers, backward={**buffers.backward, **lost})
     grads_held = buffers.grads_resident or q.grad_accum > 1
-    peak = peak_allocated(on_device(states), acts, buffers, grads_held)
-    missed = q.factors.memory_per_param.get(backend.measured_as)
-    if peak is not None and missed:
-        # What a calibration found the model to miss, per parameter this GPU holds: a fit at one
-        # layout is carried to another by what each GPU keeps, never by the whole model's size.
-        peak = int(peak + missed * params_held(q.shape, backend, layout))
-    room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
-    fits = None if peak is None else room.fits(peak)
-    fp8 = q.precision == "fp8"
-    comms = collectives(q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8)
-    timing = _time(backend, q, layout, comms) if q.gpu is not None else None
-    return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing)
+    gpu = on_device(states)
+    peak = peak_allocated(gpu, acts, buffers, grads_held)
+    correction = q.factors.memory.get(backend.measured_as)
+    if peak is not None and acts is not None and correction is not None:
+        # What a calibration found the model to miss, each kind carried by what it grows with,
+        # never below the model states this GPU holds (memory_correction.py).
+        peak = corrected_peak(peak, sum(gpu.values()), correction, acts.total, params_held(q.shape, backend, layout))
+    return Memory(acts, buffers, peak)
 
 
 def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]) -> StepTime:
@@ -288,6 +319,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             engine=backend.engine,
             fused_norm=q.fused_norm,
             complex_rope=q.complex_rope,
+            qk_norm=q.recipe.qk_norm,
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,

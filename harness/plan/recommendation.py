@@ -6,7 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.common.units import GIB
+from harness.plan.backends import counterpart, model_of
+from harness.plan.batch_limit import fitting_micro_batch, micro_batch_limit
+from harness.plan.comm import tensor_parallel_across_nodes
 from harness.plan.predict import Question, StrategyPlan, plan_strategy
+from harness.plan.what_if import fewest_gpus
 
 MAX_GPUS = 1024
 TIE = 0.02  # speeds this close are a tie within the model's accuracy: the one with more headroom wins
@@ -66,6 +70,8 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
             if slowest
             else ""
         )
+        across = tensor_parallel_across_nodes(p.collectives)
+        where += f"; {across}" if across else ""
         return f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication no compute hides{where}"
     return f"{t.compute_s * 1e3:.0f} ms of compute per step against {b.compute_s * 1e3:.0f} ms"
 
@@ -141,14 +147,10 @@ def _why_best(best: StrategyPlan, plans: list[StrategyPlan], q: Question) -> str
 
 
 def _fewest_gpus(name: str, q: Question) -> tuple[int, StrategyPlan] | None:
-    """The smallest power-of-two multiple of the GPU count at which `name` fits, with its plan."""
-    gpus = q.gpus * 2
-    while gpus <= MAX_GPUS:
-        p = plan_strategy(name, q.with_gpus(gpus))
-        if p.fits:
-            return gpus, p
-        gpus *= 2
-    return None
+    """The smallest power-of-two multiple of the GPU count at which `name` fits, with its plan;
+    None where none does or a GPU count on the way cannot be laid out (what_if.skipped says why)."""
+    found = fewest_gpus(name, q, MAX_GPUS)
+    return found if isinstance(found, tuple) else None
 
 
 def _more_checkpointing(q: Question) -> list[str]:
@@ -178,8 +180,57 @@ def _fits_with(name: str, q: Question) -> list[str]:
     return options
 
 
+def _offloaded(p: StrategyPlan, q: Question) -> str | None:
+    """The offload strategy of `p`'s engine and stage, where `p` keeps its optimizer on the GPU."""
+    if p.backend.offload_optimizer:
+        return None
+    registered = model_of(p.name) or p.backend  # as registered: a recipe may have changed its precision
+    return counterpart(registered, offload=True, via_accelerate=registered.via_accelerate)
+
+
+def _remedies(p: StrategyPlan, q: Question) -> list[str]:
+    """What would make `p`, which does not fit, fit: more GPUs, offload, a smaller micro-batch,
+    each with full checkpointing where it needs it too."""
+    ways = []
+    full = replace(q, checkpointing="full")
+    also = "" if q.checkpointing == "full" else " with activation_checkpointing=full"
+    questions = [q] if q.checkpointing == "full" else [q, full]
+    for question in questions:
+        more = _fewest_gpus(p.name, question)
+        if more:
+            how = "" if question is q else also
+            ways.append(f"{p.name}{how} on {more[0]} GPUs ({_gib(more[1].peak_bytes)} per GPU)")
+            break
+    offload = _offloaded(p, q)
+    if offload:
+        for question in questions:
+            o = plan_strategy(offload, question)
+            if o.fits:
+                how = "" if question is q else also
+                ways.append(f"{offload}{how}: optimizer state in host memory ({_gib(o.peak_bytes)} per GPU)")
+                break
+    for question in questions:
+        largest = fitting_micro_batch(plan_strategy(p.name, question), question)
+        if largest and largest < q.micro_batch:
+            how = "" if question is q else also
+            ways.append(f"{p.name} at micro_batch={largest}{how}, with accumulation for the rest of the batch")
+            break
+    if not ways and q.micro_batch > 1:
+        smallest = _fewest_gpus(p.name, replace(full, micro_batch=1))
+        if smallest:
+            gpus, plan = smallest
+            ways.append(f"{p.name} at micro_batch=1{also} on {gpus} GPUs ({_gib(plan.peak_bytes)} per GPU)")
+    return ways
+
+
 def _nothing_fits(plans: list[StrategyPlan], q: Question) -> Recommendation:
-    lines = [f"Nothing fits in {q.gpus} x {q.capacity_bytes / GIB:.0f} GiB as asked."]
+    lean = min(plans, key=lambda p: p.peak_bytes or 0)
+    part, nbytes = _largest_part(lean)
+    lines = [
+        f"Nothing fits in {q.gpus} x {q.capacity_bytes / GIB:.0f} GiB as asked: the leanest, {lean.name}, needs "
+        f"{_gib(lean.reserved_bytes)} per GPU with the allocator's reserve, {_gib(lean.headroom.usable)} usable "
+        f"(largest part: {part} {_gib(nbytes)})."
+    ]
     for mode in _more_checkpointing(q):
         fitting = sorted(
             (p for p in (plan_strategy(p.name, replace(q, checkpointing=mode)) for p in plans) if p.fits),
@@ -194,10 +245,21 @@ def _nothing_fits(plans: list[StrategyPlan], q: Question) -> Recommendation:
             )
             lines += _numerics(best, q)
             return Recommendation(best.name, fitting[1].name if len(fitting) > 1 else None, lines)
-    for p in sorted(plans, key=lambda p: p.peak_bytes or 0)[:3]:
-        ways = _fits_with(p.name, q)
+    # The two leanest that differ in more than the launcher (accelerate-fsdp as fsdp).
+    kinds = {}
+    for p in sorted(plans, key=lambda p: p.peak_bytes or 0):
+        kinds.setdefault((p.backend.engine, p.backend.stage, p.backend.offload_optimizer, p.layout.tp), p)
+    ways = list(dict.fromkeys(w for p in list(kinds.values())[:2] for w in _remedies(p, q)))
+    if ways:
+        lines.append("It would fit with " + "; or ".join(ways) + ".")
+    else:
+        least = plan_strategy(lean.name, replace(q, checkpointing="full", micro_batch=1).with_gpus(MAX_GPUS))
+        part, nbytes = _largest_part(least)
         lines.append(
-            f"{p.name} needs {_gib(p.peak_bytes)} per GPU" + (f"; it fits with {' or '.join(ways)}." if ways else ".")
+            f"Neither more GPUs, full checkpointing, offload nor a smaller micro-batch makes it fit: at micro-batch 1 "
+            f"with full checkpointing on {MAX_GPUS:,} GPUs {lean.name} still needs {_gib(least.reserved_bytes)} per "
+            f"GPU (largest part: {part} {_gib(nbytes)}); a card with more memory, or a layout this planner does not "
+            "model (pipeline or context parallelism), is needed."
         )
     return Recommendation(None, None, lines)
 
@@ -211,7 +273,7 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     tied = [p for p in ranked if p is ranked[0] or _tied(p, ranked[0])]
     peak = {p.name: p.peak_bytes if p.peak_bytes is not None else float("inf") for p in tied}
     least = min(peak.values())
-    choice = next(p for p in plans if p.name in peak and peak[p.name] <= (1 + TIE) * least)
+    choice = next((p for p in plans if p.name in peak and peak[p.name] <= (1 + TIE) * least), tied[0])
     ranked.remove(choice)
     ranked.insert(0, choice)
     best = ranked[0]
@@ -221,8 +283,10 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
         if best.time
         else ""
     )
+    largest = fitting_micro_batch(best, q)
+    room = "" if largest is None else f"; micro-batches up to {micro_batch_limit(largest)} fit"
     lines = [
-        f"Use {best.name}: the fastest that fits, {_gib(best.peak_bytes)} per GPU{speed}{unknown}; "
+        f"Use {best.name}: the fastest that fits, {_gib(best.peak_bytes)} per GPU{speed}{unknown}{room}; "
         f"{_why_best(best, plans, q)}.",
         *_numerics(best, q),
     ]

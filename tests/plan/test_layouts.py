@@ -11,6 +11,7 @@ import pytest
 import strategies.registry as registry_module
 from harness.common.units import GIB
 from harness.plan.model_shape import PlanError
+from harness.plan.network import Group
 from harness.plan.plan_cli import PlanConfig, question
 from harness.plan.predict import plan_strategy
 from harness.plan.recommendation import recommend
@@ -82,6 +83,33 @@ def test_tensor_parallel_collectives_run_on_the_nodes_nvlink_and_fsdp_over_the_r
     assert calls == 2 * (2 * 3 * 80 + 2)
 
 
+def test_tensor_parallel_wider_than_a_node_is_planned_on_the_network_and_said_why_it_loses():
+    """tp_size=16 on 8-GPU nodes: a group of two whole nodes, its per-layer collectives on the
+    network (at 8 x 200G below NVLink's ring), every one exposed; the recommendation names it."""
+    model = dict(layers=16, width=4096, heads=32, kv_heads=None, ffn=11008, vocab=32000, arch="llama", seq_len=4096)
+    run = dict(gpus=32, micro_batch=2, inter_node="dgx-a100", strategies=["fsdp", "test-fsdp-tp"])
+    q8, in_node = plans(**model, **run, strategy_options={"tp_size": 8})
+    q16, across = plans(**model, **run, strategy_options={"tp_size": 16})
+    wide, narrow = across["test-fsdp-tp"], in_node["test-fsdp-tp"]
+    assert (wide.layout.tp, wide.layout.tp_group) == (16, Group(16, 2))
+
+    def tp_seconds(p, q):
+        tp = [c for c in p.collectives if c.what.startswith("tensor-parallel")]
+        assert tp and all(c.window is None for c in tp)
+        return sum(c.seconds(q.topology, 1e12) for c in tp)
+
+    network = q16.topology.busbw(wide.layout.tp_group, "all-gather")
+    assert network == pytest.approx(0.92 * 8 * 200e9 / 8) and network < q16.topology.busbw(Group(8, 1), "all-gather")
+    # The same activations per micro-step gathered over the network rather than NVLink: longer, while
+    # each GPU computes half as much; half the activations per GPU is what it buys.
+    assert tp_seconds(wide, q16) > 1.2 * tp_seconds(narrow, q8)
+    assert wide.activations.total < narrow.activations.total
+    assert wide.time.tokens_per_s < narrow.time.tokens_per_s
+    rec = recommend(list(across.values()), q16)
+    assert rec.best == "fsdp"
+    assert "tensor parallelism over 16 GPUs spans 2 nodes" in " ".join(rec.lines)
+
+
 def test_hybrid_sharding_reduces_inside_the_node_and_all_reduces_across():
     # Eight micro-steps a step: FSDP gathers across nodes on each, HSDP crosses them once.
     q, planned = plans(
@@ -149,7 +177,10 @@ def test_dataparallel_shows_the_gpu0_gather_that_makes_it_slow():
     "options,fragment",
     [
         (dict(gpus=8, strategy_options={"tp_size": 3}), "tp_size=3 does not divide gpus=8: use one of 1, 2, 4, 8"),
-        (dict(gpus=16, strategy_options={"tp_size": 16}), "tp_size=16 spans nodes (8 GPUs each)"),
+        (
+            dict(gpus=24, heads=24, strategy_options={"tp_size": 12}),
+            "tp_size=12 splits a node's 8 GPUs between two tensor-parallel groups",
+        ),
         (
             dict(gpus=8, heads=12, strategy_options={"tp_size": 8}),
             "does not divide the model's 12 heads: use one of 1, 2, 4",
@@ -171,7 +202,7 @@ def test_a_plugin_strategy_is_planned_like_a_built_in_through_the_cli():
             "layers=8",
             "width=1024",
             "heads=16",
-            "gpus=16",
+            "gpus=8",  # DataParallel's one process drives one node
             "micro_batch=2",
             "strategies=[fsdp,test-fsdp-tp,test-hsdp,test-dataparallel]",
             "strategy_options.tp_size=4",
