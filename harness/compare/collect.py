@@ -64,6 +64,7 @@ def collect(out: Path, plan: SweepPlan, state: str) -> tuple[dict[str, Any], lis
         "nproc": plan.nproc,
         "kept": plan.kept,
         "compare_wide_options": plan.compare_wide_options,
+        "from_plan": plan.from_plan,
         "loss_floor": summary.get("loss_floor"),
         "model": {
             "name": plan.config.get("model"),

@@ -7,7 +7,9 @@ goes on; Ctrl-C, SIGTERM or SIGHUP (harness.compare.stop_signals) stops the runn
 the rest and still writes the report for what finished. `single` runs in one process with the
 same global batch: it is the reference the others' loss curves are held to. A user's own
 config file runs beside the built-ins (`accelerate:mine.yaml`, `deepspeed:ds.json`), labelled by
-its file's name, its run in a folder of its own (harness/compare/run_names.py).
+its file's name, its run in a folder of its own (harness/compare/run_names.py). `plan=<search json>`
+runs a `plan search=true`'s best layouts instead, each as its strategy with its settings
+(harness/compare/from_plan.py).
 
 What the sweep learns is on the disk as it comes: compare.json (the plan) when it starts, each
 run's run.json in its folder, and results.json rewritten after every run, so a compare killed by
@@ -26,6 +28,7 @@ import shutil
 import sys
 import time
 import uuid
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -34,7 +37,7 @@ from omegaconf import OmegaConf
 
 from configs.schema import ConfigError, RunConfig, to_dict
 from harness.common.writable import check_writable
-from harness.compare import batch_search, slurm
+from harness.compare import batch_search, from_plan, slurm
 from harness.compare.collect import collect
 from harness.compare.compare_config import (
     CompareConfig,
@@ -45,6 +48,7 @@ from harness.compare.compare_config import (
     takers_of_compare_wide_options,
     train_options,
 )
+from harness.compare.from_plan import PlannedLayout
 from harness.compare.identity import run_identity
 from harness.compare.out_dir_lock import OutDirLock
 from harness.compare.progress import SweepProgress
@@ -67,21 +71,24 @@ STALE_RUN_DIRS = (CHECKPOINT_DIR, "profile")
 
 def main(args: list[str]) -> int:
     cfg = load_compare_config(args)
+    from_plan.check_plan_args(cfg, args)
     if cfg.launcher == "slurm":
         device_type, nproc = _slurm_world(cfg)
     else:
         device_type = _device_type(cfg)
         nproc = cfg.nproc or _default_nproc(device_type)
     registry = default_registry()
-    names = _strategy_names(cfg, registry)
-    cfg, adopted = adopt_file_settings(cfg, names)  # a DeepSpeed JSON's scheduler: every strategy's schedule
-    shown = run_names(names, registry)
-    check_own_options(cfg, names, registry.names())
-    takers = takers_of_compare_wide_options(cfg, names, registry)
-    planned = [(name, _skip_reason(registry, name, device_type)) for name in names]
-    runnable = [name for name, reason in planned if reason is None]
+    cfg, layouts, searched_plan = _plan_layouts(cfg, nproc)
+    names = [REFERENCE, *layouts] if layouts else _strategy_names(cfg, registry)
+    strategies = [name for name in names if name not in layouts]  # the names the registry knows
+    cfg, adopted = adopt_file_settings(cfg, strategies)  # a DeepSpeed JSON's scheduler: every strategy's schedule
+    shown = run_names(strategies, registry) | {key: RunName(key, layout.folder) for key, layout in layouts.items()}
+    check_own_options(cfg, strategies, registry.names())
+    takers = takers_of_compare_wide_options(cfg, strategies, registry)
     shared = train_options(cfg, registry.names())
-    followed = _preflight(cfg, shared, runnable, nproc)
+    planned = [(name, _skip_reason(registry, name, device_type, shared, layouts)) for name in names]
+    runnable = [name for name, reason in planned if reason is None]
+    followed = _preflight(cfg, shared, runnable, nproc, layouts)
 
     out = Path(cfg.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -90,7 +97,7 @@ def main(args: list[str]) -> int:
     noise_count = cfg.noise_runs if intended_reference else 0
     reference_label = shown[intended_reference].label if intended_reference else None
     labels = _listed_with_noise([shown[name].label for name in names], reference_label, noise_count)
-    sweep = Sweep(cfg, shared, out, nproc, SweepProgress(labels, cfg.steps), device_type, shown)
+    sweep = Sweep(cfg, shared, out, nproc, SweepProgress(labels, cfg.steps), device_type, shown, layouts)
     if cfg.dry_run:
         return _print_slurm_scripts(sweep, runnable)
     lock = OutDirLock(out)
@@ -114,7 +121,10 @@ def main(args: list[str]) -> int:
         nproc=nproc,
         host=f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPU cores",
         versions=versions,
-        strategies=[_planned(registry, name, reason, shown[name], followed.get(name, [])) for name, reason in planned],
+        strategies=[
+            _planned(registry, name, reason, shown[name], followed.get(name, []), layouts.get(name))
+            for name, reason in planned
+        ],
         noise_reference=reference_label,
         noise_runs=noise_count,
         kept=[label for label, decision in decisions.items() if decision == KEEP],
@@ -122,6 +132,7 @@ def main(args: list[str]) -> int:
             key: {"value": cfg.strategy_options[key], "taken_by": [shown[name].label for name in names]}
             for key, names in takers.items()
         },
+        from_plan=from_plan.plan_facts(str(cfg.plan), searched_plan, list(layouts.values())) if searched_plan else None,
     )
     sweep.start(plan, decisions)
     kept, continued = plan.kept, [label for label, decision in decisions.items() if decision == CONTINUE]
@@ -140,6 +151,12 @@ def main(args: list[str]) -> int:
         if entry.runs_as is not None:
             print(f"{entry.shown} ({entry.name}): {entry.description}")
             for line in entry.followed:
+                print(f"  {line}")
+    refused = dict(planned)
+    for key, layout in layouts.items():  # how each layout runs here, before any runs
+        print(f"{key}: {layout.describe()}")
+        for line in (layout.scaled, refused[key] and f"not run: {refused[key]}"):
+            if line:
                 print(f"  {line}")
 
     interrupted = False
@@ -198,10 +215,12 @@ class Sweep:
         progress: SweepProgress,
         device_type: str = "cpu",
         shown: dict[str, RunName] | None = None,
+        layouts: dict[str, PlannedLayout] | None = None,
     ):
         self.cfg, self.shared, self.out, self.nproc, self.progress = cfg, shared, out, nproc, progress
         self.device_type = device_type
         self.shown = shown or {}  # each strategy's label and folder; a name not in it is both
+        self.layouts = layouts or {}  # compare plan=: each layout by its label, run as its strategy
         # One file with the shared options: every run reads the very same configuration
         # (plus, on its command line, the strategy_options section of its own strategy).
         self.train_config = out / "train_config.yaml"
@@ -215,16 +234,18 @@ class Sweep:
         OmegaConf.save(OmegaConf.create(self.shared), self.train_config)
 
     def train_args(self, name: str, run_dir: Path, command: str = "train") -> list[str]:
+        layout = self.layouts.get(name)
         return [
             command,
             f"config={self.train_config}",
-            f"strategy={name}",
+            f"strategy={layout.strategy if layout else name}",
             f"out_dir={run_dir}",
-            *option_args(self.cfg, name, default_registry()),
+            *(layout.train_args() if layout else option_args(self.cfg, name, default_registry())),
         ]
 
     def nproc_for(self, name: str) -> int:
-        return processes_for(name, self.nproc)
+        layout = self.layouts.get(name)
+        return layout.nproc if layout else processes_for(name, self.nproc)
 
     def name_of(self, name: str) -> RunName:
         return self.shown.get(name) or RunName(name, name)
@@ -235,14 +256,10 @@ class Sweep:
 
     def planned_run(self, name: str, versions: dict[str, Any], noise_seed: int | None = None) -> PlannedRun:
         """Strategy `name`'s run (or its noise run `noise_seed`), with its configuration's identity."""
-        options = {
-            **self.shared,
-            "strategy_options": options_for(self.cfg, name, default_registry()),
-            "strategy": name,
-            "noise_seed": noise_seed,
-        }
+        strategy, settings = run_settings(self.cfg, name, self.layouts)
+        options = {**self.shared, **settings, "strategy": strategy, "noise_seed": noise_seed}
         nodes = 1 if self.nproc_for(name) == 1 or self.cfg.launcher == "local" else self.cfg.nodes
-        file = default_registry().get(name).config_file
+        file = default_registry().get(strategy).config_file
         identity = run_identity(
             options,
             world_size=self.nproc_for(name),
@@ -454,7 +471,7 @@ def predicted(run_dir: Path) -> dict[str, Any]:
         cfg.micro_batch, cfg.grad_accum = split
     try:
         prediction = prediction_for_run(cfg, summary)
-    except PlanError as exc:
+    except (PlanError, ConfigError) as exc:  # a run the planner cannot lay out is still measured
         return {"note": f"the planner could not answer: {exc}"}
     return {**prediction, "planned_as": runs_as} if runs_as is not None else prediction
 
@@ -521,30 +538,76 @@ def _strategy_names(cfg: CompareConfig, registry: StrategyRegistry) -> list[str]
 
 
 def _planned(
-    registry: StrategyRegistry, name: str, skipped: str | None, shown: RunName, followed: list[str]
+    registry: StrategyRegistry,
+    name: str,
+    skipped: str | None,
+    shown: RunName,
+    followed: list[str],
+    layout: PlannedLayout | None = None,
 ) -> PlannedStrategy:
+    if layout is not None:
+        return PlannedStrategy(name, layout.describe(), skipped, folder=layout.folder)
     entry = registry.get(name)
     if entry.config_file is None:
         return PlannedStrategy(name, entry.description, skipped)
     return PlannedStrategy(name, entry.description, skipped, shown.label, shown.folder, entry.resolves_to, followed)
 
 
-def _skip_reason(registry: StrategyRegistry, name: str, device_type: str) -> str | None:
-    entry = registry.get(name)
+def _skip_reason(
+    registry: StrategyRegistry,
+    name: str,
+    device_type: str,
+    shared: dict[str, Any] | None = None,
+    layouts: dict[str, PlannedLayout] | None = None,
+) -> str | None:
+    """Why `name` never starts here; a plan's layout also where it cannot run as planned."""
+    layout = (layouts or {}).get(name)
+    entry = registry.get(layout.strategy if layout else name)
     if entry.unavailable_reason:
         return f"unavailable: {entry.unavailable_reason}"
     unsupported = entry.unsupported_reason(device_type)
-    return f"unsupported on {device_type}: {unsupported}" if unsupported else None
+    if unsupported:
+        return f"unsupported on {device_type}: {unsupported}"
+    return from_plan.refusal(layout, shared or {}) if layout else None
 
 
-def _preflight(cfg: CompareConfig, shared: dict[str, Any], runnable: list[str], nproc: int) -> dict[str, list[str]]:
+def run_settings(cfg: CompareConfig, name: str, layouts: dict[str, PlannedLayout]) -> tuple[str, dict[str, Any]]:
+    """(the strategy `name` runs as, what its run sets beyond the shared options): its strategy
+    options, and for a plan's layout its micro-batch, accumulation and checkpointing too."""
+    layout = layouts.get(name)
+    if layout is None:
+        return name, {"strategy_options": options_for(cfg, name, default_registry())}
+    return layout.strategy, layout.run_settings()
+
+
+def _plan_layouts(cfg: CompareConfig, nproc: int) -> tuple[CompareConfig, dict[str, PlannedLayout], dict | None]:
+    """With plan=: the compare on the plan's model, seq_len and global batch, its `top` best layouts
+    by label, and the search result; without: the compare as given, no layouts."""
+    if cfg.plan is None:
+        return cfg, {}, None
+    top = from_plan.DEFAULT_TOP if cfg.top is None else cfg.top
+    search = from_plan.read_search(cfg.plan, top)
+    from_plan.check_fits_here(search)
+    cfg = replace(cfg, **from_plan.plan_settings(search))
+    return cfg, {layout.label: layout for layout in from_plan.layouts_of(search, top, nproc)}, search
+
+
+def _preflight(
+    cfg: CompareConfig,
+    shared: dict[str, Any],
+    runnable: list[str],
+    nproc: int,
+    layouts: dict[str, PlannedLayout] | None = None,
+) -> dict[str, list[str]]:
     """Bad input fails once, here, as one line, rather than once per strategy. Returns what each
     strategy followed of its config file, in words."""
     check_writable(cfg.out_dir)
+    layouts = layouts or {}
     followed = {}
     for name in runnable:
-        options = {**shared, "strategy_options": options_for(cfg, name, default_registry())}
-        followed[name] = preflight(RunConfig(**options, strategy=name), processes_for(name, nproc)).followed
+        strategy, settings = run_settings(cfg, name, layouts)
+        processes = layouts[name].nproc if name in layouts else processes_for(name, nproc)
+        followed[name] = preflight(RunConfig(**{**shared, **settings}, strategy=strategy), processes).followed
     return followed
 
 

@@ -48,6 +48,10 @@ class CompareConfig(RunConfig):
     # What to do with an earlier compare's runs in out_dir (harness/compare/resume.py): `auto` keeps the
     # finished ones of the same configuration and continues the rest; `never` runs everything again.
     resume: Optional[str] = None
+    # The JSON of `runner.py plan search=true ... format=json`: measure its `top` best layouts (default 3)
+    # beside single, on its model, seq_len and global batch (harness/compare/from_plan.py).
+    plan: Optional[str] = None
+    top: Optional[int] = None
 
     def tolerance(self) -> float:
         return self.loss_tolerance if self.loss_tolerance is not None else TOLERANCE_BY_PRECISION[self.precision]

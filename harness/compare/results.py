@@ -23,7 +23,8 @@ RESULTS_FILE = "results.json"
 # 3: the batch search's prediction, probes and times;
 # 4: rewritten after every run: the sweep's state, each run's configuration hash, the runs kept from before.
 # 5: config files as strategies: an entry's strategy as given, the built-in it ran as, what it followed.
-FORMAT_VERSION = 5
+# 6: compare plan=: the sweep's "from_plan" (the search file, each layout's planned figures and settings here).
+FORMAT_VERSION = 6
 # Figures copied from each run's summary.json.
 SUMMARY_FIELDS = (
     "final_loss",

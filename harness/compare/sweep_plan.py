@@ -58,6 +58,9 @@ class SweepPlan:
     # `strategy_options.<key>=` given for the whole compare: {key: {"value": ..., "taken_by": [labels]}},
     # the strategies that have the option (the others run without it).
     compare_wide_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # compare plan=: the plan file, the question it answered and each layout's planned figures
+    # and settings here (harness/compare/from_plan.py plan_facts).
+    from_plan: dict[str, Any] | None = None
 
     def noise_label(self, seed: int) -> str:
         return f"{self.noise_reference} noise {seed}"

@@ -28,6 +28,7 @@ from harness.report.document import (
     to_html,
     to_markdown,
 )
+from harness.report.planned_layouts import planned_layouts
 
 FIGURE_DIR = "figures"
 PREDICTED = (
@@ -161,6 +162,7 @@ def _elements(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyRe
         if path is not None:
             elements += [Heading(heading), Figure(path, caption)]
     elements += _predictions(ran)
+    elements += planned_layouts(sweep, results)
     elements += _calibration(compare_dir, sweep)
     elements += _batch_search(sweep.get("batch_search"))
     elements += _problems(results)

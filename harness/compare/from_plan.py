@@ -1,0 +1,242 @@
+"""`runner.py compare plan=<search json> top=3`: measure the best layouts of a `plan search=true`
+on this machine, beside `single`, on the plan's model, seq_len and global batch.
+
+Each layout runs as its strategy with its settings (strategy options such as tp_size or
+shard_size, micro-batch, accumulation, activation checkpointing), labelled by its strategy and its
+place in the plan (`ddp-tp#1`), so two layouts of one strategy are two runs. A layout planned on
+more GPUs than this compare has processes runs on fewer, keeping its tp, its micro-batch and the
+global batch (the accumulation grows by as much as the data-parallel ranks shrink); one this
+machine cannot run as planned (tp wider than its processes, selective checkpointing, a setting the
+strategy refuses) is refused with the reason, and the others run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from configs.schema import ConfigError, RunConfig
+from strategies.registry import StrategyError, default_registry
+
+if TYPE_CHECKING:
+    from harness.compare.compare_config import CompareConfig
+
+DEFAULT_TOP = 3
+# Settings a plan compare takes from the plan: given beside plan= they would measure something else.
+FROM_PLAN = ("model", "seq_len", "batch_size", "micro_batch", "grad_accum", "activation_checkpointing")
+SEARCH_COMMAND = "runner.py plan search=true model=... gpus=... global_batch_tokens=... format=json > plan.json"
+# fp32 weights, gradients and two Adam moments in one process: what `single` holds at the least.
+STATE_BYTES_PER_PARAM = 16
+
+
+@dataclass(frozen=True)
+class PlannedLayout:
+    """One layout of the plan as it runs here."""
+
+    label: str  # its label and run folder: `<strategy>#<place in the plan>`
+    strategy: str
+    strategy_options: dict[str, Any]
+    micro_batch: int
+    grad_accum: int  # here: the plan's, times the data-parallel ranks it lost
+    checkpointing: str  # none | selective | full, as planned
+    nproc: int  # the processes it runs on here
+    planned: dict[str, Any]  # the plan's figures: rank, gpus, tp, data_parallel, micro-batch, tokens/s, peak
+    scaled: str | None = None  # how it runs otherwise than planned, in words
+    refused: str | None = None  # why it cannot run here
+
+    @property
+    def folder(self) -> str:
+        from harness.compare.run_names import safe_name
+
+        return safe_name(self.label)
+
+    def run_settings(self) -> dict[str, Any]:
+        """The RunConfig settings this layout's run adds to the compare's shared ones."""
+        return {
+            "strategy_options": dict(self.strategy_options),
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "activation_checkpointing": self.checkpointing == "full",
+        }
+
+    def train_args(self) -> list[str]:
+        """run_settings as `train` arguments (JSON values read back as the same YAML scalars)."""
+        settings = self.run_settings()
+        options = settings.pop("strategy_options")
+        return [
+            *(f"strategy_options.{key}={json.dumps(value)}" for key, value in options.items()),
+            *(f"{key}={json.dumps(value)}" for key, value in settings.items()),
+        ]
+
+    def describe(self) -> str:
+        options = "".join(f", {key} {value}" for key, value in self.strategy_options.items())
+        return (
+            f"{self.strategy}{options}, micro-batch {self.micro_batch} x accumulation {self.grad_accum}, "
+            f"checkpointing {self.checkpointing}: #{self.planned['rank']} of the plan"
+        )
+
+
+def check_plan_args(cfg: CompareConfig, args: list[str]) -> None:
+    """One line for a setting that plan= decides, or top= without a plan."""
+    given = {arg.partition("=")[0].split(".")[0] for arg in args}
+    if cfg.plan is None:
+        if cfg.top is not None:
+            raise ConfigError("top= picks the best layouts of a plan: give plan=<the JSON of plan search=true> too")
+        return
+    clash = [key for key in (*FROM_PLAN, "strategies", "strategy_options") if key in given]
+    if clash:
+        raise ConfigError(
+            f"plan= sets {', '.join(clash)} from the plan's layouts: drop {', '.join(f'{k}=' for k in clash)} "
+            "(or run a compare without plan=)"
+        )
+    if cfg.batch_search:
+        raise ConfigError("batch_search= finds a strategy's micro-batch, and a plan's layouts fix theirs: drop one")
+    if cfg.launcher != "local":
+        raise ConfigError("plan= measures layouts on this machine: use launcher=local")
+
+
+def read_search(path: str, top: int) -> dict[str, Any]:
+    """The search result in `path`, holding at least `top` layouts."""
+    if top < 1:
+        raise ConfigError(f"top={top} must be 1 or more: the number of the plan's best layouts to measure")
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(f"plan={path}: no such file: give the JSON that `{SEARCH_COMMAND}` writes")
+    try:
+        search = json.loads(file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"plan={path} is not JSON ({exc}): give the JSON that `{SEARCH_COMMAND}` writes") from None
+    if not isinstance(search, dict) or not isinstance(search.get("layouts"), list) or "question" not in search:
+        raise ConfigError(
+            f"plan={path} is not a search result (no layouts): give the JSON that `{SEARCH_COMMAND}` writes"
+        )
+    found = len(search["layouts"])
+    if found < top:
+        raise ConfigError(
+            f"plan={path} holds {found} layout{'s' if found != 1 else ''} that fit: give top={found} or fewer, "
+            "or search a cluster where more fit"
+        )
+    return search
+
+
+def plan_settings(search: dict[str, Any]) -> dict[str, Any]:
+    """The compare settings every run shares, from the plan: its model, seq_len and global batch."""
+    q = search["question"]
+    return {"model": q["model"], "seq_len": q["seq_len"], "batch_size": q["global_batch_sequences"]}
+
+
+def check_fits_here(search: dict[str, Any]) -> None:
+    """A model whose states alone outgrow this machine's memory in the one process of `single`."""
+    params = (search.get("model") or {}).get("params") or 0
+    needed = params * STATE_BYTES_PER_PARAM
+    memory = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if needed > memory:
+        raise ConfigError(
+            f"the plan's model {search['question']['model']} ({params / 1e9:.3g}B parameters) needs "
+            f"{needed / 2**30:,.0f} GiB of weights, gradients and Adam states in `single`, more than this machine's "
+            f"{memory / 2**30:,.0f} GiB: search a model that fits here to measure the plan's layouts"
+        )
+
+
+def layouts_of(search: dict[str, Any], top: int, nproc: int) -> list[PlannedLayout]:
+    """The plan's `top` best layouts as they run on at most `nproc` processes here."""
+    gpus = search["question"]["gpus"]
+    return [_here(rank, layout, gpus, nproc) for rank, layout in enumerate(search["layouts"][:top], start=1)]
+
+
+def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLayout:
+    strategy, tp = layout["strategy"], layout["tp"]
+    micro, accum = layout["micro_batch"], layout["grad_accum"]
+    planned = {
+        "rank": rank,
+        "gpus": gpus,
+        "tp": tp,
+        "data_parallel": layout["data_parallel"],
+        "micro_batch": micro,
+        "grad_accum": accum,
+        "checkpointing": layout["activation_checkpointing"],
+        "tokens_per_s_per_gpu": layout["tokens_per_s_per_gpu"],
+        "peak_allocated_bytes": layout["peak_allocated_bytes"],
+        "peak_reserved_bytes": layout["peak_reserved_bytes"],
+    }
+    entry = PlannedLayout(
+        label=f"{strategy}#{rank}",
+        strategy=strategy,
+        strategy_options=dict(layout.get("strategy_options") or {}),
+        micro_batch=micro,
+        grad_accum=accum,
+        checkpointing=layout["activation_checkpointing"],
+        nproc=gpus,
+        planned=planned,
+    )
+    if entry.checkpointing == "selective":
+        return replace(
+            entry,
+            refused="selective checkpointing is planned, and `train` checkpoints whole blocks only "
+            "(activation_checkpointing=true is `full`)",
+        )
+    if _one_process(strategy):
+        return replace(entry, nproc=1)
+    if gpus <= nproc:
+        return entry
+    fewer = [d for d in range(nproc, 0, -1) if gpus % d == 0 and d % tp == 0]
+    if not fewer:
+        return replace(
+            entry,
+            nproc=nproc,
+            refused=f"tp {tp} needs {tp} processes and this compare has {nproc}: give nproc={tp} or more",
+        )
+    here = fewer[0]
+    data_parallel = gpus // tp
+    here_data_parallel = here // tp
+    accum_here = accum * data_parallel // here_data_parallel
+    return replace(
+        entry,
+        nproc=here,
+        grad_accum=accum_here,
+        scaled=(
+            f"planned on {gpus} GPUs (tp {tp} x data parallel {data_parallel}), runs on {here} processes "
+            f"(tp {tp} x {here_data_parallel}) with micro-batch {micro} x accumulation {accum_here} (planned {micro} "
+            f"x {accum}): the same micro-batch and global batch"
+        ),
+    )
+
+
+def _one_process(strategy: str) -> bool:
+    try:
+        return default_registry().get(strategy).one_process
+    except StrategyError:
+        return False
+
+
+def refusal(layout: PlannedLayout, shared: dict[str, Any]) -> str | None:
+    """Why `train` would refuse the layout's run here (its preflight's one line); None: it runs."""
+    from harness.train import preflight
+
+    if layout.refused is not None:
+        return layout.refused
+    try:
+        default_registry().get(layout.strategy)
+        preflight(RunConfig(**{**shared, **layout.run_settings()}, strategy=layout.strategy), layout.nproc)
+    except (ConfigError, StrategyError) as exc:
+        return str(exc)
+    return None
+
+
+def plan_facts(path: str, search: dict[str, Any], layouts: list[PlannedLayout]) -> dict[str, Any]:
+    """What compare.json records of the plan: the file, the question it answered, each layout."""
+    q = search["question"]
+    return {
+        "file": str(Path(path).resolve()),
+        "model": q["model"],
+        "gpus": q["gpus"],
+        "gpu": q.get("gpu"),
+        "topology": q.get("topology"),
+        "precision": q.get("precision"),
+        "global_batch": q["global_batch_sequences"],
+        "seq_len": q["seq_len"],
+        "layouts": [asdict(layout) | {"folder": layout.folder} for layout in layouts],
+    }

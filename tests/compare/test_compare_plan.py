@@ -1,0 +1,125 @@
+"""`runner.py compare plan=<search json> top=N`: the plan's best layouts run with their settings
+beside single, and the report shows each layout's planned figures beside its measured ones."""
+
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from configs.schema import ConfigError
+from harness.compare import compare_cli as compare
+from harness.compare.from_plan import layouts_of
+from harness.compare.run_names import safe_name
+from harness.plan import plan_cli
+from tests.helpers import run_cli
+
+SEARCH = ["search=true", "model=gpt-nano", "gpus=2", "batch_size=8", "seq_len=32", "format=json"]
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+    """(the search result, the out_dir of `compare plan=... top=2`)."""
+    folder = tmp_path_factory.mktemp("compare_plan")
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert plan_cli.main(SEARCH) == 0
+    plan_file = folder / "plan.json"
+    plan_file.write_text(printed.getvalue())
+    out = folder / "out"
+    args = ["compare", f"plan={plan_file}", "top=2", "steps=3", "noise_runs=0", "device=cpu", f"out_dir={out}"]
+    proc = run_cli([*args, "data_samples=256", "timeout_s=60"], timeout=150)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return json.loads(printed.getvalue()), out
+
+
+def test_each_layout_runs_with_its_planned_settings(measured: tuple[dict, Path]) -> None:
+    search, out = measured
+    for rank, layout in enumerate(search["layouts"][:2], start=1):
+        summary = json.loads((out / safe_name(f"{layout['strategy']}#{rank}") / "summary.json").read_text())
+        config = summary["config"]
+        assert config["strategy"] == layout["strategy"]
+        assert config["strategy_options"] == layout["strategy_options"]
+        assert (summary["micro_batch"], summary["grad_accum"]) == (layout["micro_batch"], layout["grad_accum"])
+        assert config["activation_checkpointing"] == (layout["activation_checkpointing"] == "full")
+        assert (config["seq_len"], config["batch_size"]) == (32, 8)
+        assert summary["world_size"] == 2
+
+
+def test_layouts_learn_what_single_learns(measured: tuple[dict, Path]) -> None:
+    _, out = measured
+    results = json.loads((out / "results.json").read_text())
+    assert results["reference"] == "single"
+    layouts = [r for r in results["strategies"] if r["name"] != "single"]
+    assert len(layouts) == 2
+    assert all(r["status"] == "ok" and r["matches_reference"] for r in layouts), layouts
+
+
+def test_report_shows_planned_beside_measured(measured: tuple[dict, Path]) -> None:
+    search, out = measured
+    report = (out / "report.md").read_text()
+    heading = "## The plan's layouts, planned against measured"
+    assert heading in report
+    section = report.split(heading)[1].split("\n## ")[0]
+    for rank, layout in enumerate(search["layouts"][:2], start=1):
+        row = next(line for line in section.splitlines() if line.startswith(f"| `{layout['strategy']}#{rank}` |"))
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        assert cells[1] == str(rank)
+        assert cells[4] == f"{layout['tokens_per_s_per_gpu']:,.0f}"
+        assert cells[5] != "n/a" and cells[7].endswith("states")  # measured speed; on a CPU the model states
+
+
+def _layout(strategy: str, tp: int, micro: int, accum: int, checkpointing: str = "none") -> dict:
+    return {
+        "strategy": strategy,
+        "strategy_options": {"tp_size": tp} if tp > 1 else {},
+        "tp": tp,
+        "data_parallel": 4 // tp,
+        "micro_batch": micro,
+        "grad_accum": accum,
+        "activation_checkpointing": checkpointing,
+        "tokens_per_s_per_gpu": 1000.0,
+        "peak_allocated_bytes": 1,
+        "peak_reserved_bytes": 1,
+    }
+
+
+def test_a_layout_planned_on_more_gpus_keeps_its_micro_batch_and_the_global_batch() -> None:
+    search = {
+        "question": {"gpus": 4},
+        "layouts": [
+            _layout("ddp", 1, 2, 1),
+            _layout("ddp", 1, 1, 2),
+            _layout("ddp-tp", 4, 8, 1),
+            _layout("ddp", 1, 2, 1, "selective"),
+        ],
+    }
+    fewer, split, too_wide, selective = layouts_of(search, 4, nproc=2)
+    assert (fewer.nproc, fewer.micro_batch, fewer.grad_accum) == (2, 2, 2)
+    assert "planned on 4 GPUs" in str(fewer.scaled)
+    assert (fewer.label, split.label) == ("ddp#1", "ddp#2") and fewer.folder != split.folder
+    assert "tp 4 needs 4 processes" in str(too_wide.refused) and "nproc=4" in str(too_wide.refused)
+    assert "selective" in str(selective.refused)
+
+
+def test_a_plan_that_cannot_be_measured_is_one_line(tmp_path: Path) -> None:
+    not_search = tmp_path / "not_search.json"
+    not_search.write_text(json.dumps({"question": {}}))
+    short = tmp_path / "short.json"
+    short.write_text(json.dumps({"question": {"gpus": 2}, "layouts": [_layout("ddp", 1, 2, 1)]}))
+    out = f"out_dir={tmp_path / 'out'}"
+    with pytest.raises(ConfigError, match="no such file: give the JSON that `runner.py plan search=true"):
+        compare.main([f"plan={tmp_path / 'missing.json'}", out])
+    with pytest.raises(ConfigError, match="is not a search result"):
+        compare.main([f"plan={not_search}", out])
+    with pytest.raises(ConfigError, match="holds 1 layout that fit: give top=1 or fewer"):
+        compare.main([f"plan={short}", "top=2", out])
+    with pytest.raises(ConfigError, match="plan= sets model, micro_batch from the plan"):
+        compare.main([f"plan={short}", "model=gpt2-124m", "micro_batch=2", out])
+    with pytest.raises(ConfigError, match="top=0 must be 1 or more"):
+        compare.main([f"plan={short}", "top=0", out])
+    with pytest.raises(ConfigError, match="top= picks the best layouts of a plan"):
+        compare.main(["top=2", out])
