@@ -45,7 +45,10 @@ def _config_class(name: str) -> type:
 
 
 def _known_fields(cls: type) -> set[str]:
-    names = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    # Every class of the hierarchy: in transformers 5.0 the common fields (dtype, ...) are
+    # PretrainedConfig.__init__'s alone; later releases make every config a dataclass.
+    names = set().union(*(inspect.signature(c.__init__).parameters for c in cls.__mro__ if "__init__" in vars(c)))
+    names -= {"self", "args", "kwargs"}
     if dataclasses.is_dataclass(cls):
         names |= {f.name for f in dataclasses.fields(cls)}
     return names | set(getattr(cls, "attribute_map", {}))
@@ -79,6 +82,9 @@ class HFCausalLM(nn.Module):
         # SDPA: flash/memory-efficient kernels on GPU, no T x T score matrix kept for backward.
         # fp32 weights whatever the config says: the strategy decides the precision.
         self.hf = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=torch.float32)
+        # transformers 5.0 ties the head to the embedding only off the meta device, where the
+        # planner builds a model for its shape: tied, the two are one tensor there too.
+        self.hf.tie_weights()
         self.config = config
         self._checkpointing = False
 
@@ -119,6 +125,10 @@ class HFCausalLM(nn.Module):
             prefix = getattr(self.hf, "base_model_prefix", "")
             base = getattr(self.config, "base_model_tp_plan", None) or {}
             plan = {f"{prefix}.{k}" if prefix else k: v for k, v in base.items()}
+        if plan:
+            # The head's plan, which the causal LM class declares: transformers 5.0 leaves it out of
+            # the instance's plan, later releases merge it in.
+            plan = {**(getattr(type(self.hf), "_tp_plan", None) or {}), **plan}
         if not plan:
             raise TensorParallelError(
                 f"{type(self.config).__name__} has no tensor-parallel plan (its base_model_tp_plan is empty): "
