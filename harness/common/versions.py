@@ -2,7 +2,10 @@
 installed package's metadata), checked once at start-up: parabench reaches into private
 attributes of Accelerate, DeepSpeed and torch's compiler, which change between releases
 without notice, so a version outside the range is a one-line error rather than a traceback
-from deep inside a backend. PARABENCH_ALLOW_UNTESTED=1 runs anyway."""
+from deep inside a backend. PARABENCH_ALLOW_UNTESTED=1 runs anyway.
+
+The dev extra pins, inside those ranges, the releases the test suite runs with (where a range
+holds a pair that does not agree); the start-up check holds to the ranges, not the pins."""
 
 from __future__ import annotations
 
@@ -20,16 +23,24 @@ class VersionError(ValueError):
     """A backend library outside the tested range (one line, says what to install)."""
 
 
-def tested_ranges() -> dict[str, Requirement]:
-    """The range pyproject.toml gives each checked library (where parabench is installed)."""
+def _declared() -> list[Requirement]:
     try:
-        declared = requires("parabench") or []
+        return [Requirement(line) for line in requires("parabench") or []]
     except PackageNotFoundError:  # run from a source tree that was never installed: nothing to hold to
-        return {}
+        return []
+
+
+def _for_dev_only(requirement: Requirement) -> bool:
+    marker = requirement.marker
+    return marker is not None and marker.evaluate({"extra": "dev"}) and not marker.evaluate({"extra": ""})
+
+
+def tested_ranges() -> dict[str, Requirement]:
+    """The range pyproject.toml gives each checked library (where parabench is installed): its
+    dependencies' and user extras' ranges, not the dev extra's pins."""
     ranges = {}
-    for line in declared:
-        requirement = Requirement(line)
-        if requirement.name in CHECKED:
+    for requirement in _declared():
+        if requirement.name in CHECKED and not _for_dev_only(requirement):
             ranges.setdefault(requirement.name, requirement)
     return ranges
 

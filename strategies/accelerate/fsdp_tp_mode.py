@@ -7,18 +7,21 @@ is fsdp-tp's (strategies/fsdp_tp.py), without sequence parallel, which Hugging F
 use.
 
 Accelerate's prepare() of a tensor-parallel model under FSDP2 imports transformers'
-ReplicateParallel, which transformers removed (5.x): where that import fails, the name is
-unsupported, with that reason, on any device.
+ReplicateParallel, which transformers 5.0.0 is the last release to have: the dev extra pins
+that pair (pyproject.toml); with a later transformers the name is unavailable, with that reason
+and the release to install.
 """
 
 from __future__ import annotations
 
-import importlib
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
+
+from packaging.version import Version
 
 from strategies.accelerate.fsdp_mode import AccelerateFSDPStrategy
 from strategies.accelerate.hsdp_mode import parallelism_config
-from strategies.base import Preset, RunContext, StrategyError
+from strategies.base import ModelUnsupported, Preset, RunContext, missing_package_reason
 from strategies.fsdp_tp import tensor_parallel_layout
 from strategies.mesh_layout import MeshLayout
 from strategies.plan_model import PlanModel
@@ -26,6 +29,9 @@ from strategies.plan_model import PlanModel
 if TYPE_CHECKING:
     import torch.nn as nn
     from accelerate import ParallelismConfig
+
+# The dev extra pins it beside Accelerate 1.15 (pyproject.toml).
+LAST_WITH_REPLICATE_PARALLEL = "5.0.0"
 
 
 class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
@@ -52,8 +58,8 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
         return tensor_parallel_layout(world_size, local_world_size, options.get("tp_size"))
 
     @classmethod
-    def unsupported_reason(cls, device_type: str, options: dict[str, Any]) -> str | None:
-        return accelerate_tp_blocker()
+    def unavailable_reason(cls) -> str | None:
+        return super().unavailable_reason() or accelerate_tp_blocker()
 
     def check_model(self, model: nn.Module) -> None:
         from models.tensor_parallel import plan_of
@@ -63,7 +69,7 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
         if packed:
             # Accelerate's FSDP2 splits every parameter along dimension 0, which the strided split of a
             # fused q;k;v already splits: DTensor cannot put that back together (fsdp-tp splits it along 1).
-            raise StrategyError(
+            raise ModelUnsupported(
                 f"accelerate-fsdp-tp cannot shard {packed[0]} (a fused q;k;v split by heads): Accelerate's FSDP2 "
                 "would split it again along the same dimension; use fsdp-tp, or a model with separate q, k, v"
             )
@@ -74,9 +80,6 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
     def _before_optimizer(self, model: nn.Module) -> None:
         from models.tensor_parallel import parallelize, plan_of
 
-        blocker = accelerate_tp_blocker()
-        if blocker:
-            raise StrategyError(f"accelerate-fsdp-tp cannot run here: {blocker}")
         tp_mesh = self.accelerator.torch_device_mesh["tp"]
         parallelize(model, tp_mesh, plan_of(model, self.tp_size, sequence_parallel=False))
 
@@ -86,18 +89,18 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
 
 def accelerate_tp_blocker() -> str | None:
     """Why Accelerate's tensor-parallel prepare() under FSDP2 cannot run with the installed
-    packages, or None: it imports ReplicateParallel from transformers' tensor-parallel module."""
-    try:
-        module = importlib.import_module("transformers.integrations.tensor_parallel")
-    except ImportError as exc:
-        return f"Accelerate's tensor parallel needs transformers ({exc}): pip install transformers"
-    if not hasattr(module, "ReplicateParallel"):
-        import accelerate
-        import transformers
-
+    packages, or None: it imports ReplicateParallel from transformers' tensor-parallel module,
+    which no release after 5.0.0 has. Read from the packages' versions: importing transformers
+    would cost `runner.py list` a second."""
+    install = f"pip install 'transformers=={LAST_WITH_REPLICATE_PARALLEL}'"
+    missing = missing_package_reason("transformers", f"Accelerate's tensor parallel needs it: {install}")
+    if missing:
+        return missing
+    installed = version("transformers")
+    if Version(installed) > Version(LAST_WITH_REPLICATE_PARALLEL):
         return (
-            f"Accelerate {accelerate.__version__}'s tensor-parallel prepare() under FSDP2 imports ReplicateParallel "
-            f"from transformers, which transformers {transformers.__version__} no longer has: use fsdp-tp, or "
-            "versions of the two that agree"
+            f"Accelerate {version('accelerate')}'s tensor-parallel prepare() under FSDP2 imports ReplicateParallel "
+            f"from transformers, which transformers {installed} no longer has: {install} (the last release with "
+            "it, the one parabench's tests pin), or use fsdp-tp"
         )
     return None

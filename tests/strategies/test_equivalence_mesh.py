@@ -1,6 +1,7 @@
 """The many-node layouts on a 2 x 2 mesh (CPU, gloo, world size 4), gpt-nano in fp32: each loss
 curve against `single` on the same global batches, the mesh in the header and summary.json,
-what each rank holds, an Hugging Face Llama under fsdp-tp with its own plan, and a rank killed
+what each rank holds, an Hugging Face Llama under fsdp-tp and accelerate-fsdp-tp with its own
+plan (Accelerate's FSDP2 cannot shard the GPT's fused q;k;v a second time), and a rank killed
 mid-run resuming to the uninterrupted curve bit for bit under hsdp and fsdp-tp, and fsdp
 resuming fsdp-tp's checkpoint natively.
 
@@ -10,13 +11,13 @@ at step 5 and are the uninterrupted curves the resumes are held to.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
 from harness.common.testing_hooks import FAULT_ENV
+from strategies.registry import default_registry
 from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
 
 pytestmark = pytest.mark.timeout(900)
@@ -41,8 +42,10 @@ RUNS = {
     "fsdp-tp": ("fsdp-tp", ["strategy_options.tp_size=2", "micro_batch=2", *CHECKPOINTED]),
     "accelerate-hsdp": ("accelerate-hsdp", ["strategy_options.shard_size=2"]),
     "zero3-hpz": ("zero3-hpz", ["strategy_options.zero_hpz_partition_size=2"]),
-    # Hugging Face's plan: no sequence parallel, the vocabulary-parallel embedding and gathered head.
+    # Hugging Face's plan (the model's own): no sequence parallel, the head's output gathered.
     "llama-fsdp-tp": ("fsdp-tp", ["strategy_options.tp_size=2", *LLAMA]),
+    # The same plan applied on Accelerate's "tp" mesh, its FSDP2 over "shard" (ParallelismConfig).
+    "llama-accelerate-fsdp-tp": ("accelerate-fsdp-tp", ["strategy_options.tp_size=2", *LLAMA]),
 }
 
 
@@ -65,9 +68,7 @@ def runs(tmp_path_factory, reference_run):
     stdout = _ok(_launch("single", single_dir, LLAMA, nproc=1))
     out["llama-single"] = (*read_run(single_dir), stdout, single_dir)
     for name, (strategy, extra) in RUNS.items():
-        if strategy == "zero3-hpz" and importlib.util.find_spec("deepspeed") is None:
-            continue
-        if strategy.startswith("accelerate") and importlib.util.find_spec("accelerate") is None:
+        if default_registry().get(strategy).unavailable_reason:
             continue
         out_dir = tmp_path_factory.mktemp(name)
         stdout = _ok(_launch(strategy, out_dir, extra))
@@ -75,10 +76,12 @@ def runs(tmp_path_factory, reference_run):
     return out
 
 
-@pytest.mark.parametrize("name", ["hsdp", "fsdp-tp", "accelerate-hsdp", "zero3-hpz", "llama-fsdp-tp"])
+@pytest.mark.parametrize(
+    "name", ["hsdp", "fsdp-tp", "accelerate-hsdp", "zero3-hpz", "llama-fsdp-tp", "llama-accelerate-fsdp-tp"]
+)
 def test_loss_matches_single_at_every_step(runs, reference_run, name, record_property):
     if name not in runs:
-        pytest.skip(f"{RUNS[name][0]}'s backend is not installed")
+        pytest.skip(f"{RUNS[name][0]} is unavailable here: {default_registry().get(RUNS[name][0]).unavailable_reason}")
     summary, rows, _, _ = runs[name]
     reference = runs["llama-single"][1] if name.startswith("llama") else reference_run[1]
     deviation = max_rel_diff(rows, reference)
@@ -94,11 +97,12 @@ def test_loss_matches_single_at_every_step(runs, reference_run, name, record_pro
         ("hsdp", [2, 2], ["replicate", "shard"], 4),
         ("fsdp-tp", [2, 2], ["shard", "tp"], 2),
         ("zero3-hpz", [2, 2], ["groups", "hpz"], 4),
+        ("llama-accelerate-fsdp-tp", [2, 2], ["shard", "tp"], 2),
     ],
 )
 def test_the_header_and_summary_give_the_mesh(runs, name, shape, dims, data_parallel):
     if name not in runs:
-        pytest.skip("backend not installed")
+        pytest.skip(f"{RUNS[name][0]} is unavailable here")
     summary, _, stdout, _ = runs[name]
     assert summary["mesh"]["shape"] == shape and summary["mesh"]["dims"] == dims
     assert summary["data_parallel_size"] == data_parallel
@@ -122,6 +126,12 @@ def test_what_each_rank_holds(runs, reference_run):
         assert runs["hsdp"][0][key] == pytest.approx(single[key] / 2, rel=0.05), key
         # fsdp-tp: the blocks split 4 ways (2 tensor-parallel x 2 FSDP), the tied embeddings 2 ways.
         assert single[key] / 4 < runs["fsdp-tp"][0][key] < single[key] / 2, key
+        # The Llama under its own plan: under FSDP's half; Accelerate, on its own mesh, splits it as
+        # fsdp-tp does, byte for byte.
+        llama = runs["llama-single"][0][key]
+        assert llama / 4 < runs["llama-fsdp-tp"][0][key] < llama / 2, key
+        if "llama-accelerate-fsdp-tp" in runs:
+            assert runs["llama-accelerate-fsdp-tp"][0][key] == runs["llama-fsdp-tp"][0][key], key
     if "zero3-hpz" in runs:
         # ZeRO-3's quarter of the parameters plus hpZ's secondary half.
         assert runs["zero3-hpz"][0]["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"] * 3 / 4, rel=0.05)

@@ -1,6 +1,6 @@
 """What the many-node names hand their backend, checked against the backend's own reading of it:
 Accelerate's ParallelismConfig (the mesh Accelerate builds from it, rank by rank, against the
-run's layout: accelerate-fsdp-tp cannot run here, so this is what is checked of it on a CPU) and
+run's layout; accelerate-fsdp-tp's training is tests/strategies/test_equivalence_mesh.py's) and
 `accelerate launch`'s parallelism flags; DeepSpeed's ZeRO++ settings through DeepSpeed's own
 config parser (zero3-zeropp's kernels need a GPU)."""
 
@@ -121,11 +121,29 @@ def test_accelerate_fsdp_tp_says_why_it_cannot_run_exactly_when_accelerate_canno
     from strategies.registry import default_registry
 
     module = importlib.import_module("transformers.integrations.tensor_parallel")
-    reason = default_registry().get("accelerate-fsdp-tp").unsupported_reason("cuda")
+    reason = default_registry().get("accelerate-fsdp-tp").unavailable_reason
     assert reason == accelerate_tp_blocker()
     assert (reason is None) == hasattr(module, "ReplicateParallel")
     if reason:
-        assert "ReplicateParallel" in reason and "use fsdp-tp" in reason
+        assert "ReplicateParallel" in reason and "pip install 'transformers==5.0.0'" in reason
+
+
+@needs_accelerate
+def test_accelerate_fsdp_tp_beside_a_later_transformers_is_listed_unavailable_with_the_release_to_install(
+    monkeypatch,
+):
+    from strategies.accelerate import fsdp_tp_mode
+    from strategies.registry import builtin_registry
+
+    installed = {"accelerate": "1.15.0", "transformers": "5.24.0"}
+    monkeypatch.setattr(fsdp_tp_mode, "version", installed.__getitem__)
+    assert builtin_registry().get("accelerate-fsdp-tp").unavailable_reason == (
+        "Accelerate 1.15.0's tensor-parallel prepare() under FSDP2 imports ReplicateParallel from transformers, "
+        "which transformers 5.24.0 no longer has: pip install 'transformers==5.0.0' (the last release with it, "
+        "the one parabench's tests pin), or use fsdp-tp"
+    )
+    installed["transformers"] = "5.0.0"
+    assert builtin_registry().get("accelerate-fsdp-tp").unavailable_reason is None
 
 
 def _ctx(world_size: int) -> RunContext:
