@@ -66,6 +66,11 @@ class StrategyError(ValueError):
     """A strategy that cannot run as asked (one line, says what to do)."""
 
 
+class ModelUnsupported(StrategyError):
+    """The strategy cannot lay out this model (its form, not a mistake in the input): a compare
+    skips the strategy with this reason and runs the rest; a lone run stops with it."""
+
+
 def no_checkpoints_error(name: str) -> StrategyError:
     """The refusal of a run that asks a backend without checkpoints (checkpoint_format "") for them."""
     return StrategyError(

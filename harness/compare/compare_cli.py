@@ -60,6 +60,7 @@ from harness.compare.stop_signals import StopSignals
 from harness.compare.supervise import JobOutcome, run_job
 from harness.compare.sweep_plan import PlannedStrategy, SweepPlan, noise_dir
 from harness.train import RUNNER, adopt_file_settings, library_versions, preflight, torchrun_command, worker_env
+from strategies.base import ModelUnsupported
 from strategies.registry import StrategyRegistry, default_registry
 
 REFERENCE = "single"
@@ -88,7 +89,9 @@ def main(args: list[str]) -> int:
     shared = train_options(cfg, registry.names())
     planned = [(name, _skip_reason(registry, name, device_type, shared, layouts)) for name in names]
     runnable = [name for name, reason in planned if reason is None]
-    followed = _preflight(cfg, shared, runnable, nproc, layouts)
+    followed, cannot = _preflight(cfg, shared, runnable, nproc, layouts)
+    planned = [(name, cannot.get(name, reason)) for name, reason in planned]
+    runnable = [name for name in runnable if name not in cannot]
 
     out = Path(cfg.out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -598,17 +601,21 @@ def _preflight(
     runnable: list[str],
     nproc: int,
     layouts: dict[str, PlannedLayout] | None = None,
-) -> dict[str, list[str]]:
+) -> tuple[dict[str, list[str]], dict[str, str]]:
     """Bad input fails once, here, as one line, rather than once per strategy. Returns what each
-    strategy followed of its config file, in words."""
+    strategy followed of its config file, in words, and why each that cannot lay out the model
+    is skipped."""
     check_writable(cfg.out_dir)
     layouts = layouts or {}
-    followed = {}
+    followed, cannot = {}, {}
     for name in runnable:
         strategy, settings = run_settings(cfg, name, layouts)
         processes = layouts[name].nproc if name in layouts else processes_for(name, nproc)
-        followed[name] = preflight(RunConfig(**{**shared, **settings}, strategy=strategy), processes).followed
-    return followed
+        try:
+            followed[name] = preflight(RunConfig(**{**shared, **settings}, strategy=strategy), processes).followed
+        except ModelUnsupported as exc:
+            cannot[name] = f"cannot run {cfg.model}: {exc}"
+    return followed, cannot
 
 
 def _batch_search(cfg: CompareConfig, sweep: Sweep, results: list[StrategyResult], device_type: str) -> dict:

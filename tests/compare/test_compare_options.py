@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from configs.schema import ConfigError
-from harness.compare.compare_config import load_compare_config, options_for, takers_of_compare_wide_options
+from harness.compare import compare_cli
+from harness.compare.compare_config import (
+    load_compare_config,
+    options_for,
+    takers_of_compare_wide_options,
+    train_options,
+)
 from strategies.registry import default_registry
 from tests.helpers import run_cli
 
@@ -73,3 +79,12 @@ def test_a_bad_strategy_spelling_is_one_line(tmp_path, args, words):
     proc = run_cli([*args, f"out_dir={tmp_path}"], timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and words in proc.stderr, proc.stderr
+
+
+def test_a_strategy_that_cannot_lay_out_the_model_is_skipped_with_why(tmp_path):
+    """accelerate-fsdp-tp cannot split the GPT's fused q;k;v: the compare runs the rest."""
+    cfg = load_compare_config(["strategies=[single,accelerate-fsdp-tp]", "nproc=2", f"out_dir={tmp_path}"])
+    shared = train_options(cfg, default_registry().names())
+    followed, cannot = compare_cli._preflight(cfg, shared, ["single", "accelerate-fsdp-tp"], 2)
+    assert list(followed) == ["single"]
+    assert cannot["accelerate-fsdp-tp"].startswith(f"cannot run {cfg.model}: accelerate-fsdp-tp cannot shard")
