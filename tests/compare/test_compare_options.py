@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+import runner
 from configs.schema import ConfigError
 from harness.compare import compare_cli
 from harness.compare.compare_config import (
@@ -14,7 +15,6 @@ from harness.compare.compare_config import (
     train_options,
 )
 from strategies.registry import default_registry
-from tests.helpers import run_cli
 
 
 def _takers(*args: str) -> dict[str, list[str]]:
@@ -43,8 +43,8 @@ def test_an_option_no_compared_strategy_has_is_one_line_with_the_closest():
         _takers("strategies=[single]", "strategy_options.tp_size=2")
 
 
-def test_the_slurm_scripts_carry_each_strategy_its_own_options(tmp_path):
-    proc = run_cli(
+def test_the_slurm_scripts_carry_each_strategy_its_own_options(tmp_path, capsys):
+    code = runner.main(
         [
             "compare",
             "launcher=slurm",
@@ -55,11 +55,11 @@ def test_the_slurm_scripts_carry_each_strategy_its_own_options(tmp_path):
             "strategies=[single,hsdp,fsdp-tp]",
             "strategy_options.tp_size=2",
             f"out_dir={tmp_path}",
-        ],
-        timeout=120,
+        ]
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    launches = {line.split("strategy=")[1].split()[0]: line for line in proc.stdout.splitlines() if " train " in line}
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    launches = {line.split("strategy=")[1].split()[0]: line for line in out.splitlines() if " train " in line}
     assert "tp_size" not in launches["single"] and "tp_size" not in launches["hsdp"]
     assert "strategy_options.tp_size=2" in launches["fsdp-tp"]
 
@@ -75,10 +75,10 @@ def test_the_slurm_scripts_carry_each_strategy_its_own_options(tmp_path):
         (["train", "strategy=single", "steps=[1,"], "cannot read 'steps=[1,'"),
     ],
 )
-def test_a_bad_strategy_spelling_is_one_line(tmp_path, args, words):
-    proc = run_cli([*args, f"out_dir={tmp_path}"], timeout=60)
-    assert proc.returncode == 2
-    assert proc.stderr.strip().count("\n") == 0 and words in proc.stderr, proc.stderr
+def test_a_bad_strategy_spelling_is_one_line(tmp_path, capsys, args, words):
+    assert runner.main([*args, f"out_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and words in err, err
 
 
 def test_a_strategy_that_cannot_lay_out_the_model_is_skipped_with_why(tmp_path):
