@@ -1,0 +1,156 @@
+"""fsdp-pp on a 2 x 2 mesh (CPU, gloo, world size 4: two pipeline ranks, FSDP over two inside each
+stage), a four-block gpt-nano in fp32: each schedule's loss curve against `single` on the same global
+batches, the mesh in the header and summary.json, what each rank holds, the run carrying on from its
+step-2 checkpoint to the uninterrupted curve bit for bit, and the refusals a pipeline meets, in one
+line.
+
+One run per schedule, shared by every check (module scope); gpipe and the interleaved schedules run
+two micro-steps of the loop's accumulation, each a run of the schedule over two pipeline
+micro-batches; the interleaved-1f1b run checkpoints at step 2 and is the curve the resume is held to.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from models.zoo import build_model
+from strategies.base import RunContext, StrategyError
+from strategies.registry import default_registry
+from tests.helpers import env_for_tests, max_rel_diff, read_run, run_cli
+
+pytestmark = pytest.mark.timeout(900)
+
+# The compare's fp32 "matches" verdict: only the order of floating-point sums differs.
+TOLERANCE = 1e-5
+NPROC = 4
+# Four blocks: two virtual stages on each of the two pipeline ranks.
+DEEP_NANO = [
+    "device=cpu",
+    "model=gpt-nano",
+    "model_kwargs.n_layer=4",
+    "steps=4",
+    "batch_size=8",
+    "seq_len=32",
+    "data_samples=256",
+    "log_every=2",
+]
+PIPELINE = ["strategy_options.pp_size=2"]
+INTERLEAVED = [*PIPELINE, "strategy_options.schedule=interleaved-1f1b", "micro_batch=2"]
+RUNS = {
+    "gpipe": [*PIPELINE, "strategy_options.schedule=gpipe", "micro_batch=2"],
+    "1f1b": [*PIPELINE, "strategy_options.schedule=1f1b"],
+    "interleaved-1f1b": [*INTERLEAVED, "checkpoint_every=2"],
+    "zero-bubble": [*PIPELINE, "strategy_options.schedule=zero-bubble", "micro_batch=2"],
+}
+
+
+def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC):
+    args = ["train", f"strategy={strategy}", f"nproc={nproc}", f"out_dir={out_dir}", *DEEP_NANO, *extra]
+    return run_cli(args, env=env_for_tests(), timeout=300)
+
+
+def _ok(proc) -> str:
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def _losses(out_dir: Path) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """name -> (summary, rows, stdout, out_dir); "single" is the reference."""
+    out = {}
+    single_dir = tmp_path_factory.mktemp("single")
+    stdout = _ok(_launch("single", single_dir, [], nproc=1))
+    out["single"] = (*read_run(single_dir), stdout, single_dir)
+    for name, extra in RUNS.items():
+        out_dir = tmp_path_factory.mktemp(name)
+        stdout = _ok(_launch("fsdp-pp", out_dir, extra))
+        out[name] = (*read_run(out_dir), stdout, out_dir)
+    return out
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_each_schedule_matches_single_at_every_step(runs, name, record_property):
+    summary, rows, _, _ = runs[name]
+    deviation = max_rel_diff(rows, runs["single"][1])
+    record_property("max_rel_loss_diff", deviation)
+    print(f"fsdp-pp {name}: largest relative loss deviation from single = {deviation:.2e}")
+    assert deviation < TOLERANCE
+    assert summary["world_size"] == NPROC
+
+
+@pytest.mark.parametrize("name, stages, accum", [("1f1b", 2, 1), ("gpipe", 2, 2), ("interleaved-1f1b", 4, 2)])
+def test_the_header_and_summary_give_the_mesh_and_the_stages(runs, name, stages, accum):
+    summary, _, stdout, _ = runs[name]
+    assert summary["mesh"]["shape"] == [2, 2] and summary["mesh"]["dims"] == ["pp", "shard"]
+    assert summary["data_parallel_size"] == 2
+    # 8 sequences over the 2 data-parallel ranks; each micro-step one run of the schedule.
+    assert (summary["micro_batch"], summary["grad_accum"]) == (4 // accum, accum)
+    assert f"pipeline of {stages} stages over 2 ranks ({name}, 2 micro-batches a step" in summary["blocks"]["units"]
+    header = next(line for line in stdout.splitlines() if line.startswith("parabench train"))
+    assert "mesh 2 x 2: pp x shard" in header and "global batch 8 = 2 data-parallel ranks x" in header
+
+
+def test_each_rank_holds_its_stage_sharded(runs):
+    """Rank 0's stage (embeddings and two blocks) halved by FSDP: between a quarter and a half of
+    the whole model; the last stage also holds its copy of the tied head."""
+    single, pipelined = runs["single"][0], runs["1f1b"][0]
+    for key in ("mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"):
+        assert single[key] / 4 < pipelined[key] < single[key] / 2, key
+
+
+def test_it_carries_on_from_its_checkpoint_bit_for_bit(runs, tmp_path):
+    """Each rank reads back its stages' shards of the parameters and the optimizer state, the head's
+    copy of the tied embedding with them: the continued curve is the uninterrupted one."""
+    source = runs["interleaved-1f1b"][3]
+    out = tmp_path / "resumed"
+    resumed = _ok(_launch("fsdp-pp", out, [*INTERLEAVED, f"resume={source / 'checkpoints' / 'step_2'}"]))
+    assert "resumed at step 2" in resumed and "model and optimizer state" in resumed
+    carried, original = _losses(out), _losses(source)
+    assert sorted(carried) == [3, 4]
+    assert carried == {step: original[step] for step in carried}
+
+
+def _strategy(world_size: int, micro_batch: int = 4, **options):
+    ctx = RunContext(
+        rank=0,
+        world_size=world_size,
+        local_rank=0,
+        device=torch.device("cpu"),
+        precision="fp32",
+        micro_batch=micro_batch,
+        grad_accum=1,
+        grad_clip=1.0,
+        mesh=default_registry().mesh_layout("fsdp-pp", world_size, world_size, **options),
+    )
+    return default_registry().create("fsdp-pp", ctx, **options)
+
+
+@pytest.mark.parametrize(
+    "options, micro_batch, says",
+    [
+        ({"pp_size": 2, "schedule": "interleaved-1f1b"}, 4, "4 pipeline stages need at least 4 blocks"),
+        ({"pp_size": 2, "schedule": "zb"}, 4, "is not one of gpipe, 1f1b, interleaved-1f1b, zero-bubble"),
+        ({"pp_size": 2, "microbatches": 3}, 4, "microbatches=3 does not divide the micro-batch of 4"),
+        ({"pp_size": 2, "schedule": "zero-bubble", "microbatches": 3}, 3, "in rounds of pp_size=2"),
+        ({"pp_size": 2, "schedule": "1f1b", "microbatches": 1}, 4, "at least one micro-batch per stage"),
+    ],
+)
+def test_a_pipeline_that_cannot_run_says_why_in_one_line(options, micro_batch, says):
+    with pytest.raises(StrategyError) as err:
+        _strategy(2, micro_batch, **options).check_model(build_model("gpt-nano"))
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_one_node_by_default_is_one_stage_and_says_so():
+    """The pipeline crosses nodes by default; compare's nproc=2 on one node gets fsdp-grad-op's layout."""
+    assert default_registry().mesh_layout("fsdp-pp", 4, 2).shape == (2, 2)
+    mesh = default_registry().mesh_layout("fsdp-pp", 2, 2)
+    assert mesh.shape == (1, 2) and any(note.startswith("pp 1: no pipeline") for note in mesh.notes)
