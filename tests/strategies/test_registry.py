@@ -23,6 +23,8 @@ TORCH_NAMES = {
     "fsdp-tp",
     "ddp-tp",
     "zero1-tp",
+    "fsdp-pp",
+    "fsdp-cp",
 }
 DEEPSPEED_NAMES = {"zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "zero3-hpz", "zero3-zeropp"}
 ACCELERATE_NAMES = {
