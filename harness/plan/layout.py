@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from harness.plan.backends import Backend
 from harness.plan.model_shape import ModelShape, PlanError
 from harness.plan.network import Group, Topology
+from strategies.fsdp_cp import MAX_DEFAULT_CP
 
 
 class LayoutError(PlanError):
@@ -27,11 +28,17 @@ class Layout:
     replica_group: Group  # one GPU of every shard group: where the shards' gradients are all-reduced
     tp_group: Group
     hpz_group: Group
+    pp: int = 1  # pipeline stages (pipeline_context.py)
+    cp: int = 1  # GPUs each sequence is split over; they share the shard group with data parallel
 
     @property
     def data_parallel(self) -> int:
-        """GPUs each holding a different part of the batch."""
-        return self.shard * self.replicas
+        """GPUs each holding a different part of the batch (context parallel's share one sequence)."""
+        return self.shard * self.replicas // self.cp
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.shard * self.replicas * self.pp
 
 
 def _divisors(n: int) -> str:
@@ -89,7 +96,19 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
                     f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
                     f"use one of {', '.join(map(str, fits))}"
                 )
-    data_parallel = gpus // tp
+    # FSDP2 layouts take pipeline and context-parallel sizes (others leave them, as tp_size is left
+    # by a strategy without tensor parallelism); a strategy that has the option (fsdp-pp, fsdp-cp)
+    # defaults as its mesh does: a stage per node, context parallel over a node's GPUs up to fsdp-cp's cap.
+    pp = cp = 1
+    if splits_model(backend):
+        pp = _size(backend, "pp_size", topology.nodes if "pp_size" in backend.options else 1)
+        cp = _size(backend, "cp_size", min(MAX_DEFAULT_CP, per_node) if "cp_size" in backend.options else 1)
+    if gpus % (tp * pp * cp):
+        raise LayoutError(
+            f"{backend.name}: tp_size={tp} x pp_size={pp} x cp_size={cp} does not divide gpus={gpus}: "
+            f"use sizes whose product is one of {_divisors(gpus)}"
+        )
+    data_parallel = gpus // (tp * pp)  # FSDP shards over the data-parallel and context-parallel ranks
     shard = data_parallel
     if backend.hybrid_shard:
         shard = _size(backend, "shard_size", max(1, per_node // tp))
@@ -116,4 +135,18 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
         replica_group=_dp_group(topology, replicas, tp * shard) if replicas > 1 else Group(1, 1),
         tp_group=topology.consecutive(tp),
         hpz_group=topology.in_node(hpz),
+        pp=pp,
+        cp=cp,
+    )
+
+
+def splits_model(backend: Backend) -> bool:
+    """Whether pipeline and context parallelism are planned for `backend`: FSDP2 sharding the whole
+    model over its ranks (fsdp, fsdp-tp), as torchtitan composes them."""
+    return (
+        backend.fsdp2_units
+        and backend.stage == 3
+        and not backend.hybrid_shard
+        and not backend.secondary_partition
+        and not backend.via_accelerate
     )

@@ -106,6 +106,8 @@ class StrategyPlan:
                 "shard": self.layout.shard,
                 "replicas": self.layout.replicas,
                 "hpz": self.layout.hpz,
+                "pp": self.layout.pp,
+                "cp": self.layout.cp,
             },
             "model_states_bytes": self.states.as_dict(),
             "activations_bytes": None
@@ -150,7 +152,7 @@ class StrategyPlan:
                 "comm_s": t.comm_s,
                 "wire_bytes_per_gpu": t.wire_bytes,
                 "tokens_per_s": t.tokens_per_s,
-                "tokens_per_s_per_gpu": t.tokens_per_s / self.layout.tp / max(1, self.layout.data_parallel),
+                "tokens_per_s_per_gpu": t.tokens_per_s / max(1, self.layout.gpus),
                 "scaling_efficiency": t.efficiency,
                 "compute_parts_s": None
                 if t.work is None
@@ -230,6 +232,10 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     layout = layout_of(backend, q.shape, q.topology)
     micro_batch, grad_accum = batching(q, layout)
     q = replace(q, micro_batch=micro_batch, grad_accum=grad_accum)
+    if layout.pp > 1 or layout.cp > 1:
+        from harness.plan.pipeline_context import plan_split_model  # it plans each stage through here
+
+        return plan_split_model(backend, q, layout)
     held = storage_precision(q.precision)
     backend = with_recipe(backend, q.recipe)
     states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz, q.recipe)

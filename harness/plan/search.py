@@ -75,6 +75,8 @@ class Searched:
             "shard": layout.shard,
             "replicas": layout.replicas,
             "hpz": layout.hpz,
+            "pp": layout.pp,
+            "cp": layout.cp,
             "data_parallel": layout.data_parallel,
             "micro_batch": self.micro_batch,
             "grad_accum": self.grad_accum,
@@ -144,7 +146,8 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
     for name in names:
         model = model_of(name)
         assert model is not None
-        for sizes in layout_options(model, q.gpus, q.topology.per_node, fixed):
+        layers = q.shape.dims.layers if q.shape.dims else None
+        for sizes in layout_options(model, q.gpus, q.topology.per_node, fixed, layers, q.seq_len):
             options = {**fixed, **sizes}
             try:
                 # Built once per layout: the batch split and checkpointing do not change the backend.
@@ -250,6 +253,8 @@ def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
     detail = ""
     if term == "exposed comm":
         detail = _slowest_collective(s)
+    elif term == "overhead" and s.plan.time and s.plan.time.overhead_what:
+        detail = f" ({s.plan.time.overhead_what})"
     elif term == "recompute":
         detail = f" (checkpointing {s.checkpointing} against {best.checkpointing})"
     elif term == "compute":
@@ -263,8 +268,8 @@ def _same_layout(a: Searched, b: Searched) -> bool:
     """Two strategies that plan one layout alike (accelerate-zero3 and zero3): within 0.1% in speed and memory."""
     la, lb = a.plan.layout, b.plan.layout
     return (
-        (la.tp, la.shard, la.hpz, a.micro_batch, a.grad_accum, a.checkpointing)
-        == (lb.tp, lb.shard, lb.hpz, b.micro_batch, b.grad_accum, b.checkpointing)
+        (la.tp, la.shard, la.hpz, la.pp, la.cp, a.micro_batch, a.grad_accum, a.checkpointing)
+        == (lb.tp, lb.shard, lb.hpz, lb.pp, lb.cp, b.micro_batch, b.grad_accum, b.checkpointing)
         and abs(a.tokens_per_s_per_gpu / b.tokens_per_s_per_gpu - 1) < SAME
         and abs(a.peak_bytes - b.peak_bytes) <= SAME * max(a.peak_bytes, b.peak_bytes)
     )

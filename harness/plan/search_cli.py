@@ -33,7 +33,22 @@ from harness.plan.search_space import parse_tokens, sequences_in
 from harness.plan.what_if import fewest_gpus
 
 PLOT_NAME = "plan_search.png"
-HEADER = ("#", "strategy", "tp", "shard", "hpz", "mb", "accum", "ckpt", "tok/s/GPU", "MFU", "peak", "against #1")
+HEADER = (
+    "#",
+    "strategy",
+    "tp",
+    "pp",
+    "cp",
+    "shard",
+    "hpz",
+    "mb",
+    "accum",
+    "ckpt",
+    "tok/s/GPU",
+    "MFU",
+    "peak",
+    "against #1",
+)
 
 
 def global_batch_of(cfg: PlanConfig) -> int:
@@ -63,6 +78,8 @@ def _row(rank: int, s: Searched, against: str) -> tuple[str, ...]:
         str(rank),
         s.strategy,
         str(layout.tp),
+        str(layout.pp) if layout.pp > 1 else "-",
+        str(layout.cp) if layout.cp > 1 else "-",
         str(layout.shard) if layout.replicas > 1 else "-",
         str(layout.hpz) if layout.hpz > 1 else "-",
         str(s.micro_batch),
@@ -145,7 +162,7 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     lines = [
         f"parabench plan search | {s.name} ({s.params / 1e9:.3g}B params)",
         f"  {q.topology.describe()} | {gpu} | {q.precision} | global batch {tokens:,} tokens = {result.global_batch} "
-        f"x {q.seq_len} | strategy x tp x shard x micro-batch x accumulation x checkpointing",
+        f"x {q.seq_len} | strategy x tp x pp x cp x shard x micro-batch x accumulation x checkpointing",
         *(f"  {line}" for line in basis_lines(q)),
         f"  fits: {result.ranked[0].plan.headroom.describe()}" if result.ranked else "",
         "  peak = predicted peak allocated per GPU (GiB); against #1: the share of #1's tokens/s it lacks and the "

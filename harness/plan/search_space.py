@@ -15,8 +15,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.plan.backends import Backend
+from harness.plan.layout import splits_model
 from harness.plan.model_shape import PlanError
 
+# Pipeline stages searched at most (deeper pipelines need more micro-batches than a batch gives), and
+# the sequence length from which context parallelism is searched (below it, a sequence's activations
+# fit a GPU at micro-batch 1 for the models the planner knows); the schedules searched unless one is asked.
+MAX_PIPELINE_STAGES = 16
+LONG_SEQUENCE = 16384
+SEARCHED_SCHEDULES = ("1f1b", "interleaved-1f1b")
+MICROBATCHES_PER_STAGE = (1, 2, 4)  # pipeline micro-batches searched, in multiples of the stages
 TOKEN_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}  # 4M tokens: 4,194,304, as runs state it
 
 
@@ -60,23 +68,62 @@ def _sizes(fixed: dict[str, Any], option: str, choices: list[int]) -> list[int]:
     return [c for c in choices if c > 1]
 
 
-def layout_options(backend: Backend, gpus: int, per_node: int, fixed: dict[str, Any]) -> Iterator[dict[str, int]]:
+def _split_sizes(
+    backend: Backend, ranks: int, fixed: dict[str, Any], layers: int | None, seq_len: int | None
+) -> list[dict[str, Any]]:
+    """Pipeline and context-parallel sizes (with the schedules searched) over `ranks` GPUs, for a
+    strategy that takes them (layout.splits_model): pp up to MAX_PIPELINE_STAGES and the model's
+    blocks, each with SEARCHED_SCHEDULES and MICROBATCHES_PER_STAGE x pp micro-batches (a split whose
+    local batch they do not divide is not laid out), cp where the sequence is LONG_SEQUENCE tokens
+    or more and splits evenly; [{}] for none."""
+    if not splits_model(backend) or layers is None or seq_len is None:
+        return [{}]
+    pps = [1] + [p for p in _sizes(fixed, "pp_size", divisors(ranks)) if p <= min(layers, MAX_PIPELINE_STAGES)]
+    long = seq_len >= LONG_SEQUENCE
+    cps = [1] + [c for c in _sizes(fixed, "cp_size", divisors(ranks) if long else []) if seq_len % (2 * c) == 0]
+    schedules = [fixed["schedule"]] if fixed.get("schedule") else list(SEARCHED_SCHEDULES)
+    out: list[dict[str, Any]] = []
+    for pp in pps:
+        for cp in cps:
+            if ranks % (pp * cp):
+                continue
+            split = ({"pp_size": pp} if pp > 1 else {}) | ({"cp_size": cp} if cp > 1 else {})
+            if pp == 1:
+                out.append(split)
+                continue
+            counts = [fixed["microbatches"]] if fixed.get("microbatches") else [pp * k for k in MICROBATCHES_PER_STAGE]
+            out += [split | {"schedule": s, "microbatches": m} for s in schedules for m in counts]
+    return out
+
+
+def layout_options(
+    backend: Backend,
+    gpus: int,
+    per_node: int,
+    fixed: dict[str, Any],
+    layers: int | None = None,
+    seq_len: int | None = None,
+) -> Iterator[dict[str, Any]]:
     """The layout sizes `backend` can take on `gpus` GPUs, as strategy options; layout.py decides
-    which of them the model and the cluster allow."""
+    which of them the model and the cluster allow. Given the model's blocks and the sequence
+    length, FSDP2's layouts also take pipeline stages and context-parallel GPUs."""
     tps = _sizes(fixed, "tp_size", divisors(gpus)) if backend.tensor_parallel else [1]
     for tp in tps:
-        sizes: dict[str, int] = {"tp_size": tp} if backend.tensor_parallel else {}
-        shards = _sizes(fixed, "shard_size", divisors(gpus // tp)[:-1]) if backend.hybrid_shard else [0]
-        hpzs = (
-            _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_node, gpus)))
-            if backend.secondary_partition
-            else [0]
-        )
-        for shard in shards:
-            for hpz in hpzs:
-                yield (
-                    sizes | ({"shard_size": shard} if shard else {}) | ({"zero_hpz_partition_size": hpz} if hpz else {})
-                )
+        for split in _split_sizes(backend, gpus // tp, fixed, layers, seq_len):
+            sizes: dict[str, Any] = ({"tp_size": tp} if backend.tensor_parallel else {}) | split
+            shards = _sizes(fixed, "shard_size", divisors(gpus // tp)[:-1]) if backend.hybrid_shard else [0]
+            hpzs = (
+                _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_node, gpus)))
+                if backend.secondary_partition
+                else [0]
+            )
+            for shard in shards:
+                for hpz in hpzs:
+                    yield (
+                        sizes
+                        | ({"shard_size": shard} if shard else {})
+                        | ({"zero_hpz_partition_size": hpz} if hpz else {})
+                    )
 
 
 def batch_splits(global_batch: int, data_parallel: int) -> list[BatchSplit]:
