@@ -36,6 +36,7 @@ from harness.plan.calibration import default_factors  # noqa: E402
 from harness.plan.compute import kernel_launches  # noqa: E402
 from harness.plan.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
 from harness.plan.network import DEFAULT_FABRIC, FABRICS, Fabric, Topology, parse_fabric, parse_intra  # noqa: E402
+from harness.plan.pipeline_context import published_layout  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
 from harness.plan.recipe import Recipe  # noqa: E402
@@ -157,12 +158,15 @@ def _fabric(row: dict[str, str], family: str) -> Fabric:
 def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     """The run's sharding as a PlanModel and its options, or why it cannot be planned."""
     sharding = row["sharding"]
-    if "pp=" in sharding or ("cp=" in sharding and "cp=1" not in sharding.split()):
-        return "pipeline or context parallelism: not modelled"
+    split = published_layout(sharding, "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"])
+    if split is not None:
+        return split
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
         return "checkpointing an unstated fraction of the blocks: not modelled"
     reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
     lowered = sharding.lower()
+    if lowered.startswith("megatron"):
+        return _megatron_layout(sharding)
     if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
         stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
         return PlanModel("deepspeed", stage, "low_precision"), {}
@@ -182,6 +186,37 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     return PlanModel(**common), options
 
 
+def _megatron_layout(sharding: str) -> tuple[PlanModel, dict]:
+    """Megatron-LM's tensor parallel inside a node beside data parallel across: its DDP (ddp-tp's
+    model) or its distributed optimizer (zero1-tp's, which reduce-scatters the fp32 gradients and
+    all-gathers the updated parameters, Megatron-LM's docs/source/distrib_optimizer.md)."""
+    tp = int(sharding.split("tp=")[1].split()[0])
+    stage = 1 if "distributed_optimizer" in sharding else 0
+    model = PlanModel("torch", stage, "low_precision", reshard_after_forward=False, tensor_parallel=True)
+    return model, {"tp_size": tp, "distributed_optimizer": stage == 1}
+
+
+def strategy_of(row: dict[str, str]) -> str:
+    """The parabench strategy a row's layout amounts to (the name the plan would give it)."""
+    sharding = row["sharding"].lower()
+    if sharding.startswith("megatron"):
+        return "zero1-tp" if "distributed_optimizer" in sharding else "ddp-tp"
+    if "zero" in sharding:
+        return "zero" + next((c for c in sharding.split("zero")[1] if c in "123"), "3")
+    if sharding.startswith("ddp"):
+        return "ddp"
+    if "tp=" in sharding:
+        return "fsdp-tp"
+    if "hybrid" in sharding:
+        return "hsdp"
+    return "fsdp"
+
+
+def scale_of(row: dict[str, str]) -> str:
+    nodes = int(row["nodes"] or 1)
+    return "one node" if nodes <= 1 else ("2-8 nodes" if nodes <= 8 else "more than 8 nodes")
+
+
 def _attention(row: dict[str, str]) -> str:
     """llm-foundry's benchmark script defaulted to its Triton kernel (Tri Dao's, on triton-pre-mlir)
     when the tables were made. Its >=128-GPU sweep (sweep.py at 5e85bd62d) asked for flash, with
@@ -189,6 +224,8 @@ def _attention(row: dict[str, str]) -> str:
     (FlashAttention-2's figures would plan them 22% to 49% fast): on 8 to 64 GPUs with the Triton
     kernel the same models ran within 4% of those rows' rate per GPU at 128 GPUs, which a kernel
     twice as fast would not allow. The others run SDPA's flash."""
+    if "examples/sc21" in row["source"]:
+        return "math"  # Megatron-LM in 2021: its fused softmax between two batched matmuls, no flash
     if not row["source"].startswith("mosaicml"):
         return "flash"
     return KERNEL_FOR_MPT
@@ -395,9 +432,98 @@ def report(name: str, outcomes: list[Outcome], with_rows: bool) -> list[str]:
     return lines
 
 
+SCALES = ("one node", "2-8 nodes", "more than 8 nodes")
+
+
+def _accuracy_row(name: str, errors: list[float]) -> str:
+    if not errors:
+        return f"| {name} | 0 | - | - |"
+    median = statistics.median(abs(e) for e in errors)
+    return f"| {name} | {len(errors)} | {median:.1%} | {sum(abs(e) <= WITHIN for e in errors) / len(errors):.0%} |"
+
+
+def choices(outcomes: list[Outcome]) -> list[tuple[tuple, Outcome, Outcome]]:
+    """One job's published settings: rows of one source, model, card, GPU count, sequence and
+    precision that differ in layout (strategy, micro-batch, accumulation, checkpointing), each
+    planned. For each such job: (its key, the plan's pick among the rows planned to fit, the
+    fastest as published)."""
+    jobs: dict[tuple, list[Outcome]] = {}
+    for o in outcomes:
+        if o.error is None:
+            continue
+        r = o.row
+        key = (r["source"].split(":")[0], r["model"], r["gpu"], r["gpus"], r["seq_len"], r["precision"])
+        jobs.setdefault(key, []).append(o)
+    out = []
+    for key, rows in jobs.items():
+        layouts = {
+            (o.row["sharding"], o.row["micro_batch"], o.row["grad_accum"], o.row["activation_checkpointing"])
+            for o in rows
+        }
+        fitting = [o for o in rows if o.plan.fits is not False] or rows
+        if len(layouts) < 2:
+            continue
+        out.append((key, max(fitting, key=lambda o: o.predicted), max(rows, key=lambda o: o.published)))
+    return out
+
+
+def accuracy_lines(outcomes: list[Outcome]) -> list[str]:
+    """Every CSV together: tokens/s per GPU by scale and by strategy, what share of the runs with a
+    stated layout the plan can plan, and how well it chooses among one job's published settings."""
+    planned = [o for o in outcomes if o.error is not None]
+    lines = [
+        "### Accuracy at a glance (every CSV)",
+        "",
+        "Tokens/s per GPU, |predicted / published - 1|:",
+        "",
+        "| runs | planned | median abs error | within 15% |",
+        "|---|---:|---:|---:|",
+        _accuracy_row("all", [o.error for o in planned]),
+        *(_accuracy_row(scale, [o.error for o in planned if scale_of(o.row) == scale]) for scale in SCALES),
+        *(
+            _accuracy_row(f"strategy {name}", [o.error for o in planned if strategy_of(o.row) == name])
+            for name in sorted({strategy_of(o.row) for o in outcomes})
+        ),
+        "",
+    ]
+    stated = [o for o in outcomes if o.row["sharding"].strip()]
+    can = [o for o in stated if o.plan is not None]
+    lines.append(
+        f"Coverage: {len(can)} of {len(stated)} runs with a stated layout planned "
+        f"({len(can) / max(len(stated), 1):.0%}); "
+        "by scale: "
+        + ", ".join(
+            f"{scale} {sum(scale_of(o.row) == scale for o in can)} of {sum(scale_of(o.row) == scale for o in stated)}"
+            for scale in SCALES
+        )
+        + "."
+    )
+    picks = choices(outcomes)
+    if picks:
+        regrets = [best.published / pick.published - 1 for _, pick, best in picks]
+        worst = max(range(len(picks)), key=lambda i: regrets[i])
+        key, pick, best = picks[worst]
+        lines += [
+            "",
+            f"Choosing among one job's published settings ({len(picks)} jobs: one source, model, card, GPU count, "
+            "sequence and precision, two or more layouts): the plan's pick is the fastest published in "
+            f"{sum(r <= 0 for r in regrets) / len(regrets):.0%}; regret (published tokens/s of the fastest / of the "
+            f"pick - 1) median {statistics.median(regrets):.1%}, worst {regrets[worst]:.1%} ({key[1]} on {key[3]} "
+            f"{key[2]}, seq {key[4]}: picked {_setting(pick.row)}, fastest {_setting(best.row)}).",
+        ]
+    return lines + [""]
+
+
+def _setting(row: dict[str, str]) -> str:
+    return (
+        f"{row['sharding']} micro-batch {row['micro_batch']} x {row['grad_accum'] or 1} "
+        f"{_checkpointing(row['activation_checkpointing'])} AC"
+    )
+
+
 def two_d_lines(outcomes: list[Outcome]) -> list[str]:
     """Each published run of FSDP beside tensor parallelism (torchtitan's 2D figures)."""
-    rows = [o for o in outcomes if o.error is not None and "tp=" in o.row["sharding"]]
+    rows = [o for o in outcomes if o.error is not None and strategy_of(o.row) == "fsdp-tp"]
     if not rows:
         return []
     lines = ["### FSDP x tensor parallel (torchtitan's 2D figures)", ""]
@@ -544,7 +670,8 @@ def main(argv: list[str] | None = None) -> int:
         paths = args.csv or list(DEFAULT_CSVS)
         sections = [(path, plan_rows(read_rows(path))) for path in paths]
         ran_out = [] if args.csv else plan_rows(read_rows(OOM_CSV))
-        lines = fit_lines([o for _, outcomes in sections for o in outcomes], ran_out)
+        lines = accuracy_lines([o for _, outcomes in sections for o in outcomes])
+        lines += fit_lines([o for _, outcomes in sections for o in outcomes], ran_out)
         for path, outcomes in sections:
             lines += report(path.name, outcomes, args.rows)
         lines += two_d_lines([o for _, outcomes in sections for o in outcomes])

@@ -1,19 +1,19 @@
-"""Communication per step per GPU: which collectives each layout runs, over which group of GPUs,
-how many bytes, and which compute phase can hide them (network.py prices them).
+"""Communication per step per GPU: which collectives each layout runs, over which group of GPUs, how
+many bytes, and which compute phase can hide them (network.py prices them).
 
-Data parallel (DDP) all-reduces the gradients, in buckets (replicate: a unit at a time);
-torch's ZeRO-1 (ZeroRedundancyOptimizer) all-reduces them too, then broadcasts each updated
-parameter from the rank that stepped it; DeepSpeed's ZeRO-1/2 reduce-scatter them and all-gather the
-updated parameters; FSDP and ZeRO-3 all-gather each unit's parameters for the forward and again
-for the backward, then reduce-scatter its gradients (the ZeRO paper's 1.5x of data parallel).
-Hybrid sharding does that inside its shard group and all-reduces the shards' gradients across
-the replicas; hpZ gathers the backward's parameters from its secondary copy inside the node.
-Tensor parallelism (torchtitan's plan, with sequence parallelism) all-gathers a block's
-activations before the attention and the MLP and reduce-scatters their outputs, forward and
-backward, inside its group and in the block's critical path: on NVLink inside a node, on the
-network where the group is wider than a node. torch.nn.DataParallel broadcasts
-the model from GPU 0 every step, gathers the replicas' outputs onto it and reduces their
-gradients onto it, none of it hidden.
+Data parallel (DDP) all-reduces the gradients, in buckets (replicate: a unit at a time); torch's
+ZeRO-1 (ZeroRedundancyOptimizer) all-reduces them too, then broadcasts each updated parameter from
+the rank that stepped it; DeepSpeed's ZeRO-1/2 all-reduce them bucket by bucket, each rank keeping
+its partition, and all-gather the updated parameters; Megatron's distributed optimizer reduce-
+scatters them and all-gathers the updated parameters; FSDP and ZeRO-3 all-gather each unit's
+parameters for the forward and again for the backward, then reduce-scatter its gradients (the ZeRO
+paper's 1.5x of data parallel). Hybrid sharding does that inside its shard group and all-reduces the
+shards' gradients across the replicas; hpZ gathers the backward's parameters from its secondary copy
+inside the node. Tensor parallelism (torchtitan's plan, with sequence parallelism) all-gathers a
+block's activations before the attention and the MLP and reduce-scatters their outputs, forward and
+backward, inside its group and in the block's critical path: on NVLink inside a node, on the network
+where the group is wider than a node. torch.nn.DataParallel broadcasts the model from GPU 0 every
+step, gathers the replicas' outputs onto it and reduces their gradients onto it, none of it hidden.
 """
 
 from __future__ import annotations
@@ -154,6 +154,27 @@ def _data_parallel_threads(shape: ModelShape, precision: str, gpus: int, tokens:
     ]
 
 
+def _distributed_optimizer(
+    backend: Backend, params: float, grad_bytes: float, gather_bytes: float, calls: int, largest: float, group: Group
+) -> list[Collective]:
+    """Megatron's distributed optimizer (ZeRO-1, docs/source/distrib_optimizer.md of Megatron-LM): the
+    gradients reduce-scattered in buckets as the backward produces them, each rank steps its
+    shard, and the updated parameters are all-gathered in the model's dtype before the next
+    forward, where its param-gather overlap hides them behind the forward."""
+    return [
+        Collective(
+            "reduce-scatter gradients",
+            "reduce-scatter",
+            params * grad_bytes,
+            calls,
+            "backward",
+            group,
+            tail_bytes=largest * grad_bytes,
+        ),
+        Collective("all-gather updated parameters", "all-gather", params * gather_bytes, calls, "forward", group),
+    ]
+
+
 def collectives(
     shape: ModelShape,
     backend: Backend,
@@ -176,6 +197,8 @@ def collectives(
     out: list[Collective] = []
     if backend.replicas == "threads":
         out += _data_parallel_threads(shape, precision, gpus, tokens, world)
+    elif layout.data_parallel > 1 and backend.engine == "torch" and backend.options.get("distributed_optimizer"):
+        out += _distributed_optimizer(backend, params, grad_bytes, gather_bytes, calls, largest_block, shards)
     elif layout.data_parallel > 1 and backend.engine == "torch" and backend.stage in (0, 1):
         payload = params * grad_bytes
         if backend.fsdp2_units:  # replicate: each unit's gradients as its backward ends
@@ -195,11 +218,14 @@ def collectives(
         reduce_payload = params * grad_bytes
         reduce_calls = max(1, math.ceil(params / backend.option("reduce_bucket_size")))
         window = "backward" if backend.option("overlap_comm") else None
-        # ZeRO-2 keeps only its gradient partition, so it must reduce on every micro-step.
+        # ZeRO-2 keeps only its gradient partition, so it must reduce on every micro-step. Each
+        # bucket is all-reduced and every rank keeps its partition of the result (stage_1_and_2.py's
+        # average_tensor under use_multi_rank_bucket_allreduce, on by default): an all-reduce's
+        # bytes on the wire, twice a reduce-scatter's.
         out.append(
             Collective(
-                "reduce-scatter gradients",
-                "reduce-scatter",
+                "all-reduce gradients, each rank keeping its partition",
+                "all-reduce",
                 reduce_payload,
                 reduce_calls,
                 window,
