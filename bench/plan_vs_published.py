@@ -265,9 +265,14 @@ def _fused_loss(row: dict[str, str]) -> bool:
 
 def recipe_of_row(row: dict[str, str]) -> Recipe:
     """What the source says its run did beyond the layout: the whole model cast to bf16 with its
-    optimizer state (VectorLM: `model.bfloat16()`), torchao's fp8 all-gathers."""
+    optimizer state (VectorLM: `model.bfloat16()`), Megatron's low-precision parameters beside an
+    fp32 master (its Float16Module, NeMo's megatron_amp_O2) with fp32 gradients where it reduces
+    them in fp32, torchao's fp8 all-gathers."""
+    megatron = row["sharding"].lower().startswith("megatron") and "fp32 main parameters" in row["mp_mode"]
     return Recipe(
         pure_bf16="model.bfloat16()" in row["notes"] or row["source"].startswith("VectorInstitute"),
+        megatron_mixed_precision=megatron,
+        fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
         fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
     )
 
@@ -701,9 +706,9 @@ def main(argv: list[str] | None = None) -> int:
             ">=128-GPU rows of 1b, 3b and 7b are planned with its Triton attention although its sweep asked for "
             "flash (`_attention` says why and what FlashAttention-2 would give). What each run did beyond its "
             "layout is read from its source too (`recipe_of_row`, `_fused_loss`): VectorLM's model and AdamW state "
-            "in bf16, torchtitan's fp8 all-gathers and, from the commit that compiles it, its compiled loss.\n\n"
-            + text
-            + "\n"
+            "in bf16, Megatron-LM's and NeMo's bf16 (fp16) parameters beside an fp32 master in the optimizer "
+            "(with fp32 gradients where they reduce in fp32), torchtitan's fp8 all-gathers and, from the commit "
+            "that compiles it, its compiled loss.\n\n" + text + "\n"
         )
     return 0
 

@@ -53,6 +53,10 @@ def matmul_weights(shape: ModelShape) -> int:
 def _torch_buffers(
     shape: ModelShape, backend: Backend, precision: str, layout: Layout, grad_accum: int, recipe: Recipe
 ) -> Buffers:
+    if recipe.megatron_mixed_precision and backend.stage < 3:
+        # Megatron-LM's DDP: the model computes with its own bf16 parameters, whole, and reduces
+        # its contiguous gradient buffer (the states' gradients, alive through the step) in place.
+        return Buffers(grads_resident=True)
     backward: dict[str, int] = {}
     tp = layout.tp
     blocks = [b // tp for b in shape.block_params()]

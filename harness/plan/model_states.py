@@ -131,7 +131,8 @@ def _adam(held: _Holdings, sizes: list[int], tensors: int, on_cpu: bool, recipe:
 
 def _torch_states(shape: ModelShape, backend: Backend, shards: int, tp: int, recipe: Recipe) -> _Holdings:
     """fp32 parameters, gradients and moments (bf16 all three under pure bf16, the gradients fp32
-    again with fp32 accumulation); FSDP2 shards each tensor on dim 0."""
+    again with fp32 accumulation; bf16 parameters and gradients beside an fp32 master and moments
+    under Megatron's mixed precision); FSDP2 shards each tensor on dim 0."""
     sharded = backend.stage == 3 and shards > 1
     if shape.tensors is None:
         whole = math.ceil(shape.params / tp)
@@ -140,14 +141,19 @@ def _torch_states(shape: ModelShape, backend: Backend, shards: int, tp: int, rec
         sizes = list(_torch_elements(shape, tp, shards if sharded else 1))
         tensors = len(sizes)
     elements = sum(sizes)
-    element = 2 if recipe.pure_bf16 else 4
+    element = 2 if recipe.low_precision_params else 4
     held_bytes = _Holdings()
     held_bytes.add("params", elements * element, backend.offload_params)
     held_bytes.add("grads", elements * (4 if recipe.fp32_grad_accum else element), backend.offload_params)
-    if backend.stage == 1 and shards > 1:  # torch's ZeRO-1: the state of the tensors this rank steps
+    if backend.stage == 1 and shards > 1 and recipe.megatron_mixed_precision:
+        # Megatron's distributed optimizer: an even range of the flat gradient buffer per rank
+        sizes = [math.ceil(elements / shards)]
+    elif backend.stage == 1 and shards > 1:  # torch's ZeRO-1: the state of the tensors this rank steps
         sizes = list(_zero_redundancy_share(shape, tp, shards)) if tensors else [math.ceil(elements / shards)]
         tensors = len(sizes) if tensors else 0
-    _adam(held_bytes, sizes, tensors, backend.offload_optimizer, recipe, element)
+    if recipe.megatron_mixed_precision:  # the fp32 master of what this rank steps
+        held_bytes.add("optimizer", sum(sizes) * 4, backend.offload_optimizer)
+    _adam(held_bytes, sizes, tensors, backend.offload_optimizer, recipe, 2 if recipe.pure_bf16 else 4)
     return held_bytes
 
 
@@ -286,7 +292,8 @@ def model_states(
 ) -> MemoryBreakdown:
     """Bytes of parameters, gradients and optimizer state the most loaded rank holds, by device,
     as the strategy's own memory_breakdown counts them; `shards` GPUs share the stage's states
-    (DataParallel's GPU 0 holds them all); `recipe`: pure bf16, the optimizer, fp32 gradients."""
+    (DataParallel's GPU 0 holds them all); `recipe`: pure bf16 or Megatron's mixed precision, the
+    optimizer, fp32 gradients."""
     if backend.replicas == "threads":
         shards = 1
     if backend.engine == "torch":

@@ -74,6 +74,7 @@ class PlanConfig:
     compile: bool = False  # plan for compile=true runs (elementwise chains fused)
     # How the run trains beyond the strategy (harness/plan/recipe.py says what each changes).
     pure_bf16: bool = False  # bf16 parameters, gradients and AdamW state, no fp32 master (torchtune)
+    megatron_mixed_precision: bool = False  # bf16 parameters, fp32 master and moments (Megatron-LM)
     optimizer: str = "adamw"  # adamw | adamw8bit (bitsandbytes, torchao)
     tied_embeddings: Optional[bool] = None  # the head shares the embedding's weight; unset: as the model is
     qk_norm: bool = False  # RMSNorm on each head's queries and keys (OLMo 2, Qwen3)
@@ -166,6 +167,7 @@ def recipe_of(cfg: PlanConfig) -> Recipe:
     """The run's recipe as the options give it."""
     return Recipe(
         pure_bf16=cfg.pure_bf16,
+        megatron_mixed_precision=cfg.megatron_mixed_precision,
         optimizer=cfg.optimizer,
         tied_embeddings=cfg.tied_embeddings,
         qk_norm=cfg.qk_norm,

@@ -6,6 +6,12 @@ offers it does it (docs/planner.md cites each):
                      full fine-tunes (`dtype: bf16`: the model is cast, and torch's AdamW keeps its
                      moments in the parameters' dtype). Torch-engine strategies only: DeepSpeed's
                      bf16 mode keeps its fp32 master whatever the model's dtype.
+  megatron_mixed_precision  Megatron-LM's: bf16 (fp16) parameters the model computes with in
+                     place, and in the optimizer an fp32 master copy beside fp32 moments, sharded
+                     with them under the distributed optimizer (docs/source/distrib_optimizer.md).
+                     The gradients stay in the parameters' dtype unless fp32_grad_accum is given too
+                     (its `main_grad`): 6 bytes a parameter held whole + 12 over the data-parallel
+                     ranks, 18 without the distributed optimizer. DeepSpeed holds this already.
   optimizer=adamw8bit  AdamW's two moments in 8 bits, block-wise quantized (bitsandbytes
                      AdamW8bit; torchao's AdamW8bit alike): one byte per element and one fp32 scale
                      per 256-element block per moment; tensors under 4,096 elements keep 32-bit
@@ -50,6 +56,7 @@ FRAGMENTATION_LIMIT = 1.0
 @dataclass(frozen=True)
 class Recipe:
     pure_bf16: bool = False
+    megatron_mixed_precision: bool = False
     optimizer: str = "adamw"
     tied_embeddings: bool | None = None  # None: as the model is
     qk_norm: bool = False
@@ -69,14 +76,30 @@ class Recipe:
             )
         if self.pure_bf16 and precision not in ("bf16", "fp8"):
             raise PlanError(f"pure_bf16=true keeps everything in bf16: give precision=bf16 (or fp8), not {precision}")
+        if self.megatron_mixed_precision and self.pure_bf16:
+            raise PlanError(
+                "megatron_mixed_precision=true keeps an fp32 master copy, pure_bf16=true keeps none: give one of them"
+            )
+        if self.megatron_mixed_precision and precision not in ("bf16", "fp16", "fp8"):
+            raise PlanError(
+                f"megatron_mixed_precision=true holds bf16 or fp16 parameters: give precision=bf16, fp16 or fp8, "
+                f"not {precision}"
+            )
         if self.fp8_all_gather and precision != "fp8":
             raise PlanError("fp8_all_gather=true gathers the fp8 projections' weights: give precision=fp8 as well")
+
+    @property
+    def low_precision_params(self) -> bool:
+        """Whether the model's own parameters are bf16 (fp16) rather than fp32."""
+        return self.pure_bf16 or self.megatron_mixed_precision
 
     def describe(self) -> list[str]:
         """The non-default choices, for the plan's header."""
         said = []
         if self.pure_bf16:
             said.append("pure bf16")
+        if self.megatron_mixed_precision:
+            said.append("Megatron mixed precision")
         if self.optimizer != "adamw":
             said.append(self.optimizer)
         if self.tied_embeddings is not None:

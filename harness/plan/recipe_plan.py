@@ -18,9 +18,10 @@ FRAGMENTATION = "the allocator's fragmentation (a share of the activations)"
 
 
 def with_recipe(backend: Backend, recipe: Recipe) -> Backend:
-    """A torch-engine strategy under pure bf16 runs the whole model in bf16 and reduces its bf16
-    gradients as they are (in fp32 with fp32 accumulation, as Megatron-LM reduces its main_grad)."""
-    if recipe.pure_bf16 and backend.engine == "torch":
+    """A torch-engine strategy with bf16 parameters (pure bf16, Megatron's mixed precision) runs
+    the whole model in bf16 and reduces its bf16 gradients as they are (in fp32 with fp32
+    accumulation, as Megatron-LM reduces its main_grad)."""
+    if recipe.low_precision_params and backend.engine == "torch":
         return replace(backend, mixed_precision="low_precision", reduce_in_fp32=recipe.fp32_grad_accum)
     return backend
 

@@ -153,9 +153,30 @@ def test_fragmentation_is_a_share_of_the_activations_at_the_peak():
         (["fragmentation=2"], "must be a share of the activations in [0, 1]"),
         (["fp8_all_gather=true"], "give precision=fp8 as well"),
         (["pure_bf16=true", "precision=fp32"], "give precision=bf16 (or fp8), not fp32"),
+        (["megatron_mixed_precision=true", "precision=fp32"], "give precision=bf16, fp16 or fp8, not fp32"),
+        (["megatron_mixed_precision=true", "pure_bf16=true"], "give one of them"),
     ],
 )
 def test_a_recipe_that_cannot_be_is_a_one_line_error(capsys, args, fragment):
     assert runner.main(["plan", "model=gpt2-124m", *args]) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("name", "dp", "per_param"), [("ddp", 1, 6 + 12), ("zero1-tp", 8, 6 + 12 / 8)])
+def test_megatron_mixed_precision_holds_what_its_distributed_optimizer_doc_says(name, dp, per_param):
+    """Megatron-LM's docs/source/distrib_optimizer.md: a bf16 parameter and its fp32 main_grad
+    whole (6 bytes), the fp32 master and both moments (12) over the data-parallel ranks under the
+    distributed optimizer, whole without it."""
+    shape = question(PlanConfig(**LLAMA_8B, gpus=dp)).shape
+    recipe = Recipe(megatron_mixed_precision=True, fp32_grad_accum=True)
+    backend = backend_for(name, shape, "bf16", dp)
+    states = model_states(shape, backend, "bf16", dp, recipe=recipe)
+    held = sum(states.total(c) for c in ("params", "grads", "optimizer"))
+    assert held / shape.params == pytest.approx(per_param, rel=1e-4)
+    bf16_grads = model_states(shape, backend, "bf16", dp, recipe=replace(recipe, fp32_grad_accum=False))
+    assert states.total("grads") == 2 * bf16_grads.total("grads")
+    deepspeed = backend_for("zero1", shape, "bf16", dp)  # DeepSpeed's bf16 mode holds its master already
+    assert model_states(shape, deepspeed, "bf16", dp, recipe=replace(recipe, fp32_grad_accum=False)) == model_states(
+        shape, deepspeed, "bf16", dp
+    )
