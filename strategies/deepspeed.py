@@ -251,10 +251,7 @@ class DeepSpeedStrategy(Strategy):
             )
         self.engine.step()  # reduce, clip, optimizer step, zero the gradients; a scheduler's step
         self._micro_step = 0
-        if self.engine.lr_scheduler is not None and not self.engine.was_step_applied():
-            # fp16 overflow: DeepSpeed skips the step and holds its scheduler, while the runner's schedule
-            # (and every other strategy's, whose scaler skips the step too) moves on to the next step's lr.
-            self.engine.lr_scheduler.step()
+        keep_scheduler_in_step(self.engine)
 
     def set_lr(self, lr: float) -> None:
         groups = self.engine.basic_optimizer.param_groups  # the optimizer DeepSpeed steps
@@ -262,14 +259,8 @@ class DeepSpeedStrategy(Strategy):
             for group in groups:  # (ZeRO-3's own set_lr is a no-op)
                 group["lr"] = lr
             return
-        # The file's scheduler set this step's lr itself: it must be the runner's.
-        applied = next((group["lr"] for group in groups if not math.isclose(group["lr"], lr, rel_tol=1e-9)), None)
-        if applied is not None:
-            label = self.ctx.config_file.label if self.ctx.config_file else "the DeepSpeed config"
-            raise StrategyError(
-                f"{label}'s scheduler {self.scheduler['type']} set lr {applied:.6e} for this step but the run's "
-                f"schedule has {lr:.6e}: remove the scheduler section to train under the runner's schedule"
-            )
+        label = self.ctx.config_file.label if self.ctx.config_file else "the DeepSpeed config"
+        check_scheduled_lr(self.engine, lr, f"{label}'s scheduler {self.scheduler['type']}")
 
     def memory_breakdown(self) -> MemoryBreakdown:
         assert self.engine is not None, "setup() first"
@@ -306,6 +297,26 @@ class DeepSpeedStrategy(Strategy):
             self.engine.destroy()
         self.engine = None
         super().teardown()
+
+
+def check_scheduled_lr(engine: Any, lr: float, scheduler: str) -> None:
+    """The lr DeepSpeed's own scheduler (`scheduler`, in words) set for this step must be the
+    runner's, `lr`: every strategy of the comparison trains under the same schedule."""
+    groups = engine.basic_optimizer.param_groups  # the optimizer DeepSpeed steps
+    applied = next((group["lr"] for group in groups if not math.isclose(group["lr"], lr, rel_tol=1e-9)), None)
+    if applied is not None:
+        raise StrategyError(
+            f"{scheduler} set lr {applied:.6e} for this step but the run's schedule has {lr:.6e}: remove the "
+            "scheduler section to train under the runner's schedule"
+        )
+
+
+def keep_scheduler_in_step(engine: Any) -> None:
+    """After the engine's optimizer step: on an fp16 overflow DeepSpeed skips the step and holds its
+    scheduler, while the runner's schedule (and every other strategy's, whose scaler skips the step
+    too) moves on to the next step's lr; so does the scheduler, here."""
+    if engine.lr_scheduler is not None and not engine.was_step_applied():
+        engine.lr_scheduler.step()
 
 
 def zero3_layout(blocks: Blocks) -> str:

@@ -10,8 +10,9 @@ What the file amounts to (choice): distributed_type MULTI_GPU or MULTI_CPU runs 
 FSDP (fsdp_version 2) as accelerate-fsdp, or accelerate-hsdp / accelerate-fsdp-tp where its
 parallelism_config replicates or splits tensors, DEEPSPEED as accelerate-zero1-3 by its stage (from
 deepspeed_config, or the DeepSpeed JSON its deepspeed_config_file names, which strategies/
-deepspeed_file.py checks as for `deepspeed:<file.json>`). Against the run (for_run): the precision
-must be the run's; the file's accumulation is followed where it makes the global batch; MULTI_GPU
+deepspeed_file.py checks as for `deepspeed:<file.json>`; the JSON's scheduler sets the compare's
+schedule shape, FileChoice.run_settings, and runs in zero_mode.py). Against the run (for_run): the
+precision must be the run's; the file's accumulation is followed where it makes the global batch; MULTI_GPU
 and MULTI_CPU follow the device the run is on; FSDP's CPU-RAM-efficient loading, which accelerate
 launch turns on unless the file turns it off, is off (every rank builds the same seeded model); each
 is said. What accelerate launch itself refuses in the file is refused in one line.
@@ -24,7 +25,7 @@ import sys
 from contextlib import redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from strategies import deepspeed_file
 from strategies.accelerate.environment import ACCELERATE_PRECISION, PARALLELISM_SIZES, launched_by_accelerate
@@ -56,6 +57,17 @@ EFFICIENT_LOADING_OFF = (
     "every rank builds the same seeded model, so there is nothing to load on one rank alone (and Accelerate's "
     "reload from rank 0 would untie weights a model shares outside transformers)"
 )
+
+
+class FileRun(NamedTuple):
+    """The file against the run (AccelerateFile.for_run)."""
+
+    ctx: RunContext  # the run's context, with the file's batch split
+    followed: list[str]  # what was followed, in words
+    env: dict[str, str]  # the Accelerate settings `accelerate launch` would give the processes
+    # The DeepSpeed JSON the file names, as deepspeed_file.for_run leaves it (its scheduler's "auto"
+    # values filled from the run); None without one.
+    deepspeed_json: dict[str, Any] | None
 
 
 @dataclass(frozen=True)
@@ -197,16 +209,23 @@ class AccelerateFile:
         deepspeed = self.config.deepspeed_config
         json_file = self.deepspeed_json()
         if json_file is not None:
-            choice = deepspeed_file.choose(json_file, self._json_label(json_file))
+            choice = deepspeed_file.choose(json_file, self.json_label(json_file))
             if choice.builtin not in ("zero1", "zero2", "zero3"):
                 raise StrategyError(
-                    f"{self._json_label(json_file)} runs as {choice.builtin}: parabench's Accelerate runs ZeRO without "
+                    f"{self.json_label(json_file)} runs as {choice.builtin}: parabench's Accelerate runs ZeRO without "
                     "offload or ZeRO++ (accelerate-zero1-3); set the offload devices to none and no ZeRO++, or "
                     f"compare deepspeed:{json_file}"
                 )
             stage = int(choice.builtin[-1])
             summary = f"Accelerate driving DeepSpeed ZeRO-{stage} from {json_file.name}"
-            return FileChoice(f"accelerate-zero{stage}", summary, files={DEEPSPEED_FILE_KEY: json_file})
+            # The JSON's scheduler sets the compare's schedule shape, as under deepspeed:<file.json>.
+            return FileChoice(
+                f"accelerate-zero{stage}",
+                summary,
+                files={DEEPSPEED_FILE_KEY: json_file},
+                run_settings=choice.run_settings,
+                run_settings_from=f"{choice.run_settings_from} in {json_file}" if choice.run_settings else "",
+            )
         stage = deepspeed.get("zero_stage", ACCELERATE_DEFAULT_ZERO_STAGE)
         if stage not in (1, 2, 3):
             raise StrategyError(
@@ -235,15 +254,14 @@ class AccelerateFile:
             )
         return path
 
-    def _json_label(self, json_file: Path) -> str:
+    def json_label(self, json_file: Path) -> str:
+        """How messages name the DeepSpeed JSON the file names."""
         return f"{self.label}'s deepspeed_config_file {json_file}"
 
     # ---- against the run ------------------------------------------------------------------------
 
-    def for_run(self, ctx: RunContext) -> tuple[RunContext, list[str], dict[str, str]]:
-        """(the run's context with the file's batch split, what was followed in words, the Accelerate
-        settings `accelerate launch` would give the processes), or a one-line error naming the key
-        that contradicts the run."""
+    def for_run(self, ctx: RunContext) -> FileRun:
+        """The file against the run (FileRun), or a one-line error naming the key that contradicts it."""
         if launched_by_accelerate(os.environ):
             raise StrategyError(
                 f"strategy {self.label} sets Accelerate up from the file itself: start it with torchrun or nproc=, "
@@ -271,8 +289,9 @@ class AccelerateFile:
                     f"{self.label}'s parallelism_config lays out {laid_out} = {used} processes (dp_replicate x "
                     f"dp_shard x tp) but the run has {ctx.world_size}: set sizes that multiply to {ctx.world_size}"
                 )
+        deepspeed_json = None
         if self.distributed_type == "DEEPSPEED":
-            ctx, more = self._deepspeed_for_run(ctx)
+            ctx, more, deepspeed_json = self._deepspeed_for_run(ctx)
             followed += more
         env = self.launch_env(ctx)
         # From what accelerate launch sets, not from the file's keys: a file without the key gets the
@@ -288,7 +307,7 @@ class AccelerateFile:
                 f"gradients reduced in {ctx.precision} (accelerate-fsdp reduces them in fp32), as accelerate launch "
                 "runs it"
             )
-        return ctx, followed, env
+        return FileRun(ctx, followed, env, deepspeed_json)
 
     def _efficient_loading_setting(self) -> str:
         key = "fsdp_config.fsdp_cpu_ram_efficient_loading"
@@ -336,7 +355,7 @@ class AccelerateFile:
             followed.append("mpirun_config: the run's own launcher starts the processes instead of mpirun")
         return followed
 
-    def _deepspeed_for_run(self, ctx: RunContext) -> tuple[RunContext, list[str]]:
+    def _deepspeed_for_run(self, ctx: RunContext) -> tuple[RunContext, list[str], dict[str, Any] | None]:
         deepspeed = self.config.deepspeed_config
         followed = []
         clipping = deepspeed.get("gradient_clipping")
@@ -359,10 +378,10 @@ class AccelerateFile:
                 "the same for every strategy"
             )
         json_file = self.deepspeed_json()
-        if json_file is not None:
-            _, ctx, more = deepspeed_file.for_run(deepspeed_file.read(json_file), ctx, self._json_label(json_file))
-            followed += more
-        return ctx, followed
+        if json_file is None:
+            return ctx, followed, None
+        json_config, ctx, more = deepspeed_file.for_run(deepspeed_file.read(json_file), ctx, self.json_label(json_file))
+        return ctx, followed + more, json_config
 
     def launch_env(self, ctx: RunContext) -> dict[str, str]:
         """The ACCELERATE_*, FSDP_* and PARALLELISM_CONFIG_* settings `accelerate launch --config_file`

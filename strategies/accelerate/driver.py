@@ -68,15 +68,18 @@ class AccelerateStrategy(Strategy):
         self.file = AccelerateFile.read(file.path, file.label) if file is not None else None
         # What `accelerate launch --config_file` would set from the file (None: no file, the process's own).
         self._file_env: dict[str, str] | None = None
+        # The DeepSpeed JSON the file names, its scheduler filled from the run (None: no such JSON).
+        self._file_deepspeed_json: dict[str, Any] | None = None
         followed: list[str] = []
         if self.file is not None:  # the file may split the batch its own way: the context says so from here on
-            ctx, followed, self._file_env = self.file.for_run(ctx)
+            ctx, followed, self._file_env, self._file_deepspeed_json = self.file.for_run(ctx)
         super().__init__(ctx)
         self.followed = followed
         check_launcher_settings(os.environ if self._file_env is None else self._file_env, self.mode, ctx)
         # Each mode writes its own layout.
         self.checkpoint_format = f"accelerate-{self.mode}"
         self.accelerator: Accelerator | None = None
+        self.lr_scheduler: Any = None  # what prepare() made of _schedulers()
         self._environment: AccelerateEnvironment | None = None
 
     @property
@@ -112,8 +115,12 @@ class AccelerateStrategy(Strategy):
     def _before_optimizer(self, model: nn.Module) -> None:
         """Anything to do to the model on the device before its optimizer is built (tensor parallel)."""
 
+    def _schedulers(self, optimizer: torch.optim.Optimizer) -> list[Any]:
+        """What the mode hands prepare() beside the model and the optimizer (a DeepSpeed JSON's scheduler)."""
+        return []
+
     def _after_prepare(self) -> None:
-        """Anything the mode must do once prepare() has wrapped the model."""
+        """Anything the mode must do once prepare() has wrapped the model (and any scheduler: self.lr_scheduler)."""
 
     def _layout(self, blocks: Blocks) -> str | None:
         return None
@@ -142,7 +149,9 @@ class AccelerateStrategy(Strategy):
         optimizer = optimizer_factory(model)
         blocks = self.find_blocks(model)  # before ZeRO-3 empties the parameters into its partitions
         shared = shared_parameters(model)
-        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
+        prepared = self.accelerator.prepare(model, optimizer, *self._schedulers(optimizer))
+        self.model, self.optimizer, *schedulers = prepared
+        self.lr_scheduler = schedulers[0] if schedulers else None
         check_still_shared(shared, self.accelerator.unwrap_model(self.model), self.mode)
         self._after_prepare()
         self.layout = self._layout(blocks)

@@ -1,11 +1,19 @@
 """`accelerate-zero1/2/3`: Accelerate driving DeepSpeed ZeRO, with the same config layers as
-the native zero1-3 (strategies/deepspeed_config.py)."""
+the native zero1-3 (strategies/deepspeed_config.py).
+
+A DeepSpeed JSON that an `accelerate:<file.yaml>` names (deepspeed_config_file) runs as Accelerate
+runs it for Hugging Face's Trainer: its "auto" values filled from the run (strategies/deepspeed_file.py,
+as under deepspeed:<file.json>), its AdamW section the runner's AdamW, and its scheduler section handed
+to prepare() as accelerate.utils.DummyScheduler, so that DeepSpeed's own scheduler steps the learning
+rate; each step checks it is the runner's.
+"""
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING, Any
 
+from strategies import deepspeed_file
 from strategies.accelerate.driver import AccelerateStrategy
 from strategies.accelerate.environment import launched_by_accelerate
 from strategies.base import Preset, RunContext, StrategyError, compile_blocks, missing_package_reason
@@ -49,6 +57,10 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
         self.stage = stage
         super().__init__(ctx)
         self._held_before_step: MemoryBreakdown | None = None
+        # The scheduler section of the file's DeepSpeed JSON, filled and checked to be the run's schedule.
+        self.scheduler: dict[str, Any] | None = (self._file_deepspeed_json or {}).get("scheduler")
+        # How messages name the JSON, where its scheduler runs.
+        self._scheduler_source = self.file.json_label(self.file.deepspeed_json()) if self.scheduler else ""
 
     @property
     def mode(self) -> str:
@@ -99,8 +111,9 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
             # An optimizer section of the file's DeepSpeed JSON is there only if it is the run's AdamW
             # (accelerate_file.py checked it): the runner's AdamW is that optimizer.
             config.pop("optimizer", None)
+            self._fill_from_json(config, model)
         for key in ("optimizer", "scheduler"):
-            if key in config:
+            if key in config and not (key == "scheduler" and self.scheduler is not None):
                 raise StrategyError(
                     f"the DeepSpeed config sets its own {key}: remove it; every parabench strategy shares the runner's "
                     "AdamW and learning-rate schedule"
@@ -136,6 +149,34 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
         for key in [key for key, value in zero_config.items() if value == "auto"]:
             del zero_config[key]
         return {"deepspeed_plugin": plugin}
+
+    def _fill_from_json(self, config: dict[str, Any], model: nn.Module) -> None:
+        """Accelerate's reading of the file's DeepSpeed JSON (`config`, in place) with the "auto" values
+        parabench filled and said: the scheduler's from the run, the bucket sizes from the model's width,
+        as Hugging Face's Trainer fills them before Accelerate sees the JSON."""
+        from strategies.deepspeed_config import HF_BUCKET_SIZES, model_size
+
+        if self._file_deepspeed_json is None:
+            return
+        label = self.file.json_label(self.file.deepspeed_json())
+        filled, self.followed = deepspeed_file.fill_model_sized(
+            self._file_deepspeed_json, self.followed, model_size(model), label
+        )
+        if self.scheduler is not None:
+            config["scheduler"] = self.scheduler
+        zero = config.get("zero_optimization", {})
+        for key in HF_BUCKET_SIZES:
+            if zero.get(key) == "auto":
+                zero[key] = filled["zero_optimization"][key]
+
+    def _schedulers(self, optimizer: torch.optim.Optimizer) -> list[Any]:
+        if self.scheduler is None:
+            return []
+        from accelerate.utils import DummyScheduler
+
+        # As Accelerate's users hand it a JSON's scheduler: DeepSpeed builds it from the section, whose
+        # values are filled already (Accelerate's own fill, warmup_min_lr 0 among it, has nothing to fill).
+        return [DummyScheduler(optimizer)]
 
     def _merge_user_deepspeed_config(self, config: dict[str, Any], stage: int) -> None:
         """`deepspeed_config=<file.json>` merged, in place, over the plugin's config, by the rules of
@@ -198,6 +239,23 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
     def clip_gradients(self) -> None:
         """DeepSpeed clips inside its own step, from gradient_clipping in its config."""
 
+    def step(self) -> None:
+        from strategies.deepspeed import keep_scheduler_in_step
+
+        super().step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()  # as Accelerate's users step it: a no-op, DeepSpeed's engine stepped it
+            keep_scheduler_in_step(self.model)
+
+    def set_lr(self, lr: float) -> None:
+        from strategies.deepspeed import check_scheduled_lr
+
+        if self.scheduler is None:
+            super().set_lr(lr)
+            return
+        # The JSON's scheduler set this step's lr itself: it must be the runner's.
+        check_scheduled_lr(self.model, lr, f"{self._scheduler_source}'s scheduler {self.scheduler['type']}")
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         from strategies.deepspeed import zero_full_state_dict
 
@@ -208,6 +266,11 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
         from strategies.deepspeed import load_zero_full_state_dict
 
         assert self.model is not None, "setup() first"
+        if self.scheduler is not None:
+            raise StrategyError(
+                f"{self._scheduler_source} runs DeepSpeed's scheduler, whose step only its own checkpoint holds: "
+                "resume from a checkpoint of this strategy, or remove the JSON's scheduler section"
+            )
         load_zero_full_state_dict(self.model, state)
 
     def memory_breakdown(self) -> MemoryBreakdown:

@@ -3,8 +3,11 @@ it, an AdamW optimizer and a WarmupLR or WarmupDecayLR scheduler, as its DeepSpe
 gives them. Each "auto" is filled from the run and said; the file's scheduler runs as DeepSpeed's own
 and the compare trains every strategy under its schedule (lr_schedule=constant or linear, computed
 as DeepSpeed computes them: checked here step by step against DeepSpeed's own scheduler classes);
-whatever would make the comparison unfair is one line naming the key. Two CPU compares, world size
-2, gpt-nano, fp32: the documented ZeRO-2 and ZeRO-3 files beside single, and a WarmupDecayLR variant.
+whatever would make the comparison unfair is one line naming the key. The same JSON named by an
+Accelerate config (deepspeed_config_file) runs the same way through Accelerate, its scheduler handed
+to prepare() as Accelerate's DummyScheduler. Two CPU compares, world size 2, gpt-nano, fp32: the
+documented ZeRO-2 and ZeRO-3 files and an Accelerate config naming the ZeRO-2 one beside single, and a
+WarmupDecayLR variant.
 """
 
 from __future__ import annotations
@@ -12,9 +15,11 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
+import yaml
 
 from configs.schema import ConfigError, RunConfig, load_config
 from harness.train.file_settings import adopt_file_settings
@@ -24,8 +29,11 @@ from models.zoo import build_model
 from strategies.base import RunContext, StrategyError
 from strategies.registry import default_registry
 from tests.helpers import NANO, run_cli
+from tests.strategies.test_config_files import accelerate_naming
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
+HAS_ACCELERATE = all(importlib.util.find_spec(m) is not None for m in ("accelerate", "transformers"))
+needs_accelerate = pytest.mark.skipif(not HAS_ACCELERATE, reason="needs accelerate and transformers")
 
 AUTO_OPTIMIZER = {"type": "AdamW", "params": {"lr": "auto", "betas": "auto", "eps": "auto", "weight_decay": "auto"}}
 AUTO_WARMUP = {"warmup_min_lr": "auto", "warmup_max_lr": "auto", "warmup_num_steps": "auto"}
@@ -88,6 +96,11 @@ HF_ZERO3 = {
 # The documentation's WarmupDecayLR section (the Trainer's default schedule), with a linear warm-up.
 DECAY = {"type": "WarmupDecayLR", "params": {**AUTO_WARMUP, "total_num_steps": "auto", "warmup_type": "linear"}}
 HF_ZERO2_DECAY = {**HF_ZERO2, "scheduler": DECAY}
+# The ZeRO-2 file with its optimizer kept on the device, as parabench's Accelerate runs ZeRO.
+HF_ZERO2_ON_DEVICE = {
+    **HF_ZERO2,
+    "zero_optimization": {k: v for k, v in HF_ZERO2["zero_optimization"].items() if k != "offload_optimizer"},
+}
 GPT_NANO_WIDTH = 64
 
 
@@ -110,6 +123,13 @@ def run_context(**config) -> RunContext:
 
 def created(path: Path, ctx: RunContext):
     return default_registry().create(f"deepspeed:{path}", ctx)
+
+
+def accelerate_file(folder: Path, json_file: Path) -> Path:
+    """An Accelerate config naming `json_file`, as `accelerate config` writes one."""
+    path = folder / "accelerate_zero2.yaml"
+    path.write_text(yaml.safe_dump(accelerate_naming(json_file)))
+    return path
 
 
 # ---- the schedule shapes, step by step against DeepSpeed's own schedulers -------------------------
@@ -278,12 +298,48 @@ def test_a_compare_takes_the_files_schedule_unless_it_sets_another(tmp_path):
         adopt_file_settings(RunConfig(), [*names, f"deepspeed:{decay}"])
 
 
+@needs_accelerate
+def test_an_accelerate_config_naming_the_json_carries_its_schedule_and_fills_it(tmp_path):
+    json_file = write(tmp_path, "ds_config_zero2.json", HF_ZERO2_ON_DEVICE)
+    name = f"accelerate:{accelerate_file(tmp_path, json_file)}"
+    cfg, said = adopt_file_settings(RunConfig(), ["single", name])
+    assert (cfg.lr_schedule, cfg.warmup_type) == ("constant", "log")
+    assert said == [
+        f"lr_schedule=constant, warmup_type=log for every strategy, from {name} (its scheduler WarmupLR in {json_file})"
+    ]
+    strategy = default_registry().create(name, run_context(lr_schedule="constant", warmup_type="log", warmup_steps=4))
+    assert strategy.scheduler == {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 3e-3, "warmup_num_steps": 4},
+    }
+    assert "scheduler.params.warmup_num_steps=4 (warmup_steps)" in "\n".join(strategy.followed)
+    with pytest.raises(StrategyError, match=r"deepspeed_config_file .*'s scheduler WarmupLR is lr_schedule=constant"):
+        default_registry().create(name, run_context())
+
+
+@needs_accelerate
+def test_an_accelerate_config_naming_an_offloading_json_is_refused_naming_the_fix(tmp_path):
+    name = f"accelerate:{accelerate_file(tmp_path, write(tmp_path, 'ds_config_zero2.json', HF_ZERO2))}"
+    with pytest.raises(StrategyError, match=r"runs as zero2-offload: .* set the offload devices to none") as caught:
+        default_registry().get(name)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_lr_other_than_the_runs_is_one_line_naming_the_scheduler():
+    from strategies.deepspeed import check_scheduled_lr
+
+    engine = SimpleNamespace(basic_optimizer=torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3))
+    check_scheduled_lr(engine, 1e-3, "x.json's scheduler WarmupLR")
+    with pytest.raises(StrategyError, match=r"x\.json's scheduler WarmupLR set lr 1\.000000e-03 for this step but the"):
+        check_scheduled_lr(engine, 3e-3, "x.json's scheduler WarmupLR")
+
+
 # ---- the compares: each file beside single, fp32, matching it ---------------------------------------
 
 
-def compared(folder: Path, files: list[Path], *extra: str) -> tuple[Path, str]:
+def compared(folder: Path, names: list[str], *extra: str) -> tuple[Path, str]:
     out = folder / "compare"
-    strategies = ",".join(["single", *(f"deepspeed:{path}" for path in files)])
+    strategies = ",".join(["single", *names])
     args = ["compare", f"strategies=[{strategies}]", "noise_runs=0", f"out_dir={out}", *NANO, "nproc=2", *extra]
     proc = run_cli(args, timeout=600)
     assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
@@ -294,17 +350,25 @@ def compared(folder: Path, files: list[Path], *extra: str) -> tuple[Path, str]:
 def documented(tmp_path_factory):
     folder = tmp_path_factory.mktemp("hf")
     files = [write(folder, "ds_config_zero2.json", HF_ZERO2), write(folder, "ds_config_zero3.json", HF_ZERO3)]
-    return compared(folder, files, "warmup_steps=4")
+    names = [f"deepspeed:{path}" for path in files]
+    if HAS_ACCELERATE:
+        # Accelerate + DeepSpeed as Hugging Face's users run it: an Accelerate config naming the ZeRO-2 JSON.
+        on_device = write(folder / "accelerate", "ds_config_zero2.json", HF_ZERO2_ON_DEVICE)
+        names.append(f"accelerate:{accelerate_file(folder, on_device)}")
+    return compared(folder, names, "warmup_steps=4")
 
 
 @pytest.fixture(scope="module")
 def decaying(tmp_path_factory):
     folder = tmp_path_factory.mktemp("decay")
-    return compared(folder, [write(folder, "ds_config_decay.json", HF_ZERO2_DECAY)])
+    return compared(folder, [f"deepspeed:{write(folder, 'ds_config_decay.json', HF_ZERO2_DECAY)}"])
 
 
 def results(out: Path) -> dict[str, dict]:
     return {r["name"]: r for r in json.loads((out / "results.json").read_text())["strategies"]}
+
+
+ACCELERATE_RUN = "accelerate-accelerate_zero2.yaml"  # the folder of the Accelerate config's run
 
 
 def test_the_documented_zero2_and_zero3_files_match_single(documented):
@@ -314,6 +378,7 @@ def test_the_documented_zero2_and_zero3_files_match_single(documented):
         "single": None,
         "ds_config_zero2.json": "zero2-offload",
         "ds_config_zero3.json": "zero3-offload",
+        **({"accelerate_zero2.yaml": "accelerate-zero2"} if HAS_ACCELERATE else {}),
     }
     for name, result in found.items():
         assert result["status"] == "ok", (name, result["error"])
@@ -321,7 +386,8 @@ def test_the_documented_zero2_and_zero3_files_match_single(documented):
     # Every strategy trained under the files' schedule, said before it ran.
     assert "lr_schedule=constant, warmup_type=log for every strategy, from deepspeed:" in stdout
     lrs = {}
-    for folder in ("single", "deepspeed-ds_config_zero2.json", "deepspeed-ds_config_zero3.json"):
+    folders = ["single", "deepspeed-ds_config_zero2.json", "deepspeed-ds_config_zero3.json"]
+    for folder in [*folders, *([ACCELERATE_RUN] if HAS_ACCELERATE else [])]:
         summary = json.loads((out / folder / "summary.json").read_text())
         assert (summary["lr_schedule"]["shape"], summary["lr_schedule"]["warmup_type"]) == ("constant", "log")
         lrs[folder] = [json.loads(line)["lr"] for line in (out / folder / "metrics.jsonl").read_text().splitlines()]
@@ -344,6 +410,25 @@ def test_what_was_filled_is_said_in_the_output_the_log_and_the_report(documented
     written = json.loads((out / "deepspeed-ds_config_zero3.json" / "deepspeed_config.json").read_text())
     assert written["scheduler"]["params"] == {"warmup_min_lr": 0.0, "warmup_max_lr": 3e-3, "warmup_num_steps": 4}
     assert "optimizer" not in written  # parabench's AdamW is the file's
+
+
+@needs_accelerate
+def test_accelerate_runs_the_jsons_scheduler_as_deepspeeds_and_says_what_it_filled(documented):
+    out, stdout = documented
+    log = (out / ACCELERATE_RUN / "log.txt").read_text()  # its own run's
+    for said in (
+        "its scheduler WarmupLR runs as written, DeepSpeed's own",
+        "scheduler.params.warmup_max_lr=0.003 (lr)",
+        "scheduler.params.warmup_num_steps=4 (warmup_steps)",
+        "optimizer.params.lr=0.003 (lr)",
+    ):
+        assert said in stdout and said in log, said
+    written = json.loads((out / ACCELERATE_RUN / "deepspeed_config.json").read_text())
+    assert written["scheduler"] == {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 3e-3, "warmup_num_steps": 4},
+    }
+    assert "optimizer" not in written
 
 
 def test_a_warmup_decay_file_matches_single_under_its_schedule(decaying):
