@@ -95,6 +95,13 @@ WORKER_MODEL = ("gpt-nano", {"n_embd": 66, "n_head": 2, "vocab_size": 131})
 PRECISIONS = ("fp32", "bf16")
 
 
+# One torchrun job per world size sets up every registered strategy in turn (28 names, two
+# precisions): minutes on two busy cores. The first test to ask for the fixture pays for it,
+# so the module's limit covers both jobs.
+WORKER_TIMEOUT_S = 420
+pytestmark = pytest.mark.timeout(2 * WORKER_TIMEOUT_S + 120)
+
+
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> dict[int, dict[str, dict]]:
     """{world_size: {"strategy/precision": max-over-ranks breakdown}} from tests/plan_worker.py."""
@@ -115,7 +122,7 @@ def measured(tmp_path_factory) -> dict[int, dict[str, dict]]:
             names,
             ",".join(PRECISIONS),
         ]
-        proc = run_bounded(cmd, timeout=240, env=env_for_tests(), cwd=ROOT)
+        proc = run_bounded(cmd, timeout=WORKER_TIMEOUT_S, env=env_for_tests(), cwd=ROOT)
         assert proc.returncode == 0, (
             f"plan_worker at world size {world} failed\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
         )
