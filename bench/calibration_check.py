@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.plan.calibration import calibrate_from, question_for, read_measurements  # noqa: E402
 from harness.plan.predict import plan_strategy  # noqa: E402
+from harness.plan.speed.calibration import calibrate_from, question_for, read_measurements  # noqa: E402
 
 EFFICIENCY_GOAL, MEMORY_GOAL = 0.25, 0.05
 from harness.common.units import GIB  # noqa: E402

@@ -26,9 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.common.hardware import GPUS  # noqa: E402
-from harness.plan.model_shape import PlanError  # noqa: E402
-from harness.plan.nccl_tuning import Choice, bus_bandwidth  # noqa: E402
-from harness.plan.network import Topology, parse_fabric, parse_intra  # noqa: E402
+from harness.plan.model.model_shape import PlanError  # noqa: E402
+from harness.plan.network.fabric import Topology, parse_fabric, parse_intra  # noqa: E402
+from harness.plan.network.nccl_tuning import Choice, bus_bandwidth  # noqa: E402
 
 CSV = ROOT / "bench" / "data" / "nccl_tests_published.csv"
 COLUMNS = ("source", "collective", "gpu", "gpus", "nodes", "inter_node", "size_bytes", "published_busbw_gbs")

@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from harness.plan.plan_cli import PlanConfig, strategy_names  # noqa: E402
-from harness.plan.search import search  # noqa: E402
-from harness.plan.search_cli import search_question  # noqa: E402
+from harness.plan.search.layout_search import search  # noqa: E402
+from harness.plan.search.search_cli import search_question  # noqa: E402
 
 REPEATS = 3
 QUESTIONS = [

@@ -31,16 +31,16 @@ sys.path.insert(0, str(ROOT))
 
 from harness.common.hardware import gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
-from harness.plan.backends import backend_of, filled_in  # noqa: E402
-from harness.plan.calibration import default_factors  # noqa: E402
-from harness.plan.compute import kernel_launches  # noqa: E402
-from harness.plan.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
-from harness.plan.network import DEFAULT_FABRIC, FABRICS, Fabric, Topology, parse_fabric, parse_intra  # noqa: E402
-from harness.plan.pipeline_context import published_layout  # noqa: E402
+from harness.plan.memory.recipe import Recipe  # noqa: E402
+from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
+from harness.plan.network.fabric import DEFAULT_FABRIC, FABRICS, Fabric, Topology, parse_fabric, parse_intra  # noqa: E402
+from harness.plan.parallel.backends import backend_of, filled_in  # noqa: E402
+from harness.plan.parallel.pipeline_context import published_layout  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
-from harness.plan.recipe import Recipe  # noqa: E402
-from harness.plan.speed import HOST_S_PER_LAUNCH  # noqa: E402
+from harness.plan.speed.calibration import default_factors  # noqa: E402
+from harness.plan.speed.compute import kernel_launches  # noqa: E402
+from harness.plan.speed.step_time import HOST_S_PER_LAUNCH  # noqa: E402
 from strategies.plan_model import PlanModel  # noqa: E402
 
 DATA = ROOT / "bench" / "data"

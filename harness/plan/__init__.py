@@ -1,17 +1,16 @@
 """The planner: predicts, per strategy and per GPU, memory, communication and step time
-for a model size and GPU count not yet run, and recommends a strategy.
+for a model size and GPU count not yet run, and recommends a strategy. By concern:
 
-    model_shape  what the model is (sizes, every parameter tensor) from any spec
-    backends     what each strategy name does, in the planner's terms
-    model_states model states per GPU, as each backend's memory_breakdown counts them
-    activations  what a micro-batch keeps for backward, from the layer shapes
-    buffers      the temporary memory each backend allocates
-    comm         collectives, bytes on the wire per step and their time
-    speed        step time, tokens/s, scaling efficiency
+    model/       what the model is (sizes, every parameter tensor) from any spec, the catalogue
+    parallel/    how each strategy lays it over the GPUs: backends, tp, pp, cp, the batch split
+    memory/      what a GPU holds: model states, activations, buffers, recipes, capacity
+    network/     the cluster's fabric, NCCL's cost model, the collectives of each layout
+    speed/       compute by kernel, step time, tokens/s, calibration on a measured machine
+    search/      every layout for a model, a cluster and a global batch, ranked
     predict      all of it for one question, and the peak
-    recommendation the plain-words answer
+    recommendation, what_if   the plain-words answer
     for_run      the prediction for a run, beside what it measured (the compare records it)
-    plots        the charts
+    plan_cli, plan_options, plots   the command, its options and its charts
 
 The names below are what the other jobs use; the rest is this package's own.
 """
@@ -19,13 +18,13 @@ The names below are what the other jobs use; the rest is this package's own.
 from harness.common.lazy_exports import lazy_exports
 
 _EXPORTS = {
-    "PlanError": "model_shape",
-    "SEARCH_FRACTION": "batch_limit",
-    "largest_micro_batch": "batch_limit",
+    "PlanError": "model.model_shape",
+    "SEARCH_FRACTION": "memory.batch_limit",
+    "largest_micro_batch": "memory.batch_limit",
     "question_for_run": "for_run",
     "prediction_for_run": "for_run",
-    "calibration_for_report": "calibration",
-    "catalogue_listing": "model_catalogue",
+    "calibration_for_report": "speed.calibration",
+    "catalogue_listing": "model.model_catalogue",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from harness.common import hardware
-from harness.plan.backends import model_of
-from harness.plan.calibration import default_factors
-from harness.plan.model_shape import shape_of_spec
-from harness.plan.network import DEFAULT_FABRIC, FABRICS, IntraNode, Topology, parse_intra
+from harness.plan.model.model_shape import shape_of_spec
+from harness.plan.network.fabric import DEFAULT_FABRIC, FABRICS, IntraNode, Topology, parse_intra
+from harness.plan.parallel.backends import model_of
 from harness.plan.predict import Question, plan_strategy
-from harness.plan.speed import SpeedFactors
+from harness.plan.speed.calibration import default_factors
+from harness.plan.speed.step_time import SpeedFactors
 from strategies.memory import CATEGORIES
 
 

@@ -20,15 +20,15 @@ from typing import Any
 
 from configs.schema import load_config
 from harness.common.units import GB, GIB
-from harness.plan.backends import known_backends, model_of, planned_as
-from harness.plan.batch_limit import fitting_micro_batch, micro_batch_limit
-from harness.plan.engines import engine_differences
-from harness.plan.model_shape import PlanError
-from harness.plan.model_states import zero_paper_bytes_per_gpu
-from harness.plan.network import Group
+from harness.plan.memory.batch_limit import fitting_micro_batch, micro_batch_limit
+from harness.plan.memory.model_states import zero_paper_bytes_per_gpu
+from harness.plan.memory.recipe_plan import fp8_gathers
+from harness.plan.model.model_shape import PlanError
+from harness.plan.network.fabric import Group
+from harness.plan.parallel.backends import known_backends, model_of, planned_as
+from harness.plan.parallel.engines import engine_differences
 from harness.plan.plan_options import PlanConfig, check, gpu_counts, models_asked, question, shape_for
 from harness.plan.predict import Question, StrategyPlan, batching, plan_all, storage_precision
-from harness.plan.recipe_plan import fp8_gathers
 from harness.plan.recommendation import Recommendation, recommend
 from harness.plan.what_if import skipped, skipped_lines
 
@@ -382,7 +382,7 @@ def main(args: list[str]) -> int:
     cfg: PlanConfig = load_config(args, schema=PlanConfig)
     check(cfg)
     if cfg.search:
-        from harness.plan.search_cli import run_search  # imports this module
+        from harness.plan.search.search_cli import run_search  # imports this module
 
         return run_search(cfg)
     if len(models_asked(cfg)) > 1 or len(gpu_counts(cfg)) > 1:

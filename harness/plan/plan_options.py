@@ -10,15 +10,15 @@ from typing import Any, Optional
 from configs.schema import PRECISIONS
 from harness.common.hardware import GPUS, GPUSpec, gpu_spec
 from harness.common.units import GB
-from harness.plan.attention import KERNELS
-from harness.plan.batch_split import widest_split
-from harness.plan.calibration import calibrate_from, default_factors
-from harness.plan.compute import CHECKPOINTING
-from harness.plan.model_shape import ARCHS, ModelShape, PlanError, shape_of_description, shape_of_spec
-from harness.plan.network import Topology, default_fabric, parse_fabric, parse_intra
+from harness.plan.memory.recipe import Recipe, with_tied_embeddings
+from harness.plan.model.model_shape import ARCHS, ModelShape, PlanError, shape_of_description, shape_of_spec
+from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, parse_intra
+from harness.plan.parallel.batch_split import widest_split
 from harness.plan.predict import Question
-from harness.plan.recipe import Recipe, with_tied_embeddings
-from harness.plan.speed import SpeedFactors
+from harness.plan.speed.attention import KERNELS
+from harness.plan.speed.calibration import calibrate_from, default_factors
+from harness.plan.speed.compute import CHECKPOINTING
+from harness.plan.speed.step_time import SpeedFactors
 
 FORMATS = ("table", "json")
 PLAN_PRECISIONS = (*PRECISIONS, "fp8")  # fp8: the projections' matmuls in fp8, the rest in bf16
@@ -72,7 +72,7 @@ class PlanConfig:
     complex_rope: bool = False  # rotary embedding in complex numbers (torchtitan's): compile runs it eager
     attention: str = "flash"  # flash (SDPA's FlashAttention-2) | flash3 | flash1 | triton | math
     compile: bool = False  # plan for compile=true runs (elementwise chains fused)
-    # How the run trains beyond the strategy (harness/plan/recipe.py says what each changes).
+    # How the run trains beyond the strategy (harness/plan/memory/recipe.py says what each changes).
     pure_bf16: bool = False  # bf16 parameters, gradients and AdamW state, no fp32 master (torchtune)
     megatron_mixed_precision: bool = False  # bf16 parameters, fp32 master and moments (Megatron-LM)
     optimizer: str = "adamw"  # adamw | adamw8bit (bitsandbytes, torchao)

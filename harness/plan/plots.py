@@ -15,8 +15,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from harness.common.colours import strategy_colours  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
-from harness.plan.backends import planner_models  # noqa: E402
-from harness.plan.model_shape import shape_of_description  # noqa: E402
+from harness.plan.model.model_shape import shape_of_description  # noqa: E402
+from harness.plan.parallel.backends import planner_models  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_strategy  # noqa: E402
 
 if TYPE_CHECKING:

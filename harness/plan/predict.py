@@ -9,22 +9,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from harness.common.hardware import GPUSpec
-from harness.plan.activations import Activations, activations
-from harness.plan.backends import Backend, backend_for
-from harness.plan.batch_split import nearest_split, split
-from harness.plan.buffers import Buffers, backend_buffers
-from harness.plan.capacity import Headroom, headroom
-from harness.plan.comm import Collective, collectives, local_copy_bytes
-from harness.plan.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches
-from harness.plan.invariants import check_memory
-from harness.plan.layout import Layout, LayoutError, layout_of
-from harness.plan.memory_correction import corrected_peak
-from harness.plan.model_shape import ModelShape
-from harness.plan.model_states import GPU, model_states
-from harness.plan.network import Topology
-from harness.plan.recipe import PLAIN, Recipe
-from harness.plan.recipe_plan import FRAGMENTATION, recipe_collectives, with_recipe
-from harness.plan.speed import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
+from harness.plan.memory.activations import Activations, activations
+from harness.plan.memory.buffers import Buffers, backend_buffers
+from harness.plan.memory.capacity import Headroom, headroom
+from harness.plan.memory.invariants import check_memory
+from harness.plan.memory.memory_correction import corrected_peak
+from harness.plan.memory.model_states import GPU, model_states
+from harness.plan.memory.recipe import PLAIN, Recipe
+from harness.plan.memory.recipe_plan import FRAGMENTATION, recipe_collectives, with_recipe
+from harness.plan.model.model_shape import ModelShape
+from harness.plan.network.comm import Collective, collectives, local_copy_bytes
+from harness.plan.network.fabric import Topology
+from harness.plan.parallel.backends import Backend, backend_for
+from harness.plan.parallel.batch_split import nearest_split, split
+from harness.plan.parallel.layout import Layout, LayoutError, layout_of
+from harness.plan.speed.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches
+from harness.plan.speed.step_time import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
 
@@ -233,7 +233,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     micro_batch, grad_accum = batching(q, layout)
     q = replace(q, micro_batch=micro_batch, grad_accum=grad_accum)
     if layout.pp > 1 or layout.cp > 1:
-        from harness.plan.pipeline_context import plan_split_model  # it plans each stage through here
+        from harness.plan.parallel.pipeline_context import plan_split_model  # it plans each stage through here
 
         return plan_split_model(backend, q, layout)
     held = storage_precision(q.precision)

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.common.units import GIB
-from harness.plan.backends import counterpart, model_of
-from harness.plan.batch_limit import fitting_micro_batch, micro_batch_limit
-from harness.plan.comm import tensor_parallel_across_nodes
+from harness.plan.memory.batch_limit import fitting_micro_batch, micro_batch_limit
+from harness.plan.network.comm import tensor_parallel_across_nodes
+from harness.plan.parallel.backends import counterpart, model_of
 from harness.plan.predict import Question, StrategyPlan, plan_strategy
 from harness.plan.what_if import fewest_gpus
 

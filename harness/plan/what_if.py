@@ -5,7 +5,7 @@ strategy that stays inside one node) ends the search with the reason, never the 
 
 from __future__ import annotations
 
-from harness.plan.layout import LayoutError
+from harness.plan.parallel.layout import LayoutError
 from harness.plan.predict import Question, StrategyPlan, plan_strategy
 
 MAX_GPUS = 1024

@@ -465,7 +465,7 @@ def _calibration(compare_dir: Path, sweep: dict[str, Any]) -> list[Element]:
     return [
         Heading("Calibration"),
         Paragraph(
-            f"The planner's speed model fitted to this machine (`harness/plan/calibration.py`): compute "
+            f"The planner's speed model fitted to this machine (`harness/plan/speed/calibration.py`): compute "
             f"scale {calibration['compute_scale']:.2f} against the compute model, then what each strategy "
             f"measured beyond it, as time per micro-step. `python runner.py plan "
             f"calibrate={compare_dir} model={config.get('model')} gpus=...` predicts other sizes and GPU "

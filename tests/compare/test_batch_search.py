@@ -20,8 +20,8 @@ from configs.schema import RunConfig
 from harness.compare import batch_search
 from harness.compare.batch_search import ERROR, FITS, OOM, Probe, Search, next_size
 from harness.compare.supervise import JobOutcome
-from harness.plan.batch_limit import SEARCH_FRACTION, largest_micro_batch
 from harness.plan.for_run import question_for_run
+from harness.plan.memory.batch_limit import SEARCH_FRACTION, largest_micro_batch
 from harness.plan.predict import plan_strategy
 from tests.helpers import NANO, ROOT, env_for_tests, run_cli
 

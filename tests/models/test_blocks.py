@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from configs.schema import RunConfig, load_config
-from harness.plan.activations import LOSS_GRADIENT_BYTES_PER_LOGIT
+from harness.plan.memory.activations import LOSS_GRADIENT_BYTES_PER_LOGIT
 from harness.plan.plan_cli import PlanConfig, question
 from harness.plan.predict import plan_strategy
 from models.activation_checkpointing import CheckpointingError, enable_checkpointing, is_checkpointed

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import runner
-from harness.plan.activations import LOSS_BYTES_PER_LOGIT, activations
-from harness.plan.buffers import matmul_weights
-from harness.plan.model_build import shape_of_module
-from harness.plan.model_shape import shape_of_description, shape_of_spec
-from harness.plan.model_states import zero_paper_bytes_per_gpu
+from harness.plan.memory.activations import LOSS_BYTES_PER_LOGIT, activations
+from harness.plan.memory.buffers import matmul_weights
+from harness.plan.memory.model_states import zero_paper_bytes_per_gpu
+from harness.plan.model.model_build import shape_of_module
+from harness.plan.model.model_shape import shape_of_description, shape_of_spec
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import plan_all, plan_strategy
 from harness.plan.recommendation import recommend

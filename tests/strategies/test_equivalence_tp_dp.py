@@ -91,7 +91,7 @@ def test_what_each_rank_holds(runs, reference_run):
 
 @pytest.mark.parametrize("name", STRATEGIES)
 def test_the_plan_predicts_what_each_rank_holds_to_the_byte(runs, name):
-    """The planner's model of each (harness/plan/model_states.py: zero1-tp's greedy deal of whole
+    """The planner's model of each (harness/plan/memory/model_states.py: zero1-tp's greedy deal of whole
     tensors as ZeroRedundancyOptimizer deals them) against the run's own memory_breakdown."""
     summary = runs[name][0]
     config = RunConfig(strategy=name, model="gpt-nano", batch_size=8, seq_len=32, strategy_options={"tp_size": 2})

@@ -1,0 +1,190 @@
+"""Activation memory of one micro-batch, counted from the layer shapes: every tensor autograd
+saves for backward, at the moment backward starts (when they are all alive).
+
+Per token and block of width h, MLP width f, query width q = heads·head_dim and key/value
+width k = kv_heads·head_dim (GPT-2: f = 4h, q = k = h):
+  norms:                 LayerNorm keeps its input (residual dtype); RMSNorm as transformers
+                         and torchtitan write it in eager PyTorch computes in fp32 and keeps
+                         that fp32 input plus the normalised tensor in the residual dtype; a
+                         fused RMSNorm kernel (fused_norm=true: torchtitan's Triton
+                         TritonFusedRMSNorm, Apex's, Liger's) keeps its input and 1/rms only
+                         (`ctx.save_for_backward(x, weight, rstd)`), as LayerNorm does
+  matmul dtype:          attention input h (autocast: one bf16 copy per projection reading it),
+                         q + 2k kept by SDPA, its output q (the same storage the output
+                         projection reads: SDPA lays it out as (B, T, heads, head_dim), so the
+                         transpose back is free), MLP input h, and 2f (GELU: its input and
+                         output) or 4f (SwiGLU: gate, up, SiLU output, product)
+  fp32:                  SDPA's log-sum-exp (4 bytes per head), each norm's statistics
+                         (LayerNorm: mean and 1/std, 8 bytes; RMSNorm: 1/rms, 4 bytes)
+SDPA's flash and memory-efficient kernels keep no T x T scores (the unfused `math` kernel keeps
+its softmax, heads x T per token). The loss adds 12 bytes per token per vocabulary entry at the
+start of backward: the fp32 log-softmax output, its incoming gradient and the gradient it makes;
+a fused or chunked cross-entropy (fused_loss=true, or compiled) keeps the logits and their
+gradient in the compute dtype instead. Under autocast the residual stream stays fp32 (the
+embeddings' dtype) and matmuls run in bf16; FSDP's policy and DeepSpeed run everything in the
+low precision.
+
+Checkpointing: `full` keeps each block's input and rebuilds one block at a time in the backward;
+`selective` (torchtitan's op-level policy) keeps each block's input, the outputs of every second
+matmul (the 1st, 3rd, ...) and attention's output, and rebuilds the rest of one block at a time.
+Tensor parallelism (with sequence parallelism) divides every activation by tp except the
+gathered inputs of the column-parallel projections, which each GPU keeps whole.
+tests/plan/test_plan.py checks the saved-tensor part against autograd's own saved tensors.
+
+A model with no transformer sizes (a user's model) has its activations traced instead
+(activation_trace.py): the same accounting, measured rather than counted from shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.plan.memory.model_states import BYTES, compute_bytes
+from harness.plan.memory.recipe import OFFLOAD_BLOCKS_ON_GPU
+from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDims
+from harness.plan.speed.compute import block_projections
+
+LOSS_BYTES_PER_LOGIT = 12
+# Of those, the log-softmax's incoming gradient and the one it makes (fp32): made in backward,
+# never saved, so a trace of the forward does not see them.
+LOSS_GRADIENT_BYTES_PER_LOGIT = 8
+LOGSUMEXP_BYTES = 4
+NORM_STATS_BYTES = {False: 8, True: 4}  # per token: LayerNorm's mean and 1/std; RMSNorm's 1/rms (fp32)
+
+
+@dataclass(frozen=True)
+class Activations:
+    """Bytes per GPU of one micro-batch's activations, alive at the start of backward."""
+
+    blocks: int  # what the transformer blocks keep for backward (checkpointed: what the policy keeps)
+    head: int  # final norm, head input and the loss's buffers over the vocabulary
+    rebuilt: int = 0  # checkpointed: one block rebuilt in backward, less the loss buffers freed by then
+    host: int = 0  # offloaded to host memory: copied out in the forward and back in the backward
+
+    @property
+    def total(self) -> int:
+        return self.blocks + self.head + self.rebuilt
+
+
+def _dtypes(precision: str, mixed_precision: str) -> tuple[int, int]:
+    """(residual-stream bytes, matmul bytes) per element."""
+    if precision == "fp32":
+        return 4, 4
+    low = BYTES[precision]
+    return (4, low) if mixed_precision == "autocast" else (low, low)
+
+
+def norm_bytes_per_token(dims: TransformerDims, residual: int, fused_norm: bool = False) -> int:
+    """What one norm saves per token: its input and statistics, and eager RMSNorm's fp32 copy
+    and normalised tensor besides."""
+    if dims.rms_norm and not fused_norm:
+        return dims.width * (4 + residual) + NORM_STATS_BYTES[True]
+    return dims.width * residual + NORM_STATS_BYTES[dims.rms_norm]
+
+
+def qk_norm_bytes_per_token(dims: TransformerDims, matmul: int, fused_norm: bool = False) -> int:
+    """What an RMSNorm on each head's queries and keys saves per token: its input (and eager's fp32
+    copy) over q + k, and 1/rms per head."""
+    width = dims.q_width + dims.kv_width
+    stats = (dims.heads + dims.kv_heads) * NORM_STATS_BYTES[True]
+    return width * (matmul if fused_norm else 4 + matmul) + stats
+
+
+def block_bytes_per_token(
+    dims: TransformerDims,
+    precision: str,
+    mixed_precision: str,
+    tp: int = 1,
+    attention: str = "flash",
+    seq_len: int = 0,
+    fused_norm: bool = False,
+    qk_norm: bool = False,
+) -> float:
+    """What one block saves for backward, per token, on one of `tp` GPUs."""
+    residual, matmul = _dtypes(precision, mixed_precision)
+    h, f = dims.width, dims.ffn_width
+    q, kv = dims.q_width, dims.kv_width
+    autocast_copies = precision != "fp32" and mixed_precision == "autocast"
+    attention_inputs = 1 if dims.fused_qkv or not autocast_copies else 3
+    mlp_inputs = 2 if dims.gated_mlp and autocast_copies else 1
+    gathered = (attention_inputs + mlp_inputs) * h * matmul  # whole on every tensor-parallel GPU
+    split = (q + 2 * kv + q + (4 if dims.gated_mlp else 2) * f) * matmul + dims.heads * LOGSUMEXP_BYTES
+    if attention == "math":  # the unfused kernel keeps its softmax: heads x T per token
+        split += dims.heads * seq_len * matmul
+    if qk_norm:
+        split += qk_norm_bytes_per_token(dims, matmul, fused_norm)
+    return (2 * norm_bytes_per_token(dims, residual, fused_norm) + split) / tp + gathered
+
+
+def selective_bytes_per_token(dims: TransformerDims, precision: str, mixed_precision: str, tp: int = 1) -> float:
+    """What torchtitan's op-level policy keeps of a block per token: its input, every second
+    matmul's output (1st, 3rd, ...) and attention's output and log-sum-exp."""
+    residual, matmul = _dtypes(precision, mixed_precision)
+    kept_outputs = sum(out for i, (out, _) in enumerate(block_projections(dims, 1)) if i % 2 == 0)
+    return (dims.width * residual + (kept_outputs + dims.q_width) * matmul + dims.heads * LOGSUMEXP_BYTES) / tp
+
+
+def loss_bytes_per_logit(precision: str, fused: bool) -> int:
+    return 2 * compute_bytes(precision) if fused else LOSS_BYTES_PER_LOGIT
+
+
+def head_bytes_per_token(
+    dims: TransformerDims, precision: str, mixed_precision: str, fused_loss: bool, tp: int = 1, fused_norm: bool = False
+) -> float:
+    residual, matmul = _dtypes(precision, mixed_precision)
+    loss = loss_bytes_per_logit(precision, fused_loss) * dims.vocab
+    return norm_bytes_per_token(dims, residual, fused_norm) / tp + loss / dims.head_split(tp) + dims.width * matmul
+
+
+def activations(
+    shape: ModelShape,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    mixed_precision: str,
+    checkpointing: str,
+    fused_loss: bool = False,
+    tp: int = 1,
+    attention: str = "flash",
+    fused_norm: bool = False,
+    qk_norm: bool = False,
+    offload: bool = False,
+) -> Activations | None:
+    """One micro-batch's activations on one GPU; None where they are unknown (a model neither
+    a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
+    the blocks keep goes to host memory but for the OFFLOAD_BLOCKS_ON_GPU blocks in flight."""
+    dims = shape.dims
+    if dims is None:
+        if checkpointing == "selective":
+            raise PlanError(
+                "activation_checkpointing=selective keeps the matmuls' outputs of each transformer block, and this "
+                "model has no transformer layers the planner knows: use full (with blocks) or none"
+            )
+        from harness.plan.memory.traced import traced_activations  # torch: only a user's model gets here
+
+        return traced_activations(
+            shape,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            precision=precision,
+            mixed_precision=mixed_precision,
+            checkpointing=checkpointing == "full",
+        )
+    tokens = micro_batch * seq_len
+    per_token = block_bytes_per_token(dims, precision, mixed_precision, tp, attention, seq_len, fused_norm, qk_norm)
+    block = per_token * tokens
+    head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm) * tokens
+    if checkpointing == "none":
+        kept, rebuilt = block, 0.0
+    elif checkpointing == "full":
+        residual, _ = _dtypes(precision, mixed_precision)
+        # The head's loss buffers are freed before the first block is rebuilt.
+        kept, rebuilt = dims.width * residual * tokens / tp, max(0, block - head)
+    else:
+        kept = selective_bytes_per_token(dims, precision, mixed_precision, tp) * tokens
+        rebuilt = max(0, block - kept - head)
+    on_gpu = min(dims.layers, OFFLOAD_BLOCKS_ON_GPU) if offload else dims.layers
+    return Activations(
+        blocks=int(on_gpu * kept), head=int(head), rebuilt=int(rebuilt), host=int((dims.layers - on_gpu) * kept)
+    )

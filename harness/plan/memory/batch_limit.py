@@ -1,0 +1,83 @@
+"""The largest micro-batch a strategy fits: the plan's own (its table's column, named by the
+recommendation), and where the batch search (harness/compare/batch_search.py) starts.
+
+The plan's limit is the largest micro-batch whose predicted peak, with the caching allocator's
+reserve, is within the card as `capacity.py` decides it, at the question's sequence length,
+checkpointing and accumulation. Only the activations and the buffers that follow the tokens
+change with the micro-batch, so each size is priced without planning the rest again.
+
+A search start wants the best guess of where the device really runs out. SEARCH_FRACTION leaves
+5% of the card for what the predicted peak allocated does not hold: the CUDA context (about 0.5
+GiB, under 1% of an 80 GB card), cuBLAS and NCCL workspaces, and the caching allocator's
+fragmentation (under memory pressure it releases its cached blocks before it gives up, so what
+remains is the waste inside the segments in use). The search is exact whatever the start: a
+start off by a few sizes costs a few probes, not a wrong answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from harness.plan.parallel.backends import model_of
+from harness.plan.predict import Question, StrategyPlan, batching, memory_at, plan_strategy
+
+SEARCH_FRACTION = 0.95
+PLAN_LIMIT = 4096  # sequences: the table's column says "4096+" beyond
+
+
+def _largest(fits: Callable[[int], bool], limit: int) -> int:
+    """The largest size in 1..limit for which `fits` holds (it holds for every smaller one); 0 if none."""
+    if not fits(1):
+        return 0
+    good, too_big = 1, None  # double past the limit, then bisect
+    while too_big is None and good < limit:
+        size = min(2 * good, limit)
+        if fits(size):
+            good = size
+        else:
+            too_big = size
+    while too_big is not None and too_big - good > 1:
+        middle = (good + too_big) // 2
+        if fits(middle):
+            good = middle
+        else:
+            too_big = middle
+    return good
+
+
+def largest_micro_batch(name: str, question: Question, *, limit: int, fraction: float = SEARCH_FRACTION) -> int | None:
+    """The largest micro-batch (grad_accum=1), `limit` at most, whose predicted peak allocated
+    memory is within `fraction` of the question's GPU memory: 0 where not even one sequence is
+    predicted to fit, None where the planner has no model of the strategy or no estimate of its
+    activations."""
+    if model_of(name) is None:
+        return None
+    usable = fraction * question.capacity_bytes
+
+    def peak(micro_batch: int) -> int | None:
+        return plan_strategy(name, replace(question, micro_batch=micro_batch, grad_accum=1)).peak_bytes
+
+    if peak(1) is None:
+        return None
+    return _largest(lambda size: peak(size) <= usable, limit)
+
+
+def fitting_micro_batch(plan: StrategyPlan, question: Question, limit: int = PLAN_LIMIT) -> int | None:
+    """The largest micro-batch per data-parallel rank, `limit` at most, that `plan`'s strategy fits
+    at the question's accumulation; 0: not even one sequence; None: its activations are unknown."""
+    if plan.peak_bytes is None:
+        return None
+    _, grad_accum = batching(question, plan.layout)
+    asked = replace(question, grad_accum=grad_accum, global_batch=None)
+
+    def fits(micro_batch: int) -> bool:
+        peak = memory_at(plan.backend, replace(asked, micro_batch=micro_batch), plan.layout, plan.states).peak
+        return peak is not None and plan.headroom.fits(peak)
+
+    return _largest(fits, limit)
+
+
+def micro_batch_limit(largest: int) -> str:
+    """A limit as the table and the recommendation say it: the search stops at PLAN_LIMIT."""
+    return f"{largest}+" if largest >= PLAN_LIMIT else str(largest)

@@ -1,0 +1,149 @@
+"""How a run trains, beyond the strategy: the choices people make that change what a GPU holds.
+Each is a plan option (`runner.py plan key=value`), off by default, planned as the library that
+offers it does it (docs/planner.md cites each):
+
+  pure_bf16          bf16 parameters, gradients and AdamW state, no fp32 master copy: torchtune's
+                     full fine-tunes (`dtype: bf16`: the model is cast, and torch's AdamW keeps its
+                     moments in the parameters' dtype). Torch-engine strategies only: DeepSpeed's
+                     bf16 mode keeps its fp32 master whatever the model's dtype.
+  megatron_mixed_precision  Megatron-LM's: bf16 (fp16) parameters the model computes with in
+                     place, and in the optimizer an fp32 master copy beside fp32 moments, sharded
+                     with them under the distributed optimizer (docs/source/distrib_optimizer.md).
+                     The gradients stay in the parameters' dtype unless fp32_grad_accum is given too
+                     (its `main_grad`): 6 bytes a parameter held whole + 12 over the data-parallel
+                     ranks, 18 without the distributed optimizer. DeepSpeed holds this already.
+  optimizer=adamw8bit  AdamW's two moments in 8 bits, block-wise quantized (bitsandbytes
+                     AdamW8bit; torchao's AdamW8bit alike): one byte per element and one fp32 scale
+                     per 256-element block per moment; tensors under 4,096 elements keep 32-bit
+                     moments.
+  tied_embeddings    the output head shares the embedding's weight (GPT-2, Gemma, Llama 3.2 1B/3B):
+                     true drops a separate head from a model that has one, false adds one.
+  qk_norm            an RMSNorm on each head's queries and keys before attention (OLMo 2, Qwen3,
+                     Gemma 3): its saved input and statistics per token, and its elementwise work.
+  fp32_grad_accum    gradients accumulated in fp32 buffers beside bf16 parameters (Megatron-LM's
+                     `main_grad`, `accumulate_allreduce_grads_in_fp32`; DeepSpeed's
+                     `data_types.grad_accum_dtype: fp32`): 4 bytes a gradient element where the
+                     strategy would keep 2. The torch engine keeps fp32 gradients already.
+  fp8_all_gather     FSDP2 gathers the blocks' fp8-cast weights, not bf16 (torchao's
+                     `Float8LinearConfig(enable_fsdp_float8_all_gather=True)`): one byte a gathered
+                     block-matrix element, in memory and on the wire. With precision=fp8 under a
+                     torch-engine sharding strategy.
+  activation_offload the saved activations copied to pinned host memory in the forward and back in
+                     the backward (torchtune's `enable_activation_offloading`, its OffloadActivations
+                     on a side stream): the GPU keeps two blocks' worth, the copies hide behind the
+                     compute where PCIe keeps up.
+  fragmentation      the share of the activations the caching allocator cannot hand out again at
+                     large micro-batches (freed blocks of one size that the next allocation cannot
+                     reuse): measured as a run's max reserved over max allocated, it is counted as
+                     a buffer at the peak. 0 by default: the reference H100's runs lost nothing
+                     beyond the allocator's 4% (capacity.py).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from harness.plan.model.model_shape import ModelShape, ParamTensor, PlanError
+
+OPTIMIZERS = ("adamw", "adamw8bit")
+EIGHT_BIT_BLOCK = 256  # elements per quantization block (bitsandbytes, torchao)
+EIGHT_BIT_MIN_ELEMENTS = 4096  # smaller tensors keep 32-bit moments (bitsandbytes min_8bit_size, torchao alike)
+OFFLOAD_BLOCKS_ON_GPU = 2  # the block being computed and the one in flight to or from the host
+FRAGMENTATION_LIMIT = 1.0
+
+
+@dataclass(frozen=True)
+class Recipe:
+    pure_bf16: bool = False
+    megatron_mixed_precision: bool = False
+    optimizer: str = "adamw"
+    tied_embeddings: bool | None = None  # None: as the model is
+    qk_norm: bool = False
+    fp32_grad_accum: bool = False
+    fp8_all_gather: bool = False
+    activation_offload: bool = False
+    fragmentation: float = 0.0
+
+    def check(self, precision: str) -> None:
+        """One-line errors for choices that cannot go together."""
+        if self.optimizer not in OPTIMIZERS:
+            raise PlanError(f"optimizer={self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.fragmentation <= FRAGMENTATION_LIMIT:
+            raise PlanError(
+                f"fragmentation={self.fragmentation} must be a share of the activations in [0, 1]: a run's "
+                "max reserved over max allocated, less one, at a large micro-batch"
+            )
+        if self.pure_bf16 and precision not in ("bf16", "fp8"):
+            raise PlanError(f"pure_bf16=true keeps everything in bf16: give precision=bf16 (or fp8), not {precision}")
+        if self.megatron_mixed_precision and self.pure_bf16:
+            raise PlanError(
+                "megatron_mixed_precision=true keeps an fp32 master copy, pure_bf16=true keeps none: give one of them"
+            )
+        if self.megatron_mixed_precision and precision not in ("bf16", "fp16", "fp8"):
+            raise PlanError(
+                f"megatron_mixed_precision=true holds bf16 or fp16 parameters: give precision=bf16, fp16 or fp8, "
+                f"not {precision}"
+            )
+        if self.fp8_all_gather and precision != "fp8":
+            raise PlanError("fp8_all_gather=true gathers the fp8 projections' weights: give precision=fp8 as well")
+
+    @property
+    def low_precision_params(self) -> bool:
+        """Whether the model's own parameters are bf16 (fp16) rather than fp32."""
+        return self.pure_bf16 or self.megatron_mixed_precision
+
+    def describe(self) -> list[str]:
+        """The non-default choices, for the plan's header."""
+        said = []
+        if self.pure_bf16:
+            said.append("pure bf16")
+        if self.megatron_mixed_precision:
+            said.append("Megatron mixed precision")
+        if self.optimizer != "adamw":
+            said.append(self.optimizer)
+        if self.tied_embeddings is not None:
+            said.append("tied embeddings" if self.tied_embeddings else "untied embeddings")
+        if self.qk_norm:
+            said.append("QK-norm")
+        if self.fp32_grad_accum:
+            said.append("fp32 gradient accumulation")
+        if self.fp8_all_gather:
+            said.append("fp8 all-gathers")
+        if self.activation_offload:
+            said.append("activations offloaded")
+        if self.fragmentation:
+            said.append(f"{self.fragmentation:.0%} fragmentation")
+        return said
+
+
+PLAIN = Recipe()  # every choice as the strategy makes it
+
+
+def moment_bytes(tensors: list[int], optimizer: str, dtype_bytes: int = 4) -> float:
+    """Bytes of AdamW's two moments over tensors of these element counts."""
+    if optimizer == "adamw":
+        return 2 * dtype_bytes * sum(tensors)
+    total = 0.0
+    for n in tensors:
+        if n < EIGHT_BIT_MIN_ELEMENTS:
+            total += 2 * 4 * n
+        else:
+            total += 2 * (n + 4 * math.ceil(n / EIGHT_BIT_BLOCK))
+    return total
+
+
+def with_tied_embeddings(shape: ModelShape, tied: bool | None) -> ModelShape:
+    """`shape` with its output head tied to the embedding (or a separate one), where it has the sizes."""
+    if tied is None or shape.dims is None or shape.tensors is None:
+        return shape
+    square = (shape.dims.vocab, shape.dims.width)
+    root = [i for i, t in enumerate(shape.tensors) if t.block is None and t.shape == square]
+    head = shape.dims.vocab * shape.dims.width
+    if tied and len(root) >= 2:
+        tensors = tuple(t for i, t in enumerate(shape.tensors) if i != root[-1])
+        return replace(shape, tensors=tensors, params=shape.params - head, flops_params=shape.flops_params - head)
+    if not tied and len(root) == 1:
+        tensors = (*shape.tensors, ParamTensor(square, None))
+        return replace(shape, tensors=tensors, params=shape.params + head, flops_params=shape.flops_params + head)
+    return shape

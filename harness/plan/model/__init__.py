@@ -1,0 +1,2 @@
+"""The model's shape: its tensors and transformer sizes, from a preset, the public catalogue, a
+Hugging Face config or a traced model."""

@@ -1,0 +1,347 @@
+"""Communication per step per GPU: which collectives each layout runs, over which group of GPUs, how
+many bytes, and which compute phase can hide them (network.py prices them).
+
+Data parallel (DDP) all-reduces the gradients, in buckets (replicate: a unit at a time); torch's
+ZeRO-1 (ZeroRedundancyOptimizer) all-reduces them too, then broadcasts each updated parameter from
+the rank that stepped it; DeepSpeed's ZeRO-1/2 all-reduce them bucket by bucket, each rank keeping
+its partition, and all-gather the updated parameters; Megatron's distributed optimizer reduce-
+scatters them and all-gathers the updated parameters; FSDP and ZeRO-3 all-gather each unit's
+parameters for the forward and again for the backward, then reduce-scatter its gradients (the ZeRO
+paper's 1.5x of data parallel). Hybrid sharding does that inside its shard group and all-reduces the
+shards' gradients across the replicas; hpZ gathers the backward's parameters from its secondary copy
+inside the node. Tensor parallelism (torchtitan's plan, with sequence parallelism) all-gathers a
+block's activations before the attention and the MLP and reduce-scatters their outputs, forward and
+backward, inside its group and in the block's critical path: on NVLink inside a node, on the network
+where the group is wider than a node. torch.nn.DataParallel broadcasts the model from GPU 0 every
+step, gathers the replicas' outputs onto it and reduces their gradients onto it, none of it hidden.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from harness.plan.memory.model_states import BYTES, compute_bytes
+from harness.plan.model.model_shape import ModelShape
+from harness.plan.network.fabric import Group, Topology, collective_seconds
+from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.layout import Layout
+
+QUANTIZED_GATHER_BYTES = 1.0  # ZeRO++ qwZ: int8 weights (and a scale per block of them)
+QUANTIZED_REDUCE_BYTES = 0.5  # ZeRO++ qgZ: int4 gradients
+HOST_KINDS = ("host-copy",)
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One kind of collective a step runs, summed over its calls."""
+
+    what: str  # e.g. "all-reduce gradients"
+    kind: str  # all-reduce | all-gather | reduce-scatter | broadcast | reduce | gather | host-copy
+    payload_bytes: float  # bytes of the whole tensor(s) over all calls
+    calls: int  # how many collective calls carry it (buckets, blocks)
+    window: str | None  # compute phase that can hide it: forward | backward | None (exposed)
+    group: Group = Group(1, 1)
+    tail_bytes: float = 0.0  # payload that cannot overlap (the last bucket, the first block)
+    per_micro_step: bool = False  # runs on every micro-step, not once per step
+
+    def wire_bytes(self) -> float:
+        """Bytes each GPU sends (ring algorithms); a host copy or a gather moves its payload once."""
+        if self.kind in HOST_KINDS or self.kind == "gather":
+            return float(self.payload_bytes)
+        n = self.group.size
+        if n <= 1:
+            return 0.0
+        factor = 2 * (n - 1) / n if self.kind == "all-reduce" else (n - 1) / n
+        return factor * self.payload_bytes
+
+    def seconds(self, topology: Topology, host_bytes_per_s: float, tail: bool = False) -> float:
+        payload = self.tail_bytes if tail else self.payload_bytes
+        calls = 1 if tail else self.calls
+        if self.kind in HOST_KINDS:
+            return payload / host_bytes_per_s
+        if self.kind == "gather":  # copies into GPU 0, one replica after another, over its own link
+            return payload / topology.intra.bytes_per_s if self.group.size > 1 else 0.0
+        return collective_seconds(topology, self.group, self.kind, payload, calls)
+
+
+def _grad_reduce_bytes(backend: Backend, precision: str) -> float:
+    if backend.quantized_comm and precision != "fp32":
+        return QUANTIZED_REDUCE_BYTES
+    if backend.engine == "torch":
+        # DDP reduces the fp32 .grad; FSDP reduces in its reduce_dtype.
+        return 4 if precision == "fp32" or backend.replicated or backend.reduce_in_fp32 else BYTES[precision]
+    return 4 if backend.option("communication_data_type") == "fp32" else BYTES[precision]
+
+
+def _gather_bytes(backend: Backend, precision: str) -> float:
+    if backend.quantized_comm and precision != "fp32":
+        return QUANTIZED_GATHER_BYTES
+    return compute_bytes(precision)
+
+
+def _kept_whole(shape: ModelShape, backend: Backend) -> int:
+    """ZeRO-3 parameters under the persistence threshold: never gathered, kept whole on every rank."""
+    if backend.engine != "deepspeed" or shape.tensors is None:
+        return 0
+    threshold = backend.option("stage3_param_persistence_threshold")
+    return sum(t.numel for t in shape.tensors if t.numel < threshold)
+
+
+# Of a block's tensor-parallel collectives in the forward, those checkpointing runs again in the
+# backward: all of them under full checkpointing; under torchtitan's selective policy the
+# reduce-scatters' outputs are kept (its save list), so only the all-gathers.
+TP_RECOMPUTED = {"none": {"all-gather": 0, "reduce-scatter": 0}, "full": {"all-gather": 1, "reduce-scatter": 1}}
+TP_RECOMPUTED["selective"] = {"all-gather": 1, "reduce-scatter": 0}
+
+
+def _tensor_parallel(
+    shape: ModelShape, layout: Layout, tokens: int, precision: str, checkpointing: str, fp8: bool = False
+) -> list[Collective]:
+    """Per block, forward: all-gather the sequence-sharded input of the attention and of the MLP,
+    reduce-scatter their outputs; the backward mirrors them, and checkpointing repeats the
+    forward's. The head gathers once each way. With fp8 projections (torchao's float8 tensor
+    parallel: the inputs cast before the forward's gathers, the outputs' gradients before the
+    backward's) the blocks' all-gathers carry fp8; the reduce-scatters stay in `precision`."""
+    if layout.tp <= 1 or shape.dims is None:
+        return []
+    element = tokens * shape.dims.width
+    layers = shape.dims.layers
+    out = []
+    for kind in ("all-gather", "reduce-scatter"):
+        blocks = 2 * (2 + TP_RECOMPUTED[checkpointing][kind]) * layers
+        block_bytes = 1 if fp8 and kind == "all-gather" else compute_bytes(precision)
+        payload = element * (blocks * block_bytes + 2 * compute_bytes(precision))
+        out.append(
+            Collective(
+                f"tensor-parallel {kind} of activations",
+                kind,
+                payload,
+                blocks + 2,
+                None,
+                layout.tp_group,
+                per_micro_step=True,
+            )
+        )
+    return out
+
+
+def tensor_parallel_across_nodes(collectives: list[Collective]) -> str | None:
+    """Why tensor parallelism wider than a node costs what it does: its per-layer collectives cross
+    the network with nothing to hide them; None where its group stays inside a node."""
+    crossing = next((c for c in collectives if c.what.startswith("tensor-parallel") and c.group.nodes > 1), None)
+    if crossing is None:
+        return None
+    return (
+        f"tensor parallelism over {crossing.group.size} GPUs spans {crossing.group.nodes} nodes: the all-gathers and "
+        "reduce-scatters of every block's activations cross the network, in the block's critical path"
+    )
+
+
+def _data_parallel_threads(shape: ModelShape, precision: str, gpus: int, tokens: int, group: Group) -> list[Collective]:
+    """torch.nn.DataParallel: the model copied out of GPU 0 every step, the replicas' outputs
+    (the logits) gathered onto it, their gradients summed onto it; nothing overlaps."""
+    if gpus <= 1:
+        return []
+    vocab = shape.dims.vocab if shape.dims else 0
+    outputs = (gpus - 1) * tokens * vocab * compute_bytes(precision)
+    return [
+        Collective(
+            "broadcast the model from GPU 0", "broadcast", shape.params * 4, 1, None, group, per_micro_step=True
+        ),
+        Collective("gather the replicas' logits onto GPU 0", "gather", outputs, 1, None, group, per_micro_step=True),
+        Collective("reduce the gradients onto GPU 0", "reduce", shape.params * 4, 1, None, group, per_micro_step=True),
+    ]
+
+
+def _distributed_optimizer(
+    backend: Backend, params: float, grad_bytes: float, gather_bytes: float, calls: int, largest: float, group: Group
+) -> list[Collective]:
+    """Megatron's distributed optimizer (ZeRO-1, docs/source/distrib_optimizer.md of Megatron-LM): the
+    gradients reduce-scattered in buckets as the backward produces them, each rank steps its
+    shard, and the updated parameters are all-gathered in the model's dtype before the next
+    forward, where its param-gather overlap hides them behind the forward."""
+    return [
+        Collective(
+            "reduce-scatter gradients",
+            "reduce-scatter",
+            params * grad_bytes,
+            calls,
+            "backward",
+            group,
+            tail_bytes=largest * grad_bytes,
+        ),
+        Collective("all-gather updated parameters", "all-gather", params * gather_bytes, calls, "forward", group),
+    ]
+
+
+def collectives(
+    shape: ModelShape,
+    backend: Backend,
+    layout: Layout,
+    precision: str,
+    gpus: int,
+    tokens: int,
+    world: Group,
+    checkpointing: str = "none",
+    fp8: bool = False,
+) -> list[Collective]:
+    """What one optimizer step of `backend` communicates, per GPU; `tokens` per micro-step; `fp8`:
+    the blocks' projections run in fp8 (precision is then what everything else is held in)."""
+    params = shape.params / layout.tp
+    blocks = shape.block_params() or [shape.params]
+    largest_block = max(blocks) / layout.tp
+    calls = len(blocks) + 1  # one per FSDP/ZeRO-3 unit: every block and the root
+    grad_bytes, gather_bytes = _grad_reduce_bytes(backend, precision), _gather_bytes(backend, precision)
+    shards = layout.shard_group
+    out: list[Collective] = []
+    if backend.replicas == "threads":
+        out += _data_parallel_threads(shape, precision, gpus, tokens, world)
+    elif layout.data_parallel > 1 and backend.engine == "torch" and backend.options.get("distributed_optimizer"):
+        out += _distributed_optimizer(backend, params, grad_bytes, gather_bytes, calls, largest_block, shards)
+    elif layout.data_parallel > 1 and backend.engine == "torch" and backend.stage in (0, 1):
+        payload = params * grad_bytes
+        if backend.fsdp2_units:  # replicate: each unit's gradients as its backward ends
+            reduces, tail = calls, largest_block * grad_bytes
+        else:  # DDP's buckets
+            bucket = int(backend.option("bucket_cap_mb") * 2**20)
+            reduces, tail = max(1, math.ceil(payload / bucket)), min(bucket, payload)
+        out.append(
+            Collective("all-reduce gradients", "all-reduce", payload, reduces, "backward", shards, tail_bytes=tail)
+        )
+        if backend.stage == 1:
+            # torch's ZeRO-1 (ZeroRedundancyOptimizer): each rank broadcasts the fp32 parameters it
+            # stepped, one tensor at a time, after the step.
+            tensors = len(shape.tensors) if shape.tensors else calls
+            out.append(Collective("broadcast updated parameters", "broadcast", params * 4, tensors, None, shards))
+    elif layout.shard > 1 and backend.stage in (1, 2) and backend.engine == "deepspeed":
+        reduce_payload = params * grad_bytes
+        reduce_calls = max(1, math.ceil(params / backend.option("reduce_bucket_size")))
+        window = "backward" if backend.option("overlap_comm") else None
+        # ZeRO-2 keeps only its gradient partition, so it must reduce on every micro-step. Each
+        # bucket is all-reduced and every rank keeps its partition of the result (stage_1_and_2.py's
+        # average_tensor under use_multi_rank_bucket_allreduce, on by default): an all-reduce's
+        # bytes on the wire, twice a reduce-scatter's.
+        out.append(
+            Collective(
+                "all-reduce gradients, each rank keeping its partition",
+                "all-reduce",
+                reduce_payload,
+                reduce_calls,
+                window,
+                shards,
+                tail_bytes=min(reduce_payload, int(backend.option("reduce_bucket_size")) * grad_bytes),
+                per_micro_step=backend.stage == 2,
+            )
+        )
+        gather_calls = max(1, math.ceil(params / backend.option("allgather_bucket_size")))
+        out.append(
+            Collective("all-gather updated parameters", "all-gather", params * gather_bytes, gather_calls, None, shards)
+        )
+    elif layout.shard > 1 and backend.stage == 3:
+        gathered = (shape.params - _kept_whole(shape, backend)) / layout.tp
+        out.append(
+            Collective(
+                "all-gather parameters (forward)",
+                "all-gather",
+                gathered * gather_bytes,
+                calls,
+                "forward",
+                shards,
+                tail_bytes=largest_block * gather_bytes,
+                per_micro_step=True,
+            )
+        )
+        if backend.reshard_after_forward:
+            secondary = layout.hpz_group if layout.hpz > 1 else shards
+            out.append(
+                Collective(
+                    "all-gather parameters (backward)" + (", from hpZ's copy in the node" if layout.hpz > 1 else ""),
+                    "all-gather",
+                    gathered * gather_bytes,
+                    calls,
+                    "backward",
+                    secondary,
+                    per_micro_step=True,
+                )
+            )
+        out.append(
+            Collective(
+                "reduce-scatter gradients",
+                "reduce-scatter",
+                params * grad_bytes,
+                calls,
+                "backward",
+                shards,
+                tail_bytes=largest_block * grad_bytes,
+                per_micro_step=backend.sharded_grads_every_micro_step,
+            )
+        )
+    if layout.replicas > 1 and backend.stage > 0 and backend.replicas != "threads":
+        shard_grads = params / layout.shard * grad_bytes
+        out.append(
+            Collective(
+                "all-reduce gradient shards across replicas",
+                "all-reduce",
+                shard_grads,
+                calls if backend.stage == 3 else 1,
+                "backward",
+                layout.replica_group,
+                tail_bytes=largest_block / layout.shard * grad_bytes,
+                per_micro_step=backend.stage == 3 and backend.sharded_grads_every_micro_step,
+            )
+        )
+    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8)
+    out += _offload_copies(shape, backend, precision, layout.shard)
+    return out
+
+
+def _offload_copies(shape: ModelShape, backend: Backend, precision: str, shards: int) -> list[Collective]:
+    """Host <-> GPU traffic of offload: gradients down, updated parameters up, ZeRO-3 shards per gather."""
+    shard = math.ceil(shape.params / shards)
+    out: list[Collective] = []
+    if backend.offload_optimizer:
+        grad_bytes = 4 if backend.engine == "torch" else BYTES[precision]
+        out.append(Collective("gradients to host", "host-copy", shard * grad_bytes, 1, None))
+        if not backend.offload_params:
+            out.append(Collective("updated parameters to GPU", "host-copy", shard * BYTES[precision], 1, None))
+    if backend.offload_params:
+        param_bytes = 4 if backend.engine == "torch" else BYTES[precision]
+        gathers = 2 if backend.reshard_after_forward else 1
+        out.append(
+            Collective(
+                "parameter shards to GPU", "host-copy", gathers * shard * param_bytes, 1, None, per_micro_step=True
+            )
+        )
+    return out
+
+
+def local_copy_bytes(
+    shape: ModelShape,
+    backend: Backend,
+    layout: Layout,
+    precision: str,
+    tokens: int,
+    checkpointing: str,
+    fp8: bool = False,
+) -> float:
+    """Bytes a micro-step moves through the GPU's memory around its collectives, besides the wire:
+    FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
+    and write, forward and again in a resharded backward; replicate, a unit's copy of one rank) and
+    the gradients into the reduction's input (read in the compute dtype, written in the reduction's);
+    ZeRO-1/2 copy the gradients into their bucket. Tensor parallelism gathers and scatters
+    activations along the sequence, not the first dimension NCCL works on, so each of its
+    collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
+    and Replicate)."""
+    params = shape.params / layout.tp
+    gather = 2 * compute_bytes(precision)
+    reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
+    moved = 0.0
+    if (backend.stage == 3 or backend.fsdp2_units) and backend.replicas != "threads":
+        gathers = 2 if backend.reshard_after_forward else 1
+        moved += params * (gathers * gather + reduce)
+    elif backend.stage in (1, 2) and backend.engine == "deepspeed":
+        moved += params * reduce
+    for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8):
+        moved += 2 * c.payload_bytes  # read and written once more
+    return moved

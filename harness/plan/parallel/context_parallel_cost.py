@@ -1,0 +1,104 @@
+"""Context parallelism as the planner prices it: each sequence split over cp_size GPUs, every
+activation a GPU keeps 1/cp of the sequence's (the planner plans the blocks at seq_len / cp), the
+model states sharded by FSDP over the data-parallel and context-parallel ranks together (torchtitan's
+`dp_shard_cp` mesh), and attention, which needs every earlier token, made whole one of two ways:
+
+- all-to-all (DeepSpeed-Ulysses, Jacobs et al. 2023): before attention q, k and v are exchanged so
+  that each GPU holds the whole sequence for heads / cp of the heads, after it the output goes back:
+  four all-to-alls a layer in the forward, four in the backward (again in a recomputed forward),
+  each GPU sending (cp-1)/cp of its part of the tensor, in the layer's critical path. NCCL runs an
+  all-to-all as cp-1 sends and receives at once; its bytes a GPU are those of a ring all-gather of
+  its part, and it is priced as that.
+- ring (Ring Attention, Liu et al. 2023; torch's `context_parallel`): cp-1 passes a layer, each
+  sending this GPU's k and v to the next GPU while attention runs over the pair it holds; the
+  backward passes k and v and their gradients. Hidden behind the attention it overlaps, exposed
+  where the link is slower than the attention.
+
+Attention's work: each GPU computes 1/cp of the whole sequence's causal attention (the chunks
+load-balanced, as torchtitan's and Megatron's CP order them), at the kernel's rate for the whole
+sequence's length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.common.hardware import GPUSpec
+from harness.plan.model.model_shape import TransformerDims
+from harness.plan.parallel.layout import LayoutError
+from harness.plan.speed.attention import attention_seconds
+
+CP_ATTENTION = ("all-to-all", "ring")
+ULYSSES_EXCHANGES = 4  # q, k, v before attention, its output after
+
+
+@dataclass(frozen=True)
+class ContextParallel:
+    size: int  # cp_size: GPUs one sequence is split over
+    attention: str  # all-to-all | ring
+
+    def __post_init__(self) -> None:
+        if self.attention not in CP_ATTENTION:
+            raise LayoutError(f"cp_attention={self.attention!r} is not one of {', '.join(CP_ATTENTION)}")
+
+
+def context_parallel_of(
+    options: dict, dims: TransformerDims | None, seq_len: int, tp: int, size: int
+) -> ContextParallel:
+    """Context parallelism over `size` GPUs (the layout's cp) as the strategy's options run it
+    (cp_attention); a size that does not split the sequence, or, for all-to-all, the heads left on
+    each tensor-parallel rank, is a one-line error."""
+    attention = str(options.get("cp_attention") or "all-to-all").lower()
+    cp = ContextParallel(size, attention)
+    if size <= 1:
+        return cp
+    if dims is None:
+        raise LayoutError("context parallelism needs a transformer the planner knows the attention of")
+    if seq_len % (2 * size):
+        raise LayoutError(
+            f"cp_size={size} does not split seq_len={seq_len} into 2 x {size} load-balanced chunks: "
+            f"use a seq_len divisible by {2 * size}"
+        )
+    if attention == "all-to-all" and (dims.heads // tp) % size:
+        raise LayoutError(
+            f"cp_size={size} does not divide the {dims.heads // tp} heads on each tensor-parallel rank "
+            "(all-to-all splits attention by heads): use a divisor of them, or cp_attention=ring"
+        )
+    return cp
+
+
+def exchange_bytes(dims: TransformerDims, tokens: float, tp: int, element_bytes: int) -> float:
+    """Bytes of one layer's forward all-to-alls on one GPU (its part of q, k, v and the output)."""
+    width = 2 * dims.q_width + 2 * dims.kv_width
+    return tokens * width * element_bytes / tp
+
+
+def ring_pass_bytes(dims: TransformerDims, tokens: float, tp: int, element_bytes: int) -> float:
+    """Bytes of one ring pass in the forward: this GPU's k and v."""
+    return tokens * 2 * dims.kv_width * element_bytes / tp
+
+
+def extra_attention_s(
+    dims: TransformerDims,
+    gpu: GPUSpec,
+    kernel: str,
+    precision: str,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    cp: int,
+    tp: int,
+    layers: int,
+    recompute: bool,
+) -> float:
+    """Attention a micro-step on one GPU computes beyond the blocks planned at seq_len / cp: 1/cp of
+    the whole sequence's causal attention, less the local chunk's own that the plan already has."""
+    heads = dims.heads // tp
+
+    def seconds(seq: float) -> float:
+        forward, backward = attention_seconds(
+            gpu, kernel, precision, batch=micro_batch, seq=seq, heads=heads, head_dim=dims.head_dim
+        )
+        return forward * (2 if recompute else 1) + backward
+
+    return layers * max(0.0, seconds(seq_len) / cp - seconds(seq_len / cp))

@@ -1,0 +1,152 @@
+"""How a strategy lays a model over the GPUs: the degree of tensor parallelism, the group
+that shards the model states, hpZ's secondary group and the groups each collective runs over.
+The sizes come from the strategy's options (tp_size, shard_size, zero_hpz_partition_size, as
+the strategy and the user set them), by default one node's GPUs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.plan.model.model_shape import ModelShape, PlanError
+from harness.plan.network.fabric import Group, Topology
+from harness.plan.parallel.backends import Backend
+from strategies.fsdp_cp import MAX_DEFAULT_CP
+
+
+class LayoutError(PlanError):
+    """A strategy that cannot lay this question out (its sizes do not divide the GPUs, the heads,
+    the global batch): an error where the strategy was asked for, a listed omission otherwise."""
+
+
+@dataclass(frozen=True)
+class Layout:
+    tp: int  # GPUs splitting each matmul (1: no tensor parallelism)
+    shard: int  # GPUs the model states are sharded over (the ZeRO stage's group)
+    replicas: int  # copies of the sharded model (hybrid sharding; data parallel groups of the shards)
+    hpz: int  # hpZ's secondary group (1: none)
+    shard_group: Group
+    replica_group: Group  # one GPU of every shard group: where the shards' gradients are all-reduced
+    tp_group: Group
+    hpz_group: Group
+    pp: int = 1  # pipeline stages (pipeline_context.py)
+    cp: int = 1  # GPUs each sequence is split over; they share the shard group with data parallel
+
+    @property
+    def data_parallel(self) -> int:
+        """GPUs each holding a different part of the batch (context parallel's share one sequence)."""
+        return self.shard * self.replicas // self.cp
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.shard * self.replicas * self.pp
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
+def _size(backend: Backend, option: str, default: int) -> int:
+    value = backend.options.get(option)
+    if value in (None, 0, "auto"):
+        return default
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise PlanError(f"{backend.name}: {option}={value!r} must be a whole number of GPUs, e.g. {option}={default}")
+    return value
+
+
+def _dp_group(topology: Topology, size: int, stride: int) -> Group:
+    """A group of `size` GPUs taking every `stride`-th GPU: inside a node where they fit, else the
+    same number of each node's GPUs."""
+    if size <= 1:
+        return Group(1, 1)
+    in_one_node = max(1, topology.per_node // stride)
+    return Group(size, 1) if size <= in_one_node else Group(size, -(-size // in_one_node))
+
+
+def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout:
+    """The layout `backend` gives `shape` on `topology`; a size that does not divide is a one-line error."""
+    gpus, per_node = topology.gpus, min(topology.per_node, topology.gpus)
+    if backend.replicas == "threads" and topology.nodes > 1:
+        raise LayoutError(
+            f"{backend.name}: one process drives every GPU (its replicas are threads), so it runs inside one node: "
+            f"not planned beyond {topology.per_node} GPUs (gpus={gpus} on {topology.nodes} nodes)"
+        )
+    tp = _size(backend, "tp_size", per_node) if backend.tensor_parallel else 1
+    if gpus % tp:
+        raise LayoutError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
+    if tp > per_node and tp % per_node:
+        raise LayoutError(
+            f"{backend.name}: tp_size={tp} splits a node's {per_node} GPUs between two tensor-parallel groups: "
+            f"use a divisor of {per_node} ({_divisors(per_node)}) or a multiple of it"
+        )
+    dims = shape.dims
+    if tp > 1:
+        if dims is None:
+            raise LayoutError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
+        for what, count in (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width)):
+            if count % tp:
+                fits = [
+                    d
+                    for d in range(1, gpus + 1)
+                    if gpus % d == 0
+                    and (per_node % d == 0 or d % per_node == 0)
+                    and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
+                ]
+                raise LayoutError(
+                    f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
+                    f"use one of {', '.join(map(str, fits))}"
+                )
+    # FSDP2 layouts take pipeline and context-parallel sizes (others leave them, as tp_size is left
+    # by a strategy without tensor parallelism); a strategy that has the option (fsdp-pp, fsdp-cp)
+    # defaults as its mesh does: a stage per node, context parallel over a node's GPUs up to fsdp-cp's cap.
+    pp = cp = 1
+    if splits_model(backend):
+        pp = _size(backend, "pp_size", topology.nodes if "pp_size" in backend.options else 1)
+        cp = _size(backend, "cp_size", min(MAX_DEFAULT_CP, per_node) if "cp_size" in backend.options else 1)
+    if gpus % (tp * pp * cp):
+        raise LayoutError(
+            f"{backend.name}: tp_size={tp} x pp_size={pp} x cp_size={cp} does not divide gpus={gpus}: "
+            f"use sizes whose product is one of {_divisors(gpus)}"
+        )
+    data_parallel = gpus // (tp * pp)  # FSDP shards over the data-parallel and context-parallel ranks
+    shard = data_parallel
+    if backend.hybrid_shard:
+        shard = _size(backend, "shard_size", max(1, per_node // tp))
+        if data_parallel % shard:
+            raise LayoutError(
+                f"{backend.name}: shard_size={shard} does not divide the {data_parallel} data-parallel GPUs "
+                f"(gpus={gpus} / tp {tp}): use one of {_divisors(data_parallel)}"
+            )
+    hpz = 1
+    if backend.secondary_partition:
+        hpz = _size(backend, "zero_hpz_partition_size", per_node)
+        if gpus % hpz or hpz > per_node:
+            raise LayoutError(
+                f"{backend.name}: zero_hpz_partition_size={hpz} must divide gpus={gpus} and stay inside a node: "
+                f"use one of {_divisors(per_node)}"
+            )
+    replicas = data_parallel // shard
+    return Layout(
+        tp=tp,
+        shard=shard,
+        replicas=replicas,
+        hpz=hpz,
+        shard_group=_dp_group(topology, shard, tp),
+        replica_group=_dp_group(topology, replicas, tp * shard) if replicas > 1 else Group(1, 1),
+        tp_group=topology.consecutive(tp),
+        hpz_group=topology.in_node(hpz),
+        pp=pp,
+        cp=cp,
+    )
+
+
+def splits_model(backend: Backend) -> bool:
+    """Whether pipeline and context parallelism are planned for `backend`: FSDP2 sharding the whole
+    model over its ranks (fsdp, fsdp-tp), as torchtitan composes them."""
+    return (
+        backend.fsdp2_units
+        and backend.stage == 3
+        and not backend.hybrid_shard
+        and not backend.secondary_partition
+        and not backend.via_accelerate
+    )

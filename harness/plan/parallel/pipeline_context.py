@@ -1,0 +1,275 @@
+"""The plan of a layout that splits the model over pipeline stages or its sequences over
+context-parallel GPUs (`pp_size=`, `cp_size=` on fsdp and fsdp-tp): the fullest stage is planned
+as a model of its own on its share of the GPUs (pipeline.py), at seq_len / cp_size, with the
+pipeline's micro-batches as its micro-steps, then the schedule's bubble, the activations of the
+micro-batches in flight, the traffic between stages and context parallel's attention (its work
+and its all-to-all or ring traffic, context_parallel.py) are added.
+
+`published_options` reads a published run's layout (torchtitan's `FSDP2 dp_shard=8 tp=8 pp=8
+schedule=1F1B`) as these options, for bench/plan_vs_published.py.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from harness.plan.memory.activations import Activations
+from harness.plan.memory.capacity import headroom
+from harness.plan.memory.model_states import BYTES
+from harness.plan.network.comm import Collective
+from harness.plan.network.fabric import Group, Topology, collective_seconds
+from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.context_parallel_cost import (
+    ULYSSES_EXCHANGES,
+    ContextParallel,
+    context_parallel_of,
+    exchange_bytes,
+    extra_attention_s,
+    ring_pass_bytes,
+)
+from harness.plan.parallel.layout import Layout, LayoutError
+from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
+from harness.plan.predict import Question, StrategyPlan, communicators, plan_backend, storage_precision
+from harness.plan.speed.step_time import StepTime
+from strategies.plan_model import PlanModel
+
+# The options that make a layout pipelined or context parallel; the stage's own plan runs without them.
+SPLIT_OPTIONS = ("pp_size", "microbatches", "schedule", "virtual_stages", "cp_size", "cp_attention")
+NO_PIPELINE = Pipeline(1, 1, "1f1b")
+# torchtitan's schedule names (its --parallelism.pipeline_parallel_schedule) as the planner's.
+TORCHTITAN_SCHEDULES = {
+    "gpipe": "gpipe",
+    "1f1b": "1f1b",
+    "interleaved1f1b": "interleaved-1f1b",
+    "interleaved 1f1b": "interleaved-1f1b",
+    "zbvzerobubble": "zero-bubble",
+    "interleavedzerobubble": "zero-bubble",
+}
+
+
+def stage_topology(topology: Topology, pp: int) -> Topology:
+    """The GPUs of one stage: stages are the outermost mesh dimension, so a stage is whole nodes
+    where it has a node's GPUs or more, else part of one node."""
+    gpus = topology.gpus // pp
+    return replace(topology, gpus=gpus, nodes=max(1, -(-gpus // topology.per_node)))
+
+
+def _link_bytes_per_s(topology: Topology, across_nodes: bool) -> float:
+    """One GPU's rate to one other: its NVLink share inside a node, its share of the node's cards across."""
+    if not across_nodes:
+        return topology.intra.ring_busbw
+    return topology.fabric.node_bytes_per_s * topology.fabric.efficiency / topology.per_node
+
+
+def _cp_group(topology: Topology, cp: int, tp: int) -> Group:
+    """Context parallel's GPUs: next to the tensor-parallel ones, inside a node while tp x cp fits one."""
+    return Group(cp, max(1, -(-(cp * tp) // topology.per_node)))
+
+
+def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyPlan:
+    """The plan of `backend` with `layout`'s pipeline stages and context-parallel GPUs; q's micro-batch
+    and accumulation are already those of each data-parallel rank."""
+    dims = q.shape.dims
+    if dims is None:
+        raise LayoutError(f"{backend.name}: pipeline and context parallelism need a transformer the planner knows")
+    pipe = pipeline_of(backend.options, q.micro_batch, layout.pp) if layout.pp > 1 else NO_PIPELINE
+    cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp)
+    shape = stage_shape(q.shape, stage_layers(dims.layers, pipe)) if layout.pp > 1 else q.shape
+    options = {k: v for k, v in backend.options.items() if k not in SPLIT_OPTIONS}
+    inner = replace(backend, options=options)
+    if layout.pp > 1:
+        # torchtitan under a pipeline: parameters stay gathered across the schedule's micro-batches,
+        # gradients reduced once, after the last.
+        inner = replace(inner, reshard_after_forward=False, options={**options, "sync_each_micro_step": False})
+    stage_q = replace(
+        q,
+        shape=shape,
+        topology=stage_topology(q.topology, layout.pp),
+        seq_len=q.seq_len // cp.size,
+        micro_batch=q.micro_batch // pipe.microbatches,
+        grad_accum=q.grad_accum * pipe.microbatches,
+        global_batch=None,
+        split_global_batch=False,
+        nearest_split=False,
+    )
+    stage = plan_backend(inner, stage_q)
+    acts = stage.activations
+    extra = 0 if acts is None else int((pipe.in_flight - 1) * acts.blocks)
+    held: Activations | None = None if acts is None else replace(acts, blocks=acts.blocks + extra)
+    peak = None if stage.peak_bytes is None else stage.peak_bytes + extra
+    room = headroom(q.capacity_bytes, communicators(stage.layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
+    fits = None if peak is None else room.fits(peak)
+    traffic = _traffic(q, stage_q, layout, pipe, cp)
+    timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, cp, traffic)
+    return StrategyPlan(
+        backend.name,
+        backend,
+        replace(layout, hpz_group=stage.layout.hpz_group, shard_group=stage.layout.shard_group),
+        stage.states,
+        held,
+        stage.buffers,
+        peak,
+        room,
+        fits,
+        stage.collectives + [c for c, _ in traffic],
+        timing,
+    )
+
+
+def _traffic(
+    q: Question, stage_q: Question, layout: Layout, pipe: Pipeline, cp: ContextParallel
+) -> list[tuple[Collective, float]]:
+    """The pipeline's and context parallel's transfers of one step, each with its seconds per step."""
+    assert stage_q.shape.dims is not None
+    dims = stage_q.shape.dims
+    element = BYTES[storage_precision(q.precision)]
+    tokens = stage_q.micro_batch * stage_q.seq_len  # one GPU's tokens of one micro-step
+    micro_steps = stage_q.grad_accum
+    forwards = 2 if q.checkpointing == "full" else 1
+    out: list[tuple[Collective, float]] = []
+    if layout.pp > 1:
+        across = stage_q.topology.gpus >= q.topology.per_node
+        sent = boundary_bytes(stage_q.micro_batch, stage_q.seq_len, dims.width, layout.tp, element)
+        group = Group(2, 2 if across else 1)
+        payload = 2 * sent * micro_steps  # activations forward, their gradients back
+        # Steady state hides the sends; the fill and the drain cross every boundary one after another.
+        critical = 2 * pipe.boundaries * sent / _link_bytes_per_s(q.topology, across) * q.grad_accum
+        what = f"send activations and gradients between pipeline stages ({'network' if across else 'NVLink'})"
+        out.append((Collective(what, "broadcast", payload, 2 * micro_steps, "backward", group), critical))
+    if cp.size > 1:
+        group = _cp_group(q.topology, cp.size, layout.tp)
+        if cp.attention == "all-to-all":
+            per_layer = exchange_bytes(dims, tokens, layout.tp, element)
+            calls = ULYSSES_EXCHANGES * dims.layers * (forwards + 1)
+            payload = per_layer * dims.layers * (forwards + 1)
+            seconds = collective_seconds(q.topology, group, "all-gather", payload, calls) * micro_steps
+            c = Collective(
+                "all-to-all q, k, v and attention output (context parallel)",
+                "all-gather",
+                payload,
+                calls,
+                None,
+                group,
+                per_micro_step=True,
+            )
+            out.append((c, seconds))
+        else:
+            passes = (cp.size - 1) * dims.layers
+            payload = ring_pass_bytes(dims, tokens, layout.tp, element) * passes * (forwards + 2)
+            seconds = payload / _link_bytes_per_s(q.topology, group.nodes > 1) * micro_steps
+            c = Collective(
+                "ring attention k and v passes (context parallel)",
+                "broadcast",
+                payload,
+                passes,
+                "backward",
+                group,
+                per_micro_step=True,
+            )
+            out.append((c, seconds))
+    return out
+
+
+def _time(
+    t: StepTime,
+    q: Question,
+    stage_q: Question,
+    layout: Layout,
+    pipe: Pipeline,
+    cp: ContextParallel,
+    traffic: list[tuple[Collective, float]],
+) -> StepTime:
+    """The stage's step with the bubble, context parallel's attention and the exposed transfers added."""
+    assert q.gpu is not None and stage_q.shape.dims is not None
+    dims = stage_q.shape.dims
+    scale = q.factors.compute_scale
+    attention_extra = 0.0
+    if cp.size > 1:
+        full = q.checkpointing == "full"
+        if t.work is not None:
+            per_micro = extra_attention_s(
+                dims,
+                q.gpu,
+                q.attention,
+                storage_precision(q.precision),
+                micro_batch=stage_q.micro_batch,
+                seq_len=q.seq_len,
+                cp=cp.size,
+                tp=layout.tp,
+                layers=dims.layers,
+                recompute=full,
+            )
+            attention_extra = per_micro * scale * stage_q.grad_accum
+        elif q.factors.fixed_mfu is not None:
+            flops = 12 * dims.layers * dims.heads * dims.head_dim * (q.seq_len - stage_q.seq_len)
+            tokens = stage_q.micro_batch * stage_q.seq_len * stage_q.grad_accum
+            again = 4 / 3 if full else 1.0
+            peak = q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu
+            attention_extra = flops * tokens * again / layout.tp / peak
+    compute = t.compute_s + attention_extra
+    optimizer = t.work.optimizer_s * scale if t.work is not None else 0.0
+    bubble = pipe.bubble * (compute - optimizer)
+    exposed = 0.0
+    for c, seconds in traffic:
+        if c.window is None or "pipeline" in c.what:
+            exposed += seconds
+        else:  # the ring's passes hide behind the attention they run beside
+            attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
+            exposed += max(0.0, seconds - attention)
+    tokens = t.tokens_per_s * t.step_s
+    what = t.overhead_what
+    if layout.pp > 1:
+        bubble_what = (
+            f"the pipeline's bubble ({pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "
+            f"{pipe.bubble:.0%} of the compute idle)"
+        )
+        what = f"{bubble_what} and {what}" if what else bubble_what
+    timed = replace(
+        t,
+        compute_s=compute,
+        exposed_comm_s=t.exposed_comm_s + exposed,
+        overhead_s=t.overhead_s + bubble,
+        overhead_what=what,
+        wire_bytes=t.wire_bytes + sum(c.wire_bytes() for c, _ in traffic),
+        comm_s=t.comm_s + sum(seconds for _, seconds in traffic),
+    )
+    return replace(timed, tokens_per_s=tokens / timed.step_s)
+
+
+def published_layout(sharding: str, reduce_in_fp32: bool) -> tuple[PlanModel, dict[str, Any]] | str | None:
+    """A published run with pipeline or context parallelism as the PlanModel and options it is
+    planned with (fsdp, or fsdp-tp where it names tp=), or why it is not planned (another engine
+    than FSDP2: Megatron-LM's); None where it has neither."""
+    options = published_options(sharding)
+    if options is None:
+        return None
+    if not sharding.startswith("FSDP2"):
+        return "pipeline or context parallelism outside FSDP2: not modelled"
+    model = PlanModel("torch", 3, "low_precision", reduce_in_fp32=reduce_in_fp32, tensor_parallel="tp_size" in options)
+    return model, {"sync_each_micro_step": True, **options}
+
+
+def published_options(sharding: str) -> dict[str, Any] | None:
+    """A published run's pipeline and context-parallel layout as plan options (pp_size,
+    microbatches, schedule, cp_size and ring attention; tp_size where given), from torchtitan's way of writing it
+    (`FSDP2 dp_shard=8 tp=8 pp=8 cp=2 schedule=1F1B microbatches=8`); None where it has neither.
+    torchtitan's pipeline default is as many micro-batches as stages."""
+    sizes = {key: int(value) for key, value in re.findall(r"\b(tp|pp|cp|microbatches)=(\d+)", sharding)}
+    pp, cp = sizes.get("pp", 1), sizes.get("cp", 1)
+    if pp <= 1 and cp <= 1:
+        return None
+    options: dict[str, Any] = {"pp_size": pp, "cp_size": cp}
+    if cp > 1:
+        options["cp_attention"] = "ring"  # torchtitan's context parallel is torch's ring attention
+    if "tp" in sizes:
+        options["tp_size"] = sizes["tp"]
+    if pp > 1:
+        named = re.search(r"schedule=(.+?)(?:\s+\w+=|$)", sharding)
+        schedule = named.group(1).strip().lower() if named else "1f1b"
+        if schedule not in TORCHTITAN_SCHEDULES:
+            raise LayoutError(f"pipeline schedule {schedule!r}: not one the planner knows")
+        options["schedule"] = TORCHTITAN_SCHEDULES[schedule]
+        options["microbatches"] = sizes.get("microbatches", pp)
+    return options

@@ -1,0 +1,144 @@
+"""Pipeline parallelism as the planner prices it: the model cut at block boundaries into pp_size
+stages, each stage's micro-batches run by a schedule, FSDP2 inside each stage (torchtitan's
+composition: `fully_shard` over the stage's data-parallel ranks, parameters kept gathered between
+micro-batches).
+
+Per schedule, with p stages, m micro-batches and v virtual stages a GPU:
+
+| schedule | bubble (idle share of the ideal compute) | micro-batches in flight, first stage |
+|---|---|---|
+| gpipe | (p-1)/m: GPipe (Huang et al. 2019), 2.2 | m: all forwards first |
+| 1f1b | (p-1)/m: Megatron-LM (Narayanan et al. 2021), 2.2.1 | min(p, m) |
+| interleaved-1f1b | (p-1)/(v m): the same, 2.2.2 | Megatron's warm-up: 2(p-1) + (v-1)p + 1 chunks of 1/v |
+| zero-bubble | 0 with m >= p, else (p-1)/m: ZB-H2 (Qi et al. 2023) | min(m, 2p-1): ZB-H2's peak |
+
+Between stages each micro-batch sends its activations forward and their gradients back: micro-batch
+x sequence x width elements in the compute dtype, split over the tensor-parallel ranks (sequence
+parallel), on NVLink where the two stages share a node and on the network where they do not.
+Schedules send asynchronously, so the steady state hides them; the fill and the drain cross the
+p v - 1 boundaries one after another, in the critical path.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from harness.plan.model.model_shape import ModelShape, ParamTensor
+from harness.plan.parallel.layout import LayoutError
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+# torchtitan's looped schedules run two stages a GPU unless told otherwise.
+# torch's ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble, as fsdp-pp runs them, hold two
+# stages a GPU.
+DEFAULT_VIRTUAL_STAGES = {"interleaved-1f1b": 2, "zero-bubble": 2}
+LOOPED = ("interleaved-1f1b", "zero-bubble")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    stages: int  # pp_size: GPUs a micro-batch crosses
+    microbatches: int  # m: micro-batches each schedule runs
+    schedule: str
+    virtual: int = 1  # stages each GPU holds (interleaved)
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise LayoutError(
+                f"schedule={self.schedule!r} is not a pipeline schedule: use one of {', '.join(SCHEDULES)}"
+            )
+        if self.schedule in LOOPED and self.virtual > 1 and self.microbatches % self.stages:
+            raise LayoutError(
+                f"{self.schedule} runs micro-batches in groups of pp_size={self.stages}: microbatches="
+                f"{self.microbatches} is not a multiple of it (Megatron-LM's condition)"
+            )
+
+    @property
+    def bubble(self) -> float:
+        """Idle time over the ideal compute of the m micro-batches."""
+        p, m = self.stages, self.microbatches
+        if p <= 1:
+            return 0.0
+        if self.schedule == "interleaved-1f1b":
+            return (p - 1) / (self.virtual * m)
+        if self.schedule == "zero-bubble" and m >= p:
+            return 0.0
+        return (p - 1) / m
+
+    @property
+    def in_flight(self) -> float:
+        """Micro-batches whose activations the first stage holds at once, in whole stages' worth."""
+        p, m, v = self.stages, self.microbatches, self.virtual
+        if self.schedule == "gpipe":
+            return float(m)
+        if self.schedule == "interleaved-1f1b":
+            return min(m * v, 2 * (p - 1) + (v - 1) * p + 1) / v
+        if self.schedule == "zero-bubble":
+            return float(min(m, 2 * p - 1))
+        return float(min(p, m))
+
+    @property
+    def boundaries(self) -> int:
+        """Stage boundaries a micro-batch crosses (the virtual stages wrap round the GPUs)."""
+        return self.stages * self.virtual - 1
+
+
+def pipeline_of(options: dict, micro_batch: int, stages: int) -> Pipeline:
+    """A pipeline of `stages` (the layout's pp) as the strategy's options run it (microbatches,
+    schedule, virtual_stages). Without microbatches, torchtitan's default: as many as stages where
+    they divide the local batch, else one sequence each."""
+    schedule = str(options.get("schedule") or "1f1b").lower()
+    microbatches = int(options.get("microbatches") or (stages if micro_batch % stages == 0 else micro_batch))
+    if microbatches < 1 or micro_batch % microbatches:
+        raise LayoutError(
+            f"microbatches={microbatches} does not divide the local batch of {micro_batch} sequences: "
+            f"use a divisor of {micro_batch}"
+        )
+    virtual = int(options.get("virtual_stages") or DEFAULT_VIRTUAL_STAGES.get(schedule, 1))
+    if virtual < 1 or (virtual > 1 and schedule not in LOOPED):
+        raise LayoutError(f"virtual_stages={virtual}: only {' and '.join(LOOPED)} run more than one stage a GPU")
+    return Pipeline(stages, microbatches, schedule, virtual)
+
+
+def stage_layers(layers: int, pipe: Pipeline) -> int:
+    """Blocks on the fullest stage: the blocks cut as evenly as the stages allow."""
+    chunks = pipe.stages * pipe.virtual
+    if layers < chunks:
+        raise LayoutError(
+            f"pp_size={pipe.stages} x {pipe.virtual} virtual stages is more stages than the {layers} blocks"
+        )
+    return math.ceil(layers / chunks) * pipe.virtual
+
+
+def stage_shape(shape: ModelShape, layers: int) -> ModelShape:
+    """The fullest stage as a model of its own: its blocks, with the embedding (first stage) and the
+    head and loss (last stage) both on it, so it is the heaviest stage in memory and in time."""
+    if shape.dims is None:
+        raise LayoutError("pipeline parallelism needs a transformer the planner knows the layers of")
+    dims = replace(shape.dims, layers=layers)
+    if shape.tensors is None:
+        per_block = (shape.params - shape.root_params()) // shape.dims.layers
+        params = shape.root_params() + layers * per_block
+        tensors = None
+    else:
+        kept: tuple[ParamTensor, ...] = tuple(t for t in shape.tensors if t.block is None or t.block < layers)
+        tensors = kept
+        params = sum(t.numel for t in kept)
+    skipped = shape.params - shape.flops_params  # position embeddings, on the first stage
+    modules = None if shape.param_modules is None else max(1, round(shape.param_modules * params / shape.params))
+    return replace(
+        shape,
+        name=f"{shape.name} (stage of {layers} blocks)",
+        params=params,
+        flops_params=params - skipped,
+        dims=dims,
+        tensors=tensors,
+        tracer=None,
+        param_modules=modules,
+    )
+
+
+def boundary_bytes(micro_batch: int, seq_len: int, width: int, tp: int, element_bytes: int) -> float:
+    """Bytes one GPU sends across one stage boundary for one micro-batch, one way: the residual
+    stream, split over the tensor-parallel ranks."""
+    return micro_batch * seq_len * width * element_bytes / tp

@@ -1,0 +1,300 @@
+"""The layout search (`runner.py plan search=true`): every layout the strategies allow for one
+model, cluster and global batch (search_space.py), each planned as `runner.py plan` plans it
+(predict.plan_backend), ranked by tokens/s among those that fit, each loser with the part of its
+step that costs it most against the winner, and the frontier of speed against memory.
+
+Every layout makes the same global batch on the same GPUs, so their step times compare term by
+term: the winner's step and a loser's differ by exposed communication, compute slowed by the
+collectives beside it, recomputation, the optimizer step, the host's, the backend's own work and
+the rest of the compute (its micro-batch and tensor-parallel width).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from typing import Any
+
+from harness.common.units import GIB
+from harness.plan.model.model_shape import PlanError
+from harness.plan.network.comm import tensor_parallel_across_nodes
+from harness.plan.parallel.backends import backend_for, model_of
+from harness.plan.parallel.layout import LayoutError, layout_of
+from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision
+from harness.plan.recommendation import CHECKPOINTING_ORDER
+from harness.plan.search.search_space import batch_splits, layout_options
+
+TOP = 10
+SAME = 1e-3  # layouts this close in speed and memory are the same plan
+
+
+@dataclass(frozen=True)
+class Searched:
+    """One layout of the search and its plan."""
+
+    options: dict[str, int]  # the layout's sizes, as strategy options (tp_size, shard_size, ...)
+    micro_batch: int
+    grad_accum: int
+    checkpointing: str
+    plan: StrategyPlan
+    gpus: int
+    peak_flops: float  # what MFU is against (bf16's for an fp8 run)
+    flops_per_token: float
+
+    @property
+    def strategy(self) -> str:
+        return self.plan.name
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        assert self.plan.time is not None
+        return self.plan.time.tokens_per_s / self.gpus
+
+    @property
+    def mfu(self) -> float:
+        return self.tokens_per_s_per_gpu * self.flops_per_token / self.peak_flops
+
+    @property
+    def peak_bytes(self) -> float:
+        return self.plan.peak_bytes or 0.0
+
+    def describe(self) -> str:
+        """The layout in the options that run it."""
+        sizes = " ".join(f"{key}={value}" for key, value in self.options.items())
+        return (
+            f"{self.strategy}{' ' + sizes if sizes else ''} micro_batch={self.micro_batch} "
+            f"grad_accum={self.grad_accum} activation_checkpointing={self.checkpointing}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        layout = self.plan.layout
+        return {
+            "strategy": self.strategy,
+            "strategy_options": dict(self.options),
+            "tp": layout.tp,
+            "shard": layout.shard,
+            "replicas": layout.replicas,
+            "hpz": layout.hpz,
+            "pp": layout.pp,
+            "cp": layout.cp,
+            "data_parallel": layout.data_parallel,
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
+            "activation_checkpointing": self.checkpointing,
+            "tokens_per_s_per_gpu": self.tokens_per_s_per_gpu,
+            "mfu": self.mfu,
+            "step_s": self.plan.time.step_s if self.plan.time else None,
+            "peak_allocated_bytes": self.plan.peak_bytes,
+            "peak_reserved_bytes": self.plan.reserved_bytes,
+            "usable_bytes": self.plan.headroom.usable,
+            "fits": self.plan.fits,
+        }
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    question: Question  # the question every layout shares (its batch split and checkpointing set per layout)
+    global_batch: int  # sequences
+    ranked: list[Searched]  # every layout that fits, fastest first
+    too_large: list[Searched]  # planned, does not fit
+    not_laid_out: dict[str, int]  # why a layout could not be planned, how many times
+
+    @property
+    def strategies(self) -> list[str]:
+        """The strategies planned, in the order searched."""
+        return list(dict.fromkeys(s.strategy for s in self.ranked + self.too_large))
+
+    @property
+    def planned(self) -> int:
+        return len(self.ranked) + len(self.too_large)
+
+    def frontier(self) -> list[Searched]:
+        """The layouts no other beats on both speed and memory, leanest first."""
+        best: list[Searched] = []
+        for s in sorted(self.ranked, key=lambda s: (s.peak_bytes, -s.tokens_per_s_per_gpu)):
+            if not best or s.tokens_per_s_per_gpu > (1 + SAME) * best[-1].tokens_per_s_per_gpu:
+                best.append(s)
+        return best
+
+
+def layout_question(q: Question, options: dict[str, Any], micro_batch: int, grad_accum: int, mode: str) -> Question:
+    """`q` as one layout of the search asks it: its sizes, split and checkpointing, the batch fixed."""
+    return replace(
+        q,
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
+        checkpointing=mode,
+        strategy_options=options,
+        global_batch=None,
+        split_global_batch=False,
+        nearest_split=False,
+    )
+
+
+def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
+    """Plan every layout of `names` that makes `global_batch` sequences on `q`'s cluster."""
+    if q.gpu is None:
+        raise PlanError(
+            "search=true ranks layouts by speed: give a known gpu=, or gpu_mem_gb=, peak_tflops= and hbm_tb_s="
+        )
+    fixed = dict(q.strategy_options)
+    peak_flops = q.gpu.peak_flops[storage_precision(q.precision)]
+    flops_per_token = q.shape.flops_per_token(q.seq_len)
+    fitting: list[Searched] = []
+    too_large: list[Searched] = []
+    not_laid_out: Counter[str] = Counter()
+    for name in names:
+        model = model_of(name)
+        assert model is not None
+        layers = q.shape.dims.layers if q.shape.dims else None
+        for sizes in layout_options(model, q.gpus, q.topology.per_node, fixed, layers, q.seq_len):
+            options = {**fixed, **sizes}
+            try:
+                # Built once per layout: the batch split and checkpointing do not change the backend.
+                backend = backend_for(name, q.shape, storage_precision(q.precision), q.gpus, options)
+                layout = layout_of(backend, q.shape, q.topology)
+            except LayoutError as exc:
+                not_laid_out[str(exc)] += 1
+                continue
+            splits = batch_splits(global_batch, layout.data_parallel)
+            if not splits:
+                not_laid_out[
+                    f"the batch of {global_batch} sequences does not divide over {layout.data_parallel} "
+                    "data-parallel ranks"
+                ] += 1
+                continue
+            for split in splits:
+                for mode in CHECKPOINTING_ORDER:
+                    asked = layout_question(q, options, split.micro_batch, split.grad_accum, mode)
+                    try:
+                        plan = plan_backend(backend, asked)
+                    except LayoutError as exc:
+                        not_laid_out[str(exc)] += 1
+                        continue
+                    found = Searched(
+                        sizes, split.micro_batch, split.grad_accum, mode, plan, q.gpus, peak_flops, flops_per_token
+                    )
+                    (too_large if plan.fits is False else fitting).append(found)
+    fitting.sort(key=lambda s: (-s.tokens_per_s_per_gpu, s.peak_bytes))
+    return SearchResult(q, global_batch, fitting, too_large, dict(not_laid_out))
+
+
+# The terms of a step, by the short name the table gives them.
+TERMS = {
+    "exposed comm": "exposed communication",
+    "contention": "compute slowed by the collectives beside it",
+    "recompute": "recomputation",
+    "optimizer": "optimizer step",
+    "host step": "host optimizer step and copies",
+    "overhead": "backend's own work",
+    "compute": "compute",
+}
+
+
+def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
+    """A layout's step, in seconds, by what it spends them on (TERMS)."""
+    t = s.plan.time
+    assert t is not None
+    recompute = s.grad_accum * t.work.recompute_s * compute_scale if t.work else 0.0
+    optimizer = t.work.optimizer_s * compute_scale if t.work else 0.0
+    return {
+        "exposed comm": t.exposed_comm_s,
+        "contention": t.contention_s,
+        "recompute": recompute,
+        "optimizer": optimizer,
+        "host step": t.offload_step_s,
+        "overhead": t.overhead_s,
+        "compute": t.compute_s - recompute - optimizer,
+    }
+
+
+def _slowest_collective(s: Searched) -> str:
+    comms = [c for c in s.plan.collectives if c.kind != "host-copy"]
+    if not comms:
+        return ""
+    c = max(comms, key=lambda c: (c.group.nodes, c.wire_bytes()))
+    nodes = f"{c.group.nodes} node{'s' if c.group.nodes != 1 else ''}"
+    across = tensor_parallel_across_nodes(s.plan.collectives)
+    return f" ({c.what} over {c.group.size} GPUs on {nodes}{'; ' + across if across else ''})"
+
+
+def _shape(s: Searched) -> str:
+    return f"micro-batch {s.micro_batch} x {s.grad_accum}, tp {s.plan.layout.tp}"
+
+
+@dataclass(frozen=True)
+class Loss:
+    """Why a layout is slower than the winner: by how much, and the term of its step that costs it most."""
+
+    slower: float  # share of the winner's tokens/s it lacks, as winner / it - 1
+    term: str | None  # a key of TERMS; None: no term costs it more (it does more work per token)
+    seconds: float  # what that term costs it per step beyond the winner's
+    detail: str = ""
+
+    @property
+    def short(self) -> str:
+        return f"-{self.slower:.1%} {self.term or 'work'}"
+
+    def describe(self) -> str:
+        if self.term is None:
+            return f"{self.slower:.1%} slower: more work per token"
+        what = "compute at a smaller micro-batch" if self.term == "micro-batch" else TERMS[self.term]
+        return f"{self.slower:.1%} slower: +{self.seconds * 1e3:.0f} ms of {what} per step{self.detail}"
+
+
+def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
+    """How much slower `s` is than `best`, and the term of its step that costs it most."""
+    mine, theirs = step_terms(s, compute_scale), step_terms(best, compute_scale)
+    extra = {term: mine[term] - theirs[term] for term in mine}
+    term = max(extra, key=lambda k: extra[k])
+    slower = max(0.0, best.tokens_per_s_per_gpu / s.tokens_per_s_per_gpu - 1)
+    if extra[term] <= 0:
+        return Loss(slower, None, 0.0)
+    detail = ""
+    if term == "exposed comm":
+        detail = _slowest_collective(s)
+    elif term == "overhead" and s.plan.time and s.plan.time.overhead_what:
+        detail = f" ({s.plan.time.overhead_what})"
+    elif term == "recompute":
+        detail = f" (checkpointing {s.checkpointing} against {best.checkpointing})"
+    elif term == "compute":
+        detail = f" ({_shape(s)} against {_shape(best)})"
+        if s.micro_batch < best.micro_batch and s.plan.layout.tp == best.plan.layout.tp:
+            return Loss(slower, "micro-batch", extra[term], detail)
+    return Loss(slower, term, extra[term], detail)
+
+
+def _same_layout(a: Searched, b: Searched) -> bool:
+    """Two strategies that plan one layout alike (accelerate-zero3 and zero3): within 0.1% in speed and memory."""
+    la, lb = a.plan.layout, b.plan.layout
+    return (
+        (la.tp, la.shard, la.hpz, la.pp, la.cp, a.micro_batch, a.grad_accum, a.checkpointing)
+        == (lb.tp, lb.shard, lb.hpz, lb.pp, lb.cp, b.micro_batch, b.grad_accum, b.checkpointing)
+        and abs(a.tokens_per_s_per_gpu / b.tokens_per_s_per_gpu - 1) < SAME
+        and abs(a.peak_bytes - b.peak_bytes) <= SAME * max(a.peak_bytes, b.peak_bytes)
+    )
+
+
+def distinct(ranked: list[Searched], count: int) -> list[tuple[Searched, list[str]]]:
+    """The first `count` layouts of `ranked`, each with the strategies that plan it alike folded into it."""
+    shown: list[tuple[Searched, list[str]]] = []
+    for s in ranked:
+        twin = next((names for first, names in shown if _same_layout(first, s)), None)
+        if twin is not None:
+            twin.append(s.strategy)
+        elif len(shown) < count:
+            shown.append((s, []))
+    return shown
+
+
+def largest_part(s: Searched) -> tuple[str, float]:
+    """The largest thing a layout holds on each GPU at its peak."""
+    parts = {{"optimizer": "optimizer state"}.get(c, c): b for c, b in s.plan.states_on().items()}
+    if s.plan.activations:
+        parts["activations"] = s.plan.activations.total
+    name = max(parts, key=lambda k: parts[k])
+    return name, parts[name]
+
+
+def gib(n: float | None) -> str:
+    return "?" if n is None else f"{n / GIB:.1f} GiB"

@@ -1,0 +1,265 @@
+"""`runner.py plan search=true`: the fastest layouts that fit for one model, cluster and global
+batch, as a table, a JSON document (format=json) and a chart of speed against memory.
+
+    python runner.py plan search=true model=llama3.1-70b gpus=256 seq_len=8192 global_batch_tokens=4M
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+from harness.common.units import GIB
+from harness.plan.model.model_shape import PlanError
+from harness.plan.plan_cli import aligned, basis_lines, strategy_names
+from harness.plan.plan_options import PlanConfig, gpu_counts, models_asked, question
+from harness.plan.predict import Question, StrategyPlan
+from harness.plan.recommendation import CHECKPOINTING_ORDER
+from harness.plan.search.layout_search import (
+    TOP,
+    Searched,
+    SearchResult,
+    distinct,
+    gib,
+    largest_part,
+    layout_question,
+    search,
+    why_slower,
+)
+from harness.plan.search.search_space import parse_tokens, sequences_in
+from harness.plan.what_if import fewest_gpus
+
+PLOT_NAME = "plan_search.png"
+HEADER = (
+    "#",
+    "strategy",
+    "tp",
+    "pp",
+    "cp",
+    "shard",
+    "hpz",
+    "mb",
+    "accum",
+    "ckpt",
+    "tok/s/GPU",
+    "MFU",
+    "peak",
+    "against #1",
+)
+
+
+def global_batch_of(cfg: PlanConfig) -> int:
+    """The global batch in sequences: global_batch_tokens= over seq_len, or batch_size=."""
+    if cfg.global_batch_tokens is not None:
+        if cfg.batch_size is not None:
+            raise PlanError("give global_batch_tokens= or batch_size= (sequences), not both")
+        return sequences_in(parse_tokens(cfg.global_batch_tokens), cfg.seq_len)
+    if cfg.batch_size is not None:
+        return cfg.batch_size
+    raise PlanError("search=true needs the global batch: global_batch_tokens= (e.g. 4M) or batch_size= (sequences)")
+
+
+def search_question(cfg: PlanConfig) -> tuple[Question, int]:
+    """The question every layout shares, and its global batch in sequences."""
+    if len(models_asked(cfg)) > 1 or len(gpu_counts(cfg)) > 1:
+        raise PlanError("search=true plans one model on one GPU count: give model= and gpus= one value each")
+    if cfg.micro_batch is not None:
+        raise PlanError("search=true chooses the micro-batch and accumulation itself: drop micro_batch=")
+    global_batch = global_batch_of(cfg)
+    return question(replace(cfg, batch_size=global_batch, micro_batch=None)), global_batch
+
+
+def _row(rank: int, s: Searched, against: str) -> tuple[str, ...]:
+    layout = s.plan.layout
+    return (
+        str(rank),
+        s.strategy,
+        str(layout.tp),
+        str(layout.pp) if layout.pp > 1 else "-",
+        str(layout.cp) if layout.cp > 1 else "-",
+        str(layout.shard) if layout.replicas > 1 else "-",
+        str(layout.hpz) if layout.hpz > 1 else "-",
+        str(s.micro_batch),
+        str(s.grad_accum),
+        s.checkpointing,
+        f"{s.tokens_per_s_per_gpu:,.0f}",
+        f"{s.mfu:.0%}",
+        f"{s.peak_bytes / GIB:.1f}",
+        against,
+    )
+
+
+def _leanest(layouts: list[Searched]) -> Searched:
+    """The layout with the lowest peak; among equal peaks the one holding the least activations."""
+    return min(layouts, key=lambda s: (s.peak_bytes, s.micro_batch, -CHECKPOINTING_ORDER.index(s.checkpointing)))
+
+
+def _on_more_gpus(s: Searched, q: Question) -> tuple[int, StrategyPlan] | None:
+    asked = layout_question(q, {**q.strategy_options, **s.options}, s.micro_batch, s.grad_accum, s.checkpointing)
+    found = fewest_gpus(s.strategy, asked)
+    return found if isinstance(found, tuple) else None
+
+
+def nothing_fits(result: SearchResult) -> list[str]:
+    """Why no layout fits, and the fewest GPUs on which each strategy's leanest would."""
+    q = result.question
+    lean = _leanest(result.too_large)
+    part, nbytes = largest_part(lean)
+    lines = [
+        f"Nothing fits in {q.gpus} x {q.capacity_bytes / GIB:.0f} GiB: the leanest layout, {lean.describe()}, needs "
+        f"{gib(lean.plan.reserved_bytes)} per GPU with the allocator's reserve, {gib(lean.plan.headroom.usable)} "
+        f"usable (largest part: {part} {gib(nbytes)})."
+    ]
+    by_strategy = [_leanest([s for s in result.too_large if s.strategy == name]) for name in result.strategies]
+    options = [(found, s) for s in by_strategy if (found := _on_more_gpus(s, q))]
+    if options:
+        (gpus, plan), s = min(options, key=lambda o: (o[0][0], o[0][1].peak_bytes or 0))
+        lines.append(
+            f"It would fit on {gpus} GPUs as {s.describe()} ({gib(plan.peak_bytes)} per GPU), or on a card with more "
+            "memory."
+        )
+    else:
+        lines.append(
+            "No GPU count up to 1,024 makes any strategy's leanest layout fit: a card with more memory, a shorter "
+            "seq_len, or a layout this planner does not model (pipeline or context parallelism) is needed."
+        )
+    return lines
+
+
+def _not_laid_out(result: SearchResult) -> list[str]:
+    """Why layouts could not be planned: each reason once, with the strategies it stopped."""
+    reasons: dict[str, list[str]] = {}
+    for why in result.not_laid_out:
+        name, _, rest = why.partition(": ")
+        reasons.setdefault(rest if rest else why, []).append(name if rest else "")
+    return [
+        f"  not laid out ({', '.join(dict.fromkeys(n for n in names if n)) or 'every strategy'}): {why}"
+        for why, names in reasons.items()
+    ]
+
+
+def _named(s: Searched, twins: list[str]) -> str:
+    return s.strategy + (f" (= {', '.join(twins)})" if twins else "")
+
+
+def _numerics(s: Searched) -> list[str]:
+    if not s.plan.backend.quantized_comm:
+        return []
+    return [
+        f"  {s.strategy} sends weights as int8 and gradients as int4 (ZeRO++): compare its loss with zero3's on a "
+        "smaller model (runner.py compare) before a long run."
+    ]
+
+
+def text_lines(result: SearchResult, seconds: float) -> list[str]:
+    q = result.question
+    tokens = result.global_batch * q.seq_len
+    s = q.shape
+    gpu = q.gpu.name if q.gpu else "an unknown card"
+    lines = [
+        f"parabench plan search | {s.name} ({s.params / 1e9:.3g}B params)",
+        f"  {q.topology.describe()} | {gpu} | {q.precision} | global batch {tokens:,} tokens = {result.global_batch} "
+        f"x {q.seq_len} | strategy x tp x pp x cp x shard x micro-batch x accumulation x checkpointing",
+        *(f"  {line}" for line in basis_lines(q)),
+        f"  fits: {result.ranked[0].plan.headroom.describe()}" if result.ranked else "",
+        "  peak = predicted peak allocated per GPU (GiB); against #1: the share of #1's tokens/s it lacks and the "
+        "term of its step that costs it most",
+        f"Planned {result.planned:,} layouts in {seconds:.1f} s: {len(result.ranked):,} fit, "
+        f"{len(result.too_large):,} do not; {sum(result.not_laid_out.values()):,} more could not be laid out.",
+        "",
+    ]
+    if not result.ranked:
+        return lines + nothing_fits(result) + _not_laid_out(result)
+    shown = distinct(result.ranked, TOP)
+    best = shown[0][0]
+    scale = q.factors.compute_scale
+    losses = [why_slower(found, best, scale) for found, _ in shown[1:]]
+    rows = [HEADER, _row(1, best, "fastest")] + [
+        _row(i + 2, found, loss.short) for i, ((found, _), loss) in enumerate(zip(shown[1:], losses, strict=True))
+    ]
+    lines += aligned(rows, left=2)
+    lines += [
+        "",
+        f"Use {best.describe()}: {best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {best.mfu:.0%} MFU, "
+        f"{gib(best.peak_bytes)} peak per GPU.",
+        *_numerics(best),
+    ]
+    lines += [
+        f"  #{i + 2} {_named(found, twins)}: {loss.describe()}."
+        for i, ((found, twins), loss) in enumerate(zip(shown[1:], losses, strict=True))
+    ]
+    if shown[0][1]:
+        lines.append(f"  #1 is planned alike by {', '.join(shown[0][1])}.")
+    frontier = result.frontier()
+    lines.append(
+        "Frontier (no layout both faster and leaner): "
+        + "; ".join(
+            f"{f.strategy} tp {f.plan.layout.tp} mb {f.micro_batch} {f.checkpointing} {gib(f.peak_bytes)} "
+            f"{f.tokens_per_s_per_gpu:,.0f} tok/s"
+            for f in frontier
+        )
+        + "."
+    )
+    return lines + _not_laid_out(result)
+
+
+def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, Any]:
+    q = result.question
+    best = result.ranked[0] if result.ranked else None
+    scale = q.factors.compute_scale
+    return {
+        "question": asdict(cfg)
+        | {
+            "gpus": q.gpus,
+            "nodes": q.nodes,
+            "topology": q.topology.describe(),
+            "global_batch_sequences": result.global_batch,
+            "global_batch_tokens": result.global_batch * q.seq_len,
+            "capacity_bytes": q.capacity_bytes,
+        },
+        "model": {
+            "name": q.shape.name,
+            "params": q.shape.params,
+            "flops_per_token": q.shape.flops_per_token(q.seq_len),
+        },
+        "basis": basis_lines(q),
+        "planned": result.planned,
+        "fit": len(result.ranked),
+        "did_not_fit": len(result.too_large),
+        "not_laid_out": result.not_laid_out,
+        "seconds": seconds,
+        "layouts": [
+            found.as_dict()
+            | {
+                "planned_alike_by": twins,
+                "against_first": None if found is best else why_slower(found, best, scale).describe(),
+            }
+            for found, twins in distinct(result.ranked, TOP)
+        ],
+        "frontier": [found.as_dict() for found in result.frontier()],
+        "nothing_fits": nothing_fits(result) if best is None and result.too_large else None,
+    }
+
+
+def run_search(cfg: PlanConfig) -> int:
+    q, global_batch = search_question(cfg)
+    started = time.perf_counter()
+    result = search(q, strategy_names(cfg, q.gpus), global_batch)
+    seconds = time.perf_counter() - started
+    if not result.planned:
+        reasons = "; ".join(result.not_laid_out)
+        raise PlanError(f"{q.shape.name} on {q.gpus} GPUs: no layout can take the batch: {reasons}")
+    plots: list[Path] = []
+    if cfg.plot:
+        from harness.plan.search.search_plot import frontier_chart  # matplotlib only when asked
+
+        plots = [frontier_chart(result, Path(cfg.out_dir) / PLOT_NAME)]
+    if cfg.format == "json":
+        print(json.dumps(as_json(cfg, result, seconds) | {"plots": [str(p) for p in plots]}, indent=2))
+        return 0
+    drawn = [f"wrote {p}" for p in plots] or ["plot=true draws tokens/s against memory per GPU, the frontier marked."]
+    print("\n".join(text_lines(result, seconds) + drawn))
+    return 0

@@ -1,0 +1,135 @@
+"""The layouts a search plans (`runner.py plan search=true`): for each strategy the sizes its
+layout takes (tp_size for a tensor-parallel one, shard_size for hybrid sharding,
+zero_hpz_partition_size for hpZ), and for each layout every micro-batch and accumulation that
+makes the global batch over its data-parallel ranks, under each activation checkpointing mode.
+
+A size the user fixed in strategy_options is kept; a size of 1 is left to the plain strategy
+(fsdp-tp at tp 1 is fsdp, hsdp with one replica is fsdp), so no layout is planned twice.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from harness.plan.model.model_shape import PlanError
+from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.layout import splits_model
+
+# Pipeline stages searched at most (deeper pipelines need more micro-batches than a batch gives), and
+# the sequence length from which context parallelism is searched (below it, a sequence's activations
+# fit a GPU at micro-batch 1 for the models the planner knows); the schedules searched unless one is asked.
+MAX_PIPELINE_STAGES = 16
+LONG_SEQUENCE = 16384
+SEARCHED_SCHEDULES = ("1f1b", "interleaved-1f1b")
+MICROBATCHES_PER_STAGE = (1, 2, 4)  # pipeline micro-batches searched, in multiples of the stages
+TOKEN_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}  # 4M tokens: 4,194,304, as runs state it
+
+
+@dataclass(frozen=True)
+class BatchSplit:
+    micro_batch: int  # sequences per data-parallel rank per micro-step
+    grad_accum: int  # micro-steps per optimizer step
+
+
+def parse_tokens(value: Any) -> int:
+    """A token count as given: 4194304, 4M, 512K (binary prefixes, as published batch sizes mean them)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)\s*", str(value), re.IGNORECASE)
+    count = float(match.group(1)) * TOKEN_SUFFIXES[match.group(2).upper()] if match else 0
+    if not count or count != int(count):
+        raise PlanError(f"global_batch_tokens={value!r} is not a whole number of tokens: give e.g. 4194304, 4M or 512K")
+    return int(count)
+
+
+def sequences_in(tokens: int, seq_len: int) -> int:
+    """The global batch in sequences of `seq_len` tokens; a count that is not whole is a one-line error."""
+    sequences, rem = divmod(tokens, seq_len)
+    if rem or not sequences:
+        below, above = sequences * seq_len, (sequences + 1) * seq_len
+        nearest = f"{below:,} or {above:,}" if sequences else f"{above:,}"
+        raise PlanError(
+            f"global_batch_tokens={tokens:,} is not a whole number of sequences of seq_len={seq_len}: use {nearest}"
+        )
+    return sequences
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _sizes(fixed: dict[str, Any], option: str, choices: list[int]) -> list[int]:
+    """The sizes searched for one option: the user's where fixed, else `choices` above 1."""
+    if fixed.get(option) not in (None, 0, "auto"):
+        return [fixed[option]]
+    return [c for c in choices if c > 1]
+
+
+def _split_sizes(
+    backend: Backend, ranks: int, fixed: dict[str, Any], layers: int | None, seq_len: int | None
+) -> list[dict[str, Any]]:
+    """Pipeline and context-parallel sizes (with the schedules searched) over `ranks` GPUs, for a
+    strategy that takes them (layout.splits_model): pp up to MAX_PIPELINE_STAGES and the model's
+    blocks, each with SEARCHED_SCHEDULES and MICROBATCHES_PER_STAGE x pp micro-batches (a split whose
+    local batch they do not divide is not laid out), cp where the sequence is LONG_SEQUENCE tokens
+    or more and splits evenly; [{}] for none."""
+    if not splits_model(backend) or layers is None or seq_len is None:
+        return [{}]
+    pps = [1] + [p for p in _sizes(fixed, "pp_size", divisors(ranks)) if p <= min(layers, MAX_PIPELINE_STAGES)]
+    long = seq_len >= LONG_SEQUENCE
+    cps = [1] + [c for c in _sizes(fixed, "cp_size", divisors(ranks) if long else []) if seq_len % (2 * c) == 0]
+    schedules = [fixed["schedule"]] if fixed.get("schedule") else list(SEARCHED_SCHEDULES)
+    out: list[dict[str, Any]] = []
+    for pp in pps:
+        for cp in cps:
+            if ranks % (pp * cp):
+                continue
+            split = ({"pp_size": pp} if pp > 1 else {}) | ({"cp_size": cp} if cp > 1 else {})
+            if pp == 1:
+                out.append(split)
+                continue
+            counts = [fixed["microbatches"]] if fixed.get("microbatches") else [pp * k for k in MICROBATCHES_PER_STAGE]
+            out += [split | {"schedule": s, "microbatches": m} for s in schedules for m in counts]
+    return out
+
+
+def layout_options(
+    backend: Backend,
+    gpus: int,
+    per_node: int,
+    fixed: dict[str, Any],
+    layers: int | None = None,
+    seq_len: int | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The layout sizes `backend` can take on `gpus` GPUs, as strategy options; layout.py decides
+    which of them the model and the cluster allow. Given the model's blocks and the sequence
+    length, FSDP2's layouts also take pipeline stages and context-parallel GPUs."""
+    tps = _sizes(fixed, "tp_size", divisors(gpus)) if backend.tensor_parallel else [1]
+    for tp in tps:
+        for split in _split_sizes(backend, gpus // tp, fixed, layers, seq_len):
+            sizes: dict[str, Any] = ({"tp_size": tp} if backend.tensor_parallel else {}) | split
+            shards = _sizes(fixed, "shard_size", divisors(gpus // tp)[:-1]) if backend.hybrid_shard else [0]
+            hpzs = (
+                _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_node, gpus)))
+                if backend.secondary_partition
+                else [0]
+            )
+            for shard in shards:
+                for hpz in hpzs:
+                    yield (
+                        sizes
+                        | ({"shard_size": shard} if shard else {})
+                        | ({"zero_hpz_partition_size": hpz} if hpz else {})
+                    )
+
+
+def batch_splits(global_batch: int, data_parallel: int) -> list[BatchSplit]:
+    """Every micro-batch and accumulation that makes `global_batch` sequences over
+    `data_parallel` ranks, largest micro-batch first; none where the batch does not divide."""
+    per_rank, rem = divmod(global_batch, data_parallel)
+    if rem or not per_rank:
+        return []
+    return [BatchSplit(m, per_rank // m) for m in reversed(divisors(per_rank))]

@@ -1,0 +1,329 @@
+"""What one micro-step costs a GPU in compute, kernel by kernel, from the model's shapes:
+
+  matmuls      each block's projections and the head, forward (X·Wᵀ), backward (the input's
+               gradient and the weight's), timed by their shape (gemm.py)
+  attention    by its kernel, head dim and sequence (attention.py)
+  elementwise  norms, activations, rotary, residual adds, autocast's casts, the embedding: the
+               bytes they read and write (below), at the card's memory bandwidth
+  loss         the cross-entropy over the vocabulary: 36 bytes per logit eager (the fp32 copy
+               of the logits, log-softmax, its gradient, the cast back), 6 fused (a fused or
+               chunked kernel, or a compiled model: one read for the forward, a read and a write
+               for the backward)
+  copies       what the backend copies through memory around its collectives (comm.py's
+               local_copy_bytes): FSDP's and ZeRO-3's gathered parameters into place, gradients
+               into the reduction's buffer
+  optimizer    AdamW over the GPU's shard, once per step (OPTIMIZER_BYTES per parameter)
+  fp8          with precision=fp8 the blocks' projections run in fp8 with tensorwise scaling
+               (torchao's float8 linears, Transformer Engine's), everything else in bf16 (the head
+               too: torchtitan leaves `output` out). Every cast reads the bf16 tensor for its amax,
+               reads it again and writes fp8 (FP8_CAST_BYTES per element): each distinct input
+               once (q, k and v share theirs, as do gate and up: torchao's PrepareFloat8ModuleInput,
+               a fused qkv, Inductor's common subexpressions), under tensor parallelism the
+               attention's and MLP's inputs on the sequence shard before their gather; each output's
+               gradient (the row-parallel ones on the sequence shard); each weight per micro-step
+               and its transposed copy for the backward (FP8_WEIGHT_BYTES per parameter). Full
+               checkpointing casts the forward's again, selective recasts without the amax
+               (torchtitan's policy saves `max`)
+
+Activation checkpointing runs forward work again in the backward: `full` the whole of every
+block (attention included); `selective` (torchtitan's op-level policy) every second matmul of a
+block and all its elementwise work, keeping attention's output. Tensor parallelism splits each
+projection's output (column-parallel) or input (row-parallel) dimension and the heads over
+`tp` GPUs. torch.compile fuses the elementwise chains between matmuls.
+
+Bytes per token of the elementwise work, from the modules as eager PyTorch runs them (r: the
+residual stream's bytes, a: the matmuls' inputs and outputs; under autocast r=4, a=2 and each
+projection reads its input through a cast (r+a), in bf16 throughout r=a=2):
+  LayerNorm         forward r+n, backward 2r+n (n: its output's bytes, r under autocast)
+  RMSNorm (eager)   fp32 upcast, square, mean, scale, downcast, weight: 36 bytes per element from
+                    bf16 (28 from fp32) forward, twice that backward; a fused kernel
+                    (fused_norm=true) moves what LayerNorm does
+  residual add      r+a+r forward; backward the gradients' sum (3r) and, under autocast, the
+                    branch's cast (r+a)
+  GELU / SwiGLU     2f·a / 5f·a forward (SiLU, then the product), 3f·a / 9f·a backward
+  rotary            20 bytes per element of q and k each way (halves rotated, two products, a sum;
+                    or in complex numbers, as torchtitan writes it: the fp32 upcast, the complex
+                    product, the cast back)
+  repeat_kv         GQA's keys and values expanded to every head: 2·(q+kv)·a each way
+Compiled, each chain between two matmuls reads its inputs and writes its outputs once, but for
+a rotary embedding computed in complex numbers (complex_rope=true): Inductor generates no code for
+complex tensors and runs those operators as eager kernels (torch/_inductor/lowering.py,
+`unsupported_input_tensor`: "Torchinductor does not support code generation for complex
+operators"), so that rotary costs what it does eager.
+A model without transformer sizes costs its 6N flops at the card's matmul rate, and its optimizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from harness.common.hardware import GPUSpec
+from harness.plan.model.model_shape import ModelShape, TransformerDims
+from harness.plan.speed.attention import attention_seconds
+from harness.plan.speed.gemm import gemm_seconds
+
+CHECKPOINTING = ("none", "full", "selective")
+LOSS_BYTES_PER_LOGIT = {"eager": 36, "fused": 6}
+# AdamW per parameter of the shard: parameter, gradient and both moments read, three written
+# (fused, fp32: 28), the gradient norm's read and the clipping's scale (12); DeepSpeed adds the
+# gradient's cast to fp32 and the parameter's back to bf16 (6 + 6).
+OPTIMIZER_BYTES = {"torch": 40, "deepspeed": 52}
+# Autocast per parameter of a matmul's weight per micro-step: cast to bf16 for the forward
+# (read 4, write 2), its gradient cast back and added into .grad (read 2, write 4, read 4, write 4).
+AUTOCAST_WEIGHT_BYTES = 6 + 14
+# The share of the data-sheet bandwidth eager PyTorch's memory-bound kernels reach, as the bytes
+# above count them: on the reference H100 (docs/benchmarks.md, 2026-11-23) `single` eager and
+# compiled differ only in their memory-bound work (319,108 against 469,415 tokens/s at gpt2-124m,
+# micro-batch 16 x 1024): the model's 10.45 ms difference at the data sheet's 3.35 TB/s took
+# 16.44 ms. tests/plan/speed/test_compute.py derives it again.
+MEMORY_EFFICIENCY = 0.635
+RMSNORM_EAGER_BYTES = {2: 36, 4: 28}  # per element forward, by the input's bytes
+FP8_CAST_BYTES = 2 + 2 + 1  # the amax's read, the cast's read and its fp8 write
+FP8_WEIGHT_BYTES = FP8_CAST_BYTES + 2  # and the fp8 copy transposed for the backward
+FP8_RECAST_BYTES = 2 + 1  # a cast whose amax was kept
+
+
+@dataclass(frozen=True)
+class Regime:
+    """How a backend runs the model: bytes of the residual stream and of the matmuls' operands."""
+
+    residual: int
+    matmul: int
+    autocast: bool  # projections read their inputs through a cast; weights cast every forward
+
+    @classmethod
+    def of(cls, precision: str, mixed_precision: str) -> "Regime":
+        if precision == "fp32":
+            return cls(4, 4, False)
+        return cls(4, 2, True) if mixed_precision == "autocast" else cls(2, 2, False)
+
+
+@dataclass(frozen=True)
+class ComputeWork:
+    """Seconds of one micro-step's compute on one GPU, by part, and the step's optimizer."""
+
+    matmul_s: float
+    attention_s: float
+    elementwise_s: float
+    loss_s: float
+    recompute_s: float  # forward work activation checkpointing runs again (its share of the parts above)
+    forward_s: float  # the forward's share of the micro-step (the window forward communication hides in)
+    optimizer_s: float  # once per step, not per micro-step
+
+    @property
+    def micro_step_s(self) -> float:
+        return self.matmul_s + self.attention_s + self.elementwise_s + self.loss_s
+
+    @property
+    def backward_s(self) -> float:
+        return self.micro_step_s - self.forward_s
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """A micro-step's work, split into what the forward does, what the backward does, and what a
+    checkpointed backward runs again."""
+
+    forward: float = 0.0
+    backward: float = 0.0
+    again: float = 0.0
+
+    def __add__(self, other: "Kernels") -> "Kernels":
+        return Kernels(self.forward + other.forward, self.backward + other.backward, self.again + other.again)
+
+    @property
+    def total(self) -> float:
+        return self.forward + self.backward + self.again
+
+
+def block_projections(dims: TransformerDims, tp: int) -> list[tuple[int, int]]:
+    """(out, in) of a block's matmuls in forward order, as one of `tp` GPUs holds them."""
+    h, f, q, kv = dims.width, dims.ffn_width, dims.q_width, dims.kv_width
+    attention = [((q + 2 * kv) // tp, h)] if dims.fused_qkv else [(q // tp, h), (kv // tp, h), (kv // tp, h)]
+    mlp = [(f // tp, h), (f // tp, h), (h, f // tp)] if dims.gated_mlp else [(f // tp, h), (h, f // tp)]
+    return attention + [(h, q // tp)] + mlp
+
+
+def fp8_cast_bytes(dims: TransformerDims, tokens: int, tp: int, checkpointing: str) -> tuple[float, float, float]:
+    """Bytes the fp8 casts of one micro-step move (forward, backward, again): the module docstring's
+    account, per GPU of a `tp`-way tensor-parallel group."""
+    h, q, f = dims.width, dims.q_width, dims.ffn_width
+    column_outputs = sum(out for out, into in block_projections(dims, tp) if into == h)
+    inputs = tokens * (2 * h / tp + (q + f) / tp)  # attention and MLP inputs, then o's and down's
+    grads = tokens * (column_outputs + 2 * h / tp)
+    weights = sum(out * into for out, into in block_projections(dims, tp))
+    forward = dims.layers * (FP8_CAST_BYTES * inputs + FP8_WEIGHT_BYTES * weights)
+    backward = dims.layers * FP8_CAST_BYTES * grads
+    again = {"none": 0.0, "full": 1.0, "selective": FP8_RECAST_BYTES / FP8_CAST_BYTES}[checkpointing] * forward
+    return forward, backward, again
+
+
+def _matmuls(
+    dims: TransformerDims, tokens: int, gpu: GPUSpec, precision: str, checkpointing: str, tp: int, projections: str
+) -> Kernels:
+    """The matmuls of a micro-step: the blocks' projections at `projections` (fp8 or the run's
+    precision), the head at the run's."""
+    block = Kernels()
+    for index, (out, into) in enumerate(block_projections(dims, tp)):
+        forward = gemm_seconds(tokens, out, into, gpu, projections)
+        backward = gemm_seconds(tokens, into, out, gpu, projections) + gemm_seconds(out, into, tokens, gpu, projections)
+        again = forward if checkpointing == "full" or (checkpointing == "selective" and index % 2 == 1) else 0.0
+        block += Kernels(forward, backward, again)
+    head_out = dims.vocab // dims.head_split(tp)
+    head = Kernels(
+        gemm_seconds(tokens, head_out, dims.width, gpu, precision),
+        gemm_seconds(tokens, dims.width, head_out, gpu, precision)
+        + gemm_seconds(head_out, dims.width, tokens, gpu, precision),
+    )
+    return Kernels(block.forward * dims.layers, block.backward * dims.layers, block.again * dims.layers) + head
+
+
+def _norm_bytes(dims: TransformerDims, r: Regime, compiled: bool, fused_norm: bool = False) -> tuple[float, float]:
+    """(forward, backward) bytes per element of one norm."""
+    out = r.residual if r.autocast else r.matmul
+    if compiled or fused_norm:
+        return r.residual + out, 2 * r.residual + out
+    if dims.rms_norm:
+        forward = RMSNORM_EAGER_BYTES[r.residual]
+        return forward, 2 * forward
+    return r.residual + out, 2 * r.residual + out
+
+
+def elementwise_bytes_per_token(
+    dims: TransformerDims, r: Regime, compiled: bool, tp: int, fused_norm: bool = False, complex_rope: bool = False
+) -> tuple[float, float]:
+    """(forward, backward) bytes one block's elementwise work moves per token on one of `tp` GPUs
+    (tensor parallel splits the heads' and the MLP's work; the residual stream's is split by
+    sequence parallelism alike)."""
+    h, f, q, kv = dims.width, dims.ffn_width, dims.q_width, dims.kv_width
+    a, res = r.matmul, r.residual
+    norm_f, norm_b = _norm_bytes(dims, r, compiled, fused_norm)
+    qk = q + kv
+    expand = 2 * (q + kv) * a if dims.kv_heads < dims.heads else 0.0
+    if compiled:
+        junction_f, junction_b = (2 * res + 2 * a) * h, (3 * res + a) * h
+        act_f, act_b = (3 * f * a, 5 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
+        rotary = (10 if complex_rope else 2) * a * qk if dims.rotary else 0.0
+        return (2 * junction_f + act_f + rotary + expand) / tp, (2 * junction_b + act_b + rotary + expand) / tp
+    casts = 0.0
+    if r.autocast:
+        consumers = (1 if dims.fused_qkv else 3) + (2 if dims.gated_mlp else 1)
+        casts = consumers * (res + a) * h
+    act_f, act_b = (5 * f * a, 9 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
+    rotary = 10 * a * qk if dims.rotary else 0.0
+    forward = 2 * norm_f * h + casts + 2 * (2 * res + a) * h + act_f + rotary + expand
+    cast_back = 2 * (res + a) * h if r.autocast else 0.0
+    backward = 2 * norm_b * h + casts + 2 * 3 * res * h + cast_back + act_b + rotary + expand
+    return forward / tp, backward / tp
+
+
+def _elementwise(
+    dims: TransformerDims,
+    tokens: int,
+    r: Regime,
+    compiled: bool,
+    checkpointing: str,
+    tp: int,
+    bandwidth: float,
+    fused_norm: bool = False,
+    complex_rope: bool = False,
+) -> Kernels:
+    forward, backward = elementwise_bytes_per_token(dims, r, compiled, tp, fused_norm, complex_rope)
+    block = Kernels(forward, backward, forward if checkpointing != "none" else 0.0)
+    # Outside the blocks: the embedding's lookup and its gradient, the final norm.
+    norm_f, norm_b = _norm_bytes(dims, r, compiled, fused_norm)
+    root = Kernels((2 * r.residual + norm_f) * dims.width, (2 * r.residual + norm_b) * dims.width)
+    per_token = Kernels(block.forward * dims.layers, block.backward * dims.layers, block.again * dims.layers) + root
+    scale = tokens / bandwidth
+    return Kernels(per_token.forward * scale, per_token.backward * scale, per_token.again * scale)
+
+
+def _attention(
+    dims: TransformerDims,
+    micro_batch: int,
+    seq_len: int,
+    gpu: GPUSpec,
+    kernel: str,
+    precision: str,
+    checkpointing: str,
+    tp: int,
+) -> Kernels:
+    forward, backward = attention_seconds(
+        gpu, kernel, precision, batch=micro_batch, seq=seq_len, heads=dims.heads // tp, head_dim=dims.head_dim
+    )
+    return Kernels(
+        forward * dims.layers, backward * dims.layers, forward * dims.layers if checkpointing == "full" else 0
+    )
+
+
+def compute_work(
+    shape: ModelShape,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    precision: str,
+    mixed_precision: str,
+    compiled: bool,
+    checkpointing: str,
+    fused_loss: bool,
+    attention: str,
+    gpu: GPUSpec,
+    tp: int = 1,
+    optimizer_params: float,
+    engine: str,
+    copy_bytes: float = 0.0,
+    matmul_precision: str | None = None,
+    fused_norm: bool = False,
+    complex_rope: bool = False,
+    qk_norm: bool = False,
+) -> ComputeWork:
+    """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
+    optimizer over `optimizer_params` parameters; `qk_norm`: an RMSNorm on each head's queries
+    and keys, moving their elements as a norm of the matmuls' dtype does."""
+    tokens = micro_batch * seq_len
+    regime = Regime.of(precision, mixed_precision)
+    bandwidth = gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY
+    optimizer = OPTIMIZER_BYTES[engine] * optimizer_params / bandwidth
+    dims = shape.dims
+    if dims is None:
+        flops = shape.flops_per_token(seq_len) * tokens * (4 / 3 if checkpointing != "none" else 1)
+        matmul = flops / (gpu.matmul_efficiency * gpu.peak_flops[precision])
+        return ComputeWork(matmul, 0.0, 0.0, 0.0, 0.0, matmul / 3, optimizer)
+    projections = matmul_precision or precision
+    matmuls = _matmuls(dims, tokens, gpu, precision, checkpointing, tp, projections)
+    attn = _attention(dims, micro_batch, seq_len, gpu, attention, precision, checkpointing, tp)
+    elementwise = _elementwise(dims, tokens, regime, compiled, checkpointing, tp, bandwidth, fused_norm, complex_rope)
+    if regime.autocast:  # the weights' casts, forward and backward (again when recomputed)
+        block_weights = sum(o * i for o, i in block_projections(dims, tp)) * dims.layers
+        weights = block_weights + dims.vocab * dims.width / dims.head_split(tp)
+        casts = AUTOCAST_WEIGHT_BYTES * weights / bandwidth
+        elementwise += Kernels(casts * 6 / AUTOCAST_WEIGHT_BYTES, casts * 14 / AUTOCAST_WEIGHT_BYTES)
+    elementwise += Kernels(0.0, copy_bytes / bandwidth)
+    if qk_norm:
+        rms = replace(dims, rms_norm=True)
+        norm_f, norm_b = _norm_bytes(rms, Regime(regime.matmul, regime.matmul, False), compiled, fused_norm)
+        moved = (dims.q_width + dims.kv_width) * tokens * dims.layers / tp / bandwidth
+        elementwise += Kernels(norm_f * moved, norm_b * moved, norm_f * moved if checkpointing != "none" else 0.0)
+    if projections == "fp8":
+        elementwise += Kernels(*(moved / bandwidth for moved in fp8_cast_bytes(dims, tokens, tp, checkpointing)))
+    loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]
+    loss = loss_bytes * tokens * dims.vocab / dims.head_split(tp) / bandwidth
+    forward = matmuls.forward + attn.forward + elementwise.forward + loss / 3
+    again = matmuls.again + attn.again + elementwise.again
+    return ComputeWork(matmuls.total, attn.total, elementwise.total, loss, again, forward, optimizer)
+
+
+# Eager kernels per block beside its matmuls' three each: attention's two, and the elementwise
+# ops of a forward (two norms, two residual adds, the activation, casts or rotary: about 12) and
+# of a backward (about twice as many).
+ELEMENTWISE_LAUNCHES_PER_BLOCK = 38
+ROOT_LAUNCHES = 30  # embedding, final norm, head, loss, forward and backward
+
+
+def kernel_launches(shape: ModelShape, checkpointing: str) -> int:
+    """Kernels one eager micro-step launches (what a host that launches them one by one pays for)."""
+    if shape.dims is None:
+        return 3 * len(shape.tensors or ()) + ROOT_LAUNCHES
+    per_block = 3 * len(block_projections(shape.dims, 1)) + ELEMENTWISE_LAUNCHES_PER_BLOCK
+    again = per_block // 3 if checkpointing != "none" else 0
+    return shape.dims.layers * (per_block + again) + ROOT_LAUNCHES

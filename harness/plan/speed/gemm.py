@@ -1,0 +1,60 @@
+"""How long one matrix multiply takes on a GPU, from its shape: a roofline with a launch cost.
+
+    t = LAUNCH_S + max(flops x (1 + INNER_OVERHEAD / k) / (SUSTAINED x matmul_efficiency x peak),
+                       OPERAND_TRAFFIC x bytes / HBM bandwidth)
+
+flops = 2·m·n·k; bytes = the operands and the result once each, (m·k + k·n + m·n) elements. A
+large GEMM runs at the best rate a shape search measured on the card (its MAMF,
+harness/common/hardware.py); one with a short inner dimension k pays each output tile's fixed
+start and finish as INNER_OVERHEAD more elements of k; a skinny one (a dimension of a few
+hundred) is bound by moving its operands; a small one by the fixed cost of a kernel. The three
+constants are fitted to OpenXLA's measured bf16 matmul table for sm_90 (tensorflow/tensorflow
+third_party/xla/xla/service/gpu/model/matmul_interpolator_data.h @ 372d578b, kDefaultMatmulPTable,
+375 shapes b x m x n x k, every dimension 256..4096): with the H100's MAMF of 80.3%, the median
+error by size class is within 7% from 2^29 flops up, by inner dimension within 6%, and the rms
+log error 8%
+(tests/plan/speed/test_compute.py holds the fit to the table and to the square-matmul sweeps of
+zzc0721/torch-performance-test-data on H100 SXM and PCIe). An fp8 matmul runs the same way at the
+card's fp8 peak and fp8 MAMF, its operands a byte each; the fixed time of an output tile is the
+same, so its inner overhead is as many more elements of k as fp8's rate is over bf16's.
+"""
+
+from __future__ import annotations
+
+from harness.common.hardware import GPUSpec
+
+LAUNCH_S = 6.0e-6  # a kernel's fixed cost: 2^25-flop matmuls take 5.2 us in the table
+OPERAND_TRAFFIC = 1.10  # operand bytes moved over the minimum, tiles re-read from HBM
+INNER_OVERHEAD = 96  # elements of k each output tile's prologue and epilogue cost
+# A training step runs tensor-core work back to back, as the largest sizes of a square-matmul
+# sweep do, and the card's clocks settle under its power limit: the largest size each sweep of
+# zzc0721/torch-performance-test-data measured ran at 0.90 (H100 SXM, 10240^3: 719.7 TFLOP/s
+# against 797.5 at 8192^3, issue 79), 0.95 (H100 PCIe, issue 95) and 0.90 (A100 PCIe 40GB,
+# issue 108) of the sweep's best. The mean scales every matmul of a step.
+SUSTAINED = 0.92
+
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+def gemm_seconds(
+    m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float = 1, sustained: float = SUSTAINED
+) -> float:
+    """Seconds of `batch` matmuls of (m x k) by (k x n) at `precision` in a training step (a lone
+    kernel, as a benchmark times it: sustained=1)."""
+    if min(m, n, k, batch) <= 0:
+        return 0.0
+    rate = gpu.matmul_efficiency * gpu.peak_flops[precision]
+    inner = INNER_OVERHEAD
+    if precision == "fp8":  # the tile's fixed time is worth as many more elements of k as fp8 runs faster
+        fp8_rate = gpu.fp8_efficiency * gpu.peak_flops["fp8"]
+        inner, rate = INNER_OVERHEAD * fp8_rate / (gpu.matmul_efficiency * gpu.peak_flops["bf16"]), fp8_rate
+    flops = 2.0 * batch * m * n * k * (1 + inner / k)
+    moved = OPERAND_TRAFFIC * batch * (m * k + k * n + m * n) * BYTES[precision] / gpu.hbm_bytes_per_s
+    return LAUNCH_S + max(flops / (sustained * rate), moved)
+
+
+def gemm_tflops(
+    m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float = 1, sustained: float = SUSTAINED
+) -> float:
+    """The rate the model gives that matmul, TFLOP/s (for tests and the docs' tables)."""
+    return 2.0 * batch * m * n * k / gemm_seconds(m, n, k, gpu, precision, batch, sustained) / 1e12

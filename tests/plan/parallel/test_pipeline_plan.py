@@ -1,0 +1,195 @@
+"""Pipeline and context parallelism in the plan: the bubble by schedule, the activations in flight
+on a stage, the traffic between stages, context parallel's activations and traffic, the search over
+pp and cp, and the 405B question (FSDP x TP x PP against ZeRO-3)."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.plan.parallel.layout import LayoutError
+from harness.plan.parallel.pipeline_context import published_layout, published_options
+from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
+from harness.plan.plan_cli import PlanConfig, question, strategy_names
+from harness.plan.predict import plan_strategy
+from harness.plan.search.layout_search import search, why_slower
+from harness.plan.search.search_cli import search_question
+
+SMALL_LLAMA = dict(layers=8, width=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000, arch="llama")
+
+
+def _plan(name: str = "fsdp-tp", **options):
+    sizes = {
+        k: options.pop(k)
+        for k in list(options)
+        if k in ("tp_size", "pp_size", "cp_size", "schedule", "microbatches", "cp_attention")
+    }
+    cfg = PlanConfig(
+        **{**SMALL_LLAMA, "gpus": 16, "gpus_per_node": 4, "seq_len": 4096, "micro_batch": 8, **options},
+        strategy_options=sizes,
+    )
+    q = question(cfg)
+    return q, plan_strategy(name, q)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "virtual", "bubble"),
+    [("gpipe", 1, 3 / 8), ("1f1b", 1, 3 / 8), ("interleaved-1f1b", 2, 3 / 16), ("zero-bubble", 1, 0.0)],
+)
+def test_bubble_by_schedule(schedule: str, virtual: int, bubble: float) -> None:
+    assert Pipeline(4, 8, schedule, virtual).bubble == pytest.approx(bubble)
+
+
+def test_zero_bubble_needs_as_many_micro_batches_as_stages() -> None:
+    assert Pipeline(4, 2, "zero-bubble").bubble == pytest.approx(3 / 2)
+
+
+def test_micro_batches_in_flight_by_schedule() -> None:
+    assert Pipeline(4, 16, "gpipe").in_flight == 16
+    assert Pipeline(4, 16, "1f1b").in_flight == 4
+    assert Pipeline(4, 2, "1f1b").in_flight == 2
+    # Megatron's warm-up: 2(p-1) + (v-1)p + 1 = 11 chunks of half a stage.
+    assert Pipeline(4, 16, "interleaved-1f1b", 2).in_flight == pytest.approx(5.5)
+    assert Pipeline(4, 16, "zero-bubble").in_flight == 7
+
+
+def test_bad_pipeline_options_are_one_line_errors() -> None:
+    with pytest.raises(LayoutError, match="not a multiple"):
+        Pipeline(4, 6, "interleaved-1f1b", 2)
+    with pytest.raises(LayoutError, match="not a pipeline schedule"):
+        Pipeline(4, 8, "pipedream")
+    with pytest.raises(LayoutError, match="does not divide the local batch"):
+        pipeline_of({"microbatches": 3}, 8, 4)
+    assert pipeline_of({}, 8, 4).microbatches == 4  # torchtitan's default: one per stage
+    assert pipeline_of({}, 6, 4).microbatches == 6
+
+
+def test_stage_holds_its_blocks_with_embedding_and_head() -> None:
+    q, _ = _plan()
+    pipe = Pipeline(3, 3, "1f1b")
+    layers = stage_layers(8, pipe)
+    assert layers == 3
+    stage = stage_shape(q.shape, layers)
+    assert stage.dims.layers == 3
+    assert stage.root_params() == q.shape.root_params()
+    assert stage.params == q.shape.root_params() + sum(q.shape.block_params()[:3])
+
+
+def test_stage_memory_holds_the_micro_batches_in_flight() -> None:
+    q, plain = _plan(tp_size=2)
+    _, one_f = _plan(tp_size=2, pp_size=4, schedule="1f1b", microbatches=8)
+    _, gpipe = _plan(tp_size=2, pp_size=4, schedule="gpipe", microbatches=8)
+    assert one_f.layout.pp == gpipe.layout.pp == 4
+    # FSDP inside a stage: its parameters over the stage's 2 data-parallel ranks, against the whole
+    # model's over 8; the peak grows with the micro-batches in flight.
+    stage = stage_shape(q.shape, 2)
+    held = one_f.states_on()["optimizer"] / plain.states_on()["optimizer"]
+    assert held == pytest.approx((stage.params / 2) / (q.shape.params / 8), rel=0.01)
+    assert gpipe.activations.blocks == pytest.approx(2 * one_f.activations.blocks, rel=1e-6)
+    assert gpipe.peak_bytes > one_f.peak_bytes
+
+
+def test_boundary_traffic_on_the_right_link() -> None:
+    assert boundary_bytes(2, 4096, 1024, 2, 2) == 2 * 4096 * 1024 * 2 / 2
+    _, in_node = _plan(pp_size=4, tp_size=1, gpus=4, schedule="1f1b", microbatches=8)
+    _, across = _plan(pp_size=4, tp_size=2, schedule="1f1b", microbatches=8)
+    sends = [c for c in in_node.collectives if "pipeline stages" in c.what]
+    assert sends and "NVLink" in sends[0].what and sends[0].group.nodes == 1
+    sends = [c for c in across.collectives if "pipeline stages" in c.what]
+    assert sends and "network" in sends[0].what and sends[0].group.nodes == 2
+    # Activations forward and gradients back for each of the 8 micro-batches of 1 sequence.
+    assert sends[0].payload_bytes == pytest.approx(2 * 8 * boundary_bytes(1, 4096, 1024, 2, 2))
+
+
+def test_interleaving_halves_the_bubble_on_the_step() -> None:
+    _, one_f = _plan(tp_size=2, pp_size=4, schedule="1f1b", microbatches=8)
+    _, inter = _plan(tp_size=2, pp_size=4, schedule="interleaved-1f1b", microbatches=8)
+    assert "bubble" in one_f.time.overhead_what
+    assert inter.time.tokens_per_s > one_f.time.tokens_per_s
+
+
+def test_context_parallel_splits_activations_and_shards_over_dp_and_cp() -> None:
+    _, plain = _plan("fsdp", micro_batch=1)
+    _, cp = _plan("fsdp", micro_batch=1, cp_size=4)
+    assert cp.layout.cp == 4 and cp.layout.data_parallel == 4 and cp.layout.shard == 16
+    assert cp.activations.blocks == pytest.approx(plain.activations.blocks / 4, rel=0.01)
+    assert cp.states_on()["optimizer"] == pytest.approx(plain.states_on()["optimizer"], rel=0.01)
+    exchanges = [c for c in cp.collectives if "all-to-all" in c.what]
+    assert exchanges and exchanges[0].group.size == 4 and exchanges[0].window is None
+
+
+def test_ring_attention_hides_behind_attention() -> None:
+    _, ulysses = _plan("fsdp", micro_batch=1, cp_size=4, seq_len=32768)
+    _, ring = _plan("fsdp", micro_batch=1, cp_size=4, seq_len=32768, cp_attention="ring")
+    assert any("ring attention" in c.what for c in ring.collectives)
+    assert ring.time.exposed_comm_s < ulysses.time.exposed_comm_s
+
+
+def test_pp_and_cp_only_for_fsdp2_and_must_divide() -> None:
+    _, zero3 = _plan("zero3", pp_size=2, cp_size=2)
+    assert (zero3.layout.pp, zero3.layout.cp) == (1, 1)  # left, as tp_size by a strategy without it
+    with pytest.raises(LayoutError, match="does not divide gpus"):
+        _plan("fsdp", pp_size=3)
+    with pytest.raises(LayoutError, match="does not split seq_len"):
+        _plan("fsdp", cp_size=4, seq_len=4100)
+
+
+def test_published_layouts_read_as_options() -> None:
+    assert published_options("FSDP2 dp_shard=8 cp=1") is None
+    assert published_options("FSDP2 dp_shard=8 tp=8 pp=8 async_tp schedule=Interleaved 1F1B") == {
+        "pp_size": 8,
+        "cp_size": 1,
+        "tp_size": 8,
+        "schedule": "interleaved-1f1b",
+        "microbatches": 8,
+    }
+    model, options = published_layout("FSDP2 dp_shard=4 cp=2", True)
+    assert not model.tensor_parallel and options["cp_size"] == 2 and options["cp_attention"] == "ring"
+    assert "not modelled" in published_layout("megatron tp=8 pp=2 dp=32 ddp", True)
+
+
+def test_search_includes_pipeline_and_context_parallel_layouts() -> None:
+    cfg = PlanConfig(
+        **SMALL_LLAMA,
+        gpus=8,
+        gpus_per_node=4,
+        seq_len=16384,
+        global_batch_tokens="256K",
+        search=True,
+        strategies=["fsdp", "fsdp-tp"],
+    )
+    q, global_batch = search_question(cfg)
+    result = search(q, strategy_names(cfg, q.gpus), global_batch)
+    found = result.ranked + result.too_large
+    assert any(s.plan.layout.pp > 1 for s in found)
+    assert any(s.plan.layout.cp > 1 for s in found)
+    assert {s.plan.layout.pp * s.plan.layout.cp * s.plan.layout.tp * s.plan.layout.data_parallel for s in found} == {8}
+
+
+def test_405b_on_1024_h100_ranks_pipelines_against_zero3() -> None:
+    cfg = PlanConfig(
+        model="llama3.1-405b",
+        gpus=1024,
+        seq_len=8192,
+        global_batch_tokens="16M",
+        search=True,
+        strategies=["zero3", "fsdp-tp"],
+        strategy_options={"tp_size": 8, "schedule": "interleaved-1f1b"},
+    )
+    q, global_batch = search_question(cfg)
+    result = search(q, strategy_names(cfg, q.gpus), global_batch)
+    best = result.ranked[0]
+    pipelined = [s for s in result.ranked if s.plan.layout.pp > 1]
+    assert pipelined and any(s.strategy == "zero3" for s in result.ranked)
+    loser = pipelined[0] if pipelined[0] is not best else next(s for s in result.ranked if s.strategy == "zero3")
+    reason = why_slower(loser, best, q.factors.compute_scale).describe()
+    assert "slower" in reason
+    if loser.plan.layout.pp > 1 and "backend's own work" in reason:
+        assert "bubble" in reason
+
+
+def test_registered_fsdp_pp_and_fsdp_cp_are_priced_with_their_meshes_defaults() -> None:
+    cfg = PlanConfig(**SMALL_LLAMA, gpus=16, gpus_per_node=8, seq_len=4096, micro_batch=4)
+    q = question(cfg)
+    pipelined, context = plan_strategy("fsdp-pp", q), plan_strategy("fsdp-cp", q)
+    assert pipelined.layout.pp == 2 and "bubble" in pipelined.time.overhead_what  # a stage per node
+    assert context.layout.cp == 8 and context.layout.data_parallel == 2  # a node's GPUs
