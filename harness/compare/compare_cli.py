@@ -476,6 +476,8 @@ def predicted(run_dir: Path) -> dict[str, Any]:
         prediction = prediction_for_run(cfg, summary)
     except (PlanError, ConfigError) as exc:  # a run the planner cannot lay out is still measured
         return {"note": f"the planner could not answer: {exc}"}
+    except Exception as exc:  # a planner defect must not end a sweep whose runs are measured
+        return {"note": f"the planner failed on this run ({type(exc).__name__}: {exc}); the measurement stands"}
     return {**prediction, "planned_as": runs_as} if runs_as is not None else prediction
 
 

@@ -514,3 +514,16 @@ def test_a_sweep_over_models_and_gpu_counts_is_one_table_and_one_plot(capsys, tm
     assert (tmp_path / "plan_sweep.png").stat().st_size > 10_000 and out.count("wrote ") == 1
     code, out, _ = run_plan_cli("model=gpt2-124m", "gpus=[8,16]", "format=json", "strategies=[fsdp]", capsys=capsys)
     assert code == 0 and [p["question"]["gpus"] for p in json.loads(out)["points"]] == [8, 16]
+
+
+@pytest.mark.parametrize("name", default_registry().planned_names())
+def test_a_cpu_runs_prediction_answers_for_every_strategy(name):
+    """What a compare records beside each run on a CPU: memory only (no GPU's links to time), and
+    never an exception, whatever the layout (pipeline and context parallel included)."""
+    from configs.schema import RunConfig
+    from harness.plan.for_run import prediction_for_run
+
+    config = RunConfig(strategy=name, model="gpt-nano", batch_size=16, seq_len=64)
+    summary = {"device_type": "cpu", "world_size": 2, "nodes": 1, "micro_batch": 8, "grad_accum": 1}
+    predicted = prediction_for_run(config, summary)
+    assert predicted["tokens_per_s"] is None and predicted["peak_mem_allocated_bytes"] is None

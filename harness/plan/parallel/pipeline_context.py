@@ -101,7 +101,7 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     peak = None if stage.peak_bytes is None else stage.peak_bytes + extra
     room = headroom(q.capacity_bytes, communicators(stage.layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
     fits = None if peak is None else room.fits(peak)
-    traffic = _traffic(q, stage_q, layout, pipe, cp)
+    traffic = _traffic(q, stage_q, layout, pipe, cp, timed=stage.time is not None)
     timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, cp, traffic)
     return StrategyPlan(
         backend.name,
@@ -119,9 +119,10 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
 
 
 def _traffic(
-    q: Question, stage_q: Question, layout: Layout, pipe: Pipeline, cp: ContextParallel
+    q: Question, stage_q: Question, layout: Layout, pipe: Pipeline, cp: ContextParallel, timed: bool
 ) -> list[tuple[Collective, float]]:
-    """The pipeline's and context parallel's transfers of one step, each with its seconds per step."""
+    """The pipeline's and context parallel's transfers of one step, each with its seconds per step
+    (0 where the plan is not timed: a question without a GPU's links, as a CPU run's is)."""
     assert stage_q.shape.dims is not None
     dims = stage_q.shape.dims
     element = BYTES[storage_precision(q.precision)]
@@ -135,7 +136,7 @@ def _traffic(
         group = Group(2, 2 if across else 1)
         payload = 2 * sent * micro_steps  # activations forward, their gradients back
         # Steady state hides the sends; the fill and the drain cross every boundary one after another.
-        critical = 2 * pipe.boundaries * sent / _link_bytes_per_s(q.topology, across) * q.grad_accum
+        critical = 2 * pipe.boundaries * sent / _link_bytes_per_s(q.topology, across) * q.grad_accum if timed else 0.0
         what = f"send activations and gradients between pipeline stages ({'network' if across else 'NVLink'})"
         out.append((Collective(what, "broadcast", payload, 2 * micro_steps, "backward", group), critical))
     if cp.size > 1:
@@ -144,7 +145,8 @@ def _traffic(
             per_layer = exchange_bytes(dims, tokens, layout.tp, element)
             calls = ULYSSES_EXCHANGES * dims.layers * (forwards + 1)
             payload = per_layer * dims.layers * (forwards + 1)
-            seconds = collective_seconds(q.topology, group, "all-gather", payload, calls) * micro_steps
+            seconds = collective_seconds(q.topology, group, "all-gather", payload, calls) if timed else 0.0
+            seconds *= micro_steps
             c = Collective(
                 "all-to-all q, k, v and attention output (context parallel)",
                 "all-gather",
@@ -158,7 +160,7 @@ def _traffic(
         else:
             passes = (cp.size - 1) * dims.layers
             payload = ring_pass_bytes(dims, tokens, layout.tp, element) * passes * (forwards + 2)
-            seconds = payload / _link_bytes_per_s(q.topology, group.nodes > 1) * micro_steps
+            seconds = payload / _link_bytes_per_s(q.topology, group.nodes > 1) * micro_steps if timed else 0.0
             c = Collective(
                 "ring attention k and v passes (context parallel)",
                 "broadcast",
