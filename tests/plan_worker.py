@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.train import distributed  # noqa: E402
 from harness.train.optimizer import adamw_factory  # noqa: E402
 from models.zoo import build_model  # noqa: E402
-from strategies.base import RunContext  # noqa: E402
+from strategies.base import ModelUnsupported, RunContext  # noqa: E402
 from strategies.registry import default_registry  # noqa: E402
 
 MICRO_BATCH, SEQ_LEN = 2, 16
@@ -50,6 +50,10 @@ def measure(name: str, precision: str, model_spec: str, model_kwargs: dict, env:
         grad_clip=1.0,
     )
     strategy = default_registry().create(name, ctx)
+    try:
+        strategy.check_model(model)  # as the run's preflight does
+    except ModelUnsupported as exc:
+        return {"skipped": str(exc)}
     try:
         wrapped, _ = strategy.setup(model, adamw_factory(1e-3, (0.9, 0.95), 0.1))
         generator = torch.Generator().manual_seed(1 + env.rank)
