@@ -3,7 +3,7 @@ questions: one per model and GPU count asked (model=[...] and gpus=[...] sweep).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
@@ -164,18 +164,8 @@ def check(cfg: PlanConfig) -> None:
 
 
 def recipe_of(cfg: PlanConfig) -> Recipe:
-    """The run's recipe as the options give it."""
-    return Recipe(
-        pure_bf16=cfg.pure_bf16,
-        megatron_mixed_precision=cfg.megatron_mixed_precision,
-        optimizer=cfg.optimizer,
-        tied_embeddings=cfg.tied_embeddings,
-        qk_norm=cfg.qk_norm,
-        fp32_grad_accum=cfg.fp32_grad_accum,
-        fp8_all_gather=cfg.fp8_all_gather,
-        activation_offload=cfg.activation_offload,
-        fragmentation=cfg.fragmentation,
-    )
+    """The run's recipe as the options give it: each of its fields is an option of the same name."""
+    return Recipe(**{f.name: getattr(cfg, f.name) for f in fields(Recipe)})
 
 
 def gpu_of(cfg: PlanConfig) -> GPUSpec:
