@@ -78,6 +78,17 @@ def train(
     return read_run(out_dir)
 
 
+def succeeded(proc: subprocess.CompletedProcess) -> str:
+    """The stdout of a run that exited 0; fails the test with the ends of its output otherwise."""
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def losses_by_step(out_dir: Path) -> dict[int, float]:
+    """step -> loss of the run in `out_dir`, from its metrics.jsonl."""
+    return {r["step"]: r["loss"] for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())}
+
+
 def max_rel_diff(rows: list[dict], reference: list[dict]) -> float:
     assert [r["step"] for r in rows] == [r["step"] for r in reference]
     return max(abs(a["loss"] - b["loss"]) / abs(b["loss"]) for a, b in zip(rows, reference, strict=True))

@@ -11,14 +11,13 @@ at step 5 and are the uninterrupted curves the resumes are held to.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from harness.common.testing_hooks import FAULT_ENV
 from strategies.registry import default_registry
-from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
+from tests.helpers import NANO, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -55,23 +54,18 @@ def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC, 
     return run_cli(args, env=env, timeout=300)
 
 
-def _ok(proc) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, reference_run):
     """name -> (summary, rows, stdout, out_dir)."""
     out = {}
     single_dir = tmp_path_factory.mktemp("llama-single")
-    stdout = _ok(_launch("single", single_dir, LLAMA, nproc=1))
+    stdout = succeeded(_launch("single", single_dir, LLAMA, nproc=1))
     out["llama-single"] = (*read_run(single_dir), stdout, single_dir)
     for name, (strategy, extra) in RUNS.items():
         if default_registry().get(strategy).unavailable_reason:
             continue
         out_dir = tmp_path_factory.mktemp(name)
-        stdout = _ok(_launch(strategy, out_dir, extra))
+        stdout = succeeded(_launch(strategy, out_dir, extra))
         out[name] = (*read_run(out_dir), stdout, out_dir)
     return out
 
@@ -137,10 +131,6 @@ def test_what_each_rank_holds(runs, reference_run):
         assert runs["zero3-hpz"][0]["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"] * 3 / 4, rel=0.05)
 
 
-def _losses(out_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())}
-
-
 @pytest.mark.parametrize("name", ["hsdp", "fsdp-tp"])
 def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, name, tmp_path):
     strategy, extra = RUNS[name]
@@ -148,9 +138,9 @@ def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, name
     killed = _launch(strategy, out, extra, fault="kill@3:5")
     assert killed.returncode != 0
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_5"]
-    resumed = _ok(_launch(strategy, out, [*extra, "resume=auto"]))
+    resumed = succeeded(_launch(strategy, out, [*extra, "resume=auto"]))
     assert "resumed at step 5" in resumed and "model and optimizer state" in resumed
-    assert _losses(out) == _losses(runs[name][3])
+    assert losses_by_step(out) == losses_by_step(runs[name][3])
 
 
 def test_fsdp_resumes_an_fsdp_tp_checkpoint_with_its_optimizer_state(runs, tmp_path):
@@ -158,8 +148,8 @@ def test_fsdp_resumes_an_fsdp_tp_checkpoint_with_its_optimizer_state(runs, tmp_p
     carries on fsdp-tp's curve from its step-5 checkpoint, model and optimizer state."""
     source = runs["fsdp-tp"][3]
     out = tmp_path / "fsdp"
-    resumed = _ok(_launch("fsdp", out, [f"resume={source / 'checkpoints' / 'step_5'}"], nproc=2))
+    resumed = succeeded(_launch("fsdp", out, [f"resume={source / 'checkpoints' / 'step_5'}"], nproc=2))
     assert "resumed at step 5" in resumed and "model and optimizer state" in resumed
-    carried, original = _losses(out), _losses(source)
+    carried, original = losses_by_step(out), losses_by_step(source)
     assert sorted(carried) == list(range(6, 11))
     assert max(abs(carried[s] - original[s]) / original[s] for s in carried) < TOLERANCE

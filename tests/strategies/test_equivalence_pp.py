@@ -11,7 +11,6 @@ micro-batches; the interleaved-1f1b run checkpoints at step 2 and is the curve t
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import torch
 from models.zoo import build_model
 from strategies.base import RunContext, StrategyError
 from strategies.registry import default_registry
-from tests.helpers import env_for_tests, max_rel_diff, read_run, run_cli
+from tests.helpers import env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -53,25 +52,16 @@ def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC):
     return run_cli(args, env=env_for_tests(), timeout=300)
 
 
-def _ok(proc) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-def _losses(out_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """name -> (summary, rows, stdout, out_dir); "single" is the reference."""
     out = {}
     single_dir = tmp_path_factory.mktemp("single")
-    stdout = _ok(_launch("single", single_dir, [], nproc=1))
+    stdout = succeeded(_launch("single", single_dir, [], nproc=1))
     out["single"] = (*read_run(single_dir), stdout, single_dir)
     for name, extra in RUNS.items():
         out_dir = tmp_path_factory.mktemp(name)
-        stdout = _ok(_launch("fsdp-pp", out_dir, extra))
+        stdout = succeeded(_launch("fsdp-pp", out_dir, extra))
         out[name] = (*read_run(out_dir), stdout, out_dir)
     return out
 
@@ -111,9 +101,9 @@ def test_it_carries_on_from_its_checkpoint_bit_for_bit(runs, tmp_path):
     copy of the tied embedding with them: the continued curve is the uninterrupted one."""
     source = runs["interleaved-1f1b"][3]
     out = tmp_path / "resumed"
-    resumed = _ok(_launch("fsdp-pp", out, [*INTERLEAVED, f"resume={source / 'checkpoints' / 'step_2'}"]))
+    resumed = succeeded(_launch("fsdp-pp", out, [*INTERLEAVED, f"resume={source / 'checkpoints' / 'step_2'}"]))
     assert "resumed at step 2" in resumed and "model and optimizer state" in resumed
-    carried, original = _losses(out), _losses(source)
+    carried, original = losses_by_step(out), losses_by_step(source)
     assert sorted(carried) == [3, 4]
     assert carried == {step: original[step] for step in carried}
 

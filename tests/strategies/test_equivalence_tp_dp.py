@@ -12,7 +12,6 @@ step: ddp-tp all-reduces the gradients on the last one alone.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from configs.schema import RunConfig
 from harness.plan.for_run import prediction_for_run
 from strategies.registry import default_registry
-from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
+from tests.helpers import NANO, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -36,22 +35,13 @@ def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC):
     return run_cli(args, env=env_for_tests(), timeout=300)
 
 
-def _ok(proc) -> str:
-    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return proc.stdout
-
-
-def _losses(out_dir: Path) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())}
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """name -> (summary, rows, stdout, out_dir)."""
     out = {}
     for name in STRATEGIES:
         out_dir = tmp_path_factory.mktemp(name)
-        stdout = _ok(_launch(name, out_dir, EXTRA))
+        stdout = succeeded(_launch(name, out_dir, EXTRA))
         out[name] = (*read_run(out_dir), stdout, out_dir)
     return out
 
@@ -103,9 +93,9 @@ def test_the_plan_predicts_what_each_rank_holds_to_the_byte(runs, name):
 def test_ddp_tp_carries_on_from_its_checkpoint_bit_for_bit(runs, tmp_path):
     source = runs["ddp-tp"][3]
     out = tmp_path / "resumed"
-    resumed = _ok(_launch("ddp-tp", out, [*EXTRA, f"resume={source / 'checkpoints' / 'step_5'}"]))
+    resumed = succeeded(_launch("ddp-tp", out, [*EXTRA, f"resume={source / 'checkpoints' / 'step_5'}"]))
     assert "resumed at step 5" in resumed and "model and optimizer state" in resumed
-    carried, original = _losses(out), _losses(source)
+    carried, original = losses_by_step(out), losses_by_step(source)
     assert sorted(carried) == list(range(6, 11))
     assert carried == {step: original[step] for step in carried}
 
@@ -117,9 +107,9 @@ def test_zero1_tp_on_another_mesh_carries_on_from_its_checkpoint(runs, tmp_path)
     source = runs["zero1-tp"][3]
     out = tmp_path / "resumed"
     extra = ["strategy_options.tp_size=1", f"resume={source / 'checkpoints' / 'step_5'}"]
-    resumed = _ok(_launch("zero1-tp", out, extra, nproc=2))
+    resumed = succeeded(_launch("zero1-tp", out, extra, nproc=2))
     assert "resumed at step 5" in resumed and "model and optimizer state" in resumed
-    carried, original = _losses(out), _losses(source)
+    carried, original = losses_by_step(out), losses_by_step(source)
     assert sorted(carried) == list(range(6, 11))
     assert max(abs(carried[s] - original[s]) / original[s] for s in carried) < TOLERANCE
 
