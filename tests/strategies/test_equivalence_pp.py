@@ -1,12 +1,13 @@
 """fsdp-pp on a 2 x 2 mesh (CPU, gloo, world size 4: two pipeline ranks, FSDP over two inside each
 stage), a four-block gpt-nano in fp32: each schedule's loss curve against `single` on the same global
 batches, the mesh in the header and summary.json, what each rank holds, the run carrying on from its
-step-2 checkpoint to the uninterrupted curve bit for bit, and the refusals a pipeline meets, in one
-line.
+step-2 checkpoint to the uninterrupted curve bit for bit, a rank killed mid-run and the job resumed
+to that same curve bit for bit, and the refusals a pipeline meets, in one line.
 
 One run per schedule, shared by every check (module scope); gpipe and the interleaved schedules run
 two micro-steps of the loop's accumulation, each a run of the schedule over two pipeline
-micro-batches; the interleaved-1f1b run checkpoints at step 2 and is the curve the resume is held to.
+micro-batches; the interleaved-1f1b run checkpoints at step 2 and is the curve both resumes are held
+to.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from harness.common.testing_hooks import FAULT_ENV
 from models.zoo import build_model
 from strategies.base import RunContext, StrategyError
 from strategies.registry import default_registry
@@ -47,9 +49,10 @@ RUNS = {
 }
 
 
-def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC):
+def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC, fault: str | None = None):
+    env = env_for_tests(**({FAULT_ENV: fault} if fault else {}))
     args = ["train", f"strategy={strategy}", f"nproc={nproc}", f"out_dir={out_dir}", *DEEP_NANO, *extra]
-    return run_cli(args, env=env_for_tests(), timeout=300)
+    return run_cli(args, env=env, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -106,6 +109,22 @@ def test_it_carries_on_from_its_checkpoint_bit_for_bit(runs, tmp_path):
     carried, original = losses_by_step(out), losses_by_step(source)
     assert sorted(carried) == [3, 4]
     assert carried == {step: original[step] for step in carried}
+
+
+def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, tmp_path):
+    """Rank 3 (the last stage: the loss and the head's copy of the tied embedding) SIGKILLs itself
+    once step 3 is done, a step past the step-2 checkpoint: torchrun stops the other ranks, waiting
+    on it in a collective, and `resume=auto` redoes steps 3 and 4 from that checkpoint."""
+    source = runs["interleaved-1f1b"][3]
+    out = tmp_path / "killed"
+    killed = _launch("fsdp-pp", out, RUNS["interleaved-1f1b"], fault="kill@3:3")
+    assert killed.returncode != 0
+    assert "Signal 9 (SIGKILL) received" in killed.stderr, killed.stderr[-3000:]
+    # Neither step 4's checkpoint nor a partial one: the kill left step 2's alone.
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step_2"]
+    resumed = succeeded(_launch("fsdp-pp", out, [*RUNS["interleaved-1f1b"], "resume=auto"]))
+    assert "resumed at step 2" in resumed and "model and optimizer state" in resumed
+    assert losses_by_step(out) == losses_by_step(source)
 
 
 def _strategy(world_size: int, micro_batch: int = 4, **options):
