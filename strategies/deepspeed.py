@@ -205,7 +205,7 @@ class DeepSpeedStrategy(Strategy):
         return compile_blocks(model, self.find_blocks(model)) if self.stage == 3 else super().compile(model)
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        deepspeed = _import_deepspeed(self.ctx)
+        deepspeed = import_deepspeed(self.ctx)
         if not self.offload_params:
             model = model.to(self.ctx.device)
         optimizer = optimizer_factory(model)
@@ -339,7 +339,7 @@ def write_config(config: dict[str, Any], ctx: RunContext) -> None:
     (out_dir / CONFIG_FILE).write_text(json.dumps(config, indent=2, default=str) + "\n")
 
 
-def _import_deepspeed(ctx: RunContext) -> Any:
+def import_deepspeed(ctx: RunContext) -> Any:
     """deepspeed, with its accelerator matching the run's device (DS_ACCELERATOR) and precision."""
     device = ctx.device.type
     os.environ.setdefault("DS_ACCELERATOR", device)

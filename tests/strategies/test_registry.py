@@ -26,7 +26,16 @@ TORCH_NAMES = {
     "fsdp-pp",
     "fsdp-cp",
 }
-DEEPSPEED_NAMES = {"zero1", "zero2", "zero3", "zero2-offload", "zero3-offload", "zero3-hpz", "zero3-zeropp"}
+DEEPSPEED_NAMES = {
+    "zero1",
+    "zero2",
+    "zero3",
+    "zero2-offload",
+    "zero3-offload",
+    "zero3-hpz",
+    "zero3-zeropp",
+    "zero1-pp",
+}
 ACCELERATE_NAMES = {
     "accelerate-ddp",
     "accelerate-fsdp",
