@@ -70,7 +70,7 @@ class PlanConfig:
     fused_loss: bool = False  # a fused or chunked cross-entropy that never holds the whole fp32 logits
     fused_norm: bool = False  # a fused RMSNorm kernel (torchtitan's Triton one, Apex's, Liger's)
     complex_rope: bool = False  # rotary embedding in complex numbers (torchtitan's): compile runs it eager
-    attention: str = "flash"  # flash (SDPA's FlashAttention-2) | flash3 | flash1 | triton | math
+    attention: str = "flash"  # flash (SDPA's FlashAttention-2) | flash3 | cudnn | flash1 | triton | math
     compile: bool = False  # plan for compile=true runs (elementwise chains fused)
     # How the run trains beyond the strategy (harness/plan/memory/recipe.py says what each changes).
     pure_bf16: bool = False  # bf16 parameters, gradients and AdamW state, no fp32 master (torchtune)

@@ -16,8 +16,13 @@ Attention runs at the benchmark's rate in a step too: unlike a dense matmul near
 SUSTAINED), a kernel at 30-65% of the tensor cores' peak, between softmax passes, stays under the
 card's power limit, so its clocks do not settle lower.
 
-Kernels: flash (FlashAttention-2, what torch's SDPA runs in bf16/fp16), flash3, flash1,
-triton, math (the unfused softmax attention, PyTorch's "standard" in the same figures).
+Kernels: flash (FlashAttention-2, what torch's SDPA ran in bf16/fp16 before it took cuDNN's kernel
+on Hopper), flash3, cudnn (Hopper only, measured here: below), flash1, triton, math (the unfused
+softmax attention, PyTorch's "standard" in the same figures).
+
+Held against torch 2.11's kernels on an H200 (bench/results/attention_h200.md): its FlashAttention-2
+runs at 0.80-0.96 of the `flash` rates from 2k to 16k, and from 32k to 128k within 3% of the 16k
+rate held here; its default, cuDNN's kernel, runs 1.5-2.0x faster than FlashAttention-2 from 4k up.
 `triton` is Tri Dao's Triton FlashAttention (flash_attn/flash_attn_triton.py, the kernel
 llm-foundry's attn_impl=triton copies in llmfoundry/models/layers/flash_attn_triton.py @ v0.3.0):
 its own header says its forward+backward is "slightly slower than CUDA forward + backward", the
@@ -58,12 +63,18 @@ for _dim in (64, 128):
     FWD_BWD[("hopper", "flash3", _dim)] = tuple(
         3.5 / (1 / f + 2.5 / b) for f, b in zip(FA3_FORWARD[_dim], FA3_BACKWARD[_dim], strict=True)
     )
+# cuDNN's fused attention, what torch 2.11's SDPA runs by default on Hopper in bf16: measured here on
+# an H200 (bench/attention_kernels.py, bench/results/attention_h200.md, the `cudnn` column, 1k-16k);
+# its 512 point extends the 1k-2k slope as _along_seq does below a table's first point.
+_CUDNN_H200 = {64: (200, 287, 361, 410, 446), 128: (211, 346, 442, 517, 572)}
+for _dim, _rates in _CUDNN_H200.items():
+    FWD_BWD[("hopper", "cudnn", _dim)] = (_rates[0] * _rates[0] / _rates[1], *_rates)
 # Tri Dao's Triton kernel runs at FlashAttention-1's rate (its header, above).
 for _family in ("ampere", "hopper"):
     for _dim in (64, 128):
         FWD_BWD[(_family, "triton", _dim)] = FWD_BWD[(_family, "flash1", _dim)]
 
-KERNELS = ("flash", "flash3", "flash1", "triton", "math")
+KERNELS = ("flash", "flash3", "cudnn", "flash1", "triton", "math")
 BACKWARD_SHARE = 2.5 / 3.5  # of a forward+backward's flops (and time, at one rate)
 FP32_ATTENTION_EFFICIENCY = 0.3  # fp32 runs SDPA's memory-efficient kernel on plain fp32 cores
 
@@ -84,7 +95,7 @@ def attention_tflops(gpu: GPUSpec, kernel: str, head_dim: int, seq: float) -> fl
     """The forward+backward causal rate of `kernel` on `gpu`, TFLOP/s as the benchmark counts them."""
     family = gpu.attention_family
     if (family, kernel, 64) not in FWD_BWD:
-        raise ValueError(f"no published {kernel} attention figures for {gpu.name}")
+        raise ValueError(f"no {kernel} attention figures for {gpu.name}")
     low, high = (_along_seq(FWD_BWD[(family, kernel, d)], seq) for d in (64, 128))
     if head_dim >= 128:
         rate = high

@@ -90,6 +90,10 @@ def test_attention_by_kernel_head_dim_and_sequence():
         # Tri Dao's Triton kernel (llm-foundry's attn_impl=triton): FlashAttention-1's rate, by its header.
         assert attention_tflops(gpu, "triton", 64, 16384) == attention_tflops(gpu, "flash1", 64, 16384)
     assert attention_tflops(H100, "flash3", 128, 8192) > 1.5 * attention_tflops(H100, "flash", 128, 8192)
+    # cuDNN's kernel, measured on an H200 (same tensor cores and clocks as the H100): Hopper only.
+    assert attention_tflops(H100, "cudnn", 128, 8192) > 1.5 * attention_tflops(H100, "flash", 128, 8192)
+    with pytest.raises(ValueError, match="no cudnn attention figures"):
+        attention_tflops(gpu_spec("A100"), "cudnn", 128, 8192)
     forward, backward = attention_seconds(H100, "flash", "bf16", batch=2, seq=4096, heads=32, head_dim=128)
     assert backward == pytest.approx(2.5 * forward)  # the benchmark's flop split
 
