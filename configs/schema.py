@@ -18,7 +18,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 CONFIG_DIR = Path(__file__).resolve().parent
-PRECISIONS = ("fp32", "bf16", "fp16")
+PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
+FP8_SCALINGS = ("tensorwise", "rowwise")  # strategies/float8.py
 LR_SCHEDULES = ("cosine", "constant", "linear")  # harness/train/optimizer.py computes each
 DEEPSPEED_SCHEDULERS = {"constant": "WarmupLR", "linear": "WarmupDecayLR"}  # the DeepSpeed scheduler each shape is
 DEEPSPEED_MIN_WARMUP = 2  # DeepSpeed's schedulers warm up over max(2, warmup_num_steps) steps
@@ -67,6 +68,10 @@ class RunConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
     precision: str = "fp32"
+    # precision=fp8 (strategies/float8.py): the blocks' linear layers in float8, scaled per tensor or per
+    # row; with tensorwise scaling FSDP2 strategies all-gather their weights in float8.
+    fp8_scaling: str = "tensorwise"
+    fp8_all_gather: bool = True
     seed: int = 1337
     # Set: a noise run. Every gradient is nudged by one rounding step of the precision before each
     # optimizer step, from this seed (harness/train/noise.py): how the compare measures the spread a
@@ -171,6 +176,8 @@ def _validate(cfg: RunConfig) -> None:
         )
     if cfg.precision not in PRECISIONS:
         raise ConfigError(f"precision={cfg.precision!r} is not one of {', '.join(PRECISIONS)}")
+    if cfg.fp8_scaling not in FP8_SCALINGS:
+        raise ConfigError(f"fp8_scaling={cfg.fp8_scaling!r} is not one of {', '.join(FP8_SCALINGS)}")
     if cfg.device not in DEVICES:
         raise ConfigError(f"device={cfg.device!r} is not one of {', '.join(DEVICES)}")
     if not 0 <= cfg.beta1 < 1 or not 0 <= cfg.beta2 < 1:

@@ -37,13 +37,17 @@ if TYPE_CHECKING:
 OptimizerFactory = Callable[["nn.Module"], "torch.optim.Optimizer"]
 """Builds the run's optimizer over a (wrapped or sharded) model's parameters."""
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+
+def compute_precision(precision: str) -> str:
+    """The precision of everything a run computes but fp8's float8 matmuls (strategies/float8.py):
+    its dtype, its rounding and the peak its MFU counts against. fp8 answers as bf16."""
+    return "bf16" if precision == "fp8" else precision
 
 
 def torch_dtype(precision: str) -> torch.dtype:
     import torch
 
-    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[precision]
+    return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[compute_precision(precision)]
 
 
 def missing_package_reason(module: str, install: str) -> str | None:
@@ -97,7 +101,7 @@ class RunContext:
     world_size: int
     local_rank: int
     device: torch.device
-    precision: str  # fp32 | bf16 | fp16
+    precision: str  # fp32 | bf16 | fp16 | fp8
     micro_batch: int
     grad_accum: int
     grad_clip: float  # 0: no clipping
@@ -136,6 +140,10 @@ class Strategy(ABC):
     # which drives every visible GPU from one process. Read from the class that declares it, not
     # inherited (ddp and fsdp reuse single's plain-torch verbs but run a process per device).
     one_process: ClassVar[bool] = False
+    # precision=fp8 (strategies/float8.py): whether the class trains torchao's float8 linear layers, and
+    # whether it shards them with FSDP2, which can all-gather their weights in float8.
+    trains_fp8: ClassVar[bool] = False
+    gathers_fp8: ClassVar[bool] = False
     # The kind of config file this class (and its subclasses) can run as `<kind>:<path>`
     # (strategies/config_files.py); None: none.
     config_file_kind: ClassVar[str | None] = None
@@ -199,6 +207,14 @@ class Strategy(ABC):
         if self.ctx.rank == 0 and self.ctx.config_file is not None:
             for line in self.followed:
                 print(f"{self.ctx.config_file.label}: {line}", flush=True)
+
+    @classmethod
+    def fp8_refusal(cls, options: dict[str, Any]) -> str | None:
+        """Why this class, with these preset options, cannot train with precision=fp8 (a compare
+        skips it with this), or None."""
+        if cls.trains_fp8:
+            return None
+        return "does not train torchao's float8 linear layers: compare it with precision=bf16"
 
     def check_model(self, model: nn.Module) -> None:
         """Refuse, in one line, a model this backend cannot lay out as asked (before any worker

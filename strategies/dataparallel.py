@@ -31,6 +31,7 @@ class DataParallelStrategy(SingleDeviceStrategy):
     presets = (Preset("dataparallel", description, plan=PlanModel("torch", 0, replicas="threads")),)
     listing_order = 15
     one_process = True
+    trains_fp8 = False  # its replicas are copies made each forward, float8 state and all: not checked
 
     def __init__(self, ctx: RunContext):
         super().__init__(ctx)

@@ -40,6 +40,7 @@ def mixed_precision_policy(ctx: RunContext) -> MixedPrecisionPolicy:
 
 class FSDPStrategy(SingleDeviceStrategy):
     description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded"
+    gathers_fp8 = True
     # Each name fixes both options that tell the variants apart.
     presets = (
         Preset(

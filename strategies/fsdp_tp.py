@@ -67,6 +67,13 @@ class FSDPTensorParallelStrategy(FSDPStrategy):
         self._tp_layout = ""  # what the plan split, for the run's header (set at setup)
 
     @classmethod
+    def fp8_refusal(cls, options: dict[str, Any]) -> str | None:
+        return (
+            "does not train in fp8: float8 under tensor parallel takes torchao's own parallel styles, which "
+            "parabench does not apply yet; compare it with precision=bf16"
+        )
+
+    @classmethod
     def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
         return tensor_parallel_layout(world_size, local_world_size, options.get("tp_size"))
 

@@ -93,6 +93,12 @@ class StrategyEntry:
             return self.unavailable_reason
         return self.cls.unsupported_reason(device_type, self.options)
 
+    def fp8_refusal(self) -> str | None:
+        """Why this name cannot train with precision=fp8, or None."""
+        if self.cls is None:
+            return self.unavailable_reason
+        return self.cls.fp8_refusal(self.options)
+
 
 class StrategyRegistry:
     def __init__(self) -> None:

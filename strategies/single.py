@@ -35,6 +35,7 @@ class SingleDeviceStrategy(Strategy):
     presets = (Preset("single", description, plan=PlanModel("torch", 0)),)
     listing_order = 0
     one_process = True
+    trains_fp8 = True  # and ddp and the FSDP2 strategies, which reuse these verbs
     # Every rank holds the whole model and the same optimizer state: rank 0's copy is the
     # checkpoint, readable at any world size, by single and ddp alike.
     checkpoint_format = "torch"

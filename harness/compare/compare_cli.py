@@ -64,6 +64,9 @@ from strategies.base import ModelUnsupported
 from strategies.registry import StrategyRegistry, default_registry
 
 REFERENCE = "single"
+# precision=fp8 is judged against the reference in bf16, and bf16's noise: what fp8 training is for is
+# to learn what bf16 training learns.
+FP8_REFERENCE_PRECISION = "bf16"
 # What a run writes into its folder, removed before it runs afresh (a run continued from its
 # checkpoint keeps its metrics, which `train` cuts back to the checkpoint's step, and its log).
 STALE_RUN_FILES = ("metrics.jsonl", "summary.json", "log.txt", RUN_RECORD)
@@ -580,9 +583,10 @@ def run_settings(cfg: CompareConfig, name: str, layouts: dict[str, PlannedLayout
     """(the strategy `name` runs as, what its run sets beyond the shared options): its strategy
     options, and for a plan's layout its micro-batch, accumulation and checkpointing too."""
     layout = layouts.get(name)
+    reference = {"precision": FP8_REFERENCE_PRECISION} if name == REFERENCE and cfg.precision == "fp8" else {}
     if layout is None:
-        return name, {"strategy_options": options_for(cfg, name, default_registry())}
-    return layout.strategy, layout.run_settings()
+        return name, {"strategy_options": options_for(cfg, name, default_registry()), **reference}
+    return layout.strategy, {**layout.run_settings(), **reference}
 
 
 def _plan_layouts(cfg: CompareConfig, nproc: int) -> tuple[CompareConfig, dict[str, PlannedLayout], dict | None]:

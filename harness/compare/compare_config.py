@@ -13,6 +13,7 @@ from typing import Any, Collection, Optional
 from configs.schema import ConfigError, RunConfig, load_config, to_dict
 from harness.compare.resume import check_mode
 from harness.train import MLFLOW_DB
+from strategies.base import compute_precision
 from strategies.registry import StrategyRegistry
 
 DEFAULT_PRESET = "default"
@@ -54,7 +55,9 @@ class CompareConfig(RunConfig):
     top: Optional[int] = None
 
     def tolerance(self) -> float:
-        return self.loss_tolerance if self.loss_tolerance is not None else TOLERANCE_BY_PRECISION[self.precision]
+        if self.loss_tolerance is not None:
+            return self.loss_tolerance
+        return TOLERANCE_BY_PRECISION[compute_precision(self.precision)]
 
 
 # Set per strategy by the sweep, never taken from the shared config (a compare's own resume=

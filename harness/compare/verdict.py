@@ -31,6 +31,7 @@ from functools import cached_property
 from typing import Any
 
 from harness.train import UNIT_ROUNDOFF
+from strategies.base import compute_precision
 
 MATCH_FLOOR = 1e-5  # relative; fp32 backends differ by about 2e-7 (reduction order) in the tests
 NOISE_FACTOR = 4.0
@@ -103,8 +104,9 @@ class Verdict:
 
 
 def resolution(dtype: str | None) -> float:
-    """Relative rounding of a number held in `dtype` ("bf16", "fp16", "fp32"; None: fp32)."""
-    return UNIT_ROUNDOFF.get(dtype or "fp32", UNIT_ROUNDOFF["fp32"])
+    """Relative rounding of a number held in `dtype` ("bf16", "fp16", "fp32"; fp8 runs hold what they
+    do not compute in float8 as bf16; None: fp32)."""
+    return UNIT_ROUNDOFF.get(compute_precision(dtype or "fp32"), UNIT_ROUNDOFF["fp32"])
 
 
 def floor_of(
@@ -113,7 +115,7 @@ def floor_of(
     """The bound below which no difference counts, and what sets it."""
     floors = {
         "the fp32 floor": band.floor,
-        f"{precision} rounding": resolution(precision) if precision != "fp32" else 0.0,
+        f"{compute_precision(precision)} rounding": resolution(precision) if precision != "fp32" else 0.0,
         f"the {loss_dtype} loss it returns": resolution(loss_dtype) + resolution(reference_loss_dtype),
     }
     return max(floors.items(), key=lambda kv: kv[1])[::-1]

@@ -29,6 +29,7 @@ from harness.report.document import (
     to_markdown,
 )
 from harness.report.planned_layouts import planned_layouts
+from strategies.base import compute_precision
 
 FIGURE_DIR = "figures"
 PREDICTED = (
@@ -244,9 +245,20 @@ def _verdict_rule(sweep: dict[str, Any]) -> list[Element]:
     noise = sweep.get("noise") or {}
     band = noise_band_of(sweep)
     precision = sweep.get("precision", "fp32")
+    fp8 = (
+        [
+            Paragraph(
+                "precision=fp8: the reference ran in bf16, and so did its noise runs. Each fp8 verdict says whether "
+                "float8 training learns what bf16 training learns, judged against bf16's own noise; a difference "
+                "past it is float8's rounding at work, not a backend's fault."
+            )
+        ]
+        if precision == "fp8"
+        else []
+    )
     if band is None:
         why = noise.get("skipped") or "this compare ran no noise runs"
-        return [
+        return fp8 + [
             Paragraph(
                 f"Loss verdicts: within {float(sweep.get('tolerance', 0)):.0e} relative of the reference "
                 f"at every step ({precision}), a fixed tolerance ({why})."
@@ -256,10 +268,11 @@ def _verdict_rule(sweep: dict[str, Any]) -> list[Element]:
     seconds = sum(run["wall_time_s"] for run in noise.get("runs", []))
     peak = max(range(len(band.band)), key=band.band.__getitem__)
     floor, what = floor_of(band, precision)
-    return [
+    rounded = compute_precision(precision)
+    return fp8 + [
         Paragraph(
             f"Loss verdicts are judged against noise measured here: `{noise.get('reference')}` ran again {len(ok)} "
-            f"time{'s' if len(ok) != 1 else ''} with every gradient nudged by up to one rounding step of {precision} "
+            f"time{'s' if len(ok) != 1 else ''} with every gradient nudged by up to one rounding step of {rounded} "
             f"(of its tensor's typical size; {seconds:.0f} s in all), and strayed from itself by up to "
             f"{max(band.spread):.1e} (relative; band "
             f"{band.band[peak]:.1e} at step {band.steps[peak]}). A strategy matches within {band.floor:.0e}, is within "

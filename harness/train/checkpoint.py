@@ -66,6 +66,14 @@ _NEUTRAL_KEYS = {
 T = TypeVar("T")
 
 
+def _changes_numbers(key: str, config: dict[str, Any], saved: dict[str, Any]) -> bool:
+    """Whether the resuming run's `key` differs from the checkpoint's in a way that changes the numbers:
+    the fp8_ settings do only where one of the two runs trains in fp8."""
+    if key in _NEUTRAL_KEYS or config[key] == saved.get(key):
+        return False
+    return not key.startswith("fp8_") or "fp8" in (config.get("precision"), saved.get("precision"))
+
+
 class CheckpointError(ValueError):
     """A checkpoint that cannot be written or used (one line, says what to do)."""
 
@@ -283,7 +291,7 @@ class CheckpointManager:
             rng.load(rng_file)
         else:
             carried += f"; rank {self.rank} had no generator state saved, so its generators keep the run's seed"
-        changed = sorted(k for k in config if k not in _NEUTRAL_KEYS and config[k] != manifest.config.get(k))
+        changed = sorted(k for k in config if _changes_numbers(k, config, manifest.config))
         if changed:
             carried += "; this run changes " + ", ".join(
                 f"{k}={config[k]} (was {manifest.config.get(k)})" for k in changed

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import torch
 
-from configs.schema import RunConfig, to_dict
+from configs.schema import PRECISIONS, RunConfig, to_dict
 from harness.common.testing_hooks import fault_after_step
 from harness.train import device_info, distributed
 from harness.train.checkpoint import CheckpointError, CheckpointManager, Manifest, param_shapes
@@ -37,11 +37,12 @@ from models.activation_checkpointing import enable_checkpointing
 from models.blocks import Blocks, find_blocks
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
-from strategies.base import PRECISIONS, RunContext, Strategy, no_checkpoints_error, torch_dtype
+from strategies.base import RunContext, Strategy, compute_precision, no_checkpoints_error, torch_dtype
+from strategies.float8 import convert_to_float8, float8_scales_hook, gathers_in_fp8
 from strategies.memory import MemoryBreakdown
 from strategies.registry import default_registry
 
-DTYPE_NAMES = {torch_dtype(name): name for name in PRECISIONS}
+DTYPE_NAMES = {torch_dtype(name): name for name in PRECISIONS if compute_precision(name) == name}
 
 
 def seed_everything(seed: int) -> None:
@@ -97,6 +98,9 @@ class Training:
     grad_accum: int
     strategy: Strategy
     compiled: str | None  # None: eager
+    fp8: str | None = None  # precision=fp8: what trains in float8, in words
+    fp8_gathered: bool = False  # FSDP2 all-gathers the float8 layers' weights in float8
+    fp8_scales: Callable[..., None] | None = None  # computes the float8 all-gathers' scales (set up)
     n_params: int = 0
     fpt: float = 0.0
     lr_schedule: Schedule | None = None  # the run's (run_schedule), which built() resolves
@@ -109,9 +113,12 @@ class Training:
         for device in self.strategy.devices():
             device_info.reset_peak_memory(device)
         noise = RoundingNoise(cfg.precision, cfg.noise_seed, env.rank) if cfg.noise_seed is not None else None
-        self.model, _ = self.strategy.setup(
+        self.model, optimizer = self.strategy.setup(
             self.model, adamw_factory(self.lr_schedule.lr, (cfg.beta1, cfg.beta2), cfg.weight_decay, noise)
         )
+        if self.fp8_gathered:  # the next step's float8 all-gathers use the scales computed after this one
+            self.fp8_scales = float8_scales_hook(self.model)
+            optimizer.register_step_post_hook(self.fp8_scales)
         loggers_to_stderr()  # of the libraries the backend imported: stdout is the run's own
 
     def step_metrics(self, trackers: Trackers | None = None) -> StepMetrics:
@@ -233,6 +240,13 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
         strategy = create_strategy(cfg, env, lr_schedule)
         strategy.check_model(model)
         micro_batch, grad_accum = strategy.ctx.micro_batch, strategy.ctx.grad_accum
+        fp8, fp8_gathered = None, False
+        if cfg.precision == "fp8":  # before any wrapping: FSDP2 shards the float8 layers' weights
+            fp8_gathered = gathers_in_fp8(strategy, cfg.fp8_scaling, cfg.fp8_all_gather)
+            converted = convert_to_float8(model, blocks, cfg.fp8_scaling, fp8_gathered)
+            fp8 = f"{converted} linear layers in float8 ({cfg.fp8_scaling})" + (
+                ", all-gathered in float8" if fp8_gathered else ""
+            )
         # The whole model or per block: the backend knows which it can take.
         compiled = strategy.compile(model) if cfg.compile else None
         yield Training(
@@ -248,6 +262,8 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
             grad_accum,
             strategy,
             compiled,
+            fp8=fp8,
+            fp8_gathered=fp8_gathered,
             lr_schedule=lr_schedule,
         )
     finally:
@@ -284,6 +300,8 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 )
                 _rank0_print(env)(message)
                 start_step = manifest.step
+                if training.fp8_scales:  # as the saved run computed them after its last step
+                    training.fp8_scales()
                 if env.is_main:
                     _keep_metrics_up_to(Path(cfg.out_dir) / "metrics.jsonl", start_step)
             metrics = training.step_metrics(trackers)
@@ -307,6 +325,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             summary = _summary(training, metrics, memory, started)
             summary["resumed_from_step"] = start_step
             summary["compiled"] = training.compiled  # None: eager
+            summary["fp8"] = training.fp8  # None: no float8 layers
             # The learning rates the run used, derived ones filled in.
             summary["lr_schedule"] = training.lr_schedule.as_dict()
             summary["loss_dtype"] = DTYPE_NAMES.get(loss_dtype, str(loss_dtype))
@@ -336,6 +355,7 @@ def _header(training: Training) -> str:
         f"{training.lr_schedule.describe()} | loss floor {_fmt(getattr(training.data, 'loss_floor', None))}"
         + (f" | {mesh.describe()}" if mesh.declared else "")
         + (f" | compiled: {training.compiled}" if training.compiled else "")
+        + (f" | fp8: {training.fp8}" if training.fp8 else "")
         + (f" | {strategy.layout}" if strategy.layout else "")
         + (f" | checkpointing: {training.checkpointed}" if training.checkpointed else "")
     )

@@ -21,6 +21,7 @@ import torch.distributed as dist
 from harness.train import device_info
 from harness.train.distributed import DistEnv, all_reduce
 from harness.train.trackers import Trackers
+from strategies.base import compute_precision
 from strategies.memory import MemoryBreakdown
 
 
@@ -52,7 +53,7 @@ class StepMetrics:
 
     def __post_init__(self) -> None:
         self.devices = self.devices or [self.env.device]
-        peak_flops = device_info.peak_flops(self.env.device, self.precision)
+        peak_flops = device_info.peak_flops(self.env.device, compute_precision(self.precision))
         # What the whole job could compute: every device of every rank.
         self.job_peak_flops = peak_flops * self.env.world_size * len(self.devices) if peak_flops else None
         self.path = self.out_dir / "metrics.jsonl"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from strategies.base import compute_precision
 from strategies.memory import local_tensor
 
 # Unit roundoff (half the spacing of numbers near 1) of each precision's significand.
@@ -29,7 +30,7 @@ class RoundingNoise:
     """Moves each gradient element by up to u x its tensor's RMS before every optimizer step."""
 
     def __init__(self, precision: str, seed: int, rank: int):
-        self.size = UNIT_ROUNDOFF[precision]
+        self.size = UNIT_ROUNDOFF[compute_precision(precision)]
         # One stream per rank: the ranks' shards get independent nudges, as their roundings are.
         self.seed = seed * 1_000_003 + rank
         self._generators: dict[torch.device, torch.Generator] = {}

@@ -9,6 +9,7 @@ from harness.train.trackers import check_trackers
 from models.data import TokenFileData
 from models.on_meta import on_meta
 from strategies.base import Strategy, StrategyError
+from strategies.float8 import check_fp8
 from strategies.registry import default_registry
 from strategies.single import started_more_than_one
 
@@ -39,6 +40,8 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     unsupported = registry.get(cfg.strategy).unsupported_reason(device_type)
     if unsupported:
         raise StrategyError(f"strategy {cfg.strategy!r} cannot run on {device_type} here: {unsupported}")
+    if cfg.precision == "fp8":
+        check_fp8(registry.get(cfg.strategy), torch.device(device_type))
     env = DistEnv(
         rank=0, world_size=world_size, local_rank=0, device=torch.device(device_type), local_world_size=ranks_per_node
     )
