@@ -9,8 +9,8 @@ bias by GPU, node count and sequence length, for each CSV separately.
     python bench/plan_vs_published.py --rows               # every row's prediction as well
 
 Runs from a fresh clone on the CPU in seconds (no torch: the planner reads the shapes). A row the
-planner cannot plan as it ran (pipeline or context parallelism, rowwise-scaled float8) is listed with the
-reason and left out of the figures. Each row's mapping to the plan's options is in `question`
+planner cannot plan as it ran (Megatron-LM's pipeline or context parallelism, rowwise-scaled float8) is
+listed with the reason and left out of the figures. Each row's mapping to the plan's options is in `question`
 below: the model's shape and run from its columns, the attention kernel, loss and network from
 what the source's configs say (bench/data/README.md).
 """
@@ -182,7 +182,8 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
         return PlanModel(**common, hybrid_shard=True), options
     if "tp=" in sharding:
         tp = int(sharding.split("tp=")[1].split()[0])
-        return PlanModel(**common, tensor_parallel=True), {**options, "tp_size": tp}
+        async_tp = {"async_tp": True} if "async_tp" in sharding.split() else {}
+        return PlanModel(**common, tensor_parallel=True), {**options, "tp_size": tp, **async_tp}
     return PlanModel(**common), options
 
 
@@ -447,29 +448,66 @@ def _accuracy_row(name: str, errors: list[float]) -> str:
     return f"| {name} | {len(errors)} | {median:.1%} | {sum(abs(e) <= WITHIN for e in errors) / len(errors):.0%} |"
 
 
-def choices(outcomes: list[Outcome]) -> list[tuple[tuple, Outcome, Outcome]]:
-    """One job's published settings: rows of one source, model, card, GPU count, sequence and
-    precision that differ in layout (strategy, micro-batch, accumulation, checkpointing), each
-    planned. For each such job: (its key, the plan's pick among the rows planned to fit, the
-    fastest as published)."""
+def publication(row: dict[str, str]) -> str:
+    """The document a row was published in (its source up to the commit): one set of runs, made
+    with one version of the software."""
+    return row["source"].split("@")[0]
+
+
+def jobs_of(outcomes: list[Outcome]) -> dict[tuple, list[Outcome]]:
+    """One job's published settings: rows of one publication, model, card, GPU count, sequence
+    and precision that differ in layout (strategy, micro-batch, accumulation, checkpointing), each
+    planned, by job. The same setting published by two documents (torchtitan's 70B float8 2D runs
+    of December 2024 and of June 2025: another torch, 829 and 809.8 tokens/s) is two jobs, not a
+    choice between identical layouts."""
     jobs: dict[tuple, list[Outcome]] = {}
     for o in outcomes:
         if o.error is None:
             continue
         r = o.row
-        key = (r["source"].split(":")[0], r["model"], r["gpu"], r["gpus"], r["seq_len"], r["precision"])
+        key = (publication(r), r["model"], r["gpu"], r["gpus"], r["seq_len"], r["precision"])
         jobs.setdefault(key, []).append(o)
+    return {
+        key: rows
+        for key, rows in jobs.items()
+        if len(
+            {
+                (o.row["sharding"], o.row["micro_batch"], o.row["grad_accum"], o.row["activation_checkpointing"])
+                for o in rows
+            }
+        )
+        > 1
+    }
+
+
+def choices(outcomes: list[Outcome]) -> list[tuple[tuple, Outcome, Outcome]]:
+    """For each job (jobs_of): its key, the plan's pick among the rows planned to fit, the fastest as published."""
     out = []
-    for key, rows in jobs.items():
-        layouts = {
-            (o.row["sharding"], o.row["micro_batch"], o.row["grad_accum"], o.row["activation_checkpointing"])
-            for o in rows
-        }
+    for key, rows in jobs_of(outcomes).items():
         fitting = [o for o in rows if o.plan.fits is not False] or rows
-        if len(layouts) < 2:
-            continue
         out.append((key, max(fitting, key=lambda o: o.predicted), max(rows, key=lambda o: o.published)))
     return out
+
+
+def choice_lines(outcomes: list[Outcome]) -> list[str]:
+    """Each job's settings, fastest published first, with the plan's tokens/s and its order."""
+    jobs = jobs_of(outcomes)
+    if not jobs:
+        return []
+    lines = [
+        "### Choosing among one job's published settings",
+        "",
+        "| model | GPUs | GPU | seq | precision | setting | published tok/s/GPU | planned | planned order |",
+        "|---|---:|---|---:|---|---|---:|---:|---:|",
+    ]
+    for (_, model, gpu, gpus, seq, precision), rows in jobs.items():
+        order = {id(o): rank for rank, o in enumerate(sorted(rows, key=lambda o: -o.predicted), 1)}
+        for o in sorted(rows, key=lambda o: -o.published):
+            lines.append(
+                f"| {model} | {gpus} | {gpu} | {seq} | {precision} | {_setting(o.row)} | {o.published:,.1f} | "
+                f"{o.predicted:,.1f} | {order[id(o)]} |"
+            )
+    return lines + [""]
 
 
 def accuracy_lines(outcomes: list[Outcome]) -> list[str]:
@@ -508,13 +546,17 @@ def accuracy_lines(outcomes: list[Outcome]) -> list[str]:
         regrets = [best.published / pick.published - 1 for _, pick, best in picks]
         worst = max(range(len(picks)), key=lambda i: regrets[i])
         key, pick, best = picks[worst]
+        example = (
+            f" ({key[1]} on {key[3]} {key[2]}, seq {key[4]}: picked {_setting(pick.row)}, fastest {_setting(best.row)})"
+            if regrets[worst] > 0
+            else ""
+        )
         lines += [
             "",
-            f"Choosing among one job's published settings ({len(picks)} jobs: one source, model, card, GPU count, "
-            "sequence and precision, two or more layouts): the plan's pick is the fastest published in "
-            f"{sum(r <= 0 for r in regrets) / len(regrets):.0%}; regret (published tokens/s of the fastest / of the "
-            f"pick - 1) median {statistics.median(regrets):.1%}, worst {regrets[worst]:.1%} ({key[1]} on {key[3]} "
-            f"{key[2]}, seq {key[4]}: picked {_setting(pick.row)}, fastest {_setting(best.row)}).",
+            f"Choosing among one job's published settings ({len(picks)} jobs: one publication, model, card, GPU "
+            "count, sequence and precision, two or more layouts; each listed below): the plan's pick is the fastest "
+            f"published in {sum(r <= 0 for r in regrets) / len(regrets):.0%}; regret (published tokens/s of the "
+            f"fastest / of the pick - 1) median {statistics.median(regrets):.1%}, worst {regrets[worst]:.1%}{example}.",
         ]
     return lines + [""]
 
@@ -524,6 +566,12 @@ def _setting(row: dict[str, str]) -> str:
         f"{row['sharding']} micro-batch {row['micro_batch']} x {row['grad_accum'] or 1} "
         f"{_checkpointing(row['activation_checkpointing'])} AC"
     )
+
+
+def _how_tp_runs(row: dict[str, str]) -> str:
+    if "async_tp" in row["sharding"].split():
+        return "async TP: the collectives Inductor fuses pipelined with their matmuls, the rest in the critical path"
+    return "vanilla TP: every tensor-parallel collective in the critical path"
 
 
 def two_d_lines(outcomes: list[Outcome]) -> list[str]:
@@ -538,8 +586,7 @@ def two_d_lines(outcomes: list[Outcome]) -> list[str]:
             f"- {r['model']} on {r['gpus']} {r['gpu']}, {r['precision']}, {r['sharding']}, local batch "
             f"{r['micro_batch']}, seq {r['seq_len']}, {r['activation_checkpointing']} AC: published "
             f"{o.published:,.1f} tokens/s per GPU, "
-            f"planned {o.predicted:,.1f} ({o.error:+.1%}; the plan models tensor parallel's collectives unhidden, as "
-            f"{'vanilla TP runs them' if 'async' not in r['sharding'] else 'async TP does not'})"
+            f"planned {o.predicted:,.1f} ({o.error:+.1%}; {_how_tp_runs(r)})"
         )
     return lines + [""]
 
@@ -679,6 +726,7 @@ def main(argv: list[str] | None = None) -> int:
         lines += fit_lines([o for _, outcomes in sections for o in outcomes], ran_out)
         for path, outcomes in sections:
             lines += report(path.name, outcomes, args.rows)
+        lines += choice_lines([o for _, outcomes in sections for o in outcomes])
         lines += two_d_lines([o for _, outcomes in sections for o in outcomes])
         lines += per_token_lines([o for _, outcomes in sections for o in outcomes])
         if ran_out:
@@ -707,8 +755,10 @@ def main(argv: list[str] | None = None) -> int:
             "flash (`_attention` says why and what FlashAttention-2 would give). What each run did beyond its "
             "layout is read from its source too (`recipe_of_row`, `_fused_loss`): VectorLM's model and AdamW state "
             "in bf16, Megatron-LM's and NeMo's bf16 (fp16) parameters beside an fp32 master in the optimizer "
-            "(with fp32 gradients where they reduce in fp32), torchtitan's fp8 all-gathers and, from the commit "
-            "that compiles it, its compiled loss.\n\n" + text + "\n"
+            "(with fp32 gradients where they reduce in fp32), torchtitan's fp8 all-gathers, its async tensor "
+            "parallelism where a run names it and, from the commit that compiles it, its compiled loss.\n\n"
+            + text
+            + "\n"
         )
     return 0
 

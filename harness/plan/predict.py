@@ -14,16 +14,18 @@ from harness.plan.memory.buffers import Buffers, backend_buffers
 from harness.plan.memory.capacity import Headroom, headroom
 from harness.plan.memory.invariants import check_memory
 from harness.plan.memory.memory_correction import corrected_peak
-from harness.plan.memory.model_states import GPU, model_states
+from harness.plan.memory.model_states import GPU, compute_bytes, model_states
 from harness.plan.memory.recipe import PLAIN, Recipe
 from harness.plan.memory.recipe_plan import FRAGMENTATION, recipe_collectives, with_recipe
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.network.comm import Collective, collectives, local_copy_bytes
 from harness.plan.network.fabric import Topology
+from harness.plan.parallel.async_tp_cost import AsyncTensorParallel, async_tp_cost, async_tp_of, fused_collectives
 from harness.plan.parallel.backends import Backend, backend_for
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.speed.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches
+from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.step_time import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
@@ -244,9 +246,12 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     fits = None if memory.peak is None else room.fits(memory.peak)
     fp8 = q.precision == "fp8"
     tokens = q.micro_batch * q.seq_len
-    comms = collectives(q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8)
+    pipelined = async_tp_of(backend, layout, q.compiled)
+    comms = collectives(
+        q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8, pipelined
+    )
     comms = recipe_collectives(comms, q.shape, backend, q.recipe, memory.activations)
-    timing = _time(backend, q, layout, comms) if q.gpu is not None else None
+    timing = _time(backend, q, layout, comms, pipelined) if q.gpu is not None else None
     acts, buffers, peak = memory.activations, memory.buffers, memory.peak
     return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing)
 
@@ -292,7 +297,38 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
     return Memory(acts, buffers, peak)
 
 
-def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]) -> StepTime:
+def _async_tp(q: Question, layout: Layout) -> AsyncTensorParallel | None:
+    """What async TP's pipelines add to a micro-step, the matmuls timed as the compute model times
+    them (or at the fixed MFU); None for a model without transformer sizes (no fused collectives)."""
+    assert q.gpu is not None
+    dims = q.shape.dims
+    if dims is None:
+        return None
+    held = storage_precision(q.precision)
+    gpu, mfu = q.gpu, q.factors.fixed_mfu
+
+    def matmul(m: float, n: float, k: float) -> float:
+        if mfu is not None:
+            return 2 * m * n * k / (gpu.peak_flops[held] * mfu)
+        return gemm_seconds(m, n, k, gpu, q.precision)
+
+    return async_tp_cost(
+        fused_collectives(dims, layout.tp, q.checkpointing),
+        layers=dims.layers,
+        micro_batch=q.micro_batch,
+        seq_len=q.seq_len,
+        tp=layout.tp,
+        width=dims.width,
+        checkpointing=q.checkpointing,
+        matmul=matmul,
+        copy_bytes_per_s=q.topology.intra.ring_busbw,
+        memory_bytes_per_s=gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
+        held_bytes=compute_bytes(held),
+        fp8=q.precision == "fp8",
+    )
+
+
+def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective], pipelined: bool) -> StepTime:
     assert q.gpu is not None
     params = q.shape.params / layout.tp
     shard_params = params / layout.shard if backend.stage else params
@@ -334,6 +370,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 q.micro_batch * q.seq_len,
                 q.checkpointing,
                 q.precision == "fp8",
+                pipelined,
             ),
         )
     return step_time(
@@ -351,6 +388,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         launches=kernel_launches(q.shape, q.checkpointing),
         sms=q.gpu.sms,
         memory_bytes_per_s=q.gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
+        pipelined=_async_tp(q, layout) if pipelined else None,
     )
 
 

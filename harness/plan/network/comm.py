@@ -12,8 +12,10 @@ shards' gradients across the replicas; hpZ gathers the backward's parameters fro
 inside the node. Tensor parallelism (torchtitan's plan, with sequence parallelism) all-gathers a
 block's activations before the attention and the MLP and reduce-scatters their outputs, forward and
 backward, inside its group and in the block's critical path: on NVLink inside a node, on the network
-where the group is wider than a node. torch.nn.DataParallel broadcasts the model from GPU 0 every
-step, gathers the replicas' outputs onto it and reduces their gradients onto it, none of it hidden.
+where the group is wider than a node; async tensor parallelism pipelines most of them with the
+matmuls they feed or drain (async_tp_cost.py prices those). torch.nn.DataParallel broadcasts the
+model from GPU 0 every step, gathers the replicas' outputs onto it and reduces their gradients
+onto it, none of it hidden.
 """
 
 from __future__ import annotations
@@ -24,12 +26,16 @@ from dataclasses import dataclass
 from harness.plan.memory.model_states import BYTES, compute_bytes
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.network.fabric import Group, Topology, collective_seconds
+from harness.plan.parallel.async_tp_cost import fused_collectives
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.layout import Layout
 
 QUANTIZED_GATHER_BYTES = 1.0  # ZeRO++ qwZ: int8 weights (and a scale per block of them)
 QUANTIZED_REDUCE_BYTES = 0.5  # ZeRO++ qgZ: int4 gradients
 HOST_KINDS = ("host-copy",)
+# The window of a tensor-parallel collective async TP pipelines with its matmuls: priced with them
+# (async_tp_cost.py), neither hidden behind a phase nor exposed whole.
+PIPELINED = "matmul"
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,7 @@ class Collective:
     kind: str  # all-reduce | all-gather | reduce-scatter | broadcast | reduce | gather | host-copy
     payload_bytes: float  # bytes of the whole tensor(s) over all calls
     calls: int  # how many collective calls carry it (buckets, blocks)
-    window: str | None  # compute phase that can hide it: forward | backward | None (exposed)
+    window: str | None  # compute phase that can hide it: forward | backward | matmul (PIPELINED) | None (exposed)
     group: Group = Group(1, 1)
     tail_bytes: float = 0.0  # payload that cannot overlap (the last bucket, the first block)
     per_micro_step: bool = False  # runs on every micro-step, not once per step
@@ -96,33 +102,54 @@ TP_RECOMPUTED["selective"] = {"all-gather": 1, "reduce-scatter": 0}
 
 
 def _tensor_parallel(
-    shape: ModelShape, layout: Layout, tokens: int, precision: str, checkpointing: str, fp8: bool = False
+    shape: ModelShape,
+    layout: Layout,
+    tokens: int,
+    precision: str,
+    checkpointing: str,
+    fp8: bool = False,
+    async_tp: bool = False,
 ) -> list[Collective]:
     """Per block, forward: all-gather the sequence-sharded input of the attention and of the MLP,
     reduce-scatter their outputs; the backward mirrors them, and checkpointing repeats the
-    forward's. The head gathers once each way. With fp8 projections (torchao's float8 tensor
-    parallel: the inputs cast before the forward's gathers, the outputs' gradients before the
-    backward's) the blocks' all-gathers carry fp8; the reduce-scatters stay in `precision`."""
+    forward's. The head and the embedding each gather once and scatter once. With fp8 projections
+    (torchao's float8 tensor parallel: the inputs cast before the forward's gathers, the outputs'
+    gradients before the backward's) the blocks' all-gathers carry fp8; the reduce-scatters stay
+    in `precision`. Under async TP those fused with matmuls (async_tp_cost.fused_collectives) are
+    PIPELINED, the rest exposed as before."""
     if layout.tp <= 1 or shape.dims is None:
         return []
     element = tokens * shape.dims.width
     layers = shape.dims.layers
+    held = compute_bytes(precision)
+    fused = fused_collectives(shape.dims, layout.tp, checkpointing) if async_tp else []
     out = []
     for kind in ("all-gather", "reduce-scatter"):
         blocks = 2 * (2 + TP_RECOMPUTED[checkpointing][kind]) * layers
-        block_bytes = 1 if fp8 and kind == "all-gather" else compute_bytes(precision)
-        payload = element * (blocks * block_bytes + 2 * compute_bytes(precision))
-        out.append(
-            Collective(
-                f"tensor-parallel {kind} of activations",
-                kind,
-                payload,
-                blocks + 2,
-                None,
-                layout.tp_group,
-                per_micro_step=True,
+        block_bytes = 1 if fp8 and kind == "all-gather" else held
+        payload = element * (blocks * block_bytes + 2 * held)
+        mine = [f for f in fused if f.kind == kind]
+        pipelined = element * layers * sum(f.element_bytes(held, fp8) for f in mine)
+        calls = layers * len(mine)
+        what = f"tensor-parallel {kind} of activations"
+        if mine:
+            out.append(
+                Collective(
+                    f"{what}, pipelined with its matmuls (async TP)",
+                    kind,
+                    pipelined,
+                    calls,
+                    PIPELINED,
+                    layout.tp_group,
+                    per_micro_step=True,
+                )
             )
-        )
+        if blocks + 2 > calls:
+            out.append(
+                Collective(
+                    what, kind, payload - pipelined, blocks + 2 - calls, None, layout.tp_group, per_micro_step=True
+                )
+            )
     return out
 
 
@@ -185,9 +212,11 @@ def collectives(
     world: Group,
     checkpointing: str = "none",
     fp8: bool = False,
+    async_tp: bool = False,
 ) -> list[Collective]:
     """What one optimizer step of `backend` communicates, per GPU; `tokens` per micro-step; `fp8`:
-    the blocks' projections run in fp8 (precision is then what everything else is held in)."""
+    the blocks' projections run in fp8 (precision is then what everything else is held in);
+    `async_tp`: tensor parallelism's collectives pipelined with their matmuls where they can be."""
     params = shape.params / layout.tp
     blocks = shape.block_params() or [shape.params]
     largest_block = max(blocks) / layout.tp
@@ -291,7 +320,7 @@ def collectives(
                 per_micro_step=backend.stage == 3 and backend.sharded_grads_every_micro_step,
             )
         )
-    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8)
+    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp)
     out += _offload_copies(shape, backend, precision, layout.shard)
     return out
 
@@ -324,6 +353,7 @@ def local_copy_bytes(
     tokens: int,
     checkpointing: str,
     fp8: bool = False,
+    async_tp: bool = False,
 ) -> float:
     """Bytes a micro-step moves through the GPU's memory around its collectives, besides the wire:
     FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
@@ -332,7 +362,8 @@ def local_copy_bytes(
     ZeRO-1/2 copy the gradients into their bucket. Tensor parallelism gathers and scatters
     activations along the sequence, not the first dimension NCCL works on, so each of its
     collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
-    and Replicate)."""
+    and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
+    own copies are async_tp_cost.py's)."""
     params = shape.params / layout.tp
     gather = 2 * compute_bytes(precision)
     reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
@@ -342,6 +373,7 @@ def local_copy_bytes(
         moved += params * (gathers * gather + reduce)
     elif backend.stage in (1, 2) and backend.engine == "deepspeed":
         moved += params * reduce
-    for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8):
-        moved += 2 * c.payload_bytes  # read and written once more
+    for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp):
+        if c.window != PIPELINED:
+            moved += 2 * c.payload_bytes  # read and written once more
     return moved

@@ -212,26 +212,31 @@ def _time(
             attention_extra = flops * tokens * again / layout.tp / peak
     compute = t.compute_s + attention_extra
     optimizer = t.work.optimizer_s * scale if t.work is not None else 0.0
-    bubble = pipe.bubble * (compute - optimizer)
-    exposed = 0.0
+    exposed = recurring = 0.0
     for c, seconds in traffic:
         if c.window is None or "pipeline" in c.what:
             exposed += seconds
+            recurring += seconds if c.per_micro_step else 0.0
         else:  # the ring's passes hide behind the attention they run beside
             attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
             exposed += max(0.0, seconds - attention)
+            recurring += max(0.0, seconds - attention)
+    # The bubble idles a stage for the length of its micro-batches' work: their compute and the
+    # communication in each one's critical path (tensor parallelism's, context parallelism's).
+    bubble = pipe.bubble * (compute - optimizer + t.recurring_comm_s + recurring)
     tokens = t.tokens_per_s * t.step_s
     what = t.overhead_what
     if layout.pp > 1:
         bubble_what = (
             f"the pipeline's bubble ({pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "
-            f"{pipe.bubble:.0%} of the compute idle)"
+            f"{pipe.bubble:.0%} of the micro-batches' work idle)"
         )
         what = f"{bubble_what} and {what}" if what else bubble_what
     timed = replace(
         t,
         compute_s=compute,
         exposed_comm_s=t.exposed_comm_s + exposed,
+        recurring_comm_s=t.recurring_comm_s + recurring,
         overhead_s=t.overhead_s + bubble,
         overhead_what=what,
         wire_bytes=t.wire_bytes + sum(c.wire_bytes() for c, _ in traffic),
@@ -255,9 +260,9 @@ def published_layout(sharding: str, reduce_in_fp32: bool) -> tuple[PlanModel, di
 
 def published_options(sharding: str) -> dict[str, Any] | None:
     """A published run's pipeline and context-parallel layout as plan options (pp_size,
-    microbatches, schedule, cp_size and ring attention; tp_size where given), from torchtitan's way of writing it
-    (`FSDP2 dp_shard=8 tp=8 pp=8 cp=2 schedule=1F1B microbatches=8`); None where it has neither.
-    torchtitan's pipeline default is as many micro-batches as stages."""
+    microbatches, schedule, cp_size and ring attention; tp_size and async_tp where given), from torchtitan's way
+    of writing it (`FSDP2 dp_shard=8 tp=8 pp=8 cp=2 async_tp schedule=1F1B microbatches=8`); None where it has
+    neither. torchtitan's pipeline default is as many micro-batches as stages."""
     sizes = {key: int(value) for key, value in re.findall(r"\b(tp|pp|cp|microbatches)=(\d+)", sharding)}
     pp, cp = sizes.get("pp", 1), sizes.get("cp", 1)
     if pp <= 1 and cp <= 1:
@@ -267,6 +272,8 @@ def published_options(sharding: str) -> dict[str, Any] | None:
         options["cp_attention"] = "ring"  # torchtitan's context parallel is torch's ring attention
     if "tp" in sizes:
         options["tp_size"] = sizes["tp"]
+        if "async_tp" in sharding.split():
+            options["async_tp"] = True
     if pp > 1:
         named = re.search(r"schedule=(.+?)(?:\s+\w+=|$)", sharding)
         schedule = named.group(1).strip().lower() if named else "1f1b"

@@ -158,6 +158,13 @@ def fp8_cast_bytes(dims: TransformerDims, tokens: int, tp: int, checkpointing: s
     return forward, backward, again
 
 
+def recomputed(index: int, checkpointing: str) -> bool:
+    """Whether checkpointing runs a block's `index`-th projection (block_projections' order) again
+    in the backward: every one under full, every second one under selective (torchtitan's policy
+    saves the others' outputs)."""
+    return checkpointing == "full" or (checkpointing == "selective" and index % 2 == 1)
+
+
 def _matmuls(
     dims: TransformerDims, tokens: int, gpu: GPUSpec, precision: str, checkpointing: str, tp: int, projections: str
 ) -> Kernels:
@@ -167,7 +174,7 @@ def _matmuls(
     for index, (out, into) in enumerate(block_projections(dims, tp)):
         forward = gemm_seconds(tokens, out, into, gpu, projections)
         backward = gemm_seconds(tokens, into, out, gpu, projections) + gemm_seconds(out, into, tokens, gpu, projections)
-        again = forward if checkpointing == "full" or (checkpointing == "selective" and index % 2 == 1) else 0.0
+        again = forward if recomputed(index, checkpointing) else 0.0
         block += Kernels(forward, backward, again)
     head_out = dims.vocab // dims.head_split(tp)
     head = Kernels(

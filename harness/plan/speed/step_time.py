@@ -6,7 +6,9 @@ Communication: a collective whose window is a phase (forward, backward) hides be
 phase's compute; what exceeds the window, plus the part that can never overlap (DDP's last
 bucket, the first block's gather, the last block's reduce-scatter), adds to the step.
 Collectives with no window (ZeRO-1/2's parameter gather after the step, host copies of offload,
-tensor parallelism's, DataParallel's) add in full.
+tensor parallelism's, DataParallel's) add in full. Async tensor parallelism's pipelined ones add
+what their pipelines cost beyond the whole matmuls (async_tp_cost.py): the pieces' compute, and
+the copies no piece hides.
 
 Contention: compute that runs beside a collective shares the GPU with NCCL's kernels, which
 take NCCL_SMS of its SMs (one per channel, not shared with compute: "on DGX with 8 NICs ... it
@@ -15,6 +17,8 @@ times their wire bytes through its memory ("300GB/s needs to be multiplied by at
 memory bandwidth ... it can be 3x", issue 1428). While hidden communication runs, compute loses
 the larger of the two shares; in issue 1428's profile of a GPT step on A100s, the kernels that
 overlapped an all-gather ran slower still (matmuls 1.76x, attention 1.8x, elementwise 2.5x).
+Async tensor parallelism's copies run on the copy engines: no SMs, their memory share only
+(async_tp_cost.py).
 
 Backend overhead: what a strategy cost beyond the model's compute and communication where it
 was measured (calibration.py), carried as time per micro-step: it is the backend's host-side
@@ -34,8 +38,9 @@ import math
 from dataclasses import dataclass, field
 
 from harness.plan.memory.memory_correction import MemoryCorrection
-from harness.plan.network.comm import Collective
+from harness.plan.network.comm import PIPELINED, Collective
 from harness.plan.network.fabric import Topology
+from harness.plan.parallel.async_tp_cost import AsyncTensorParallel
 from harness.plan.parallel.backends import Backend, planner_models
 from harness.plan.speed.compute import ComputeWork
 
@@ -74,6 +79,9 @@ class StepTime:
     tokens_per_s: float  # the whole job's
     overhead_what: str = ""
     work: ComputeWork | None = None  # the unscaled parts of the compute (None with a fixed MFU)
+    # Of exposed_comm_s, what every micro-step runs in its critical path (tensor parallelism's
+    # collectives, async TP's unhidden copies, DataParallel's): part of each micro-step's length.
+    recurring_comm_s: float = 0.0
 
     @property
     def step_s(self) -> float:
@@ -162,12 +170,17 @@ def step_time(
     launches: int,
     sms: int,
     memory_bytes_per_s: float,
+    pipelined: AsyncTensorParallel | None = None,
 ) -> StepTime:
     """Predicted time of one optimizer step on every GPU, and what it buys. `work` is the compute
-    model's micro-step (scaled here); `fixed_compute_s` a micro-step's compute at a fixed MFU."""
+    model's micro-step (scaled here); `fixed_compute_s` a micro-step's compute at a fixed MFU (which
+    stands for all compute: async TP's pieces then add only the copies they leave exposed)."""
     if work is not None:
         micro_compute = work.micro_step_s * factors.compute_scale
         forward_s = work.forward_s * factors.compute_scale
+        if pipelined is not None:
+            micro_compute += (pipelined.forward_s + pipelined.backward_s) * factors.compute_scale
+            forward_s += pipelined.forward_s * factors.compute_scale
         step_compute = grad_accum * micro_compute + work.optimizer_s * factors.compute_scale
     else:
         assert fixed_compute_s is not None
@@ -175,8 +188,14 @@ def step_time(
         step_compute = grad_accum * micro_compute
     backward_s = micro_compute - forward_s
     overlap = _overlap(collectives, topology, host_bytes_per_s, forward_s, backward_s, grad_accum)
-    exposed = overlap.exposed_s
+    copies = grad_accum * pipelined.exposed_s if pipelined is not None else 0.0
+    exposed = overlap.exposed_s + copies
+    recurring = copies + grad_accum * sum(
+        c.seconds(topology, host_bytes_per_s) for c in collectives if c.window is None and c.per_micro_step
+    )
     contended = contention(overlap, sms, memory_bytes_per_s)
+    if pipelined is not None:
+        contended += grad_accum * pipelined.contention(memory_bytes_per_s)
     offload_s = 0.0
     if backend.offload_optimizer:
         rate = factors.host_s_per_param.get(backend.measured_as, HOST_ADAM_S_PER_PARAM)
@@ -189,7 +208,13 @@ def step_time(
             overhead += grad_accum * (data_parallel - 1) * work.loss_s * factors.compute_scale
         what = "one process drives every GPU: launches serialised by the GIL, the loss of every replica on GPU 0"
     wire = sum(c.wire_bytes() * (grad_accum if c.per_micro_step else 1) for c in collectives if c.kind != "host-copy")
-    comm_s = sum(c.seconds(topology, host_bytes_per_s) * (grad_accum if c.per_micro_step else 1) for c in collectives)
+    comm_s = sum(
+        c.seconds(topology, host_bytes_per_s) * (grad_accum if c.per_micro_step else 1)
+        for c in collectives
+        if c.window != PIPELINED
+    )
+    if pipelined is not None:  # the copy engines' busy time
+        comm_s += grad_accum * (pipelined.exposed_s + pipelined.hidden_s)
     step_s = step_compute + contended + exposed + offload_s + overhead
     tokens = data_parallel * grad_accum * micro_tokens
     return StepTime(
@@ -203,4 +228,5 @@ def step_time(
         tokens / step_s if step_s > 0 else math.inf,
         what,
         work,
+        recurring,
     )

@@ -4,6 +4,8 @@ pp and cp, and the 405B question (FSDP x TP x PP against ZeRO-3)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from harness.plan.parallel.layout import LayoutError
@@ -13,6 +15,7 @@ from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import plan_strategy
 from harness.plan.search.layout_search import search, why_slower
 from harness.plan.search.search_cli import search_question
+from harness.plan.speed.step_time import overhead_per_micro_step
 
 SMALL_LLAMA = dict(layers=8, width=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000, arch="llama")
 
@@ -107,6 +110,19 @@ def test_interleaving_halves_the_bubble_on_the_step() -> None:
     assert inter.time.tokens_per_s > one_f.time.tokens_per_s
 
 
+def test_the_bubble_idles_each_micro_batchs_tensor_parallel_collectives_with_its_compute() -> None:
+    q, one_f = _plan(tp_size=2, pp_size=4, schedule="1f1b", microbatches=8)
+    t = one_f.time
+    # The stage's tensor-parallel collectives run in every micro-batch's critical path.
+    tp = [c for c in one_f.collectives if c.what.startswith("tensor-parallel")]
+    per_step = sum(c.seconds(q.topology, 1.0) for c in tp) * 8
+    assert t.recurring_comm_s == pytest.approx(per_step) and per_step > 0
+    # The stage runs FSDP without resharding (pipeline_context.py), its backend's work each micro-batch.
+    backend = overhead_per_micro_step(replace(one_f.backend, reshard_after_forward=False), q.factors) * 8
+    work = t.compute_s - t.work.optimizer_s * q.factors.compute_scale + t.recurring_comm_s
+    assert t.overhead_s - backend == pytest.approx(Pipeline(4, 8, "1f1b").bubble * work)
+
+
 def test_context_parallel_splits_activations_and_shards_over_dp_and_cp() -> None:
     _, plain = _plan("fsdp", micro_batch=1)
     _, cp = _plan("fsdp", micro_batch=1, cp_size=4)
@@ -139,6 +155,7 @@ def test_published_layouts_read_as_options() -> None:
         "pp_size": 8,
         "cp_size": 1,
         "tp_size": 8,
+        "async_tp": True,
         "schedule": "interleaved-1f1b",
         "microbatches": 8,
     }
@@ -193,3 +210,4 @@ def test_registered_fsdp_pp_and_fsdp_cp_are_priced_with_their_meshes_defaults() 
     pipelined, context = plan_strategy("fsdp-pp", q), plan_strategy("fsdp-cp", q)
     assert pipelined.layout.pp == 2 and "bubble" in pipelined.time.overhead_what  # a stage per node
     assert context.layout.cp == 8 and context.layout.data_parallel == 2  # a node's GPUs
+
