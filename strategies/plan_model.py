@@ -51,6 +51,8 @@ class PlanModel:
     secondary_partition: bool = False
     # ZeRO++ qwZ/qgZ: weights gathered in int8 and gradients reduced in int4 (on GPUs).
     quantized_comm: bool = False
+    # DeepSpeed's PipelineEngine: the model cut into pp_size stages, run by its one schedule (1F1B).
+    pipeline_engine: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

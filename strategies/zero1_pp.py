@@ -84,7 +84,7 @@ class ZeroPipelineStrategy(Strategy):
             "zero1-pp",
             "DeepSpeed's pipeline engine (1F1B) over pp_size stages, ZeRO-1 over the data-parallel ranks",
             {"schedule": "1f1b"},
-            PlanModel("deepspeed", 1, "low_precision"),
+            PlanModel("deepspeed", 1, "low_precision", pipeline_engine=True),
         ),
     )
     listing_order = 32

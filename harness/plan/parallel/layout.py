@@ -100,8 +100,9 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     # by a strategy without tensor parallelism); a strategy that has the option (fsdp-pp, fsdp-cp)
     # defaults as its mesh does: a stage per node, context parallel over a node's GPUs up to fsdp-cp's cap.
     pp = cp = 1
-    if splits_model(backend):
+    if pipelines(backend):
         pp = _size(backend, "pp_size", topology.nodes if "pp_size" in backend.options else 1)
+    if splits_model(backend):
         cp = _size(backend, "cp_size", min(MAX_DEFAULT_CP, per_node) if "cp_size" in backend.options else 1)
     if gpus % (tp * pp * cp):
         raise LayoutError(
@@ -150,3 +151,9 @@ def splits_model(backend: Backend) -> bool:
         and not backend.secondary_partition
         and not backend.via_accelerate
     )
+
+
+def pipelines(backend: Backend) -> bool:
+    """Whether pipeline parallelism is planned for `backend`: the FSDP2 layouts above, and DeepSpeed's
+    pipeline engine with ZeRO-1 inside each stage (zero1-pp), which takes no context parallelism."""
+    return splits_model(backend) or backend.pipeline_engine

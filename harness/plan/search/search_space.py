@@ -16,7 +16,7 @@ from typing import Any
 
 from harness.plan.model.model_shape import PlanError
 from harness.plan.parallel.backends import Backend
-from harness.plan.parallel.layout import splits_model
+from harness.plan.parallel.layout import pipelines, splits_model
 
 # Pipeline stages searched at most (deeper pipelines need more micro-batches than a batch gives), and
 # the sequence length from which context parallelism is searched (below it, a sequence's activations
@@ -72,16 +72,18 @@ def _split_sizes(
     backend: Backend, ranks: int, fixed: dict[str, Any], layers: int | None, seq_len: int | None
 ) -> list[dict[str, Any]]:
     """Pipeline and context-parallel sizes (with the schedules searched) over `ranks` GPUs, for a
-    strategy that takes them (layout.splits_model): pp up to MAX_PIPELINE_STAGES and the model's
+    strategy that takes them (layout.pipelines, layout.splits_model): pp up to MAX_PIPELINE_STAGES and the model's
     blocks, each with SEARCHED_SCHEDULES and MICROBATCHES_PER_STAGE x pp micro-batches (a split whose
     local batch they do not divide is not laid out), cp where the sequence is LONG_SEQUENCE tokens
     or more and splits evenly; [{}] for none."""
-    if not splits_model(backend) or layers is None or seq_len is None:
+    if not pipelines(backend) or layers is None or seq_len is None:
         return [{}]
     pps = [1] + [p for p in _sizes(fixed, "pp_size", divisors(ranks)) if p <= min(layers, MAX_PIPELINE_STAGES)]
-    long = seq_len >= LONG_SEQUENCE
+    long = seq_len >= LONG_SEQUENCE and splits_model(backend)
     cps = [1] + [c for c in _sizes(fixed, "cp_size", divisors(ranks) if long else []) if seq_len % (2 * c) == 0]
-    schedules = [fixed["schedule"]] if fixed.get("schedule") else list(SEARCHED_SCHEDULES)
+    # DeepSpeed's pipeline engine runs one schedule, its 1F1B TrainSchedule.
+    searched = ("1f1b",) if backend.pipeline_engine else SEARCHED_SCHEDULES
+    schedules = [fixed["schedule"]] if fixed.get("schedule") else list(searched)
     out: list[dict[str, Any]] = []
     for pp in pps:
         for cp in cps:

@@ -211,3 +211,26 @@ def test_registered_fsdp_pp_and_fsdp_cp_are_priced_with_their_meshes_defaults() 
     assert pipelined.layout.pp == 2 and "bubble" in pipelined.time.overhead_what  # a stage per node
     assert context.layout.cp == 8 and context.layout.data_parallel == 2  # a node's GPUs
 
+
+def test_deepspeeds_pipeline_engine_is_planned_with_its_one_schedule() -> None:
+    cfg = PlanConfig(**SMALL_LLAMA, gpus=16, gpus_per_node=8, seq_len=4096, micro_batch=4)
+    q = question(cfg)
+    pipelined, flat = plan_strategy("zero1-pp", q), plan_strategy("zero1", q)
+    assert pipelined.layout.pp == 2 and pipelined.layout.cp == 1 and "bubble" in pipelined.time.overhead_what
+    assert pipelined.peak_bytes < flat.peak_bytes  # half the layers' weights and gradients per stage
+    _, zero1 = _plan("zero1", pp_size=2)
+    assert zero1.layout.pp == 1  # plain ZeRO-1 takes no stages
+    search_cfg = PlanConfig(
+        **SMALL_LLAMA,
+        gpus=8,
+        gpus_per_node=4,
+        seq_len=16384,
+        global_batch_tokens="256K",
+        search=True,
+        strategies=["zero1-pp"],
+    )
+    sq, global_batch = search_question(search_cfg)
+    result = search(sq, strategy_names(search_cfg, sq.gpus), global_batch)
+    found = [s.plan for s in result.ranked + result.too_large]
+    assert any(p.layout.pp > 1 for p in found) and all(p.layout.cp == 1 for p in found)
+    assert {p.backend.options.get("schedule") for p in found if p.layout.pp > 1} == {"1f1b"}
