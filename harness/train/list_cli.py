@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from harness.plan import catalogue_listing
 from models.zoo import describe, known_models
+from strategies.float8 import fp8_unavailable_reason
 from strategies.registry import StrategyRegistry, default_registry
 
 
@@ -26,6 +27,26 @@ def strategy_table(registry: StrategyRegistry) -> list[str]:
     return rows
 
 
+def fp8_lines(registry: StrategyRegistry) -> list[str]:
+    """precision=fp8 on this machine's device, and which strategies train it."""
+    import torch
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    reason = fp8_unavailable_reason(device)
+    if reason:
+        status = f"unavailable: {reason}"
+    elif device.type == "cpu":
+        status = "available on the CPU as float8's numerics, without its speed"
+    else:
+        status = "available"
+    names = [entry.name for entry in registry.entries() if entry.cls is not None and entry.fp8_refusal() is None]
+    return [
+        "precision=fp8 (the blocks' linear layers in float8, torchao):",
+        f"  [{status}]",
+        f"  trained by: {', '.join(names)}; the others say why",
+    ]
+
+
 def main(args: list[str]) -> int:
     if args == ["--markdown"]:
         print("\n".join(strategy_table(default_registry())))
@@ -40,6 +61,7 @@ def main(args: list[str]) -> int:
         options = entry.user_options()
         if options:
             print(f"  {'':<18} strategy_options: {', '.join(f'{k}={_as_typed(v)}' for k, v in options.items())}")
+    print("\n".join(fp8_lines(default_registry())))
     print("models:")
     for name in known_models():
         info = describe(name)

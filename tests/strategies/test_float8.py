@@ -120,3 +120,13 @@ def test_fsdp_gathers_in_float8_and_resumes_bit_for_bit(fsdp_fp8, tmp_path):
     train(tmp_path, "fsdp", nproc=2, extra=["precision=fp8", f"resume={out}/checkpoints/step_5"])
     whole, resumed = losses_by_step(out), losses_by_step(tmp_path)
     assert resumed and all(resumed[step] == whole[step] for step in resumed)
+
+
+def test_list_says_where_fp8_runs_and_who_trains_it(monkeypatch):
+    from harness.train import list_cli
+
+    lines = list_cli.fp8_lines(default_registry())
+    trained_by = lines[2].split(": ", 1)[1].split(";")[0].split(", ")
+    assert "fsdp" in trained_by and "zero2" not in trained_by and "fsdp-tp" not in trained_by
+    monkeypatch.setattr(list_cli, "fp8_unavailable_reason", lambda device: "torchao is not installed: pip install x")
+    assert list_cli.fp8_lines(default_registry())[1] == "  [unavailable: torchao is not installed: pip install x]"
