@@ -12,7 +12,7 @@ from tests.helpers import run_cli
     "args, expected",
     [
         (["stepz=3"], "unknown config key 'stepz': did you mean 'steps'?"),
-        (["precision=fp8"], "precision='fp8' is not one of fp32, bf16, fp16"),
+        (["precision=fp4"], "precision='fp4' is not one of fp32, bf16, fp16, fp8"),
         (["steps=abc"], "bad value for 'steps'"),
         (["steps=0"], "steps=0 must be a positive number"),
         (["lr=-1"], "lr=-1.0 must be positive"),

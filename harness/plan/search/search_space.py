@@ -81,9 +81,7 @@ def _split_sizes(
     pps = [1] + [p for p in _sizes(fixed, "pp_size", divisors(ranks)) if p <= min(layers, MAX_PIPELINE_STAGES)]
     long = seq_len >= LONG_SEQUENCE and splits_model(backend)
     cps = [1] + [c for c in _sizes(fixed, "cp_size", divisors(ranks) if long else []) if seq_len % (2 * c) == 0]
-    # DeepSpeed's pipeline engine runs one schedule, its 1F1B TrainSchedule.
-    searched = ("1f1b",) if backend.pipeline_engine else SEARCHED_SCHEDULES
-    schedules = [fixed["schedule"]] if fixed.get("schedule") else list(searched)
+    schedules = [fixed["schedule"]] if fixed.get("schedule") else list(SEARCHED_SCHEDULES)
     out: list[dict[str, Any]] = []
     for pp in pps:
         for cp in cps:
@@ -94,7 +92,9 @@ def _split_sizes(
                 out.append(split)
                 continue
             counts = [fixed["microbatches"]] if fixed.get("microbatches") else [pp * k for k in MICROBATCHES_PER_STAGE]
-            out += [split | {"schedule": s, "microbatches": m} for s in schedules for m in counts]
+            # DeepSpeed's engine has its schedule fixed by the name: a layout that set it would be refused.
+            named = [{}] if backend.pipeline_engine else [{"schedule": s} for s in schedules]
+            out += [split | schedule | {"microbatches": m} for schedule in named for m in counts]
     return out
 
 

@@ -231,6 +231,8 @@ def test_deepspeeds_pipeline_engine_is_planned_with_its_one_schedule() -> None:
     )
     sq, global_batch = search_question(search_cfg)
     result = search(sq, strategy_names(search_cfg, sq.gpus), global_batch)
-    found = [s.plan for s in result.ranked + result.too_large]
+    searched = result.ranked + result.too_large
+    found = [s.plan for s in searched]
     assert any(p.layout.pp > 1 for p in found) and all(p.layout.cp == 1 for p in found)
     assert {p.backend.options.get("schedule") for p in found if p.layout.pp > 1} == {"1f1b"}
+    assert not any("schedule" in s.options for s in searched)  # the name fixes it: a run refuses it set
