@@ -23,7 +23,7 @@ import datetime as dt
 import shlex
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -35,7 +35,7 @@ from harness.plan.memory.recipe import Recipe  # noqa: E402
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
 from harness.plan.network.fabric import DEFAULT_FABRIC, FABRICS, Fabric, Topology, parse_fabric, parse_intra  # noqa: E402
 from harness.plan.parallel.backends import backend_of, filled_in  # noqa: E402
-from harness.plan.parallel.pipeline_context import published_layout  # noqa: E402
+from harness.plan.parallel.pipeline_context import megatron_layout, published_layout  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
 from harness.plan.speed.calibration import default_factors  # noqa: E402
@@ -166,7 +166,7 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
     lowered = sharding.lower()
     if lowered.startswith("megatron"):
-        return _megatron_layout(sharding)
+        return megatron_layout(sharding)
     if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
         stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
         return PlanModel("deepspeed", stage, "low_precision"), {}
@@ -185,16 +185,6 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
         async_tp = {"async_tp": True} if "async_tp" in sharding.split() else {}
         return PlanModel(**common, tensor_parallel=True), {**options, "tp_size": tp, **async_tp}
     return PlanModel(**common), options
-
-
-def _megatron_layout(sharding: str) -> tuple[PlanModel, dict]:
-    """Megatron-LM's tensor parallel inside a node beside data parallel across: its DDP (ddp-tp's
-    model) or its distributed optimizer (zero1-tp's, which reduce-scatters the fp32 gradients and
-    all-gathers the updated parameters, Megatron-LM's docs/source/distrib_optimizer.md)."""
-    tp = int(sharding.split("tp=")[1].split()[0])
-    stage = 1 if "distributed_optimizer" in sharding else 0
-    model = PlanModel("torch", stage, "low_precision", reshard_after_forward=False, tensor_parallel=True)
-    return model, {"tp_size": tp, "distributed_optimizer": stage == 1}
 
 
 def strategy_of(row: dict[str, str]) -> str:
@@ -224,12 +214,24 @@ def _attention(row: dict[str, str]) -> str:
     flash-attn 2.4.2, for 1b, 3b and 7b; those rows are planned with the Triton kernel all the same
     (FlashAttention-2's figures would plan them 22% to 49% fast): on 8 to 64 GPUs with the Triton
     kernel the same models ran within 4% of those rows' rate per GPU at 128 GPUs, which a kernel
-    twice as fast would not allow. The others run SDPA's flash."""
+    twice as fast would not allow. A row whose notes name cuDNN's fused attention (NeMo's
+    TransformerEngine on Hopper) runs cuDNN's kernel, at the rates measured on an H200
+    (bench/results/attention_h200.md). The others run SDPA's flash."""
     if "examples/sc21" in row["source"]:
         return "math"  # Megatron-LM in 2021: its fused softmax between two batched matmuls, no flash
+    if "cuDNN fused attention" in row["notes"] and gpu_spec(row["gpu"]).attention_family == "hopper":
+        return "cudnn"
     if not row["source"].startswith("mosaicml"):
         return "flash"
     return KERNEL_FOR_MPT
+
+
+def _fused_elementwise(row: dict[str, str]) -> bool:
+    """Whether each chain of elementwise work between two matmuls runs as one kernel: torch.compile's
+    (the row's compile), or TransformerEngine's fused modules under NeMo (LayerNormLinear and
+    LayerNormMLP: the norm, the activation and the fp8 casts fused into the kernels around the
+    matmuls; Megatron-LM's fused bias-dropout-add and rotary embedding), planned as compiled."""
+    return row["compile"].strip().lower() in ("true", "yes", "1") or "TransformerEngine" in row["notes"]
 
 
 def _precision(row: dict[str, str]) -> str:
@@ -275,11 +277,21 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         megatron_mixed_precision=megatron,
         fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
         fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
+        fp8_saved_inputs=_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"],
     )
 
 
 def shape_of_row(row: dict[str, str]) -> ModelShape:
-    """The model a row describes."""
+    """The model a row describes. Megatron-LM splits the embedding (VocabParallelEmbedding), the
+    head (a ColumnParallelLinear) and the loss (vocab-parallel cross-entropy) over its
+    tensor-parallel GPUs, as Llama's plans do and parabench's GPT plan does not."""
+    shape = _described(row)
+    if row["sharding"].lower().startswith("megatron") and shape.dims is not None:
+        return replace(shape, dims=replace(shape.dims, tp_splits_head=True))
+    return shape
+
+
+def _described(row: dict[str, str]) -> ModelShape:
     return shape_of_description(
         params=None,
         layers=int(row["n_layers"]),
@@ -308,6 +320,10 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
     if precision == "fp8" and gpu.fp8_efficiency is None:
         return None, None, f"fp8 on the {gpu.name}: it has no fp8 tensor cores"  # type: ignore[return-value]
     seq = int(row["seq_len"])
+    micro_batch, grad_accum = int(row["micro_batch"]), int(row["grad_accum"] or 1)
+    if model.pipeline_engine:  # Megatron-LM's accumulation is its pipeline's micro-batches: one schedule a step
+        options = {**options, "microbatches": grad_accum}
+        micro_batch, grad_accum = micro_batch * grad_accum, 1
     shape = shape_of_row(row)
     gpus, nodes = int(row["gpus"]), int(row["nodes"] or 1)
     topology = Topology(
@@ -317,8 +333,8 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         shape=shape,
         topology=topology,
         capacity_bytes=gpu.capacity_bytes,
-        micro_batch=int(row["micro_batch"]),
-        grad_accum=int(row["grad_accum"] or 1),
+        micro_batch=micro_batch,
+        grad_accum=grad_accum,
         seq_len=seq,
         precision=precision,
         gpu=gpu,
@@ -328,7 +344,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         fused_norm="norm_type fused_rmsnorm" in row["notes"],  # torchtitan's Triton RMSNorm, as its config chose
         complex_rope=row["source"].startswith("pytorch/torchtitan"),  # its apply_rotary_emb: view_as_complex
         attention=_attention(row),
-        compiled=row["compile"].strip().lower() in ("true", "yes", "1"),
+        compiled=_fused_elementwise(row),
         recipe=recipe_of_row(row),
     )
     backend = filled_in(backend_of(model, row["sharding"], options), shape, storage_precision(precision), gpus, options)

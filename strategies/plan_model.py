@@ -51,7 +51,8 @@ class PlanModel:
     secondary_partition: bool = False
     # ZeRO++ qwZ/qgZ: weights gathered in int8 and gradients reduced in int4 (on GPUs).
     quantized_comm: bool = False
-    # DeepSpeed's PipelineEngine: the model cut into pp_size stages, run by its one schedule (1F1B).
+    # A pipeline outside FSDP2: the model cut into pp_size stages by DeepSpeed's PipelineEngine (its
+    # one schedule, 1F1B), or by Megatron-LM's schedules in a published run.
     pipeline_engine: bool = False
 
     def __post_init__(self) -> None:

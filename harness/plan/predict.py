@@ -281,6 +281,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         fused_norm=q.fused_norm,
         qk_norm=q.recipe.qk_norm,
         offload=q.recipe.activation_offload,
+        fp8_inputs=q.recipe.fp8_saved_inputs,
     )
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
     if acts is not None and q.recipe.fragmentation:

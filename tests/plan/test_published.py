@@ -4,6 +4,7 @@ bench/data, without torch and in seconds; a CSV it cannot read is a one-line err
 from __future__ import annotations
 
 import csv
+import statistics
 import subprocess
 import sys
 
@@ -84,12 +85,18 @@ def test_megatron_tensor_by_data_parallel_runs_are_planned_as_ddp_tp_and_zero1_t
     rows = outcomes["public_runs.csv"]
     megatron = [o for o in rows if o.row["sharding"].startswith("megatron")]
     assert {published.strategy_of(o.row) for o in megatron} == {"ddp-tp", "zero1-tp"}
-    # Narayanan et al.'s weak-scaling runs without pipeline parallelism (32 to 256 A100s, TP 1-8 x
-    # DP 32, full recomputation): each planned within 6% (today 2.6% to 5.1%).
-    table_1 = [o for o in megatron if "examples/sc21" in o.row["source"] and o.plan is not None]
-    assert len(table_1) == 4 and all(abs(o.error) < 0.06 for o in table_1)
-    # Rows with pipeline or context parallelism are kept and counted, not planned here.
-    assert any(o.plan is None and "pp=" in o.row["sharding"] for o in megatron)
+    # Narayanan et al.'s weak-scaling runs (32 to 3,072 A100s, TP 1-8 x PP 1-64 x DP, full
+    # recomputation, the vocabulary split over the TP GPUs): each within the issue's 15%, the
+    # median within its 8%.
+    table_1 = [o for o in megatron if "examples/sc21" in o.row["source"]]
+    errors = sorted(abs(o.error) for o in table_1)
+    assert len(table_1) == 10 and all(o.plan is not None for o in table_1)
+    assert errors[-1] < 0.15 and statistics.median(errors) < 0.08
+    # With Megatron-LM's pipeline (1F1B, or interleaved with vp= virtual stages) they are planned;
+    # with its context parallelism they are kept and counted, not planned.
+    pipelined = [o for o in megatron if "pp=" in o.row["sharding"] and "cp=" not in o.row["sharding"]]
+    assert len(pipelined) >= 10 and all(o.plan is not None and o.plan.layout.pp > 1 for o in pipelined)
+    assert all(o.plan is None and "not modelled" in o.skipped for o in megatron if "cp=" in o.row["sharding"])
 
 
 def test_one_jobs_settings_are_grouped_and_the_pick_is_scored(outcomes):

@@ -49,6 +49,7 @@ LOSS_BYTES_PER_LOGIT = 12
 # never saved, so a trace of the forward does not see them.
 LOSS_GRADIENT_BYTES_PER_LOGIT = 8
 LOGSUMEXP_BYTES = 4
+FP8_BYTES = 1
 NORM_STATS_BYTES = {False: 8, True: 4}  # per token: LayerNorm's mean and 1/std; RMSNorm's 1/rms (fp32)
 
 
@@ -99,16 +100,21 @@ def block_bytes_per_token(
     seq_len: int = 0,
     fused_norm: bool = False,
     qk_norm: bool = False,
+    fp8_inputs: bool = False,
 ) -> float:
-    """What one block saves for backward, per token, on one of `tp` GPUs."""
+    """What one block saves for backward, per token, on one of `tp` GPUs. `fp8_inputs`: the
+    projections keep their inputs as the fp8 cast (recipe.py fp8_saved_inputs)."""
     residual, matmul = _dtypes(precision, mixed_precision)
     h, f = dims.width, dims.ffn_width
     q, kv = dims.q_width, dims.kv_width
     autocast_copies = precision != "fp32" and mixed_precision == "autocast"
     attention_inputs = 1 if dims.fused_qkv or not autocast_copies else 3
     mlp_inputs = 2 if dims.gated_mlp and autocast_copies else 1
-    gathered = (attention_inputs + mlp_inputs) * h * matmul  # whole on every tensor-parallel GPU
+    projection_input = FP8_BYTES if fp8_inputs else matmul
+    gathered = (attention_inputs + mlp_inputs) * h * projection_input  # whole on every tensor-parallel GPU
     split = (q + 2 * kv + q + (4 if dims.gated_mlp else 2) * f) * matmul + dims.heads * LOGSUMEXP_BYTES
+    if fp8_inputs:  # the down projection's input in fp8; the output projection's an fp8 copy beside attention's
+        split += -f * (matmul - FP8_BYTES) + q * FP8_BYTES
     if attention == "math":  # the unfused kernel keeps its softmax: heads x T per token
         split += dims.heads * seq_len * matmul
     if qk_norm:
@@ -150,6 +156,7 @@ def activations(
     fused_norm: bool = False,
     qk_norm: bool = False,
     offload: bool = False,
+    fp8_inputs: bool = False,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
@@ -172,7 +179,9 @@ def activations(
             checkpointing=checkpointing == "full",
         )
     tokens = micro_batch * seq_len
-    per_token = block_bytes_per_token(dims, precision, mixed_precision, tp, attention, seq_len, fused_norm, qk_norm)
+    per_token = block_bytes_per_token(
+        dims, precision, mixed_precision, tp, attention, seq_len, fused_norm, qk_norm, fp8_inputs
+    )
     block = per_token * tokens
     head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm) * tokens
     if checkpointing == "none":

@@ -28,6 +28,12 @@ offers it does it (docs/planner.md cites each):
                      `Float8LinearConfig(enable_fsdp_float8_all_gather=True)`): one byte a gathered
                      block-matrix element, in memory and on the wire. With precision=fp8 under a
                      torch-engine sharding strategy.
+  fp8_saved_inputs   with precision=fp8, the fp8 projections keep their inputs for the backward as
+                     the fp8 cast (TransformerEngine's Linear and LayerNormLinear save it for the
+                     weight gradient): one byte an element of each projection's input, where bf16
+                     training keeps two, and a byte more for the output projection's, whose bf16
+                     copy attention keeps for its own backward. torchao's Float8Linear saves the
+                     bf16 input (`ctx.save_for_backward(input_hp, weight_hp_t)`): off for it.
   activation_offload the saved activations copied to pinned host memory in the forward and back in
                      the backward (torchtune's `enable_activation_offloading`, its OffloadActivations
                      on a side stream): the GPU keeps two blocks' worth, the copies hide behind the
@@ -62,6 +68,7 @@ class Recipe:
     qk_norm: bool = False
     fp32_grad_accum: bool = False
     fp8_all_gather: bool = False
+    fp8_saved_inputs: bool = False
     activation_offload: bool = False
     fragmentation: float = 0.0
 
@@ -87,6 +94,8 @@ class Recipe:
             )
         if self.fp8_all_gather and precision != "fp8":
             raise PlanError("fp8_all_gather=true gathers the fp8 projections' weights: give precision=fp8 as well")
+        if self.fp8_saved_inputs and precision != "fp8":
+            raise PlanError("fp8_saved_inputs=true keeps the fp8 projections' inputs: give precision=fp8 as well")
 
     @property
     def low_precision_params(self) -> bool:
@@ -110,6 +119,8 @@ class Recipe:
             said.append("fp32 gradient accumulation")
         if self.fp8_all_gather:
             said.append("fp8 all-gathers")
+        if self.fp8_saved_inputs:
+            said.append("fp8 saved inputs")
         if self.activation_offload:
             said.append("activations offloaded")
         if self.fragmentation:

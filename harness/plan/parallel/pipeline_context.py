@@ -247,15 +247,45 @@ def _time(
 
 def published_layout(sharding: str, reduce_in_fp32: bool) -> tuple[PlanModel, dict[str, Any]] | str | None:
     """A published run with pipeline or context parallelism as the PlanModel and options it is
-    planned with (fsdp, or fsdp-tp where it names tp=), or why it is not planned (another engine
-    than FSDP2: Megatron-LM's); None where it has neither."""
+    planned with (fsdp, or fsdp-tp where it names tp=; Megatron-LM's pipeline beside its tensor and
+    data parallelism), or why it is not planned; None where it has neither."""
+    if sharding.lower().startswith("megatron"):
+        return megatron_pipeline_layout(sharding)
     options = published_options(sharding)
     if options is None:
         return None
     if not sharding.startswith("FSDP2"):
-        return "pipeline or context parallelism outside FSDP2: not modelled"
+        return "pipeline or context parallelism outside FSDP2 and Megatron-LM: not modelled"
     model = PlanModel("torch", 3, "low_precision", reduce_in_fp32=reduce_in_fp32, tensor_parallel="tp_size" in options)
     return model, {"sync_each_micro_step": True, **options}
+
+
+def megatron_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]]:
+    """Megatron-LM's tensor parallel inside a node beside data parallel across (`megatron tp=8 dp=32
+    ddp`): its DDP (ddp-tp's model) or its distributed optimizer (zero1-tp's, which reduce-scatters
+    the fp32 gradients and all-gathers the updated parameters, Megatron-LM's
+    docs/source/distrib_optimizer.md)."""
+    tp = int(sharding.split("tp=")[1].split()[0])
+    stage = 1 if "distributed_optimizer" in sharding else 0
+    model = PlanModel("torch", stage, "low_precision", reshard_after_forward=False, tensor_parallel=True)
+    return model, {"tp_size": tp, "distributed_optimizer": stage == 1}
+
+
+def megatron_pipeline_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]] | str | None:
+    """Megatron-LM's pipeline (`pp=`) on its tensor and data-parallel layout: the model cut into
+    pp_size stages, 1F1B, or its interleaved schedule with `vp=` virtual stages a GPU (Narayanan et
+    al. 2021, section 2.2.2). Its micro-batches are the step's accumulation (`microbatches` is set
+    from the run's batch); None without a pipeline or context parallelism, and why not where it
+    names context parallelism (Megatron's CP is not modelled)."""
+    sizes = {key: int(value) for key, value in re.findall(r"\b(pp|cp|vp)=(\d+)", sharding)}
+    if sizes.get("cp", 1) > 1:
+        return "Megatron-LM's context parallelism: not modelled"
+    if sizes.get("pp", 1) <= 1:
+        return None
+    model, options = megatron_layout(sharding)
+    virtual = sizes.get("vp", 1)
+    schedule = {"schedule": "interleaved-1f1b", "virtual_stages": virtual} if virtual > 1 else {"schedule": "1f1b"}
+    return replace(model, pipeline_engine=True), {**options, "pp_size": sizes["pp"], **schedule}
 
 
 def published_options(sharding: str) -> dict[str, Any] | None:

@@ -127,6 +127,19 @@ def test_fp8_all_gathers_move_and_hold_a_byte_per_block_matrix_element():
     assert fp8.time.step_s < bf16.time.step_s
 
 
+def test_fp8_saved_inputs_keep_a_byte_per_projection_input_element():
+    """TransformerEngine keeps each fp8 projection's input as its fp8 cast: per token and block, the
+    attention's and the MLP's inputs (h each) and the down projection's (f) drop from two bytes to one,
+    and the output projection's (q) adds a one-byte copy beside the bf16 output attention keeps."""
+    bf16, q = _plan("fsdp", precision="fp8")
+    fp8, _ = _plan("fsdp", Recipe(fp8_saved_inputs=True), precision="fp8")
+    dims = q.shape.dims
+    per_token = 2 * dims.width + dims.ffn_width - dims.q_width
+    tokens = q.micro_batch * q.seq_len
+    assert bf16.activations.blocks - fp8.activations.blocks == dims.layers * per_token * tokens
+    assert fp8.peak_bytes < bf16.peak_bytes
+
+
 def test_activation_offload_keeps_two_blocks_and_pays_for_what_pcie_cannot_hide():
     kept, _ = _plan("fsdp", micro_batch=4)
     offloaded, _ = _plan("fsdp", Recipe(activation_offload=True), micro_batch=4)
@@ -152,6 +165,7 @@ def test_fragmentation_is_a_share_of_the_activations_at_the_peak():
         (["optimizer=sgd"], "optimizer='sgd' is not one of adamw, adamw8bit"),
         (["fragmentation=2"], "must be a share of the activations in [0, 1]"),
         (["fp8_all_gather=true"], "give precision=fp8 as well"),
+        (["fp8_saved_inputs=true"], "keeps the fp8 projections' inputs: give precision=fp8 as well"),
         (["pure_bf16=true", "precision=fp32"], "give precision=bf16 (or fp8), not fp32"),
         (["megatron_mixed_precision=true", "precision=fp32"], "give precision=bf16, fp16 or fp8, not fp32"),
         (["megatron_mixed_precision=true", "pure_bf16=true"], "give one of them"),

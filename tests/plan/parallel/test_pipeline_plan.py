@@ -161,7 +161,18 @@ def test_published_layouts_read_as_options() -> None:
     }
     model, options = published_layout("FSDP2 dp_shard=4 cp=2", True)
     assert not model.tensor_parallel and options["cp_size"] == 2 and options["cp_attention"] == "ring"
-    assert "not modelled" in published_layout("megatron tp=8 pp=2 dp=32 ddp", True)
+    megatron, options = published_layout("megatron tp=4 pp=8 vp=6 dp=4 distributed_optimizer", True)
+    assert megatron.pipeline_engine and megatron.stage == 1 and megatron.tensor_parallel
+    assert options == {
+        "tp_size": 4,
+        "distributed_optimizer": True,
+        "pp_size": 8,
+        "schedule": "interleaved-1f1b",
+        "virtual_stages": 6,
+    }
+    assert published_layout("megatron tp=8 pp=2 dp=32 ddp", True)[1]["schedule"] == "1f1b"
+    assert "not modelled" in published_layout("megatron tp=4 pp=4 vp=5 cp=2 dp=2 distributed_optimizer", True)
+    assert published_layout("megatron tp=8 dp=32 ddp", True) is None  # no pipeline: planned as ddp-tp
 
 
 def test_search_includes_pipeline_and_context_parallel_layouts() -> None:
