@@ -229,8 +229,7 @@ UNITS = {
 
 # Every model and every per-block backend at least once: the blocks are found by one function for
 # all of them, and each backend's wrapping of them is what differs.
-SHARDED_RUNS = [
-    (DECODER, "fsdp"),
+SHARDED_RUNS = [  # each model once, each backend's per-block wrapping once
     (NESTED, "fsdp"),
     (DECODER, "accelerate-fsdp"),
     (RECURRENT, "zero3"),

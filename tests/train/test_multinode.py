@@ -109,7 +109,6 @@ def _two_node_run(out_dir: Path, strategy: str, launcher: Callable[..., list[str
         ("fsdp", torchrun_node),
         ("zero3", torchrun_node),
         ("zero2", deepspeed_node),
-        ("accelerate-ddp", accelerate_node),
         ("accelerate-zero3", accelerate_node),
     ],
     ids=lambda x: x if isinstance(x, str) else x.__name__.removesuffix("_node"),
