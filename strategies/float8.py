@@ -21,11 +21,10 @@ to speak of (the CPU tests train through it). Strategies declare whether they tr
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import TYPE_CHECKING, Callable
 
-from strategies.base import ModelUnsupported, StrategyError
+from strategies.base import ModelUnsupported, StrategyError, missing_package_reason
 
 if TYPE_CHECKING:
     import torch
@@ -42,19 +41,19 @@ MATMUL_MULTIPLE = 16  # torch._scaled_mm takes sizes divisible by 16
 
 def fp8_unavailable_reason(device: torch.device) -> str | None:
     """Why precision=fp8 cannot train on `device` here, or None when it can."""
-    if importlib.util.find_spec("torchao") is None:
-        return f"torchao is not installed: {INSTALL}"
-    if device.type == "cuda":
-        import torch
+    missing = missing_package_reason("torchao", INSTALL)
+    if missing or device.type != "cuda":
+        return missing
+    import torch
 
-        capability = torch.cuda.get_device_capability(device)
-        if capability < FP8_MIN_CAPABILITY:
-            name = torch.cuda.get_device_name(device)
-            return (
-                f"{name} has no float8 tensor cores (compute capability {capability[0]}.{capability[1]}; fp8 needs "
-                f"{FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or newer, e.g. H100): run precision=bf16"
-            )
-    return None
+    capability = torch.cuda.get_device_capability(device)
+    if capability >= FP8_MIN_CAPABILITY:
+        return None
+    return (
+        f"{torch.cuda.get_device_name(device)} has no float8 tensor cores (compute capability "
+        f"{capability[0]}.{capability[1]}; fp8 needs {FP8_MIN_CAPABILITY[0]}.{FP8_MIN_CAPABILITY[1]} or newer, "
+        "e.g. H100): run precision=bf16"
+    )
 
 
 def check_fp8(entry: StrategyEntry, device: torch.device) -> None:

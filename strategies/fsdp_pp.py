@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.base import OptimizerFactory, Preset, RunContext, StrategyError
 from strategies.fsdp import FSDPStrategy
-from strategies.mesh_layout import MeshLayout, check_divides
+from strategies.mesh_layout import PIPELINE, MeshLayout, pipeline_layout
 from strategies.plan_model import PlanModel
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
 
-PP_DIM = "pp"
 DATA_DIM = "shard"
 # schedule option -> (torch's class, virtual stages per rank)
 SCHEDULES = {
@@ -84,7 +83,7 @@ class FSDPPipelineStrategy(FSDPStrategy):
                 "fsdp-pp runs fp32 or bf16: fp16 loss scaling would have to agree across the stages; use precision=bf16"
             )
         self.mesh = ctx.mesh or self.mesh_layout(ctx.world_size, ctx.world_size, {"pp_size": pp_size})
-        self.pp_size = self.mesh.shape[self.mesh.dims.index(PP_DIM)]
+        self.pp_size = self.mesh.shape[self.mesh.dims.index(PIPELINE)]
         self.schedule_name = schedule
         self.virtual_stages = SCHEDULES[schedule][1]
         self.microbatches = self.pp_size if microbatches is None else microbatches
@@ -110,16 +109,8 @@ class FSDPPipelineStrategy(FSDPStrategy):
 
     @classmethod
     def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
-        """pp x shard: by default one stage per node (the pipeline's traffic is the lightest to cross
-        nodes), FSDP inside each stage over the node's ranks."""
-        nodes = max(1, world_size // local_world_size)
-        pp = check_divides("pp_size", nodes if options.get("pp_size") is None else options["pp_size"], world_size)
-        notes = []
-        if pp == world_size and pp > 1:
-            notes.append("one data-parallel rank: the pipeline alone, FSDP over one rank")
-        if pp == 1:
-            notes.append("pp 1: no pipeline, the layout of fsdp-grad-op (set strategy_options.pp_size on one node)")
-        return MeshLayout((pp, world_size // pp), (PP_DIM, DATA_DIM), (DATA_DIM,), tuple(notes))
+        """pp x shard: FSDP inside each stage over the node's ranks."""
+        return pipeline_layout(world_size, local_world_size, options.get("pp_size"), DATA_DIM, "FSDP", "fsdp-grad-op")
 
     @property
     def stage_count(self) -> int:
@@ -143,7 +134,7 @@ class FSDPPipelineStrategy(FSDPStrategy):
         self.check_model(model)
         mesh = init_device_mesh(self.ctx.device.type, self.mesh.shape, mesh_dim_names=self.mesh.dims)
         pp_rank = self.mesh.coordinates(self.ctx.rank)[0]
-        self._pp_group = mesh[PP_DIM].get_group()
+        self._pp_group = mesh[PIPELINE].get_group()
         self._last_rank = dist.get_global_rank(self._pp_group, self.pp_size - 1)
         self._tie_group = _tie_group(self.mesh, self.ctx.rank)
         policies = self._policies()

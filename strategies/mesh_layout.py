@@ -105,3 +105,22 @@ def check_divides(option: str, size: Any, world_size: int, what: str = "the worl
             f"(or launch a world size that {size} divides)"
         )
     return size
+
+
+PIPELINE = "pp"
+
+
+def pipeline_layout(
+    world_size: int, local_world_size: int, pp_size: Any, data_dim: str, inside: str, without_pipeline: str
+) -> MeshLayout:
+    """pp x data-parallel for a pipeline strategy: by default one stage per node (the pipeline's
+    traffic is the lightest to cross nodes), `inside` (what shards or replicates the model, in words)
+    over the ranks of each stage; `without_pipeline` names the strategy that pp 1 amounts to."""
+    nodes = max(1, world_size // local_world_size)
+    pp = check_divides("pp_size", nodes if pp_size is None else pp_size, world_size)
+    notes = []
+    if pp == world_size and pp > 1:
+        notes.append(f"one data-parallel rank: the pipeline alone, {inside} over one rank")
+    if pp == 1:
+        notes.append(f"pp 1: no pipeline, the layout of {without_pipeline} (set strategy_options.pp_size on one node)")
+    return MeshLayout((pp, world_size // pp), (PIPELINE, data_dim), (data_dim,), tuple(notes))

@@ -58,7 +58,7 @@ from strategies.deepspeed_config import (
     run_config,
     sizing_config,
 )
-from strategies.mesh_layout import MeshLayout, check_divides
+from strategies.mesh_layout import DATA, MeshLayout, pipeline_layout
 from strategies.plan_model import PlanModel
 
 if TYPE_CHECKING:
@@ -67,8 +67,6 @@ if TYPE_CHECKING:
 
     from strategies.memory import MemoryBreakdown
 
-PP_DIM = "pp"
-DATA_DIM = "data"
 CHECKPOINT_TAG = "zero1-pp"  # the sub-directory of state/ that engine.save_checkpoint writes
 # A rank's optimizer partition in DeepSpeed's checkpoint: its data-parallel rank, then its stage.
 OPTIMIZER_FILE = re.compile(r"zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
@@ -146,16 +144,9 @@ class ZeroPipelineStrategy(Strategy):
 
     @classmethod
     def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
-        """pp x data, as fsdp-pp lays its ranks out (and DeepSpeed's PipeDataParallelTopology): by
-        default one stage per node, ZeRO-1 over the ranks of each stage."""
-        nodes = max(1, world_size // local_world_size)
-        pp = check_divides("pp_size", nodes if options.get("pp_size") is None else options["pp_size"], world_size)
-        notes = []
-        if pp == world_size and pp > 1:
-            notes.append("one data-parallel rank: the pipeline alone, ZeRO-1 over one rank")
-        if pp == 1:
-            notes.append("pp 1: no pipeline, the layout of zero1 (set strategy_options.pp_size on one node)")
-        return MeshLayout((pp, world_size // pp), (PP_DIM, DATA_DIM), (DATA_DIM,), tuple(notes))
+        """pp x data, as fsdp-pp lays its ranks out (and DeepSpeed's PipeDataParallelTopology): ZeRO-1
+        over the ranks of each stage."""
+        return pipeline_layout(world_size, local_world_size, options.get("pp_size"), DATA, "ZeRO-1", "zero1")
 
     def check_model(self, model: nn.Module) -> None:
         from models.pipeline_stages import PipelineStagesError, check_stages

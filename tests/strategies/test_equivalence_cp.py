@@ -9,12 +9,11 @@ One run, shared by every check (module scope), with two micro-steps of accumulat
 from __future__ import annotations
 
 import pytest
-import torch
 
 from models.zoo import build_model
-from strategies.base import RunContext, StrategyError
-from strategies.registry import default_registry
+from strategies.base import StrategyError
 from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
+from tests.strategies.constructed import constructed
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -60,21 +59,8 @@ def test_each_rank_holds_a_quarter_of_the_model(run, reference_run):
 
 
 def _strategy(cp_size: int, seq_len: int):
-    mesh = default_registry().mesh_layout("fsdp-cp", 4, 4, cp_size=cp_size)
     config = type("Config", (), {"seq_len": seq_len})()
-    ctx = RunContext(
-        rank=0,
-        world_size=4,
-        local_rank=0,
-        device=torch.device("cpu"),
-        precision="fp32",
-        micro_batch=2,
-        grad_accum=1,
-        grad_clip=1.0,
-        config=config,
-        mesh=mesh,
-    )
-    return default_registry().create("fsdp-cp", ctx, cp_size=cp_size)
+    return constructed("fsdp-cp", 4, micro_batch=2, config=config, cp_size=cp_size)
 
 
 @pytest.mark.parametrize(

@@ -15,13 +15,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import torch
 
 from harness.common.testing_hooks import FAULT_ENV
 from models.zoo import build_model
-from strategies.base import RunContext, StrategyError
+from strategies.base import StrategyError
 from strategies.registry import default_registry
 from tests.helpers import env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
+from tests.strategies.constructed import constructed
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -115,21 +115,6 @@ def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, tmp_
     assert losses_by_step(out) == losses_by_step(source)
 
 
-def _strategy(world_size: int, micro_batch: int = 4, **options):
-    ctx = RunContext(
-        rank=0,
-        world_size=world_size,
-        local_rank=0,
-        device=torch.device("cpu"),
-        precision="fp32",
-        micro_batch=micro_batch,
-        grad_accum=1,
-        grad_clip=1.0,
-        mesh=default_registry().mesh_layout("fsdp-pp", world_size, world_size, **options),
-    )
-    return default_registry().create("fsdp-pp", ctx, **options)
-
-
 @pytest.mark.parametrize(
     "options, micro_batch, says",
     [
@@ -142,7 +127,7 @@ def _strategy(world_size: int, micro_batch: int = 4, **options):
 )
 def test_a_pipeline_that_cannot_run_says_why_in_one_line(options, micro_batch, says):
     with pytest.raises(StrategyError) as err:
-        _strategy(2, micro_batch, **options).check_model(build_model("gpt-nano"))
+        constructed("fsdp-pp", 2, micro_batch, **options).check_model(build_model("gpt-nano"))
     assert says in str(err.value) and "\n" not in str(err.value)
 
 

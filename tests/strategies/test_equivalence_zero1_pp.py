@@ -16,10 +16,11 @@ import pytest
 import torch
 
 from models.zoo import build_model
-from strategies.base import RunContext, StrategyError
+from strategies.base import StrategyError
 from strategies.registry import default_registry
 from strategies.zero1_pp import CHECKPOINT_TAG, ZeroPipelineStrategy
 from tests.helpers import NANO, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
+from tests.strategies.constructed import constructed
 
 pytestmark = [
     pytest.mark.timeout(900),
@@ -108,21 +109,6 @@ def test_its_checkpoint_gives_the_fp32_master_weights_offline(run):
     assert torch.equal(weights["lm_head.weight"], weights["wte.weight"])
 
 
-def _strategy(world_size: int, micro_batch: int = 4, **options):
-    ctx = RunContext(
-        rank=0,
-        world_size=world_size,
-        local_rank=0,
-        device=torch.device("cpu"),
-        precision="fp32",
-        micro_batch=micro_batch,
-        grad_accum=1,
-        grad_clip=1.0,
-        mesh=default_registry().mesh_layout("zero1-pp", world_size, world_size, **options),
-    )
-    return default_registry().create("zero1-pp", ctx, **options)
-
-
 @pytest.mark.parametrize(
     "options, says",
     [
@@ -134,13 +120,13 @@ def _strategy(world_size: int, micro_batch: int = 4, **options):
 )
 def test_a_pipeline_that_cannot_run_says_why_in_one_line(options, says):
     with pytest.raises(StrategyError) as err:
-        _strategy(4, **options).check_model(build_model("gpt-nano"))
+        constructed("zero1-pp", 4, **options).check_model(build_model("gpt-nano"))
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
 def test_a_model_it_cannot_cut_says_so():
     with pytest.raises(StrategyError, match="pipeline parallel cuts parabench's GPT"):
-        _strategy(4, pp_size=2).check_model(build_model("mlp"))
+        constructed("zero1-pp", 4, pp_size=2).check_model(build_model("mlp"))
 
 
 def test_one_node_by_default_is_one_stage_and_says_so():

@@ -4,6 +4,8 @@ all-gathers at world size 2, resumed bit for bit."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 import torch.nn as nn
@@ -47,7 +49,7 @@ def test_a_model_without_blocks_is_one_line():
 
 
 def test_without_torchao_or_fp8_tensor_cores_it_says_why(monkeypatch):
-    monkeypatch.setattr(float8.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     assert "pip install 'parabench[fp8]'" in float8.fp8_unavailable_reason(torch.device("cpu"))
     monkeypatch.undo()
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
