@@ -17,6 +17,12 @@ model states sharded by FSDP over the data-parallel and context-parallel ranks t
 Attention's work: each GPU computes 1/cp of the whole sequence's causal attention (the chunks
 load-balanced, as torchtitan's and Megatron's CP order them), at the kernel's rate for the whole
 sequence's length.
+
+Held against one rank of ring attention on an H200 (bench/ring_attention_rank.py,
+bench/results/ring_attention_h200.md): its rounds' kernels and fp32 merges take 1.04x this share at
+cp=1 and 1.11x at cp=8. torchtitan's published 8B runs at 128k (cp=4) and 256k (cp=8) run about
+1.6x slower than planned, a gap one rank's compute does not explain: what the ring's passes cost
+across cp GPUs is not measured here.
 """
 
 from __future__ import annotations
