@@ -54,6 +54,10 @@ class PlanModel:
     # A pipeline outside FSDP2: the model cut into pp_size stages by DeepSpeed's PipelineEngine (its
     # one schedule, 1F1B), or by Megatron-LM's schedules in a published run.
     pipeline_engine: bool = False
+    # Context parallel outside FSDP2: each sequence split over cp_size GPUs by Megatron-LM's
+    # TransformerEngine ring in a published run, gradients reduced over the data- and
+    # context-parallel ranks together.
+    context_parallel_engine: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

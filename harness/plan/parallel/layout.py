@@ -102,7 +102,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     pp = cp = 1
     if pipelines(backend):
         pp = _size(backend, "pp_size", topology.nodes if "pp_size" in backend.options else 1)
-    if splits_model(backend):
+    if splits_sequences(backend):
         cp = _size(backend, "cp_size", min(MAX_DEFAULT_CP, per_node) if "cp_size" in backend.options else 1)
     if gpus % (tp * pp * cp):
         raise LayoutError(
@@ -151,6 +151,12 @@ def splits_model(backend: Backend) -> bool:
         and not backend.secondary_partition
         and not backend.via_accelerate
     )
+
+
+def splits_sequences(backend: Backend) -> bool:
+    """Whether context parallelism is planned for `backend`: the FSDP2 layouts above, and Megatron-LM's
+    context parallel in a published run."""
+    return splits_model(backend) or backend.context_parallel_engine
 
 
 def pipelines(backend: Backend) -> bool:

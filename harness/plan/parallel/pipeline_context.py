@@ -271,21 +271,27 @@ def megatron_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]]:
     return model, {"tp_size": tp, "distributed_optimizer": stage == 1}
 
 
-def megatron_pipeline_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]] | str | None:
-    """Megatron-LM's pipeline (`pp=`) on its tensor and data-parallel layout: the model cut into
-    pp_size stages, 1F1B, or its interleaved schedule with `vp=` virtual stages a GPU (Narayanan et
-    al. 2021, section 2.2.2). Its micro-batches are the step's accumulation (`microbatches` is set
-    from the run's batch); None without a pipeline or context parallelism, and why not where it
-    names context parallelism (Megatron's CP is not modelled)."""
+def megatron_pipeline_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]] | None:
+    """Megatron-LM's pipeline (`pp=`) and context parallelism (`cp=`) on its tensor and data-parallel
+    layout: the model cut into pp_size stages, 1F1B, or its interleaved schedule with `vp=` virtual
+    stages a GPU (Narayanan et al. 2021, section 2.2.2), its micro-batches the step's accumulation
+    (`microbatches` is set from the run's batch); each sequence split over cp_size GPUs, attention
+    made whole by TransformerEngine's ring of k, v passes (its default `p2p` exchange), the
+    gradients reduced over the data-parallel and context-parallel ranks together. None with
+    neither."""
     sizes = {key: int(value) for key, value in re.findall(r"\b(pp|cp|vp)=(\d+)", sharding)}
-    if sizes.get("cp", 1) > 1:
-        return "Megatron-LM's context parallelism: not modelled"
-    if sizes.get("pp", 1) <= 1:
+    pp, cp = sizes.get("pp", 1), sizes.get("cp", 1)
+    if pp <= 1 and cp <= 1:
         return None
     model, options = megatron_layout(sharding)
+    if cp > 1:
+        model = replace(model, context_parallel_engine=True)
+        options = {**options, "cp_size": cp, "cp_attention": "ring"}
+    if pp <= 1:
+        return model, options
     virtual = sizes.get("vp", 1)
     schedule = {"schedule": "interleaved-1f1b", "virtual_stages": virtual} if virtual > 1 else {"schedule": "1f1b"}
-    return replace(model, pipeline_engine=True), {**options, "pp_size": sizes["pp"], **schedule}
+    return replace(model, pipeline_engine=True), {**options, "pp_size": pp, **schedule}
 
 
 def published_options(sharding: str) -> dict[str, Any] | None:

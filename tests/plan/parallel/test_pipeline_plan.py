@@ -8,11 +8,12 @@ from dataclasses import replace
 
 import pytest
 
+from harness.plan.parallel.backends import backend_of, filled_in
 from harness.plan.parallel.layout import LayoutError
-from harness.plan.parallel.pipeline_context import published_layout, published_options
+from harness.plan.parallel.pipeline_context import megatron_layout, published_layout, published_options
 from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
-from harness.plan.predict import plan_strategy
+from harness.plan.predict import plan_backend, plan_strategy
 from harness.plan.search.layout_search import search, why_slower
 from harness.plan.search.search_cli import search_question
 from harness.plan.speed.step_time import overhead_per_micro_step
@@ -171,8 +172,27 @@ def test_published_layouts_read_as_options() -> None:
         "virtual_stages": 6,
     }
     assert published_layout("megatron tp=8 pp=2 dp=32 ddp", True)[1]["schedule"] == "1f1b"
-    assert "not modelled" in published_layout("megatron tp=4 pp=4 vp=5 cp=2 dp=2 distributed_optimizer", True)
+    megatron_cp, options = published_layout("megatron tp=4 pp=4 vp=5 cp=2 dp=2 distributed_optimizer", True)
+    assert megatron_cp.context_parallel_engine and megatron_cp.pipeline_engine
+    assert options["cp_size"] == 2 and options["cp_attention"] == "ring" and options["virtual_stages"] == 5
     assert published_layout("megatron tp=8 dp=32 ddp", True) is None  # no pipeline: planned as ddp-tp
+
+
+def test_megatron_context_parallel_splits_sequences_and_reduces_over_data_and_context_ranks() -> None:
+    """Megatron-LM's cp beside its tensor and data parallelism: each GPU keeps half the sequence's
+    activations, passes k and v around the ring, and reduces gradients over dp x cp GPUs."""
+    q, _ = _plan()
+    plans = {}
+    for cp, dp in ((1, 8), (2, 4)):
+        sharding = f"megatron tp=2 cp={cp} dp={dp} distributed_optimizer"
+        model, options = published_layout(sharding, True) or megatron_layout(sharding)
+        backend = filled_in(backend_of(model, sharding, options), q.shape, "bf16", q.gpus, options)
+        plans[cp] = plan_backend(backend, q)
+    one, two = plans[1], plans[2]
+    assert (two.layout.cp, two.layout.data_parallel, two.layout.shard) == (2, 4, 8)
+    assert two.activations.blocks == pytest.approx(one.activations.blocks / 2, rel=0.01)
+    assert two.states == one.states  # the optimizer state sharded over all 8 GPUs either way
+    assert two.time.wire_bytes > one.time.wire_bytes / 2  # the ring's k, v beside half the gradient traffic
 
 
 def test_search_includes_pipeline_and_context_parallel_layouts() -> None:
