@@ -147,6 +147,9 @@ class Strategy(ABC):
     # The kind of config file this class (and its subclasses) can run as `<kind>:<path>`
     # (strategies/config_files.py); None: none.
     config_file_kind: ClassVar[str | None] = None
+    # The packages setup() imports: a launcher forking its workers from one process (a CPU run)
+    # imports them there once, so that no worker imports them again.
+    backend_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: RunContext):
         self.ctx = ctx

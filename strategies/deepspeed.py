@@ -120,6 +120,7 @@ class DeepSpeedStrategy(Strategy):
     )
     listing_order = 30
     config_file_kind = "deepspeed"  # `deepspeed:<file.json>`
+    backend_modules = ("deepspeed",)
     checkpoint_format = "deepspeed"  # the family; each instance narrows it to its stage
     # Plain ZeRO checkpoints hold one optimizer partition per rank, and DeepSpeed refuses to
     # load them at another data-parallel size (it would need a universal checkpoint).

@@ -86,6 +86,7 @@ class ZeroPipelineStrategy(Strategy):
         ),
     )
     listing_order = 32
+    backend_modules = ("deepspeed",)
     checkpoint_format = "deepspeed-zero1-pp"  # the family; each instance narrows it to its pp_size
     # DeepSpeed loads a pipeline checkpoint's optimizer partitions at the world size that wrote them.
     checkpoint_reshards = False

@@ -3,22 +3,19 @@ under torchrun, so one code path serves `nproc=N`, torchrun, deepspeed and accel
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
 
 RUNNER = str(Path(__file__).resolve().parents[2] / "runner.py")
+_FORKED = False  # whether this process is a worker forked_worker started
 
 
 def torchrun_args(nproc: int, runner_args: list[str]) -> list[str]:
     """torchrun's arguments for `runner.py <runner_args>` on `nproc` local processes: standalone,
     a free rendezvous port on this host."""
     return ["--standalone", f"--nproc_per_node={nproc}", RUNNER, *runner_args]
-
-
-def torchrun_command(nproc: int, runner_args: list[str]) -> list[str]:
-    """`python -m torch.distributed.run <torchrun_args>`, for a job that runs apart from this process."""
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(nproc, runner_args)]
 
 
 def worker_env() -> dict[str, str]:
@@ -32,11 +29,15 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def run_under_torchrun(nproc: int, runner_args: list[str]) -> int:
+def run_under_torchrun(
+    nproc: int, runner_args: list[str], *, fork_workers: bool = False, backend_modules: tuple[str, ...] = ()
+) -> int:
     """Run `runner.py <runner_args>` in `nproc` local processes and return the job's exit code.
 
     torchrun's agent runs in this process, which has imported torch already for the checks
-    before launch: a second interpreter importing it again would cost a few seconds a run. A
+    before launch: a second interpreter importing it again would cost a few seconds a run.
+    `fork_workers` (a CPU run: no CUDA state to carry over) forks each worker from this process
+    instead, torch, the run's modules and the strategy's `backend_modules` imported here once. A
     failed worker is torchrun's failure table (ranks, exit codes) and exit code 1, as from its
     command line, without the agent's own traceback, which says only that a worker failed."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -45,10 +46,62 @@ def run_under_torchrun(nproc: int, runner_args: list[str]) -> int:
 
     os.environ.update(worker_env())
     try:
-        torchrun_main(torchrun_args(nproc, runner_args))
+        if fork_workers:
+            for module in backend_modules:
+                importlib.import_module(module)
+            _launch_forked(nproc, runner_args)
+        else:
+            torchrun_main(torchrun_args(nproc, runner_args))
     except ChildFailedError as failed:
         print(failed.format_msg(), file=sys.stderr)
         return 1
     except SignalException as stopped:  # the agent stopped its workers first
         return 128 + stopped.sigval
+    return 0
+
+
+def _launch_forked(nproc: int, runner_args: list[str]) -> None:
+    """torchrun's standalone launch, as its command line would make it, with `forked_worker` as
+    each worker's entry point and the fork start method."""
+    import uuid
+
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
+
+    args = parse_args(["--start-method=fork", *torchrun_args(nproc, runner_args)])
+    args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    config, _, _ = config_from_args(args)
+    sys.stdout.flush()  # what is buffered here would be written again by every worker
+    sys.stderr.flush()
+    elastic_launch(config, forked_worker)(*runner_args)
+
+
+def in_forked_worker() -> bool:
+    """Whether this process is a worker forked from the launching one (forked_worker): it returns
+    from its run, and the multiprocessing module ends the process."""
+    return _FORKED
+
+
+def forked_worker(*runner_args: str) -> int:
+    """One worker forked from the launching process: it starts as a fresh one would, its own
+    signal handling and exit handlers, the thread count torchrun's environment gives it, then
+    runs `runner.py <runner_args>` and returns its exit code (a failure exits with it)."""
+    import atexit
+    import signal
+
+    import torch
+
+    global _FORKED
+    _FORKED = True
+    for handled in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+        signal.signal(handled, signal.SIG_DFL)  # the agent's own handlers stay the agent's
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    atexit._clear()  # the launcher's exit handlers are the launcher's to run
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    sys.path.insert(0, str(Path(RUNNER).parent))
+    from runner import main
+
+    code = main(list(runner_args))
+    if code:
+        sys.exit(code)
     return 0

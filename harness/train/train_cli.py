@@ -13,13 +13,12 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from typing import NoReturn
 
 from configs.schema import RunConfig, load_config
 from harness.common.writable import check_writable
 from harness.train.distributed import launched_by_launcher
 from harness.train.file_settings import adopt_file_settings
-from harness.train.launch import run_under_torchrun
+from harness.train.launch import in_forked_worker, run_under_torchrun
 from harness.train.library_output import library_output
 from harness.train.run_checks import preflight
 from harness.train.trackers import check_trackers
@@ -34,16 +33,26 @@ def main(args: list[str]) -> int:
         check_trackers(cfg)
         _train(cfg)
         _leave_finished_worker()
+        return 0
     nproc = cfg.nproc or 1
-    preflight(cfg, nproc)
+    strategy = preflight(cfg, nproc)
     if nproc > 1:
-        return run_under_torchrun(nproc, ["train", *args])
+        modules = type(strategy).backend_modules
+        return run_under_torchrun(nproc, ["train", *args], fork_workers=_on_cpu(cfg), backend_modules=modules)
     _train(cfg)
     return 0
 
 
-def _leave_finished_worker() -> NoReturn:
-    """Exit a worker whose run finished, skipping the interpreter's teardown of its objects.
+def _on_cpu(cfg: RunConfig) -> bool:
+    """Whether the run trains on the CPU, where its workers can be forked from this process."""
+    import torch
+
+    return cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
+
+
+def _leave_finished_worker() -> None:
+    """Exit a worker whose run finished, skipping the interpreter's teardown of its objects (a
+    forked worker returns instead: its multiprocessing parent ends it the same way).
 
     Torn down with the interpreter, gloo's worker threads can still hold work that references
     tensors: destroying them then aborts the process (SIGABRT, "terminate called without an
@@ -52,7 +61,8 @@ def _leave_finished_worker() -> NoReturn:
     atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    if not in_forked_worker():
+        os._exit(0)
 
 
 def _train(cfg: RunConfig) -> None:

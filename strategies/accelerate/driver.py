@@ -62,6 +62,7 @@ class AccelerateStrategy(Strategy):
     # The distributed type Accelerate must choose for this mode (None: whatever DDP it picks).
     distributed_type: str | None = None
     config_file_kind = "accelerate"  # `accelerate:<file.yaml>`
+    backend_modules = ("accelerate",)
 
     def __init__(self, ctx: RunContext):
         file = ctx.config_file

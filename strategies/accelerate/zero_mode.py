@@ -48,6 +48,7 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
     description = "Accelerate driving DeepSpeed ZeRO"
     presets = (_zero(1), _zero(2), _zero(3))
     distributed_type = "DEEPSPEED"
+    backend_modules = ("accelerate", "deepspeed")
     # DeepSpeed's partitions load only at the world size that wrote them, as under zero1-3.
     checkpoint_reshards = False
 
