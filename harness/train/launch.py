@@ -93,11 +93,13 @@ def forked_worker(*runner_args: str) -> int:
 
     global _FORKED
     _FORKED = True
-    for handled in (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1):
+    for handled in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(handled, signal.SIG_DFL)  # the agent's own handlers stay the agent's
     signal.signal(signal.SIGINT, signal.default_int_handler)
     atexit._clear()  # the launcher's exit handlers are the launcher's to run
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    for stream in (sys.stdout, sys.stderr):  # a line at a time, as torchrun's `python -u` workers write
+        stream.reconfigure(line_buffering=True)
     sys.path.insert(0, str(Path(RUNNER).parent))
     from runner import main
 

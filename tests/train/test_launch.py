@@ -1,0 +1,35 @@
+"""How `nproc=N` starts its workers (harness/train/launch.py): on a CPU forked from the launching
+process, on a GPU as new interpreters through torchrun. Both are run here on the CPU (the second
+through run_under_torchrun directly) and must train the same curve, bit for bit. A worker's
+failure under the forked path is tests/train/test_faults.py's."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.helpers import NANO, ROOT, env_for_tests, losses_by_step, run_bounded, run_cli
+
+pytestmark = pytest.mark.timeout(300)
+
+ARGS = ["train", "strategy=ddp", *NANO]
+
+
+def _new_interpreters(args: list[str]):
+    """`runner.py <args>` with its workers started as new interpreters (the GPU path)."""
+    code = (
+        "import sys; from harness.train.launch import run_under_torchrun; "
+        f"sys.exit(run_under_torchrun(2, {args!r}, fork_workers=False))"
+    )
+    return run_bounded([sys.executable, "-c", code], timeout=240, env=env_for_tests(), cwd=ROOT)
+
+
+def test_forked_and_new_interpreter_workers_train_the_same_curve(tmp_path):
+    forked = run_cli([*ARGS, "nproc=2", f"out_dir={tmp_path / 'forked'}"], timeout=240)
+    assert forked.returncode == 0, forked.stderr[-3000:]
+    (tmp_path / "spawned").mkdir()  # the preflight, which runs before either, makes it
+    spawned = _new_interpreters([*ARGS, f"out_dir={tmp_path / 'spawned'}"])
+    assert spawned.returncode == 0, spawned.stderr[-3000:]
+    assert losses_by_step(tmp_path / "forked") == losses_by_step(tmp_path / "spawned")
+    assert "step    10 | loss" in forked.stdout and "step    10 | loss" in spawned.stdout
