@@ -47,6 +47,9 @@ def run_under_torchrun(
     os.environ.update(worker_env())
     try:
         if fork_workers:
+            # The workers train on the CPU: DeepSpeed, imported here, need not look for a device
+            # (and warn on the terminal that it found none), as each run tells it (loop.run).
+            os.environ.setdefault("DS_ACCELERATOR", "cpu")
             for module in backend_modules:
                 importlib.import_module(module)
             _launch_forked(nproc, runner_args)
