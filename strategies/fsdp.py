@@ -63,6 +63,7 @@ class FSDPStrategy(SingleDeviceStrategy):
         ),
     )
     listing_order = 20
+    backend_modules = ("torch.distributed.fsdp", "torch.distributed.checkpoint")
     checkpoint_format = "dcp"
 
     def __init__(

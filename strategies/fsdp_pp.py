@@ -63,6 +63,7 @@ class FSDPPipelineStrategy(FSDPStrategy):
         ),
     )
     listing_order = 25
+    backend_modules = (*FSDPStrategy.backend_modules, "torch.distributed.pipelining")
     checkpoint_format = "dcp-pipeline"
 
     def __init__(

@@ -38,6 +38,7 @@ class FSDPTensorParallelStrategy(FSDPStrategy):
         ),
     )
     listing_order = 22
+    backend_modules = (*FSDPStrategy.backend_modules, "torch.distributed.tensor.parallel")
 
     def __init__(
         self,
