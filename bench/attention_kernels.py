@@ -13,16 +13,15 @@ On a GPU machine: python bench/attention_kernels.py --out bench/results/attentio
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_timing import best_seconds, gpu_command, write_table  # noqa: E402
 from harness.common.hardware import gpu_spec  # noqa: E402
 from harness.plan.speed.attention import attention_tflops, causal_attention_flops  # noqa: E402
 
@@ -64,23 +63,11 @@ def time_attention(seq: int, head_dim: int, backend: list) -> float | None:
         once()  # warm-up, and the backend's refusal if it has one
     except RuntimeError:
         return None
-    best = float("inf")
-    for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        once()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_seconds(once, REPEATS)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("attention_kernels.py times GPU kernels: run it on a GPU machine", file=sys.stderr)
-        return 2
+    out = gpu_command(__doc__.splitlines()[0], "attention_kernels.py")
     name = torch.cuda.get_device_name()
     gpu = gpu_spec(name)
     lines = [
@@ -108,10 +95,7 @@ def main() -> int:
             row = f"| {head_dim} | {seq} | {' | '.join(cells)} | {planned:.0f} | {ratio} |" if planned else ""
             lines.append(row or f"| {head_dim} | {seq} | {' | '.join(cells)} | - | - |")
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return write_table(lines, out)
 
 
 if __name__ == "__main__":

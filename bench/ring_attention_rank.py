@@ -22,9 +22,7 @@ On a GPU machine: python bench/ring_attention_rank.py --out bench/results/ring_a
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -32,6 +30,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_timing import best_seconds, gpu_command, write_table  # noqa: E402
 from harness.common.hardware import gpu_spec  # noqa: E402
 from harness.plan.speed.attention import attention_seconds  # noqa: E402
 
@@ -44,7 +43,7 @@ def _flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> t
     """(output, log-sum-exp) of the flash kernel SDPA runs, with autograd through the output."""
     if q.is_cuda:
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(q, k, v, 0.0, causal)[:2]
-    else:  # the CPU's flash kernel, so the schedule can be checked without a GPU
+    else:  # the CPU's, so that tests/bench/test_ring_attention.py checks the schedule without a GPU
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)
     return out, lse.detach()
 
@@ -82,37 +81,24 @@ def rank_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int,
     return out.to(q.dtype)
 
 
-def time_rank(seq: int, cp: int, device: str) -> float:
-    """Seconds of the last rank's forward+backward, the best of REPEATS after a warm-up."""
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+def time_rank(seq: int, cp: int) -> float:
+    """Seconds of the last rank's forward+backward on the GPU, the best of REPEATS after a warm-up."""
     c = seq // (2 * cp)
-    q = torch.randn(1, HEADS, 2 * c, HEAD_DIM, device=device, dtype=dtype, requires_grad=True)
-    k, v = (torch.randn(1, HEADS, seq, HEAD_DIM, device=device, dtype=dtype, requires_grad=True) for _ in range(2))
-    grad = torch.randn(1, HEADS, 2 * c, HEAD_DIM, device=device, dtype=dtype)
+    q = torch.randn(1, HEADS, 2 * c, HEAD_DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k, v = (
+        torch.randn(1, HEADS, seq, HEAD_DIM, device="cuda", dtype=torch.bfloat16, requires_grad=True) for _ in range(2)
+    )
+    grad = torch.randn(1, HEADS, 2 * c, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
 
     def once() -> None:
         rank_attention(q, k, v, cp - 1, cp).backward(grad)
 
-    best = float("inf")
-    for attempt in range(REPEATS + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        once()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        if attempt:  # the first is the warm-up
-            best = min(best, time.perf_counter() - start)
-    return best
+    once()
+    return best_seconds(once, REPEATS)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
-    args = parser.parse_args()
-    if not torch.cuda.is_available():
-        print("ring_attention_rank.py times GPU kernels: run it on a GPU machine", file=sys.stderr)
-        return 2
+    out = gpu_command(__doc__.splitlines()[0], "ring_attention_rank.py")
     name = torch.cuda.get_device_name()
     gpu = gpu_spec(name)
     lines = [
@@ -126,7 +112,7 @@ def main() -> int:
         "|---|---|---|---|---|",
     ]
     for seq, cp in POINTS:
-        measured = time_rank(seq, cp, "cuda")
+        measured = time_rank(seq, cp)
         torch.cuda.empty_cache()
         planned = None
         if gpu:
@@ -137,10 +123,7 @@ def main() -> int:
         plan_cells = f"{planned:.3f} | {planned / measured:.2f}" if planned else "- | -"
         lines.append(f"| {seq} | {cp} | {measured:.3f} | {plan_cells} |")
         print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    if args.out:
-        args.out.write_text(text)
-    return 0
+    return write_table(lines, out)
 
 
 if __name__ == "__main__":

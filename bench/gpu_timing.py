@@ -1,0 +1,44 @@
+"""What the GPU kernel benchmarks share (attention_kernels.py, ring_attention_rank.py): a best-of-N
+timer that waits for the GPU, and their command line: a GPU required, the table printed as it
+grows and, with --out, written as Markdown."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+
+def best_seconds(once: Callable[[], None], repeats: int) -> float:
+    """The shortest of `repeats` calls of `once` (warmed up by the caller), each timed to the end
+    of its GPU work."""
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        once()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def gpu_command(description: str, script: str) -> Path | None:
+    """The command line's --out (None without it); where no GPU is visible, says so and exits 2."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", type=Path, help="also write the table here (Markdown)")
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print(f"{script} times GPU kernels: run it on a GPU machine", file=sys.stderr)
+        sys.exit(2)
+    return args.out
+
+
+def write_table(lines: list[str], out: Path | None) -> int:
+    """The finished table written to `out` where one was given; the command's exit code."""
+    if out:
+        out.write_text("\n".join(lines) + "\n")
+    return 0
