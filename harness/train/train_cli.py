@@ -37,17 +37,13 @@ def main(args: list[str]) -> int:
     nproc = cfg.nproc or 1
     strategy = preflight(cfg, nproc)
     if nproc > 1:
-        modules = type(strategy).backend_modules
-        return run_under_torchrun(nproc, ["train", *args], fork_workers=_on_cpu(cfg), backend_modules=modules)
+        # On the CPU (the device the preflight laid the run out for) no CUDA state is forked.
+        on_cpu = strategy.ctx.device.type == "cpu"
+        return run_under_torchrun(
+            nproc, ["train", *args], fork_workers=on_cpu, backend_modules=strategy.backend_modules
+        )
     _train(cfg)
     return 0
-
-
-def _on_cpu(cfg: RunConfig) -> bool:
-    """Whether the run trains on the CPU, where its workers can be forked from this process."""
-    import torch
-
-    return cfg.device == "cpu" or (cfg.device == "auto" and not torch.cuda.is_available())
 
 
 def _leave_finished_worker() -> None:
