@@ -247,8 +247,8 @@ def _time(
 
 def published_layout(sharding: str, reduce_in_fp32: bool) -> tuple[PlanModel, dict[str, Any]] | str | None:
     """A published run with pipeline or context parallelism as the PlanModel and options it is
-    planned with (fsdp, or fsdp-tp where it names tp=; Megatron-LM's pipeline beside its tensor and
-    data parallelism), or why it is not planned; None where it has neither."""
+    planned with (fsdp, or fsdp-tp where it names tp=; Megatron-LM's pipeline and context parallelism
+    beside its tensor and data parallelism), or why it is not planned; None where it has neither."""
     if sharding.lower().startswith("megatron"):
         return megatron_pipeline_layout(sharding)
     options = published_options(sharding)
