@@ -86,8 +86,8 @@ def test_megatron_tensor_by_data_parallel_runs_are_planned_as_ddp_tp_and_zero1_t
     megatron = [o for o in rows if o.row["sharding"].startswith("megatron")]
     assert {published.strategy_of(o.row) for o in megatron} == {"ddp-tp", "zero1-tp"}
     # Narayanan et al.'s weak-scaling runs (32 to 3,072 A100s, TP 1-8 x PP 1-64 x DP, full
-    # recomputation, the vocabulary split over the TP GPUs): each within the issue's 15%, the
-    # median within its 8%.
+    # recomputation, the vocabulary split over the TP GPUs): each within 15%, the median within
+    # 8%.
     table_1 = [o for o in megatron if "examples/sc21" in o.row["source"]]
     errors = sorted(abs(o.error) for o in table_1)
     assert len(table_1) == 10 and all(o.plan is not None for o in table_1)
