@@ -6,10 +6,18 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+import time
 from pathlib import Path
 
 RUNNER = str(Path(__file__).resolve().parents[2] / "runner.py")
 _FORKED = False  # whether this process is a worker forked_worker started
+
+# With forked workers the launcher reports the first failed worker it sees, and only that one
+# (torchrun's own workers, new interpreters, are all listed). A rank that dies (SIGKILL, out of
+# memory) makes its peers fail in their next collective a moment later: a failing forked worker
+# waits some of the agent's polls (0.1 s apart) before it ends, so the report names the rank
+# that died first.
+FAILED_WORKER_GRACE_S = 1.0
 
 
 def torchrun_args(nproc: int, runner_args: list[str]) -> list[str]:
@@ -111,7 +119,12 @@ def forked_worker(*runner_args: str) -> int:
     sys.path.insert(0, str(Path(RUNNER).parent))
     from runner import main
 
-    code = main(list(runner_args))
+    try:
+        code = main(list(runner_args))
+    except Exception:
+        time.sleep(FAILED_WORKER_GRACE_S)
+        raise
     if code:
+        time.sleep(FAILED_WORKER_GRACE_S)
         sys.exit(code)
     return 0
