@@ -3,7 +3,6 @@ under torchrun, so one code path serves `nproc=N`, torchrun, deepspeed and accel
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 import time
@@ -57,14 +56,15 @@ def run_under_torchrun(
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main as torchrun_main
 
+    from strategies.backend_imports import import_backends
+
     os.environ.update(worker_env())
     try:
         if fork_workers:
             # The workers train on the CPU: DeepSpeed, imported here, need not look for a device
             # (and warn on the terminal that it found none), as each run tells it (loop.run).
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
-            for module in backend_modules:
-                importlib.import_module(module)
+            import_backends(backend_modules)
             _launch_forked(nproc, runner_args)
         else:
             torchrun_main(torchrun_args(nproc, runner_args))

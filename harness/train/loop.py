@@ -37,6 +37,7 @@ from models.activation_checkpointing import enable_checkpointing
 from models.blocks import Blocks, find_blocks
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model, flops_per_token, num_params
+from strategies.backend_imports import import_backends
 from strategies.base import RunContext, Strategy, compute_precision, no_checkpoints_error, torch_dtype
 from strategies.float8 import convert_to_float8, float8_scales_hook, gathers_in_fp8
 from strategies.memory import MemoryBreakdown
@@ -238,6 +239,7 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
         schedule = GlobalBatchSchedule(len(data), cfg.batch_size, cfg.seed)
         lr_schedule = run_schedule(cfg, model)
         strategy = create_strategy(cfg, env, lr_schedule)
+        import_backends(strategy.backend_modules)  # before any setup imports one its own way
         strategy.check_model(model)
         micro_batch, grad_accum = strategy.ctx.micro_batch, strategy.ctx.grad_accum
         fp8, fp8_gathered = None, False
