@@ -59,7 +59,7 @@ from harness.compare.run_record import RUN_RECORD, RunRecord
 from harness.compare.stop_signals import StopSignals
 from harness.compare.supervise import JobOutcome, run_job
 from harness.compare.sweep_plan import PlannedStrategy, SweepPlan, noise_dir
-from harness.train import RUNNER, adopt_file_settings, library_versions, preflight, torchrun_command, worker_env
+from harness.train import RUNNER, adopt_file_settings, library_versions, preflight, worker_env
 from strategies.base import ModelUnsupported
 from strategies.registry import StrategyRegistry, default_registry
 
@@ -405,8 +405,9 @@ class Sweep:
             script = self.slurm_script(name, run_dir, args, job)
             cmd = slurm.submit_and_wait_command(script, run_dir / "slurm.log")
         else:
-            # One process runs without torchrun, as `runner.py train` would run it for a user.
-            cmd = torchrun_command(nproc, args) if nproc > 1 else [sys.executable, RUNNER, *args]
+            # As `runner.py train` runs it for a user: one process without torchrun, more under
+            # torchrun's agent in that process (on a CPU, each worker forked from it).
+            cmd = [sys.executable, RUNNER, *args]
         log_path = log_path or run_dir / "log.txt"
         outcome = run_job(
             cmd,

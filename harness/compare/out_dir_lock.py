@@ -1,6 +1,7 @@
 """One compare at a time in an out_dir: a lock the compare holds for its whole life, and its
-jobs' leaders with it (they inherit the descriptor), so that a compare started again right
-after one was killed waits until the killed one's last job has stopped writing there.
+jobs' leaders and the workers they fork with it (they inherit the descriptor), so that a compare
+started again right after one was killed waits until the killed one's last job has stopped
+writing there.
 
 The lock is the kernel's (flock): released when the last process holding it ends, however it
 ends, so a killed compare never leaves a stale lock behind.

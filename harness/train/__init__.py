@@ -9,7 +9,6 @@ from harness.common.lazy_exports import lazy_exports
 
 _EXPORTS = {
     "RUNNER": "launch",
-    "torchrun_command": "launch",
     "worker_env": "launch",
     "DistEnv": "distributed",
     "init_distributed": "distributed",

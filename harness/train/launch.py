@@ -25,11 +25,6 @@ def torchrun_args(nproc: int, runner_args: list[str]) -> list[str]:
     return ["--standalone", f"--nproc_per_node={nproc}", RUNNER, *runner_args]
 
 
-def torchrun_command(nproc: int, runner_args: list[str]) -> list[str]:
-    """`python -m torch.distributed.run <torchrun_args>`, for a job that runs apart from this process."""
-    return [sys.executable, "-m", "torch.distributed.run", *torchrun_args(nproc, runner_args)]
-
-
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     # torchrun sets 1 thread per worker with a warning; say so ourselves, quietly.
