@@ -18,6 +18,10 @@ _FORKED = False  # whether this process is a worker forked_worker started
 # that died first.
 FAILED_WORKER_GRACE_S = 1.0
 
+# What every worker imports whatever its strategy: torch disables dynamo around an optimizer's
+# constructor, which imports torch._dynamo (1.5 s of CPU) on its first call in a process.
+EVERY_WORKER_IMPORTS = ("torch._dynamo",)
+
 
 def torchrun_args(nproc: int, runner_args: list[str]) -> list[str]:
     """torchrun's arguments for `runner.py <runner_args>` on `nproc` local processes: standalone,
@@ -59,7 +63,7 @@ def run_under_torchrun(
             # The workers train on the CPU: DeepSpeed, imported here, need not look for a device
             # (and warn on the terminal that it found none), as each run tells it (loop.run).
             os.environ.setdefault("DS_ACCELERATOR", "cpu")
-            import_backends(backend_modules)
+            import_backends((*EVERY_WORKER_IMPORTS, *backend_modules))
             _launch_forked(nproc, runner_args)
         else:
             torchrun_main(torchrun_args(nproc, runner_args))
