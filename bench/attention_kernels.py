@@ -95,7 +95,8 @@ def main() -> int:
             row = f"| {head_dim} | {seq} | {' | '.join(cells)} | {planned:.0f} | {ratio} |" if planned else ""
             lines.append(row or f"| {head_dim} | {seq} | {' | '.join(cells)} | - | - |")
             print(lines[-1], flush=True)
-    return write_table(lines, out)
+    write_table(lines, out)
+    return 0
 
 
 if __name__ == "__main__":

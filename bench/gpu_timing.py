@@ -37,8 +37,7 @@ def gpu_command(description: str, script: str) -> Path | None:
     return args.out
 
 
-def write_table(lines: list[str], out: Path | None) -> int:
-    """The finished table written to `out` where one was given; the command's exit code."""
+def write_table(lines: list[str], out: Path | None) -> None:
+    """The finished table written to `out` where one was given."""
     if out:
         out.write_text("\n".join(lines) + "\n")
-    return 0

@@ -123,7 +123,8 @@ def main() -> int:
         plan_cells = f"{planned:.3f} | {planned / measured:.2f}" if planned else "- | -"
         lines.append(f"| {seq} | {cp} | {measured:.3f} | {plan_cells} |")
         print(lines[-1], flush=True)
-    return write_table(lines, out)
+    write_table(lines, out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -147,8 +147,8 @@ class Strategy(ABC):
     # The kind of config file this class (and its subclasses) can run as `<kind>:<path>`
     # (strategies/config_files.py); None: none.
     config_file_kind: ClassVar[str | None] = None
-    # The packages setup() imports: a launcher forking its workers from one process (a CPU run)
-    # imports them there once, so that no worker imports them again.
+    # The packages setup() imports: each worker imports them before setup(), and a launcher
+    # forking its workers from one process (a CPU run) imports them there once for all of them.
     backend_modules: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: RunContext):
