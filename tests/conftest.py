@@ -7,6 +7,25 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--all",
+        action="store_true",
+        help="also run the tests marked `extended` (layout combinations beyond what every change needs)",
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`./parabench test` stays within the time every change can pay; `./parabench test --all` runs the
+    `extended` tests too (every change to layouts runs it before it lands)."""
+    if config.getoption("--all"):
+        return
+    skip = pytest.mark.skip(reason="extended: run with ./parabench test --all")
+    for item in items:
+        if "extended" in item.keywords:
+            item.add_marker(skip)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     """Build DeepSpeed's CPU op once, before any test: built inside a test, a run that the test's
     timeout kills midway would leave its build lock for every later DeepSpeed run to wait on."""
