@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """The plan against published training runs: every row of a published-runs CSV (the columns of
 bench/data/torchtitan_llama_fsdp.csv) planned as it ran, predicted tokens/s per GPU and memory
-beside the published ones, and the summary: median error, share within 15%, fit misses, and the
-bias by GPU, node count and sequence length, for each CSV separately.
+beside the published ones, and the summary: the goals, median error, share within 15%, fit misses,
+pick rate and regret among one job's published settings, by layout kind (data parallel only,
+tensor parallel inside and across nodes, pipelines, context parallel), scale and card over every
+CSV together, and the bias by GPU, node count and sequence length for each CSV separately.
 
-    python bench/plan_vs_published.py                      # the shipped CSVs, written to bench/results/
+    python bench/plan_vs_published.py                      # every runs CSV of bench/data, to bench/results/
     python bench/plan_vs_published.py my_runs.csv --out -  # another CSV, printed only
     python bench/plan_vs_published.py --rows               # every row's prediction as well
 
 Runs from a fresh clone on the CPU in seconds (no torch: the planner reads the shapes). A row the
-planner cannot plan as it ran (Megatron-LM's pipeline or context parallelism, rowwise-scaled float8) is
-listed with the reason and left out of the figures. Each row's mapping to the plan's options is in `question`
-below: the model's shape and run from its columns, the attention kernel, loss and network from
-what the source's configs say (bench/data/README.md).
+planner cannot plan as it ran (a mixture of experts, Megatron-FSDP, partial recomputation, block- or
+rowwise-scaled fp8, a card it does not know) is listed with the reason and left out of the figures.
+Each row's mapping to the plan's options is in `question` below: the model's shape and run from its
+columns, the attention kernel, loss and network from what the source's configs say
+(bench/data/README.md).
 """
 
 from __future__ import annotations
