@@ -39,6 +39,10 @@ class ContextParallelError(ValueError):
     """A model or sequence that cannot be split as asked (one line, says what would)."""
 
 
+class UnsplittableModel(ContextParallelError):
+    """A model whose attention context parallel cannot split at any size (its form, not a size)."""
+
+
 def fitting_sizes(heads: int) -> list[int]:
     """The group sizes that give each rank whole heads of `heads`."""
     return [d for d in range(1, heads + 1) if heads % d == 0]
@@ -54,7 +58,7 @@ def check_context_parallel(
         raise ContextParallelError(f"cp_attention={attention!r} is not one of {', '.join(CP_ATTENTIONS)}")
     family = _family(model)
     if family is None:
-        raise ContextParallelError(
+        raise UnsplittableModel(
             f"context parallel splits the attention of parabench's GPT (gpt-* models) and of Hugging Face "
             f"causal LMs (model=hf:...), not {type(model).__name__}'s, which it does not know: "
             "use one of those, or fsdp / fsdp-tp for this model"

@@ -23,7 +23,7 @@ import torch
 from torch.distributed.device_mesh import DeviceMesh
 
 from models.all_to_all_attention import all_to_all_attention
-from models.context_parallel import ContextParallelError, fitting_sizes
+from models.context_parallel import ContextParallelError, UnsplittableModel, fitting_sizes
 from models.hf import HFCausalLM
 from models.ring_attention import ring_sdpa
 
@@ -51,29 +51,29 @@ def check_hf(model: HFCausalLM, cp_size: int, attention: str, tp_size: int) -> N
     hf, config = model.hf, model.hf.config.get_text_config()
     name = type(hf).__name__
     if not type(hf)._can_set_attn_implementation():
-        raise ContextParallelError(
+        raise UnsplittableModel(
             f"{name} computes its attention in its own code, not through transformers' attention registry, "
             "so context parallel cannot reach it: use fsdp or fsdp-tp for this model"
         )
     if "position_ids" not in inspect.signature(hf.forward).parameters:
-        raise ContextParallelError(
+        raise UnsplittableModel(
             f"{name}'s forward takes no position_ids, so each rank's share of a sequence would be embedded "
             "from position 0: use fsdp or fsdp-tp for this model"
         )
     limited = _masked_beyond_causal(config)
     if limited:
-        raise ContextParallelError(
+        raise UnsplittableModel(
             f"{name} has {' and '.join(limited)} layers, whose mask context parallel cannot keep "
             "(it attends causally over the whole sequence): use fsdp or fsdp-tp for this model"
         )
     core = config._attn_implementation
     if attention == "ring" and core != "sdpa":
-        raise ContextParallelError(
+        raise UnsplittableModel(
             f"cp_attention=ring replaces torch's SDPA, and {name} runs attn_implementation={core!r}: "
             "use cp_attention=all-to-all"
         )
     if attention == "all-to-all" and core not in CAUSAL_WITHOUT_A_MASK:
-        raise ContextParallelError(
+        raise UnsplittableModel(
             f"{name} runs attn_implementation={core!r}, which needs a mask to be causal: context parallel "
             f"runs one of {', '.join(CAUSAL_WITHOUT_A_MASK)}"
         )
@@ -119,7 +119,7 @@ def split_hf(model: HFCausalLM, mesh: DeviceMesh, attention: str, positions: Cal
         _SPLITS[id(config)] = (config, split)
     hf.set_attn_implementation(name)
     if hf.config.get_text_config()._attn_implementation != name:
-        raise ContextParallelError(f"{type(hf).__name__} kept its attention implementation: use fsdp or fsdp-tp for it")
+        raise UnsplittableModel(f"{type(hf).__name__} kept its attention implementation: use fsdp or fsdp-tp for it")
     hf.register_forward_pre_hook(
         lambda module, args, kwargs: (args, {**kwargs, "position_ids": positions().unsqueeze(0)}), with_kwargs=True
     )

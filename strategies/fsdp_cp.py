@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from strategies.base import Preset, RunContext, StrategyError
+from strategies.base import ModelUnsupported, Preset, RunContext, StrategyError
 from strategies.fsdp import FSDPStrategy
 from strategies.mesh_layout import MeshLayout, check_divides
 from strategies.plan_model import PlanModel
@@ -94,11 +94,13 @@ class FSDPContextParallelStrategy(FSDPStrategy):
         return None
 
     def check_model(self, model: nn.Module) -> None:
-        from models.context_parallel import ContextParallelError, check_context_parallel
+        from models.context_parallel import ContextParallelError, UnsplittableModel, check_context_parallel
 
         seq_len = getattr(self.ctx.config, "seq_len", None)
         try:
             check_context_parallel(model, self.cp_size, seq_len, attention=self.cp_attention)
+        except UnsplittableModel as exc:  # a compare skips fsdp-cp for this model and runs the rest
+            raise ModelUnsupported(f"fsdp-cp: {exc}") from None
         except ContextParallelError as exc:
             raise StrategyError(f"fsdp-cp: {exc}") from None
 

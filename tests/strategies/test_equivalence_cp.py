@@ -17,7 +17,7 @@ import pytest
 
 from harness.compare.compare_cli import _skip_reason
 from models.zoo import build_model
-from strategies.base import StrategyError
+from strategies.base import ModelUnsupported, StrategyError
 from strategies.registry import default_registry
 from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli, succeeded
 from tests.strategies.constructed import constructed
@@ -109,6 +109,7 @@ def _llama(**kwargs):
         ("llama-12-heads", 4, 32, {}, "does not share out LlamaForCausalLM's 12 attention heads and 6 key/value"),
         ("llama-12-heads", 4, 32, {"cp_attention": "ring"}, None),  # the ring splits the sequence, not the heads
         ("mistral", 2, 32, {}, "MistralForCausalLM has sliding_attention layers, whose mask context parallel"),
+        ("gpt2", 2, 32, {}, None),  # learned positions, read from the position ids
     ],
 )
 def test_a_split_that_cannot_run_says_why_in_one_line(model, cp_size, seq_len, options, says):
@@ -116,6 +117,7 @@ def test_a_split_that_cannot_run_says_why_in_one_line(model, cp_size, seq_len, o
         "llama": _llama,
         "llama-12-heads": lambda: _llama(hidden_size=96, num_attention_heads=12, num_key_value_heads=6),
         "mistral": lambda: build_model("hf:MistralConfig", {**LLAMA_KWARGS, "sliding_window": 16}),
+        "gpt2": lambda: build_model("hf:GPT2Config", {"n_embd": 64, "n_layer": 2, "n_head": 4, "vocab_size": 128}),
     }.get(model, lambda: build_model(model))()
     strategy = _strategy(cp_size, seq_len, **options)
     if says is None:
@@ -127,7 +129,8 @@ def test_a_split_that_cannot_run_says_why_in_one_line(model, cp_size, seq_len, o
 
 
 def test_a_model_whose_attention_it_does_not_know_says_what_would_work():
-    with pytest.raises(StrategyError) as err:
+    """ModelUnsupported: a compare of this model skips fsdp-cp with the reason and runs the rest."""
+    with pytest.raises(ModelUnsupported) as err:
         _strategy(2, 32).check_model(build_model("mlp"))
     message = str(err.value)
     assert "parabench's GPT (gpt-* models) and of Hugging Face causal LMs (model=hf:...), not TokenMLP's" in message
