@@ -220,8 +220,8 @@ def _place_parts(
     for names in trace.names.values():
         before = [n for n in names if owner(n, list(first_parts))]
         after = [n for n in names if owner(n, list(last_parts))]
-        if before and after:
-            ties += [Tie(before[0], n) for n in after]
+        if before and after:  # one copy on the last stage, however many of its parts read it
+            ties.append(Tie(before[0], after[0]))
     return first_parts, last_parts, tuple(ties)
 
 

@@ -117,7 +117,8 @@ def _meta_twin(module: nn.Module) -> nn.Module:
 
 
 def cut(model: nn.Module, plan: CutPlan, stage: int) -> nn.Module:
-    """Stage `stage` of `model` as `plan` cuts it. Its forward takes the activation the stage
+    """Stage `stage` of `model` as `plan` cuts it, before any of its weights are sharded or
+    moved (every stage a rank holds is cut first). Its forward takes the activation the stage
     receives (none on the first stage) and the model's inputs and targets as keywords:
     `stage(*received, inputs=..., targets=...)`; it returns the activation for the next stage,
     or on the last the model's loss."""
@@ -156,8 +157,8 @@ def _tied_copies(model: nn.Module, plan: CutPlan) -> dict[str, nn.Module]:
         memo.setdefault(id(weight), nn.Parameter(weight.detach().clone(), requires_grad=weight.requires_grad))
     out = {}
     for name in plan.last_parts:
-        if any(tie.copy.startswith(name + ".") for tie in plan.ties):
-            part = model.get_submodule(name)
+        part = model.get_submodule(name)
+        if any(id(p) in memo for p in part.parameters()):
             shared = {id(t): t for t in (*part.parameters(), *part.buffers()) if id(t) not in memo}
             out[name] = copy.deepcopy(part, {**memo, **shared})
     return out
