@@ -137,10 +137,9 @@ class FSDPPipelineStrategy(FSDPStrategy):
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.pipelining import PipelineStage
 
         from models.stages import RankStages, cut, stage_blocks
-        from strategies.pipeline_parts import build_schedule, tie_group
+        from strategies.pipeline_parts import build_schedule, pipeline_stage, tie_group
 
         plan = self._cut_plan(model)
         assert plan is not None, "a model on its real weights always has a plan"
@@ -157,7 +156,7 @@ class FSDPPipelineStrategy(FSDPStrategy):
             for block in stage_blocks(plan, index, root):
                 self._wrap(block, mesh[DATA_DIM], self.reshard_after_forward, policies)
             self._wrap(root, mesh[DATA_DIM], self.reshard_after_forward, policies)
-            self._stages.append(PipelineStage(root, index, self.stage_count, self.ctx.device, group=self._pp_group))
+            self._stages.append(pipeline_stage(root, index, self.stage_count, self.ctx.device, self._pp_group))
         self._pipeline = build_schedule(self._stages, self.schedule_name, self.microbatches, self.ctx.grad_accum)
         self.model = RankStages(model, plan, roots, self.run_pipeline)
         self.layout = (

@@ -10,6 +10,7 @@ keyword arguments (the schedule splits them into pipeline micro-batches with its
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -24,6 +25,31 @@ SCHEDULES = {
     "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
     "zero-bubble": ("ScheduleInterleavedZeroBubble", 2),
 }
+
+
+def pipeline_stage(module: Any, index: int, count: int, device: torch.device, group: Any) -> Any:
+    """torch's PipelineStage of `module`, stage `index` of `count` over `group`. torch learns the
+    shapes a stage sends by running it once on the first micro-batch, a stage after the first on
+    activations it makes from their shapes alone, uninitialised (torch.empty_strided): here they
+    are zeros, so that a forward reading a value (a user's finiteness guard) sees a number."""
+    from torch.distributed.pipelining import PipelineStage
+
+    return _on_zeros(PipelineStage)(module, index, count, device, group=group)
+
+
+@functools.cache
+def _on_zeros(base: type) -> type:
+    import torch
+
+    class OnZeros(base):  # type: ignore[misc, valid-type]
+        def _to_tensor(self, arg: Any) -> torch.Tensor:
+            made = super()._to_tensor(arg)
+            if not isinstance(arg, torch.Tensor):  # made from metadata: its memory as it was
+                with torch.no_grad():
+                    made.zero_()
+            return made
+
+    return OnZeros
 
 
 def build_schedule(stages: list[Any], schedule: str, microbatches: int, grad_accum: int) -> Any:
