@@ -253,9 +253,12 @@ def _check_cuts(kind: str, trace: Trace, plan: CutPlan) -> None:
                 f"{stage_of[k]} does not hold: a block's arguments other than the hidden state must come from the "
                 "inputs or from modules without weights"
             )
-    for position, (earliest, op) in sorted(trace.earliest_at.items()):
+    for position, (earliest, op, block) in sorted(trace.earliest_at.items()):
         if earliest < received(position):
-            where = "before the blocks" if position == BEFORE_BLOCKS else f"after block {blocks[position]}"
+            if block is not None:
+                where = f"in block {blocks[block]}"
+            else:
+                where = "before the blocks" if position == BEFORE_BLOCKS else f"after block {blocks[position]}"
             raise StagesError(
                 f"{kind}'s forward computes {op} {where} from {source(earliest)}, which the stage running it does "
                 "not hold: after a cut only the block's output may carry what earlier stages computed"

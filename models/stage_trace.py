@@ -51,8 +51,9 @@ class Trace:
     outside_reads: dict[str, list[tuple[int, str | None]]] = field(default_factory=dict)
     # A weight read inside block i: {name: {i, ...}}.
     block_reads: dict[str, set[int]] = field(default_factory=dict)
-    # The earliest source an op outside every block read at each position, and that op's name.
-    earliest_at: dict[int, tuple[int, str]] = field(default_factory=dict)
+    # The earliest source any op read at each position (an op inside block i is at position i - 1,
+    # where the block's stage starts from), that op's name and the block it ran in (None: none).
+    earliest_at: dict[int, tuple[int, str, int | None]] = field(default_factory=dict)
 
 
 def run_traced(model: nn.Module, block_names: list[str], parts: list[str], seq_len: int, real: bool = False) -> Trace:
@@ -163,10 +164,11 @@ class _Watcher(TorchDispatchMode):
             names = self.weights.get(id(t)) if isinstance(t, torch.Tensor) else None
             if names:
                 sources |= self.read(names[0])
-        if self.block is None and sources:
+        if sources:
             earliest = min(sources)
-            if self.done not in self.trace.earliest_at or earliest < self.trace.earliest_at[self.done][0]:
-                self.trace.earliest_at[self.done] = (earliest, str(func.__name__).split(".")[0])
+            position = self.done if self.block is None else self.block - 1
+            if position not in self.trace.earliest_at or earliest < self.trace.earliest_at[position][0]:
+                self.trace.earliest_at[position] = (earliest, str(func.__name__).split(".")[0], self.block)
         if sources:
             self.mark(out, sources)  # an in-place op returns the tensor it changed: marked too
         return out

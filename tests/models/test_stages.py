@@ -213,6 +213,28 @@ class Regularised(Toy):
         return self.loss(self.run_blocks(embedded), targets) + embedded.pow(2).mean()
 
 
+class RecallingMix(Mix):
+    def __init__(self, width: int, memory: list[torch.Tensor]):
+        super().__init__(width)
+        self.memory = memory
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x + self.memory[-1].mean())
+
+
+class Recalling(Toy):
+    """The blocks read the embeddings from a memory the forward fills, not from an argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.memory: list[torch.Tensor] = []
+        self.blocks = nn.ModuleList(RecallingMix(16, self.memory) for _ in range(4))
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        self.memory.append(self.embed(inputs))
+        return self.loss(self.run_blocks(self.memory[-1]), targets)
+
+
 class Logits(Toy):
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return self.head(self.run_blocks(self.embed(inputs)))
@@ -272,6 +294,7 @@ def _refusal(model: nn.Module, stages: int = 2) -> str:
         # (3) a block's other arguments, and what runs after a cut, from the inputs alone
         (Gated(), "block blocks.2's argument 1 is computed from weights read before the blocks"),
         (Regularised(), "computes pow after block blocks.3 from weights read before the blocks"),
+        (Recalling(), "computes mean in block blocks.2 from weights read before the blocks"),
         # (4) the forward returns the loss
         (Logits(), "Logits's forward returns a tensor of shape (2, 8, 32), not the loss"),
         # where weights sit and are read
@@ -294,5 +317,6 @@ def test_a_recurrent_model_without_repeated_layers_is_refused():
 def test_each_refused_toy_runs_as_a_whole_model():
     """The refusals are the cut's, not broken models: each runs forward as it is."""
     tokens = torch.randint(0, 32, (2, SEQ))
-    for cls in (SharedBlock, SkippedBlock, Reversed, TupleBlocks, Gated, Regularised, FunctionalHead, MiddleNorm):
+    for cls in (SharedBlock, SkippedBlock, Reversed, TupleBlocks, Gated, Regularised, Recalling, MiddleNorm):
         assert cls()(tokens, tokens).dim() == 0
+    assert FunctionalHead()(tokens, tokens).dim() == 0
