@@ -1,5 +1,6 @@
-"""Models a user might bring by import path, for tests/models/test_blocks.py: none is a GPT and
-none has `transformer_blocks()`, so block discovery must find their repeated layers.
+"""Models a user might bring by import path, for tests/models/test_blocks.py and the pipeline cut's
+tests (tests/models/test_stages.py): none is a GPT and none has `transformer_blocks()`, so block
+discovery must find their repeated layers.
 
 Each keeps parabench's model contract: `forward(inputs, targets) -> loss` on int64 token
 ids, a `vocab_size`, and an init that depends only on the seed set before building.
