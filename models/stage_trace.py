@@ -63,8 +63,10 @@ def run_traced(model: nn.Module, block_names: list[str], parts: list[str], seq_l
     trace = Trace(names={names[0]: names for names in weights.values()})
     with contextlib.ExitStack() as stack:
         if real:
-            # The run's own random stream is left as it was: a traced dropout draws from a copy.
+            # The run's own random stream and the model's buffers (running statistics) are left as
+            # they were: a traced dropout draws from a copy, and the buffers are put back.
             stack.enter_context(torch.random.fork_rng(devices=[]))
+            stack.enter_context(_buffers_kept(model))
             state = None
             device = next(iter(model.parameters())).device
             inputs = torch.zeros((1, seq_len), dtype=torch.long, device=device)
@@ -91,6 +93,17 @@ def run_traced(model: nn.Module, block_names: list[str], parts: list[str], seq_l
             text = str(exc).strip().splitlines()
             raise TraceFailed(f"{type(exc).__name__}: {text[0] if text else ''}") from None
     return trace
+
+
+@contextlib.contextmanager
+def _buffers_kept(model: nn.Module) -> Iterator[None]:
+    saved = [(b, b.detach().clone()) for b in model.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)
 
 
 def _named_state(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
@@ -169,7 +182,6 @@ class _Watcher(TorchDispatchMode):
             position = self.done if self.block is None else self.block - 1
             if position not in self.trace.earliest_at or earliest < self.trace.earliest_at[position][0]:
                 self.trace.earliest_at[position] = (earliest, str(func.__name__).split(".")[0], self.block)
-        if sources:
             self.mark(out, sources)  # an in-place op returns the tensor it changed: marked too
         return out
 
