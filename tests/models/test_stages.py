@@ -1,8 +1,8 @@
 """The pipeline cut in one process, no process group (models/stage_plan.py, models/stages.py):
-the stages of parabench's GPT, a Hugging Face Llama and a user's model with a tie across stages,
-run one after another and backward in reverse, give the whole model's loss and every gradient
-exactly (a tied weight's two shares summed); the plan is the same traced on the meta device and
-on the real weights; and every model the checks refuse says why in one line."""
+the stages of parabench's GPT, a Hugging Face Llama (untied and tied) and a user's model with a
+tie across stages, run one after another and backward in reverse, give the whole model's loss
+and every gradient exactly (a tied weight's two shares summed); the plan is the same traced on
+the meta device and on the real weights; and every model the checks refuse says why in one line."""
 
 from __future__ import annotations
 
@@ -40,6 +40,7 @@ def _plan(spec: str, kwargs: dict, stages: int) -> tuple[nn.Module, CutPlan]:
         ("gpt-nano", {"n_layer": 4}, 2),
         ("hf:LlamaConfig", LLAMA, 2),
         ("hf:LlamaConfig", {**LLAMA, "num_hidden_layers": 6}, 3),
+        ("hf:LlamaConfig", {**LLAMA, "tie_word_embeddings": True}, 2),
         ("tests.user_models:build_decoder", {}, 3),
     ],
 )
