@@ -24,8 +24,9 @@ from harness.plan.parallel.async_tp_cost import AsyncTensorParallel, async_tp_co
 from harness.plan.parallel.backends import Backend, backend_for
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
-from harness.plan.speed.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches
+from harness.plan.speed.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches, micro_step_kernels
 from harness.plan.speed.gemm import gemm_seconds
+from harness.plan.speed.host_issue import HostIssue, host_issue
 from harness.plan.speed.step_time import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
@@ -151,6 +152,7 @@ class StrategyPlan:
                 "overhead_s": t.overhead_s,
                 "contention_s": t.contention_s,
                 "overhead_what": t.overhead_what,
+                "host_wait_s": t.host_wait_s,
                 "comm_s": t.comm_s,
                 "wire_bytes_per_gpu": t.wire_bytes,
                 "tokens_per_s": t.tokens_per_s,
@@ -390,7 +392,23 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         sms=q.gpu.sms,
         memory_bytes_per_s=q.gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
         pipelined=_async_tp(q, layout) if pipelined else None,
+        host=_host(backend, q, comms),
     )
+
+
+def _host(backend: Backend, q: Question, comms: list[Collective]) -> HostIssue:
+    """What the host issues in one micro-step: the model's kernels as this backend runs them, and
+    the collectives (host_issue.py)."""
+    kernels = micro_step_kernels(
+        q.shape,
+        q.checkpointing,
+        compiled=q.compiled,
+        autocast=backend.mixed_precision == "autocast",
+        attention=q.attention,
+        fused_norm=q.fused_norm,
+        complex_rope=q.complex_rope,
+    )
+    return host_issue(kernels, comms, q.compiled, q.grad_accum)
 
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:

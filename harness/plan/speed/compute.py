@@ -320,17 +320,95 @@ def compute_work(
     return ComputeWork(matmuls.total, attn.total, elementwise.total, loss, again, forward, optimizer)
 
 
-# Eager kernels per block beside its matmuls' three each: attention's two, and the elementwise
-# ops of a forward (two norms, two residual adds, the activation, casts or rotary: about 12) and
-# of a backward (about twice as many).
-ELEMENTWISE_LAUNCHES_PER_BLOCK = 38
-ROOT_LAUNCHES = 30  # embedding, final norm, head, loss, forward and backward
+# Kernels a block launches, by what launches them (forward, backward): each projection's matmul,
+# and its two gradients' (block_projections); attention (flash and cuDNN: one kernel forward, the
+# backward's pre-processing, main and dq conversion; math: two batched matmuls and a softmax
+# forward, twice that backward); and the elementwise work as eager PyTorch runs it, op by op
+# (the module docstring's list):
+NORM_KERNELS = {"eager-rms": (7, 14), "fused": (1, 2)}  # fp32 upcast, pow, mean, +eps, rsqrt, x*r, *w, cast
+ATTENTION_KERNELS = {"math": (3, 6)}  # other kernels: ATTENTION_FUSED_KERNELS
+ATTENTION_FUSED_KERNELS = (1, 3)
+RESIDUAL_KERNELS = (1, 1)  # the add; backward the sum of the branch's and the stream's gradients
+ACTIVATION_KERNELS = {"gated": (2, 3), "plain": (1, 1)}  # SiLU and the product; GELU
+ROTARY_KERNELS = (6, 6)  # q and k each: the upcast, the complex product, the cast back
+REPEAT_KV_KERNELS = (2, 2)  # keys and values expanded to every head (a copy), their sums back
+HEAD_LAYOUT_KERNELS = (1, 1)  # attention's output made contiguous across heads
+CAST_KERNELS = 1  # autocast: a weight's bf16 copy per forward, its gradient's fp32 add per backward
+ACCUMULATE_KERNELS = 1  # backward: each parameter's gradient added into .grad (or its bucket)
+# Outside the blocks, eager: the embedding (its gather; backward its scatter-add), the final norm, the
+# head's matmuls, the loss (fp32 copy, log-softmax, gather; backward the softmax's gradient, the cast)
+ROOT_KERNELS = (6, 8)
+# Compiled (Inductor) each elementwise chain between two matmuls is one kernel: before the
+# attention's projections, the rotary embedding, after the output projection (residual and
+# norm), the activation, after the down projection, forward; backward the norms' two reductions
+# each, the activation's, the rotary embedding's and the heads' layout.
+COMPILED_CHAINS = (5, 8)
+
+
+def block_kernels(
+    dims: TransformerDims,
+    *,
+    compiled: bool,
+    autocast: bool,
+    attention: str,
+    params: int,
+    fused_norm: bool = False,
+    complex_rope: bool = False,
+) -> Kernels:
+    """Kernels one block of `params` parameter tensors launches, forward and backward (what
+    checkpointing runs again is the caller's): the same on every GPU of a tensor-parallel group."""
+    projections = len(block_projections(dims, 1))
+    attention_k = ATTENTION_KERNELS.get(attention, ATTENTION_FUSED_KERNELS)
+    forward, backward = projections + attention_k[0], 2 * projections + attention_k[1] + ACCUMULATE_KERNELS * params
+    if compiled:
+        chains = COMPILED_CHAINS
+        if complex_rope and dims.rotary:  # Inductor leaves complex operators eager
+            chains = (chains[0] + ROTARY_KERNELS[0], chains[1] + ROTARY_KERNELS[1])
+        return Kernels(forward + chains[0], backward + chains[1])
+    norm = NORM_KERNELS["eager-rms" if dims.rms_norm and not fused_norm else "fused"]
+    activation = ACTIVATION_KERNELS["gated" if dims.gated_mlp else "plain"]
+    parts = [(norm[0] * 2, norm[1] * 2), (2 * RESIDUAL_KERNELS[0], 2 * RESIDUAL_KERNELS[1]), activation]
+    parts.append(HEAD_LAYOUT_KERNELS)
+    if dims.rotary:
+        parts.append(ROTARY_KERNELS)
+    if dims.kv_heads < dims.heads:
+        parts.append(REPEAT_KV_KERNELS)
+    if autocast:
+        parts.append((CAST_KERNELS * projections, CAST_KERNELS * projections))
+    return Kernels(forward + sum(f for f, _ in parts), backward + sum(b for _, b in parts))
+
+
+def micro_step_kernels(
+    shape: ModelShape,
+    checkpointing: str,
+    *,
+    compiled: bool = False,
+    autocast: bool = False,
+    attention: str = "flash",
+    fused_norm: bool = False,
+    complex_rope: bool = False,
+) -> Kernels:
+    """Kernels one micro-step of the model launches (forward, backward, and the forward's kernels
+    checkpointing runs again in the backward: every block's under full, half of its matmuls and
+    its elementwise work under selective)."""
+    if shape.dims is None:  # a model without transformer sizes: each tensor's matmul and its two gradients
+        tensors = len(shape.tensors or ())
+        return Kernels(tensors + ROOT_KERNELS[0], 2 * tensors + ROOT_KERNELS[1])
+    params = sum(1 for t in shape.tensors or () if t.block == 0) or len(block_projections(shape.dims, 1))
+    block = block_kernels(
+        shape.dims,
+        params=params,
+        compiled=compiled,
+        autocast=autocast,
+        attention=attention,
+        fused_norm=fused_norm,
+        complex_rope=complex_rope,
+    )
+    again = {"none": 0.0, "full": block.forward, "selective": block.forward / 2}[checkpointing]
+    layers = shape.dims.layers
+    return Kernels(layers * block.forward + ROOT_KERNELS[0], layers * block.backward + ROOT_KERNELS[1], layers * again)
 
 
 def kernel_launches(shape: ModelShape, checkpointing: str) -> int:
     """Kernels one eager micro-step launches (what a host that launches them one by one pays for)."""
-    if shape.dims is None:
-        return 3 * len(shape.tensors or ()) + ROOT_LAUNCHES
-    per_block = 3 * len(block_projections(shape.dims, 1)) + ELEMENTWISE_LAUNCHES_PER_BLOCK
-    again = per_block // 3 if checkpointing != "none" else 0
-    return shape.dims.layers * (per_block + again) + ROOT_LAUNCHES
+    return int(micro_step_kernels(shape, checkpointing).total)
