@@ -187,18 +187,22 @@ def _distributed_optimizer(
     """Megatron's distributed optimizer (ZeRO-1, docs/source/distrib_optimizer.md of Megatron-LM): the
     gradients reduce-scattered in buckets as the backward produces them, each rank steps its
     shard, and the updated parameters are all-gathered in the model's dtype before the next
-    forward, where its param-gather overlap hides them behind the forward."""
+    forward, where its param-gather overlap hides them behind the forward; with either overlap
+    off (overlap_grad_reduce, overlap_param_gather false) that collective runs after the backward,
+    or before the forward, with nothing beside it."""
+    reduce_window = None if backend.options.get("overlap_grad_reduce") is False else "backward"
+    gather_window = None if backend.options.get("overlap_param_gather") is False else "forward"
     return [
         Collective(
             "reduce-scatter gradients",
             "reduce-scatter",
             params * grad_bytes,
             calls,
-            "backward",
+            reduce_window,
             group,
             tail_bytes=largest * grad_bytes,
         ),
-        Collective("all-gather updated parameters", "all-gather", params * gather_bytes, calls, "forward", group),
+        Collective("all-gather updated parameters", "all-gather", params * gather_bytes, calls, gather_window, group),
     ]
 
 
@@ -230,14 +234,16 @@ def collectives(
         out += _distributed_optimizer(backend, params, grad_bytes, gather_bytes, calls, largest_block, shards)
     elif layout.data_parallel > 1 and backend.engine == "torch" and backend.stage in (0, 1):
         payload = params * grad_bytes
-        if backend.fsdp2_units:  # replicate: each unit's gradients as its backward ends
+        window: str | None = "backward"
+        if backend.options.get("overlap_grad_reduce") is False:
+            # Megatron's DDP without overlap: its whole gradient buffer, one all-reduce after the backward.
+            reduces, tail, window = 1, payload, None
+        elif backend.fsdp2_units:  # replicate: each unit's gradients as its backward ends
             reduces, tail = calls, largest_block * grad_bytes
         else:  # DDP's buckets
             bucket = int(backend.option("bucket_cap_mb") * 2**20)
             reduces, tail = max(1, math.ceil(payload / bucket)), min(bucket, payload)
-        out.append(
-            Collective("all-reduce gradients", "all-reduce", payload, reduces, "backward", shards, tail_bytes=tail)
-        )
+        out.append(Collective("all-reduce gradients", "all-reduce", payload, reduces, window, shards, tail_bytes=tail))
         if backend.stage == 1:
             # torch's ZeRO-1 (ZeroRedundancyOptimizer): each rank broadcasts the fp32 parameters it
             # stepped, one tensor at a time, after the step.

@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 
 from harness.plan.network.fabric import Group
+from harness.plan.parallel.backends import backend_of, filled_in
+from harness.plan.parallel.pipeline_context import megatron_layout
 from harness.plan.plan_cli import PlanConfig, question
-from harness.plan.predict import plan_strategy
+from harness.plan.predict import plan_backend, plan_strategy
 from tests.helpers import run_cli
 
 # Llama 3.1 8B's shape on 2 nodes of 8 GPUs: tensor parallel over a node, data parallel over the two.
@@ -69,3 +71,26 @@ def test_the_plan_shows_both_by_default():
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = {line.split()[0] for line in proc.stdout.splitlines() if line.strip()}
     assert {"ddp-tp", "zero1-tp", "fsdp-tp", "ddp"} <= rows
+
+
+@pytest.mark.parametrize(
+    "sharding,overlapped",
+    [
+        ("megatron tp=8 dp=2 ddp", False),  # Megatron's DDP at its default
+        ("megatron tp=8 dp=2 ddp overlap_grad_reduce", True),
+        ("megatron tp=8 dp=2 distributed_optimizer", True),  # not stated: planned as NeMo's recipes run it
+    ],
+)
+def test_megatrons_gradient_reduction_overlaps_the_backward_only_where_it_is_told_to(sharding, overlapped):
+    config = PlanConfig(**LLAMA_8B, gpus=16, micro_batch=1, strategies=["ddp-tp"], strategy_options={"tp_size": TP})
+    q = question(config)
+    model, options = megatron_layout(sharding)
+    backend = filled_in(backend_of(model, "megatron", options), q.shape, "bf16", 16, options)
+    plan = plan_backend(backend, q)
+    [reduce] = [c for c in plan.collectives if c.what in ("all-reduce gradients", "reduce-scatter gradients")]
+    exposed = plan.time.exposed_comm_s - plan.time.recurring_comm_s  # beside tensor parallelism's own
+    if overlapped:
+        assert reduce.window == "backward" and exposed < reduce.seconds(q.topology, 1.0) / 2
+    else:  # the whole gradient buffer, one all-reduce after the backward
+        assert (reduce.window, reduce.calls) == (None, 1)
+        assert exposed == pytest.approx(reduce.seconds(q.topology, 1.0))
