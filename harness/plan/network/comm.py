@@ -94,6 +94,41 @@ def _kept_whole(shape: ModelShape, backend: Backend) -> int:
     return sum(t.numel for t in shape.tensors if t.numel < threshold)
 
 
+@dataclass(frozen=True)
+class Fetches:
+    """DeepSpeed ZeRO-3's parameter gathers in one pass over the model (partitioned_param_coordinator.py's
+    fetch_sub_module): one coalesced all-gather per module as it is fetched, and the next module's
+    prefetched beside its compute, but only while the parameters gathered stay under
+    stage3_max_live_parameters (`min(max_live - available, prefetch_bucket)`: nothing where the
+    module just gathered holds that many alone). Modules are the matrices above the persistence
+    threshold, in the model's order (backward: reversed)."""
+
+    numels: tuple[float, ...]  # each gathered matrix's elements on this GPU's tensor-parallel share
+    max_live: float
+
+    def _waited(self, window: str) -> list[float]:
+        order = self.numels if window == "forward" else self.numels[::-1]
+        return [after for before, after in zip(order, order[1:], strict=False) if before >= self.max_live]
+
+    def of(self, window: str) -> tuple[int, float]:
+        """(calls, elements not prefetched) of the gathers of one pass."""
+        waited = self._waited(window)
+        return max(1, len(self.numels) - len(waited)), sum(waited)
+
+    def unprefetched(self, window: str) -> int:
+        return len(self._waited(window))
+
+
+def _deepspeed_fetches(shape: ModelShape, backend: Backend, tp: int) -> Fetches | None:
+    """ZeRO-3's fetches as DeepSpeed runs them; None for FSDP (a unit a block) or a model known by its
+    parameter count alone."""
+    if backend.engine != "deepspeed" or shape.tensors is None:
+        return None
+    threshold = backend.option("stage3_param_persistence_threshold")
+    numels = tuple(t.numel / tp for t in shape.tensors if t.numel >= threshold and len(t.shape) == 2)
+    return Fetches(numels, backend.option("stage3_max_live_parameters")) if numels else None
+
+
 # Of a block's tensor-parallel collectives in the forward, those checkpointing runs again in the
 # backward: all of them under full checkpointing; under torchtitan's selective policy the
 # reduce-scatters' outputs are kept (its save list), so only the all-gathers.
@@ -275,31 +310,39 @@ def collectives(
         )
     elif layout.shard > 1 and backend.stage == 3:
         gathered = (shape.params - _kept_whole(shape, backend)) / layout.tp
-        out.append(
-            Collective(
-                "all-gather parameters (forward)",
-                "all-gather",
-                gathered * gather_bytes,
-                calls,
-                "forward",
-                shards,
-                tail_bytes=largest_block * gather_bytes,
-                per_micro_step=True,
-            )
-        )
+        passes = [("forward", shards, largest_block * gather_bytes)]
         if backend.reshard_after_forward:
-            secondary = layout.hpz_group if layout.hpz > 1 else shards
+            passes.append(("backward", layout.hpz_group if layout.hpz > 1 else shards, 0.0))
+        fetches = _deepspeed_fetches(shape, backend, layout.tp)
+        for window, group, tail in passes:
+            what = f"all-gather parameters ({window})" + (
+                ", from hpZ's copy in the node" if window == "backward" and layout.hpz > 1 else ""
+            )
+            gather_calls, waited = (calls, 0.0) if fetches is None else fetches.of(window)
             out.append(
                 Collective(
-                    "all-gather parameters (backward)" + (", from hpZ's copy in the node" if layout.hpz > 1 else ""),
+                    what,
                     "all-gather",
-                    gathered * gather_bytes,
-                    calls,
-                    "backward",
-                    secondary,
+                    (gathered - waited) * gather_bytes,
+                    gather_calls,
+                    window,
+                    group,
+                    tail_bytes=tail,
                     per_micro_step=True,
                 )
             )
+            if waited:
+                out.append(
+                    Collective(
+                        f"{what}, not prefetched: the module before holds stage3_max_live_parameters",
+                        "all-gather",
+                        waited * gather_bytes,
+                        fetches.unprefetched(window),
+                        None,
+                        group,
+                        per_micro_step=True,
+                    )
+                )
         out.append(
             Collective(
                 "reduce-scatter gradients",
