@@ -36,6 +36,8 @@ HOST_KINDS = ("host-copy",)
 # The window of a tensor-parallel collective async TP pipelines with its matmuls: priced with them
 # (async_tp_cost.py), neither hidden behind a phase nor exposed whole.
 PIPELINED = "matmul"
+# Megatron's option: TransformerEngine's userbuffers overlap tensor parallelism's collectives with the blocks' matmuls.
+TP_COMM_OVERLAP = "tp_comm_overlap"
 
 
 @dataclass(frozen=True)
@@ -144,6 +146,7 @@ def _tensor_parallel(
     checkpointing: str,
     fp8: bool = False,
     async_tp: bool = False,
+    overlapped: bool = False,
 ) -> list[Collective]:
     """Per block, forward: all-gather the sequence-sharded input of the attention and of the MLP,
     reduce-scatter their outputs; the backward mirrors them, and checkpointing repeats the
@@ -151,7 +154,12 @@ def _tensor_parallel(
     (torchao's float8 tensor parallel: the inputs cast before the forward's gathers, the outputs'
     gradients before the backward's) the blocks' all-gathers carry fp8; the reduce-scatters stay
     in `precision`. Under async TP those fused with matmuls (async_tp_cost.fused_collectives) are
-    PIPELINED, the rest exposed as before."""
+    PIPELINED, the rest exposed as before. `overlapped`: Megatron's tp_comm_overlap, where
+    TransformerEngine's userbuffers run every block's gathers and scatters beside that block's
+    matmuls (pipelined with the forward's and the input gradients' GEMMs, in bulk beside the
+    weight gradients' and the input gradients' ones: its ub_overlap_ag/rs and bulk_dgrad/wgrad,
+    all on under tp_comm_overlap), so each hides in its phase as far as the phase's compute
+    reaches; the head's and the embedding's, outside the blocks, stay exposed."""
     if layout.tp <= 1 or shape.dims is None:
         return []
     element = tokens * shape.dims.width
@@ -179,7 +187,17 @@ def _tensor_parallel(
                     per_micro_step=True,
                 )
             )
-        if blocks + 2 > calls:
+        if overlapped:  # TransformerEngine's userbuffers: each block's beside its own matmuls, the root's exposed
+            forward = element * 2 * layers * block_bytes
+            for window, share in (("forward", forward), ("backward", payload - forward - 2 * element * held)):
+                calls = round(share / (element * block_bytes))
+                out.append(
+                    Collective(
+                        f"{what}, beside its matmuls", kind, share, calls, window, layout.tp_group, per_micro_step=True
+                    )
+                )
+            out.append(Collective(what, kind, 2 * element * held, 2, None, layout.tp_group, per_micro_step=True))
+        elif blocks + 2 > calls:
             out.append(
                 Collective(
                     what, kind, payload - pipelined, blocks + 2 - calls, None, layout.tp_group, per_micro_step=True
@@ -369,7 +387,8 @@ def collectives(
                 per_micro_step=backend.stage == 3 and backend.sharded_grads_every_micro_step,
             )
         )
-    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp)
+    overlapped = bool(backend.options.get(TP_COMM_OVERLAP))
+    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp, overlapped)
     out += _offload_copies(shape, backend, precision, layout.shard)
     return out
 
@@ -405,14 +424,15 @@ def local_copy_bytes(
     async_tp: bool = False,
 ) -> float:
     """Bytes a micro-step moves through the GPU's memory around its collectives, besides the wire:
-    FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
-    and write, forward and again in a resharded backward; replicate, a unit's copy of one rank) and
-    the gradients into the reduction's input (read in the compute dtype, written in the reduction's);
-    ZeRO-1/2 copy the gradients into their bucket. Tensor parallelism gathers and scatters
-    activations along the sequence, not the first dimension NCCL works on, so each of its
-    collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
-    and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
-    own copies are async_tp_cost.py's)."""
+        FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
+        and write, forward and again in a resharded backward; replicate, a unit's copy of one rank) and
+        the gradients into the reduction's input (read in the compute dtype, written in the reduction's);
+        ZeRO-1/2 copy the gradients into their bucket. Tensor parallelism gathers and scatters
+        activations along the sequence, not the first dimension NCCL works on, so each of its
+        collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
+        and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
+        own copies are async_tp_cost.py's), nor do TransformerEngine's userbuffers under tp_comm_overlap,
+    which gather into and scatter out of the buffers the matmuls read and write."""
     params = shape.params / layout.tp
     gather = 2 * compute_bytes(precision)
     reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
@@ -423,6 +443,6 @@ def local_copy_bytes(
     elif backend.stage in (1, 2) and backend.engine == "deepspeed":
         moved += params * reduce
     for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp):
-        if c.window != PIPELINED:
+        if c.window != PIPELINED and not backend.options.get(TP_COMM_OVERLAP):
             moved += 2 * c.payload_bytes  # read and written once more
     return moved

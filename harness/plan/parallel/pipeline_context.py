@@ -18,7 +18,7 @@ from typing import Any
 from harness.plan.memory.activations import Activations
 from harness.plan.memory.capacity import headroom
 from harness.plan.memory.model_states import BYTES
-from harness.plan.network.comm import Collective
+from harness.plan.network.comm import TP_COMM_OVERLAP, Collective
 from harness.plan.network.fabric import Group, Topology, collective_seconds
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.context_parallel_cost import (
@@ -281,6 +281,8 @@ def megatron_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]]:
     options: dict[str, Any] = {"tp_size": tp, "distributed_optimizer": stage == 1}
     # Its own DDP, not another engine's ZeRO beside Megatron's layers (`zero=`, Megatron-FSDP).
     megatron_ddp = stage == 0 and "ddp" in words and not any(w.startswith("zero=") for w in words)
+    if TP_COMM_OVERLAP in words:
+        options[TP_COMM_OVERLAP] = True
     for flag in OVERLAP_FLAGS:
         if flag in words:
             options[flag] = True
