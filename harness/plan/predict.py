@@ -24,9 +24,10 @@ from harness.plan.parallel.async_tp_cost import AsyncTensorParallel, async_tp_co
 from harness.plan.parallel.backends import Backend, backend_for
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
-from harness.plan.speed.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches, micro_step_kernels
+from harness.plan.speed.compute import compute_work, kernel_launches, memory_bytes_per_s, micro_step_kernels
 from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.host_issue import HostIssue, host_issue
+from harness.plan.speed.kernel_table import kernel_table
 from harness.plan.speed.step_time import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
@@ -325,7 +326,7 @@ def _async_tp(q: Question, layout: Layout) -> AsyncTensorParallel | None:
         checkpointing=q.checkpointing,
         matmul=matmul,
         copy_bytes_per_s=q.topology.intra.ring_busbw,
-        memory_bytes_per_s=gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
+        memory_bytes_per_s=memory_bytes_per_s(gpu),
         held_bytes=compute_bytes(held),
         fp8=q.precision == "fp8",
     )
@@ -390,7 +391,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         factors=q.factors,
         launches=kernel_launches(q.shape, q.checkpointing),
         sms=q.gpu.sms,
-        memory_bytes_per_s=q.gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
+        memory_bytes_per_s=memory_bytes_per_s(q.gpu),
         pipelined=_async_tp(q, layout) if pipelined else None,
         host=_host(backend, q, comms),
     )
@@ -408,7 +409,8 @@ def _host(backend: Backend, q: Question, comms: list[Collective]) -> HostIssue:
         fused_norm=q.fused_norm,
         complex_rope=q.complex_rope,
     )
-    return host_issue(kernels, comms, q.compiled, q.grad_accum)
+    table = kernel_table(q.gpu) if q.gpu is not None else None
+    return host_issue(kernels, comms, q.compiled, q.grad_accum, table.host_s_per_kernel if table else None)
 
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:

@@ -61,6 +61,7 @@ from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import ModelShape, TransformerDims
 from harness.plan.speed.attention import attention_seconds
 from harness.plan.speed.gemm import gemm_seconds
+from harness.plan.speed.kernel_table import kernel_table
 
 CHECKPOINTING = ("none", "full", "selective")
 LOSS_BYTES_PER_LOGIT = {"eager": 36, "fused": 6}
@@ -77,7 +78,18 @@ AUTOCAST_WEIGHT_BYTES = 6 + 14
 # micro-batch 16 x 1024): the model's 10.45 ms difference at the data sheet's 3.35 TB/s took
 # 16.44 ms. tests/plan/speed/test_compute.py derives it again.
 MEMORY_EFFICIENCY = 0.635
-RMSNORM_EAGER_BYTES = {2: 36, 4: 28}  # per element forward, by the input's bytes
+RMSNORM_EAGER_BYTES = {2: 36, 4: 28}
+
+
+def memory_bytes_per_s(gpu: GPUSpec) -> float:
+    """What memory-bound kernels move per second on `gpu`: its own measured share of the data
+    sheet's bandwidth where a kernel table holds one (kernel_table.py), else MEMORY_EFFICIENCY."""
+    table = kernel_table(gpu)
+    efficiency = table.memory_efficiency if table and table.memory_efficiency else MEMORY_EFFICIENCY
+    return gpu.hbm_bytes_per_s * efficiency
+
+
+# per element forward, by the input's bytes
 FP8_CAST_BYTES = 2 + 2 + 1  # the amax's read, the cast's read and its fp8 write
 FP8_WEIGHT_BYTES = FP8_CAST_BYTES + 2  # and the fp8 copy transposed for the backward
 FP8_RECAST_BYTES = 2 + 1  # a cast whose amax was kept
@@ -289,7 +301,7 @@ def compute_work(
     and keys, moving their elements as a norm of the matmuls' dtype does."""
     tokens = micro_batch * seq_len
     regime = Regime.of(precision, mixed_precision)
-    bandwidth = gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY
+    bandwidth = memory_bytes_per_s(gpu)
     optimizer = OPTIMIZER_BYTES[engine] * optimizer_params / bandwidth
     dims = shape.dims
     if dims is None:

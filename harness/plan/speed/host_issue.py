@@ -44,7 +44,8 @@ from harness.plan.network.comm import PIPELINED, Collective
 from harness.plan.speed.compute import Kernels
 
 HOST_S_PER_KERNEL = {"eager": 24e-6, "compiled": 4.7e-6}
-HOST_S_PER_COLLECTIVE = 2 * HOST_S_PER_KERNEL["eager"]
+COLLECTIVE_KERNELS = 2  # a collective and the stream's events around it, priced as two eager kernels
+HOST_S_PER_COLLECTIVE = COLLECTIVE_KERNELS * HOST_S_PER_KERNEL["eager"]
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,22 @@ class HostIssue:
         )
 
 
-def host_issue(kernels: Kernels, collectives: list[Collective], compiled: bool, grad_accum: int) -> HostIssue:
+def host_issue(
+    kernels: Kernels,
+    collectives: list[Collective],
+    compiled: bool,
+    grad_accum: int,
+    measured: dict[str, float] | None = None,
+) -> HostIssue:
     """The host's time for one micro-step of `kernels`, beside the collectives each micro-step issues
-    (those issued once a step are spread over its `grad_accum` micro-steps)."""
+    (those issued once a step are spread over its `grad_accum` micro-steps); `measured`: the card's
+    own host times per kernel (kernel_table.py), in place of HOST_S_PER_KERNEL."""
     issued = 0.0
     for c in collectives:
         if c.kind == "host-copy" or c.window == PIPELINED:
             continue  # a copy engine's work, or async TP's pipelines (their host is the compiled graph's)
         issued += c.calls if c.per_micro_step else c.calls / grad_accum
-    rate = HOST_S_PER_KERNEL["compiled" if compiled else "eager"]
-    seconds = kernels.total * rate + issued * HOST_S_PER_COLLECTIVE
+    rates = measured or HOST_S_PER_KERNEL
+    rate = rates["compiled" if compiled else "eager"]
+    seconds = kernels.total * rate + issued * COLLECTIVE_KERNELS * rates["eager"]
     return HostIssue(kernels.total, issued, seconds)
