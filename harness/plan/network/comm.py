@@ -361,15 +361,19 @@ def collectives(
                         per_micro_step=True,
                     )
                 )
+        reduces, tail = calls, largest_block * grad_bytes
+        if fetches is not None:  # DeepSpeed reduce-scatters its gradient bucket each time it fills
+            bucket = backend.option("reduce_bucket_size")
+            reduces, tail = max(1, math.ceil(params / bucket)), min(bucket, params) * grad_bytes
         out.append(
             Collective(
                 "reduce-scatter gradients",
                 "reduce-scatter",
                 params * grad_bytes,
-                calls,
+                reduces,
                 "backward",
                 shards,
-                tail_bytes=largest_block * grad_bytes,
+                tail_bytes=tail,
                 per_micro_step=backend.sharded_grads_every_micro_step,
             )
         )
