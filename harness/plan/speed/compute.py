@@ -337,9 +337,11 @@ def compute_work(
 # backward's pre-processing, main and dq conversion; math: two batched matmuls and a softmax
 # forward, twice that backward); and the elementwise work as eager PyTorch runs it, op by op
 # (the module docstring's list):
-NORM_KERNELS = {"eager-rms": (7, 14), "fused": (1, 2)}  # fp32 upcast, pow, mean, +eps, rsqrt, x*r, *w, cast
-ATTENTION_KERNELS = {"math": (3, 6)}  # other kernels: ATTENTION_FUSED_KERNELS
-ATTENTION_FUSED_KERNELS = (1, 3)
+# Eager RMSNorm: the fp32 upcast, pow, mean, +eps, rsqrt, x*r, *w (and the cast back); LayerNorm or a
+# fused RMSNorm: one kernel, two backward (the input's gradient, the weight's).
+NORM_KERNELS = {"eager-rms": (7, 14), "one-kernel": (1, 2)}
+MATH_ATTENTION_KERNELS = (3, 6)
+FUSED_ATTENTION_KERNELS = (1, 3)
 RESIDUAL_KERNELS = (1, 1)  # the add; backward the sum of the branch's and the stream's gradients
 ACTIVATION_KERNELS = {"gated": (2, 3), "plain": (1, 1)}  # SiLU and the product; GELU
 ROTARY_KERNELS = (6, 6)  # q and k each: the upcast, the complex product, the cast back
@@ -370,14 +372,14 @@ def block_kernels(
     """Kernels one block of `params` parameter tensors launches, forward and backward (what
     checkpointing runs again is the caller's): the same on every GPU of a tensor-parallel group."""
     projections = len(block_projections(dims, 1))
-    attention_k = ATTENTION_KERNELS.get(attention, ATTENTION_FUSED_KERNELS)
+    attention_k = MATH_ATTENTION_KERNELS if attention == "math" else FUSED_ATTENTION_KERNELS
     forward, backward = projections + attention_k[0], 2 * projections + attention_k[1] + ACCUMULATE_KERNELS * params
     if compiled:
         chains = COMPILED_CHAINS
         if complex_rope and dims.rotary:  # Inductor leaves complex operators eager
             chains = (chains[0] + ROTARY_KERNELS[0], chains[1] + ROTARY_KERNELS[1])
         return Kernels(forward + chains[0], backward + chains[1])
-    norm = NORM_KERNELS["eager-rms" if dims.rms_norm and not fused_norm else "fused"]
+    norm = NORM_KERNELS["eager-rms" if dims.rms_norm and not fused_norm else "one-kernel"]
     activation = ACTIVATION_KERNELS["gated" if dims.gated_mlp else "plain"]
     parts = [(norm[0] * 2, norm[1] * 2), (2 * RESIDUAL_KERNELS[0], 2 * RESIDUAL_KERNELS[1]), activation]
     parts.append(HEAD_LAYOUT_KERNELS)
