@@ -49,6 +49,9 @@ class Question:
     complex_rope: bool = False  # rotary in complex numbers (torchtitan): compile leaves it eager
     attention: str = "flash"  # the attention kernel (attention.py)
     compiled: bool = False  # compile=true: elementwise chains fused
+    # Fused kernels issued op by op from Python all the same (TransformerEngine's modules): the host's
+    # rate per kernel is eager's (host_issue.py).
+    eager_launches: bool = False
     strategy_options: dict[str, Any] = field(default_factory=dict)
     # Set: the global batch in sequences, which fixes each layout's accumulation (a tensor-parallel
     # group shares one micro-batch); None: grad_accum as given for every layout. With
@@ -410,7 +413,8 @@ def _host(backend: Backend, q: Question, comms: list[Collective]) -> HostIssue:
         complex_rope=q.complex_rope,
     )
     table = kernel_table(q.gpu) if q.gpu is not None else None
-    return host_issue(kernels, comms, q.compiled, q.grad_accum, table.host_s_per_kernel if table else None)
+    compiled = q.compiled and not q.eager_launches
+    return host_issue(kernels, comms, compiled, q.grad_accum, table.host_s_per_kernel if table else None)
 
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:

@@ -4,6 +4,8 @@ compiling lowers it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from harness.plan.model.model_shape import shape_of_spec
@@ -70,3 +72,13 @@ def test_checkpointing_issues_the_forward_again():
     shape = shape_of_spec("llama3.1-8b")
     none, full, selective = (micro_step_kernels(shape, mode) for mode in ("none", "full", "selective"))
     assert none.again == 0 and full.again == none.forward - ROOT_KERNELS[0] and 0 < selective.again < full.again
+
+
+def test_fused_kernels_issued_from_python_pay_eagers_rate():
+    config = PlanConfig(**SMALL, gpus=8, micro_batch=1, compile=True, strategies=["ddp"])
+    q = question(config)
+    compiled = plan_strategy("ddp", q).time.host
+    te = plan_strategy("ddp", replace(q, eager_launches=True)).time.host  # TransformerEngine's modules
+    assert te.kernels == compiled.kernels
+    rates = HOST_S_PER_KERNEL["eager"] - HOST_S_PER_KERNEL["compiled"]
+    assert te.seconds - compiled.seconds == pytest.approx(te.kernels * rates)  # the collectives' alike
