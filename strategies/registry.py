@@ -221,7 +221,15 @@ class StrategyRegistry:
         reason = entry.unavailable_reason
         if reason:
             raise StrategyError(f"strategy {name!r} is unavailable here: {reason}")
-        assert entry.cls is not None
+        return entry, self.check_options(name, user_options)
+
+    def check_options(self, name: str, user_options: dict[str, Any]) -> dict[str, Any]:
+        """`name`'s options, its presets overlaid by the user's, as `train` takes them: an option the
+        name presets, one its class has not, or one of the wrong type is one line. The planner checks
+        a plan's options here too, so that plan and train take the same ones."""
+        entry = self.get(name)
+        if entry.cls is None:
+            return dict(user_options)  # a plugin that failed to load: its own line says why
         fixed = sorted(set(user_options) & set(entry.options))
         if fixed:
             preset = ", ".join(f"{k}={entry.options[k]}" for k in fixed)
@@ -235,7 +243,7 @@ class StrategyRegistry:
             listed = ", ".join(sorted(allowed)) or "none"
             raise StrategyError(f"strategy {name!r} has no option {', '.join(unknown)}: its options are {listed}")
         _check_option_types(name, user_options, _keyword_options(entry.cls))
-        return entry, {**entry.options, **user_options}
+        return {**entry.options, **user_options}
 
 
 def _keyword_options(cls: type[Strategy]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ def test_a_compare_wide_option_reaches_each_strategy_that_has_it_and_no_other():
 def test_an_option_no_compared_strategy_has_is_one_line_with_the_closest():
     with pytest.raises(ConfigError, match=r"strategy_options.tp_sise is an option of none .* did you mean 'tp_size'"):
         _takers("strategies=[single,fsdp-tp]", "strategy_options.tp_sise=2")
-    with pytest.raises(ConfigError, match="their options are none"):
+    with pytest.raises(ConfigError, match="strategy .single. has no option tp_size: its options are none"):
         _takers("strategies=[single]", "strategy_options.tp_size=2")
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.common.units import GIB
 from harness.plan.model.model_shape import PlanError
+from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_cli import aligned, basis_lines, strategy_names
 from harness.plan.plan_options import PlanConfig, gpu_counts, models_asked, question
 from harness.plan.predict import Question, StrategyPlan
@@ -31,6 +32,7 @@ from harness.plan.search.layout_search import (
 )
 from harness.plan.search.search_space import parse_tokens, sequences_in
 from harness.plan.what_if import fewest_gpus
+from strategies.option_routing import RoutedOptions
 
 PLOT_NAME = "plan_search.png"
 HEADER = (
@@ -244,10 +246,23 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
     }
 
 
+def option_lines(result: SearchResult, routed: RoutedOptions) -> list[str]:
+    """Which strategies each compare-wide option reached, the what-ifs priced, and the layouts listed
+    under another strategy's name."""
+    reaches = [f"  {line}." for line in routed.reaches()] if len(routed.by_strategy) > 1 else []
+    alike = [
+        f"  listed once: {what} is the layout of {first}, listed under {first}."
+        for what, first in result.listed_as.items()
+    ]
+    return reaches + [f"  {line}" for line in what_if_lines(routed)] + alike
+
+
 def run_search(cfg: PlanConfig) -> int:
     q, global_batch = search_question(cfg)
+    names = strategy_names(cfg, q.gpus)
+    routed = routed_options(names, cfg.strategy_options, verb="search")
     started = time.perf_counter()
-    result = search(q, strategy_names(cfg, q.gpus), global_batch)
+    result = search(q, names, global_batch)
     seconds = time.perf_counter() - started
     if not result.planned:
         reasons = "; ".join(result.not_laid_out)
@@ -258,8 +273,10 @@ def run_search(cfg: PlanConfig) -> int:
 
         plots = [frontier_chart(result, Path(cfg.out_dir) / PLOT_NAME)]
     if cfg.format == "json":
-        print(json.dumps(as_json(cfg, result, seconds) | {"plots": [str(p) for p in plots]}, indent=2))
+        facts = {"plots": [str(p) for p in plots], "listed_as": result.listed_as}
+        facts["strategy_options_reach"] = routed.takers
+        print(json.dumps(as_json(cfg, result, seconds) | facts, indent=2))
         return 0
     drawn = [f"wrote {p}" for p in plots] or ["plot=true draws tokens/s against memory per GPU, the frontier marked."]
-    print("\n".join(text_lines(result, seconds) + drawn))
+    print("\n".join(text_lines(result, seconds) + option_lines(result, routed) + drawn))
     return 0
