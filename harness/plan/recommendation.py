@@ -256,12 +256,23 @@ def _nothing_fits(plans: list[StrategyPlan], q: Question) -> Recommendation:
         least = plan_strategy(lean.name, replace(q, checkpointing="full", micro_batch=1).with_gpus(MAX_GPUS))
         part, nbytes = _largest_part(least)
         lines.append(
-            f"Neither more GPUs, full checkpointing, offload nor a smaller micro-batch makes it fit: at micro-batch 1 "
-            f"with full checkpointing on {MAX_GPUS:,} GPUs {lean.name} still needs {_gib(least.reserved_bytes)} per "
-            f"GPU (largest part: {part} {_gib(nbytes)}); a card with more memory, or a layout this planner does not "
-            "model (pipeline or context parallelism), is needed."
+            f"Neither more GPUs, full checkpointing, offload nor a smaller micro-batch makes {lean.name} fit: at "
+            f"micro-batch 1 with full checkpointing on {MAX_GPUS:,} GPUs it still needs {_gib(least.reserved_bytes)} "
+            f"per GPU (largest part: {part} {_gib(nbytes)})."
         )
+        lines += _other_layouts(lean, q)
     return Recommendation(None, None, lines)
+
+
+def _other_layouts(lean: StrategyPlan, q: Question) -> list[str]:
+    """The layouts of any strategy the planner models (tensor, pipeline, context parallel) that would fit
+    the same global batch, on these GPUs or the fewest more (search/what_fits.py)."""
+    if q.gpu is None:  # the search ranks by speed: without a known card, say only what the memory needs
+        return ["A card with more memory, or tensor, pipeline or context parallelism (plan search=true), is needed."]
+    from harness.plan.search.what_fits import what_fits  # the search imports this module
+
+    global_batch = q.global_batch or q.micro_batch * q.grad_accum * lean.layout.data_parallel
+    return what_fits(q, global_batch).lines(q.gpus)
 
 
 def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
