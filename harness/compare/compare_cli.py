@@ -105,7 +105,7 @@ def main(args: list[str]) -> int:
     labels = _listed_with_noise([shown[name].label for name in names], reference_label, noise_count)
     sweep = Sweep(cfg, shared, out, nproc, SweepProgress(labels, cfg.steps), device_type, shown, layouts)
     if cfg.dry_run:
-        return _print_slurm_scripts(sweep, runnable)
+        return _print_slurm_scripts(sweep, runnable, {name: why for name, why in planned if why})
     lock = OutDirLock(out)
     lock.acquire(on_wait=lambda: print(f"waiting for the last job of the compare stopped in {out} to end"))
     sweep.lock_fd = lock.fd
@@ -508,13 +508,16 @@ def _slurm_world(cfg: CompareConfig) -> tuple[str, int]:
     return device_type, cfg.nodes * per_node
 
 
-def _print_slurm_scripts(sweep: Sweep, runnable: list[str]) -> int:
-    """dry_run=true: write one sbatch script per strategy and print them; submit nothing."""
+def _print_slurm_scripts(sweep: Sweep, runnable: list[str], skipped: dict[str, str]) -> int:
+    """dry_run=true: write one sbatch script per strategy and print them, and why any other is
+    skipped; submit nothing."""
     sweep.write_train_config()  # what the scripts name
     for name in runnable:
         run_dir = sweep.out / sweep.name_of(name).folder
         script = sweep.slurm_script(name, run_dir, sweep.train_args(name, run_dir))
         print(f"# ---- {script}\n{script.read_text()}")
+    for name, why in skipped.items():
+        print(f"# skipped {sweep.name_of(name).label}: {why}")
     print(
         f"{len(runnable)} scripts written to {sweep.out / 'slurm'}; run the same command without "
         "dry_run=true to submit them one after another and gather the results into one report"
@@ -621,7 +624,7 @@ def _preflight(
         try:
             followed[name] = preflight(RunConfig(**{**shared, **settings}, strategy=strategy), processes).followed
         except ModelUnsupported as exc:
-            cannot[name] = f"cannot run {cfg.model}: {exc}"
+            cannot[name] = f"cannot run {cfg.model} on {processes} process{'es' if processes > 1 else ''}: {exc}"
     return followed, cannot
 
 
