@@ -249,6 +249,20 @@ class Sweep:
             *(layout.train_args() if layout else option_args(self.cfg, name, default_registry())),
         ]
 
+    def what_to_lower(self, name: str, nproc: int) -> str:
+        """The settings that set a run's memory, as it ran them: what an out-of-memory line tells to lower."""
+        layout = self.layouts.get(name)
+        micro_batch: int | None = layout.micro_batch if layout else None
+        if layout is None:
+            options = options_for(self.cfg, name, default_registry())
+            try:
+                mesh = default_registry().mesh_layout(name, nproc, nproc, **options)
+                micro_batch = self.cfg.world_batch(mesh.data_parallel(0)[1], data_parallel=mesh.declared)[0]
+            except ValueError:  # the run says itself why it could not split the batch
+                micro_batch = None
+        batch = f"micro_batch={micro_batch}, " if micro_batch is not None else "micro_batch, "
+        return f"{batch}seq_len={self.cfg.seq_len} or nproc={nproc}"
+
     def nproc_for(self, name: str) -> int:
         layout = self.layouts.get(name)
         return layout.nproc if layout else processes_for(name, self.nproc)
@@ -417,6 +431,7 @@ class Sweep:
             on_poll=on_poll,
             pass_fds=(self.lock_fd,) if self.lock_fd is not None else (),
             append_log=append_log,
+            oom_advice=self.what_to_lower(name, nproc),
         )
         if self.cfg.launcher == "slurm" and outcome.kind in ("timeout", "interrupted"):
             slurm.cancel_submitted(log_path.read_text(errors="replace"))
