@@ -48,6 +48,7 @@ from harness.compare.compare_config import (
     takers_of_compare_wide_options,
     train_options,
 )
+from harness.compare.fit_here import usable_bytes
 from harness.compare.from_plan import PlannedLayout
 from harness.compare.identity import run_identity
 from harness.compare.out_dir_lock import OutDirLock
@@ -82,7 +83,7 @@ def main(args: list[str]) -> int:
         device_type = _device_type(cfg)
         nproc = cfg.nproc or _default_nproc(device_type)
     registry = default_registry()
-    cfg, layouts, searched_plan = _plan_layouts(cfg, nproc)
+    cfg, layouts, searched_plan = _plan_layouts(cfg, nproc, device_type)
     names = [REFERENCE, *layouts] if layouts else _strategy_names(cfg, registry)
     strategies = [name for name in names if name not in layouts]  # the names the registry knows
     cfg, adopted = adopt_file_settings(cfg, strategies)  # a DeepSpeed JSON's scheduler: every strategy's schedule
@@ -159,6 +160,8 @@ def main(args: list[str]) -> int:
             for line in entry.followed:
                 print(f"  {line}")
     refused = dict(planned)
+    if searched_plan and searched_plan["reference_fitted"]:
+        print(searched_plan["reference_fitted"])
     for key, layout in layouts.items():  # how each layout runs here, before any runs
         print(f"{key}: {layout.describe()}")
         for line in (layout.scaled, refused[key] and f"not run: {refused[key]}"):
@@ -608,16 +611,21 @@ def run_settings(cfg: CompareConfig, name: str, layouts: dict[str, PlannedLayout
     return layout.strategy, {**layout.run_settings(), **reference}
 
 
-def _plan_layouts(cfg: CompareConfig, nproc: int) -> tuple[CompareConfig, dict[str, PlannedLayout], dict | None]:
+def _plan_layouts(
+    cfg: CompareConfig, nproc: int, device_type: str
+) -> tuple[CompareConfig, dict[str, PlannedLayout], dict | None]:
     """With plan=: the compare on the plan's model, seq_len and global batch, its `top` best layouts
-    by label, and the search result; without: the compare as given, no layouts."""
+    by label (each at a micro-batch that fits here: from_plan.fitted_here), and the search result, with
+    what fitting changed of the reference under "reference_fitted"; without: the compare as given."""
     if cfg.plan is None:
         return cfg, {}, None
     top = from_plan.DEFAULT_TOP if cfg.top is None else cfg.top
     search = from_plan.read_search(cfg.plan, top)
     from_plan.check_fits_here(search)
     cfg = replace(cfg, **from_plan.plan_settings(search))
-    return cfg, {layout.label: layout for layout in from_plan.layouts_of(search, top, nproc)}, search
+    layouts = from_plan.layouts_of(search, top, nproc)
+    cfg, layouts, note = from_plan.fitted_here(cfg, layouts, device_type, usable_bytes(device_type))
+    return cfg, {layout.label: layout for layout in layouts}, {**search, "reference_fitted": note}
 
 
 def _preflight(

@@ -56,10 +56,18 @@ def oom_kill_count() -> int | None:
     return None
 
 
+MEMINFO = Path("/proc/meminfo")
+
+
+def available_bytes() -> int | None:
+    """The memory the machine can give new allocations without swapping (/proc/meminfo's MemAvailable)."""
+    available = _field(MEMINFO, "MemAvailable:")
+    return None if available is None else available * 1024
+
+
 def available_share() -> float | None:
     """The machine's available memory as a share of all of it (/proc/meminfo); None where unreadable."""
-    meminfo = Path("/proc/meminfo")
-    total, available = _field(meminfo, "MemTotal:"), _field(meminfo, "MemAvailable:")
+    total, available = _field(MEMINFO, "MemTotal:"), _field(MEMINFO, "MemAvailable:")
     return available / total if total and available is not None else None
 
 
