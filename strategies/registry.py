@@ -22,6 +22,7 @@ Nothing here imports torch: `runner.py list` and `runner.py plan` read the prese
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 import os
@@ -247,8 +248,14 @@ class StrategyRegistry:
 
 
 def _keyword_options(cls: type[Strategy]) -> dict[str, Any]:
+    return dict(_signature_options(cls))
+
+
+@functools.cache
+def _signature_options(cls: type[Strategy]) -> tuple[tuple[str, Any], ...]:
+    """A class's keyword options and defaults, read once: a plan asks for them for every layout."""
     params = inspect.signature(cls.__init__).parameters.values()
-    return {p.name: None if p.default is p.empty else p.default for p in params if p.kind is p.KEYWORD_ONLY}
+    return tuple((p.name, None if p.default is p.empty else p.default) for p in params if p.kind is p.KEYWORD_ONLY)
 
 
 # What a value must be, in words, for each option type a plugin's keyword default can have.

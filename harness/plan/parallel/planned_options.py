@@ -83,6 +83,8 @@ def _what_ifs(name: str, given: Collection[str]) -> list[str]:
 
 def options_of(name: str, options: Mapping[str, Any]) -> dict[str, Any]:
     """Strategy `name`'s options in a plan of several: the compare-wide ones it takes, then its own section."""
+    if not options:
+        return {}
     wide = compare_wide(options, _registry().names())
     mine = takes(name)
     return {**{k: v for k, v in wide.items() if k in mine}, **section(options, name)}
