@@ -24,7 +24,7 @@ from harness.plan.parallel.async_tp_cost import AsyncTensorParallel, async_tp_co
 from harness.plan.parallel.backends import Backend, backend_for
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
-from harness.plan.parallel.planned_options import options_of
+from harness.plan.parallel.planned_options import check_priced, options_of
 from harness.plan.speed.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches
 from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.step_time import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
@@ -400,6 +400,7 @@ def plan_strategy(name: str, q: Question) -> StrategyPlan:
     """The plan of the registered strategy `name`, with the options of `q` it takes (planned_options.py:
     the compare-wide ones it has, then its own section)."""
     options = options_of(name, q.strategy_options)
+    check_priced(name, options)
     return plan_backend(backend_for(name, q.shape, storage_precision(q.precision), q.gpus, options), q)
 
 

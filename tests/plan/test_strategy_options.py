@@ -69,6 +69,14 @@ def test_a_compare_wide_option_reaches_the_strategies_that_take_it_and_the_plan_
     assert "strategy_options.pp_size reaches fsdp-pp, zero1-pp." in capsys.readouterr().out
 
 
+def test_a_strategy_planned_by_default_with_an_option_the_planner_cannot_price_is_listed_not_planned(capsys):
+    assert runner.main([*GPT_350M, "strategy_options.static_graph=true", "format=json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert "does not price strategy_options.static_graph=true" in doc["not_planned"]["ddp"]
+    planned = {s["strategy"] for s in doc["strategies"]}
+    assert "ddp" not in planned and "fsdp" in planned
+
+
 def test_an_option_at_its_default_is_planned_and_a_what_if_is_named(capsys):
     assert runner.main([*GPT_350M, "strategies=[ddp]", "strategy_options.static_graph=false"]) == 0
     capsys.readouterr()

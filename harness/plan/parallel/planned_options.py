@@ -9,8 +9,9 @@ learns an option is planned with it as soon as the planner prices it for that la
 
 - a size (tp_size, pp_size, ...) must be a whole number of at least 1, as the strategy's mesh wants it;
 - an option the planner prices for this strategy's layout (MODELLED) is planned;
-- any other option is planned only at the strategy's own default: another value is one line, never
-  planned as if it were absent;
+- any other option is planned only at the strategy's own default: another value is one line
+  (check_priced's LayoutError: an error where the strategy was asked for, a "not planned" line
+  where it was planned by default), never planned as if it were absent;
 - the planner's what-ifs (WHAT_IFS) price what no registered strategy runs yet, on the layouts they
   apply to; `train` has no such option, and the plan says so.
 """
@@ -23,7 +24,7 @@ from typing import Any
 
 from harness.plan.model.model_shape import PlanError
 from harness.plan.parallel.backends import Backend, model_of
-from harness.plan.parallel.layout import pipelines, splits_sequences
+from harness.plan.parallel.layout import LayoutError, pipelines, splits_sequences
 from strategies.base import StrategyError
 from strategies.option_routing import RoutedOptions, compare_wide, route_options, section
 
@@ -104,25 +105,29 @@ def routed_options(names: Collection[str], options: Mapping[str, Any], verb: str
 
 
 def check_planned(name: str, given: Mapping[str, Any]) -> None:
-    """Strategy `name`'s options as `train` checks them, then as the planner prices them (one line each)."""
-    model = model_of(name)
+    """Strategy `name`'s options as `train` checks them, and its sizes whole numbers (one line each)."""
     registry = _registry()
-    what_ifs = _what_ifs(name, given)
-    own = {k: v for k, v in given.items() if k not in what_ifs}
     try:
-        registry.check_options(name, own)
+        registry.check_options(name, {k: v for k, v in given.items() if k not in _what_ifs(name, given)})
     except StrategyError as exc:
         raise PlanError(str(exc)) from None
     for key, value in given.items():
         if key in SIZES and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise PlanError(f"{name}: strategy_options.{key}={value!r} must be a whole number of at least 1")
-    if model is None:
+
+
+def check_priced(name: str, given: Mapping[str, Any]) -> None:
+    """A LayoutError (one line: an error where `name` was asked for, a listed omission where it was
+    planned by default) for an option of `given` the planner does not price for `name`'s layout at a
+    value other than the strategy's default: never planned as if it were absent."""
+    model = model_of(name)
+    if model is None or not given:
         return
-    defaults = registry.get(name).option_values()
+    defaults = _registry().get(name).option_values()
     for key, value in given.items():
         priced = key in MODELLED and MODELLED[key](model) and value in PRICED_VALUES.get(key, (value,))
         if not priced and value != defaults.get(key):
-            raise PlanError(
+            raise LayoutError(
                 f"{name}: the planner does not price strategy_options.{key}={json.dumps(value)} on this layout, and "
                 f"would plan it as {key}={json.dumps(defaults.get(key))}: drop it to plan {name} "
                 "(train runs it as given)"

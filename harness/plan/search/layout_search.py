@@ -20,7 +20,7 @@ from harness.plan.model.model_shape import PlanError
 from harness.plan.network.comm import tensor_parallel_across_nodes
 from harness.plan.parallel.backends import Backend, backend_for, model_of
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
-from harness.plan.parallel.planned_options import options_of, takes
+from harness.plan.parallel.planned_options import check_priced, options_of, takes
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision
 from harness.plan.recommendation import CHECKPOINTING_ORDER
 from harness.plan.search.search_space import batch_splits, layout_options
@@ -154,6 +154,11 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
         assert model is not None
         layers = q.shape.dims.layers if q.shape.dims else None
         fixed = options_of(name, q.strategy_options)
+        try:
+            check_priced(name, fixed)
+        except LayoutError as exc:
+            not_laid_out[str(exc)] += 1
+            continue
         for sizes in layout_options(model, q.gpus, q.topology.per_node, fixed, layers, q.seq_len, takes(name)):
             options = {**fixed, **sizes}
             try:
