@@ -106,6 +106,17 @@ def test_list_shows_the_options_a_run_may_set():
     assert zero1_options.split() == ["strategy_options:", "cpu_adam=null"]
 
 
+def test_list_calls_a_strategy_its_device_cannot_run_unavailable_there_with_why():
+    """zero3-zeropp's quantization kernels run on GPUs only: list says so on a CPU, as the compare skips it."""
+    from harness.train.list_cli import status
+
+    entry = default_registry().get("zero3-zeropp")
+    if entry.unavailable_reason:
+        pytest.skip(entry.unavailable_reason)
+    assert status(entry, "cpu").startswith("unavailable on this device (cpu): DeepSpeed's ZeRO++ quantization kernels")
+    assert status(entry, "cuda") == "available" == status(default_registry().get("zero3-hpz"), "cpu")
+
+
 def test_missing_dependency_is_listed_with_reason():
     class NeedsMissing(SingleDeviceStrategy):
         @classmethod
