@@ -61,7 +61,7 @@ class MoEFeedForward(nn.Module):
         if self.capacity_factor is not None:
             limit = capacity(self.capacity_factor, seq, self.top_k, self.n_experts)
             dropped = over_capacity(routed, self.n_experts, limit)
-            indices = indices.masked_fill(dropped.view_as(indices), -1)
+            indices = indices.masked_fill(dropped.reshape(indices.shape), -1)
         self.router_tally.add(routed, dropped)
         out = self.experts(flat, indices, weights)
         if self.shared_expert is not None:
