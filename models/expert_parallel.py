@@ -41,11 +41,16 @@ class CollectiveClock:
         self.enabled = False
         self.seconds = 0.0
         self.steps = 0
+        self.calls = 0
 
-    def take(self) -> tuple[float, int]:
-        """(seconds, timed steps) since the last take, and reset."""
-        out = (self.seconds, self.steps)
-        self.seconds, self.steps = 0.0, 0
+    def add(self, seconds: float) -> None:
+        self.seconds += seconds
+        self.calls += 1
+
+    def take(self) -> tuple[float, int, int]:
+        """(seconds, timed steps, timed all-to-alls) since the last take, and reset."""
+        out = (self.seconds, self.steps, self.calls)
+        self.seconds, self.steps, self.calls = 0.0, 0, 0
         return out
 
 
@@ -66,7 +71,7 @@ def _exchange(x: torch.Tensor, out_splits: list[int], in_splits: list[int], grou
     dist.all_to_all_single(out, x.contiguous(), out_splits, in_splits, group=group)
     if timed:
         _synchronize(x.device)
-        ALL_TO_ALL_CLOCK.seconds += time.perf_counter() - started
+        ALL_TO_ALL_CLOCK.add(time.perf_counter() - started)
     return out
 
 
@@ -138,8 +143,7 @@ def _dispatching(experts: nn.Module, local_forward: Callable[..., torch.Tensor])
         counts.scatter_add_(0, flat + 1, torch.ones_like(flat))
         send = counts[1:]
         # Each rank learns how many tokens of each of its experts every other rank sends.
-        received = torch.empty_like(send)
-        dist.all_to_all_single(received, send, group=shard.group)
+        received = _exchange(send, [shard.local] * shard.size, [shard.local] * shard.size, shard.group)
         sizes = torch.cat([counts[:1], send.view(shard.size, shard.local).sum(1), received]).tolist()
         dropped, in_splits = sizes[0], sizes[1 : 1 + shard.size]
         from_each = torch.tensor(sizes[1 + shard.size :]).view(shard.size, shard.local)

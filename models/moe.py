@@ -48,7 +48,7 @@ class MoEFeedForward(nn.Module):
         self.router = TopKRouter(cfg.n_embd, cfg.n_experts, cfg.top_k, cfg.norm_topk_prob)
         self.experts = SwiGLUExperts(cfg.n_experts, cfg.n_embd, cfg.expert_hidden)
         self.shared_expert = SwiGLU(cfg.n_embd, cfg.shared_expert_hidden) if cfg.shared_expert_hidden else None
-        self.router_tally = RouterTally(cfg.n_experts)
+        self.router_tally = RouterTally(cfg.n_experts, cfg.capacity_factor)
         self.aux_loss: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -106,8 +106,9 @@ class RouterTally:
     """What one MoE layer routed since the loop last read it: assignments per expert and those
     dropped over capacity, kept on the device (no host sync) until the logging interval."""
 
-    def __init__(self, n_experts: int):
+    def __init__(self, n_experts: int, capacity_factor: float | None = None):
         self.n_experts = n_experts
+        self.capacity_factor = capacity_factor  # None: dropless
         self.counts: torch.Tensor | None = None
         self.dropped: torch.Tensor | None = None
 

@@ -21,7 +21,6 @@ from typing import TYPE_CHECKING, Any
 from strategies.base import OptimizerFactory, Preset, RunContext
 from strategies.ddp import DDPStrategy
 from strategies.mesh_layout import MeshLayout, check_divides
-from strategies.plan_model import PlanModel
 from strategies.single import MODEL_FILE
 
 if TYPE_CHECKING:
@@ -169,9 +168,8 @@ class DDPExpertParallelStrategy(DDPStrategy):
             torch.save(model, path / MODEL_FILE)
         # The ranks of a dp group hold the same experts and the same optimizer state: the first writes it.
         if self.device_mesh.get_local_rank(DATA_DIM) == 0:
-            torch.save(
-                {"optimizer": self.optimizer.state_dict(), "scaler": self._scaler_state()}, path / self._optimizer_file()
-            )
+            state = {"optimizer": self.optimizer.state_dict(), "scaler": self._scaler_state()}
+            torch.save(state, path / self._optimizer_file())
 
     def load(self, path: Path) -> None:
         import torch
