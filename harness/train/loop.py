@@ -32,11 +32,12 @@ from harness.train.metrics import StepMetrics
 from harness.train.noise import RoundingNoise
 from harness.train.optimizer import Schedule, adamw_factory, resolve_schedule
 from harness.train.profiling import StepProfiler
-from harness.train.router_metrics import router_metrics
+from harness.train.router_metrics import describe_routing, router_metrics
 from harness.train.trackers import Trackers, tracking
 from models.activation_checkpointing import enable_checkpointing
 from models.blocks import Blocks, find_blocks
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
+from models.routing import router_tallies
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.backend_imports import import_backends
 from strategies.base import RunContext, Strategy, compute_precision, no_checkpoints_error, torch_dtype
@@ -353,6 +354,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 def _header(training: Training) -> str:
     cfg, env, strategy = training.cfg, training.env, training.strategy
     mesh = strategy.mesh
+    tallies = router_tallies(training.model)
     dp_size = strategy.data_parallel[1]
     ranks = f"{dp_size} data-parallel ranks" if mesh.declared else f"{env.world_size} ranks"
     return (
@@ -365,6 +367,7 @@ def _header(training: Training) -> str:
         + (f" | fp8: {training.fp8}" if training.fp8 else "")
         + (f" | {strategy.layout}" if strategy.layout else "")
         + (f" | checkpointing: {training.checkpointed}" if training.checkpointed else "")
+        + (f" | routing: {describe_routing(tallies)}" if tallies else "")
     )
 
 

@@ -79,6 +79,15 @@ class RouterMetrics:
         }
 
 
+def describe_routing(tallies: list[RouterTally]) -> str:
+    """'2 MoE layers x 4 experts, dropless' or '..., capacity factor 1.25 per sequence: tokens over it dropped'."""
+    factors = sorted({t.capacity_factor for t in tallies}, key=str)
+    text = f"{len(tallies)} MoE layer{'s' if len(tallies) != 1 else ''} x {tallies[0].n_experts} experts, "
+    if factors == [None]:
+        return text + "dropless"
+    return text + f"capacity factor {', '.join(map(str, factors))} per sequence: tokens over it dropped"
+
+
 def _figures(counts: torch.Tensor) -> dict[str, Any]:
     """(layers, experts + 1) counts -> tokens per expert, imbalance per layer, the share dropped."""
     routed, dropped = counts[:, :-1], counts[:, -1]
