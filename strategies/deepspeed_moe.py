@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from strategies.base import OptimizerFactory, Preset, RunContext, StrategyError
+from strategies.base import ModelUnsupported, OptimizerFactory, Preset, RunContext, StrategyError
 from strategies.ddp_ep import expert_parallel_layout
 from strategies.deepspeed import DeepSpeedStrategy
 from strategies.mesh_layout import MeshLayout
@@ -71,7 +71,7 @@ class DeepSpeedMoEStrategy(DeepSpeedStrategy):
 
         reason = refusal(model)
         if reason:
-            raise StrategyError(f"strategy {self.name!r}: {reason}")
+            raise ModelUnsupported(f"strategy {self.name!r}: {reason}")
         check_divides_experts(n_experts(model), self.ep_size)
         super().check_model(model)
 
