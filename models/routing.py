@@ -1,5 +1,5 @@
 """Top-k routing over experts, shared by the zoo's MoE GPT (models/moe.py), its DeepSpeed form
-(strategies/deepspeed_moe.py) and the Hugging Face MoE models (models/hf.py): the router, the
+(models/deepspeed_moe_layers.py) and the Hugging Face MoE models (models/hf.py): the router, the
 experts in transformers 5's layout, the load-balancing loss, the capacity limit, and the tally of
 what each layer routed that the loop reads at the logging interval.
 

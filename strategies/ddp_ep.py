@@ -47,7 +47,7 @@ class DDPExpertParallelStrategy(DDPStrategy):
             plan=None,
         ),
     )
-    listing_order = 24
+    listing_order = 27
     checkpoint_reshards = False
 
     def __init__(

@@ -2,7 +2,7 @@
 
 The MoE layers of the zoo's MoE GPT or of a transformers Mixtral, Qwen3-MoE or OLMoE are swapped for
 `deepspeed.moe.layer.MoE` carrying the same router and expert weights and the same gating
-(models/deepspeed_moe.py); DeepSpeed shards the experts over its
+(models/deepspeed_moe_layers.py); DeepSpeed shards the experts over its
 expert-parallel groups of ep_size consecutive ranks (deepspeed.utils.groups) and reduces their
 gradients over the ranks holding the same experts, while ZeRO shards the optimizer state (zero2:
 and the gradients) of the rest over every rank. Every rank reads its own micro-batch (dp x ep, both
@@ -66,7 +66,7 @@ class DeepSpeedMoEStrategy(DeepSpeedStrategy):
         return expert_parallel_layout(world_size, options.get("ep_size"))
 
     def check_model(self, model: nn.Module) -> None:
-        from models.deepspeed_moe import n_experts, refusal
+        from models.deepspeed_moe_layers import n_experts, refusal
         from models.expert_parallel import check_divides_experts
 
         reason = refusal(model)
@@ -79,7 +79,7 @@ class DeepSpeedMoEStrategy(DeepSpeedStrategy):
         raise StrategyError(f"strategy {self.name!r} does not compile DeepSpeed's MoE layers: use compile=false")
 
     def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        from models.deepspeed_moe import to_deepspeed_moe
+        from models.deepspeed_moe_layers import to_deepspeed_moe
 
         self.check_model(model)
         # DeepSpeed's expert-parallel groups are runs of ep_size consecutive ranks: this rank's
