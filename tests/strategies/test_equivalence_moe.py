@@ -40,12 +40,12 @@ MODELS = {
 }
 CAPACITY = ["model_kwargs.capacity_factor=1.0"]
 EP = ["strategy_options.ep_size=2"]
-# name -> (model, strategy, extra): ddp-ep accumulates 2 micro-steps (its experts reduced once per step)
-# and checkpoints at step 5 (the fault test resumes from it).
+# name -> (model, strategy, extra): ddp-ep accumulates 2 micro-steps (its experts reduced once per step);
+# the moe-nano runs checkpoint at step 5, which the fault test resumes from.
 CASES = {
     "moe-nano/single": ("moe-nano", "single", []),
     "moe-nano/ddp-ep": ("moe-nano", "ddp-ep", [*EP, "micro_batch=1", "checkpoint_every=5"]),
-    "moe-nano/zero2-ep": ("moe-nano", "zero2-ep", EP),
+    "moe-nano/zero2-ep": ("moe-nano", "zero2-ep", [*EP, "checkpoint_every=5"]),
     "mixtral/single": ("mixtral", "single", []),
     "mixtral/ddp-ep": ("mixtral", "ddp-ep", EP),
     "mixtral/zero2-ep": ("mixtral", "zero2-ep", EP),
@@ -122,9 +122,10 @@ def test_a_capacity_run_drops_what_single_drops(runs):
     assert "capacity factor 1.0 per sequence: tokens over it dropped" in runs["capacity/ddp-ep"][2]
 
 
-def test_a_killed_rank_resumes_bit_for_bit(runs, tmp_path):
-    model, strategy, extra = CASES["moe-nano/ddp-ep"]
-    reference = losses_by_step(runs["moe-nano/ddp-ep"][3])
+@pytest.mark.parametrize("name", ["moe-nano/ddp-ep", "moe-nano/zero2-ep"])
+def test_a_killed_rank_resumes_bit_for_bit(runs, tmp_path, name):
+    model, strategy, extra = CASES[name]
+    reference = losses_by_step(runs[name][3])
     out = tmp_path / "killed"
     killed = run_cli(_args(model, strategy, out, extra), env=env_for_tests(**{FAULT_ENV: "kill@3:5"}), timeout=400)
     assert killed.returncode != 0
