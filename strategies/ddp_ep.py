@@ -110,6 +110,14 @@ class DDPExpertParallelStrategy(DDPStrategy):
         )
         return self.model, self.optimizer
 
+    def _make_scaler(self) -> torch.amp.GradScaler | None:
+        if self.ctx.precision != "fp16":
+            return None
+        from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+        # The ranks hold different experts: an overflow in one rank's must skip the step on every rank.
+        return ShardedGradScaler(self.ctx.device.type)
+
     def _expert_params(self) -> list[nn.Parameter]:
         from models.expert_parallel import expert_parameters
 
