@@ -94,7 +94,10 @@ def refusal(model: nn.Module) -> str | None:
             "model_kwargs.norm_topk_prob=false, or use ddp-ep"
         )
     if top_k > 1 and not norm:
-        return f"DeepSpeed's top-{top_k} gate renormalises the chosen experts' weights: set norm_topk_prob=true"
+        return (
+            f"DeepSpeed's top-{top_k} gate renormalises the chosen experts' weights: set "
+            "model_kwargs.norm_topk_prob=true, or use ddp-ep"
+        )
     return None
 
 
