@@ -108,9 +108,12 @@ class DeepSpeedMoELayer(nn.Module):
         super().__init__()
         from deepspeed.moe.layer import MoE
 
-        experts, self.router = block.experts, _router(block)
+        experts, router = block.experts, _router(block)
+        # Under the block's own name for it ("router", transformers' "gate"): its state-dict name stays.
+        self.router_name = "router" if getattr(block, "router", None) is router else "gate"
+        self.add_module(self.router_name, router)
         n_experts, hidden, width = experts.down_proj.shape
-        self.n_experts, self.top_k = n_experts, self.router.top_k
+        self.n_experts, self.top_k, self.ep_rank = n_experts, router.top_k, ep_rank
         self.moe = MoE(
             hidden_size=hidden,
             expert=SwiGLUExpert(hidden, width),
@@ -123,7 +126,7 @@ class DeepSpeedMoELayer(nn.Module):
             use_rts=False,
             top2_2nd_expert_sampling=False,
         )
-        self.moe.deepspeed_moe.gate.wg.weight = self.router.weight  # one parameter, two users
+        self.moe.deepspeed_moe.gate.wg.weight = router.weight  # one parameter, two users
         local = n_experts // ep_size
         with torch.no_grad():
             for j, expert in enumerate(self.moe.deepspeed_moe.experts.deepspeed_experts):
@@ -139,7 +142,7 @@ class DeepSpeedMoELayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, hidden = x.shape
-        probs, _, indices = self.router(x.reshape(-1, hidden))
+        probs, _, indices = self.get_submodule(self.router_name)(x.reshape(-1, hidden))
         routed = indices.view(batch, seq, self.top_k)
         self.router_tally.add(routed)
         if self.computes_balance_loss:
@@ -155,6 +158,29 @@ class DeepSpeedMoELayer(nn.Module):
         if self.shared_expert is not None:
             out = out + self.shared_expert(x)
         return out
+
+    def local_state(self, whole: dict[str, torch.Tensor], prefix: str) -> dict[str, torch.Tensor]:
+        """This layer's entries of a DeepSpeed-MoE model's state dict (names under `prefix`), taken from
+        the whole model's state `whole` (the bare model's names, every expert stacked)."""
+        out = {f"{prefix}moe.deepspeed_moe.gate.wg.weight": whole[f"{prefix}{self.router_name}.weight"]}
+        local = len(self.moe.deepspeed_moe.experts.deepspeed_experts)
+        for j in range(local):
+            for weight in ("gate_up_proj", "down_proj"):
+                stacked = whole[f"{prefix}experts.{weight}"]
+                out[f"{prefix}moe.deepspeed_moe.experts.deepspeed_experts.{j}.{weight}"] = stacked[
+                    self.ep_rank * local + j
+                ]
+        return out
+
+
+def deepspeed_moe_state(model: nn.Module, whole: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The bare model's consolidated state `whole` under the names of `model`, whose MoE layers are
+    DeepSpeed's: each layer's router weight also as its gate's, this rank's experts cut out."""
+    layers = {f"{name}.": m for name, m in model.named_modules() if isinstance(m, DeepSpeedMoELayer)}
+    out = {key: t for key, t in whole.items() if not any(key.startswith(f"{p}experts.") for p in layers)}
+    for prefix, layer in layers.items():
+        out.update(layer.local_state(whole, prefix))
+    return out
 
 
 def to_deepspeed_moe(model: nn.Module, ep_size: int, ep_rank: int) -> list[str]:

@@ -11,8 +11,8 @@ expert parallel in one name, as `runner.py list` shows them. ZeRO-3 is left out:
 its native MoE layers under stage 3.
 
 Checkpoints are DeepSpeed's own (each expert's state in files of its own), resumed at the same world
-size and ep_size; the consolidated weights (export, a resume under another strategy) are not read
-back from them.
+size and ep_size. Another strategy's consolidated weights load (each rank cutting out its experts);
+these checkpoints' own MoE layers are not consolidated back (export, a resume under another strategy).
 """
 
 from __future__ import annotations
@@ -114,20 +114,23 @@ class DeepSpeedMoEStrategy(DeepSpeedStrategy):
             )
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        raise self._no_consolidated()
+        raise StrategyError(
+            f"strategy {self.name!r} does not consolidate DeepSpeed's MoE layers into the model's weights: export "
+            "from a checkpoint of ddp-ep or single, or resume this strategy's own at the same world size and ep_size"
+        )
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        raise self._no_consolidated()
+        """The bare model's weights (a checkpoint of another strategy) into DeepSpeed's layers: each router
+        weight as its gate's, this rank's experts cut out of the stacked ones, fp32 masters too."""
+        from models.deepspeed_moe_layers import deepspeed_moe_state
+        from strategies.deepspeed import load_zero_full_state_dict
+
+        assert self.engine is not None, "setup() first"
+        load_zero_full_state_dict(self.engine, deepspeed_moe_state(self.engine.module, state))
 
     @classmethod
     def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
         raise StrategyError(
             "a zero*-ep checkpoint holds DeepSpeed's MoE layers, which parabench does not consolidate: resume it "
             "under the same strategy, world size and ep_size"
-        )
-
-    def _no_consolidated(self) -> StrategyError:
-        return StrategyError(
-            f"strategy {self.name!r} does not consolidate DeepSpeed's MoE layers into the model's weights: resume from "
-            "a checkpoint of this strategy at the same world size and ep_size"
         )

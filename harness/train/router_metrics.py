@@ -11,14 +11,14 @@ all-to-all, so that one step's time includes those syncs and every other step ru
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from models.expert_parallel import ALL_TO_ALL_CLOCK
-from models.routing import RouterTally
+from models.routing import RouterTally, router_tallies
 
 
 @dataclass
@@ -30,8 +30,6 @@ class RouterMetrics:
     totals: torch.Tensor | None = None  # (layers, experts + 1) over the run so far, on the host
     all_to_all_seconds: float = 0.0
     all_to_all_steps: int = 0
-    all_to_all_calls: int = 0
-    interval: dict[str, Any] = field(default_factory=dict)
 
     def begin_step(self, timed: bool) -> None:
         """Before each step: whether this one times its all-to-alls."""
@@ -54,10 +52,8 @@ class RouterMetrics:
         if clock[1].item():
             self.all_to_all_seconds += clock[0].item() * steps
             self.all_to_all_steps += steps
-            self.all_to_all_calls += int(clock[1].item())
         per_step = clock[0].item() if clock[1].item() else None
-        self.interval = {**_figures(counts), "all_to_all_ms_per_step": None if per_step is None else per_step * 1e3}
-        return self.interval
+        return {**_figures(counts), "all_to_all_ms_per_step": None if per_step is None else per_step * 1e3}
 
     def summary(self) -> dict[str, Any]:
         """The whole run's figures, for summary.json."""
@@ -104,7 +100,5 @@ def _figures(counts: torch.Tensor) -> dict[str, Any]:
 
 def router_metrics(model: torch.nn.Module, device: torch.device, counts: bool) -> RouterMetrics | None:
     """The collector of `model`'s routers, or None for a model without any."""
-    from models.routing import router_tallies
-
     tallies = router_tallies(model)
     return RouterMetrics(tallies, device, counts) if tallies else None

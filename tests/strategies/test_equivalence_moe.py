@@ -43,7 +43,7 @@ EP = ["strategy_options.ep_size=2"]
 # name -> (model, strategy, extra): ddp-ep accumulates 2 micro-steps (its experts reduced once per step);
 # the moe-nano runs checkpoint at step 5, which the fault test resumes from.
 CASES = {
-    "moe-nano/single": ("moe-nano", "single", []),
+    "moe-nano/single": ("moe-nano", "single", ["checkpoint_every=5"]),
     "moe-nano/ddp-ep": ("moe-nano", "ddp-ep", [*EP, "micro_batch=1", "checkpoint_every=5"]),
     "moe-nano/zero2-ep": ("moe-nano", "zero2-ep", [*EP, "checkpoint_every=5"]),
     "mixtral/single": ("mixtral", "single", []),
@@ -132,6 +132,16 @@ def test_a_killed_rank_resumes_bit_for_bit(runs, tmp_path, name):
     resumed = succeeded(run_cli(_args(model, strategy, out, [*extra, "resume=auto"]), timeout=400))
     assert "resumed at step 5" in resumed
     assert losses_by_step(out) == reference
+
+
+def test_zero2_ep_takes_the_weights_of_another_strategys_checkpoint(runs, tmp_path):
+    """Resumed from single's step-5 weights, its step 6 (whose loss the forward computes before the
+    optimizer's first step) is single's step 6; the optimizer then starts afresh, so later steps differ."""
+    model, _, extra = CASES["moe-nano/zero2-ep"]
+    checkpoint = runs["moe-nano/single"][3] / "checkpoints" / "step_5"
+    resumed = succeeded(run_cli(_args(model, "zero2-ep", tmp_path, [*EP, f"resume={checkpoint}"]), timeout=400))
+    assert "weights only" in resumed
+    assert losses_by_step(tmp_path)[6] == pytest.approx(losses_by_step(runs["moe-nano/single"][3])[6], rel=TOLERANCE)
 
 
 @pytest.mark.parametrize(
