@@ -80,8 +80,8 @@ def main(args: list[str]) -> int:
             f"  L={info['n_layer']} H={info['n_head']} C={info['n_embd']} V={info['vocab_size']}"
             if "n_layer" in info
             else ""
-        )
-        print(f"  {name:<18} {info['params'] / 1e6:>10.2f}M params{shape}")
+        ) + (f" experts={info['n_experts']} top-{info['top_k']}" if "n_experts" in info else "")
+        print(f"  {name:<18} {info['params'] / 1e6:>10.2f}M {'active ' if 'n_experts' in info else ''}params{shape}")
     print("  any user model as model=package.module:build (with model_kwargs.<name>=<value>)")
     print("planner catalogue (runner.py plan model=<name>; each one's sources in docs/planner.md):")
     print("\n".join(catalogue_listing()))

@@ -25,6 +25,7 @@ TORCH_NAMES = {
     "zero1-tp",
     "fsdp-pp",
     "fsdp-cp",
+    "ddp-ep",
 }
 DEEPSPEED_NAMES = {
     "zero1",
@@ -35,6 +36,8 @@ DEEPSPEED_NAMES = {
     "zero3-hpz",
     "zero3-zeropp",
     "zero1-pp",
+    "zero1-ep",
+    "zero2-ep",
 }
 ACCELERATE_NAMES = {
     "accelerate-ddp",
