@@ -73,7 +73,9 @@ def build_config(name: str, kwargs: dict[str, Any]) -> Any:
     if unknown:
         raise HFModelError(f"model hf:{name}: {cls.__name__} has no field {', '.join(unknown)}; check the spelling")
     for key, value in kwargs.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and key != "pad_token_id":
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or key == "pad_token_id":
+            continue
+        if value < 0 or (value == 0 and not _may_be_zero(key)):
             raise HFModelError(f"model hf:{name}: model_kwargs.{key}={value} must be positive")
     try:
         return cls(**kwargs)
@@ -81,6 +83,12 @@ def build_config(name: str, kwargs: dict[str, Any]) -> Any:
         raise HFModelError(
             f"model hf:{name}: {cls.__name__} rejected {kwargs}: {str(exc).splitlines()[-1].strip()}"
         ) from None
+
+
+def _may_be_zero(key: str) -> bool:
+    """Whether a config field is a probability, a loss coefficient or a token id (0 is a value
+    like any other: no dropout, no auxiliary loss, the first token), not a size."""
+    return any(part in key for part in ("dropout", "pdrop", "_coef", "token_id", "jitter"))
 
 
 class HFCausalLM(nn.Module):
