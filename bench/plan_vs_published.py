@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import re
 import shlex
 import statistics
 import sys
@@ -155,10 +156,24 @@ def _fabric(row: dict[str, str], family: str) -> Fabric:
     return FABRICS[DEFAULT_FABRIC[family]]
 
 
+# Sources whose Megatron recipes overlap the data-parallel reduction and gather (NeMo's and
+# Megatron-Bridge's DistributedDataParallelConfig: overlap_grad_reduce, overlap_param_gather).
+OVERLAPPING_MEGATRON = ("NVIDIA/NeMo", "NVIDIA-NeMo/Megatron-Bridge", "NVIDIA/Megatron-Bridge")
+
+
+def _megatron_overlaps(row: dict[str, str]) -> bool:
+    """Whether a Megatron run hides its data-parallel reduction and gather behind compute: where its
+    source's recipes do, or its notes say so; Megatron-LM's own flags leave both off by default."""
+    text = f"{row['sharding']} {row['notes']}"
+    said = "overlap_grad_reduce" in text or re.search(r"overlap\w*[^;.]*\b(DP|data-parallel) communication", text)
+    return row["source"].startswith(OVERLAPPING_MEGATRON) or bool(said)
+
+
 def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     """The run's sharding as a PlanModel and its options, or why it cannot be planned."""
     sharding = row["sharding"]
-    split = published_layout(sharding, "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"])
+    reduces_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
+    split = published_layout(sharding, reduces_fp32, _megatron_overlaps(row))
     if split is not None:
         return split
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
@@ -166,7 +181,7 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
     lowered = sharding.lower()
     if lowered.startswith("megatron"):
-        return megatron_layout(sharding)
+        return megatron_layout(sharding, _megatron_overlaps(row))
     if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
         stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
         return PlanModel("deepspeed", stage, "low_precision"), {}
@@ -278,6 +293,7 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
         fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
         fp8_saved_inputs=_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"],
+        te_fp8=_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"],
     )
 
 

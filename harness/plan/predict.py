@@ -363,6 +363,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             fused_norm=q.fused_norm,
             complex_rope=q.complex_rope,
             qk_norm=q.recipe.qk_norm,
+            te_fp8=q.recipe.te_fp8,
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,

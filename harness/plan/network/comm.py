@@ -187,19 +187,35 @@ def _distributed_optimizer(
     """Megatron's distributed optimizer (ZeRO-1, docs/source/distrib_optimizer.md of Megatron-LM): the
     gradients reduce-scattered in buckets as the backward produces them, each rank steps its
     shard, and the updated parameters are all-gathered in the model's dtype before the next
-    forward, where its param-gather overlap hides them behind the forward."""
+    forward, where its param-gather overlap hides them behind the forward. Each overlap is
+    Megatron-LM's option (`overlap_grad_reduce`, `overlap_param_gather`; off by default in
+    Megatron-LM, on in NeMo's recipes): without it the reduction runs after the last backward and
+    the gather after the step, exposed."""
     return [
         Collective(
             "reduce-scatter gradients",
             "reduce-scatter",
             params * grad_bytes,
             calls,
-            "backward",
+            _overlapped(backend, "overlap_grad_reduce", "backward"),
             group,
             tail_bytes=largest * grad_bytes,
         ),
-        Collective("all-gather updated parameters", "all-gather", params * gather_bytes, calls, "forward", group),
+        Collective(
+            "all-gather updated parameters",
+            "all-gather",
+            params * gather_bytes,
+            calls,
+            _overlapped(backend, "overlap_param_gather", "forward"),
+            group,
+        ),
     ]
+
+
+def _overlapped(backend: Backend, option: str, window: str) -> str | None:
+    """The window a data-parallel collective hides in, or None where the engine's option leaves it
+    after the compute (a published Megatron-LM run's flags; parabench's strategies always overlap)."""
+    return window if backend.options.get(option, True) else None
 
 
 def collectives(
@@ -235,9 +251,8 @@ def collectives(
         else:  # DDP's buckets
             bucket = int(backend.option("bucket_cap_mb") * 2**20)
             reduces, tail = max(1, math.ceil(payload / bucket)), min(bucket, payload)
-        out.append(
-            Collective("all-reduce gradients", "all-reduce", payload, reduces, "backward", shards, tail_bytes=tail)
-        )
+        window = _overlapped(backend, "overlap_grad_reduce", "backward")
+        out.append(Collective("all-reduce gradients", "all-reduce", payload, reduces, window, shards, tail_bytes=tail))
         if backend.stage == 1:
             # torch's ZeRO-1 (ZeroRedundancyOptimizer): each rank broadcasts the fp32 parameters it
             # stepped, one tensor at a time, after the step.
@@ -363,12 +378,17 @@ def local_copy_bytes(
     activations along the sequence, not the first dimension NCCL works on, so each of its
     collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
     and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
-    own copies are async_tp_cost.py's)."""
+    own copies are async_tp_cost.py's). Megatron-LM's engine (the `main_grad_buffer` option of a
+    published run's layout) copies neither: its bf16 parameters are the ones the kernels read, its
+    weight-gradient GEMMs accumulate into the contiguous fp32 buffer the reduction runs on
+    (`gradient_accumulation_fusion`, on by default)."""
     params = shape.params / layout.tp
     gather = 2 * compute_bytes(precision)
     reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
     moved = 0.0
-    if (backend.stage == 3 or backend.fsdp2_units) and backend.replicas != "threads":
+    if backend.options.get("main_grad_buffer"):
+        pass
+    elif (backend.stage == 3 or backend.fsdp2_units) and backend.replicas != "threads":
         gathers = 2 if backend.reshard_after_forward else 1
         moved += params * (gathers * gather + reduce)
     elif backend.stage in (1, 2) and backend.engine == "deepspeed":

@@ -113,32 +113,39 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         peak,
         room,
         fits,
-        stage.collectives + [c for c, _ in traffic],
+        stage.collectives + [c for c, _, _ in traffic],
         timing,
     )
 
 
 def _traffic(
     q: Question, stage_q: Question, layout: Layout, pipe: Pipeline, cp: ContextParallel, timed: bool
-) -> list[tuple[Collective, float]]:
+) -> list[tuple[Collective, float, float]]:
     """The pipeline's and context parallel's transfers of one step, each with its seconds per step
-    (0 where the plan is not timed: a question without a GPU's links, as a CPU run's is)."""
+    and, of those, what every micro-batch runs (0 where the plan is not timed: a question without a
+    GPU's links, as a CPU run's is)."""
     assert stage_q.shape.dims is not None
     dims = stage_q.shape.dims
     element = BYTES[storage_precision(q.precision)]
     tokens = stage_q.micro_batch * stage_q.seq_len  # one GPU's tokens of one micro-step
     micro_steps = stage_q.grad_accum
     forwards = 2 if q.checkpointing == "full" else 1
-    out: list[tuple[Collective, float]] = []
+    out: list[tuple[Collective, float, float]] = []
     if layout.pp > 1:
         across = stage_q.topology.gpus >= q.topology.per_node
         sent = boundary_bytes(stage_q.micro_batch, stage_q.seq_len, dims.width, layout.tp, element)
         group = Group(2, 2 if across else 1)
         payload = 2 * sent * micro_steps  # activations forward, their gradients back
-        # Steady state hides the sends; the fill and the drain cross every boundary one after another.
-        critical = 2 * pipe.boundaries * sent / _link_bytes_per_s(q.topology, across) * q.grad_accum if timed else 0.0
-        what = f"send activations and gradients between pipeline stages ({'network' if across else 'NVLink'})"
-        out.append((Collective(what, "broadcast", payload, 2 * micro_steps, "backward", group), critical))
+        one = collective_seconds(q.topology, group, "broadcast", sent) if timed else 0.0
+        # The fill and the drain cross every boundary one after another; in the steady state a
+        # schedule that waits on each exchange before its next micro-batch (steady_state_exposed)
+        # adds one send each way to every micro-batch, the others hide them.
+        critical = 2 * pipe.boundaries * one * q.grad_accum
+        steady = 2 * one * micro_steps if pipe.steady_state_exposed else 0.0
+        how = "each micro-batch waits on them" if pipe.steady_state_exposed else "hidden but the fill and drain"
+        what = f"send activations and gradients between pipeline stages ({'network' if across else 'NVLink'}; {how})"
+        sends = Collective(what, "broadcast", payload, 2 * micro_steps, "backward", group, per_micro_step=bool(steady))
+        out.append((sends, critical + steady, steady))
     if cp.size > 1:
         group = _cp_group(q.topology, cp.size, layout.tp)
         if cp.attention == "all-to-all":
@@ -156,7 +163,7 @@ def _traffic(
                 group,
                 per_micro_step=True,
             )
-            out.append((c, seconds))
+            out.append((c, seconds, seconds))
         else:
             passes = (cp.size - 1) * dims.layers
             payload = ring_pass_bytes(dims, tokens, layout.tp, element) * passes * (forwards + 2)
@@ -170,7 +177,7 @@ def _traffic(
                 group,
                 per_micro_step=True,
             )
-            out.append((c, seconds))
+            out.append((c, seconds, seconds))
     return out
 
 
@@ -181,7 +188,7 @@ def _time(
     layout: Layout,
     pipe: Pipeline,
     cp: ContextParallel,
-    traffic: list[tuple[Collective, float]],
+    traffic: list[tuple[Collective, float, float]],
 ) -> StepTime:
     """The stage's step with the bubble, context parallel's attention and the exposed transfers added."""
     assert q.gpu is not None and stage_q.shape.dims is not None
@@ -211,12 +218,12 @@ def _time(
             peak = q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu
             attention_extra = flops * tokens * again / layout.tp / peak
     compute = t.compute_s + attention_extra
-    optimizer = t.work.optimizer_s * scale if t.work is not None else 0.0
+    optimizer = t.work.step_s * scale if t.work is not None else 0.0
     exposed = recurring = 0.0
-    for c, seconds in traffic:
+    for c, seconds, every_micro_batch in traffic:
         if c.window is None or "pipeline" in c.what:
             exposed += seconds
-            recurring += seconds if c.per_micro_step else 0.0
+            recurring += every_micro_batch
         else:  # the ring's passes hide behind the attention they run beside
             attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
             exposed += max(0.0, seconds - attention)
@@ -239,18 +246,21 @@ def _time(
         recurring_comm_s=t.recurring_comm_s + recurring,
         overhead_s=t.overhead_s + bubble,
         overhead_what=what,
-        wire_bytes=t.wire_bytes + sum(c.wire_bytes() for c, _ in traffic),
-        comm_s=t.comm_s + sum(seconds for _, seconds in traffic),
+        wire_bytes=t.wire_bytes + sum(c.wire_bytes() for c, _, _ in traffic),
+        comm_s=t.comm_s + sum(seconds for _, seconds, _ in traffic),
     )
     return replace(timed, tokens_per_s=tokens / timed.step_s)
 
 
-def published_layout(sharding: str, reduce_in_fp32: bool) -> tuple[PlanModel, dict[str, Any]] | str | None:
+def published_layout(
+    sharding: str, reduce_in_fp32: bool, overlap_dp: bool = True
+) -> tuple[PlanModel, dict[str, Any]] | str | None:
     """A published run with pipeline or context parallelism as the PlanModel and options it is
     planned with (fsdp, or fsdp-tp where it names tp=; Megatron-LM's pipeline and context parallelism
-    beside its tensor and data parallelism), or why it is not planned; None where it has neither."""
+    beside its tensor and data parallelism, `overlap_dp` as megatron_layout's), or why it is not
+    planned; None where it has neither."""
     if sharding.lower().startswith("megatron"):
-        return megatron_pipeline_layout(sharding)
+        return megatron_pipeline_layout(sharding, overlap_dp)
     options = published_options(sharding)
     if options is None:
         return None
@@ -260,18 +270,22 @@ def published_layout(sharding: str, reduce_in_fp32: bool) -> tuple[PlanModel, di
     return model, {"sync_each_micro_step": True, **options}
 
 
-def megatron_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]]:
+def megatron_layout(sharding: str, overlap_dp: bool = True) -> tuple[PlanModel, dict[str, Any]]:
     """Megatron-LM's tensor parallel inside a node beside data parallel across (`megatron tp=8 dp=32
     ddp`): its DDP (ddp-tp's model) or its distributed optimizer (zero1-tp's, which reduce-scatters
     the fp32 gradients and all-gathers the updated parameters, Megatron-LM's
-    docs/source/distrib_optimizer.md)."""
+    docs/source/distrib_optimizer.md), on its own buffers (comm.py's `main_grad_buffer`). With
+    `overlap_dp` the gradients' reduction hides behind the backward and the parameters' gather
+    behind the forward (`--overlap-grad-reduce`, `--overlap-param-gather`), else they run after
+    them."""
     tp = int(sharding.split("tp=")[1].split()[0])
     stage = 1 if "distributed_optimizer" in sharding else 0
     model = PlanModel("torch", stage, "low_precision", reshard_after_forward=False, tensor_parallel=True)
-    return model, {"tp_size": tp, "distributed_optimizer": stage == 1}
+    overlap = {"overlap_grad_reduce": overlap_dp, "overlap_param_gather": overlap_dp}
+    return model, {"tp_size": tp, "distributed_optimizer": stage == 1, "main_grad_buffer": True, **overlap}
 
 
-def megatron_pipeline_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]] | None:
+def megatron_pipeline_layout(sharding: str, overlap_dp: bool = True) -> tuple[PlanModel, dict[str, Any]] | None:
     """Megatron-LM's pipeline (`pp=`) and context parallelism (`cp=`) on its tensor and data-parallel
     layout: the model cut into pp_size stages, 1F1B, or its interleaved schedule with `vp=` virtual
     stages a GPU (Narayanan et al. 2021, section 2.2.2), its micro-batches the step's accumulation
@@ -283,7 +297,7 @@ def megatron_pipeline_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]] 
     pp, cp = sizes.get("pp", 1), sizes.get("cp", 1)
     if pp <= 1 and cp <= 1:
         return None
-    model, options = megatron_layout(sharding)
+    model, options = megatron_layout(sharding, overlap_dp)
     if cp > 1:
         model = replace(model, context_parallel_engine=True)
         options = {**options, "cp_size": cp, "cp_attention": "ring"}

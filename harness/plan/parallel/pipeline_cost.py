@@ -78,6 +78,16 @@ class Pipeline:
         return float(min(p, m))
 
     @property
+    def steady_state_exposed(self) -> bool:
+        """Whether each steady-state micro-batch waits on its sends: 1F1B exchanges activations and
+        gradients with its neighbours between a forward and a backward and blocks on them
+        (Megatron-LM's `send_forward_recv_backward`, which refuses `overlap_p2p_comm` outside the
+        interleaved schedule; torch's Schedule1F1B waits on each batched send and receive); GPipe
+        and the looped schedules post them asynchronously and run the next chunk beside them
+        (Megatron-LM's interleaved schedule with `overlap_p2p_comm`, its default)."""
+        return self.stages > 1 and self.schedule == "1f1b"
+
+    @property
     def boundaries(self) -> int:
         """Stage boundaries a micro-batch crosses (the virtual stages wrap round the GPUs)."""
         return self.stages * self.virtual - 1

@@ -81,6 +81,14 @@ RMSNORM_EAGER_BYTES = {2: 36, 4: 28}  # per element forward, by the input's byte
 FP8_CAST_BYTES = 2 + 2 + 1  # the amax's read, the cast's read and its fp8 write
 FP8_WEIGHT_BYTES = FP8_CAST_BYTES + 2  # and the fp8 copy transposed for the backward
 FP8_RECAST_BYTES = 2 + 1  # a cast whose amax was kept
+# TransformerEngine's fp8 (te_fp8=true; TE 1.x's Linear, LayerNormLinear and LayerNormMLP under its
+# DelayedScaling recipe, as Megatron-LM and NeMo run them): the scale comes from earlier steps' amax
+# history, so no cast reads for an amax; each cast writes the fp8 tensor and its transpose, which
+# Hopper's fp8 GEMMs need for the backward (`cast_transpose`). The norm ahead of the attention's and
+# the MLP's first projections and the MLP's activation write their outputs in fp8 themselves
+# (`LayerNormLinear`, `LayerNormMLP`): a byte instead of two, and the transpose's read and write.
+TE_CAST_BYTES = 2 + 1 + 1  # the bf16 read, the fp8 write and its transpose
+TE_FUSED_CAST_BYTES = -1 + 1 + 1  # an fp8 output for a bf16 one, the transpose read and written
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,13 @@ class ComputeWork:
     recompute_s: float  # forward work activation checkpointing runs again (its share of the parts above)
     forward_s: float  # the forward's share of the micro-step (the window forward communication hides in)
     optimizer_s: float  # once per step, not per micro-step
+    # TransformerEngine's fp8 weight casts (te_fp8): once per step, their copy reused by every micro-step.
+    weight_cast_s: float = 0.0
+
+    @property
+    def step_s(self) -> float:
+        """What a step runs once, whatever its micro-steps: the optimizer, TE's weight casts."""
+        return self.optimizer_s + self.weight_cast_s
 
     @property
     def micro_step_s(self) -> float:
@@ -156,6 +171,24 @@ def fp8_cast_bytes(dims: TransformerDims, tokens: int, tp: int, checkpointing: s
     backward = dims.layers * FP8_CAST_BYTES * grads
     again = {"none": 0.0, "full": 1.0, "selective": FP8_RECAST_BYTES / FP8_CAST_BYTES}[checkpointing] * forward
     return forward, backward, again
+
+
+def te_fp8_cast_bytes(
+    dims: TransformerDims, tokens: int, tp: int, checkpointing: str
+) -> tuple[float, float, float, float]:
+    """Bytes TransformerEngine's fp8 casts move (forward, backward, again, and the weights' once per
+    step: Megatron-LM passes `is_first_microbatch`, and TE casts the weights on the first micro-batch
+    and reuses that fp8 copy until the optimizer steps), per GPU of a `tp`-way group (the constants'
+    account): the attention's and the MLP's inputs and the activation fused, the output projection's
+    input and each output's gradient cast on their own."""
+    h, q, f = dims.width, dims.q_width, dims.ffn_width
+    column_outputs = sum(out for out, into in block_projections(dims, tp) if into == h)
+    fused = tokens * (2 * h / tp + f / tp)  # the norms' outputs, the activation's
+    forward = dims.layers * (TE_FUSED_CAST_BYTES * fused + TE_CAST_BYTES * tokens * q / tp)
+    backward = dims.layers * TE_CAST_BYTES * tokens * (column_outputs + 2 * h / tp)
+    weights = TE_CAST_BYTES * dims.layers * sum(out * into for out, into in block_projections(dims, tp))
+    again = forward if checkpointing == "full" else 0.0
+    return forward, backward, again, weights
 
 
 def recomputed(index: int, checkpointing: str) -> bool:
@@ -283,10 +316,12 @@ def compute_work(
     fused_norm: bool = False,
     complex_rope: bool = False,
     qk_norm: bool = False,
+    te_fp8: bool = False,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters; `qk_norm`: an RMSNorm on each head's queries
-    and keys, moving their elements as a norm of the matmuls' dtype does."""
+    and keys, moving their elements as a norm of the matmuls' dtype does; `te_fp8`: fp8 projections
+    cast as TransformerEngine casts them (te_fp8_cast_bytes)."""
     tokens = micro_batch * seq_len
     regime = Regime.of(precision, mixed_precision)
     bandwidth = gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY
@@ -311,13 +346,18 @@ def compute_work(
         norm_f, norm_b = _norm_bytes(rms, Regime(regime.matmul, regime.matmul, False), compiled, fused_norm)
         moved = (dims.q_width + dims.kv_width) * tokens * dims.layers / tp / bandwidth
         elementwise += Kernels(norm_f * moved, norm_b * moved, norm_f * moved if checkpointing != "none" else 0.0)
-    if projections == "fp8":
+    weight_casts = 0.0
+    if projections == "fp8" and te_fp8:
+        *per_micro_step, weight_bytes = te_fp8_cast_bytes(dims, tokens, tp, checkpointing)
+        elementwise += Kernels(*(moved / bandwidth for moved in per_micro_step))
+        weight_casts = weight_bytes / bandwidth
+    elif projections == "fp8":
         elementwise += Kernels(*(moved / bandwidth for moved in fp8_cast_bytes(dims, tokens, tp, checkpointing)))
     loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]
     loss = loss_bytes * tokens * dims.vocab / dims.head_split(tp) / bandwidth
     forward = matmuls.forward + attn.forward + elementwise.forward + loss / 3
     again = matmuls.again + attn.again + elementwise.again
-    return ComputeWork(matmuls.total, attn.total, elementwise.total, loss, again, forward, optimizer)
+    return ComputeWork(matmuls.total, attn.total, elementwise.total, loss, again, forward, optimizer, weight_casts)
 
 
 # Eager kernels per block beside its matmuls' three each: attention's two, and the elementwise

@@ -181,7 +181,7 @@ def step_time(
         if pipelined is not None:
             micro_compute += (pipelined.forward_s + pipelined.backward_s) * factors.compute_scale
             forward_s += pipelined.forward_s * factors.compute_scale
-        step_compute = grad_accum * micro_compute + work.optimizer_s * factors.compute_scale
+        step_compute = grad_accum * micro_compute + work.step_s * factors.compute_scale
     else:
         assert fixed_compute_s is not None
         micro_compute, forward_s = fixed_compute_s, fixed_compute_s / 3

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from harness.plan.network.fabric import collective_seconds
 from harness.plan.parallel.backends import backend_of, filled_in
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout, published_options
@@ -117,7 +118,11 @@ def test_the_bubble_idles_each_micro_batchs_tensor_parallel_collectives_with_its
     # The stage's tensor-parallel collectives run in every micro-batch's critical path.
     tp = [c for c in one_f.collectives if c.what.startswith("tensor-parallel")]
     per_step = sum(c.seconds(q.topology, 1.0) for c in tp) * 8
-    assert t.recurring_comm_s == pytest.approx(per_step) and per_step > 0
+    # 1F1B waits on its exchange with each neighbour: one send each way per micro-batch.
+    sends = next(c for c in one_f.collectives if "pipeline stages" in c.what)
+    one_send = collective_seconds(q.topology, sends.group, "broadcast", sends.payload_bytes / sends.calls)
+    assert sends.per_micro_step and one_send > 0
+    assert t.recurring_comm_s == pytest.approx(per_step + 2 * 8 * one_send) and per_step > 0
     # The stage runs FSDP without resharding (pipeline_context.py), its backend's work each micro-batch.
     backend = overhead_per_micro_step(replace(one_f.backend, reshard_after_forward=False), q.factors) * 8
     work = t.compute_s - t.work.optimizer_s * q.factors.compute_scale + t.recurring_comm_s
@@ -167,10 +172,15 @@ def test_published_layouts_read_as_options() -> None:
     assert options == {
         "tp_size": 4,
         "distributed_optimizer": True,
+        "main_grad_buffer": True,
+        "overlap_grad_reduce": True,
+        "overlap_param_gather": True,
         "pp_size": 8,
         "schedule": "interleaved-1f1b",
         "virtual_stages": 6,
     }
+    _, exposed = published_layout("megatron tp=4 pp=8 dp=4 distributed_optimizer", True, overlap_dp=False)
+    assert not exposed["overlap_grad_reduce"] and not exposed["overlap_param_gather"]
     assert published_layout("megatron tp=8 pp=2 dp=32 ddp", True)[1]["schedule"] == "1f1b"
     megatron_cp, options = published_layout("megatron tp=4 pp=4 vp=5 cp=2 dp=2 distributed_optimizer", True)
     assert megatron_cp.context_parallel_engine and megatron_cp.pipeline_engine
@@ -267,3 +277,20 @@ def test_deepspeeds_pipeline_engine_is_planned_with_its_one_schedule() -> None:
     assert any(p.layout.pp > 1 for p in found) and all(p.layout.cp == 1 for p in found)
     assert {p.backend.options.get("schedule") for p in found if p.layout.pp > 1} == {"1f1b"}
     assert not any("schedule" in s.options for s in searched)  # the name fixes it: a run refuses it set
+
+
+def test_megatron_copies_nothing_per_micro_step_and_exposes_what_it_does_not_overlap() -> None:
+    """Megatron-LM's own buffers: no per-micro-step copies of parameters or gradients, so its
+    micro-steps are shorter than replicate's; without its overlap flags the distributed
+    optimizer's reduce-scatter and gather run after the compute."""
+    q, _ = _plan()
+    plans = {}
+    for overlap in (True, False):
+        model, options = megatron_layout("megatron tp=2 dp=8 distributed_optimizer", overlap)
+        backend = filled_in(backend_of(model, "megatron", options), q.shape, "bf16", q.gpus, options)
+        plans[overlap] = plan_backend(backend, q)
+    replicate = plan_strategy("zero1-tp", replace(q, strategy_options={"tp_size": 2}))
+    assert plans[True].time.work.elementwise_s < replicate.time.work.elementwise_s
+    windows = {c.what: c.window for c in plans[False].collectives if "updated" in c.what or "gradients" in c.what}
+    assert windows == {"reduce-scatter gradients": None, "all-gather updated parameters": None}
+    assert plans[False].time.exposed_comm_s > plans[True].time.exposed_comm_s
