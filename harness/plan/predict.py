@@ -149,6 +149,7 @@ class StrategyPlan:
                 "exposed_comm_s": t.exposed_comm_s,
                 "offload_step_s": t.offload_step_s,
                 "overhead_s": t.overhead_s,
+                "bubble_s": t.bubble_s,
                 "contention_s": t.contention_s,
                 "overhead_what": t.overhead_what,
                 "comm_s": t.comm_s,
@@ -403,13 +404,18 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
     """The plans of `names`, and the strategies that cannot lay this question out, with why (a
     tp_size that does not divide the heads, a global batch that does not split): a strategy the
     user asked for raises that one-line error; one planned by default is left out and listed."""
+    from harness.plan.parallel.pipeline_default import fewest_stages, takes_default_pipeline
+
     plans: list[StrategyPlan] = []
     not_planned: dict[str, str] = {}
     for name in names:
         try:
-            plans.append(plan_strategy(name, q))
+            plan = plan_strategy(name, q)
         except LayoutError as exc:
             if asked:
                 raise
             not_planned[name] = str(exc)
+            continue
+        # A tensor-parallel layout too large without a pipeline takes the fewest stages that fit it.
+        plans.append((fewest_stages(plan, q) or plan) if takes_default_pipeline(plan, q) else plan)
     return plans, not_planned

@@ -48,11 +48,14 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
         "offload": t.offload_step_s - b.offload_step_s,
         "comm": t.exposed_comm_s - b.exposed_comm_s,
         "overhead": t.overhead_s - b.overhead_s,
+        "bubble": t.bubble_s - b.bubble_s,
         "compute": t.compute_s - b.compute_s,
     }
     largest = max(parts, key=lambda k: parts[k])
     if parts[largest] <= 0:
         return "more work per token"
+    if largest == "bubble":
+        return f"{t.bubble_s * 1e3:.0f} ms per step of the pipeline's bubble ({t.bubble_what})"
     if largest == "offload":
         return f"{t.offload_step_s * 1e3:.0f} ms per step in the CPU optimizer step and host copies"
     if largest == "overhead":

@@ -232,20 +232,19 @@ def _time(
     # communication in each one's critical path (tensor parallelism's, context parallelism's).
     bubble = pipe.bubble * (compute - optimizer + t.recurring_comm_s + recurring)
     tokens = t.tokens_per_s * t.step_s
-    what = t.overhead_what
-    if layout.pp > 1:
-        bubble_what = (
-            f"the pipeline's bubble ({pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "
-            f"{pipe.bubble:.0%} of the micro-batches' work idle)"
-        )
-        what = f"{bubble_what} and {what}" if what else bubble_what
+    bubble_what = (
+        f"{pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "
+        f"{pipe.bubble:.0%} of the micro-batches' work idle"
+        if layout.pp > 1
+        else ""
+    )
     timed = replace(
         t,
         compute_s=compute,
         exposed_comm_s=t.exposed_comm_s + exposed,
         recurring_comm_s=t.recurring_comm_s + recurring,
-        overhead_s=t.overhead_s + bubble,
-        overhead_what=what,
+        bubble_s=bubble,
+        bubble_what=bubble_what,
         wire_bytes=t.wire_bytes + sum(c.wire_bytes() for c, _, _ in traffic),
         comm_s=t.comm_s + sum(seconds for _, seconds, _ in traffic),
     )

@@ -187,6 +187,7 @@ TERMS = {
     "optimizer": "optimizer step",
     "host step": "host optimizer step and copies",
     "overhead": "backend's own work",
+    "bubble": "the pipeline's bubble",
     "compute": "compute",
 }
 
@@ -204,6 +205,7 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
         "optimizer": optimizer,
         "host step": t.offload_step_s,
         "overhead": t.overhead_s,
+        "bubble": t.bubble_s,
         "compute": t.compute_s - recompute - optimizer,
     }
 
@@ -255,6 +257,8 @@ def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
         detail = _slowest_collective(s)
     elif term == "overhead" and s.plan.time and s.plan.time.overhead_what:
         detail = f" ({s.plan.time.overhead_what})"
+    elif term == "bubble" and s.plan.time:
+        detail = f" ({s.plan.time.bubble_what})"
     elif term == "recompute":
         detail = f" (checkpointing {s.checkpointing} against {best.checkpointing})"
     elif term == "compute":

@@ -82,10 +82,21 @@ class StepTime:
     # Of exposed_comm_s, what every micro-step runs in its critical path (tensor parallelism's
     # collectives, async TP's unhidden copies, DataParallel's): part of each micro-step's length.
     recurring_comm_s: float = 0.0
+    # A pipeline's stages idle in its fill and drain (parallel/pipeline_context.py); bubble_what: its
+    # schedule, stages and micro-batches.
+    bubble_s: float = 0.0
+    bubble_what: str = ""
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.contention_s + self.exposed_comm_s + self.offload_step_s + self.overhead_s
+        return (
+            self.compute_s
+            + self.contention_s
+            + self.exposed_comm_s
+            + self.offload_step_s
+            + self.overhead_s
+            + self.bubble_s
+        )
 
     @property
     def efficiency(self) -> float:

@@ -13,8 +13,9 @@ from harness.plan.parallel.backends import backend_of, filled_in
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout, published_options
 from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
+from harness.plan.parallel.pipeline_default import pipeline_line
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
-from harness.plan.predict import plan_backend, plan_strategy
+from harness.plan.predict import plan_all, plan_backend, plan_strategy
 from harness.plan.search.layout_search import search, why_slower
 from harness.plan.search.search_cli import search_question
 from harness.plan.speed.step_time import overhead_per_micro_step
@@ -108,7 +109,7 @@ def test_boundary_traffic_on_the_right_link() -> None:
 def test_interleaving_halves_the_bubble_on_the_step() -> None:
     _, one_f = _plan(tp_size=2, pp_size=4, schedule="1f1b", microbatches=8)
     _, inter = _plan(tp_size=2, pp_size=4, schedule="interleaved-1f1b", microbatches=8)
-    assert "bubble" in one_f.time.overhead_what
+    assert one_f.time.bubble_s > inter.time.bubble_s > 0 and "4 stages" in one_f.time.bubble_what
     assert inter.time.tokens_per_s > one_f.time.tokens_per_s
 
 
@@ -126,7 +127,8 @@ def test_the_bubble_idles_each_micro_batchs_tensor_parallel_collectives_with_its
     # The stage runs FSDP without resharding (pipeline_context.py), its backend's work each micro-batch.
     backend = overhead_per_micro_step(replace(one_f.backend, reshard_after_forward=False), q.factors) * 8
     work = t.compute_s - t.work.optimizer_s * q.factors.compute_scale + t.recurring_comm_s
-    assert t.overhead_s - backend == pytest.approx(Pipeline(4, 8, "1f1b").bubble * work)
+    assert t.overhead_s == pytest.approx(backend)
+    assert t.bubble_s == pytest.approx(Pipeline(4, 8, "1f1b").bubble * work)
 
 
 def test_context_parallel_splits_activations_and_shards_over_dp_and_cp() -> None:
@@ -241,15 +243,15 @@ def test_405b_on_1024_h100_ranks_pipelines_against_zero3() -> None:
     loser = pipelined[0] if pipelined[0] is not best else next(s for s in result.ranked if s.strategy == "zero3")
     reason = why_slower(loser, best, q.factors.compute_scale).describe()
     assert "slower" in reason
-    if loser.plan.layout.pp > 1 and "backend's own work" in reason:
-        assert "bubble" in reason
+    if loser.plan.layout.pp > 1 and "bubble" in reason:
+        assert "stages" in reason and "micro-batches" in reason
 
 
 def test_registered_fsdp_pp_and_fsdp_cp_are_priced_with_their_meshes_defaults() -> None:
     cfg = PlanConfig(**SMALL_LLAMA, gpus=16, gpus_per_node=8, seq_len=4096, micro_batch=4)
     q = question(cfg)
     pipelined, context = plan_strategy("fsdp-pp", q), plan_strategy("fsdp-cp", q)
-    assert pipelined.layout.pp == 2 and "bubble" in pipelined.time.overhead_what  # a stage per node
+    assert pipelined.layout.pp == 2 and pipelined.time.bubble_s > 0  # a stage per node
     assert context.layout.cp == 8 and context.layout.data_parallel == 2  # a node's GPUs
 
 
@@ -257,7 +259,7 @@ def test_deepspeeds_pipeline_engine_is_planned_with_its_one_schedule() -> None:
     cfg = PlanConfig(**SMALL_LLAMA, gpus=16, gpus_per_node=8, seq_len=4096, micro_batch=4)
     q = question(cfg)
     pipelined, flat = plan_strategy("zero1-pp", q), plan_strategy("zero1", q)
-    assert pipelined.layout.pp == 2 and pipelined.layout.cp == 1 and "bubble" in pipelined.time.overhead_what
+    assert pipelined.layout.pp == 2 and pipelined.layout.cp == 1 and pipelined.time.bubble_s > 0
     assert pipelined.peak_bytes < flat.peak_bytes  # half the layers' weights and gradients per stage
     _, zero1 = _plan("zero1", pp_size=2)
     assert zero1.layout.pp == 1  # plain ZeRO-1 takes no stages
@@ -294,3 +296,38 @@ def test_megatron_copies_nothing_per_micro_step_and_exposes_what_it_does_not_ove
     windows = {c.what: c.window for c in plans[False].collectives if "updated" in c.what or "gradients" in c.what}
     assert windows == {"reduce-scatter gradients": None, "all-gather updated parameters": None}
     assert plans[False].time.exposed_comm_s > plans[True].time.exposed_comm_s
+
+
+def test_fsdp_pp_takes_a_stage_per_node_but_never_more_stages_than_blocks() -> None:
+    cfg = PlanConfig(**SMALL_LLAMA, gpus=128, gpus_per_node=8, seq_len=4096, micro_batch=8)
+    pipelined = plan_strategy("fsdp-pp", question(cfg))
+    assert pipelined.layout.pp == 8  # 16 nodes, 8 blocks: the most stages the blocks allow that divide 128
+
+
+def test_the_default_plan_gives_a_layout_too_large_without_stages_the_fewest_that_fit() -> None:
+    """Megatron's rule (tensor parallel in the node, then the fewest pipeline stages that fit):
+    405B under ddp-tp does not fit on 1,024 H100s without a pipeline; the default plan lays it over
+    the fewest stages that fit, its accumulation as the pipeline's micro-batches."""
+    cfg = PlanConfig(
+        model="llama3.1-405b",
+        gpus=1024,
+        seq_len=8192,
+        batch_size=2048,
+        micro_batch=1,
+        activation_checkpointing="full",
+        strategies=["zero1-tp"],
+        strategy_options={"tp_size": 8},
+    )
+    q = question(cfg)
+    flat = plan_strategy("zero1-tp", q)
+    (plan,), _ = plan_all(["zero1-tp"], q)
+    assert flat.fits is False and plan.fits and plan.layout.pp > 1
+    options = plan.backend.options
+    assert options["microbatches"] == 2048 // plan.layout.data_parallel  # one sequence each, one schedule a step
+    fewer = [d for d in range(2, plan.layout.pp) if (1024 // 8) % d == 0]
+    for stages in fewer:
+        smaller = plan_strategy("zero1-tp", replace(q, strategy_options={"tp_size": 8, "pp_size": stages}))
+        assert smaller.fits is False
+    line = pipeline_line(plan, q)
+    assert line and f"{plan.layout.pp} stages" in line
+    assert plan_all(["zero1-tp"], replace(q, strategy_options={"tp_size": 8, "pp_size": 1}))[0][0].layout.pp == 1

@@ -1,0 +1,100 @@
+"""The pipeline a tensor-parallel layout takes in the default plan when it does not fit without one,
+as Megatron-LM's authors lay out large models (Narayanan et al. 2021, arXiv 2104.04473, section 3.3,
+takeaways 1 and 2): tensor parallel inside a node, then the fewest pipeline stages with which the
+model states and activations fit, data parallel over the rest.
+
+The stages are divisors of the GPUs left by tensor parallelism, at most the model's blocks. The
+step's accumulation becomes the pipeline's micro-batches, one schedule a step (Megatron-LM's
+`num_microbatches`): each data-parallel rank's micro-batches of `micro_batch` sequences, or where
+they are fewer than the stages, one sequence each. Both 1F1B and the interleaved schedule (two
+stages a GPU, where the micro-batches are a multiple of the stages) are planned, the faster kept.
+A layout the user gave `pp_size` keeps it; one that fits without a pipeline takes none.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from harness.plan.parallel.backends import backend_for
+from harness.plan.parallel.layout import LayoutError, layout_of, pipelines
+from harness.plan.parallel.pipeline_cost import LOOPED
+from harness.plan.predict import Question, StrategyPlan, batching, plan_backend, storage_precision
+
+SCHEDULES = ("1f1b", "interleaved-1f1b")
+VIRTUAL_STAGES = 2
+
+
+def takes_default_pipeline(plan: StrategyPlan, q: Question) -> bool:
+    """Whether `plan` is a tensor-parallel layout without a pipeline that does not fit, and the user
+    left its stages to the plan."""
+    backend = plan.backend
+    return (
+        plan.fits is False
+        and backend.tensor_parallel
+        and pipelines(backend)
+        and not backend.pipeline_engine
+        and plan.layout.pp == 1
+        and "pp_size" not in q.strategy_options
+    )
+
+
+def _pipelined(name: str, q: Question, stages: int, schedule: str) -> StrategyPlan | None:
+    """`name` over `stages` pipeline stages under `schedule`, its accumulation as the micro-batches."""
+    options = {**q.strategy_options, "pp_size": stages}
+    precision = storage_precision(q.precision)
+    backend = backend_for(name, q.shape, precision, q.gpus, options)
+    micro_batch, accumulation = batching(q, layout_of(backend, q.shape, q.topology))
+    local = micro_batch * accumulation
+    microbatches = accumulation if accumulation >= stages else local
+    if schedule in LOOPED and microbatches % stages:
+        return None
+    options |= {"schedule": schedule, "microbatches": microbatches}
+    if schedule in LOOPED:
+        options["virtual_stages"] = VIRTUAL_STAGES
+    backend = backend_for(name, q.shape, precision, q.gpus, options)
+    asked = replace(
+        q,
+        strategy_options=options,
+        micro_batch=local,
+        grad_accum=1,
+        global_batch=None,
+        split_global_batch=False,
+        nearest_split=False,
+    )
+    return plan_backend(backend, asked)
+
+
+def fewest_stages(plan: StrategyPlan, q: Question) -> StrategyPlan | None:
+    """`plan`'s layout over the fewest pipeline stages with which it fits (the module's account),
+    the faster schedule of those planned; None where no count of stages makes it fit."""
+    dims = q.shape.dims
+    if dims is None:
+        return None
+    ranks = q.gpus // plan.layout.tp
+    for stages in (d for d in range(2, min(ranks, dims.layers) + 1) if ranks % d == 0):
+        fitting = []
+        for schedule in SCHEDULES:
+            try:
+                p = _pipelined(plan.name, q, stages, schedule)
+            except LayoutError:
+                continue
+            if p is not None and p.fits:
+                fitting.append(p)
+        if fitting:
+            return max(fitting, key=lambda p: p.time.tokens_per_s if p.time else 0.0)
+    return None
+
+
+def pipeline_line(plan: StrategyPlan, q: Question) -> str | None:
+    """What the default plan chose for a layout it gave a pipeline, in words; None for the others."""
+    options = plan.backend.options
+    if plan.layout.pp <= 1 or "pp_size" in q.strategy_options or not plan.backend.tensor_parallel:
+        return None
+    schedule = options.get("schedule", "1f1b")
+    virtual = f" x {options['virtual_stages']} virtual stages" if schedule in LOOPED else ""
+    return (
+        f"{plan.name} as a pipeline of {plan.layout.pp} stages{virtual} ({schedule}, {options.get('microbatches')} "
+        f"micro-batches a step): it does not fit without one, and this is the fewest stages with which it does "
+        "(tensor parallel inside a node, then pipeline stages until the model fits: Narayanan et al. 2021, "
+        "takeaways 1 and 2); strategy_options.pp_size= sets them."
+    )
