@@ -61,6 +61,14 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
     if largest == "overhead":
         return f"{t.overhead_s * 1e3:.0f} ms per step of {t.overhead_what or 'the backend own work'}"
     if largest == "comm":
+        every = t.recurring_comm_s - b.recurring_comm_s
+        across = tensor_parallel_across_nodes(p.collectives)
+        if every > parts["comm"] / 2:  # mostly what each micro-step waits on: tensor parallelism's, the pipeline's
+            return (
+                f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication no compute hides, "
+                f"{t.recurring_comm_s * 1e3:.0f} ms of it in every micro-batch's critical path "
+                f"({_per_micro_step_collectives(p)}{'; ' + across if across else ''})"
+            )
         # Across the most nodes first (a node's network is several times slower than its links), then the most bytes.
         slowest = max(
             (c for c in p.collectives if c.kind != "host-copy"),
@@ -73,10 +81,21 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
             if slowest
             else ""
         )
-        across = tensor_parallel_across_nodes(p.collectives)
         where += f"; {across}" if across else ""
         return f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication no compute hides{where}"
-    return f"{t.compute_s * 1e3:.0f} ms of compute per step against {b.compute_s * 1e3:.0f} ms"
+    uneven = (
+        f", {t.imbalance_s * 1e3:.0f} ms of it the fullest pipeline stage's beyond an even share (the head and "
+        "loss, blocks that do not divide evenly), which the other stages wait out"
+        if t.imbalance_s > (t.compute_s - b.compute_s) / 4
+        else ""
+    )
+    return f"{t.compute_s * 1e3:.0f} ms of compute per step against {b.compute_s * 1e3:.0f} ms{uneven}"
+
+
+def _per_micro_step_collectives(p: StrategyPlan) -> str:
+    """The collectives every micro-step waits on, in words."""
+    names = [c.what for c in p.collectives if c.per_micro_step and (c.window is None or "pipeline" in c.what)]
+    return "; ".join(dict.fromkeys(names)) or "the per-micro-step collectives"
 
 
 def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:

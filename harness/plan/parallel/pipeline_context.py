@@ -32,6 +32,7 @@ from harness.plan.parallel.context_parallel_cost import (
 from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
 from harness.plan.predict import Question, StrategyPlan, communicators, plan_backend, storage_precision
+from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.step_time import StepTime
 from strategies.plan_model import PlanModel
 
@@ -219,6 +220,7 @@ def _time(
             attention_extra = flops * tokens * again / layout.tp / peak
     compute = t.compute_s + attention_extra
     optimizer = t.work.step_s * scale if t.work is not None else 0.0
+    uneven = _imbalance(t, q, stage_q, layout, pipe) * scale
     exposed = recurring = 0.0
     for c, seconds, every_micro_batch in traffic:
         if c.window is None or "pipeline" in c.what:
@@ -245,10 +247,31 @@ def _time(
         recurring_comm_s=t.recurring_comm_s + recurring,
         bubble_s=bubble,
         bubble_what=bubble_what,
+        imbalance_s=uneven,
         wire_bytes=t.wire_bytes + sum(c.wire_bytes() for c, _, _ in traffic),
         comm_s=t.comm_s + sum(seconds for _, seconds, _ in traffic),
     )
     return replace(timed, tokens_per_s=tokens / timed.step_s)
+
+
+def _imbalance(t: StepTime, q: Question, stage_q: Question, layout: Layout, pipe: Pipeline) -> float:
+    """Unscaled seconds a step of the stage planned (the fullest: its blocks, the head and the loss)
+    computes beyond an even share of the model's work: each micro-batch waits on the slowest stage,
+    so the others idle that long. The head's matmuls and the loss, less their share over the stages,
+    and the blocks the fullest stage holds beyond the mean."""
+    dims, whole = stage_q.shape.dims, q.shape.dims
+    if layout.pp <= 1 or t.work is None or q.gpu is None or dims is None or whole is None:
+        return 0.0
+    tokens = stage_q.micro_batch * stage_q.seq_len
+    out = dims.vocab // dims.head_split(layout.tp)
+    held = storage_precision(q.precision)
+    head = t.work.loss_s + sum(
+        gemm_seconds(m, n, k, q.gpu, held)
+        for m, n, k in ((tokens, out, dims.width), (tokens, dims.width, out), (out, dims.width, tokens))
+    )
+    block = max(0.0, t.work.micro_step_s - head) / dims.layers
+    extra_blocks = dims.layers - whole.layers / pipe.stages
+    return stage_q.grad_accum * (head * (1 - 1 / pipe.stages) + block * extra_blocks)
 
 
 def published_layout(

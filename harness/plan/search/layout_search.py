@@ -22,7 +22,7 @@ from harness.plan.parallel.backends import backend_for, model_of
 from harness.plan.parallel.layout import LayoutError, layout_of
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision
 from harness.plan.recommendation import CHECKPOINTING_ORDER
-from harness.plan.search.search_space import batch_splits, layout_options
+from harness.plan.search.search_space import batch_splits, layout_options, pipeline_splits
 
 TOP = 10
 SAME = 1e-3  # layouts this close in speed and memory are the same plan
@@ -156,23 +156,30 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
             except LayoutError as exc:
                 not_laid_out[str(exc)] += 1
                 continue
-            splits = batch_splits(global_batch, layout.data_parallel)
+            if layout.pp > 1:
+                schedule = str(backend.options.get("schedule") or "1f1b")
+                microbatches = fixed.get("microbatches")
+                pipelined = pipeline_splits(global_batch, layout.data_parallel, layout.pp, schedule, microbatches)
+                splits = [(split, {**sizes, "microbatches": m}) for split, m in pipelined]
+            else:
+                splits = [(split, sizes) for split in batch_splits(global_batch, layout.data_parallel)]
             if not splits:
                 not_laid_out[
                     f"the batch of {global_batch} sequences does not divide over {layout.data_parallel} "
-                    "data-parallel ranks"
+                    "data-parallel ranks" + (f" into micro-batches for {layout.pp} stages" if layout.pp > 1 else "")
                 ] += 1
                 continue
-            for split in splits:
+            for split, laid in splits:
+                split_backend = replace(backend, options={**backend.options, **laid})
                 for mode in CHECKPOINTING_ORDER:
-                    asked = layout_question(q, options, split.micro_batch, split.grad_accum, mode)
+                    asked = layout_question(q, {**fixed, **laid}, split.micro_batch, split.grad_accum, mode)
                     try:
-                        plan = plan_backend(backend, asked)
+                        plan = plan_backend(split_backend, asked)
                     except LayoutError as exc:
                         not_laid_out[str(exc)] += 1
                         continue
                     found = Searched(
-                        sizes, split.micro_batch, split.grad_accum, mode, plan, q.gpus, peak_flops, flops_per_token
+                        laid, split.micro_batch, split.grad_accum, mode, plan, q.gpus, peak_flops, flops_per_token
                     )
                     (too_large if plan.fits is False else fitting).append(found)
     fitting.sort(key=lambda s: (-s.tokens_per_s_per_gpu, s.peak_bytes))
@@ -210,7 +217,13 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
     }
 
 
-def _slowest_collective(s: Searched) -> str:
+def _slowest_collective(s: Searched, best: Searched) -> str:
+    t, b = s.plan.time, best.plan.time
+    assert t is not None and b is not None
+    every = t.recurring_comm_s - b.recurring_comm_s
+    if every > (t.exposed_comm_s - b.exposed_comm_s) / 2:  # mostly what each micro-step waits on
+        names = [c.what for c in s.plan.collectives if c.per_micro_step and (c.window is None or "pipeline" in c.what)]
+        return f" ({t.recurring_comm_s * 1e3:.0f} ms in every micro-batch's path: {'; '.join(dict.fromkeys(names))})"
     comms = [c for c in s.plan.collectives if c.kind != "host-copy"]
     if not comms:
         return ""
@@ -254,7 +267,7 @@ def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
         return Loss(slower, None, 0.0)
     detail = ""
     if term == "exposed comm":
-        detail = _slowest_collective(s)
+        detail = _slowest_collective(s, best)
     elif term == "overhead" and s.plan.time and s.plan.time.overhead_what:
         detail = f" ({s.plan.time.overhead_what})"
     elif term == "bubble" and s.plan.time:
@@ -263,6 +276,11 @@ def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
         detail = f" (checkpointing {s.checkpointing} against {best.checkpointing})"
     elif term == "compute":
         detail = f" ({_shape(s)} against {_shape(best)})"
+        if s.plan.time and s.plan.time.imbalance_s > extra[term] / 4:
+            detail = (
+                f" ({s.plan.time.imbalance_s * 1e3:.0f} ms of it the fullest pipeline stage's beyond an even share: "
+                "the head and loss, uneven blocks)"
+            )
         if s.micro_batch < best.micro_batch and s.plan.layout.tp == best.plan.layout.tp:
             return Loss(slower, "micro-batch", extra[term], detail)
     return Loss(slower, term, extra[term], detail)

@@ -24,7 +24,6 @@ from harness.plan.parallel.layout import pipelines, splits_model
 MAX_PIPELINE_STAGES = 16
 LONG_SEQUENCE = 16384
 SEARCHED_SCHEDULES = ("1f1b", "interleaved-1f1b")
-MICROBATCHES_PER_STAGE = (1, 2, 4)  # pipeline micro-batches searched, in multiples of the stages
 TOKEN_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}  # 4M tokens: 4,194,304, as runs state it
 
 
@@ -72,10 +71,9 @@ def _split_sizes(
     backend: Backend, ranks: int, fixed: dict[str, Any], layers: int | None, seq_len: int | None
 ) -> list[dict[str, Any]]:
     """Pipeline and context-parallel sizes (with the schedules searched) over `ranks` GPUs, for a
-    strategy that takes them (layout.pipelines, layout.splits_model): pp up to MAX_PIPELINE_STAGES and the model's
-    blocks, each with SEARCHED_SCHEDULES and MICROBATCHES_PER_STAGE x pp micro-batches (a split whose
-    local batch they do not divide is not laid out), cp where the sequence is LONG_SEQUENCE tokens
-    or more and splits evenly; [{}] for none."""
+    strategy that takes them (layout.pipelines, layout.splits_model): pp up to MAX_PIPELINE_STAGES and
+    the model's blocks, each with SEARCHED_SCHEDULES (its micro-batches are pipeline_splits'), cp
+    where the sequence is LONG_SEQUENCE tokens or more and splits evenly; [{}] for none."""
     if not pipelines(backend) or layers is None or seq_len is None:
         return [{}]
     pps = [1] + [p for p in _sizes(fixed, "pp_size", divisors(ranks)) if p <= min(layers, MAX_PIPELINE_STAGES)]
@@ -91,11 +89,25 @@ def _split_sizes(
             if pp == 1:
                 out.append(split)
                 continue
-            counts = [fixed["microbatches"]] if fixed.get("microbatches") else [pp * k for k in MICROBATCHES_PER_STAGE]
             # DeepSpeed's engine has its schedule fixed by the name: a layout that set it would be refused.
             named = [{}] if backend.pipeline_engine else [{"schedule": s} for s in schedules]
-            out += [split | schedule | {"microbatches": m} for schedule in named for m in counts]
+            out += [split | schedule for schedule in named]
     return out
+
+
+def pipeline_splits(
+    global_batch: int, data_parallel: int, stages: int, schedule: str, fixed: int | None = None
+) -> list[tuple[BatchSplit, int]]:
+    """How a pipelined layout makes `global_batch` sequences over `data_parallel` ranks: each rank's
+    whole share in one schedule a step (Megatron-LM's: the accumulation is the pipeline's
+    micro-batches, one flush a step), cut into every count of micro-batches that divides it and is
+    at least the stages (a multiple of them for the looped schedules); `fixed` where the user gave it."""
+    per_rank, rem = divmod(global_batch, data_parallel)
+    if rem or not per_rank:
+        return []
+    looped = schedule in ("interleaved-1f1b", "zero-bubble")
+    counts = [fixed] if fixed else [m for m in divisors(per_rank) if m >= stages and not (looped and m % stages)]
+    return [(BatchSplit(per_rank, 1), m) for m in counts if per_rank % m == 0]
 
 
 def layout_options(

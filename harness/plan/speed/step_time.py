@@ -86,6 +86,9 @@ class StepTime:
     # schedule, stages and micro-batches.
     bubble_s: float = 0.0
     bubble_what: str = ""
+    # Of compute_s, what a pipeline's fullest stage computes beyond an even share (its head and loss,
+    # blocks that do not divide evenly), which every other stage waits out.
+    imbalance_s: float = 0.0
 
     @property
     def step_s(self) -> float:
