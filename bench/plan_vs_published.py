@@ -249,6 +249,13 @@ def _fused_elementwise(row: dict[str, str]) -> bool:
     return row["compile"].strip().lower() in ("true", "yes", "1") or "TransformerEngine" in row["notes"]
 
 
+def _fused_norm(row: dict[str, str]) -> bool:
+    """torchtitan's Triton RMSNorm where its config chose it; Megatron-LM's norms are always fused
+    kernels (TransformerEngine's, or Apex's FusedLayerNorm without it), saving the input and its
+    statistics only."""
+    return "norm_type fused_rmsnorm" in row["notes"] or row["sharding"].lower().startswith("megatron")
+
+
 def _precision(row: dict[str, str]) -> str:
     """The plan's precision for the row, or why it has none: float8 (torchao's) and fp8
     (Transformer Engine's) runs are planned as tensorwise-scaled fp8 projections."""
@@ -357,7 +364,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         factors=default_factors(),
         checkpointing=_checkpointing(row["activation_checkpointing"]),
         fused_loss=_fused_loss(row),
-        fused_norm="norm_type fused_rmsnorm" in row["notes"],  # torchtitan's Triton RMSNorm, as its config chose
+        fused_norm=_fused_norm(row),
         complex_rope=row["source"].startswith("pytorch/torchtitan"),  # its apply_rotary_emb: view_as_complex
         attention=_attention(row),
         compiled=_fused_elementwise(row),

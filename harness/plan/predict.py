@@ -20,7 +20,13 @@ from harness.plan.memory.recipe_plan import FRAGMENTATION, recipe_collectives, w
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.network.comm import Collective, collectives, local_copy_bytes
 from harness.plan.network.fabric import Topology
-from harness.plan.parallel.async_tp_cost import AsyncTensorParallel, async_tp_cost, async_tp_of, fused_collectives
+from harness.plan.parallel.async_tp_cost import (
+    MEGATRON_ENGINE,
+    AsyncTensorParallel,
+    async_tp_cost,
+    async_tp_of,
+    fused_collectives,
+)
 from harness.plan.parallel.backends import Backend, backend_for
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
@@ -283,6 +289,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         qk_norm=q.recipe.qk_norm,
         offload=q.recipe.activation_offload,
         fp8_inputs=q.recipe.fp8_saved_inputs,
+        megatron=bool(backend.options.get(MEGATRON_ENGINE)),
     )
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
     if acts is not None and q.recipe.fragmentation:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from harness.plan.memory.model_states import BYTES, compute_bytes
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.network.fabric import Group, Topology, collective_seconds
-from harness.plan.parallel.async_tp_cost import fused_collectives
+from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE, fused_collectives
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.layout import Layout
 
@@ -109,6 +109,7 @@ def _tensor_parallel(
     checkpointing: str,
     fp8: bool = False,
     async_tp: bool = False,
+    megatron: bool = False,
 ) -> list[Collective]:
     """Per block, forward: all-gather the sequence-sharded input of the attention and of the MLP,
     reduce-scatter their outputs; the backward mirrors them, and checkpointing repeats the
@@ -116,7 +117,12 @@ def _tensor_parallel(
     (torchao's float8 tensor parallel: the inputs cast before the forward's gathers, the outputs'
     gradients before the backward's) the blocks' all-gathers carry fp8; the reduce-scatters stay
     in `precision`. Under async TP those fused with matmuls (async_tp_cost.fused_collectives) are
-    PIPELINED, the rest exposed as before."""
+    PIPELINED, the rest exposed as before. Megatron-LM's engine (`megatron`) gathers the attention's
+    and the MLP's inputs again in the backward, for their weight gradients (it keeps their shards:
+    activations.py); under TransformerEngine's `tp_comm_overlap` (`async_tp` there) its
+    userbuffers pipeline the same collectives with their GEMMs as async TP's pass does (split
+    GEMMs beside ring-exchanged shards), and run the rest beside the backward's other GEMMs (its
+    bulk overlaps): those hide behind the backward."""
     if layout.tp <= 1 or shape.dims is None:
         return []
     element = tokens * shape.dims.width
@@ -126,6 +132,8 @@ def _tensor_parallel(
     out = []
     for kind in ("all-gather", "reduce-scatter"):
         blocks = 2 * (2 + TP_RECOMPUTED[checkpointing][kind]) * layers
+        if megatron and kind == "all-gather":
+            blocks += 2 * layers  # the saved shards gathered again for the weight gradients
         block_bytes = 1 if fp8 and kind == "all-gather" else held
         payload = element * (blocks * block_bytes + 2 * held)
         mine = [f for f in fused if f.kind == kind]
@@ -133,9 +141,10 @@ def _tensor_parallel(
         calls = layers * len(mine)
         what = f"tensor-parallel {kind} of activations"
         if mine:
+            how = "userbuffers' tp_comm_overlap" if megatron else "async TP"
             out.append(
                 Collective(
-                    f"{what}, pipelined with its matmuls (async TP)",
+                    f"{what}, pipelined with its matmuls ({how})",
                     kind,
                     pipelined,
                     calls,
@@ -145,9 +154,11 @@ def _tensor_parallel(
                 )
             )
         if blocks + 2 > calls:
+            window = "backward" if megatron and async_tp else None
+            what += ", beside the backward's GEMMs" if window else ""
             out.append(
                 Collective(
-                    what, kind, payload - pipelined, blocks + 2 - calls, None, layout.tp_group, per_micro_step=True
+                    what, kind, payload - pipelined, blocks + 2 - calls, window, layout.tp_group, per_micro_step=True
                 )
             )
     return out
@@ -335,7 +346,8 @@ def collectives(
                 per_micro_step=backend.stage == 3 and backend.sharded_grads_every_micro_step,
             )
         )
-    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp)
+    megatron = bool(backend.options.get(MEGATRON_ENGINE))
+    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp, megatron)
     out += _offload_copies(shape, backend, precision, layout.shard)
     return out
 
@@ -378,17 +390,18 @@ def local_copy_bytes(
     activations along the sequence, not the first dimension NCCL works on, so each of its
     collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
     and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
-    own copies are async_tp_cost.py's). Megatron-LM's engine (the `main_grad_buffer` option of a
-    published run's layout) copies neither: its bf16 parameters are the ones the kernels read, its
-    weight-gradient GEMMs accumulate into the contiguous fp32 buffer the reduction runs on
-    (`gradient_accumulation_fusion`, on by default)."""
+    own copies are async_tp_cost.py's). Megatron-LM's engine (MEGATRON_ENGINE, a published run's
+    layout) copies none of these: its bf16 parameters are the ones the kernels read, its
+    weight-gradient GEMMs accumulate into the contiguous buffer the reduction runs on
+    (`gradient_accumulation_fusion`, on by default), and its activations are sequence-first
+    ([s, b, h]), the dimension its gathers and scatters work on."""
+    if backend.options.get(MEGATRON_ENGINE):
+        return 0.0
     params = shape.params / layout.tp
     gather = 2 * compute_bytes(precision)
     reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
     moved = 0.0
-    if backend.options.get("main_grad_buffer"):
-        pass
-    elif (backend.stage == 3 or backend.fsdp2_units) and backend.replicas != "threads":
+    if (backend.stage == 3 or backend.fsdp2_units) and backend.replicas != "threads":
         gathers = 2 if backend.reshard_after_forward else 1
         moved += params * (gathers * gather + reduce)
     elif backend.stage in (1, 2) and backend.engine == "deepspeed":

@@ -66,6 +66,10 @@ from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.speed.compute import block_projections, recomputed
 
 ASYNC_TP = "async_tp"
+# A published Megatron-LM run's layout (pipeline_context.megatron_layout): its own engine, and
+# TransformerEngine's tensor-parallel overlap, pipelined as async TP's fused ops are.
+MEGATRON_ENGINE = "megatron_engine"
+TP_COMM_OVERLAP = "tp_comm_overlap"
 # A copied shard is written into this GPU's memory while a peer reads this GPU's own shard out of it.
 COPY_MEMORY_PASSES = 2
 PHASES = ("forward", "again", "backward")
@@ -95,6 +99,8 @@ def async_tp_of(backend: Backend, layout: Layout, compiled: bool) -> bool:
     value = backend.options.get(ASYNC_TP, False)
     if not isinstance(value, bool):
         raise LayoutError(f"{backend.name}: async_tp={value!r} must be true or false")
+    if layout.tp > 1 and backend.options.get(MEGATRON_ENGINE) and backend.options.get(TP_COMM_OVERLAP):
+        return True  # TransformerEngine's userbuffers, a published Megatron run's: no compile needed
     if not value or layout.tp <= 1:
         return False
     if layout.tp_group.nodes > 1:

@@ -20,6 +20,7 @@ from harness.plan.memory.capacity import headroom
 from harness.plan.memory.model_states import BYTES
 from harness.plan.network.comm import Collective
 from harness.plan.network.fabric import Group, Topology, collective_seconds
+from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE, TP_COMM_OVERLAP
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.context_parallel_cost import (
     ULYSSES_EXCHANGES,
@@ -296,7 +297,9 @@ def megatron_layout(sharding: str, overlap_dp: bool = True) -> tuple[PlanModel, 
     """Megatron-LM's tensor parallel inside a node beside data parallel across (`megatron tp=8 dp=32
     ddp`): its DDP (ddp-tp's model) or its distributed optimizer (zero1-tp's, which reduce-scatters
     the fp32 gradients and all-gathers the updated parameters, Megatron-LM's
-    docs/source/distrib_optimizer.md), on its own buffers (comm.py's `main_grad_buffer`). With
+    docs/source/distrib_optimizer.md), on its own engine (comm.py's MEGATRON_ENGINE: its buffers,
+    its sequence parallelism's saved shards), with TransformerEngine's tensor-parallel overlap
+    where the layout names `tp_comm_overlap`. With
     `overlap_dp` the gradients' reduction hides behind the backward and the parameters' gather
     behind the forward (`--overlap-grad-reduce`, `--overlap-param-gather`), else they run after
     them."""
@@ -304,7 +307,8 @@ def megatron_layout(sharding: str, overlap_dp: bool = True) -> tuple[PlanModel, 
     stage = 1 if "distributed_optimizer" in sharding else 0
     model = PlanModel("torch", stage, "low_precision", reshard_after_forward=False, tensor_parallel=True)
     overlap = {"overlap_grad_reduce": overlap_dp, "overlap_param_gather": overlap_dp}
-    return model, {"tp_size": tp, "distributed_optimizer": stage == 1, "main_grad_buffer": True, **overlap}
+    tp_overlap = {TP_COMM_OVERLAP: True} if TP_COMM_OVERLAP in sharding.split() else {}
+    return model, {"tp_size": tp, "distributed_optimizer": stage == 1, MEGATRON_ENGINE: True, **overlap, **tp_overlap}
 
 
 def megatron_pipeline_layout(sharding: str, overlap_dp: bool = True) -> tuple[PlanModel, dict[str, Any]] | None:

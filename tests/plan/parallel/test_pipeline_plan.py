@@ -69,15 +69,17 @@ def test_bad_pipeline_options_are_one_line_errors() -> None:
     assert pipeline_of({}, 6, 4).microbatches == 6
 
 
-def test_stage_holds_its_blocks_with_embedding_and_head() -> None:
+def test_stage_holds_its_blocks_with_the_head_and_not_a_second_table() -> None:
     q, _ = _plan()
     pipe = Pipeline(3, 3, "1f1b")
     layers = stage_layers(8, pipe)
     assert layers == 3
     stage = stage_shape(q.shape, layers)
     assert stage.dims.layers == 3
-    assert stage.root_params() == q.shape.root_params()
-    assert stage.params == q.shape.root_params() + sum(q.shape.block_params()[:3])
+    # The head and the final norm; the embedding's table, as large as the head's, is another stage's.
+    table = q.shape.dims.vocab * q.shape.dims.width
+    assert stage.root_params() == q.shape.root_params() - table
+    assert stage.params == q.shape.root_params() - table + sum(q.shape.block_params()[:3])
 
 
 def test_stage_memory_holds_the_micro_batches_in_flight() -> None:
@@ -174,7 +176,7 @@ def test_published_layouts_read_as_options() -> None:
     assert options == {
         "tp_size": 4,
         "distributed_optimizer": True,
-        "main_grad_buffer": True,
+        "megatron_engine": True,
         "overlap_grad_reduce": True,
         "overlap_param_gather": True,
         "pp_size": 8,
