@@ -120,7 +120,23 @@ def stage_layers(layers: int, pipe: Pipeline) -> int:
     return math.ceil(layers / chunks) * pipe.virtual
 
 
+_STAGES: dict[tuple[int, int], tuple[ModelShape, ModelShape]] = {}
+STAGES_KEPT = 64  # stage shapes a process keeps: a search plans one per pp for each of a few models
+
+
 def stage_shape(shape: ModelShape, layers: int) -> ModelShape:
+    """_stage_shape, kept: a search plans each stage for every split and checkpointing."""
+    key = (id(shape), layers)
+    if key in _STAGES and _STAGES[key][0] is shape:
+        return _STAGES[key][1]
+    if len(_STAGES) >= STAGES_KEPT:
+        _STAGES.clear()
+    stage = _stage_shape(shape, layers)
+    _STAGES[key] = (shape, stage)
+    return stage
+
+
+def _stage_shape(shape: ModelShape, layers: int) -> ModelShape:
     """The fullest stage as a model of its own: its blocks, with the head and loss (last stage) and
     the embedding's lookup (first stage) both on it, so it is the heaviest stage in memory and in
     time. Of an untied embedding and head, whose tables are the same size, it holds one: the first

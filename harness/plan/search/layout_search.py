@@ -203,7 +203,9 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
     """A layout's step, in seconds, by what it spends them on (TERMS)."""
     t = s.plan.time
     assert t is not None
-    recompute = s.grad_accum * t.work.recompute_s * compute_scale if t.work else 0.0
+    # A pipeline's work is per pipeline micro-batch: each micro-step runs `microbatches` of them.
+    micro_steps = s.grad_accum * (int(s.options.get("microbatches", 1)) if s.plan.layout.pp > 1 else 1)
+    recompute = micro_steps * t.work.recompute_s * compute_scale if t.work else 0.0
     optimizer = t.work.optimizer_s * compute_scale if t.work else 0.0
     return {
         "exposed comm": t.exposed_comm_s,

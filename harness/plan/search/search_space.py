@@ -24,6 +24,9 @@ from harness.plan.parallel.layout import pipelines, splits_model
 MAX_PIPELINE_STAGES = 16
 LONG_SEQUENCE = 16384
 SEARCHED_SCHEDULES = ("1f1b", "interleaved-1f1b")
+# Sequences in each pipeline micro-batch searched: more micro-batches shrink the bubble, larger ones
+# run their matmuls faster; Megatron-LM's published layouts run 1 to 4 (its sc21 and NeMo tables).
+PIPELINE_MICRO_BATCHES = (1, 2, 4, 8)
 TOKEN_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}  # 4M tokens: 4,194,304, as runs state it
 
 
@@ -100,13 +103,15 @@ def pipeline_splits(
 ) -> list[tuple[BatchSplit, int]]:
     """How a pipelined layout makes `global_batch` sequences over `data_parallel` ranks: each rank's
     whole share in one schedule a step (Megatron-LM's: the accumulation is the pipeline's
-    micro-batches, one flush a step), cut into every count of micro-batches that divides it and is
-    at least the stages (a multiple of them for the looped schedules); `fixed` where the user gave it."""
+    micro-batches, one flush a step), in micro-batches of PIPELINE_MICRO_BATCHES sequences where
+    that makes at least as many as the stages (a multiple of them for the looped schedules);
+    `fixed` micro-batches where the user gave them."""
     per_rank, rem = divmod(global_batch, data_parallel)
     if rem or not per_rank:
         return []
     looped = schedule in ("interleaved-1f1b", "zero-bubble")
-    counts = [fixed] if fixed else [m for m in divisors(per_rank) if m >= stages and not (looped and m % stages)]
+    sizes = [per_rank // fixed] if fixed else [b for b in PIPELINE_MICRO_BATCHES if per_rank % b == 0]
+    counts = [per_rank // b for b in sizes if per_rank // b >= stages and not (looped and (per_rank // b) % stages)]
     return [(BatchSplit(per_rank, 1), m) for m in counts if per_rank % m == 0]
 
 
