@@ -423,6 +423,6 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
                 raise
             not_planned[name] = str(exc)
             continue
-        # A tensor-parallel layout too large without a pipeline takes the fewest stages that fit it.
+        # A pipeline strategy, or a tensor-parallel layout too large without one, takes the fewest stages that fit.
         plans.append((fewest_stages(plan, q) or plan) if takes_default_pipeline(plan, q) else plan)
     return plans, not_planned

@@ -1,7 +1,8 @@
-"""The pipeline a tensor-parallel layout takes in the default plan when it does not fit without one,
-as Megatron-LM's authors lay out large models (Narayanan et al. 2021, arXiv 2104.04473, section 3.3,
-takeaways 1 and 2): tensor parallel inside a node, then the fewest pipeline stages with which the
-model states and activations fit, data parallel over the rest.
+"""The pipeline a layout takes in the default plan, as Megatron-LM's authors lay out large models
+(Narayanan et al. 2021, arXiv 2104.04473, section 3.3, takeaways 1 and 2): tensor parallel inside a
+node, then the fewest pipeline stages with which the model states and activations fit, data
+parallel over the rest. A tensor-parallel layout takes one where it does not fit without; a pipeline
+strategy (fsdp-pp, zero1-pp) whose stages and micro-batches the user left takes its fewest too.
 
 The stages are divisors of the GPUs left by tensor parallelism, at most the model's blocks. The
 step's accumulation becomes the pipeline's micro-batches, one schedule a step (Megatron-LM's
@@ -25,17 +26,12 @@ VIRTUAL_STAGES = 2
 
 
 def takes_default_pipeline(plan: StrategyPlan, q: Question) -> bool:
-    """Whether `plan` is a tensor-parallel layout without a pipeline that does not fit, and the user
-    left its stages to the plan."""
+    """Whether the plan chooses `plan`'s stages (the module's account): the user left its stages and
+    micro-batches, and it is a pipeline strategy or a tensor-parallel layout too large without one."""
     backend = plan.backend
-    return (
-        plan.fits is False
-        and backend.tensor_parallel
-        and pipelines(backend)
-        and not backend.pipeline_engine
-        and plan.layout.pp == 1
-        and "pp_size" not in q.strategy_options
-    )
+    if not pipelines(backend) or {"pp_size", "microbatches"} & set(q.strategy_options):
+        return False
+    return plan.layout.pp > 1 or (plan.fits is False and backend.tensor_parallel)
 
 
 def _pipelined(name: str, q: Question, stages: int, schedule: str) -> StrategyPlan | None:
@@ -46,9 +42,9 @@ def _pipelined(name: str, q: Question, stages: int, schedule: str) -> StrategyPl
     micro_batch, accumulation = batching(q, layout_of(backend, q.shape, q.topology))
     local = micro_batch * accumulation
     microbatches = accumulation if accumulation >= stages else local
-    if schedule in LOOPED and microbatches % stages:
-        return None
-    options |= {"schedule": schedule, "microbatches": microbatches}
+    if schedule in LOOPED and (microbatches % stages or backend.pipeline_engine):
+        return None  # DeepSpeed's engine runs its one schedule, 1F1B
+    options |= {"microbatches": microbatches} | ({} if backend.pipeline_engine else {"schedule": schedule})
     if schedule in LOOPED:
         options["virtual_stages"] = VIRTUAL_STAGES
     backend = backend_for(name, q.shape, precision, q.gpus, options)
@@ -88,13 +84,14 @@ def fewest_stages(plan: StrategyPlan, q: Question) -> StrategyPlan | None:
 def pipeline_line(plan: StrategyPlan, q: Question) -> str | None:
     """What the default plan chose for a layout it gave a pipeline, in words; None for the others."""
     options = plan.backend.options
-    if plan.layout.pp <= 1 or "pp_size" in q.strategy_options or not plan.backend.tensor_parallel:
+    if plan.layout.pp <= 1 or not options.get("microbatches") or {"pp_size", "microbatches"} & set(q.strategy_options):
         return None
     schedule = options.get("schedule", "1f1b")
     virtual = f" x {options['virtual_stages']} virtual stages" if schedule in LOOPED else ""
+    why = "it does not fit without one, and this is" if plan.backend.tensor_parallel else "its stages are"
     return (
         f"{plan.name} as a pipeline of {plan.layout.pp} stages{virtual} ({schedule}, {options.get('microbatches')} "
-        f"micro-batches a step): it does not fit without one, and this is the fewest stages with which it does "
-        "(tensor parallel inside a node, then pipeline stages until the model fits: Narayanan et al. 2021, "
-        "takeaways 1 and 2); strategy_options.pp_size= sets them."
+        f"micro-batches a step): {why} the fewest with which it fits (tensor parallel inside a node, then "
+        "pipeline stages until the model fits: Narayanan et al. 2021, takeaways 1 and 2); "
+        "strategy_options.pp_size= and microbatches= set them."
     )

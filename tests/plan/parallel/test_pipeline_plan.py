@@ -18,6 +18,7 @@ from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import plan_all, plan_backend, plan_strategy
 from harness.plan.search.layout_search import search, why_slower
 from harness.plan.search.search_cli import search_question
+from harness.plan.search.search_space import BatchSplit, pipeline_splits
 from harness.plan.speed.step_time import overhead_per_micro_step
 
 SMALL_LLAMA = dict(layers=8, width=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000, arch="llama")
@@ -333,3 +334,20 @@ def test_the_default_plan_gives_a_layout_too_large_without_stages_the_fewest_tha
     line = pipeline_line(plan, q)
     assert line and f"{plan.layout.pp} stages" in line
     assert plan_all(["zero1-tp"], replace(q, strategy_options={"tp_size": 8, "pp_size": 1}))[0][0].layout.pp == 1
+
+
+def test_the_search_runs_a_pipeline_as_one_schedule_a_step() -> None:
+    """Megatron's semantics: a pipelined layout's accumulation is its micro-batches, one flush a step,
+    in micro-batches of 1, 2, 4 or 8 sequences; at least as many as the stages (a multiple of them for
+    the interleaved schedule)."""
+    assert pipeline_splits(512, 8, 4, "1f1b") == [(BatchSplit(64, 1), m) for m in (64, 32, 16, 8)]
+    assert pipeline_splits(64, 8, 4, "interleaved-1f1b") == [(BatchSplit(8, 1), 8), (BatchSplit(8, 1), 4)]
+    assert pipeline_splits(64, 8, 4, "1f1b", fixed=2) == []  # fewer micro-batches than stages
+    cfg = PlanConfig(**SMALL_LLAMA, gpus=16, gpus_per_node=4, seq_len=4096, global_batch_tokens="1M", search=True)
+    q, global_batch = search_question(cfg)
+    result = search(q, ["zero1-tp"], global_batch)
+    pipelined = [s for s in result.ranked + result.too_large if s.plan.layout.pp > 1]
+    assert pipelined and all(s.grad_accum == 1 for s in pipelined)
+    for s in pipelined:
+        assert s.micro_batch * s.plan.layout.data_parallel == global_batch
+        assert s.options["microbatches"] >= s.plan.layout.pp
