@@ -288,6 +288,12 @@ def _fused_loss(row: dict[str, str]) -> bool:
     )
 
 
+def _transformer_engine(row: dict[str, str]) -> bool:
+    """Whether the row's fp8 ran TransformerEngine's modules: NeMo's rows say so, and Megatron-LM's
+    fp8 is TransformerEngine's."""
+    return "TransformerEngine fp8 linears" in row["notes"] or row["sharding"].lower().startswith("megatron")
+
+
 def recipe_of_row(row: dict[str, str]) -> Recipe:
     """What the source says its run did beyond the layout: the whole model cast to bf16 with its
     optimizer state (VectorLM: `model.bfloat16()`), Megatron's low-precision parameters beside an
@@ -300,7 +306,7 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
         fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
         fp8_saved_inputs=_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"],
-        te_fp8=_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"],
+        te_fp8=_precision(row) == "fp8" and _transformer_engine(row),
     )
 
 
