@@ -215,6 +215,12 @@ def batching(q: Question, layout: Layout) -> tuple[int, int]:
     return split(q.global_batch, layout.data_parallel, q.micro_batch, layout.tp)
 
 
+def sequence_parallel(backend: Backend) -> bool:
+    """Whether tensor parallelism splits the residual stream's work along the sequence: always in
+    parabench's plans and torchtitan's; a published Megatron-LM run only where it names it."""
+    return backend.options.get("sequence_parallel") is not False
+
+
 def storage_precision(precision: str) -> str:
     """What parameters, activations and collectives are held in: fp8 runs keep bf16 beside its matmuls."""
     return "bf16" if precision == "fp8" else precision
@@ -290,6 +296,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         offload=q.recipe.activation_offload,
         fp8_inputs=q.recipe.fp8_saved_inputs,
         megatron=bool(backend.options.get(MEGATRON_ENGINE)),
+        sequence_parallel=sequence_parallel(backend),
     )
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
     if acts is not None and q.recipe.fragmentation:
@@ -372,6 +379,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             complex_rope=q.complex_rope,
             qk_norm=q.recipe.qk_norm,
             te_fp8=q.recipe.te_fp8,
+            sequence_parallel=sequence_parallel(backend),
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,

@@ -106,10 +106,12 @@ def block_bytes_per_token(
     qk_norm: bool = False,
     fp8_inputs: bool = False,
     megatron: bool = False,
+    sequence_parallel: bool = True,
 ) -> float:
     """What one block saves for backward, per token, on one of `tp` GPUs. `fp8_inputs`: the
     projections keep their inputs as the fp8 cast (recipe.py fp8_saved_inputs); `megatron`:
-    Megatron-LM's engine (the module's account)."""
+    Megatron-LM's engine (the module's account); without `sequence_parallel` the norms keep the
+    whole sequence's input on every tensor-parallel GPU (Korthikanti et al. 2022, section 4.1)."""
     residual, matmul = _dtypes(precision, mixed_precision)
     h, f = dims.width, dims.ffn_width
     q, kv = dims.q_width, dims.kv_width
@@ -119,7 +121,7 @@ def block_bytes_per_token(
     projection_input = FP8_BYTES if fp8_inputs else matmul
     gathered = (attention_inputs + mlp_inputs) * h * projection_input  # whole on every tensor-parallel GPU
     mlp = (3 if megatron else 4) if dims.gated_mlp else 2
-    if megatron:
+    if megatron and sequence_parallel:
         gathered /= tp
     split = (q + 2 * kv + q + mlp * f) * matmul + dims.heads * LOGSUMEXP_BYTES
     if fp8_inputs:  # the down projection's input in fp8; the output projection's an fp8 copy beside attention's
@@ -128,7 +130,8 @@ def block_bytes_per_token(
         split += dims.heads * seq_len * matmul
     if qk_norm:
         split += qk_norm_bytes_per_token(dims, matmul, fused_norm)
-    return (2 * norm_bytes_per_token(dims, residual, fused_norm) + split) / tp + gathered
+    norms = 2 * norm_bytes_per_token(dims, residual, fused_norm) / (tp if sequence_parallel else 1)
+    return norms + split / tp + gathered
 
 
 def selective_bytes_per_token(dims: TransformerDims, precision: str, mixed_precision: str, tp: int = 1) -> float:
@@ -167,6 +170,7 @@ def activations(
     offload: bool = False,
     fp8_inputs: bool = False,
     megatron: bool = False,
+    sequence_parallel: bool = True,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
@@ -190,7 +194,17 @@ def activations(
         )
     tokens = micro_batch * seq_len
     per_token = block_bytes_per_token(
-        dims, precision, mixed_precision, tp, attention, seq_len, fused_norm, qk_norm, fp8_inputs, megatron
+        dims,
+        precision,
+        mixed_precision,
+        tp,
+        attention,
+        seq_len,
+        fused_norm,
+        qk_norm,
+        fp8_inputs,
+        megatron,
+        sequence_parallel,
     )
     block = per_token * tokens
     head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm) * tokens

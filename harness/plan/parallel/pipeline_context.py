@@ -298,8 +298,8 @@ def megatron_layout(sharding: str, overlap_dp: bool = True) -> tuple[PlanModel, 
     ddp`): its DDP (ddp-tp's model) or its distributed optimizer (zero1-tp's, which reduce-scatters
     the fp32 gradients and all-gathers the updated parameters, Megatron-LM's
     docs/source/distrib_optimizer.md), on its own engine (comm.py's MEGATRON_ENGINE: its buffers,
-    its sequence parallelism's saved shards), with TransformerEngine's tensor-parallel overlap
-    where the layout names `tp_comm_overlap`. With
+    its sequence parallelism's saved shards), with sequence parallelism and TransformerEngine's
+    tensor-parallel overlap where the layout names `sequence_parallel` and `tp_comm_overlap`. With
     `overlap_dp` the gradients' reduction hides behind the backward and the parameters' gather
     behind the forward (`--overlap-grad-reduce`, `--overlap-param-gather`), else they run after
     them."""
@@ -307,8 +307,10 @@ def megatron_layout(sharding: str, overlap_dp: bool = True) -> tuple[PlanModel, 
     stage = 1 if "distributed_optimizer" in sharding else 0
     model = PlanModel("torch", stage, "low_precision", reshard_after_forward=False, tensor_parallel=True)
     overlap = {"overlap_grad_reduce": overlap_dp, "overlap_param_gather": overlap_dp}
-    tp_overlap = {TP_COMM_OVERLAP: True} if TP_COMM_OVERLAP in sharding.split() else {}
-    return model, {"tp_size": tp, "distributed_optimizer": stage == 1, MEGATRON_ENGINE: True, **overlap, **tp_overlap}
+    tokens = sharding.split()
+    tp_overlap = {TP_COMM_OVERLAP: True} if TP_COMM_OVERLAP in tokens else {}
+    engine = {MEGATRON_ENGINE: True, "sequence_parallel": tp == 1 or "sequence_parallel" in tokens}
+    return model, {"tp_size": tp, "distributed_optimizer": stage == 1, **engine, **overlap, **tp_overlap}
 
 
 def megatron_pipeline_layout(sharding: str, overlap_dp: bool = True) -> tuple[PlanModel, dict[str, Any]] | None:

@@ -178,6 +178,7 @@ def test_published_layouts_read_as_options() -> None:
         "tp_size": 4,
         "distributed_optimizer": True,
         "megatron_engine": True,
+        "sequence_parallel": False,  # not named: Megatron-LM's default, every GPU runs the whole residual stream
         "overlap_grad_reduce": True,
         "overlap_param_gather": True,
         "pp_size": 8,
@@ -291,7 +292,7 @@ def test_megatron_copies_nothing_per_micro_step_and_exposes_what_it_does_not_ove
     q, _ = _plan()
     plans = {}
     for overlap in (True, False):
-        model, options = megatron_layout("megatron tp=2 dp=8 distributed_optimizer", overlap)
+        model, options = megatron_layout("megatron tp=2 dp=8 distributed_optimizer sequence_parallel", overlap)
         backend = filled_in(backend_of(model, "megatron", options), q.shape, "bf16", q.gpus, options)
         plans[overlap] = plan_backend(backend, q)
     replicate = plan_strategy("zero1-tp", replace(q, strategy_options={"tp_size": 2}))
@@ -351,3 +352,18 @@ def test_the_search_runs_a_pipeline_as_one_schedule_a_step() -> None:
     for s in pipelined:
         assert s.micro_batch * s.plan.layout.data_parallel == global_batch
         assert s.options["microbatches"] >= s.plan.layout.pp
+
+
+def test_megatron_without_sequence_parallelism_runs_the_residual_stream_whole_on_each_gpu() -> None:
+    """Megatron-LM without --sequence-parallel (before 2022): the norms and residual adds over the
+    whole sequence on every tensor-parallel GPU, and their saved inputs whole too."""
+    q, _ = _plan()
+    plans = {}
+    for sp in ("", " sequence_parallel"):
+        sharding = f"megatron tp=4 dp=4 distributed_optimizer{sp}"
+        model, options = megatron_layout(sharding)
+        backend = filled_in(backend_of(model, sharding, options), q.shape, "bf16", q.gpus, options)
+        plans[bool(sp)] = plan_backend(backend, q)
+    assert plans[False].time.work.elementwise_s > plans[True].time.work.elementwise_s
+    assert plans[False].activations.blocks > plans[True].activations.blocks
+    assert plans[False].time.work.matmul_s == plans[True].time.work.matmul_s
