@@ -232,8 +232,8 @@ def _attention(row: dict[str, str]) -> str:
     twice as fast would not allow. A row whose notes name cuDNN's fused attention (NeMo's
     TransformerEngine on Hopper) runs cuDNN's kernel, at the rates measured on an H200
     (bench/results/attention_h200.md). The others run SDPA's flash."""
-    if "examples/sc21" in row["source"]:
-        return "math"  # Megatron-LM in 2021: its fused softmax between two batched matmuls, no flash
+    if "examples/sc21" in row["source"] or "attention unfused" in row["notes"]:
+        return "math"  # Megatron-LM before flash attention: its fused softmax between two batched matmuls
     if "cuDNN fused attention" in row["notes"] and gpu_spec(row["gpu"]).attention_family == "hopper":
         return "cudnn"
     if not row["source"].startswith("mosaicml"):
