@@ -313,7 +313,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
     return Memory(acts, buffers, peak)
 
 
-def _async_tp(q: Question, layout: Layout) -> AsyncTensorParallel | None:
+def _async_tp(q: Question, layout: Layout, backend: Backend) -> AsyncTensorParallel | None:
     """What async TP's pipelines add to a micro-step, the matmuls timed as the compute model times
     them (or at the fixed MFU); None for a model without transformer sizes (no fused collectives)."""
     assert q.gpu is not None
@@ -341,6 +341,7 @@ def _async_tp(q: Question, layout: Layout) -> AsyncTensorParallel | None:
         memory_bytes_per_s=gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
         held_bytes=compute_bytes(held),
         fp8=q.precision == "fp8",
+        sms=gpu.sms if backend.options.get(MEGATRON_ENGINE) else None,  # TransformerEngine's userbuffers
     )
 
 
@@ -406,7 +407,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         launches=kernel_launches(q.shape, q.checkpointing),
         sms=q.gpu.sms,
         memory_bytes_per_s=q.gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
-        pipelined=_async_tp(q, layout) if pipelined else None,
+        pipelined=_async_tp(q, layout, backend) if pipelined else None,
     )
 
 
