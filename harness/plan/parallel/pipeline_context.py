@@ -58,13 +58,6 @@ def stage_topology(topology: Topology, pp: int) -> Topology:
     return replace(topology, gpus=gpus, nodes=max(1, -(-gpus // topology.per_node)))
 
 
-def _link_bytes_per_s(topology: Topology, across_nodes: bool) -> float:
-    """One GPU's rate to one other: its NVLink share inside a node, its share of the node's cards across."""
-    if not across_nodes:
-        return topology.intra.ring_busbw
-    return topology.fabric.node_bytes_per_s * topology.fabric.efficiency / topology.per_node
-
-
 def _cp_group(topology: Topology, cp: int, tp: int) -> Group:
     """Context parallel's GPUs: next to the tensor-parallel ones, inside a node while tp x cp fits one."""
     return Group(cp, max(1, -(-(cp * tp) // topology.per_node)))
@@ -168,8 +161,13 @@ def _traffic(
             out.append((c, seconds, seconds))
         else:
             passes = (cp.size - 1) * dims.layers
-            payload = ring_pass_bytes(dims, tokens, layout.tp, element) * passes * (forwards + 2)
-            seconds = payload / _link_bytes_per_s(q.topology, group.nodes > 1) * micro_steps if timed else 0.0
+            one = ring_pass_bytes(dims, tokens, layout.tp, element)
+            payload = one * passes * (forwards + 2)
+            # Each pass is one send to the next GPU of the ring (two in the backward: k, v and their
+            # gradients), at NCCL's price for two GPUs: across the network where the ring leaves a node.
+            hop = Group(2, 2 if group.nodes > 1 else 1)
+            sends = passes * (forwards + 2)
+            seconds = collective_seconds(q.topology, hop, "broadcast", one) * sends * micro_steps if timed else 0.0
             c = Collective(
                 "ring attention k and v passes (context parallel)",
                 "broadcast",
