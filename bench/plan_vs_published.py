@@ -219,20 +219,38 @@ def _card(row: dict[str, str]) -> GPUSpec | str:
     return spec if spec is not None else f"card {name}: not one the planner knows"
 
 
+# Sources whose Megatron recipes overlap the data-parallel reduction and gather (NeMo's and
+# Megatron-Bridge's DistributedDataParallelConfig: overlap_grad_reduce, overlap_param_gather).
+OVERLAPPING_MEGATRON = ("NVIDIA/NeMo", "NVIDIA-NeMo/Megatron-Bridge", "NVIDIA/Megatron-Bridge")
+# Notes that say a run overlapped them: Megatron-LM's flag, NeMo 1's (overlap_grad_sync), an MLPerf
+# config's variable (not where it is left unset: None), or in words.
+OVERLAP_SAID = re.compile(
+    r"overlap[-_]grad[-_](reduce|sync)(?!\s*=\s*(None|False))|overlap\w*[^;.]*\b(DP|data-parallel) communication",
+    re.IGNORECASE,
+)
+
+
+def _megatron_overlaps(row: dict[str, str]) -> bool:
+    """Whether a Megatron run hides its data-parallel reduction and gather behind compute
+    (megatron_layout's overlap_dp): where its source's recipes do, or its notes say so; Megatron-LM's
+    own flags leave both off by default."""
+    return row["source"].startswith(OVERLAPPING_MEGATRON) or bool(OVERLAP_SAID.search(row["notes"]))
+
+
 def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     """The run's sharding as a PlanModel and its options, or why it cannot be planned."""
     sharding = row["sharding"]
     if sharding.lower().startswith("megatron"):
         sharding = _megatron_sharding(sharding)
-    split = published_layout(sharding, "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"])
+    reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
+    split = published_layout(sharding, reduce_fp32, _megatron_overlaps(row))
     if split is not None:
         return split
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
         return "checkpointing an unstated fraction of the blocks: not modelled"
-    reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
     lowered = sharding.lower()
     if lowered.startswith("megatron"):
-        return megatron_layout(sharding)
+        return megatron_layout(sharding, _megatron_overlaps(row))
     if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
         stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
         return PlanModel("deepspeed", stage, "low_precision"), {}
@@ -278,8 +296,8 @@ def _attention(row: dict[str, str]) -> str:
     twice as fast would not allow. A row whose notes name cuDNN's fused attention (NeMo's
     TransformerEngine on Hopper) runs cuDNN's kernel, at the rates measured on an H200
     (bench/results/attention_h200.md). The others run SDPA's flash."""
-    if "examples/sc21" in row["source"]:
-        return "math"  # Megatron-LM in 2021: its fused softmax between two batched matmuls, no flash
+    if "examples/sc21" in row["source"] or "attention unfused" in row["notes"]:
+        return "math"  # Megatron-LM before flash attention: its fused softmax between two batched matmuls
     if "cuDNN fused attention" in row["notes"] and gpu_spec(row["gpu"]).attention_family == "hopper":
         return "cudnn"
     if not row["source"].startswith("mosaicml"):
@@ -293,6 +311,13 @@ def _fused_elementwise(row: dict[str, str]) -> bool:
     LayerNormMLP: the norm, the activation and the fp8 casts fused into the kernels around the
     matmuls; Megatron-LM's fused bias-dropout-add and rotary embedding), planned as compiled."""
     return row["compile"].strip().lower() in ("true", "yes", "1") or "TransformerEngine" in row["notes"]
+
+
+def _fused_norm(row: dict[str, str]) -> bool:
+    """torchtitan's Triton RMSNorm where its config chose it; Megatron-LM's norms are always fused
+    kernels (TransformerEngine's, or Apex's FusedLayerNorm without it), saving the input and its
+    statistics only."""
+    return "norm_type fused_rmsnorm" in row["notes"] or row["sharding"].lower().startswith("megatron")
 
 
 def _precision(row: dict[str, str]) -> str:
@@ -329,6 +354,12 @@ def _fused_loss(row: dict[str, str]) -> bool:
     )
 
 
+def _transformer_engine(row: dict[str, str]) -> bool:
+    """Whether the row's fp8 ran TransformerEngine's modules: NeMo's rows say so, and Megatron-LM's
+    fp8 is TransformerEngine's."""
+    return "TransformerEngine fp8 linears" in row["notes"] or row["sharding"].lower().startswith("megatron")
+
+
 def recipe_of_row(row: dict[str, str]) -> Recipe:
     """What the source says its run did beyond the layout: the whole model cast to bf16 with its
     optimizer state (VectorLM: `model.bfloat16()`), Megatron's low-precision parameters beside an
@@ -341,6 +372,7 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
         fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
         fp8_saved_inputs=_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"],
+        te_fp8=_precision(row) == "fp8" and _transformer_engine(row),
     )
 
 
@@ -405,7 +437,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         factors=default_factors(),
         checkpointing=_checkpointing(row["activation_checkpointing"]),
         fused_loss=_fused_loss(row),
-        fused_norm="norm_type fused_rmsnorm" in row["notes"],  # torchtitan's Triton RMSNorm, as its config chose
+        fused_norm=_fused_norm(row),
         complex_rope=row["source"].startswith("pytorch/torchtitan"),  # its apply_rotary_emb: view_as_complex
         attention=_attention(row),
         compiled=_fused_elementwise(row),

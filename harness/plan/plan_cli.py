@@ -27,6 +27,7 @@ from harness.plan.model.model_shape import PlanError
 from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import known_backends, model_of, planned_as
 from harness.plan.parallel.engines import engine_differences
+from harness.plan.parallel.pipeline_default import pipeline_line
 from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_options import PlanConfig, check, gpu_counts, models_asked, question, shape_for
 from harness.plan.predict import Question, StrategyPlan, batching, plan_all, storage_precision
@@ -346,6 +347,7 @@ def _single(cfg: PlanConfig) -> int:
             *engine_differences(plans, q),
             *unmodelled(plans, q),
             *_split_lines(q, plans),
+            *filter(None, (pipeline_line(p, q) for p in plans)),
             *(f"Not planned: {name}: {why}" for name, why in not_planned.items()),
             *_config_files([p.name for p in plans]),
             *option_lines(cfg, strategy_names(cfg, q.gpus)),

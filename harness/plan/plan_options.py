@@ -81,6 +81,7 @@ class PlanConfig:
     fp32_grad_accum: bool = False  # gradients accumulated in fp32 buffers (Megatron-LM's main_grad)
     fp8_all_gather: bool = False  # FSDP2 gathers fp8 weights (torchao), with precision=fp8
     fp8_saved_inputs: bool = False  # the fp8 projections keep fp8 inputs for backward (TransformerEngine)
+    te_fp8: bool = False  # the fp8 casts as TransformerEngine runs them: fused, weights cast once a step
     activation_offload: bool = False  # saved activations in host memory (torchtune)
     fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse
     strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows

@@ -20,7 +20,13 @@ from harness.plan.memory.recipe_plan import FRAGMENTATION, recipe_collectives, w
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.network.comm import Collective, collectives, local_copy_bytes
 from harness.plan.network.fabric import Topology
-from harness.plan.parallel.async_tp_cost import AsyncTensorParallel, async_tp_cost, async_tp_of, fused_collectives
+from harness.plan.parallel.async_tp_cost import (
+    MEGATRON_ENGINE,
+    AsyncTensorParallel,
+    async_tp_cost,
+    async_tp_of,
+    fused_collectives,
+)
 from harness.plan.parallel.backends import Backend, backend_for
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
@@ -155,6 +161,7 @@ class StrategyPlan:
                 "exposed_comm_s": t.exposed_comm_s,
                 "offload_step_s": t.offload_step_s,
                 "overhead_s": t.overhead_s,
+                "bubble_s": t.bubble_s,
                 "contention_s": t.contention_s,
                 "overhead_what": t.overhead_what,
                 "host_wait_s": t.host_wait_s,
@@ -289,6 +296,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         qk_norm=q.recipe.qk_norm,
         offload=q.recipe.activation_offload,
         fp8_inputs=q.recipe.fp8_saved_inputs,
+        megatron=bool(backend.options.get(MEGATRON_ENGINE)),
         sequence_parallel=backend.sequence_parallel,
     )
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
@@ -306,7 +314,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
     return Memory(acts, buffers, peak)
 
 
-def _async_tp(q: Question, layout: Layout) -> AsyncTensorParallel | None:
+def _async_tp(q: Question, layout: Layout, backend: Backend) -> AsyncTensorParallel | None:
     """What async TP's pipelines add to a micro-step, the matmuls timed as the compute model times
     them (or at the fixed MFU); None for a model without transformer sizes (no fused collectives)."""
     assert q.gpu is not None
@@ -334,6 +342,7 @@ def _async_tp(q: Question, layout: Layout) -> AsyncTensorParallel | None:
         memory_bytes_per_s=memory_bytes_per_s(gpu),
         held_bytes=compute_bytes(held),
         fp8=q.precision == "fp8",
+        sms=gpu.sms if backend.options.get(MEGATRON_ENGINE) else None,  # TransformerEngine's userbuffers
     )
 
 
@@ -371,6 +380,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             fused_norm=q.fused_norm,
             complex_rope=q.complex_rope,
             qk_norm=q.recipe.qk_norm,
+            te_fp8=q.recipe.te_fp8,
             sequence_parallel=backend.sequence_parallel,
             copy_bytes=local_copy_bytes(
                 q.shape,
@@ -398,7 +408,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         launches=kernel_launches(q.shape, q.checkpointing),
         sms=q.gpu.sms,
         memory_bytes_per_s=memory_bytes_per_s(q.gpu),
-        pipelined=_async_tp(q, layout) if pipelined else None,
+        pipelined=_async_tp(q, layout, backend) if pipelined else None,
         host=_host(backend, q, comms),
     )
 
@@ -432,13 +442,18 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
     """The plans of `names`, and the strategies that cannot lay this question out, with why (a
     tp_size that does not divide the heads, a global batch that does not split): a strategy the
     user asked for raises that one-line error; one planned by default is left out and listed."""
+    from harness.plan.parallel.pipeline_default import fewest_stages, takes_default_pipeline
+
     plans: list[StrategyPlan] = []
     not_planned: dict[str, str] = {}
     for name in names:
         try:
-            plans.append(plan_strategy(name, q))
+            plan = plan_strategy(name, q)
         except LayoutError as exc:
             if asked:
                 raise
             not_planned[name] = str(exc)
+            continue
+        # A pipeline strategy, or a tensor-parallel layout too large without one, takes the fewest stages that fit.
+        plans.append((fewest_stages(plan, q) or plan) if takes_default_pipeline(plan, q) else plan)
     return plans, not_planned

@@ -50,11 +50,14 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
         "comm": t.exposed_comm_s - b.exposed_comm_s,
         "overhead": t.overhead_s - b.overhead_s,
         "host": t.host_wait_s - b.host_wait_s,
+        "bubble": t.bubble_s - b.bubble_s,
         "compute": t.compute_s - b.compute_s,
     }
     largest = max(parts, key=lambda k: parts[k])
     if parts[largest] <= 0:
         return "more work per token"
+    if largest == "bubble":
+        return f"{t.bubble_s * 1e3:.0f} ms per step of the pipeline's bubble ({t.bubble_what})"
     if largest == "offload":
         return f"{t.offload_step_s * 1e3:.0f} ms per step in the CPU optimizer step and host copies"
     if largest == "overhead":
@@ -62,6 +65,14 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
     if largest == "host" and t.host is not None:
         return f"{t.host_wait_s * 1e3:.0f} ms per step waiting on the host: {t.host.describe()}"
     if largest == "comm":
+        every = t.recurring_comm_s - b.recurring_comm_s
+        across = tensor_parallel_across_nodes(p.collectives)
+        if every > parts["comm"] / 2:  # mostly what each micro-step waits on: tensor parallelism's, the pipeline's
+            return (
+                f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication no compute hides, "
+                f"{t.recurring_comm_s * 1e3:.0f} ms of it in every micro-batch's critical path "
+                f"({_per_micro_step_collectives(p)}{'; ' + across if across else ''})"
+            )
         # Across the most nodes first (a node's network is several times slower than its links), then the most bytes.
         slowest = max(
             (c for c in p.collectives if c.kind != "host-copy"),
@@ -74,10 +85,21 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
             if slowest
             else ""
         )
-        across = tensor_parallel_across_nodes(p.collectives)
         where += f"; {across}" if across else ""
         return f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication no compute hides{where}"
-    return f"{t.compute_s * 1e3:.0f} ms of compute per step against {b.compute_s * 1e3:.0f} ms"
+    uneven = (
+        f", {t.imbalance_s * 1e3:.0f} ms of it the fullest pipeline stage's beyond an even share (the head and "
+        "loss, blocks that do not divide evenly), which the other stages wait out"
+        if t.imbalance_s > (t.compute_s - b.compute_s) / 4
+        else ""
+    )
+    return f"{t.compute_s * 1e3:.0f} ms of compute per step against {b.compute_s * 1e3:.0f} ms{uneven}"
+
+
+def _per_micro_step_collectives(p: StrategyPlan) -> str:
+    """The collectives every micro-step waits on, in words."""
+    names = [c.what for c in p.collectives if c.per_micro_step and (c.window is None or "pipeline" in c.what)]
+    return "; ".join(dict.fromkeys(names)) or "the per-micro-step collectives"
 
 
 def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:

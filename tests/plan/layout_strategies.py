@@ -91,3 +91,32 @@ class Composed(_Declared):
         microbatches: int | None = None,
     ):
         super().__init__(ctx)
+
+
+class MegatronLayouts(_Declared):
+    """ddp-tp's and zero1-tp's models taking pipeline stages too (Megatron-LM's TP x PP x DP), as a
+    runtime that pipelines them declares: no pipeline unless asked."""
+
+    presets = (
+        Preset(
+            "test-ddp-tp-pp",
+            "DDP beside tensor parallel, in pipeline stages",
+            plan=PlanModel("torch", 0, "low_precision", reshard_after_forward=False, tensor_parallel=True),
+        ),
+        Preset(
+            "test-zero1-tp-pp",
+            "ZeRO-1 beside tensor parallel, in pipeline stages",
+            plan=PlanModel("torch", 1, "low_precision", reshard_after_forward=False, tensor_parallel=True),
+        ),
+    )
+
+    def __init__(  # noqa: ANN001
+        self,
+        ctx,
+        *,
+        tp_size: int | None = None,
+        pp_size: int = 1,
+        schedule: str = "1f1b",
+        microbatches: int | None = None,
+    ):
+        super().__init__(ctx)

@@ -94,6 +94,9 @@ def test_which_options_a_strategy_takes_is_read_from_the_registry(monkeypatch):
     monkeypatch.setattr(registry_module, "_DEFAULT", registry_module.registry_of(names))
     assert {"tp_size", "pp_size", "cp_size"} <= takes("test-fsdp-tp-pp-cp")
     assert "pp_size" not in takes("ddp-tp")
+    # A what-if only where the strategy takes the size it shapes: no interleaving without stages.
+    assert {"virtual_stages", "cp_attention"} & (takes("ddp-tp") | takes("fsdp")) == set()
+    assert "virtual_stages" in takes("test-zero1-tp-pp") and "virtual_stages" in takes("fsdp-pp")
     options = {"tp_size": 2, "pp_size": 2, "cp_size": 2}
     q = question(PlanConfig(model="llama3.1-8b", gpus=16, seq_len=16384, micro_batch=2, strategy_options=options))
     layout = plan_strategy("test-fsdp-tp-pp-cp", q).layout

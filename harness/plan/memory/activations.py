@@ -28,10 +28,14 @@ Checkpointing: `full` keeps each block's input and rebuilds one block at a time 
 `selective` (torchtitan's op-level policy) keeps each block's input, the outputs of every second
 matmul (the 1st, 3rd, ...) and attention's output, and rebuilds the rest of one block at a time.
 Tensor parallelism with sequence parallelism divides every activation by tp except the
-gathered inputs of the column-parallel projections, which each GPU keeps whole. Without sequence
+gathered inputs of the column-parallel projections, which each GPU keeps whole, as torch's
+DTensor plans save them. Megatron-LM's engine (`megatron`) keeps only this GPU's shard of them and
+gathers them again in the backward (Korthikanti et al. 2022, arXiv 2205.05198, section 4.2.2),
+and its fused SwiGLU (megatron/core/fusions/fused_bias_swiglu.py) saves its input alone, the gate
+and the up projection, recomputing the SiLU in the backward: 3f where eager keeps 4f. Without sequence
 parallelism (sequence_parallel=false) the residual stream between the blocks' matmuls is whole on
 every GPU of the group: the norms keep their whole inputs and statistics, and checkpointing keeps
-each block's whole input (Korthikanti et al. 2022, arXiv 2205.05198, section 4.2.2 and table 2:
+each block's whole input (Korthikanti et al. 2022, section 4.2.2 and table 2:
 sbh(10 + 24/t + 5as/(ht)) per layer without it, sbh/t (34 + 5as/h) with it; the models here have no
 dropout, so none of its masks are counted).
 tests/plan/test_plan.py checks the saved-tensor part against autograd's own saved tensors.
@@ -106,11 +110,13 @@ def block_bytes_per_token(
     fused_norm: bool = False,
     qk_norm: bool = False,
     fp8_inputs: bool = False,
+    megatron: bool = False,
     sequence_parallel: bool = True,
 ) -> float:
     """What one block saves for backward, per token, on one of `tp` GPUs. `fp8_inputs`: the
-    projections keep their inputs as the fp8 cast (recipe.py fp8_saved_inputs); without
-    `sequence_parallel` the norms' are whole on each of them."""
+    projections keep their inputs as the fp8 cast (recipe.py fp8_saved_inputs); `megatron`:
+    Megatron-LM's engine (the module's account); without `sequence_parallel` the norms keep the
+    whole sequence's input on every tensor-parallel GPU (Korthikanti et al. 2022, section 4.1)."""
     residual, matmul = _dtypes(precision, mixed_precision)
     h, f = dims.width, dims.ffn_width
     q, kv = dims.q_width, dims.kv_width
@@ -119,7 +125,10 @@ def block_bytes_per_token(
     mlp_inputs = 2 if dims.gated_mlp and autocast_copies else 1
     projection_input = FP8_BYTES if fp8_inputs else matmul
     gathered = (attention_inputs + mlp_inputs) * h * projection_input  # whole on every tensor-parallel GPU
-    split = (q + 2 * kv + q + (4 if dims.gated_mlp else 2) * f) * matmul + dims.heads * LOGSUMEXP_BYTES
+    mlp = (3 if megatron else 4) if dims.gated_mlp else 2
+    if megatron and sequence_parallel:
+        gathered /= tp
+    split = (q + 2 * kv + q + mlp * f) * matmul + dims.heads * LOGSUMEXP_BYTES
     if fp8_inputs:  # the down projection's input in fp8; the output projection's an fp8 copy beside attention's
         split += -f * (matmul - FP8_BYTES) + q * FP8_BYTES
     if attention == "math":  # the unfused kernel keeps its softmax: heads x T per token
@@ -176,6 +185,7 @@ def activations(
     qk_norm: bool = False,
     offload: bool = False,
     fp8_inputs: bool = False,
+    megatron: bool = False,
     sequence_parallel: bool = True,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
@@ -201,7 +211,17 @@ def activations(
         )
     tokens = micro_batch * seq_len
     per_token = block_bytes_per_token(
-        dims, precision, mixed_precision, tp, attention, seq_len, fused_norm, qk_norm, fp8_inputs, sequence_parallel
+        dims,
+        precision,
+        mixed_precision,
+        tp,
+        attention,
+        seq_len,
+        fused_norm,
+        qk_norm,
+        fp8_inputs,
+        megatron,
+        sequence_parallel,
     )
     block = per_token * tokens
     head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm, sequence_parallel)

@@ -34,6 +34,11 @@ offers it does it (docs/planner.md cites each):
                      training keeps two, and a byte more for the output projection's, whose bf16
                      copy attention keeps for its own backward. torchao's Float8Linear saves the
                      bf16 input (`ctx.save_for_backward(input_hp, weight_hp_t)`): off for it.
+  te_fp8             with precision=fp8, the projections' casts as TransformerEngine runs them under
+                     Megatron-LM and NeMo (compute.py's te_fp8_cast_bytes): delayed scaling (no
+                     amax pass), the casts fused into the norm and activation kernels, and the fp8
+                     weights cast once a step, reused by every micro-batch (`is_first_microbatch`).
+                     Off: torchao's float8 linears, which cast each weight every forward.
   activation_offload the saved activations copied to pinned host memory in the forward and back in
                      the backward (torchtune's `enable_activation_offloading`, its OffloadActivations
                      on a side stream): the GPU keeps two blocks' worth, the copies hide behind the
@@ -69,6 +74,7 @@ class Recipe:
     fp32_grad_accum: bool = False
     fp8_all_gather: bool = False
     fp8_saved_inputs: bool = False
+    te_fp8: bool = False
     activation_offload: bool = False
     fragmentation: float = 0.0
 
@@ -96,6 +102,8 @@ class Recipe:
             raise PlanError("fp8_all_gather=true gathers the fp8 projections' weights: give precision=fp8 as well")
         if self.fp8_saved_inputs and precision != "fp8":
             raise PlanError("fp8_saved_inputs=true keeps the fp8 projections' inputs: give precision=fp8 as well")
+        if self.te_fp8 and precision != "fp8":
+            raise PlanError("te_fp8=true casts fp8 projections as TransformerEngine does: give precision=fp8 as well")
 
     @property
     def low_precision_params(self) -> bool:
@@ -121,6 +129,8 @@ class Recipe:
             said.append("fp8 all-gathers")
         if self.fp8_saved_inputs:
             said.append("fp8 saved inputs")
+        if self.te_fp8:
+            said.append("TransformerEngine fp8")
         if self.activation_offload:
             said.append("activations offloaded")
         if self.fragmentation:

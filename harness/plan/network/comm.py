@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from harness.plan.memory.model_states import BYTES, compute_bytes
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.network.fabric import Group, Topology, collective_seconds
-from harness.plan.parallel.async_tp_cost import fused_collectives
+from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE, fused_collectives
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.layout import Layout
 
@@ -40,8 +40,6 @@ HOST_KINDS = ("host-copy",)
 # The window of a tensor-parallel collective async TP pipelines with its matmuls: priced with them
 # (async_tp_cost.py), neither hidden behind a phase nor exposed whole.
 PIPELINED = "matmul"
-# Megatron's option: TransformerEngine's userbuffers overlap tensor parallelism's collectives with the blocks' matmuls.
-TP_COMM_OVERLAP = "tp_comm_overlap"
 
 
 @dataclass(frozen=True)
@@ -155,7 +153,7 @@ def _tensor_parallel(
     checkpointing: str,
     fp8: bool = False,
     async_tp: bool = False,
-    overlapped: bool = False,
+    megatron: bool = False,
     sequence_parallel: bool = True,
 ) -> list[Collective]:
     """Per block, forward: all-gather the sequence-sharded input of the attention and of the MLP,
@@ -164,15 +162,15 @@ def _tensor_parallel(
     (torchao's float8 tensor parallel: the inputs cast before the forward's gathers, the outputs'
     gradients before the backward's) the blocks' all-gathers carry fp8; the reduce-scatters stay
     in `precision`. Under async TP those fused with matmuls (async_tp_cost.fused_collectives) are
-    PIPELINED, the rest exposed as before. `overlapped`: Megatron's tp_comm_overlap, where
-    TransformerEngine's userbuffers run every block's gathers and scatters beside that block's
-    matmuls (pipelined with the forward's and the input gradients' GEMMs, in bulk beside the
-    weight gradients' and the input gradients' ones: its ub_overlap_ag/rs and bulk_dgrad/wgrad,
-    all on under tp_comm_overlap), so each hides in its phase as far as the phase's compute
-    reaches; the head's and the embedding's, outside the blocks, stay exposed. Without
-    `sequence_parallel`: the row-parallel outputs all-reduced forward and the column-parallel
-    inputs' gradients backward, two a block each way, and once each for the embedding's output
-    and the head's input."""
+    PIPELINED, the rest exposed as before. Megatron-LM's engine (`megatron`) gathers the attention's
+    and the MLP's inputs again in the backward, for their weight gradients (it keeps their shards:
+    activations.py); under TransformerEngine's `tp_comm_overlap` (`async_tp` there) its
+    userbuffers pipeline the same collectives with their GEMMs as async TP's pass does (split
+    GEMMs beside ring-exchanged shards), and run the rest beside the backward's other GEMMs (its
+    bulk overlaps): those hide behind the backward; the head's and the embedding's, outside the
+    blocks, stay exposed. Without `sequence_parallel`: the row-parallel outputs all-reduced forward
+    and the column-parallel inputs' gradients backward, two a block each way, and once each for the
+    embedding's output and the head's input."""
     if layout.tp <= 1 or shape.dims is None:
         return []
     element = tokens * shape.dims.width
@@ -188,6 +186,8 @@ def _tensor_parallel(
     out = []
     for kind in ("all-gather", "reduce-scatter"):
         blocks = 2 * (2 + TP_RECOMPUTED[checkpointing][kind]) * layers
+        if megatron and kind == "all-gather":
+            blocks += 2 * layers  # the saved shards gathered again for the weight gradients
         block_bytes = 1 if fp8 and kind == "all-gather" else held
         payload = element * (blocks * block_bytes + 2 * held)
         mine = [f for f in fused if f.kind == kind]
@@ -195,9 +195,10 @@ def _tensor_parallel(
         calls = layers * len(mine)
         what = f"tensor-parallel {kind} of activations"
         if mine:
+            how = "userbuffers' tp_comm_overlap" if megatron else "async TP"
             out.append(
                 Collective(
-                    f"{what}, pipelined with its matmuls (async TP)",
+                    f"{what}, pipelined with its matmuls ({how})",
                     kind,
                     pipelined,
                     calls,
@@ -206,22 +207,16 @@ def _tensor_parallel(
                     per_micro_step=True,
                 )
             )
-        if overlapped:  # TransformerEngine's userbuffers: each block's beside its own matmuls, the root's exposed
-            forward = element * 2 * layers * block_bytes
-            for window, share in (("forward", forward), ("backward", payload - forward - 2 * element * held)):
-                calls = round(share / (element * block_bytes))
-                out.append(
-                    Collective(
-                        f"{what}, beside its matmuls", kind, share, calls, window, layout.tp_group, per_micro_step=True
-                    )
-                )
-            out.append(Collective(what, kind, 2 * element * held, 2, None, layout.tp_group, per_micro_step=True))
-        elif blocks + 2 > calls:
+        rest, rest_bytes = blocks + 2 - calls, payload - pipelined
+        if rest > 0 and megatron and async_tp:  # userbuffers' bulk overlaps; the head's and the embedding's exposed
+            root = 2 * element * held
+            bulk = f"{what}, beside the backward's GEMMs (userbuffers' bulk overlap)"
             out.append(
-                Collective(
-                    what, kind, payload - pipelined, blocks + 2 - calls, None, layout.tp_group, per_micro_step=True
-                )
+                Collective(bulk, kind, rest_bytes - root, rest - 2, "backward", layout.tp_group, per_micro_step=True)
             )
+            rest, rest_bytes = 2, root
+        if rest > 0:
+            out.append(Collective(what, kind, rest_bytes, rest, None, layout.tp_group, per_micro_step=True))
     return out
 
 
@@ -423,9 +418,9 @@ def collectives(
                 per_micro_step=backend.stage == 3 and backend.sharded_grads_every_micro_step,
             )
         )
-    overlapped = bool(backend.options.get(TP_COMM_OVERLAP))
+    megatron = bool(backend.options.get(MEGATRON_ENGINE))
     out += _tensor_parallel(
-        shape, layout, tokens, precision, checkpointing, fp8, async_tp, overlapped, backend.sequence_parallel
+        shape, layout, tokens, precision, checkpointing, fp8, async_tp, megatron, backend.sequence_parallel
     )
     out += _offload_copies(shape, backend, precision, layout.shard)
     return out
@@ -469,9 +464,15 @@ def local_copy_bytes(
     activations along the sequence, not the first dimension NCCL works on, so each of its
     collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
     and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
-    own copies are async_tp_cost.py's), as do TransformerEngine's userbuffers under tp_comm_overlap,
-    which gather into and scatter out of the buffers the matmuls read and write, and without
-    sequence parallelism the all-reduces work on the whole activation as it lies."""
+    own copies are async_tp_cost.py's), and without sequence parallelism the all-reduces work on
+    the whole activation as it lies. Megatron-LM's engine (MEGATRON_ENGINE, a published run's
+    layout) copies none of these: its bf16 parameters are the ones the kernels read, its
+    weight-gradient GEMMs accumulate into the contiguous buffer the reduction runs on
+    (`gradient_accumulation_fusion`, on by default), and its activations are sequence-first
+    ([s, b, h]), the dimension its gathers and scatters work on; TransformerEngine's userbuffers
+    under tp_comm_overlap gather into and scatter out of the buffers its GEMMs read and write."""
+    if backend.options.get(MEGATRON_ENGINE):
+        return 0.0
     params = shape.params / layout.tp
     gather = 2 * compute_bytes(precision)
     reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
@@ -481,10 +482,9 @@ def local_copy_bytes(
         moved += params * (gathers * gather + reduce)
     elif backend.stage in (1, 2) and backend.engine == "deepspeed":
         moved += params * reduce
-    overlapped = bool(backend.options.get(TP_COMM_OVERLAP))
     for c in _tensor_parallel(
-        shape, layout, tokens, precision, checkpointing, fp8, async_tp, overlapped, backend.sequence_parallel
+        shape, layout, tokens, precision, checkpointing, fp8, async_tp, sequence_parallel=backend.sequence_parallel
     ):
-        if c.window != PIPELINED and c.kind != "all-reduce" and not overlapped:
+        if c.window != PIPELINED and c.kind != "all-reduce":
             moved += 2 * c.payload_bytes  # read and written once more
     return moved

@@ -66,6 +66,17 @@ from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.speed.compute import block_projections, recomputed
 
 ASYNC_TP = "async_tp"
+# A published Megatron-LM run's layout (pipeline_context.megatron_layout): its own engine, and
+# TransformerEngine's tensor-parallel overlap, pipelined as async TP's fused ops are.
+MEGATRON_ENGINE = "megatron_engine"
+TP_COMM_OVERLAP = "tp_comm_overlap"
+# SMs TransformerEngine's userbuffers give the reduce-scatter pipelined with the output projection's
+# and the down projection's forward GEMMs, which run on the others (`set_sm_margin=True`): NeMo's H100
+# configuration for Llama 3 70B at TP 4, seq 8192 (NVIDIA/NeMo
+# nemo/collections/llm/recipes/tp_overlap_configs/userbuffers.py@26005325: proj_fprop num_sm=24,
+# fc2_fprop num_sm=16). Its gathers ring-exchange on one SM; its bulk overlaps are priced as
+# compute beside NCCL is (step_time.py).
+USERBUFFERS_SCATTER_SMS = {"output projection": 24, "down projection": 16}
 # A copied shard is written into this GPU's memory while a peer reads this GPU's own shard out of it.
 COPY_MEMORY_PASSES = 2
 PHASES = ("forward", "again", "backward")
@@ -95,6 +106,8 @@ def async_tp_of(backend: Backend, layout: Layout, compiled: bool) -> bool:
     value = backend.options.get(ASYNC_TP, False)
     if not isinstance(value, bool):
         raise LayoutError(f"{backend.name}: async_tp={value!r} must be true or false")
+    if layout.tp > 1 and backend.options.get(MEGATRON_ENGINE) and backend.options.get(TP_COMM_OVERLAP):
+        return True  # TransformerEngine's userbuffers, a published Megatron run's: no compile needed
     if not value or layout.tp <= 1:
         return False
     if layout.tp_group.nodes > 1:
@@ -179,9 +192,12 @@ def async_tp_cost(
     memory_bytes_per_s: float,
     held_bytes: int,
     fp8: bool,
+    sms: int | None = None,
 ) -> AsyncTensorParallel:
     """The pipelines of `fused` (fused_collectives) over a micro-step of micro_batch x seq_len tokens
-    on one of `tp` GPUs (the module's account); `width` elements per token cross the wire."""
+    on one of `tp` GPUs (the module's account); `width` elements per token cross the wire. `sms`:
+    the card's, where TransformerEngine's userbuffers run the pipelines, its scatters' GEMMs on all
+    but USERBUFFERS_SCATTER_SMS of them."""
     tokens = micro_batch * seq_len
     piece = tokens / tp
     added = dict.fromkeys(PHASES, 0.0)
@@ -198,7 +214,12 @@ def async_tp_cost(
             side = (tokens + piece) * width * held_bytes  # the partial results read, the shard written
             if f.restrided and not fp8:
                 side += 2 * tokens * f.matmuls[0][1] * held_bytes
-        added[f.phase] += layers * (tp * c - whole + side / memory_bytes_per_s)
+        if sms and f.kind == "reduce-scatter":
+            taken = USERBUFFERS_SCATTER_SMS["output projection" if f.restrided else "down projection"]
+            side_s = whole * taken / (sms - taken)  # the GEMM on the SMs left to it
+        else:
+            side_s = 0.0
+        added[f.phase] += layers * (tp * c - whole + side / memory_bytes_per_s + side_s)
         exposed += layers * waited
         hidden += layers * ((tp - 1) * p - waited)
     if micro_batch > 1:  # sequence-major gathered tensors copied for the weight gradients (the module's account)

@@ -101,7 +101,8 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     # defaults as its mesh does: a stage per node, context parallel over a node's GPUs up to fsdp-cp's cap.
     pp = cp = 1
     if pipelines(backend):
-        pp = _size(backend, "pp_size", topology.nodes if "pp_size" in backend.options else 1)
+        default = stages_per_node(topology, dims.layers if dims else None, tp)
+        pp = _size(backend, "pp_size", default if "pp_size" in backend.options else 1)
     if splits_sequences(backend):
         cp = _size(backend, "cp_size", min(MAX_DEFAULT_CP, per_node) if "cp_size" in backend.options else 1)
     if gpus % (tp * pp * cp):
@@ -141,6 +142,16 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     )
 
 
+def stages_per_node(topology: Topology, layers: int | None, tp: int) -> int:
+    """A pipeline strategy's default stages: one per node, as its mesh lays them (the pipeline's
+    traffic is the lightest to cross nodes), but never more than the model's blocks: past them, the
+    most that divide the GPUs left by tensor parallelism, as the blocks allow."""
+    if layers is None or topology.nodes <= layers:
+        return topology.nodes
+    ranks = topology.gpus // tp
+    return max(d for d in range(1, layers + 1) if ranks % d == 0)
+
+
 def splits_model(backend: Backend) -> bool:
     """Whether pipeline and context parallelism are planned for `backend`: FSDP2 sharding the whole
     model over its ranks (fsdp, fsdp-tp), as torchtitan composes them."""
@@ -159,7 +170,14 @@ def splits_sequences(backend: Backend) -> bool:
     return splits_model(backend) or backend.context_parallel_engine
 
 
+def replicates_tensor_parallel(backend: Backend) -> bool:
+    """Megatron-LM's layout on FSDP2's machinery: tensor parallel beside replicated (ddp-tp) or
+    ZeRO-1 (zero1-tp) data parallelism."""
+    return backend.fsdp2_units and backend.stage in (0, 1) and backend.tensor_parallel and not backend.via_accelerate
+
+
 def pipelines(backend: Backend) -> bool:
-    """Whether pipeline parallelism is planned for `backend`: the FSDP2 layouts above, and DeepSpeed's
-    pipeline engine with ZeRO-1 inside each stage (zero1-pp), which takes no context parallelism."""
-    return splits_model(backend) or backend.pipeline_engine
+    """Whether pipeline parallelism is planned for `backend`: the FSDP2 layouts above, Megatron-LM's
+    layouts (ddp-tp, zero1-tp: DDP or ZeRO-1 with tensor parallel inside each stage), and DeepSpeed's
+    pipeline engine with ZeRO-1 inside each stage (zero1-pp); the last two take no context parallelism."""
+    return splits_model(backend) or backend.pipeline_engine or replicates_tensor_parallel(backend)

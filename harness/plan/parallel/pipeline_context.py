@@ -18,8 +18,9 @@ from typing import Any
 from harness.plan.memory.activations import Activations
 from harness.plan.memory.capacity import headroom
 from harness.plan.memory.model_states import BYTES
-from harness.plan.network.comm import TP_COMM_OVERLAP, Collective
+from harness.plan.network.comm import Collective
 from harness.plan.network.fabric import Group, Topology, collective_seconds
+from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE, TP_COMM_OVERLAP
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.context_parallel_cost import (
     ULYSSES_EXCHANGES,
@@ -32,6 +33,7 @@ from harness.plan.parallel.context_parallel_cost import (
 from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
 from harness.plan.predict import Question, StrategyPlan, communicators, plan_backend, storage_precision
+from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.step_time import StepTime
 from strategies.plan_model import PlanModel
 
@@ -54,13 +56,6 @@ def stage_topology(topology: Topology, pp: int) -> Topology:
     where it has a node's GPUs or more, else part of one node."""
     gpus = topology.gpus // pp
     return replace(topology, gpus=gpus, nodes=max(1, -(-gpus // topology.per_node)))
-
-
-def _link_bytes_per_s(topology: Topology, across_nodes: bool) -> float:
-    """One GPU's rate to one other: its NVLink share inside a node, its share of the node's cards across."""
-    if not across_nodes:
-        return topology.intra.ring_busbw
-    return topology.fabric.node_bytes_per_s * topology.fabric.efficiency / topology.per_node
 
 
 def _cp_group(topology: Topology, cp: int, tp: int) -> Group:
@@ -113,32 +108,39 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         peak,
         room,
         fits,
-        stage.collectives + [c for c, _ in traffic],
+        stage.collectives + [c for c, _, _ in traffic],
         timing,
     )
 
 
 def _traffic(
     q: Question, stage_q: Question, layout: Layout, pipe: Pipeline, cp: ContextParallel, timed: bool
-) -> list[tuple[Collective, float]]:
+) -> list[tuple[Collective, float, float]]:
     """The pipeline's and context parallel's transfers of one step, each with its seconds per step
-    (0 where the plan is not timed: a question without a GPU's links, as a CPU run's is)."""
+    and, of those, what every micro-batch runs (0 where the plan is not timed: a question without a
+    GPU's links, as a CPU run's is)."""
     assert stage_q.shape.dims is not None
     dims = stage_q.shape.dims
     element = BYTES[storage_precision(q.precision)]
     tokens = stage_q.micro_batch * stage_q.seq_len  # one GPU's tokens of one micro-step
     micro_steps = stage_q.grad_accum
     forwards = 2 if q.checkpointing == "full" else 1
-    out: list[tuple[Collective, float]] = []
+    out: list[tuple[Collective, float, float]] = []
     if layout.pp > 1:
         across = stage_q.topology.gpus >= q.topology.per_node
         sent = boundary_bytes(stage_q.micro_batch, stage_q.seq_len, dims.width, layout.tp, element)
         group = Group(2, 2 if across else 1)
         payload = 2 * sent * micro_steps  # activations forward, their gradients back
-        # Steady state hides the sends; the fill and the drain cross every boundary one after another.
-        critical = 2 * pipe.boundaries * sent / _link_bytes_per_s(q.topology, across) * q.grad_accum if timed else 0.0
-        what = f"send activations and gradients between pipeline stages ({'network' if across else 'NVLink'})"
-        out.append((Collective(what, "broadcast", payload, 2 * micro_steps, "backward", group), critical))
+        one = collective_seconds(q.topology, group, "broadcast", sent) if timed else 0.0
+        # The fill and the drain cross every boundary one after another; in the steady state a
+        # schedule that waits on each exchange before its next micro-batch (steady_state_exposed)
+        # adds one send each way to every micro-batch, the others hide them.
+        critical = 2 * pipe.boundaries * one * q.grad_accum
+        steady = 2 * one * micro_steps if pipe.steady_state_exposed else 0.0
+        how = "each micro-batch waits on them" if pipe.steady_state_exposed else "hidden but the fill and drain"
+        what = f"send activations and gradients between pipeline stages ({'network' if across else 'NVLink'}; {how})"
+        sends = Collective(what, "broadcast", payload, 2 * micro_steps, "backward", group, per_micro_step=bool(steady))
+        out.append((sends, critical + steady, steady))
     if cp.size > 1:
         group = _cp_group(q.topology, cp.size, layout.tp)
         if cp.attention == "all-to-all":
@@ -156,11 +158,16 @@ def _traffic(
                 group,
                 per_micro_step=True,
             )
-            out.append((c, seconds))
+            out.append((c, seconds, seconds))
         else:
             passes = (cp.size - 1) * dims.layers
-            payload = ring_pass_bytes(dims, tokens, layout.tp, element) * passes * (forwards + 2)
-            seconds = payload / _link_bytes_per_s(q.topology, group.nodes > 1) * micro_steps if timed else 0.0
+            one = ring_pass_bytes(dims, tokens, layout.tp, element)
+            payload = one * passes * (forwards + 2)
+            # Each pass is one send to the next GPU of the ring (two in the backward: k, v and their
+            # gradients), at NCCL's price for two GPUs: across the network where the ring leaves a node.
+            hop = Group(2, 2 if group.nodes > 1 else 1)
+            sends = passes * (forwards + 2)
+            seconds = collective_seconds(q.topology, hop, "broadcast", one) * sends * micro_steps if timed else 0.0
             c = Collective(
                 "ring attention k and v passes (context parallel)",
                 "broadcast",
@@ -170,7 +177,7 @@ def _traffic(
                 group,
                 per_micro_step=True,
             )
-            out.append((c, seconds))
+            out.append((c, seconds, seconds))
     return out
 
 
@@ -181,7 +188,7 @@ def _time(
     layout: Layout,
     pipe: Pipeline,
     cp: ContextParallel,
-    traffic: list[tuple[Collective, float]],
+    traffic: list[tuple[Collective, float, float]],
 ) -> StepTime:
     """The stage's step with the bubble, context parallel's attention and the exposed transfers added."""
     assert q.gpu is not None and stage_q.shape.dims is not None
@@ -211,12 +218,13 @@ def _time(
             peak = q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu
             attention_extra = flops * tokens * again / layout.tp / peak
     compute = t.compute_s + attention_extra
-    optimizer = t.work.optimizer_s * scale if t.work is not None else 0.0
+    optimizer = t.work.step_s * scale if t.work is not None else 0.0
+    uneven = _imbalance(t, q, stage_q, layout, pipe) * scale
     exposed = recurring = 0.0
-    for c, seconds in traffic:
+    for c, seconds, every_micro_batch in traffic:
         if c.window is None or "pipeline" in c.what:
             exposed += seconds
-            recurring += seconds if c.per_micro_step else 0.0
+            recurring += every_micro_batch
         else:  # the ring's passes hide behind the attention they run beside
             attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
             exposed += max(0.0, seconds - attention)
@@ -225,32 +233,55 @@ def _time(
     # communication in each one's critical path (tensor parallelism's, context parallelism's).
     bubble = pipe.bubble * (compute - optimizer + t.recurring_comm_s + recurring)
     tokens = t.tokens_per_s * t.step_s
-    what = t.overhead_what
-    if layout.pp > 1:
-        bubble_what = (
-            f"the pipeline's bubble ({pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "
-            f"{pipe.bubble:.0%} of the micro-batches' work idle)"
-        )
-        what = f"{bubble_what} and {what}" if what else bubble_what
+    bubble_what = (
+        f"{pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "
+        f"{pipe.bubble:.0%} of the micro-batches' work idle"
+        if layout.pp > 1
+        else ""
+    )
     timed = replace(
         t,
         compute_s=compute,
         exposed_comm_s=t.exposed_comm_s + exposed,
         recurring_comm_s=t.recurring_comm_s + recurring,
-        overhead_s=t.overhead_s + bubble,
-        overhead_what=what,
-        wire_bytes=t.wire_bytes + sum(c.wire_bytes() for c, _ in traffic),
-        comm_s=t.comm_s + sum(seconds for _, seconds in traffic),
+        bubble_s=bubble,
+        bubble_what=bubble_what,
+        imbalance_s=uneven,
+        wire_bytes=t.wire_bytes + sum(c.wire_bytes() for c, _, _ in traffic),
+        comm_s=t.comm_s + sum(seconds for _, seconds, _ in traffic),
     )
     return replace(timed, tokens_per_s=tokens / timed.step_s)
 
 
-def published_layout(sharding: str, reduce_in_fp32: bool) -> tuple[PlanModel, dict[str, Any]] | str | None:
+def _imbalance(t: StepTime, q: Question, stage_q: Question, layout: Layout, pipe: Pipeline) -> float:
+    """Unscaled seconds a step of the stage planned (the fullest: its blocks, the head and the loss)
+    computes beyond an even share of the model's work: each micro-batch waits on the slowest stage,
+    so the others idle that long. The head's matmuls and the loss, less their share over the stages,
+    and the blocks the fullest stage holds beyond the mean."""
+    dims, whole = stage_q.shape.dims, q.shape.dims
+    if layout.pp <= 1 or t.work is None or q.gpu is None or dims is None or whole is None:
+        return 0.0
+    tokens = stage_q.micro_batch * stage_q.seq_len
+    out = dims.vocab // dims.head_split(layout.tp)
+    held = storage_precision(q.precision)
+    head = t.work.loss_s + sum(
+        gemm_seconds(m, n, k, q.gpu, held)
+        for m, n, k in ((tokens, out, dims.width), (tokens, dims.width, out), (out, dims.width, tokens))
+    )
+    block = max(0.0, t.work.micro_step_s - head) / dims.layers
+    extra_blocks = dims.layers - whole.layers / pipe.stages
+    return stage_q.grad_accum * (head * (1 - 1 / pipe.stages) + block * extra_blocks)
+
+
+def published_layout(
+    sharding: str, reduce_in_fp32: bool, overlap_dp: bool | None = None
+) -> tuple[PlanModel, dict[str, Any]] | str | None:
     """A published run with pipeline or context parallelism as the PlanModel and options it is
     planned with (fsdp, or fsdp-tp where it names tp=; Megatron-LM's pipeline and context parallelism
-    beside its tensor and data parallelism), or why it is not planned; None where it has neither."""
+    beside its tensor and data parallelism, `overlap_dp` as megatron_layout's), or why it is not
+    planned; None where it has neither."""
     if sharding.lower().startswith("megatron"):
-        return megatron_pipeline_layout(sharding)
+        return megatron_pipeline_layout(sharding, overlap_dp)
     options = published_options(sharding)
     if options is None:
         return None
@@ -264,21 +295,36 @@ def published_layout(sharding: str, reduce_in_fp32: bool) -> tuple[PlanModel, di
 OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_param_gather")
 
 
-def megatron_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]]:
+def megatron_layout(sharding: str, overlap_dp: bool | None = None) -> tuple[PlanModel, dict[str, Any]]:
     """Megatron-LM's tensor parallel inside a node beside data parallel across (`megatron tp=8 dp=32
     ddp`): its DDP (ddp-tp's model) or its distributed optimizer (zero1-tp's, which reduce-scatters
     the fp32 gradients and all-gathers the updated parameters, Megatron-LM's
-    docs/source/distrib_optimizer.md). Its DDP overlaps nothing unless `overlap_grad_reduce` is
-    given: `--DDP-impl local`, Megatron-LM's default until its torch DDP went (megatron/arguments.py),
-    all-reduces the contiguous gradient buffer after the backward, as Megatron-core's DDP does with
-    overlap_grad_reduce=False (its default, distributed_data_parallel_config.py). A distributed
-    optimizer's overlap is planned as given where given, else on (NeMo's recipes set
-    overlap_grad_sync and overlap_param_sync, Megatron-LM leaves them off: the rows do not say which)."""
+    docs/source/distrib_optimizer.md), on its own engine (comm.py's MEGATRON_ENGINE: its buffers,
+    its sequence parallelism's saved shards), with sequence parallelism where the layout names
+    `sequence_parallel` (or `tp_comm_overlap`, which Megatron-LM refuses without it) and
+    TransformerEngine's tensor-parallel overlap where it names `tp_comm_overlap`.
+
+    Its data-parallel overlap (OVERLAP_FLAGS: the gradients' reduction behind the backward, the
+    parameters' gather behind the next forward) is on where the layout names the flag; else as
+    `overlap_dp` says, what the run's recipe does (NeMo's and Megatron-Bridge's recipes set both,
+    Megatron-LM's arguments leave both off); else, not known, as Megatron's engine defaults: its DDP
+    overlaps nothing (`--DDP-impl local`, Megatron-LM's default until its torch DDP went,
+    megatron/arguments.py, all-reduces the contiguous gradient buffer after the backward, as
+    Megatron-core's DDP does with overlap_grad_reduce=False, distributed_data_parallel_config.py),
+    a distributed optimizer overlaps both, as NeMo's recipes run it."""
     tp = int(sharding.split("tp=")[1].split()[0])
     words = sharding.split()
     stage = 1 if "distributed_optimizer" in words else 0
-    model = PlanModel("torch", stage, "low_precision", reshard_after_forward=False, tensor_parallel=True)
-    options: dict[str, Any] = {"tp_size": tp, "distributed_optimizer": stage == 1}
+    sequence_parallel = "sequence_parallel" in words or TP_COMM_OVERLAP in words
+    model = PlanModel(
+        "torch",
+        stage,
+        "low_precision",
+        reshard_after_forward=False,
+        tensor_parallel=True,
+        sequence_parallel=sequence_parallel,
+    )
+    options: dict[str, Any] = {"tp_size": tp, "distributed_optimizer": stage == 1, MEGATRON_ENGINE: True}
     # Its own DDP, not another engine's ZeRO beside Megatron's layers (`zero=`, Megatron-FSDP).
     megatron_ddp = stage == 0 and "ddp" in words and not any(w.startswith("zero=") for w in words)
     if TP_COMM_OVERLAP in words:
@@ -286,12 +332,14 @@ def megatron_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]]:
     for flag in OVERLAP_FLAGS:
         if flag in words:
             options[flag] = True
+        elif overlap_dp is not None:
+            options[flag] = overlap_dp
         elif megatron_ddp:  # Megatron's DDP reduces its gradient buffer after the backward unless told otherwise
             options[flag] = False
     return model, options
 
 
-def megatron_pipeline_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]] | None:
+def megatron_pipeline_layout(sharding: str, overlap_dp: bool | None = None) -> tuple[PlanModel, dict[str, Any]] | None:
     """Megatron-LM's pipeline (`pp=`) and context parallelism (`cp=`) on its tensor and data-parallel
     layout: the model cut into pp_size stages, 1F1B, or its interleaved schedule with `vp=` virtual
     stages a GPU (Narayanan et al. 2021, section 2.2.2), its micro-batches the step's accumulation
@@ -303,7 +351,7 @@ def megatron_pipeline_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]] 
     pp, cp = sizes.get("pp", 1), sizes.get("cp", 1)
     if pp <= 1 and cp <= 1:
         return None
-    model, options = megatron_layout(sharding)
+    model, options = megatron_layout(sharding, overlap_dp)
     if cp > 1:
         model = replace(model, context_parallel_engine=True)
         options = {**options, "cp_size": cp, "cp_attention": "ring"}

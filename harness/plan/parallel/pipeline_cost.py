@@ -78,6 +78,16 @@ class Pipeline:
         return float(min(p, m))
 
     @property
+    def steady_state_exposed(self) -> bool:
+        """Whether each steady-state micro-batch waits on its sends: 1F1B exchanges activations and
+        gradients with its neighbours between a forward and a backward and blocks on them
+        (Megatron-LM's `send_forward_recv_backward`, which refuses `overlap_p2p_comm` outside the
+        interleaved schedule; torch's Schedule1F1B waits on each batched send and receive); GPipe
+        and the looped schedules post them asynchronously and run the next chunk beside them
+        (Megatron-LM's interleaved schedule with `overlap_p2p_comm`, its default)."""
+        return self.stages > 1 and self.schedule == "1f1b"
+
+    @property
     def boundaries(self) -> int:
         """Stage boundaries a micro-batch crosses (the virtual stages wrap round the GPUs)."""
         return self.stages * self.virtual - 1
@@ -110,27 +120,54 @@ def stage_layers(layers: int, pipe: Pipeline) -> int:
     return math.ceil(layers / chunks) * pipe.virtual
 
 
+_STAGES: dict[tuple[int, int], tuple[ModelShape, ModelShape]] = {}
+STAGES_KEPT = 64  # stage shapes a process keeps: a search plans one per pp for each of a few models
+
+
 def stage_shape(shape: ModelShape, layers: int) -> ModelShape:
-    """The fullest stage as a model of its own: its blocks, with the embedding (first stage) and the
-    head and loss (last stage) both on it, so it is the heaviest stage in memory and in time."""
+    """_stage_shape, kept: a search plans each stage for every split and checkpointing."""
+    key = (id(shape), layers)
+    if key in _STAGES and _STAGES[key][0] is shape:
+        return _STAGES[key][1]
+    if len(_STAGES) >= STAGES_KEPT:
+        _STAGES.clear()
+    stage = _stage_shape(shape, layers)
+    _STAGES[key] = (shape, stage)
+    return stage
+
+
+def _stage_shape(shape: ModelShape, layers: int) -> ModelShape:
+    """The fullest stage as a model of its own: its blocks, with the head and loss (last stage) and
+    the embedding's lookup (first stage) both on it, so it is the heaviest stage in memory and in
+    time. Of an untied embedding and head, whose tables are the same size, it holds one: the first
+    stage holds the embedding's, the last the head's, never both (a tied one is a copy on each)."""
     if shape.dims is None:
         raise LayoutError("pipeline parallelism needs a transformer the planner knows the layers of")
     dims = replace(shape.dims, layers=layers)
+    table = shape.dims.vocab * shape.dims.width
     if shape.tensors is None:
         per_block = (shape.params - shape.root_params()) // shape.dims.layers
-        params = shape.root_params() + layers * per_block
+        untied = shape.root_params() >= 2 * table
+        params = shape.root_params() - (table if untied else 0) + layers * per_block
         tensors = None
     else:
-        kept: tuple[ParamTensor, ...] = tuple(t for t in shape.tensors if t.block is None or t.block < layers)
+        tables = [i for i, t in enumerate(shape.tensors) if t.block is None and t.numel == table]
+        embedding = tables[0] if len(tables) >= 2 else None
+        kept: tuple[ParamTensor, ...] = tuple(
+            t
+            for i, t in enumerate(shape.tensors)
+            if (t.block is None and i != embedding) or (t.block is not None and t.block < layers)
+        )
         tensors = kept
         params = sum(t.numel for t in kept)
+        untied = embedding is not None
     skipped = shape.params - shape.flops_params  # position embeddings, on the first stage
     modules = None if shape.param_modules is None else max(1, round(shape.param_modules * params / shape.params))
     return replace(
         shape,
         name=f"{shape.name} (stage of {layers} blocks)",
         params=params,
-        flops_params=params - skipped,
+        flops_params=params - skipped + (table if untied else 0),  # the embedding's 6N share still counted
         dims=dims,
         tensors=tensors,
         tracer=None,

@@ -58,6 +58,8 @@ PRICED_VALUES: dict[str, tuple[Any, ...]] = {"cpu_adam": (None, True)}
 # The planner's what-ifs: taken on the layouts MODELLED prices them for even where no registered
 # strategy runs them yet (docs/planner.md: async tensor parallelism, pipeline and context parallelism).
 WHAT_IFS = ("async_tp", "cp_attention", "virtual_stages")
+# The size each what-if shapes: offered only to a strategy that takes it (no interleaving without stages).
+WHAT_IF_SIZES = {"async_tp": "tp_size", "cp_attention": "cp_size", "virtual_stages": "pp_size"}
 # Options that count GPUs, stages or micro-batches: whole numbers of at least 1 (None: the strategy's default).
 SIZES = ("tp_size", "pp_size", "cp_size", "shard_size", "zero_hpz_partition_size", "microbatches", "virtual_stages")
 
@@ -70,10 +72,11 @@ def _registry():  # noqa: ANN202 - strategies.registry.StrategyRegistry, importe
 
 def takes(name: str) -> set[str]:
     """The options a plan of strategy `name` takes: those `train` takes, and the planner's what-ifs for
-    its layout."""
+    its layout where it takes the size each shapes."""
     model = model_of(name)
-    what_ifs = {key for key in WHAT_IFS if model is not None and MODELLED[key](model)}
-    return set(_registry().get(name).user_options()) | what_ifs
+    runs = set(_registry().get(name).user_options())
+    what_ifs = {key for key in WHAT_IFS if model is not None and MODELLED[key](model) and WHAT_IF_SIZES[key] in runs}
+    return runs | what_ifs
 
 
 def _what_ifs(name: str, given: Collection[str]) -> list[str]:

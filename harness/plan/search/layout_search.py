@@ -23,7 +23,7 @@ from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.parallel.planned_options import check_priced, options_of, takes
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision
 from harness.plan.recommendation import CHECKPOINTING_ORDER
-from harness.plan.search.search_space import batch_splits, layout_options
+from harness.plan.search.search_space import batch_splits, layout_options, pipeline_splits
 from strategies.plan_model import PlanModel
 
 TOP = 10
@@ -172,23 +172,37 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
             if first_of.setdefault(key, name) != name:
                 listed_as[f"{name} at {_dims(layout)}"] = first_of[key]
                 continue
-            splits = batch_splits(global_batch, layout.data_parallel)
+            if layout.pp > 1:
+                schedule = str(backend.options.get("schedule") or "1f1b")
+                microbatches = fixed.get("microbatches")
+                pipelined = pipeline_splits(global_batch, layout.data_parallel, layout.pp, schedule, microbatches)
+                splits = [(split, {**sizes, "microbatches": m}) for split, m in pipelined]
+            else:
+                splits = [(split, sizes) for split in batch_splits(global_batch, layout.data_parallel)]
             if not splits:
                 not_laid_out[
                     f"the batch of {global_batch} sequences does not divide over {layout.data_parallel} "
-                    "data-parallel ranks"
+                    "data-parallel ranks" + (f" into micro-batches for {layout.pp} stages" if layout.pp > 1 else "")
                 ] += 1
                 continue
-            for split in splits:
+            for split, laid in splits:
+                split_backend = replace(backend, options={**backend.options, **laid})
                 for mode in CHECKPOINTING_ORDER:
-                    asked = layout_question(q, options, split.micro_batch, split.grad_accum, mode)
+                    asked = layout_question(q, {**fixed, **laid}, split.micro_batch, split.grad_accum, mode)
                     try:
-                        plan = plan_backend(backend, asked)
+                        plan = plan_backend(split_backend, asked)
                     except LayoutError as exc:
                         not_laid_out[str(exc)] += 1
                         continue
                     found = Searched(
-                        options, split.micro_batch, split.grad_accum, mode, plan, q.gpus, peak_flops, flops_per_token
+                        {**options, **laid},
+                        split.micro_batch,
+                        split.grad_accum,
+                        mode,
+                        plan,
+                        q.gpus,
+                        peak_flops,
+                        flops_per_token,
                     )
                     (too_large if plan.fits is False else fitting).append(found)
     fitting.sort(key=lambda s: (-s.tokens_per_s_per_gpu, s.peak_bytes))
@@ -227,6 +241,7 @@ TERMS = {
     "host step": "host optimizer step and copies",
     "overhead": "backend's own work",
     "host wait": "the GPU waiting on its host to issue kernels",
+    "bubble": "the pipeline's bubble",
     "compute": "compute",
 }
 
@@ -235,7 +250,9 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
     """A layout's step, in seconds, by what it spends them on (TERMS)."""
     t = s.plan.time
     assert t is not None
-    recompute = s.grad_accum * t.work.recompute_s * compute_scale if t.work else 0.0
+    # A pipeline's work is per pipeline micro-batch: each micro-step runs `microbatches` of them.
+    micro_steps = s.grad_accum * (int(s.options.get("microbatches", 1)) if s.plan.layout.pp > 1 else 1)
+    recompute = micro_steps * t.work.recompute_s * compute_scale if t.work else 0.0
     optimizer = t.work.optimizer_s * compute_scale if t.work else 0.0
     return {
         "exposed comm": t.exposed_comm_s,
@@ -245,11 +262,18 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
         "host step": t.offload_step_s,
         "overhead": t.overhead_s,
         "host wait": t.host_wait_s,
+        "bubble": t.bubble_s,
         "compute": t.compute_s - recompute - optimizer,
     }
 
 
-def _slowest_collective(s: Searched) -> str:
+def _slowest_collective(s: Searched, best: Searched) -> str:
+    t, b = s.plan.time, best.plan.time
+    assert t is not None and b is not None
+    every = t.recurring_comm_s - b.recurring_comm_s
+    if every > (t.exposed_comm_s - b.exposed_comm_s) / 2:  # mostly what each micro-step waits on
+        names = [c.what for c in s.plan.collectives if c.per_micro_step and (c.window is None or "pipeline" in c.what)]
+        return f" ({t.recurring_comm_s * 1e3:.0f} ms in every micro-batch's path: {'; '.join(dict.fromkeys(names))})"
     comms = [c for c in s.plan.collectives if c.kind != "host-copy"]
     if not comms:
         return ""
@@ -293,13 +317,20 @@ def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
         return Loss(slower, None, 0.0)
     detail = ""
     if term == "exposed comm":
-        detail = _slowest_collective(s)
+        detail = _slowest_collective(s, best)
     elif term == "overhead" and s.plan.time and s.plan.time.overhead_what:
         detail = f" ({s.plan.time.overhead_what})"
+    elif term == "bubble" and s.plan.time:
+        detail = f" ({s.plan.time.bubble_what})"
     elif term == "recompute":
         detail = f" (checkpointing {s.checkpointing} against {best.checkpointing})"
     elif term == "compute":
         detail = f" ({_shape(s)} against {_shape(best)})"
+        if s.plan.time and s.plan.time.imbalance_s > extra[term] / 4:
+            detail = (
+                f" ({s.plan.time.imbalance_s * 1e3:.0f} ms of it the fullest pipeline stage's beyond an even share: "
+                "the head and loss, uneven blocks)"
+            )
         if s.micro_batch < best.micro_batch and s.plan.layout.tp == best.plan.layout.tp:
             return Loss(slower, "micro-batch", extra[term], detail)
     return Loss(slower, term, extra[term], detail)

@@ -24,7 +24,9 @@ from harness.plan.parallel.layout import pipelines, splits_model
 MAX_PIPELINE_STAGES = 16
 LONG_SEQUENCE = 16384
 SEARCHED_SCHEDULES = ("1f1b", "interleaved-1f1b")
-MICROBATCHES_PER_STAGE = (1, 2, 4)  # pipeline micro-batches searched, in multiples of the stages
+# Sequences in each pipeline micro-batch searched: more micro-batches shrink the bubble, larger ones
+# run their matmuls faster; Megatron-LM's published layouts run 1 to 4 (its sc21 and NeMo tables).
+PIPELINE_MICRO_BATCHES = (1, 2, 4, 8)
 TOKEN_SUFFIXES = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}  # 4M tokens: 4,194,304, as runs state it
 
 
@@ -77,10 +79,9 @@ def _split_sizes(
     takes: Collection[str],
 ) -> list[dict[str, Any]]:
     """Pipeline and context-parallel sizes (with the schedules searched) over `ranks` GPUs, for a
-    strategy that takes them (layout.pipelines, layout.splits_model): pp up to MAX_PIPELINE_STAGES and the model's
-    blocks, each with SEARCHED_SCHEDULES and MICROBATCHES_PER_STAGE x pp micro-batches (a split whose
-    local batch they do not divide is not laid out), cp where the sequence is LONG_SEQUENCE tokens
-    or more and splits evenly; [{}] for none."""
+    strategy that takes them (layout.pipelines, layout.splits_model): pp up to MAX_PIPELINE_STAGES and
+    the model's blocks, each with SEARCHED_SCHEDULES (its micro-batches are pipeline_splits'), cp
+    where the sequence is LONG_SEQUENCE tokens or more and splits evenly; [{}] for none."""
     if not pipelines(backend) or layers is None or seq_len is None:
         return [{}]
     stages = _sizes(fixed, "pp_size", divisors(ranks)) if "pp_size" in takes else []
@@ -97,11 +98,27 @@ def _split_sizes(
             if pp == 1:
                 out.append(split)
                 continue
-            counts = [fixed["microbatches"]] if fixed.get("microbatches") else [pp * k for k in MICROBATCHES_PER_STAGE]
             # A schedule only where the strategy takes one (zero1-pp's is fixed by its name: it would be refused).
             named = [{"schedule": s} for s in schedules] if "schedule" in takes else [{}]
-            out += [split | schedule | {"microbatches": m} for schedule in named for m in counts]
+            out += [split | schedule for schedule in named]
     return out
+
+
+def pipeline_splits(
+    global_batch: int, data_parallel: int, stages: int, schedule: str, fixed: int | None = None
+) -> list[tuple[BatchSplit, int]]:
+    """How a pipelined layout makes `global_batch` sequences over `data_parallel` ranks: each rank's
+    whole share in one schedule a step (Megatron-LM's: the accumulation is the pipeline's
+    micro-batches, one flush a step), in micro-batches of PIPELINE_MICRO_BATCHES sequences where
+    that makes at least as many as the stages (a multiple of them for the looped schedules);
+    `fixed` micro-batches where the user gave them."""
+    per_rank, rem = divmod(global_batch, data_parallel)
+    if rem or not per_rank:
+        return []
+    looped = schedule in ("interleaved-1f1b", "zero-bubble")
+    sizes = [per_rank // fixed] if fixed else [b for b in PIPELINE_MICRO_BATCHES if per_rank % b == 0]
+    counts = [per_rank // b for b in sizes if per_rank // b >= stages and not (looped and (per_rank // b) % stages)]
+    return [(BatchSplit(per_rank, 1), m) for m in counts if per_rank % m == 0]
 
 
 def layout_options(

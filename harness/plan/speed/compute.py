@@ -78,7 +78,7 @@ AUTOCAST_WEIGHT_BYTES = 6 + 14
 # micro-batch 16 x 1024): the model's 10.45 ms difference at the data sheet's 3.35 TB/s took
 # 16.44 ms. tests/plan/speed/test_compute.py derives it again.
 MEMORY_EFFICIENCY = 0.635
-RMSNORM_EAGER_BYTES = {2: 36, 4: 28}
+RMSNORM_EAGER_BYTES = {2: 36, 4: 28}  # per element forward, by the input's bytes
 
 
 def memory_bytes_per_s(gpu: GPUSpec) -> float:
@@ -89,10 +89,17 @@ def memory_bytes_per_s(gpu: GPUSpec) -> float:
     return gpu.hbm_bytes_per_s * efficiency
 
 
-# per element forward, by the input's bytes
 FP8_CAST_BYTES = 2 + 2 + 1  # the amax's read, the cast's read and its fp8 write
 FP8_WEIGHT_BYTES = FP8_CAST_BYTES + 2  # and the fp8 copy transposed for the backward
 FP8_RECAST_BYTES = 2 + 1  # a cast whose amax was kept
+# TransformerEngine's fp8 (te_fp8=true; TE 1.x's Linear, LayerNormLinear and LayerNormMLP under its
+# DelayedScaling recipe, as Megatron-LM and NeMo run them): the scale comes from earlier steps' amax
+# history, so no cast reads for an amax; each cast writes the fp8 tensor and its transpose, which
+# Hopper's fp8 GEMMs need for the backward (`cast_transpose`). The norm ahead of the attention's and
+# the MLP's first projections and the MLP's activation write their outputs in fp8 themselves
+# (`LayerNormLinear`, `LayerNormMLP`): a byte instead of two, and the transpose's read and write.
+TE_CAST_BYTES = 2 + 1 + 1  # the bf16 read, the fp8 write and its transpose
+TE_FUSED_CAST_BYTES = -1 + 1 + 1  # an fp8 output for a bf16 one, the transpose read and written
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,13 @@ class ComputeWork:
     recompute_s: float  # forward work activation checkpointing runs again (its share of the parts above)
     forward_s: float  # the forward's share of the micro-step (the window forward communication hides in)
     optimizer_s: float  # once per step, not per micro-step
+    # TransformerEngine's fp8 weight casts (te_fp8): once per step, their copy reused by every micro-step.
+    weight_cast_s: float = 0.0
+
+    @property
+    def step_s(self) -> float:
+        """What a step runs once, whatever its micro-steps: the optimizer, TE's weight casts."""
+        return self.optimizer_s + self.weight_cast_s
 
     @property
     def micro_step_s(self) -> float:
@@ -168,6 +182,24 @@ def fp8_cast_bytes(dims: TransformerDims, tokens: int, tp: int, checkpointing: s
     backward = dims.layers * FP8_CAST_BYTES * grads
     again = {"none": 0.0, "full": 1.0, "selective": FP8_RECAST_BYTES / FP8_CAST_BYTES}[checkpointing] * forward
     return forward, backward, again
+
+
+def te_fp8_cast_bytes(
+    dims: TransformerDims, tokens: int, tp: int, checkpointing: str
+) -> tuple[float, float, float, float]:
+    """Bytes TransformerEngine's fp8 casts move (forward, backward, again, and the weights' once per
+    step: Megatron-LM passes `is_first_microbatch`, and TE casts the weights on the first micro-batch
+    and reuses that fp8 copy until the optimizer steps), per GPU of a `tp`-way group (the constants'
+    account): the attention's and the MLP's inputs and the activation fused, the output projection's
+    input and each output's gradient cast on their own."""
+    h, q, f = dims.width, dims.q_width, dims.ffn_width
+    column_outputs = sum(out for out, into in block_projections(dims, tp) if into == h)
+    fused = tokens * (2 * h / tp + f / tp)  # the norms' outputs, the activation's
+    forward = dims.layers * (TE_FUSED_CAST_BYTES * fused + TE_CAST_BYTES * tokens * q / tp)
+    backward = dims.layers * TE_CAST_BYTES * tokens * (column_outputs + 2 * h / tp)
+    weights = TE_CAST_BYTES * dims.layers * sum(out * into for out, into in block_projections(dims, tp))
+    again = forward if checkpointing == "full" else 0.0
+    return forward, backward, again, weights
 
 
 def recomputed(index: int, checkpointing: str) -> bool:
@@ -218,32 +250,37 @@ def elementwise_bytes_per_token(
     sequence_parallel: bool = True,
 ) -> tuple[float, float]:
     """(forward, backward) bytes one block's elementwise work moves per token on one of `tp` GPUs
-    (tensor parallel splits the heads' and the MLP's work; the residual stream's, its norms and
-    residual adds, is split by sequence parallelism alike, and whole on each GPU without it)."""
-    seq = tp if sequence_parallel else 1
+    (tensor parallel splits the heads' and the MLP's work; the residual stream's, its norms,
+    residual adds and the casts of the projections' inputs, is split by sequence parallelism alike,
+    and without it, as Megatron-LM ran before 2022, every GPU of the group runs them over the whole
+    sequence)."""
     h, f, q, kv = dims.width, dims.ffn_width, dims.q_width, dims.kv_width
     a, res = r.matmul, r.residual
     norm_f, norm_b = _norm_bytes(dims, r, compiled, fused_norm)
     qk = q + kv
     expand = 2 * (q + kv) * a if dims.kv_heads < dims.heads else 0.0
+    residual_split = tp if sequence_parallel else 1
     if compiled:
         junction_f, junction_b = (2 * res + 2 * a) * h, (3 * res + a) * h
         act_f, act_b = (3 * f * a, 5 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
         rotary = (10 if complex_rope else 2) * a * qk if dims.rotary else 0.0
-        return 2 * junction_f / seq + (act_f + rotary + expand) / tp, 2 * junction_b / seq + (
-            act_b + rotary + expand
-        ) / tp
+        return (
+            2 * junction_f / residual_split + (act_f + rotary + expand) / tp,
+            2 * junction_b / residual_split + (act_b + rotary + expand) / tp,
+        )
     casts = 0.0
     if r.autocast:
         consumers = (1 if dims.fused_qkv else 3) + (2 if dims.gated_mlp else 1)
         casts = consumers * (res + a) * h
     act_f, act_b = (5 * f * a, 9 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
     rotary = 10 * a * qk if dims.rotary else 0.0
-    stream_f, stream_b = 2 * norm_f * h + 2 * (2 * res + a) * h, 2 * norm_b * h + 2 * 3 * res * h
-    forward = casts + act_f + rotary + expand
     cast_back = 2 * (res + a) * h if r.autocast else 0.0
-    backward = casts + cast_back + act_b + rotary + expand
-    return stream_f / seq + forward / tp, stream_b / seq + backward / tp
+    stream_f = 2 * norm_f * h + casts + 2 * (2 * res + a) * h
+    stream_b = 2 * norm_b * h + casts + 2 * 3 * res * h + cast_back
+    return (
+        stream_f / residual_split + (act_f + rotary + expand) / tp,
+        stream_b / residual_split + (act_b + rotary + expand) / tp,
+    )
 
 
 def _elementwise(
@@ -306,11 +343,13 @@ def compute_work(
     fused_norm: bool = False,
     complex_rope: bool = False,
     qk_norm: bool = False,
+    te_fp8: bool = False,
     sequence_parallel: bool = True,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters; `qk_norm`: an RMSNorm on each head's queries
-    and keys, moving their elements as a norm of the matmuls' dtype does."""
+    and keys, moving their elements as a norm of the matmuls' dtype does; `te_fp8`: fp8 projections
+    cast as TransformerEngine casts them (te_fp8_cast_bytes)."""
     tokens = micro_batch * seq_len
     regime = Regime.of(precision, mixed_precision)
     bandwidth = memory_bytes_per_s(gpu)
@@ -337,13 +376,18 @@ def compute_work(
         norm_f, norm_b = _norm_bytes(rms, Regime(regime.matmul, regime.matmul, False), compiled, fused_norm)
         moved = (dims.q_width + dims.kv_width) * tokens * dims.layers / tp / bandwidth
         elementwise += Kernels(norm_f * moved, norm_b * moved, norm_f * moved if checkpointing != "none" else 0.0)
-    if projections == "fp8":
+    weight_casts = 0.0
+    if projections == "fp8" and te_fp8:
+        *per_micro_step, weight_bytes = te_fp8_cast_bytes(dims, tokens, tp, checkpointing)
+        elementwise += Kernels(*(moved / bandwidth for moved in per_micro_step))
+        weight_casts = weight_bytes / bandwidth
+    elif projections == "fp8":
         elementwise += Kernels(*(moved / bandwidth for moved in fp8_cast_bytes(dims, tokens, tp, checkpointing)))
     loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]
     loss = loss_bytes * tokens * dims.vocab / dims.head_split(tp) / bandwidth
     forward = matmuls.forward + attn.forward + elementwise.forward + loss / 3
     again = matmuls.again + attn.again + elementwise.again
-    return ComputeWork(matmuls.total, attn.total, elementwise.total, loss, again, forward, optimizer)
+    return ComputeWork(matmuls.total, attn.total, elementwise.total, loss, again, forward, optimizer, weight_casts)
 
 
 # Kernels a block launches, by what launches them (forward, backward): each projection's matmul,

@@ -87,6 +87,13 @@ class StepTime:
     recurring_comm_s: float = 0.0
     host_wait_s: float = 0.0  # the GPU waiting on its host to issue the micro-steps' kernels (host_issue.py)
     host: HostIssue | None = None
+    # A pipeline's stages idle in its fill and drain (parallel/pipeline_context.py); bubble_what: its
+    # schedule, stages and micro-batches.
+    bubble_s: float = 0.0
+    bubble_what: str = ""
+    # Of compute_s, what a pipeline's fullest stage computes beyond an even share (its head and loss,
+    # blocks that do not divide evenly), which every other stage waits out.
+    imbalance_s: float = 0.0
 
     @property
     def step_s(self) -> float:
@@ -97,6 +104,7 @@ class StepTime:
             + self.offload_step_s
             + self.overhead_s
             + self.host_wait_s
+            + self.bubble_s
         )
 
     @property
@@ -194,7 +202,7 @@ def step_time(
         if pipelined is not None:
             micro_compute += (pipelined.forward_s + pipelined.backward_s) * factors.compute_scale
             forward_s += pipelined.forward_s * factors.compute_scale
-        step_compute = grad_accum * micro_compute + work.optimizer_s * factors.compute_scale
+        step_compute = grad_accum * micro_compute + work.step_s * factors.compute_scale
     else:
         assert fixed_compute_s is not None
         micro_compute, forward_s = fixed_compute_s, fixed_compute_s / 3

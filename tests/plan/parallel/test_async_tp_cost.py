@@ -178,3 +178,16 @@ def test_async_tp_needs_compile_a_group_inside_a_node_and_sequence_parallel() ->
         plan_strategy("fsdp", question(cfg)).time
         == plan_strategy("fsdp", question(PlanConfig(**LLAMA_8B, gpus=16, micro_batch=1))).time
     )
+
+
+def test_userbuffers_run_the_scattered_gemms_on_the_sms_they_leave() -> None:
+    """TransformerEngine's tp_comm_overlap (a published Megatron run's): the forward's output and
+    down projections run on the SMs their pipelined reduce-scatter leaves (24 and 16 of them)."""
+    scatter = [f for f in fused_collectives(LLAMA, 4, "none") if f.kind == "reduce-scatter" and f.phase == "forward"]
+    common = dict(layers=3, micro_batch=1, seq_len=4096, tp=4, width=1024, checkpointing="none", matmul=_linear())
+    rates = dict(copy_bytes_per_s=1e11, memory_bytes_per_s=2e12, held_bytes=2, fp8=False)
+    torch_pass = async_tp_cost(scatter, **common, **rates)
+    userbuffers = async_tp_cost(scatter, **common, **rates, sms=132)
+    whole = {f.restrided: sum(_linear()(4096, n, k) for n, k in f.matmuls) for f in scatter}
+    margin = whole[True] * 24 / (132 - 24) + whole[False] * 16 / (132 - 16)
+    assert userbuffers.forward_s - torch_pass.forward_s == pytest.approx(3 * margin)

@@ -9,17 +9,28 @@ from dataclasses import replace
 import pytest
 
 import strategies.registry as registry_module
+from harness.plan.network.fabric import collective_seconds
 from harness.plan.parallel.backends import backend_for, backend_of, filled_in
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout, published_options
 from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
+from harness.plan.parallel.pipeline_default import pipeline_line
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
-from harness.plan.predict import plan_backend, plan_strategy
+from harness.plan.predict import Question, plan_all, plan_backend, plan_strategy
 from harness.plan.search.layout_search import search, why_slower
 from harness.plan.search.search_cli import search_question
+from harness.plan.search.search_space import BatchSplit, pipeline_splits
 from harness.plan.speed.step_time import overhead_per_micro_step
 
 SMALL_LLAMA = dict(layers=8, width=1024, heads=16, kv_heads=4, ffn=2816, vocab=32000, arch="llama")
+
+
+@pytest.fixture
+def layout_strategies(monkeypatch) -> None:
+    """The registry with tests/plan/layout_strategies.py's planner-only strategies: one taking tp, pp
+    and cp sizes (torchtitan's composed mesh), Megatron-style layouts taking pipeline stages."""
+    names = registry_module._builtin_modules() + ["tests.plan.layout_strategies"]
+    monkeypatch.setattr(registry_module, "_DEFAULT", registry_module.registry_of(names))
 
 
 def _plan(name: str = "fsdp-tp", **options):
@@ -70,15 +81,17 @@ def test_bad_pipeline_options_are_one_line_errors() -> None:
     assert pipeline_of({}, 6, 4).microbatches == 6
 
 
-def test_stage_holds_its_blocks_with_embedding_and_head() -> None:
+def test_stage_holds_its_blocks_with_the_head_and_not_a_second_table() -> None:
     q, _ = _plan()
     pipe = Pipeline(3, 3, "1f1b")
     layers = stage_layers(8, pipe)
     assert layers == 3
     stage = stage_shape(q.shape, layers)
     assert stage.dims.layers == 3
-    assert stage.root_params() == q.shape.root_params()
-    assert stage.params == q.shape.root_params() + sum(q.shape.block_params()[:3])
+    # The head and the final norm; the embedding's table, as large as the head's, is another stage's.
+    table = q.shape.dims.vocab * q.shape.dims.width
+    assert stage.root_params() == q.shape.root_params() - table
+    assert stage.params == q.shape.root_params() - table + sum(q.shape.block_params()[:3])
 
 
 def test_stage_memory_holds_the_micro_batches_in_flight() -> None:
@@ -110,7 +123,7 @@ def test_boundary_traffic_on_the_right_link() -> None:
 def test_interleaving_halves_the_bubble_on_the_step() -> None:
     _, one_f = _plan(tp_size=2, pp_size=4, schedule="1f1b", microbatches=8)
     _, inter = _plan(tp_size=2, pp_size=4, schedule="interleaved-1f1b", microbatches=8)
-    assert "bubble" in one_f.time.overhead_what
+    assert one_f.time.bubble_s > inter.time.bubble_s > 0 and "4 stages" in one_f.time.bubble_what
     assert inter.time.tokens_per_s > one_f.time.tokens_per_s
 
 
@@ -120,11 +133,16 @@ def test_the_bubble_idles_each_micro_batchs_tensor_parallel_collectives_with_its
     # The stage's tensor-parallel collectives run in every micro-batch's critical path.
     tp = [c for c in one_f.collectives if c.what.startswith("tensor-parallel")]
     per_step = sum(c.seconds(q.topology, 1.0) for c in tp) * 8
-    assert t.recurring_comm_s == pytest.approx(per_step) and per_step > 0
+    # 1F1B waits on its exchange with each neighbour: one send each way per micro-batch.
+    sends = next(c for c in one_f.collectives if "pipeline stages" in c.what)
+    one_send = collective_seconds(q.topology, sends.group, "broadcast", sends.payload_bytes / sends.calls)
+    assert sends.per_micro_step and one_send > 0
+    assert t.recurring_comm_s == pytest.approx(per_step + 2 * 8 * one_send) and per_step > 0
     # The stage runs FSDP without resharding (pipeline_context.py), its backend's work each micro-batch.
     backend = overhead_per_micro_step(replace(one_f.backend, reshard_after_forward=False), q.factors) * 8
     work = t.compute_s - t.work.optimizer_s * q.factors.compute_scale + t.recurring_comm_s
-    assert t.overhead_s - backend == pytest.approx(Pipeline(4, 8, "1f1b").bubble * work)
+    assert t.overhead_s == pytest.approx(backend)
+    assert t.bubble_s == pytest.approx(Pipeline(4, 8, "1f1b").bubble * work)
 
 
 def test_context_parallel_splits_activations_and_shards_over_dp_and_cp() -> None:
@@ -167,13 +185,19 @@ def test_published_layouts_read_as_options() -> None:
     assert not model.tensor_parallel and options["cp_size"] == 2 and options["cp_attention"] == "ring"
     megatron, options = published_layout("megatron tp=4 pp=8 vp=6 dp=4 distributed_optimizer", True)
     assert megatron.pipeline_engine and megatron.stage == 1 and megatron.tensor_parallel
+    assert not megatron.sequence_parallel  # not named: Megatron-LM's default, every GPU runs the whole residual stream
     assert options == {
         "tp_size": 4,
         "distributed_optimizer": True,
+        "megatron_engine": True,
         "pp_size": 8,
         "schedule": "interleaved-1f1b",
         "virtual_stages": 6,
     }
+    _, exposed = published_layout("megatron tp=4 pp=8 dp=4 distributed_optimizer", True, overlap_dp=False)
+    assert not exposed["overlap_grad_reduce"] and not exposed["overlap_param_gather"]
+    _, named = published_layout("megatron tp=4 pp=8 dp=4 distributed_optimizer overlap_grad_reduce", True, False)
+    assert named["overlap_grad_reduce"] and not named["overlap_param_gather"]  # a flag the layout names wins
     assert published_layout("megatron tp=8 pp=2 dp=32 ddp", True)[1]["schedule"] == "1f1b"
     megatron_cp, options = published_layout("megatron tp=4 pp=4 vp=5 cp=2 dp=2 distributed_optimizer", True)
     assert megatron_cp.context_parallel_engine and megatron_cp.pipeline_engine
@@ -216,10 +240,8 @@ def test_search_includes_pipeline_and_context_parallel_layouts() -> None:
     assert {s.plan.layout.pp * s.plan.layout.cp * s.plan.layout.tp * s.plan.layout.data_parallel for s in found} == {8}
 
 
-def test_405b_on_1024_h100_ranks_pipelines_against_zero3(monkeypatch) -> None:
-    # A strategy that takes tp, pp and cp sizes at once, as torchtitan's composed mesh does.
-    names = registry_module._builtin_modules() + ["tests.plan.layout_strategies"]
-    monkeypatch.setattr(registry_module, "_DEFAULT", registry_module.registry_of(names))
+def test_405b_on_1024_h100_ranks_pipelines_against_zero3(layout_strategies) -> None:
+    # test-fsdp-tp-pp-cp takes tp, pp and cp sizes at once, as torchtitan's composed mesh does.
     cfg = PlanConfig(
         model="llama3.1-405b",
         gpus=1024,
@@ -237,15 +259,15 @@ def test_405b_on_1024_h100_ranks_pipelines_against_zero3(monkeypatch) -> None:
     loser = pipelined[0] if pipelined[0] is not best else next(s for s in result.ranked if s.strategy == "zero3")
     reason = why_slower(loser, best, q.factors.compute_scale).describe()
     assert "slower" in reason
-    if loser.plan.layout.pp > 1 and "backend's own work" in reason:
-        assert "bubble" in reason
+    if loser.plan.layout.pp > 1 and "bubble" in reason:
+        assert "stages" in reason and "micro-batches" in reason
 
 
 def test_registered_fsdp_pp_and_fsdp_cp_are_priced_with_their_meshes_defaults() -> None:
     cfg = PlanConfig(**SMALL_LLAMA, gpus=16, gpus_per_node=8, seq_len=4096, micro_batch=4)
     q = question(cfg)
     pipelined, context = plan_strategy("fsdp-pp", q), plan_strategy("fsdp-cp", q)
-    assert pipelined.layout.pp == 2 and "bubble" in pipelined.time.overhead_what  # a stage per node
+    assert pipelined.layout.pp == 2 and pipelined.time.bubble_s > 0  # a stage per node
     assert context.layout.cp == 8 and context.layout.data_parallel == 2  # a node's GPUs
 
 
@@ -253,7 +275,7 @@ def test_deepspeeds_pipeline_engine_is_planned_with_its_one_schedule() -> None:
     cfg = PlanConfig(**SMALL_LLAMA, gpus=16, gpus_per_node=8, seq_len=4096, micro_batch=4)
     q = question(cfg)
     pipelined, flat = plan_strategy("zero1-pp", q), plan_strategy("zero1", q)
-    assert pipelined.layout.pp == 2 and pipelined.layout.cp == 1 and "bubble" in pipelined.time.overhead_what
+    assert pipelined.layout.pp == 2 and pipelined.layout.cp == 1 and pipelined.time.bubble_s > 0
     assert pipelined.peak_bytes < flat.peak_bytes  # half the layers' weights and gradients per stage
     _, zero1 = _plan("zero1", pp_size=2)
     assert zero1.layout.pp == 1  # plain ZeRO-1 takes no stages
@@ -273,3 +295,102 @@ def test_deepspeeds_pipeline_engine_is_planned_with_its_one_schedule() -> None:
     assert any(p.layout.pp > 1 for p in found) and all(p.layout.cp == 1 for p in found)
     assert {p.backend.options.get("schedule") for p in found if p.layout.pp > 1} == {"1f1b"}
     assert not any("schedule" in s.options for s in searched)  # the name fixes it: a run refuses it set
+
+
+def test_megatron_copies_nothing_per_micro_step_and_exposes_what_it_does_not_overlap() -> None:
+    """Megatron-LM's own buffers: no per-micro-step copies of parameters or gradients, so its
+    micro-steps are shorter than replicate's; without its overlap flags the distributed
+    optimizer's reduce-scatter and gather run after the compute."""
+    q, _ = _plan()
+    plans = {}
+    for overlap in (True, False):
+        model, options = megatron_layout("megatron tp=2 dp=8 distributed_optimizer sequence_parallel", overlap)
+        backend = filled_in(backend_of(model, "megatron", options), q.shape, "bf16", q.gpus, options)
+        plans[overlap] = plan_backend(backend, q)
+    replicate = plan_strategy("zero1-tp", replace(q, strategy_options={"tp_size": 2}))
+    assert plans[True].time.work.elementwise_s < replicate.time.work.elementwise_s
+    windows = {c.what: c.window for c in plans[False].collectives if "updated" in c.what or "gradients" in c.what}
+    assert windows == {"reduce-scatter gradients": None, "all-gather updated parameters": None}
+    assert plans[False].time.exposed_comm_s > plans[True].time.exposed_comm_s
+
+
+def test_fsdp_pp_takes_a_stage_per_node_but_never_more_stages_than_blocks() -> None:
+    cfg = PlanConfig(**SMALL_LLAMA, gpus=128, gpus_per_node=8, seq_len=4096, micro_batch=8)
+    pipelined = plan_strategy("fsdp-pp", question(cfg))
+    assert pipelined.layout.pp == 8  # 16 nodes, 8 blocks: the most stages the blocks allow that divide 128
+
+
+def _llama_405b(strategy: str) -> Question:
+    return question(
+        PlanConfig(
+            model="llama3.1-405b",
+            gpus=1024,
+            seq_len=8192,
+            batch_size=2048,
+            micro_batch=1,
+            activation_checkpointing="full",
+            strategies=[strategy],
+            strategy_options={"tp_size": 8},
+        )
+    )
+
+
+def test_the_default_plan_gives_a_layout_too_large_without_stages_the_fewest_that_fit(layout_strategies) -> None:
+    """Megatron's rule (tensor parallel in the node, then the fewest pipeline stages that fit):
+    405B under ZeRO-1 beside TP 8 does not fit on 1,024 H100s without a pipeline; where the strategy
+    takes stages, the default plan lays it over the fewest that fit, its accumulation as the
+    pipeline's micro-batches."""
+    name = "test-zero1-tp-pp"
+    q = _llama_405b(name)
+    flat = plan_strategy(name, q)
+    (plan,), _ = plan_all([name], q)
+    assert flat.fits is False and plan.fits and plan.layout.pp > 1
+    options = plan.backend.options
+    assert options["microbatches"] == 2048 // plan.layout.data_parallel  # one sequence each, one schedule a step
+    fewer = [d for d in range(2, plan.layout.pp) if (1024 // 8) % d == 0]
+    for stages in fewer:
+        smaller = plan_strategy(name, replace(q, strategy_options={"tp_size": 8, "pp_size": stages}))
+        assert smaller.fits is False
+    line = pipeline_line(plan, q)
+    assert line and f"{plan.layout.pp} stages" in line
+    assert plan_all([name], replace(q, strategy_options={"tp_size": 8, "pp_size": 1}))[0][0].layout.pp == 1
+
+
+def test_the_default_plan_gives_no_stages_to_a_strategy_that_takes_none() -> None:
+    """zero1-tp takes no pp_size (the registry's: its runtime has no pipeline): the plan offers it no
+    layout a run could not use, and says it does not fit."""
+    q = _llama_405b("zero1-tp")
+    (plan,), _ = plan_all(["zero1-tp"], q)
+    assert plan.layout.pp == 1 and plan.fits is False and pipeline_line(plan, q) is None
+
+
+def test_the_search_runs_a_pipeline_as_one_schedule_a_step(layout_strategies) -> None:
+    """Megatron's semantics: a pipelined layout's accumulation is its micro-batches, one flush a step,
+    in micro-batches of 1, 2, 4 or 8 sequences; at least as many as the stages (a multiple of them for
+    the interleaved schedule)."""
+    assert pipeline_splits(512, 8, 4, "1f1b") == [(BatchSplit(64, 1), m) for m in (64, 32, 16, 8)]
+    assert pipeline_splits(64, 8, 4, "interleaved-1f1b") == [(BatchSplit(8, 1), 8), (BatchSplit(8, 1), 4)]
+    assert pipeline_splits(64, 8, 4, "1f1b", fixed=2) == []  # fewer micro-batches than stages
+    cfg = PlanConfig(**SMALL_LLAMA, gpus=16, gpus_per_node=4, seq_len=4096, global_batch_tokens="1M", search=True)
+    q, global_batch = search_question(cfg)
+    result = search(q, ["test-zero1-tp-pp"], global_batch)
+    pipelined = [s for s in result.ranked + result.too_large if s.plan.layout.pp > 1]
+    assert pipelined and all(s.grad_accum == 1 for s in pipelined)
+    for s in pipelined:
+        assert s.micro_batch * s.plan.layout.data_parallel == global_batch
+        assert s.options["microbatches"] >= s.plan.layout.pp
+
+
+def test_megatron_without_sequence_parallelism_runs_the_residual_stream_whole_on_each_gpu() -> None:
+    """Megatron-LM without --sequence-parallel (before 2022): the norms and residual adds over the
+    whole sequence on every tensor-parallel GPU, and their saved inputs whole too."""
+    q, _ = _plan()
+    plans = {}
+    for sp in ("", " sequence_parallel"):
+        sharding = f"megatron tp=4 dp=4 distributed_optimizer{sp}"
+        model, options = megatron_layout(sharding)
+        backend = filled_in(backend_of(model, sharding, options), q.shape, "bf16", q.gpus, options)
+        plans[bool(sp)] = plan_backend(backend, q)
+    assert plans[False].time.work.elementwise_s > plans[True].time.work.elementwise_s
+    assert plans[False].activations.blocks > plans[True].activations.blocks
+    assert plans[False].time.work.matmul_s == plans[True].time.work.matmul_s

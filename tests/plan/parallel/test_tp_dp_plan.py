@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from harness.plan.network.comm import PIPELINED
 from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import backend_of, filled_in
 from harness.plan.parallel.pipeline_context import megatron_layout
@@ -96,34 +97,38 @@ def test_megatrons_gradient_reduction_overlaps_the_backward_only_where_it_is_tol
         assert exposed == pytest.approx(reduce.seconds(q.topology, 1.0))
 
 
-def test_megatrons_tp_comm_overlap_hides_each_blocks_collectives_beside_its_matmuls():
+def test_megatrons_tp_comm_overlap_pipelines_each_blocks_collectives_with_its_gemms():
+    """TransformerEngine's userbuffers: each gather into its GEMM and each GEMM's scatter pipelined as
+    async TP's fused ops are, the backward's other collectives beside its GEMMs (bulk overlaps), the
+    head's and the embedding's exposed."""
     config = PlanConfig(**LLAMA_8B, gpus=16, micro_batch=1, strategies=["ddp-tp"], strategy_options={"tp_size": TP})
     q = question(config)
     plans = {}
     for sharding in (
-        "megatron tp=8 dp=2 distributed_optimizer",
-        "megatron tp=8 dp=2 distributed_optimizer tp_comm_overlap",
+        "megatron tp=8 dp=2 distributed_optimizer sequence_parallel",
+        "megatron tp=8 dp=2 distributed_optimizer sequence_parallel tp_comm_overlap",
     ):
         model, options = megatron_layout(sharding)
         plans[sharding.split()[-1]] = plan_backend(
             filled_in(backend_of(model, "m", options), q.shape, "bf16", 16, options), q
         )
-    exposed, overlapped = plans["distributed_optimizer"], plans["tp_comm_overlap"]
+    exposed, overlapped = plans["sequence_parallel"], plans["tp_comm_overlap"]
 
     def tp(plan):
         return [c for c in plan.collectives if c.what.startswith("tensor-parallel")]
 
-    # The same calls and bytes; each block's in the phase that runs it, the head's and the embedding's exposed.
+    # The same calls and bytes, each where it runs.
     assert sum(c.calls for c in tp(overlapped)) == sum(c.calls for c in tp(exposed))
     assert sum(c.payload_bytes for c in tp(overlapped)) == pytest.approx(sum(c.payload_bytes for c in tp(exposed)))
     windows = {(c.kind, c.window): c.calls for c in tp(overlapped)}
     layers = LLAMA_8B["layers"]
     assert windows == {
-        ("all-gather", "forward"): 2 * layers,
-        ("all-gather", "backward"): 2 * layers,
+        ("all-gather", PIPELINED): 4
+        * layers,  # the attention's and the MLP's inputs, and wo's and w2's output gradients
+        ("all-gather", "backward"): 2 * layers,  # the saved shards gathered again for the weight gradients
         ("all-gather", None): 2,
-        ("reduce-scatter", "forward"): 2 * layers,
-        ("reduce-scatter", "backward"): 2 * layers,
+        ("reduce-scatter", PIPELINED): 2 * layers,  # wo's and w2's outputs
+        ("reduce-scatter", "backward"): 2 * layers,  # the attention's and the MLP's input gradients
         ("reduce-scatter", None): 2,
     }
     assert overlapped.time.recurring_comm_s < exposed.time.recurring_comm_s / 10

@@ -14,7 +14,14 @@ from harness.plan.parallel.layout import Layout
 from harness.plan.plan_cli import PlanConfig, question
 from harness.plan.plan_options import gpu_of
 from harness.plan.predict import plan_strategy
-from harness.plan.speed.compute import FP8_CAST_BYTES, MEMORY_EFFICIENCY, compute_work, fp8_cast_bytes
+from harness.plan.speed.compute import (
+    FP8_CAST_BYTES,
+    MEMORY_EFFICIENCY,
+    TE_CAST_BYTES,
+    compute_work,
+    fp8_cast_bytes,
+    te_fp8_cast_bytes,
+)
 from harness.plan.speed.gemm import gemm_tflops
 from tests.helpers import env_for_tests, run_cli
 
@@ -32,7 +39,7 @@ def test_a_large_fp8_matmul_runs_at_the_fp8_mamf_and_a_short_inner_dimension_cos
     assert short < ratio
 
 
-def _work(shape, precision, tp=1, checkpointing="none"):
+def _work(shape, precision, tp=1, checkpointing="none", te_fp8=False):
     return compute_work(
         shape,
         micro_batch=2,
@@ -48,6 +55,7 @@ def _work(shape, precision, tp=1, checkpointing="none"):
         tp=tp,
         optimizer_params=shape.params,
         engine="torch",
+        te_fp8=te_fp8,
     )
 
 
@@ -117,3 +125,17 @@ def test_fp8_on_a_card_without_fp8_tensor_cores_is_an_error():
         gpu_of(PlanConfig(model="gpt2-124m", gpu="A100", precision="fp8"))
     proc = run_cli(["plan", "model=gpt2-124m", "gpu=A100", "precision=fp8"], env=env_for_tests())
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no fp8 tensor cores" in proc.stderr
+
+
+def test_transformer_engine_casts_weights_once_a_step_and_fuses_the_input_casts():
+    """TE's fp8 (te_fp8): the weights' cast and transpose leave the micro-step for the step (its
+    cache across micro-batches), and each micro-step casts less than torchao's float8 does."""
+    shape = shape_of_description(params=None, **LLAMA_8B)
+    torchao, te = _work(shape, "fp8"), _work(shape, "fp8", te_fp8=True)
+    assert torchao.weight_cast_s == 0 and te.weight_cast_s > 0
+    *_, weights = te_fp8_cast_bytes(shape.dims, 2 * 8192, 1, "none")
+    block = 2 * 4096 * 4096 + 2 * 1024 * 4096 + 3 * 14336 * 4096  # q, o; k, v; gate, up, down
+    assert weights == pytest.approx(TE_CAST_BYTES * block * shape.dims.layers)
+    assert te.weight_cast_s == pytest.approx(weights / (H100.hbm_bytes_per_s * MEMORY_EFFICIENCY))
+    assert te.elementwise_s < torchao.elementwise_s
+    assert te.step_s == te.optimizer_s + te.weight_cast_s
