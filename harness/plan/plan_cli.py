@@ -45,6 +45,12 @@ def strategy_names(cfg: PlanConfig, gpus: int | None = None) -> list[str]:
     known = known_backends()
     if cfg.strategies:
         unknown = [s for s in cfg.strategies if s not in known and model_of(s) is None]
+        unmodelled = [s for s in unknown if s in default_registry().names()]
+        if unmodelled:
+            raise PlanError(
+                f"strategy {', '.join(unmodelled)} is registered but the planner has no model of it yet: "
+                f"plan one of {', '.join(known)}"
+            )
         if unknown:
             raise PlanError(f"unknown strategy {', '.join(unknown)}: the planner knows {', '.join(known)}")
         names = list(cfg.strategies)

@@ -18,6 +18,7 @@ from harness.plan.memory.buffers import matmul_weights
 from harness.plan.memory.model_states import zero_paper_bytes_per_gpu
 from harness.plan.model.model_build import shape_of_module
 from harness.plan.model.model_shape import shape_of_description, shape_of_spec
+from harness.plan.parallel.backends import planner_models
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import plan_all, plan_strategy
 from harness.plan.recommendation import recommend
@@ -425,10 +426,24 @@ def test_described_gpt_equals_the_zoo_preset():
 def test_table_names_every_registered_strategy_the_planner_models(capsys):
     code, out, _ = run_plan_cli("model=gpt2-350m", "gpus=8", "micro_batch=2", capsys=capsys)
     assert code == 0
-    for name in default_registry().names():
+    for name in planner_models():
         if name != "single":
             assert f"\n{name} " in out
     assert "Use " in out and "Runner-up:" in out
+
+
+def test_a_registered_strategy_without_a_planner_model_is_refused_as_such(capsys, monkeypatch):
+    import harness.plan.plan_cli as plan_cli
+
+    # ddp as a registered strategy whose class declares no planner model.
+    modelled = [name for name in plan_cli.known_backends() if name != "ddp"]
+    monkeypatch.setattr(plan_cli, "known_backends", lambda: modelled)
+    monkeypatch.setattr(plan_cli, "model_of", lambda name: None)
+    code, _, err = run_plan_cli("model=gpt2-350m", "gpus=8", "strategies=[ddp]", capsys=capsys)
+    assert code == 2
+    assert "strategy ddp is registered but the planner has no model of it yet" in err
+    code, _, err = run_plan_cli("model=gpt2-350m", "gpus=8", "strategies=[no-such-strategy]", capsys=capsys)
+    assert code == 2 and "unknown strategy no-such-strategy" in err
 
 
 def test_json_and_plots(capsys, tmp_path):
