@@ -7,7 +7,7 @@ from typing import Any
 
 from harness.common import hardware
 from harness.plan.model.model_shape import shape_of_spec
-from harness.plan.network.fabric import DEFAULT_FABRIC, FABRICS, IntraNode, Topology, parse_intra
+from harness.plan.network.fabric import FABRICS, IntraNode, Topology, default_fabric, topology_of
 from harness.plan.parallel.backends import model_of
 from harness.plan.predict import Question, plan_strategy
 from harness.plan.speed.calibration import default_factors
@@ -34,11 +34,13 @@ def question_for_run(
     split: the (micro-batch, accumulation) the run followed, where its data-parallel ranks are fewer
     than its processes (tensor parallelism); default, the batch split over every process."""
     micro_batch, grad_accum = split or cfg.world_batch(world_size)
-    family = spec.attention_family if spec else "hopper"
-    intra = parse_intra(None, spec) if spec else IntraNode("nvlink", 0.0)
+    if spec is not None:
+        topology = topology_of(spec, world_size, nodes, default_fabric(spec, 8))
+    else:  # memory only: no link is priced
+        topology = Topology(world_size, nodes, IntraNode("nvlink", 0.0), FABRICS["ndr"], True)
     return Question(
         shape=shape_of_spec(cfg.model, cfg.model_kwargs, cfg.model_blocks),
-        topology=Topology(world_size, nodes, intra, FABRICS[DEFAULT_FABRIC[family]], family == "hopper"),
+        topology=topology,
         capacity_bytes=gpu_mem_bytes,
         micro_batch=micro_batch,
         grad_accum=grad_accum,

@@ -25,10 +25,10 @@ from harness.plan.parallel.backends import Backend, backend_for
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.speed.compute import compute_work, kernel_launches, memory_bytes_per_s, micro_step_kernels
-from harness.plan.speed.gemm import gemm_seconds
+from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import HostIssue, host_issue
 from harness.plan.speed.kernel_table import kernel_table
-from harness.plan.speed.step_time import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
+from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
 
@@ -40,7 +40,7 @@ class Question:
     micro_batch: int
     grad_accum: int
     seq_len: int
-    precision: str  # fp32 | bf16 | fp16 | fp8 (fp8: the projections' matmuls, the rest in bf16)
+    precision: str  # fp32 | bf16 | fp16 | fp8 | fp4 (fp8, fp4: the projections' matmuls, the rest in bf16)
     gpu: GPUSpec | None  # None: an unknown card, memory only
     factors: SpeedFactors  # compute scale, backend overheads, memory corrections (calibration.py)
     checkpointing: str = "none"  # none | full | selective
@@ -215,8 +215,8 @@ def batching(q: Question, layout: Layout) -> tuple[int, int]:
 
 
 def storage_precision(precision: str) -> str:
-    """What parameters, activations and collectives are held in: fp8 runs keep bf16 beside its matmuls."""
-    return "bf16" if precision == "fp8" else precision
+    """What parameters, activations and collectives are held in: fp8 and fp4 runs keep bf16 beside their matmuls."""
+    return "bf16" if precision in LOW_PRECISION else precision
 
 
 def _fused_loss(backend: Backend, q: Question) -> bool:
@@ -250,7 +250,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     memory = memory_at(backend, q, layout, states)
     room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
     fits = None if memory.peak is None else room.fits(memory.peak)
-    fp8 = q.precision == "fp8"
+    fp8 = q.precision in LOW_PRECISION
     tokens = q.micro_batch * q.seq_len
     pipelined = async_tp_of(backend, layout, q.compiled)
     comms = collectives(
@@ -331,7 +331,7 @@ def _async_tp(q: Question, layout: Layout) -> AsyncTensorParallel | None:
         copy_bytes_per_s=q.topology.intra.ring_busbw,
         memory_bytes_per_s=memory_bytes_per_s(gpu),
         held_bytes=compute_bytes(held),
-        fp8=q.precision == "fp8",
+        fp8=q.precision in LOW_PRECISION,
     )
 
 
@@ -376,7 +376,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 storage_precision(q.precision),
                 q.micro_batch * q.seq_len,
                 q.checkpointing,
-                q.precision == "fp8",
+                q.precision in LOW_PRECISION,
                 pipelined,
             ),
         )
@@ -385,7 +385,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         fixed_compute_s=fixed,
         collectives=comms,
         topology=q.topology,
-        host_bytes_per_s=q.gpu.pcie_bytes_per_s * HOST_LINK_EFFICIENCY,
+        host_bytes_per_s=host_bytes_per_s(q.gpu),
         backend=backend,
         micro_tokens=q.micro_batch * q.seq_len,
         grad_accum=q.grad_accum,

@@ -24,6 +24,7 @@ from bench.layout_kinds import (
     kinds_of,
     scale_of,
 )
+from harness.common.hardware import GPUS
 from harness.plan.network.comm import PIPELINED
 from harness.plan.network.fabric import FABRICS
 from tests.helpers import ROOT, env_for_tests
@@ -223,8 +224,9 @@ def test_every_row_of_every_csv_is_planned_or_listed_with_a_reason():
     rows = published.plan_rows(published.read_rows(published.DATA / "model_parallel_nvidia.csv"))
     assert len(rows) >= 200 and sum(o.plan is not None for o in rows) >= 150
     assert all(o.row["source"].count("@") == 1 and len(o.row["source"].split("@")[1]) == 40 for o in rows)
-    skipped = {o.row["gpu"]: o.skipped for o in rows if o.skipped and o.skipped.startswith("card")}
-    assert set(skipped) == {"GB200", "GB300", "B300"}  # GB200 is not planned as a B200
+    assert not [o for o in rows if o.skipped and o.skipped.startswith("card")]  # every card is known
+    gb200 = [o for o in rows if o.row["gpu"] == "GB200" and o.plan is not None]
+    assert gb200 and all(o.plan.layout.tp_group.nodes == 1 for o in gb200)  # TP stays in the NVL72 rack
     moe = [o for o in rows if o.row["arch"] == "moe"]
     assert moe and all(
         o.skipped == "mixture of experts: not modelled" for o in moe if o.row["gpu"] in ("H100-80", "B200")
@@ -238,10 +240,12 @@ def test_every_row_of_every_csv_is_planned_or_listed_with_a_reason():
 
 
 def test_a_networks_cards_and_rate_per_node_are_read():
-    fabric = published._fabric({"network": "8x400gbps-ib", "gpus": "64", "nodes": "8"}, "hopper")
+    fabric = published._fabric({"network": "8x400gbps-ib", "gpus": "64", "nodes": "8"}, GPUS["H100"])
     assert (fabric.nics, fabric.gbps) == (8, 400)
-    assert published._fabric({"network": "ndr", "gpus": "64", "nodes": "8"}, "hopper") is FABRICS["ndr"]
-    assert published._fabric({"network": "unstated", "gpus": "16", "nodes": "2"}, "ampere") is FABRICS["dgx-a100"]
+    assert published._fabric({"network": "ndr", "gpus": "64", "nodes": "8"}, GPUS["H100"]) is FABRICS["ndr"]
+    assert published._fabric({"network": "unstated", "gpus": "16", "nodes": "2"}, GPUS["A100"]) is FABRICS["dgx-a100"]
+    tray = published._fabric({"network": "unstated", "gpus": "64", "nodes": "16"}, GPUS["GB200"])
+    assert (tray.nics, tray.gbps) == (4, 400)  # a GB200 compute tray: four GPUs, a 400G card each
 
 
 def test_the_goals_say_which_bucket_misses():

@@ -57,15 +57,16 @@ def stage_topology(topology: Topology, pp: int) -> Topology:
 
 
 def _link_bytes_per_s(topology: Topology, across_nodes: bool) -> float:
-    """One GPU's rate to one other: its NVLink share inside a node, its share of the node's cards across."""
+    """One GPU's rate to one other: its NVLink share inside the NVLink domain, its share of its host's cards across."""
     if not across_nodes:
         return topology.intra.ring_busbw
     return topology.fabric.node_bytes_per_s * topology.fabric.efficiency / topology.per_node
 
 
 def _cp_group(topology: Topology, cp: int, tp: int) -> Group:
-    """Context parallel's GPUs: next to the tensor-parallel ones, inside a node while tp x cp fits one."""
-    return Group(cp, max(1, -(-(cp * tp) // topology.per_node)))
+    """Context parallel's GPUs: next to the tensor-parallel ones, inside the NVLink domain (a node,
+    or a GB200 NVL72 rack) while tp x cp fits one."""
+    return Group(cp, max(1, -(-(cp * tp) // topology.per_domain)))
 
 
 def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyPlan:
@@ -131,7 +132,7 @@ def _traffic(
     forwards = 2 if q.checkpointing == "full" else 1
     out: list[tuple[Collective, float]] = []
     if layout.pp > 1:
-        across = stage_q.topology.gpus >= q.topology.per_node
+        across = stage_q.topology.gpus >= q.topology.per_domain
         sent = boundary_bytes(stage_q.micro_batch, stage_q.seq_len, dims.width, layout.tp, element)
         group = Group(2, 2 if across else 1)
         payload = 2 * sent * micro_steps  # activations forward, their gradients back

@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import ModelShape, TransformerDims
 from harness.plan.speed.attention import attention_seconds
-from harness.plan.speed.gemm import gemm_seconds
+from harness.plan.speed.gemm import BYTES, LOW_PRECISION, gemm_seconds
 from harness.plan.speed.kernel_table import kernel_table
 
 CHECKPOINTING = ("none", "full", "selective")
@@ -156,17 +156,22 @@ def block_projections(dims: TransformerDims, tp: int) -> list[tuple[int, int]]:
     return attention + [(h, q // tp)] + mlp
 
 
-def fp8_cast_bytes(dims: TransformerDims, tokens: int, tp: int, checkpointing: str) -> tuple[float, float, float]:
-    """Bytes the fp8 casts of one micro-step move (forward, backward, again): the module docstring's
-    account, per GPU of a `tp`-way tensor-parallel group."""
+def fp8_cast_bytes(
+    dims: TransformerDims, tokens: int, tp: int, checkpointing: str, precision: str = "fp8"
+) -> tuple[float, float, float]:
+    """Bytes the fp8 (or fp4) casts of one micro-step move (forward, backward, again): the module
+    docstring's account, per GPU of a `tp`-way tensor-parallel group; an fp4 cast writes fp4's
+    bytes (with its block scales) where fp8's writes one."""
+    written = BYTES[precision] - 1  # fp4's write against fp8's one byte
+    cast, weight, recast = FP8_CAST_BYTES + written, FP8_WEIGHT_BYTES + 3 * written, FP8_RECAST_BYTES + written
     h, q, f = dims.width, dims.q_width, dims.ffn_width
     column_outputs = sum(out for out, into in block_projections(dims, tp) if into == h)
     inputs = tokens * (2 * h / tp + (q + f) / tp)  # attention and MLP inputs, then o's and down's
     grads = tokens * (column_outputs + 2 * h / tp)
     weights = sum(out * into for out, into in block_projections(dims, tp))
-    forward = dims.layers * (FP8_CAST_BYTES * inputs + FP8_WEIGHT_BYTES * weights)
-    backward = dims.layers * FP8_CAST_BYTES * grads
-    again = {"none": 0.0, "full": 1.0, "selective": FP8_RECAST_BYTES / FP8_CAST_BYTES}[checkpointing] * forward
+    forward = dims.layers * (cast * inputs + weight * weights)
+    backward = dims.layers * cast * grads
+    again = {"none": 0.0, "full": 1.0, "selective": recast / cast}[checkpointing] * forward
     return forward, backward, again
 
 
@@ -323,8 +328,9 @@ def compute_work(
         norm_f, norm_b = _norm_bytes(rms, Regime(regime.matmul, regime.matmul, False), compiled, fused_norm)
         moved = (dims.q_width + dims.kv_width) * tokens * dims.layers / tp / bandwidth
         elementwise += Kernels(norm_f * moved, norm_b * moved, norm_f * moved if checkpointing != "none" else 0.0)
-    if projections == "fp8":
-        elementwise += Kernels(*(moved / bandwidth for moved in fp8_cast_bytes(dims, tokens, tp, checkpointing)))
+    if projections in LOW_PRECISION:
+        casts = fp8_cast_bytes(dims, tokens, tp, checkpointing, projections)
+        elementwise += Kernels(*(moved / bandwidth for moved in casts))
     loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]
     loss = loss_bytes * tokens * dims.vocab / dims.head_split(tp) / bandwidth
     forward = matmuls.forward + attn.forward + elementwise.forward + loss / 3
