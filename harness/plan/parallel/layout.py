@@ -76,7 +76,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     tp = _size(backend, "tp_size", per_node) if backend.tensor_parallel else 1
     if gpus % tp:
         raise LayoutError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
-    if tp > domain and tp % domain:
+    if tp > per_node and (domain % tp if tp <= domain else tp % domain):
         where = "a node's" if domain == per_node else "an NVLink domain's"
         raise LayoutError(
             f"{backend.name}: tp_size={tp} splits {where} {domain} GPUs between two tensor-parallel groups: "
