@@ -9,8 +9,8 @@ from harness.common.units import GIB
 from harness.plan.memory.batch_limit import fitting_micro_batch, micro_batch_limit
 from harness.plan.network.comm import tensor_parallel_across_nodes
 from harness.plan.network.fabric import Topology
-from harness.plan.parallel.layout import Layout
 from harness.plan.parallel.backends import counterpart, model_of
+from harness.plan.parallel.layout import Layout
 from harness.plan.predict import Question, StrategyPlan, plan_strategy
 from harness.plan.what_if import fewest_gpus
 
