@@ -301,8 +301,10 @@ def _precision(row: dict[str, str]) -> str:
     if precision in ("fp8", "float8"):
         if "rowwise" in row["notes"]:
             return "float8 with rowwise scaling: only tensorwise scaling is modelled"
+        if "MXFP8" in row["notes"] and gpu_spec(row["gpu"]).generation == "blackwell":
+            return "fp8"  # Blackwell's tensor cores apply the block scales at the fp8 rate (recipe_of_row)
         if any(words in row["notes"] for words in ("MXFP8", "block scaling", "blockwise scaling")):
-            return "fp8 with block scaling (MXFP8, blockwise): only tensorwise scaling is modelled"
+            return "fp8 with block scaling (MXFP8 before Blackwell, blockwise): not modelled"
         return "fp8"
     if precision not in PLAN_PRECISIONS:
         return f"precision {row['precision']}: not one the planner knows"
@@ -339,7 +341,9 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         megatron_mixed_precision=megatron,
         fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
         fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
-        fp8_saved_inputs=_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"],
+        fp8_saved_inputs=(_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"])
+        or (_precision(row) == "fp4" and "NVFP4" in row["notes"]),
+        fp8_block_scaling=_precision(row) == "fp8" and "MXFP8" in row["notes"],
     )
 
 

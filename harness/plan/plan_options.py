@@ -85,6 +85,7 @@ class PlanConfig:
     fp32_grad_accum: bool = False  # gradients accumulated in fp32 buffers (Megatron-LM's main_grad)
     fp8_all_gather: bool = False  # FSDP2 gathers fp8 weights (torchao), with precision=fp8
     fp8_saved_inputs: bool = False  # the fp8 projections keep fp8 inputs for backward (TransformerEngine)
+    fp8_block_scaling: bool = False  # MXFP8: a scale per 32 elements, on Blackwell's or CDNA4's tensor cores
     activation_offload: bool = False  # saved activations in host memory (torchtune)
     fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse
     strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows
@@ -195,6 +196,11 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
     if cfg.gpu_mem_gb is not None:
         spec = replace(spec, capacity_gib=cfg.gpu_mem_gb * GB / 2**30)
     check_precision(spec, cfg.precision)
+    if cfg.fp8_block_scaling and spec.generation not in BLOCK_SCALED:
+        raise PlanError(
+            f"fp8_block_scaling=true: the {spec.name}'s tensor cores do not apply MXFP8's block scales: use a "
+            "Blackwell or MI350/MI355 card, or leave it out (tensorwise fp8)"
+        )
     if spec.generation == "volta" and cfg.attention not in VOLTA_ATTENTION:
         raise PlanError(
             f"attention={cfg.attention}: FlashAttention and cuDNN's fused attention do not run on the {spec.name} "
@@ -203,6 +209,7 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
     return spec
 
 
+BLOCK_SCALED = ("blackwell", "cdna4")  # tensor cores that take MXFP8's block scales at the fp8 rate
 VOLTA_ATTENTION = ("math",)  # the unfused softmax between two batched matmuls (Megatron-LM's on V100)
 
 

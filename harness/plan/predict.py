@@ -369,6 +369,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             fused_norm=q.fused_norm,
             complex_rope=q.complex_rope,
             qk_norm=q.recipe.qk_norm,
+            fp8_block_scaling=q.recipe.fp8_block_scaling,
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,

@@ -184,8 +184,11 @@ def _row(sharding: str, gpus: int, nodes: int, **extra: str) -> dict[str, str]:
 def test_layout_kinds_and_scales_are_read_from_the_rows():
     megatron = _row("megatron tp=4 pp=4 vp=5 cp=2 dp=2 distributed_optimizer sequence_parallel", 64, 8)
     assert kinds_of(megatron) == (TP_INSIDE, PIPELINE, CONTEXT) and scale_of(megatron) == "2-8 nodes"
-    # Tensor parallel over more GPUs than a node holds (GB200's trays of 4) is across nodes.
+    # Tensor parallel over more GPUs than a node holds is across nodes; on a GB200 rack's trays of 4 it
+    # stays inside the NVLink domain of 72.
     assert kinds_of(_row("megatron tp=8 pp=4 dp=4 distributed_optimizer", 128, 32)) == (TP_ACROSS, PIPELINE)
+    rack = _row("megatron tp=8 pp=4 dp=4 distributed_optimizer", 128, 32, gpu="GB200")
+    assert kinds_of(rack) == (TP_INSIDE, PIPELINE)
     assert kinds_of(_row("FSDP2 dp_shard=32 tp=8 pp=8", 2048, 256)) == (TP_INSIDE, PIPELINE)
     assert kinds_of(_row("FSDP1-FULL_SHARD", 8, 1)) == (DATA_PARALLEL,)
     assert kinds_of(_row("megatron tp=1 pp=1 dp=64 distributed_optimizer", 64, 8)) == (DATA_PARALLEL,)
@@ -231,8 +234,9 @@ def test_every_row_of_every_csv_is_planned_or_listed_with_a_reason():
     assert moe and all(
         o.skipped == "mixture of experts: not modelled" for o in moe if o.row["gpu"] in ("H100-80", "B200")
     )
+    # MXFP8 on Blackwell: the fp8 projections, their block scales applied by the tensor cores.
     mx = [o for o in rows if "MXFP8" in o.row["notes"] and o.row["arch"] != "moe" and o.row["gpu"] == "B200"]
-    assert mx and all("block scaling" in o.skipped for o in mx)
+    assert mx and all(o.plan is not None and published.recipe_of_row(o.row).fp8_block_scaling for o in mx)
     # Megatron-LM's and NeMo's tensor, pipeline and context parallelism are planned with the degrees they ran.
     split = [(o, degrees(o.row["sharding"])) for o in rows if o.plan is not None]
     assert sum(d.pp > 1 and d.cp > 1 for _, d in split) >= 30

@@ -34,6 +34,10 @@ offers it does it (docs/planner.md cites each):
                      training keeps two, and a byte more for the output projection's, whose bf16
                      copy attention keeps for its own backward. torchao's Float8Linear saves the
                      bf16 input (`ctx.save_for_backward(input_hp, weight_hp_t)`): off for it.
+  fp8_block_scaling  with precision=fp8, MXFP8: a scale for every 32 elements, computed as each tensor
+                     is cast (no amax pass over it first) and applied by the tensor cores at the fp8
+                     rate (Blackwell's and CDNA4's); TransformerEngine's MXFP8BlockScaling writes the
+                     rowwise and the columnwise cast of each tensor from one read (compute.py).
   activation_offload the saved activations copied to pinned host memory in the forward and back in
                      the backward (torchtune's `enable_activation_offloading`, its OffloadActivations
                      on a side stream): the GPU keeps two blocks' worth, the copies hide behind the
@@ -69,6 +73,7 @@ class Recipe:
     fp32_grad_accum: bool = False
     fp8_all_gather: bool = False
     fp8_saved_inputs: bool = False
+    fp8_block_scaling: bool = False
     activation_offload: bool = False
     fragmentation: float = 0.0
 
@@ -94,8 +99,12 @@ class Recipe:
             )
         if self.fp8_all_gather and precision != "fp8":
             raise PlanError("fp8_all_gather=true gathers the fp8 projections' weights: give precision=fp8 as well")
-        if self.fp8_saved_inputs and precision != "fp8":
+        if self.fp8_saved_inputs and precision not in ("fp8", "fp4"):
             raise PlanError("fp8_saved_inputs=true keeps the fp8 projections' inputs: give precision=fp8 as well")
+        if self.fp8_block_scaling and precision != "fp8":
+            raise PlanError(
+                "fp8_block_scaling=true is MXFP8's scaling of the fp8 projections: give precision=fp8 as well"
+            )
 
     @property
     def low_precision_params(self) -> bool:
@@ -121,6 +130,8 @@ class Recipe:
             said.append("fp8 all-gathers")
         if self.fp8_saved_inputs:
             said.append("fp8 saved inputs")
+        if self.fp8_block_scaling:
+            said.append("MXFP8")
         if self.activation_offload:
             said.append("activations offloaded")
         if self.fragmentation:

@@ -93,6 +93,7 @@ def memory_bytes_per_s(gpu: GPUSpec) -> float:
 FP8_CAST_BYTES = 2 + 2 + 1  # the amax's read, the cast's read and its fp8 write
 FP8_WEIGHT_BYTES = FP8_CAST_BYTES + 2  # and the fp8 copy transposed for the backward
 FP8_RECAST_BYTES = 2 + 1  # a cast whose amax was kept
+MXFP8_CAST_BYTES = 2 + 2 * (1 + 1 / 32)  # one read, the rowwise and columnwise casts with their block scales
 
 
 @dataclass(frozen=True)
@@ -157,13 +158,21 @@ def block_projections(dims: TransformerDims, tp: int) -> list[tuple[int, int]]:
 
 
 def fp8_cast_bytes(
-    dims: TransformerDims, tokens: int, tp: int, checkpointing: str, precision: str = "fp8"
+    dims: TransformerDims,
+    tokens: int,
+    tp: int,
+    checkpointing: str,
+    precision: str = "fp8",
+    block_scaled: bool = False,
 ) -> tuple[float, float, float]:
     """Bytes the fp8 (or fp4) casts of one micro-step move (forward, backward, again): the module
     docstring's account, per GPU of a `tp`-way tensor-parallel group; an fp4 cast writes fp4's
-    bytes (with its block scales) where fp8's writes one."""
+    bytes (with its block scales) where fp8's writes one. MXFP8 (`block_scaled`) reads each
+    tensor once and writes its rowwise and columnwise casts, a scale byte per 32 elements each."""
     written = BYTES[precision] - 1  # fp4's write against fp8's one byte
     cast, weight, recast = FP8_CAST_BYTES + written, FP8_WEIGHT_BYTES + 3 * written, FP8_RECAST_BYTES + written
+    if block_scaled:
+        cast = weight = recast = MXFP8_CAST_BYTES
     h, q, f = dims.width, dims.q_width, dims.ffn_width
     column_outputs = sum(out for out, into in block_projections(dims, tp) if into == h)
     inputs = tokens * (2 * h / tp + (q + f) / tp)  # attention and MLP inputs, then o's and down's
@@ -300,6 +309,7 @@ def compute_work(
     fused_norm: bool = False,
     complex_rope: bool = False,
     qk_norm: bool = False,
+    fp8_block_scaling: bool = False,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters; `qk_norm`: an RMSNorm on each head's queries
@@ -329,7 +339,7 @@ def compute_work(
         moved = (dims.q_width + dims.kv_width) * tokens * dims.layers / tp / bandwidth
         elementwise += Kernels(norm_f * moved, norm_b * moved, norm_f * moved if checkpointing != "none" else 0.0)
     if projections in LOW_PRECISION:
-        casts = fp8_cast_bytes(dims, tokens, tp, checkpointing, projections)
+        casts = fp8_cast_bytes(dims, tokens, tp, checkpointing, projections, fp8_block_scaling)
         elementwise += Kernels(*(moved / bandwidth for moved in casts))
     loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]
     loss = loss_bytes * tokens * dims.vocab / dims.head_split(tp) / bandwidth
