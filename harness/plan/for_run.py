@@ -9,7 +9,7 @@ from harness.common import hardware
 from harness.plan.model.model_shape import shape_of_spec
 from harness.plan.network.fabric import FABRICS, IntraNode, Topology, default_fabric, topology_of
 from harness.plan.parallel.backends import model_of
-from harness.plan.predict import Question, plan_strategy
+from harness.plan.predict import Question, plan_strategy, storage_precision
 from harness.plan.speed.calibration import default_factors
 from harness.plan.speed.step_time import SpeedFactors
 from strategies.memory import CATEGORIES
@@ -65,6 +65,8 @@ def prediction_for_run(cfg: Any, summary: dict[str, Any]) -> dict[str, Any]:
     memory = summary.get("device_memory_bytes")
     on_gpu = summary.get("device_type") == "cuda" and memory is not None
     spec = hardware.gpu_spec(summary.get("device") or "") if on_gpu else None
+    if spec is not None and storage_precision(cfg.precision) not in spec.peak_flops:
+        spec = None  # a precision the card has no tensor cores for (bf16 on a V100): memory only
     followed = (summary.get("micro_batch"), summary.get("grad_accum"))
     split = followed if None not in followed else None
     q = question_for_run(

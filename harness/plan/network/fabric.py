@@ -229,9 +229,11 @@ class IntraNode:
 
 
 def parse_intra(value: str | None, gpu: GPUSpec) -> IntraNode:
-    """`interconnect=`: nvlink, pcie, or a per-GPU bandwidth in GB/s; default the card's own (NVLink
-    or Infinity Fabric where it has it)."""
+    """`interconnect=`: nvlink (xgmi: AMD's Infinity Fabric), pcie, or a per-GPU bandwidth in GB/s;
+    default the card's own (NVLink or Infinity Fabric where it has it)."""
     key = "" if value is None else str(value).strip().lower()
+    if key in ("", "auto", "xgmi") and gpu.scale_up == "xgmi-mesh":
+        key = "nvlink"  # AMD's Infinity Fabric answers to either name
     if key in ("", "auto"):
         key = "nvlink" if gpu.nvlink_bytes_per_s else "pcie"
     if key == "nvlink":
