@@ -35,7 +35,7 @@ def question_for_run(
     than its processes (tensor parallelism); default, the batch split over every process."""
     micro_batch, grad_accum = split or cfg.world_batch(world_size)
     if spec is not None:
-        topology = topology_of(spec, world_size, nodes, default_fabric(spec, 8))
+        topology = topology_of(spec, world_size, nodes, default_fabric(spec, spec.gpus_per_host))
     else:  # memory only: no link is priced
         topology = Topology(world_size, nodes, IntraNode("nvlink", 0.0), FABRICS["ndr"], True)
     return Question(

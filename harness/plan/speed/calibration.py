@@ -220,7 +220,7 @@ def question_for(settings: RunSettings, measurement: Measurement, factors: Speed
     options.update(settings.strategy_options.get(measurement.strategy) or {})
     return Question(
         shape=shape_of(settings),
-        topology=topology_of(spec, world, nodes, default_fabric(spec, 8)),
+        topology=topology_of(spec, world, nodes, default_fabric(spec, spec.gpus_per_host)),
         capacity_bytes=spec.capacity_bytes,
         micro_batch=settings.micro_batch,
         grad_accum=per_rank // settings.micro_batch,
