@@ -2,13 +2,16 @@
 (bench/data/README.md's columns), for bench/plan_vs_published.py's breakdowns.
 
 Kinds overlap: Megatron-LM's `tp=4 pp=4 cp=2` run counts under tensor parallelism inside a node,
-under pipelines and under context parallelism; only "data parallel only" excludes the others.
+under pipelines and under context parallelism; only "data parallel only" excludes the others. A
+node is the NVLink domain where the card's spans several hosts (a GB200 NVL72 rack of 4-GPU trays).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+
+from harness.common.hardware import gpu_spec
 
 DATA_PARALLEL = "data parallel only"
 TP_INSIDE = "TP x DP inside a node"
@@ -40,12 +43,20 @@ def gpus_per_node(row: dict[str, str]) -> int:
     return max(1, int(row["gpus"]) // max(1, int(row["nodes"] or 1)))
 
 
+def nvlink_domain(row: dict[str, str]) -> int:
+    """GPUs a tensor-parallel group can span on NVLink: the card's rack where it has one, else a node's."""
+    spec, per_node = gpu_spec(row["gpu"]), gpus_per_node(row)
+    if spec is None or spec.scale_up != "nvswitch" or spec.nvlink_domain <= max(per_node, spec.gpus_per_host):
+        return per_node
+    return min(spec.nvlink_domain, int(row["gpus"]))
+
+
 def kinds_of(row: dict[str, str]) -> tuple[str, ...]:
     """The kinds a row's layout belongs to, in KINDS' order."""
     d = degrees(row["sharding"])
     kinds = []
     if d.tp > 1:
-        kinds.append(TP_INSIDE if d.tp <= gpus_per_node(row) else TP_ACROSS)
+        kinds.append(TP_INSIDE if d.tp <= nvlink_domain(row) else TP_ACROSS)
     if d.pp > 1:
         kinds.append(PIPELINE)
     if d.cp > 1:

@@ -19,15 +19,15 @@ import datetime as dt
 import shlex
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.common.hardware import GPUS  # noqa: E402
+from harness.common.hardware import gpu_spec, known_gpus  # noqa: E402
 from harness.plan.model.model_shape import PlanError  # noqa: E402
-from harness.plan.network.fabric import Topology, parse_fabric, parse_intra  # noqa: E402
+from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, topology_of  # noqa: E402
 from harness.plan.network.nccl_tuning import Choice, bus_bandwidth  # noqa: E402
 
 CSV = ROOT / "bench" / "data" / "nccl_tests_published.csv"
@@ -45,6 +45,7 @@ class Row:
     size: int
     busbw_gbs: float | None  # what nccl-tests printed as busbw, or
     time_us: float | None  # its time, where the size is too small for a bandwidth
+    nvls_off: bool = False  # run with NCCL_NVLS_ENABLE=0 (its notes say so)
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,7 @@ def read_rows(path: Path = CSV) -> list[Row]:
                         int(r["size_bytes"]),
                         float(busbw) if busbw else None,
                         float(time) if time else None,
+                        "NCCL_NVLS_ENABLE=0" in r.get("notes", ""),
                     )
                 )
             except ValueError as exc:
@@ -96,9 +98,15 @@ def read_rows(path: Path = CSV) -> list[Row]:
 
 
 def topology(row: Row) -> Topology:
-    spec = GPUS[row.gpu]
-    fabric = parse_fabric(row.inter_node)
-    return Topology(row.gpus, row.nodes, parse_intra(None, spec), fabric, spec.attention_family == "hopper")
+    spec = gpu_spec(row.gpu)
+    if spec is None:
+        raise PlanError(f"{row.source}: gpu {row.gpu!r} is not a card the planner knows: use one of {known_gpus()}")
+    inter = row.inter_node
+    fabric = parse_fabric(inter) if inter != "unstated" else default_fabric(spec, row.gpus // row.nodes)
+    topology = topology_of(spec, row.gpus, row.nodes, fabric)
+    if row.nvls_off:
+        return replace(topology, hopper_nvswitch=False)
+    return topology
 
 
 def plan(row: Row) -> Planned:

@@ -39,10 +39,10 @@ from harness.common.hardware import GPUSpec, gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
 from harness.plan.memory.recipe import Recipe  # noqa: E402
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
-from harness.plan.network.fabric import DEFAULT_FABRIC, FABRICS, Fabric, Topology, parse_fabric, parse_intra  # noqa: E402
+from harness.plan.network.fabric import FABRICS, Fabric, default_fabric, parse_fabric, topology_of  # noqa: E402
 from harness.plan.parallel.backends import backend_of, filled_in  # noqa: E402
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout  # noqa: E402
-from harness.plan.plan_options import PLAN_PRECISIONS  # noqa: E402
+from harness.plan.plan_options import PLAN_PRECISIONS, check_precision  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
 from harness.plan.speed.calibration import default_factors  # noqa: E402
 from harness.plan.speed.compute import kernel_launches  # noqa: E402
@@ -167,7 +167,7 @@ def read_rows(path: Path) -> list[dict[str, str]]:
 NETWORK_PER_NODE = re.compile(r"(\d+)x(\d+(?:\.\d+)?)gbps-(?:ib|roce|efa)")
 
 
-def _fabric(row: dict[str, str], family: str) -> Fabric:
+def _fabric(row: dict[str, str], gpu: GPUSpec) -> Fabric:
     """The network a row names: torchtitan's hosts, llm-foundry's RoCE, fms-fsdp's per-node figure."""
     text = row["network"].strip().lower()
     if text in FABRICS:
@@ -182,7 +182,7 @@ def _fabric(row: dict[str, str], family: str) -> Fabric:
         return FABRICS["mosaicml-a100"]
     if "inter-node" in text:  # fms-fsdp: "400gbps-inter-node", per node or per GPU not stated: per node
         return parse_fabric(text.split("gbps")[0] + "gbps")
-    return FABRICS[DEFAULT_FABRIC[family]]
+    return default_fabric(gpu, gpu.gpus_per_host)
 
 
 def _megatron_sharding(sharding: str) -> str:
@@ -212,10 +212,9 @@ def _not_modelled(row: dict[str, str]) -> str | None:
 
 
 def _card(row: dict[str, str]) -> GPUSpec | str:
-    """The row's card, or why it has none: a Grace-Blackwell superchip (GB200, GB300) is not its
-    Blackwell die alone (72 GPUs on one NVLink domain, its own clocks and power)."""
+    """The row's card, or why it has none."""
     name = row["gpu"].strip()
-    spec = None if name.upper().startswith("GB") else gpu_spec(name)
+    spec = gpu_spec(name)
     return spec if spec is not None else f"card {name}: not one the planner knows"
 
 
@@ -296,8 +295,9 @@ def _attention(row: dict[str, str]) -> str:
     twice as fast would not allow. A row whose notes name cuDNN's fused attention (NeMo's
     TransformerEngine on Hopper) runs cuDNN's kernel, at the rates measured on an H200
     (bench/results/attention_h200.md). The others run SDPA's flash."""
-    if "examples/sc21" in row["source"] or "attention unfused" in row["notes"]:
-        return "math"  # Megatron-LM before flash attention: its fused softmax between two batched matmuls
+    unfused = "examples/sc21" in row["source"] or "attention unfused" in row["notes"]
+    if unfused or gpu_spec(row["gpu"]).generation == "volta":
+        return "math"  # Megatron-LM before flash attention, and any V100: its fused softmax between two batched matmuls
     if "cuDNN fused attention" in row["notes"] and gpu_spec(row["gpu"]).attention_family == "hopper":
         return "cudnn"
     if not row["source"].startswith("mosaicml"):
@@ -327,8 +327,10 @@ def _precision(row: dict[str, str]) -> str:
     if precision in ("fp8", "float8"):
         if "rowwise" in row["notes"]:
             return "float8 with rowwise scaling: only tensorwise scaling is modelled"
+        if "MXFP8" in row["notes"] and gpu_spec(row["gpu"]).generation == "blackwell":
+            return "fp8"  # Blackwell's tensor cores apply the block scales at the fp8 rate (recipe_of_row)
         if any(words in row["notes"] for words in ("MXFP8", "block scaling", "blockwise scaling")):
-            return "fp8 with block scaling (MXFP8, blockwise): only tensorwise scaling is modelled"
+            return "fp8 with block scaling (MXFP8 before Blackwell, blockwise): not modelled"
         return "fp8"
     if precision not in PLAN_PRECISIONS:
         return f"precision {row['precision']}: not one the planner knows"
@@ -371,8 +373,10 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         megatron_mixed_precision=megatron,
         fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
         fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
-        fp8_saved_inputs=_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"],
+        fp8_saved_inputs=(_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"])
+        or (_precision(row) == "fp4" and "NVFP4" in row["notes"]),
         te_fp8=_precision(row) == "fp8" and _transformer_engine(row),
+        fp8_block_scaling=_precision(row) == "fp8" and "MXFP8" in row["notes"],
     )
 
 
@@ -413,8 +417,10 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
     if isinstance(layout, str):
         return None, None, layout  # type: ignore[return-value]
     model, options = layout
-    if precision == "fp8" and gpu.fp8_efficiency is None:
-        return None, None, f"fp8 on the {gpu.name}: it has no fp8 tensor cores"  # type: ignore[return-value]
+    try:
+        check_precision(gpu, precision)
+    except PlanError as exc:
+        return None, None, str(exc).split(": use")[0]  # type: ignore[return-value]
     seq = int(row["seq_len"])
     micro_batch, grad_accum = int(row["micro_batch"]), int(row["grad_accum"] or 1)
     if model.pipeline_engine:  # Megatron-LM's accumulation is its pipeline's micro-batches: one schedule a step
@@ -422,9 +428,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         micro_batch, grad_accum = micro_batch * grad_accum, 1
     shape = shape_of_row(row)
     gpus, nodes = int(row["gpus"]), int(row["nodes"] or 1)
-    topology = Topology(
-        gpus, nodes, parse_intra(None, gpu), _fabric(row, gpu.attention_family), gpu.attention_family == "hopper"
-    )
+    topology = topology_of(gpu, gpus, nodes, _fabric(row, gpu))
     q = Question(
         shape=shape,
         topology=topology,

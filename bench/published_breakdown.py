@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.layout_kinds import KINDS, SCALES, kinds_of, scale_of
+from harness.common.hardware import gpu_spec
 
 WITHIN = 0.15
 
@@ -23,6 +24,15 @@ GOAL_PICK_SHARE = 0.75  # share of jobs whose pick is the fastest published sett
 GOAL_WORST_REGRET = 0.10
 GOAL_MEMORY = 0.15  # median |error| of the published memory
 GOAL_RAN_NOT_FIT = 0.03  # share of runs that ran planned not to fit
+GOAL_FAMILY_MEDIAN = 0.15  # median |error| in each family of the cards added for 2026's clusters
+# The card families held to GOAL_FAMILY_MEDIAN, each with the test that says whether a card is one.
+NEW_FAMILIES = (
+    "Blackwell (B200, B300)",
+    "Grace-Blackwell (GB200, GB300)",
+    "AMD Instinct (MI300X-MI355X)",
+    "Hopper variants (H800, H20)",
+    "Volta (V100)",
+)
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,29 @@ def by_card(outcomes: list) -> dict[str, list]:
     return dict(sorted(cards.items()))
 
 
+def family_of(card: str) -> str:
+    """The family a row's card belongs to: NEW_FAMILIES, or its NCCL generation for the others."""
+    spec = gpu_spec(card)
+    if spec is None:
+        return "unknown"
+    if spec.generation == "blackwell":
+        return NEW_FAMILIES[1] if spec.gpus_per_host < 8 else NEW_FAMILIES[0]
+    if spec.generation.startswith("cdna"):
+        return NEW_FAMILIES[2]
+    if spec.name.startswith(("H800", "H20 ")):
+        return NEW_FAMILIES[3]
+    if spec.generation == "volta":
+        return NEW_FAMILIES[4]
+    return {"hopper": "Hopper (H100, H200)", "ampere": "Ampere and Ada (A100, A800, L40S, ...)"}[spec.generation]
+
+
+def by_family(outcomes: list) -> dict[str, list]:
+    families: dict[str, list] = {}
+    for o in outcomes:
+        families.setdefault(family_of(o.row["gpu"]), []).append(o)
+    return dict(sorted(families.items()))
+
+
 def breakdown_lines(outcomes: list, strategy_of: Callable[[dict[str, str]], str]) -> list[str]:
     """Tokens/s per GPU of every CSV together: all, by layout kind, by scale, by card, by strategy;
     the runs of a bucket the plan cannot plan are counted beside the planned ones."""
@@ -92,6 +125,7 @@ def breakdown_lines(outcomes: list, strategy_of: Callable[[dict[str, str]], str]
         *_table("runs of", {"every CSV": outcomes}),
         *_table("layout kind", by_kind(outcomes)),
         *_table("scale", by_scale(outcomes)),
+        *_table("card family", by_family(outcomes)),
         *_table("card", by_card(outcomes)),
         *_table("strategy", dict(sorted(strategies.items()))),
     ]
@@ -170,6 +204,19 @@ def goals(outcomes: list, picks: list[Pick]) -> list[Goal]:
         now = f"{median:.1%} over {len(memory)} runs"
         out.append(
             Goal("median abs error of the published memory", f"<= {GOAL_MEMORY:.0%}", now, median <= GOAL_MEMORY)
+        )
+    families = {name: rows for name, rows in by_family(planned).items() if name in NEW_FAMILIES and rows}
+    if families:
+        errors = {name: statistics.median(abs(o.error) for o in rows) for name, rows in families.items()}
+        over = [f"{name} {m:.1%}" for name, m in errors.items() if m > GOAL_FAMILY_MEDIAN]
+        now = "over in " + ", ".join(over) if over else f"largest {max(errors.values()):.1%} ({len(errors)} families)"
+        out.append(
+            Goal(
+                "median abs error of tokens/s per GPU in each new card family",
+                f"<= {GOAL_FAMILY_MEDIAN:.0%}",
+                now,
+                not over,
+            )
         )
     now = f"{not_fit:.1%} of {len(ran)}"
     out.append(

@@ -1,19 +1,22 @@
 """GPUs as their data sheets and public measurements give them: peak matmul throughput (for MFU
 and the planner), what a matmul really reaches, memory bandwidth, the capacity torch reports,
-the links between GPUs.
+the links between GPUs and to the host. Each card's `sources` names where its figures come from
+(the plan's header says it); docs/planner.md tabulates them.
 
-Sources (docs/planner.md cites each in full):
+Sources:
   peak FLOP/s      vendor data sheets, dense (no sparsity), as tabulated in stas00/ml-engineering
                    compute/accelerator/README.md @ 744d01e1 ("TFLOPS comparison table")
   matmul_efficiency the best bf16 matmul a brute-force shape search found (MAMF, same file,
                    "Maximum Achievable Matmul FLOPS"), over the peak; where no MAMF is published,
                    the best square matmul of zzc0721/torch-performance-test-data database.md
                    @ 9d828276; fp8_efficiency likewise for float8_e4m3fn (H100 SXM 70.9%, H200
-                   73.4%, B200 76.3%)
+                   73.4%, B200 76.3%); fp4_efficiency the NVFP4 matmul measured on a GB200
   capacity_gib     the total torch reports (cudaMemGetInfo: OOM messages' "total capacity"),
                    GiB: ml-engineering training/performance/README.md and debug/pytorch.md
                    @ 744d01e1, nvidia-smi totals less about 0.5 GiB where torch's is not published
-  links            NVLink and PCIe per GPU and direction: ml-engineering network/README.md
+                   (MLPerf's system files print them for B300, GB200 and GB300)
+  links            NVLink, Infinity Fabric and PCIe per GPU and direction, NVLink-C2C as measured:
+                   ml-engineering network/README.md
 """
 
 from __future__ import annotations
@@ -31,25 +34,58 @@ class GPUSpec:
     peak_flops: dict[str, float]  # dense FLOP/s by precision; fp32 is plain, not TF32
     hbm_bytes_per_s: float  # memory bandwidth, data sheet
     capacity_gib: float  # the card's memory as torch reports it (total_memory), GiB
-    matmul_efficiency: float  # the best measured bf16 matmul over the peak (MAMF)
-    # Whose published FlashAttention measurements apply: "hopper" (H100's tables) or "ampere" (A100's).
+    matmul_efficiency: float  # the best measured bf16 (fp16 on Volta) matmul over the peak (MAMF)
+    # Whose published FlashAttention measurements apply: "hopper" (H100's tables) or "ampere"
+    # (A100's); `attention_assumed` says so where no attention kernel was measured on the card's own kind.
     attention_family: str
     nvlink_bytes_per_s: float | None  # per GPU and direction; None: no NVLink between the node's GPUs
-    pcie_bytes_per_s: float  # the host link (x16), per direction
-    sms: int  # streaming multiprocessors (what NCCL's kernels take some of)
+    pcie_bytes_per_s: float  # the PCIe link (x16), per direction
+    sms: int  # streaming multiprocessors, or AMD's compute units (what the collectives' kernels take some of)
     # The best measured fp8 matmul over the fp8 peak (MAMF, float8_e4m3fn); None: no fp8 tensor cores.
     fp8_efficiency: float | None = None
+    # The best measured fp4 (NVFP4, MXFP4) matmul over the fp4 peak; None: no fp4 tensor cores.
+    fp4_efficiency: float | None = None
+    # NCCL's generation (its tuning tables): volta, ampere, hopper, blackwell; AMD's: cdna3, cdna4 (RCCL).
+    generation: str = "hopper"
+    # The links between a node's GPUs: "nvswitch" (every GPU on the switch: NVLink SHARP from Hopper
+    # on), "xgmi-mesh" (AMD Infinity Fabric: a link to each peer, no switch), "pcie".
+    scale_up: str = "nvswitch"
+    nvlink_links: int = 18  # NVLink links per GPU (NCCL's NVLS search loads each GPU's links)
+    nvlink_domain: int = 8  # GPUs on one NVLink domain by default (a rack's 72 on GB200/GB300 NVL72)
+    gpus_per_host: int = 8  # GPUs per host (a GB200/GB300 compute tray holds 4)
+    # Pinned host <-> GPU copies as measured (nvbandwidth) where the host link is not PCIe
+    # (NVLink-C2C to a Grace CPU); None: PCIe, at step_time's share of its rate.
+    host_copy_bytes_per_s: float | None = None
+    host_link: str = "PCIe Gen5 x16"
+    nic_gbps: float = 400  # the platform's scale-out card per GPU (the default inter_node=)
+    power_w: float | None = None  # the board's power limit (data sheet)
+    sources: str = ""  # where each figure of this card comes from (said in the plan's header)
+    attention_assumed: str = ""  # what is assumed for attention where no kernel was measured on it
 
     @property
     def capacity_bytes(self) -> float:
         return self.capacity_gib * GIB
 
+    @property
+    def vendor(self) -> str:
+        return "AMD" if self.generation.startswith("cdna") else "NVIDIA"
+
+    @property
+    def tensor_flops(self) -> float:
+        """The 16-bit tensor peak (bf16's, fp16's on a card without bf16)."""
+        return self.peak_flops.get("bf16") or self.peak_flops["fp16"]
+
 
 _BF16 = ("bf16", "fp16")
 
 
-def _flops(tensor: float, fp32: float, fp8: float | None = None) -> dict[str, float]:
-    return {**dict.fromkeys(_BF16, tensor), "fp32": fp32, **({"fp8": fp8} if fp8 else {})}
+def _flops(tensor: float, fp32: float, fp8: float | None = None, fp4: float | None = None) -> dict[str, float]:
+    return {
+        **dict.fromkeys(_BF16, tensor),
+        "fp32": fp32,
+        **({"fp8": fp8} if fp8 else {}),
+        **({"fp4": fp4} if fp4 else {}),
+    }
 
 
 NVLINK3, NVLINK4, NVLINK5 = 300e9, 450e9, 900e9
@@ -57,13 +93,42 @@ NVLINK3, NVLINK4, NVLINK5 = 300e9, 450e9, 900e9
 # no published fp8 MAMF: their bf16 efficiency scaled by it.
 _FP8_RATIO = 0.709 / 0.803
 PCIE4, PCIE5 = 31e9, 63e9
+_ML_ENG = "stas00/ml-engineering compute/accelerator/README.md @ 744d01e1"
+_ZZC = "zzc0721/torch-performance-test-data database.md @ 9d828276"
+_MLPERF = "mlcommons/training_results_v5.1 @ 441d65f4 systems/"
+# The best fp4 matmul measured on a Blackwell card: cuBLASLt NVFP4 at 16384^3 on an Azure ND GB200 v6,
+# 7627.6 of 10000 TFLOP/s (Azure/AI-benchmarking-guide Azure_Results/ND_GB200_v6_results.md @ 2a370be6).
+_FP4_BLACKWELL = 0.763
+# MI300X's fp8 against its bf16: hipBLASLt fp8 at 6144x12288x12288 on an Azure ND MI300X v5, 1159.5 of
+# 2610 TFLOP/s (samuel-bohman/AI-benchmarking-guide Azure_Results/ND_MI300X_v5_results.md @ 3de0c294),
+# over its bf16 MAMF (0.514).
+_FP8_CDNA = 0.444
+_NO_AMD_ATTENTION = (
+    "no attention kernel rates measured on an AMD Instinct card in the sources: FlashAttention-2's share of "
+    "the peak on the H100 (Dao-AILab/flash-attention README) is assumed"
+)
+_NO_BLACKWELL_ATTENTION = (
+    "no attention kernel rates measured on Blackwell in the sources: FlashAttention-2's share of the peak on "
+    "the H100 is assumed"
+)
 
 # Keys are the names `gpu=` takes; ALIASES map what torch.cuda.get_device_name and the published
 # runs call them (AWS's A10G is planned as the A10: its own figures are not in the sources). A card
 # whose torch capacity is not published takes nvidia-smi's total less 0.5 GiB.
 GPUS = {
     "H100": GPUSpec(
-        "H100 SXM 80GB", _flops(989e12, 67e12, 1.979e15), 3.35e12, 79.18, 0.803, "hopper", NVLINK4, PCIE5, 132, 0.709
+        "H100 SXM 80GB",
+        _flops(989e12, 67e12, 1.979e15),
+        3.35e12,
+        79.18,
+        0.803,
+        "hopper",
+        NVLINK4,
+        PCIE5,
+        132,
+        0.709,
+        power_w=700,
+        sources=f"{_ML_ENG} (peaks, memory, MAMF 80.3% bf16, 70.9% fp8, 700 W)",
     ),
     # torchtitan's Grand Teton part: SXM H100 with 96GB HBM2e at 2.4 TB/s and a 500 W limit. Its
     # peak is "between SXM and NVL" (benchmarks/llama3_h100_202412_torchtitan.md, footnote 2):
@@ -79,6 +144,8 @@ GPUS = {
         PCIE5,
         132,
         _FP8_RATIO * 0.803,
+        power_w=500,
+        sources="pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md (the part); the H100 SXM's MAMF",
     ),
     "H100 NVL": GPUSpec(
         "H100 NVL 94GB",
@@ -91,6 +158,9 @@ GPUS = {
         PCIE5,
         132,
         _FP8_RATIO * 0.803,
+        nvlink_links=12,
+        power_w=400,
+        sources=f"{_ML_ENG} (peaks, memory); the H100 SXM's MAMF",
     ),
     "H100 PCIe": GPUSpec(
         "H100 PCIe 80GB",
@@ -103,16 +173,377 @@ GPUS = {
         PCIE5,
         114,
         _FP8_RATIO * 0.656,
+        scale_up="pcie",
+        power_w=350,
+        sources=f"{_ML_ENG} (peaks, memory); {_ZZC} (best square matmul, 65.6%)",
     ),
     "H200": GPUSpec(
-        "H200 141GB", _flops(989e12, 67e12, 1.979e15), 4.8e12, 139.8, 0.799, "hopper", NVLINK4, PCIE5, 132, 0.734
+        "H200 141GB",
+        _flops(989e12, 67e12, 1.979e15),
+        4.8e12,
+        139.8,
+        0.799,
+        "hopper",
+        NVLINK4,
+        PCIE5,
+        132,
+        0.734,
+        power_w=700,
+        sources=f"{_ML_ENG} (peaks, memory, MAMF 73.4% fp8, 700 W); {_ZZC} (bf16 79.9%)",
+    ),
+    # H800: the H100 SXM's die with NVLink cut to 8 of its 18 links (400 GB/s duplex). Its peak
+    # (volcengine/verl verl/utils/flops_counter.py @ b178a3cd: 989e12) is the H100's; fp8, memory
+    # bandwidth, power and MAMF are the H100 SXM's (the same die and clocks), not published for it.
+    "H800": GPUSpec(
+        "H800 SXM 80GB",
+        _flops(989e12, 67e12, 1.979e15),
+        3.35e12,
+        79.18,
+        0.803,
+        "hopper",
+        200e9,
+        PCIE5,
+        132,
+        0.709,
+        nvlink_links=8,
+        power_w=700,
+        sources=(
+            "volcengine/verl verl/utils/flops_counter.py @ b178a3cd (989 TF bf16); FlagOpen/FlagPerf "
+            "training/nvidia/llama2_70B-megatron/README.md @ 0171acaa (80GB); NVLink 400 GB/s duplex: a "
+            "third-party page, DeepEP's ~160 GB/s measured (deepseek-ai/DeepEP docs/legacy.md @ 0297fc80); "
+            "fp8, HBM, power and MAMF assumed the H100 SXM's"
+        ),
+    ),
+    # H20: a memory-rich, compute-poor Hopper; its square matmul runs at 95.8% of its 148 TF peak
+    # (zzc0721's sweep), far above the H100's: little compute under the same power limit.
+    "H20": GPUSpec(
+        "H20 96GB",
+        _flops(148e12, 44e12, 296e12),
+        4.0e12,
+        93.1,
+        0.958,
+        "hopper",
+        NVLINK4,
+        PCIE5,
+        78,
+        _FP8_RATIO * 0.958,
+        power_w=400,
+        sources=(
+            "volcengine/verl verl/utils/flops_counter.py @ b178a3cd (148 TF bf16); "
+            f"{_ZZC} (best square matmul 141.86 TF: 95.8%); memory 96 GB, 4.0 TB/s, 400 W, NVLink 900 GB/s "
+            "duplex and 78 SMs from third-party pages; fp8 at twice bf16 (Hopper's ratio) and torch's capacity "
+            "as the H100-96's assumed"
+        ),
     ),
     "B200": GPUSpec(
-        "B200 180GB", _flops(2250e12, 80e12, 4.5e15), 8.0e12, 178.35, 0.776, "hopper", NVLINK5, PCIE5, 148, 0.763
+        "B200 180GB",
+        _flops(2250e12, 80e12, 4.5e15, 10.0e15),
+        8.0e12,
+        178.35,
+        0.776,
+        "hopper",
+        NVLINK5,
+        PCIE5,
+        148,
+        0.763,
+        fp4_efficiency=_FP4_BLACKWELL,
+        generation="blackwell",
+        power_w=1000,
+        sources=(
+            f"{_ML_ENG} (peaks 2250/4500 TF and NVFP4 10000, 8 TB/s, MAMF 77.6% bf16 and 76.3% fp8, 1000 W); fp4's "
+            "efficiency the GB200's measured one"
+        ),
+        attention_assumed=_NO_BLACKWELL_ATTENTION,
     ),
-    "A100": GPUSpec("A100 SXM 80GB", _flops(312e12, 19.5e12), 2.039e12, 79.15, 0.869, "ampere", NVLINK3, PCIE4, 108),
-    "A100-40": GPUSpec("A100 SXM 40GB", _flops(312e12, 19.5e12), 1.555e12, 39.39, 0.869, "ampere", NVLINK3, PCIE4, 108),
-    "A100 PCIe": GPUSpec("A100 PCIe 80GB", _flops(312e12, 19.5e12), 1.935e12, 79.15, 0.811, "ampere", None, PCIE4, 108),
+    "B300": GPUSpec(
+        "B300 288GB",
+        _flops(2250e12, 80e12, 4.5e15, 15.0e15),
+        8.0e12,
+        268.1,
+        0.786,
+        "hopper",
+        NVLINK5,
+        PCIE5,
+        148,
+        0.745,
+        fp4_efficiency=_FP4_BLACKWELL,
+        generation="blackwell",
+        nic_gbps=800,
+        power_w=1000,
+        sources=(
+            f"{_ML_ENG} (peaks 2250/4500 TF and NVFP4 15000, 288 GB, 8 TB/s, MAMF 78.6% bf16 and 74.5% fp8, 1000 W; "
+            f"148 and 152 SMs measured on two SKUs: 148 taken); {_MLPERF}nebius_b300_n1.json (275040 MiB); fp4's "
+            "efficiency the GB200's measured one"
+        ),
+        attention_assumed=_NO_BLACKWELL_ATTENTION,
+    ),
+    # GB200: the Blackwell GPU of a Grace-Blackwell superchip, four to a compute tray, 72 on one
+    # NVLink domain (NVL72), its host a Grace CPU over NVLink-C2C.
+    "GB200": GPUSpec(
+        "GB200 186GB",
+        _flops(2500e12, 80e12, 5.0e15, 10.0e15),
+        8.0e12,
+        184.5,
+        0.729,
+        "hopper",
+        NVLINK5,
+        PCIE5,
+        148,
+        0.723,
+        fp4_efficiency=_FP4_BLACKWELL,
+        generation="blackwell",
+        nvlink_domain=72,
+        gpus_per_host=4,
+        host_copy_bytes_per_s=201e9,
+        host_link="NVLink-C2C to a Grace CPU",
+        power_w=1200,
+        sources=(
+            f"{_ML_ENG} (peaks 2500/5000/10000 TF, 8 TB/s, MAMF 72.9% bf16 and 72.3% fp8, 1200 W); "
+            f"{_MLPERF}tyche_ngpu72_ngc25.09_nemo.json (189471 MiB, 4 GPUs a tray); Azure/AI-benchmarking-guide "
+            "Azure_Results/ND_GB200_v6_results.md @ 2a370be6 (NVFP4 matmul 76.3%, host copies 201 GB/s); SMs "
+            "not published: the B200's 148 assumed"
+        ),
+        attention_assumed=_NO_BLACKWELL_ATTENTION,
+    ),
+    # GB300: Blackwell Ultra (B300's die) in a Grace-Blackwell NVL72 rack.
+    "GB300": GPUSpec(
+        "GB300 279GB",
+        _flops(2500e12, 80e12, 5.0e15, 15.0e15),
+        8.0e12,
+        277.0,
+        0.786,
+        "hopper",
+        NVLINK5,
+        PCIE5,
+        148,
+        0.745,
+        fp4_efficiency=_FP4_BLACKWELL,
+        generation="blackwell",
+        nvlink_domain=72,
+        gpus_per_host=4,
+        host_copy_bytes_per_s=359e9,
+        host_link="NVLink-C2C to a Grace CPU",
+        nic_gbps=800,
+        power_w=1400,
+        sources=(
+            f"{_ML_ENG} (peaks 2500/5000/15000 TF, 1400 W); {_MLPERF}theia_ngpu72_ngc25.09_nemo.json (284208 "
+            "MiB, 4 GPUs a tray, ConnectX-8 800G); stas00/ml-engineering network/README.md @ 744d01e1 (NVLink-C2C: "
+            "359 GB/s host-to-device on half a GB300 module); HBM bandwidth, SMs and MAMF not published: the "
+            "B300's (the same die) assumed, fp4's efficiency the GB200's"
+        ),
+        attention_assumed=_NO_BLACKWELL_ATTENTION,
+    ),
+    "A100": GPUSpec(
+        "A100 SXM 80GB",
+        _flops(312e12, 19.5e12),
+        2.039e12,
+        79.15,
+        0.869,
+        "ampere",
+        NVLINK3,
+        PCIE4,
+        108,
+        generation="ampere",
+        nvlink_links=12,
+        nic_gbps=200,
+        power_w=400,
+        sources=f"{_ML_ENG} (peaks, memory, MAMF 86.9%)",
+    ),
+    "A100-40": GPUSpec(
+        "A100 SXM 40GB",
+        _flops(312e12, 19.5e12),
+        1.555e12,
+        39.39,
+        0.869,
+        "ampere",
+        NVLINK3,
+        PCIE4,
+        108,
+        generation="ampere",
+        nvlink_links=12,
+        nic_gbps=200,
+        power_w=400,
+        sources=f"{_ML_ENG} (peaks, memory, MAMF 86.9%)",
+    ),
+    # A800: the A100 SXM with NVLink cut to 400 GB/s duplex (8 of its 12 links), for export.
+    "A800": GPUSpec(
+        "A800 SXM 80GB",
+        _flops(312e12, 19.5e12),
+        2.039e12,
+        79.15,
+        0.854,
+        "ampere",
+        200e9,
+        PCIE4,
+        108,
+        generation="ampere",
+        nvlink_links=8,
+        nic_gbps=200,
+        power_w=400,
+        sources=(
+            "volcengine/verl verl/utils/flops_counter.py @ b178a3cd (312 TF bf16); "
+            f"{_ZZC} (A800 SXM4 80GB best square matmul 266.48 TF: 85.4%); NVLink 400 GB/s duplex (NVIDIA's "
+            "A800 data sheet); memory and bandwidth the A100 SXM 80GB's"
+        ),
+    ),
+    "A100 PCIe": GPUSpec(
+        "A100 PCIe 80GB",
+        _flops(312e12, 19.5e12),
+        1.935e12,
+        79.15,
+        0.811,
+        "ampere",
+        None,
+        PCIE4,
+        108,
+        generation="ampere",
+        scale_up="pcie",
+        nic_gbps=200,
+        power_w=300,
+        sources=f"{_ML_ENG} (peaks, memory, MAMF 81.1%)",
+    ),
+    # V100 SXM2: fp16 tensor cores only (no bf16, no fp8), NVLink 2 (six links of 25 GB/s per direction).
+    "V100-32": GPUSpec(
+        "V100 SXM2 32GB",
+        {"fp16": 125e12, "fp32": 15.7e12},
+        0.9e12,
+        31.75,
+        0.759,
+        "ampere",
+        150e9,
+        15.75e9,
+        80,
+        generation="volta",
+        nvlink_links=6,
+        nic_gbps=100,
+        power_w=300,
+        sources=(
+            "NVIDIA's Tesla V100 data sheet (SXM2: 125 TF fp16 tensor, 15.7 TF fp32, 900 GB/s HBM2, 300 GB/s "
+            "NVLink duplex, 300 W, 80 SMs); torch's 31.75 GiB (its OOM message on a V100 32GB); "
+            f"{_ZZC} (V100-SXM2-16GB best square fp16 matmul 94.84 TF: 75.9%)"
+        ),
+        attention_assumed=(
+            "no FlashAttention on Volta: attention=math (the unfused softmax) runs at the A100's measured "
+            "share of the peak"
+        ),
+    ),
+    "V100-16": GPUSpec(
+        "V100 SXM2 16GB",
+        {"fp16": 125e12, "fp32": 15.7e12},
+        0.9e12,
+        15.78,
+        0.759,
+        "ampere",
+        150e9,
+        15.75e9,
+        80,
+        generation="volta",
+        nvlink_links=6,
+        nic_gbps=100,
+        power_w=300,
+        sources=(
+            "NVIDIA's Tesla V100 data sheet (SXM2: 125 TF fp16 tensor, 15.7 TF fp32, 900 GB/s HBM2, 300 GB/s "
+            "NVLink duplex, 300 W, 80 SMs); torch's 15.78 GiB (its OOM message on a V100 16GB); "
+            f"{_ZZC} (V100-SXM2-16GB best square fp16 matmul 94.84 TF: 75.9%)"
+        ),
+        attention_assumed=(
+            "no FlashAttention on Volta: attention=math (the unfused softmax) runs at the A100's measured "
+            "share of the peak"
+        ),
+    ),
+    "MI300X": GPUSpec(
+        "MI300X 192GB",
+        _flops(1307e12, 163.4e12, 2.61e15),
+        5.3e12,
+        191.98,
+        0.514,
+        "hopper",
+        448e9,
+        PCIE5,
+        304,
+        _FP8_CDNA,
+        generation="cdna3",
+        scale_up="xgmi-mesh",
+        nvlink_links=7,
+        power_w=750,
+        sources=(
+            f"{_ML_ENG} (peaks 1307/2610 TF, 192 GB, 5.3 TB/s, MAMF 51.4% bf16 under ROCm 6.3 with TunableOp, "
+            "750 W, 304 CUs); stas00/ml-engineering network/README.md @ 744d01e1 (Infinity Fabric: 7 links of 64 "
+            "GB/s per direction, a full mesh); samuel-bohman/AI-benchmarking-guide "
+            "Azure_Results/ND_MI300X_v5_results.md @ 3de0c294 (hipBLASLt fp8 44.4%); torch's 191.98 GiB (its OOM "
+            "message on an MI300X)"
+        ),
+        attention_assumed=_NO_AMD_ATTENTION,
+    ),
+    "MI325X": GPUSpec(
+        "MI325X 256GB",
+        _flops(1307e12, 163.4e12, 2.61e15),
+        6.0e12,
+        255.98,
+        0.604,
+        "hopper",
+        448e9,
+        PCIE5,
+        304,
+        _FP8_CDNA / 0.514 * 0.604,
+        generation="cdna3",
+        scale_up="xgmi-mesh",
+        nvlink_links=7,
+        power_w=1000,
+        sources=(
+            f"{_ML_ENG} (peaks as MI300X's, 256 GB, 6.0 TB/s, MAMF 60.4% bf16 under torch 2.6 + ROCm 6.2.4, "
+            "1000 W); Infinity Fabric as MI300X's; fp8 at MI300X's fp8/bf16 ratio and torch's capacity by "
+            "MI300X's 0.02 GiB assumed"
+        ),
+        attention_assumed=_NO_AMD_ATTENTION,
+    ),
+    # MI350X: MI355X's silicon at 2200 MHz and 1000 W, every peak scaled by the clock ratio (the
+    # accelerator README's note 22).
+    "MI350X": GPUSpec(
+        "MI350X 288GB",
+        _flops(2500e12 * 2200 / 2400, 144.2e12, 5.0e15 * 2200 / 2400, 10.1e15 * 2200 / 2400),
+        8.0e12,
+        287.98,
+        0.626,
+        "hopper",
+        535.5e9,
+        PCIE5,
+        256,
+        _FP8_CDNA / 0.514 * 0.626,
+        fp4_efficiency=None,
+        generation="cdna4",
+        scale_up="xgmi-mesh",
+        nvlink_links=7,
+        power_w=1000,
+        sources=(
+            f"{_ML_ENG} (MI355X's silicon at 2200 MHz: its peaks x 2200/2400, 288 GB, 8 TB/s, 1000 W); MI355X's "
+            "MAMF, Infinity Fabric and fp8/bf16 ratio assumed"
+        ),
+        attention_assumed=_NO_AMD_ATTENTION,
+    ),
+    "MI355X": GPUSpec(
+        "MI355X 288GB",
+        _flops(2500e12, 157.3e12, 5.0e15, 10.1e15),
+        8.0e12,
+        287.98,
+        0.626,
+        "hopper",
+        535.5e9,
+        PCIE5,
+        256,
+        _FP8_CDNA / 0.514 * 0.626,
+        generation="cdna4",
+        scale_up="xgmi-mesh",
+        nvlink_links=7,
+        power_w=1400,
+        sources=(
+            f"{_ML_ENG} (peaks 2500/5000 TF, fp6 = fp4 = 10100, 288 GB, 8 TB/s, MAMF 1565 TF = 62.6% under "
+            "torch 2.8 + ROCm 7.0.2, 1400 W, 256 CUs); stas00/ml-engineering network/README.md @ 744d01e1 "
+            "(Infinity Fabric: 7 links of 76.5 GB/s per direction); fp8 at MI300X's fp8/bf16 ratio assumed; no "
+            "fp4 matmul measured: precision=fp4 is refused"
+        ),
+        attention_assumed=_NO_AMD_ATTENTION,
+    ),
     "L40S": GPUSpec(
         "L40S 48GB",
         _flops(362e12, 91.6e12, 7.33e14),
@@ -124,10 +555,44 @@ GPUS = {
         PCIE4,
         142,
         _FP8_RATIO * 0.744,
+        generation="ampere",
+        scale_up="pcie",
+        nic_gbps=200,
+        power_w=350,
+        sources=f"{_ML_ENG} (peaks, memory); {_ZZC} (best square matmul, 74.4%)",
     ),
-    "A10": GPUSpec("A10 24GB", _flops(125e12, 31.2e12), 0.6e12, 21.99, 0.448, "ampere", None, PCIE4, 72),
+    "A10": GPUSpec(
+        "A10 24GB",
+        _flops(125e12, 31.2e12),
+        0.6e12,
+        21.99,
+        0.448,
+        "ampere",
+        None,
+        PCIE4,
+        72,
+        generation="ampere",
+        scale_up="pcie",
+        nic_gbps=200,
+        power_w=150,
+        sources=f"{_ML_ENG} (peaks, memory); {_ZZC} (best square matmul, 44.8%)",
+    ),
     "L4": GPUSpec(
-        "L4 24GB", _flops(121e12, 30.3e12, 2.42e14), 0.3e12, 21.99, 0.586, "ampere", None, PCIE4, 58, _FP8_RATIO * 0.586
+        "L4 24GB",
+        _flops(121e12, 30.3e12, 2.42e14),
+        0.3e12,
+        21.99,
+        0.586,
+        "ampere",
+        None,
+        PCIE4,
+        58,
+        _FP8_RATIO * 0.586,
+        generation="ampere",
+        scale_up="pcie",
+        nic_gbps=200,
+        power_w=72,
+        sources=f"{_ML_ENG} (peaks, memory); {_ZZC} (best square matmul, 58.6%)",
     ),
 }
 
@@ -146,13 +611,32 @@ ALIASES = (
     ("a100-40", "A100-40"),
     ("a100 40", "A100-40"),
     ("a100", "A100"),
+    ("a800", "A800"),
     ("h200", "H200"),
+    ("h800", "H800"),
+    ("h20", "H20"),
+    ("gb200", "GB200"),
+    ("gb300", "GB300"),
     ("b200", "B200"),
+    ("b300", "B300"),
     ("h100", "H100"),
+    ("v100-sxm2-16gb", "V100-16"),
+    ("v100-16", "V100-16"),
+    ("v100 16", "V100-16"),
+    ("v100", "V100-32"),
+    ("mi300x", "MI300X"),
+    ("mi325x", "MI325X"),
+    ("mi350x", "MI350X"),
+    ("mi355x", "MI355X"),
     ("l40s", "L40S"),
     ("a10", "A10"),
     ("l4", "L4"),
 )
+
+
+def known_gpus() -> str:
+    """The names `gpu=` takes, for a one-line error."""
+    return ", ".join(GPUS)
 
 
 def gpu_spec(name: str) -> GPUSpec | None:

@@ -7,10 +7,10 @@ from typing import Any
 
 from harness.common import hardware
 from harness.plan.model.model_shape import shape_of_spec
-from harness.plan.network.fabric import DEFAULT_FABRIC, FABRICS, IntraNode, Topology, parse_intra
+from harness.plan.network.fabric import FABRICS, IntraNode, Topology, default_fabric, topology_of
 from harness.plan.parallel.backends import model_of
 from harness.plan.parallel.layout import LayoutError
-from harness.plan.predict import Question, plan_strategy
+from harness.plan.predict import Question, plan_strategy, storage_precision
 from harness.plan.speed.calibration import default_factors
 from harness.plan.speed.step_time import SpeedFactors
 from strategies.memory import CATEGORIES
@@ -35,11 +35,13 @@ def question_for_run(
     split: the (micro-batch, accumulation) the run followed, where its data-parallel ranks are fewer
     than its processes (tensor parallelism); default, the batch split over every process."""
     micro_batch, grad_accum = split or cfg.world_batch(world_size)
-    family = spec.attention_family if spec else "hopper"
-    intra = parse_intra(None, spec) if spec else IntraNode("nvlink", 0.0)
+    if spec is not None:
+        topology = topology_of(spec, world_size, nodes, default_fabric(spec, spec.gpus_per_host))
+    else:  # memory only: no link is priced
+        topology = Topology(world_size, nodes, IntraNode("nvlink", 0.0), FABRICS["ndr"], True)
     return Question(
         shape=shape_of_spec(cfg.model, cfg.model_kwargs, cfg.model_blocks),
-        topology=Topology(world_size, nodes, intra, FABRICS[DEFAULT_FABRIC[family]], family == "hopper"),
+        topology=topology,
         capacity_bytes=gpu_mem_bytes,
         micro_batch=micro_batch,
         grad_accum=grad_accum,
@@ -64,6 +66,8 @@ def prediction_for_run(cfg: Any, summary: dict[str, Any]) -> dict[str, Any]:
     memory = summary.get("device_memory_bytes")
     on_gpu = summary.get("device_type") == "cuda" and memory is not None
     spec = hardware.gpu_spec(summary.get("device") or "") if on_gpu else None
+    if spec is not None and storage_precision(cfg.precision) not in spec.peak_flops:
+        spec = None  # a precision the card has no tensor cores for (bf16 on a V100): memory only
     followed = (summary.get("micro_batch"), summary.get("grad_accum"))
     split = followed if None not in followed else None
     q = question_for_run(

@@ -228,9 +228,11 @@ def basis_lines(q: Question) -> list[str]:
     if f.fixed_mfu is not None:
         compute = f"compute at {f.fixed_mfu:.0%} MFU of {_mfu_peak(q) / 1e12:.0f} TFLOP/s (mfu=, as given)"
     else:
+        efficiency = {"fp8": gpu.fp8_efficiency, "fp4": gpu.fp4_efficiency}.get(q.precision)
         fp8 = (
-            f" (the blocks' projections in fp8: up to {gpu.fp8_efficiency:.0%} of {gpu.peak_flops['fp8'] / 1e12:.0f})"
-            if q.precision == "fp8"
+            f" (the blocks' projections in {q.precision}: up to {efficiency:.0%} of "
+            f"{gpu.peak_flops[q.precision] / 1e12:.0f})"
+            if efficiency
             else ""
         )
         compute = (
@@ -239,15 +241,23 @@ def basis_lines(q: Question) -> list[str]:
             f"{gpu.hbm_bytes_per_s / 1e12:.2g} TB/s; x {f.compute_scale:.2f} ({where})"
         )
     t = q.topology
+    inside = "the NVLink domain" if t.per_domain > t.per_node else "a node"
+    library = "RCCL" if t.library == "rccl" else "NCCL"
     network = (
-        f"network: rings inside a node at {t.busbw(Group(t.per_node, 1), 'all-gather') / 1e9:.0f} GB/s bus bandwidth"
+        f"network: rings inside {inside} at {t.busbw(Group(t.per_domain, 1), 'all-gather') / 1e9:.0f} GB/s bus "
+        f"bandwidth ({library})"
     )
-    if t.nodes > 1:
+    if t.domains > 1:
         network += (
-            f"; across nodes {t.busbw(t.world(), 'all-gather') / 1e9:.0f} GB/s ({t.fabric.describe()} at "
-            f"{t.fabric.efficiency:.0%}, NCCL's rings over the rails)"
+            f"; across {'domains' if t.per_domain > t.per_node else 'nodes'} "
+            f"{t.busbw(t.world(), 'all-gather') / 1e9:.0f} GB/s ({t.fabric.describe()} at "
+            f"{t.fabric.efficiency:.0%}, {library}'s rings over the rails)"
         )
     lines = [f"speed: {compute}", f"backend overheads and offload host steps {where} from {f.basis}", network]
+    if gpu.sources:
+        lines.append(f"card: {gpu.sources}")
+    if gpu.attention_assumed:
+        lines.append(f"attention: {gpu.attention_assumed}")
     if f.memory:
         lines.append(
             "memory: the model's, plus what the calibration measured beyond it, each kind carried by what it grows "

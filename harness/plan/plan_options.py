@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from configs.schema import PRECISIONS
-from harness.common.hardware import GPUS, GPUSpec, gpu_spec
+from harness.common.hardware import GPUS, GPUSpec, gpu_spec, known_gpus
 from harness.common.units import GB
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings
 from harness.plan.model.model_shape import ARCHS, ModelShape, PlanError, shape_of_description, shape_of_spec
-from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, parse_intra
+from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, topology_of
 from harness.plan.parallel.batch_split import widest_split
 from harness.plan.predict import Question
 from harness.plan.speed.attention import KERNELS
@@ -21,7 +21,9 @@ from harness.plan.speed.compute import CHECKPOINTING
 from harness.plan.speed.step_time import SpeedFactors
 
 FORMATS = ("table", "json")
-PLAN_PRECISIONS = PRECISIONS  # fp8: the projections' matmuls in fp8, the rest in bf16, as a run's precision=fp8
+# fp8: the projections' matmuls in fp8, the rest in bf16, as a run's precision=fp8; fp4: the projections'
+# matmuls in NVFP4 or MXFP4, the rest as under fp8 (TransformerEngine's and Megatron-LM's fp4 recipes).
+PLAN_PRECISIONS = (*PRECISIONS, "fp4")
 CHECKPOINTING_WORDS = {True: "full", False: "none", "true": "full", "false": "none"}
 
 
@@ -43,7 +45,9 @@ class PlanConfig:
     # The machines; gpus=[8,64,512] plans each.
     gpus: Any = 8
     nodes: Optional[int] = None  # default: gpus / gpus_per_node
-    gpus_per_node: int = 8
+    gpus_per_node: Optional[int] = None  # GPUs per host; default the card's (8; 4 on a GB200/GB300 tray)
+    # GPUs on one NVLink domain: a count or nvl72/nvl36 (default the card's: 72 for GB200 and GB300).
+    nvlink_domain: Any = None
     gpu: str = "H100"
     gpu_mem_gb: Optional[float] = None  # default: the card's capacity as torch reports it
     peak_tflops: Optional[float] = None  # default: the card's dense peak at this precision
@@ -82,6 +86,7 @@ class PlanConfig:
     fp8_all_gather: bool = False  # FSDP2 gathers fp8 weights (torchao), with precision=fp8
     fp8_saved_inputs: bool = False  # the fp8 projections keep fp8 inputs for backward (TransformerEngine)
     te_fp8: bool = False  # the fp8 casts as TransformerEngine runs them: fused, weights cast once a step
+    fp8_block_scaling: bool = False  # MXFP8: a scale per 32 elements, on Blackwell's or CDNA4's tensor cores
     activation_offload: bool = False  # saved activations in host memory (torchtune)
     fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse
     strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows
@@ -178,26 +183,54 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
     if spec is None:
         if None in (cfg.gpu_mem_gb, cfg.peak_tflops, cfg.hbm_tb_s):
             raise PlanError(
-                f"unknown gpu {cfg.gpu!r}: use one of {', '.join(GPUS)}, "
+                f"unknown gpu {cfg.gpu!r}: use one of {known_gpus()}, "
                 "or give gpu_mem_gb=, peak_tflops= and hbm_tb_s= for another card"
             )
-        spec = replace(GPUS["H100"], name=cfg.gpu, attention_family="hopper")
-    if cfg.peak_tflops is not None:  # the peak at the run's precision; fp8's is twice bf16's
+        spec = replace(GPUS["H100"], name=cfg.gpu, attention_family="hopper", sources="the options' figures")
+    if cfg.peak_tflops is not None:  # the peak at the run's precision; fp8's is twice bf16's, fp4's four times
         given = cfg.peak_tflops * 1e12
-        base = given / 2 if cfg.precision == "fp8" else given
-        peaks = dict.fromkeys(spec.peak_flops, base)
-        if "fp8" in peaks:
-            peaks["fp8"] = 2 * base
-        spec = replace(spec, peak_flops=peaks)
+        base = given / LOW_PRECISION_SPEEDUP.get(cfg.precision, 1)
+        peaks = {key: base * LOW_PRECISION_SPEEDUP.get(key, 1) for key in spec.peak_flops if key != "fp32"}
+        spec = replace(spec, peak_flops={**peaks, "fp32": spec.peak_flops["fp32"]})
     if cfg.hbm_tb_s is not None:
         spec = replace(spec, hbm_bytes_per_s=cfg.hbm_tb_s * 1e12)
     if cfg.gpu_mem_gb is not None:
         spec = replace(spec, capacity_gib=cfg.gpu_mem_gb * GB / 2**30)
-    if cfg.precision == "fp8" and spec.fp8_efficiency is None:
+    check_precision(spec, cfg.precision)
+    if cfg.fp8_block_scaling and spec.generation not in BLOCK_SCALED:
         raise PlanError(
-            f"precision=fp8: the {spec.name} has no fp8 tensor cores: use bf16, or a Hopper, Ada or Blackwell card"
+            f"fp8_block_scaling=true: the {spec.name}'s tensor cores do not apply MXFP8's block scales: use a "
+            "Blackwell or MI350/MI355 card, or leave it out (tensorwise fp8)"
+        )
+    if spec.generation == "volta" and cfg.attention not in VOLTA_ATTENTION:
+        raise PlanError(
+            f"attention={cfg.attention}: FlashAttention and cuDNN's fused attention do not run on the {spec.name} "
+            "(Volta): use attention=math"
         )
     return spec
+
+
+BLOCK_SCALED = ("blackwell", "cdna4")  # tensor cores that take MXFP8's block scales at the fp8 rate
+VOLTA_ATTENTION = ("math",)  # the unfused softmax between two batched matmuls (Megatron-LM's on V100)
+
+
+LOW_PRECISION_SPEEDUP = {"fp8": 2, "fp4": 4}  # over bf16, where the options give one peak
+
+
+def check_precision(spec: GPUSpec, precision: str) -> None:
+    """A precision the card's tensor cores do not run is one line saying what to give."""
+    if precision == "fp8" and spec.fp8_efficiency is None:
+        raise PlanError(
+            f"precision=fp8: the {spec.name} has no fp8 tensor cores: use bf16, or a Hopper, Ada, Blackwell or "
+            "AMD Instinct MI300 card or later"
+        )
+    if precision == "fp4" and spec.fp4_efficiency is None:
+        raise PlanError(
+            f"precision=fp4: the {spec.name} has no fp4 matmul the planner has a measured rate for: use fp8, or a "
+            "Blackwell card (B200, B300, GB200, GB300)"
+        )
+    if precision == "bf16" and "bf16" not in spec.peak_flops:
+        raise PlanError(f"precision=bf16: the {spec.name} has no bf16 tensor cores: use fp16")
 
 
 def speed_factors(cfg: PlanConfig) -> SpeedFactors:
@@ -242,13 +275,13 @@ def batching(cfg: PlanConfig, gpus: int) -> tuple[int, int]:
 
 
 def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
-    nodes = cfg.nodes if cfg.nodes is not None else max(1, -(-gpus // cfg.gpus_per_node))
+    per_host = cfg.gpus_per_node or gpu.gpus_per_host
+    nodes = cfg.nodes if cfg.nodes is not None else max(1, -(-gpus // per_host))
     if gpus % nodes:
         raise PlanError(f"gpus={gpus} does not split over nodes={nodes}: give a multiple of {nodes}")
     auto = cfg.inter_node == "auto"
-    fabric = default_fabric(gpu.attention_family, gpus // nodes) if auto else parse_fabric(cfg.inter_node)
-    intra = parse_intra(cfg.interconnect, gpu)
-    return Topology(gpus, nodes, intra, fabric, gpu.attention_family == "hopper")
+    fabric = default_fabric(gpu, gpus // nodes) if auto else parse_fabric(cfg.inter_node)
+    return topology_of(gpu, gpus, nodes, fabric, cfg.interconnect, cfg.nvlink_domain)
 
 
 def question(

@@ -32,10 +32,10 @@ from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.parallel.planned_options import check_priced, options_of
 from harness.plan.speed.compute import compute_work, kernel_launches, memory_bytes_per_s, micro_step_kernels
-from harness.plan.speed.gemm import gemm_seconds
+from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import HostIssue, host_issue
 from harness.plan.speed.kernel_table import kernel_table
-from harness.plan.speed.step_time import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
+from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
 
@@ -47,7 +47,7 @@ class Question:
     micro_batch: int
     grad_accum: int
     seq_len: int
-    precision: str  # fp32 | bf16 | fp16 | fp8 (fp8: the projections' matmuls, the rest in bf16)
+    precision: str  # fp32 | bf16 | fp16 | fp8 | fp4 (fp8, fp4: the projections' matmuls, the rest in bf16)
     gpu: GPUSpec | None  # None: an unknown card, memory only
     factors: SpeedFactors  # compute scale, backend overheads, memory corrections (calibration.py)
     checkpointing: str = "none"  # none | full | selective
@@ -223,8 +223,8 @@ def batching(q: Question, layout: Layout) -> tuple[int, int]:
 
 
 def storage_precision(precision: str) -> str:
-    """What parameters, activations and collectives are held in: fp8 runs keep bf16 beside its matmuls."""
-    return "bf16" if precision == "fp8" else precision
+    """What parameters, activations and collectives are held in: fp8 and fp4 runs keep bf16 beside their matmuls."""
+    return "bf16" if precision in LOW_PRECISION else precision
 
 
 def _fused_loss(backend: Backend, q: Question) -> bool:
@@ -258,7 +258,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     memory = memory_at(backend, q, layout, states)
     room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
     fits = None if memory.peak is None else room.fits(memory.peak)
-    fp8 = q.precision == "fp8"
+    fp8 = q.precision in LOW_PRECISION
     tokens = q.micro_batch * q.seq_len
     pipelined = async_tp_of(backend, layout, q.compiled)
     comms = collectives(
@@ -341,7 +341,7 @@ def _async_tp(q: Question, layout: Layout, backend: Backend) -> AsyncTensorParal
         copy_bytes_per_s=q.topology.intra.ring_busbw,
         memory_bytes_per_s=memory_bytes_per_s(gpu),
         held_bytes=compute_bytes(held),
-        fp8=q.precision == "fp8",
+        fp8=q.precision in LOW_PRECISION,
         sms=gpu.sms if backend.options.get(MEGATRON_ENGINE) else None,  # TransformerEngine's userbuffers
     )
 
@@ -382,6 +382,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             qk_norm=q.recipe.qk_norm,
             te_fp8=q.recipe.te_fp8,
             sequence_parallel=backend.sequence_parallel,
+            fp8_block_scaling=q.recipe.fp8_block_scaling,
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,
@@ -389,7 +390,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 storage_precision(q.precision),
                 q.micro_batch * q.seq_len,
                 q.checkpointing,
-                q.precision == "fp8",
+                q.precision in LOW_PRECISION,
                 pipelined,
             ),
         )
@@ -398,7 +399,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         fixed_compute_s=fixed,
         collectives=comms,
         topology=q.topology,
-        host_bytes_per_s=q.gpu.pcie_bytes_per_s * HOST_LINK_EFFICIENCY,
+        host_bytes_per_s=host_bytes_per_s(q.gpu),
         backend=backend,
         micro_tokens=q.micro_batch * q.seq_len,
         grad_accum=q.grad_accum,

@@ -8,8 +8,9 @@ from dataclasses import dataclass, replace
 from harness.common.units import GIB
 from harness.plan.memory.batch_limit import fitting_micro_batch, micro_batch_limit
 from harness.plan.network.comm import tensor_parallel_across_nodes
+from harness.plan.network.fabric import Topology
 from harness.plan.parallel.backends import counterpart, model_of
-from harness.plan.parallel.layout import LayoutError
+from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.predict import Question, StrategyPlan, plan_strategy
 from harness.plan.what_if import fewest_gpus
 
@@ -130,6 +131,19 @@ def _why_not(p: StrategyPlan) -> str:
         f"does not fit: needs {_gib(p.reserved_bytes)} per GPU with the allocator's reserve, "
         f"{_gib(p.headroom.usable)} usable (largest part: {name} {_gib(nbytes)})"
     )
+
+
+def domain_lines(layout: Layout, topology: Topology) -> list[str]:
+    """Where a layout's tensor-parallel (or tensor- and context-parallel) GPUs span several hosts yet
+    stay on NVLink (a GB200/GB300 NVL72 rack's domain of 72, not a node's 8): said, since the domain
+    is why such a layout can win."""
+    for what, size in (("tensor-parallel", layout.tp), ("tensor- and context-parallel", layout.tp * layout.cp)):
+        if max(8, topology.per_node) < size <= topology.per_domain:
+            return [
+                f"Its {what} group of {size} GPUs spans {size // topology.per_node} hosts but stays on NVLink: the "
+                f"NVLink domain is {topology.per_domain} GPUs; on 8-GPU nodes it would cross the network."
+            ]
+    return []
 
 
 def _numerics(p: StrategyPlan, q: Question) -> list[str]:
@@ -338,6 +352,7 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     lines = [
         f"Use {best.name}: the fastest that fits, {_gib(best.peak_bytes)} per GPU{speed}{unknown}{room}; "
         f"{_why_best(best, plans, q)}.",
+        *domain_lines(best.layout, q.topology),
         *_numerics(best, q),
     ]
     runner_up = ranked[1] if len(ranked) > 1 else None

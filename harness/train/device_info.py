@@ -20,9 +20,10 @@ def device_memory(device: torch.device) -> int | None:
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one device at this precision, or None where unknown (CPUs)."""
+    """Peak FLOP/s of one device at this precision, or None where unknown (CPUs, a precision the
+    card has no tensor cores for: bf16 on a V100)."""
     spec = gpu_spec(device_name(device)) if device.type == "cuda" else None
-    return spec.peak_flops[precision] if spec else None
+    return spec.peak_flops.get(precision) if spec else None
 
 
 def reset_peak_memory(device: torch.device) -> None:

@@ -24,6 +24,7 @@ from bench.layout_kinds import (
     kinds_of,
     scale_of,
 )
+from harness.common.hardware import GPUS
 from harness.plan.network.comm import PIPELINED
 from harness.plan.network.fabric import FABRICS
 from tests.helpers import ROOT, env_for_tests
@@ -185,8 +186,11 @@ def _row(sharding: str, gpus: int, nodes: int, **extra: str) -> dict[str, str]:
 def test_layout_kinds_and_scales_are_read_from_the_rows():
     megatron = _row("megatron tp=4 pp=4 vp=5 cp=2 dp=2 distributed_optimizer sequence_parallel", 64, 8)
     assert kinds_of(megatron) == (TP_INSIDE, PIPELINE, CONTEXT) and scale_of(megatron) == "2-8 nodes"
-    # Tensor parallel over more GPUs than a node holds (GB200's trays of 4) is across nodes.
+    # Tensor parallel over more GPUs than a node holds is across nodes; on a GB200 rack's trays of 4 it
+    # stays inside the NVLink domain of 72.
     assert kinds_of(_row("megatron tp=8 pp=4 dp=4 distributed_optimizer", 128, 32)) == (TP_ACROSS, PIPELINE)
+    rack = _row("megatron tp=8 pp=4 dp=4 distributed_optimizer", 128, 32, gpu="GB200")
+    assert kinds_of(rack) == (TP_INSIDE, PIPELINE)
     assert kinds_of(_row("FSDP2 dp_shard=32 tp=8 pp=8", 2048, 256)) == (TP_INSIDE, PIPELINE)
     assert kinds_of(_row("FSDP1-FULL_SHARD", 8, 1)) == (DATA_PARALLEL,)
     assert kinds_of(_row("megatron tp=1 pp=1 dp=64 distributed_optimizer", 64, 8)) == (DATA_PARALLEL,)
@@ -225,14 +229,16 @@ def test_every_row_of_every_csv_is_planned_or_listed_with_a_reason():
     rows = published.plan_rows(published.read_rows(published.DATA / "model_parallel_nvidia.csv"))
     assert len(rows) >= 200 and sum(o.plan is not None for o in rows) >= 150
     assert all(o.row["source"].count("@") == 1 and len(o.row["source"].split("@")[1]) == 40 for o in rows)
-    skipped = {o.row["gpu"]: o.skipped for o in rows if o.skipped and o.skipped.startswith("card")}
-    assert set(skipped) == {"GB200", "GB300", "B300"}  # GB200 is not planned as a B200
+    assert not [o for o in rows if o.skipped and o.skipped.startswith("card")]  # every card is known
+    gb200 = [o for o in rows if o.row["gpu"] == "GB200" and o.plan is not None]
+    assert gb200 and all(o.plan.layout.tp_group.nodes == 1 for o in gb200)  # TP stays in the NVL72 rack
     moe = [o for o in rows if o.row["arch"] == "moe"]
     assert moe and all(
         o.skipped == "mixture of experts: not modelled" for o in moe if o.row["gpu"] in ("H100-80", "B200")
     )
+    # MXFP8 on Blackwell: the fp8 projections, their block scales applied by the tensor cores.
     mx = [o for o in rows if "MXFP8" in o.row["notes"] and o.row["arch"] != "moe" and o.row["gpu"] == "B200"]
-    assert mx and all("block scaling" in o.skipped for o in mx)
+    assert mx and all(o.plan is not None and published.recipe_of_row(o.row).fp8_block_scaling for o in mx)
     # Megatron-LM's and NeMo's tensor, pipeline and context parallelism are planned with the degrees they ran.
     split = [(o, degrees(o.row["sharding"])) for o in rows if o.plan is not None]
     assert sum(d.pp > 1 and d.cp > 1 for _, d in split) >= 30
@@ -240,10 +246,12 @@ def test_every_row_of_every_csv_is_planned_or_listed_with_a_reason():
 
 
 def test_a_networks_cards_and_rate_per_node_are_read():
-    fabric = published._fabric({"network": "8x400gbps-ib", "gpus": "64", "nodes": "8"}, "hopper")
+    fabric = published._fabric({"network": "8x400gbps-ib", "gpus": "64", "nodes": "8"}, GPUS["H100"])
     assert (fabric.nics, fabric.gbps) == (8, 400)
-    assert published._fabric({"network": "ndr", "gpus": "64", "nodes": "8"}, "hopper") is FABRICS["ndr"]
-    assert published._fabric({"network": "unstated", "gpus": "16", "nodes": "2"}, "ampere") is FABRICS["dgx-a100"]
+    assert published._fabric({"network": "ndr", "gpus": "64", "nodes": "8"}, GPUS["H100"]) is FABRICS["ndr"]
+    assert published._fabric({"network": "unstated", "gpus": "16", "nodes": "2"}, GPUS["A100"]) is FABRICS["dgx-a100"]
+    tray = published._fabric({"network": "unstated", "gpus": "64", "nodes": "16"}, GPUS["GB200"])
+    assert (tray.nics, tray.gbps) == (4, 400)  # a GB200 compute tray: four GPUs, a 400G card each
 
 
 def test_the_goals_say_which_bucket_misses():

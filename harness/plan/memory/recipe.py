@@ -39,6 +39,10 @@ offers it does it (docs/planner.md cites each):
                      amax pass), the casts fused into the norm and activation kernels, and the fp8
                      weights cast once a step, reused by every micro-batch (`is_first_microbatch`).
                      Off: torchao's float8 linears, which cast each weight every forward.
+  fp8_block_scaling  with precision=fp8, MXFP8: a scale for every 32 elements, computed as each tensor
+                     is cast (no amax pass over it first) and applied by the tensor cores at the fp8
+                     rate (Blackwell's and CDNA4's); TransformerEngine's MXFP8BlockScaling writes the
+                     rowwise and the columnwise cast of each tensor from one read (compute.py).
   activation_offload the saved activations copied to pinned host memory in the forward and back in
                      the backward (torchtune's `enable_activation_offloading`, its OffloadActivations
                      on a side stream): the GPU keeps two blocks' worth, the copies hide behind the
@@ -75,6 +79,7 @@ class Recipe:
     fp8_all_gather: bool = False
     fp8_saved_inputs: bool = False
     te_fp8: bool = False
+    fp8_block_scaling: bool = False
     activation_offload: bool = False
     fragmentation: float = 0.0
 
@@ -100,10 +105,14 @@ class Recipe:
             )
         if self.fp8_all_gather and precision != "fp8":
             raise PlanError("fp8_all_gather=true gathers the fp8 projections' weights: give precision=fp8 as well")
-        if self.fp8_saved_inputs and precision != "fp8":
+        if self.fp8_saved_inputs and precision not in ("fp8", "fp4"):
             raise PlanError("fp8_saved_inputs=true keeps the fp8 projections' inputs: give precision=fp8 as well")
         if self.te_fp8 and precision != "fp8":
             raise PlanError("te_fp8=true casts fp8 projections as TransformerEngine does: give precision=fp8 as well")
+        if self.fp8_block_scaling and precision != "fp8":
+            raise PlanError(
+                "fp8_block_scaling=true is MXFP8's scaling of the fp8 projections: give precision=fp8 as well"
+            )
 
     @property
     def low_precision_params(self) -> bool:
@@ -131,6 +140,8 @@ class Recipe:
             said.append("fp8 saved inputs")
         if self.te_fp8:
             said.append("TransformerEngine fp8")
+        if self.fp8_block_scaling:
+            said.append("MXFP8")
         if self.activation_offload:
             said.append("activations offloaded")
         if self.fragmentation:

@@ -1,22 +1,31 @@
-"""The network as clusters are built, and what a collective costs on it as NCCL runs it.
+"""The network as clusters are built, and what a collective costs on it as NCCL (RCCL on AMD's
+cards) runs it.
 
-Inside a node the GPUs share NVLink (through NVSwitch) or PCIe; between nodes each node has
-`nics` network cards of `gbps` each, wired rail by rail (GPU i of every node on the same
-switch). NCCL runs a ring over every GPU with one channel per rail, so a collective over
-several nodes moves its bytes out of a node over all of its cards at once: its bus bandwidth
-is the node's whole network rate, not one GPU's share of it (nccl-tests' doc/PERFORMANCE.md
-defines busbw; the ring's bound is derived in docs/planner.md). The Simple ring sustains
+Inside an NVLink domain the GPUs share NVLink through NVSwitch: one host's 8 on HGX, a rack's 72
+on GB200/GB300 NVL72 (four to a compute tray, each tray its own host); AMD's 8 share Infinity
+Fabric as a full mesh, a link to each peer and no switch; or the host's PCIe. Between domains each
+host has `nics` network cards of `gbps` each, wired rail by rail (GPU i of every host on the same
+switch). NCCL runs a ring over every GPU with one channel per rail, so a collective over several
+domains moves its bytes out of a domain over all of its cards at once: its bus bandwidth is the
+domain's whole network rate, not one GPU's share of it (nccl-tests' doc/PERFORMANCE.md defines
+busbw; the ring's bound is derived in docs/planner.md). Under multi-node NVLink (MNNVL) NCCL fuses
+the topologies of a clique's hosts into one (NVIDIA/nccl src/graph/topo.cc @ 5067397c,
+ncclTopoGetSystem's "MNNVL clique support"): a domain is one node to its graph search, its tuning
+and NVLS. The Simple ring sustains
 
-    busbw = min(NVLINK_EFFICIENCY x NVLink, fabric efficiency x nics x gbps / 8)   (k > 1 nodes)
+    busbw = min(ring efficiency x link, fabric efficiency x nics x gbps / 8)   (k > 1 domains)
 
-and a group of g GPUs of each node (one of several side by side: HSDP's replicas, FSDP beside
-tensor parallelism) has g/gpus-per-node of the node's cards. Efficiencies are the measured
-busbw over the links' rate: NVLink rings 0.80 (8 x H100/H200: 361-367 of 450 GB/s; 8 x A100: 235
-of 300), NVLink SHARP all-reduce 1.07 (476-482 of 450, Hopper, 5 GPUs or more), an InfiniBand
-card 0.92 (46-48 GB/s per 400 Gb/s NDR card, an NCCL maintainer in nccl-tests issue 290), EFA v1
-0.85 (AWS's "effective 340Gbps" of p4d's 400), as tabulated with their sources in
-docs/planner.md. Which algorithm and protocol NCCL runs on that, and its latency at each scale,
-is NCCL's own model (`nccl_tuning.py`).
+and a group of g GPUs of each domain (one of several side by side: HSDP's replicas, FSDP beside
+tensor parallelism) has g of its GPUs' cards. Ring efficiencies are measured busbw over the
+links' rate: NVLink 4 and 3 rings 0.80 (8 x H100/H200: 361-367 of 450 GB/s; 8 x A100: 235 of
+300), NVLink 5 0.756 (NVIDIA's GTC25 slide: an NVL72 all-reduce without NVLS at 680 of 900), an
+Infinity Fabric link 0.705 (TransferBench on 8 x MI300X: its slowest link 45.1 of 64 GB/s, and a
+ring over the mesh runs at its slowest link: ROCm/rocm-blogs mi300x-rccl-xgmi), an InfiniBand card
+0.92 (46-48 GB/s per 400 Gb/s NDR card, an NCCL maintainer in nccl-tests issue 290), EFA v1 0.85
+(AWS's "effective 340Gbps" of p4d's 400), as tabulated with their sources in docs/planner.md.
+NVLink SHARP (NVLS) is NCCL's own model of it (nvls_busbw). Which algorithm and protocol NCCL
+runs, and its latency at each scale, is NCCL's own model (`nccl_tuning.py`), RCCL's on AMD's
+cards (`rccl_tuning.py`).
 """
 
 from __future__ import annotations
@@ -27,17 +36,43 @@ from dataclasses import dataclass
 
 from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import PlanError
+from harness.plan.network import rccl_tuning
 from harness.plan.network.nccl_tuning import Choice, Links, choose
 
 NVLINK_EFFICIENCY = 0.80
-NVLS_EFFICIENCY = 1.07  # NVLink SHARP all-reduce on Hopper NVSwitch, from 5 GPUs of a node up
-NVLS_MIN_GPUS = 5
+NVLINK5_EFFICIENCY = 680 / 900  # NVL72 all-reduce without NVLS (GTC25 S72583, ml-engineering network/README.md)
+XGMI_LINK_EFFICIENCY = 45.1 / 64  # MI300X's slowest Infinity Fabric link under TransferBench (ROCm/rocm-blogs)
 PCIE_EFFICIENCY = 0.75  # a ring through the host's PCIe switches: ~23 GB/s of PCIe 4's 31
 DEFAULT_FABRIC_EFFICIENCY = 0.92  # InfiniBand NDR: 46-48 GB/s per 400 Gb/s card
 EFA_V1_EFFICIENCY = 0.85  # AWS p4d: "effective 340Gbps for all_reduce tests" of 4 x 100 Gb/s
 # What aws-ofi-nccl reports to NCCL as EFA's latency (platform-aws.cpp): 75 us on p4d and p5/p5e,
 # 35 us from p5en on; InfiniBand's plugin reports none.
 EFA_LATENCY_US = {"v1": 75.0, "v2": 75.0, "v3": 35.0, "v4": 35.0}
+# NCCL's model of NVLS (NVIDIA/nccl @ 5067397c): its graph search gives each of c = min(32, GPUs)
+# channels the largest speed of its array that every GPU's NVLinks carry c + 1 times over
+# (search.cc ncclTopoSearchTryNvls; links x topo.h's SM90/SM100_NVLINK_BW), and tuning.cc prices the
+# all-reduce at 2 x nvlsEfficiency x (c - 1) x speed: nccl-tests' busbw.
+NVLS_ARITY = 32  # device.h NCCL_MAX_NVLS_ARITY
+NVLINK_BW_PER_LINK = {"hopper": 20.6, "blackwell": 40.1}  # GB/s, topo.h
+NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}  # tuning.cc nvlsEfficiency
+NVLS_SPEEDS = {  # GB/s per channel, search.cc sm90SpeedArrayIntra and sm100SpeedArrayIntra
+    "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
+    "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),
+}
+
+
+def nvls_busbw(generation: str, links: int, gpus: int) -> float | None:
+    """nccl-tests' busbw of an NVLS all-reduce over `gpus` GPUs of one NVLink domain, bytes/s, as
+    NCCL's own model gives it; None where NCCL has no NVLS (before Hopper) or its search finds no
+    speed."""
+    if generation not in NVLS_EFFICIENCY or gpus < 2:
+        return None
+    channels = min(NVLS_ARITY, gpus)
+    room = links * NVLINK_BW_PER_LINK[generation] / (channels + 1)
+    speed = next((s for s in NVLS_SPEEDS[generation] if s <= room), None)
+    if speed is None:
+        return None
+    return 2 * NVLS_EFFICIENCY[generation] * (channels - 1) * speed * 1e9
 
 
 @dataclass(frozen=True)
@@ -90,18 +125,31 @@ FABRICS = {
     "a3-mega": Fabric("a3-mega", 8, 200, source="GCP A3 Mega: TCPXO 8 x 200 Gb/s", kind="tcpx"),
     "a3-high": Fabric("a3-high", 4, 200, source="GCP A3 High: TCPX 4 x 200 Gb/s", kind="tcpx"),
     "ethernet": Fabric("ethernet", 1, 100, source="one 100 GbE card per node", kind="ethernet"),
+    "xdr": Fabric("xdr", 8, 800, source="DGX B300: 8 ConnectX-8 XDR 800G (ml-engineering network/README.md)"),
+    "p6-b300": Fabric(
+        "p6-b300", 16, 400, source="AWS P6-B300: EFA v4, 16 x 400 Gb/s", kind="efa", latency_us=EFA_LATENCY_US["v4"]
+    ),
+    "spectrum-x": Fabric(
+        "spectrum-x", 8, 400, source="NVIDIA Spectrum-X: a 400G SuperNIC per GPU, RoCE (none measured)", kind="roce"
+    ),
+    "pollara": Fabric(
+        "pollara", 8, 400, source="AMD Pensando Pollara 400 per GPU, RoCE (no collective measured)", kind="roce"
+    ),
 }
-# The default for a card's own platform, where the question names no fabric: one card per GPU.
-DEFAULT_FABRIC = {"ampere": "dgx-a100", "hopper": "ndr"}
+# What a card's own platform pairs it with where the question names no fabric: one card per GPU
+# at the card's platform rate (HDR 200G beside Ampere, NDR 400G beside Hopper, B200, GB200 and AMD's
+# Instinct platforms, XDR 800G beside B300 and GB300), the named cluster where one has that shape.
+PLATFORM_FABRICS = {(8, 200.0): "dgx-a100", (8, 400.0): "ndr", (8, 800.0): "xdr"}
 
 
-def default_fabric(family: str, gpus_per_node: int) -> Fabric:
-    """As many cards as the node has GPUs, each at the rate of the card's platform (HDR 200G
-    beside Ampere, NDR 400G beside Hopper and later): the named DGX fabric for 8 GPUs."""
-    platform = FABRICS[DEFAULT_FABRIC[family]]
-    if gpus_per_node == platform.nics:
-        return platform
-    return Fabric(f"{gpus_per_node}x{platform.gbps:g}gbps", gpus_per_node, platform.gbps, source=platform.source)
+def default_fabric(gpu: GPUSpec, gpus_per_node: int) -> Fabric:
+    """As many cards as the host has GPUs, each at the rate of the card's platform."""
+    named = PLATFORM_FABRICS.get((gpus_per_node, float(gpu.nic_gbps)))
+    if named:
+        return FABRICS[named]
+    return Fabric(
+        f"{gpus_per_node}x{gpu.nic_gbps:g}gbps", gpus_per_node, gpu.nic_gbps, source=f"{gpu.name}'s platform default"
+    )
 
 
 _RATE = re.compile(r"^(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*(g|gb|gbps|gbit)?$")
@@ -126,30 +174,77 @@ def parse_fabric(value: str) -> Fabric:
     return Fabric(f"{nics}x{gbps:g}gbps", nics, gbps)
 
 
+# Racks by name for `nvlink_domain=`: GPUs on one NVLink domain.
+NAMED_DOMAINS = {"nvl72": 72, "nvl36": 36, "nvl8": 8}
+
+
+def parse_domain(value: object, gpu: GPUSpec, gpus_per_node: int) -> int:
+    """`nvlink_domain=`: GPUs on one NVLink domain, a whole number of hosts (nvl72, nvl36 or a
+    count; default the card's platform: 72 for GB200 and GB300, else the host's GPUs). A card
+    without an NVLink switch keeps its links inside its host."""
+    if value in (None, "", "auto"):
+        rack = gpu.scale_up == "nvswitch" and gpu.nvlink_domain > gpu.gpus_per_host
+        return gpu.nvlink_domain if rack and gpu.nvlink_domain % gpus_per_node == 0 else gpus_per_node
+    key = str(value).strip().lower()
+    domain = NAMED_DOMAINS.get(key)
+    if domain is None:
+        try:
+            domain = int(key)
+        except ValueError:
+            raise PlanError(
+                f"unknown nvlink_domain {value!r}: give a GPU count such as 72 or one of {', '.join(NAMED_DOMAINS)}"
+            ) from None
+    if domain < 1 or domain % gpus_per_node:
+        raise PlanError(
+            f"nvlink_domain={value}: a domain is whole hosts of {gpus_per_node} GPUs: give a multiple of "
+            f"{gpus_per_node}"
+        )
+    if domain > gpus_per_node and gpu.scale_up != "nvswitch":
+        raise PlanError(
+            f"nvlink_domain={value}: the {gpu.name}'s links stay inside its host of {gpus_per_node} GPUs (no NVLink "
+            "switch): leave nvlink_domain out"
+        )
+    return domain
+
+
 @dataclass(frozen=True)
 class IntraNode:
-    """The links between a node's GPUs: NVLink (per GPU and direction) or PCIe."""
+    """The links between a domain's GPUs: NVLink (per GPU and direction, through a switch), AMD's
+    Infinity Fabric (`links` links to as many peers, no switch) or PCIe."""
 
-    name: str  # "nvlink" | "pcie"
+    name: str  # "nvlink" | "xgmi" | "pcie"
     bytes_per_s: float
+    efficiency: float = NVLINK_EFFICIENCY  # what a ring's busbw reaches of the links
+    links: int = 0  # a full mesh's links per GPU (xgmi): a group of g GPUs has g - 1 of them
 
     @property
     def ring_busbw(self) -> float:
-        return self.bytes_per_s * (NVLINK_EFFICIENCY if self.name == "nvlink" else PCIE_EFFICIENCY)
+        return self.bytes_per_s * self.efficiency
+
+    def ring_busbw_over(self, gpus: int) -> float:
+        """A ring over `gpus` of the domain's GPUs: on a mesh, only the links between them carry it."""
+        if self.name == "xgmi" and self.links:
+            return self.ring_busbw * min(max(gpus - 1, 1), self.links) / self.links
+        return self.ring_busbw
 
 
 def parse_intra(value: str | None, gpu: GPUSpec) -> IntraNode:
-    """`interconnect=`: nvlink, pcie, or a per-GPU bandwidth in GB/s; default the card's own (NVLink
-    where it has it)."""
+    """`interconnect=`: nvlink (xgmi: AMD's Infinity Fabric), pcie, or a per-GPU bandwidth in GB/s;
+    default the card's own (NVLink or Infinity Fabric where it has it)."""
     key = "" if value is None else str(value).strip().lower()
+    if key in ("", "auto", "xgmi") and gpu.scale_up == "xgmi-mesh":
+        key = "nvlink"  # AMD's Infinity Fabric answers to either name
     if key in ("", "auto"):
         key = "nvlink" if gpu.nvlink_bytes_per_s else "pcie"
     if key == "nvlink":
         if not gpu.nvlink_bytes_per_s:
             raise PlanError(f"interconnect=nvlink: the {gpu.name} has no NVLink between a node's GPUs: use pcie")
-        return IntraNode("nvlink", gpu.nvlink_bytes_per_s)
+        if gpu.scale_up == "xgmi-mesh":
+            return IntraNode("xgmi", gpu.nvlink_bytes_per_s, XGMI_LINK_EFFICIENCY, gpu.nvlink_links)
+        efficiency = NVLINK5_EFFICIENCY if gpu.generation == "blackwell" else NVLINK_EFFICIENCY
+        return IntraNode("nvlink", gpu.nvlink_bytes_per_s, efficiency)
     if key == "pcie":
-        return IntraNode("pcie", gpu.pcie_bytes_per_s)
+        return IntraNode("pcie", gpu.pcie_bytes_per_s, PCIE_EFFICIENCY)
     try:
         gb_per_s = float(key)
     except ValueError:
@@ -163,9 +258,9 @@ def parse_intra(value: str | None, gpu: GPUSpec) -> IntraNode:
 
 @dataclass(frozen=True)
 class Group:
-    """GPUs that run one collective together: how many, over how many nodes (as many of them in
-    each). Groups of the same shape run side by side (one per tensor-parallel rank): a group with
-    g of a node's GPUs has g of every node's GPUs' share of its cards."""
+    """GPUs that run one collective together: how many, over how many NVLink domains (a node where
+    the domain is the node), as many of them in each. Groups of the same shape run side by side
+    (one per tensor-parallel rank): a group with g of a domain's GPUs has those GPUs' cards."""
 
     size: int
     nodes: int
@@ -178,59 +273,79 @@ class Group:
 @dataclass(frozen=True)
 class Topology:
     gpus: int
-    nodes: int
+    nodes: int  # hosts (a GB200 compute tray is one)
     intra: IntraNode
-    fabric: Fabric
-    hopper_nvswitch: bool = False  # NVLink SHARP available for all-reduce inside a node
+    fabric: Fabric  # each host's cards
+    hopper_nvswitch: bool = False  # NVLink SHARP for all-reduce inside the domain (NVSwitch from Hopper on)
+    domain: int = 0  # GPUs on one NVLink domain (0: one host's)
+    generation: str = ""  # NCCL's tuning tables (hardware.py's GPUSpec.generation); "" : from the links
+    nvlink_links: int = 18  # NVLinks per GPU, for NCCL's NVLS search
 
     @property
     def per_node(self) -> int:
         return self.gpus // self.nodes
 
+    @property
+    def per_domain(self) -> int:
+        """GPUs sharing one NVLink domain (at most the job's)."""
+        return min(max(self.domain, self.per_node), self.gpus)
+
+    @property
+    def domains(self) -> int:
+        return max(1, -(-self.gpus // self.per_domain))
+
     def world(self) -> Group:
-        return Group(self.gpus, self.nodes)
+        return Group(self.gpus, self.domains)
 
     def in_node(self, size: int) -> Group:
-        """A group of `size` GPUs inside one node (hybrid shards, hpZ)."""
+        """A group of `size` GPUs inside one host (hybrid shards, hpZ)."""
         return Group(size, 1)
 
     def consecutive(self, size: int) -> Group:
-        """A group of `size` neighbouring GPUs (tensor parallelism): inside one node where they fit,
-        else whole nodes, whose collectives then cross the network."""
-        return Group(size, max(1, -(-size // self.per_node)))
+        """A group of `size` neighbouring GPUs (tensor parallelism): inside one NVLink domain where
+        they fit, else whole domains, whose collectives then cross the network."""
+        return Group(size, max(1, -(-size // self.per_domain)))
 
     @property
-    def generation(self) -> str:
-        """The GPUs' generation, as NCCL's tables index it: NVLink 5 is Blackwell's, NVSwitch
-        with SHARP Hopper's."""
+    def library(self) -> str:
+        return "rccl" if self.generation.startswith("cdna") else "nccl"
+
+    @property
+    def tuning_generation(self) -> str:
+        """The GPUs' generation, as NCCL's tables index it (RCCL's AMD cards: their own)."""
+        if self.generation:
+            return self.generation
         if self.intra.name == "nvlink" and self.intra.bytes_per_s >= 900e9:
             return "blackwell"
         return "hopper" if self.hopper_nvswitch else "ampere"
 
     def network_busbw(self, group: Group) -> float:
-        """The group's share of its nodes' cards, at the fabric's efficiency (0 inside one node)."""
+        """The group's share of its domains' cards, at the fabric's efficiency (0 inside one domain)."""
         if group.nodes <= 1:
             return 0.0
-        return self.fabric.node_bytes_per_s * self.fabric.efficiency * min(1.0, group.per_node / self.per_node)
+        per_gpu = self.fabric.node_bytes_per_s / self.per_node
+        return per_gpu * self.fabric.efficiency * min(group.per_node, self.per_domain)
 
     def busbw(self, group: Group, kind: str) -> float:
         """Bus bandwidth a Simple ring of `kind` sustains over `group`, bytes/s (NVLink SHARP's
-        for an all-reduce inside a node that has it)."""
+        for an all-reduce inside a domain where NCCL's model prefers it)."""
         nvls = self._nvls_busbw(group)
+        ring = self._ring_busbw(group)
         if kind == "all-reduce" and nvls and group.nodes <= 1:
-            return nvls
-        return self._ring_busbw(group)
+            return max(nvls, ring)
+        return ring
 
     def _ring_busbw(self, group: Group) -> float:
         fabric = self.network_busbw(group)
         if group.per_node == 1 and group.nodes > 1:
             return fabric
-        return self.intra.ring_busbw if group.nodes <= 1 else min(self.intra.ring_busbw, fabric)
+        intra = self.intra.ring_busbw_over(group.per_node)
+        return intra if group.nodes <= 1 else min(intra, fabric)
 
     def _nvls_busbw(self, group: Group) -> float | None:
-        if self.hopper_nvswitch and self.intra.name == "nvlink" and min(group.per_node, self.per_node) >= NVLS_MIN_GPUS:
-            return self.intra.bytes_per_s * NVLS_EFFICIENCY
-        return None
+        if not (self.hopper_nvswitch and self.intra.name == "nvlink"):
+            return None
+        return nvls_busbw(self.tuning_generation, self.nvlink_links, min(group.per_node, self.per_domain))
 
     def links(self, group: Group) -> Links:
         return Links(
@@ -239,20 +354,51 @@ class Topology:
             ring_busbw=self._ring_busbw(group),
             network_busbw=self.network_busbw(group),
             nvls_busbw=self._nvls_busbw(group),
-            intra="nvlink" if self.intra.name == "nvlink" else "pcie",
-            generation=self.generation,
+            intra="pcie" if self.intra.name == "pcie" else "nvlink",
+            generation=self.tuning_generation,
             net_latency_us=self.fabric.latency_us,
         )
 
     def choice(self, group: Group, kind: str, payload: float) -> Choice:
-        """The algorithm and protocol NCCL runs for one collective of `payload` bytes, and its time."""
+        """The algorithm and protocol NCCL (RCCL) runs for one collective of `payload` bytes, and its time."""
+        if self.library == "rccl":
+            return rccl_tuning.choose(kind, payload, self.links(group))
         return choose(kind, payload, self.links(group))
 
     def describe(self) -> str:
         inside = f"{self.intra.name} {self.intra.bytes_per_s / 1e9:g} GB/s per GPU"
+        if self.per_domain > self.per_node:
+            inside += f", {self.per_domain} GPUs on one NVLink domain"
         if self.nodes == 1:
             return f"{self.gpus} GPUs on {inside}"
-        return f"{self.nodes} nodes x {self.per_node} GPUs, {inside} inside, {self.fabric.describe()} between"
+        hosts = f"{self.nodes} hosts x {self.per_node} GPUs" if self.per_domain > self.per_node else None
+        between = f"{self.fabric.describe()} between"
+        return f"{hosts or f'{self.nodes} nodes x {self.per_node} GPUs'}, {inside} inside, {between}"
+
+
+def topology_of(
+    gpu: GPUSpec,
+    gpus: int,
+    nodes: int,
+    fabric: Fabric,
+    interconnect: str | None = None,
+    nvlink_domain: object = None,
+) -> Topology:
+    """The cluster of `gpus` cards over `nodes` hosts: the card's own links (or `interconnect=`),
+    its NVLink domain (or `nvlink_domain=`), `fabric` between hosts."""
+    per_node = gpus // nodes
+    intra = parse_intra(interconnect, gpu)
+    sharp = gpu.scale_up == "nvswitch" and gpu.generation in NVLS_EFFICIENCY and intra.name == "nvlink"
+    return Topology(
+        gpus,
+        nodes,
+        intra,
+        fabric,
+        sharp,
+        domain=parse_domain(nvlink_domain, gpu, per_node),
+        generation=gpu.generation,
+        nvlink_links=gpu.nvlink_links,
+    )
 
 
 def collective_seconds(topology: Topology, group: Group, kind: str, payload: float, calls: int = 1) -> float:

@@ -57,12 +57,18 @@ NET_POST_US = 1.0  # the proxy's cost to post a network send (x86), three per Si
 RING_PLATEAU = 1.4  # a multi-node Simple ring all-reduce's latency once every channel has work
 
 # GB/s caps by generation; the three columns: one node, two nodes, more.
-LL_MAX_ONE_NODE = {"ampere": 87.7, "hopper": 141.0, "blackwell": 282.0}
+LL_MAX_ONE_NODE = {"volta": 39.0, "ampere": 87.7, "hopper": 141.0, "blackwell": 282.0}
 # Across nodes LL's cap follows the host CPU: DGX A100 runs AMD EPYC, DGX H100/H200/B200 Intel Xeon.
-LL_MAX_ACROSS = {"ampere": (22.5, 19.0), "hopper": (39.0, 20.4), "blackwell": (39.0, 20.4)}
-PER_CHANNEL_RING_LL128 = {"ampere": 20.0, "hopper": 36.7, "blackwell": 40.0}
-PER_CHANNEL_TREE = {"ampere": (24.0, 23.6, 17.8), "hopper": (38.7, 41.4, 36.0), "blackwell": (70.0, 42.8, 24.0)}
+LL_MAX_ACROSS = {"volta": (39.0, 20.4), "ampere": (22.5, 19.0), "hopper": (39.0, 20.4), "blackwell": (39.0, 20.4)}
+PER_CHANNEL_RING_LL128 = {"volta": 20.0, "ampere": 20.0, "hopper": 36.7, "blackwell": 40.0}
+PER_CHANNEL_TREE = {
+    "volta": (26.5, 18.5, 10.0),
+    "ampere": (24.0, 23.6, 17.8),
+    "hopper": (38.7, 41.4, 36.0),
+    "blackwell": (70.0, 42.8, 24.0),
+}
 PER_CHANNEL_TREE_LL128 = {
+    "volta": (20.0, 20.0, 20.0),
     "ampere": (20.0, 20.0, 20.0),
     "hopper": (36.7, 36.7, 29.0),
     "blackwell": (55.6, 31.67, 20.0),
@@ -164,7 +170,7 @@ class Links:
     network_busbw: float  # bytes/s of the group's share of its nodes' network (0 inside one node)
     nvls_busbw: float | None  # NVLink SHARP all-reduce inside a node, where the switch has it
     intra: str  # "nvlink" | "pcie"
-    generation: str  # "ampere" | "hopper" | "blackwell"
+    generation: str  # "volta" | "ampere" | "hopper" | "blackwell" (NCCL's tables); AMD's in rccl_tuning.py
     net_latency_us: float = 0.0  # what the network plugin reports
 
     @property

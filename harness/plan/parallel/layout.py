@@ -1,7 +1,9 @@
 """How a strategy lays a model over the GPUs: the degree of tensor parallelism, the group
 that shards the model states, hpZ's secondary group and the groups each collective runs over.
 The sizes come from the strategy's options (tp_size, shard_size, zero_hpz_partition_size, as
-the strategy and the user set them), by default one node's GPUs."""
+the strategy and the user set them), by default one node's GPUs. A tensor-parallel group may
+span the NVLink domain (a GB200 NVL72 rack's 72 GPUs, not one tray's 4), and a group inside the
+domain communicates over NVLink (`Topology.per_domain`)."""
 
 from __future__ import annotations
 
@@ -59,13 +61,13 @@ def _dp_group(topology: Topology, size: int, stride: int) -> Group:
     same number of each node's GPUs."""
     if size <= 1:
         return Group(1, 1)
-    in_one_node = max(1, topology.per_node // stride)
+    in_one_node = max(1, topology.per_domain // stride)
     return Group(size, 1) if size <= in_one_node else Group(size, -(-size // in_one_node))
 
 
 def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout:
     """The layout `backend` gives `shape` on `topology`; a size that does not divide is a one-line error."""
-    gpus, per_node = topology.gpus, min(topology.per_node, topology.gpus)
+    gpus, per_node, domain = topology.gpus, min(topology.per_node, topology.gpus), topology.per_domain
     if backend.replicas == "threads" and topology.nodes > 1:
         raise LayoutError(
             f"{backend.name}: one process drives every GPU (its replicas are threads), so it runs inside one node: "
@@ -74,10 +76,11 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     tp = _size(backend, "tp_size", per_node) if backend.tensor_parallel else 1
     if gpus % tp:
         raise LayoutError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
-    if tp > per_node and tp % per_node:
+    if tp > per_node and (domain % tp if tp <= domain else tp % domain):
+        where = "a node's" if domain == per_node else "an NVLink domain's"
         raise LayoutError(
-            f"{backend.name}: tp_size={tp} splits a node's {per_node} GPUs between two tensor-parallel groups: "
-            f"use a divisor of {per_node} ({_divisors(per_node)}) or a multiple of it"
+            f"{backend.name}: tp_size={tp} splits {where} {domain} GPUs between two tensor-parallel groups: "
+            f"use a divisor of {domain} ({_divisors(domain)}) or a multiple of it"
         )
     dims = shape.dims
     if tp > 1:
@@ -89,7 +92,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
                     d
                     for d in range(1, gpus + 1)
                     if gpus % d == 0
-                    and (per_node % d == 0 or d % per_node == 0)
+                    and (domain % d == 0 or d % domain == 0)
                     and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
                 ]
                 raise LayoutError(

@@ -59,8 +59,9 @@ def stage_topology(topology: Topology, pp: int) -> Topology:
 
 
 def _cp_group(topology: Topology, cp: int, tp: int) -> Group:
-    """Context parallel's GPUs: next to the tensor-parallel ones, inside a node while tp x cp fits one."""
-    return Group(cp, max(1, -(-(cp * tp) // topology.per_node)))
+    """Context parallel's GPUs: next to the tensor-parallel ones, inside the NVLink domain (a node,
+    or a GB200 NVL72 rack) while tp x cp fits one."""
+    return Group(cp, max(1, -(-(cp * tp) // topology.per_domain)))
 
 
 def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyPlan:
@@ -127,7 +128,7 @@ def _traffic(
     forwards = 2 if q.checkpointing == "full" else 1
     out: list[tuple[Collective, float, float]] = []
     if layout.pp > 1:
-        across = stage_q.topology.gpus >= q.topology.per_node
+        across = stage_q.topology.gpus >= q.topology.per_domain
         sent = boundary_bytes(stage_q.micro_batch, stage_q.seq_len, dims.width, layout.tp, element)
         group = Group(2, 2 if across else 1)
         payload = 2 * sent * micro_steps  # activations forward, their gradients back

@@ -18,7 +18,7 @@ from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_cli import aligned, basis_lines, strategy_names
 from harness.plan.plan_options import PlanConfig, gpu_counts, models_asked, question
 from harness.plan.predict import Question
-from harness.plan.recommendation import CHECKPOINTING_ORDER
+from harness.plan.recommendation import CHECKPOINTING_ORDER, domain_lines
 from harness.plan.search.layout_search import (
     TOP,
     Searched,
@@ -169,6 +169,7 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
         "",
         f"Use {best.describe()}: {best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {best.mfu:.0%} MFU, "
         f"{gib(best.peak_bytes)} peak per GPU.",
+        *domain_lines(best.plan.layout, q.topology),
         *_numerics(best),
     ]
     lines += [

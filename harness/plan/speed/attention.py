@@ -104,7 +104,7 @@ def attention_tflops(gpu: GPUSpec, kernel: str, head_dim: int, seq: float) -> fl
         rate = low + (high - low) * (head_dim - 64) / 64
     else:
         rate = low * head_dim / 64
-    return rate * gpu.peak_flops["bf16"] / REFERENCE_PEAK[family]
+    return rate * gpu.tensor_flops / REFERENCE_PEAK[family]
 
 
 def causal_attention_flops(batch: float, seq: float, heads: int, head_dim: int) -> float:

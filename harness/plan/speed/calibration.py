@@ -35,7 +35,7 @@ from typing import Any
 from harness.common.hardware import gpu_spec
 from harness.plan.memory.memory_correction import MemoryCorrection, MissPoint, fit_correction
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_spec
-from harness.plan.network.fabric import DEFAULT_FABRIC, FABRICS, Topology, parse_intra
+from harness.plan.network.fabric import default_fabric, topology_of
 from harness.plan.parallel.backends import counterpart, planner_models
 from harness.plan.predict import Question, StrategyPlan, params_held, plan_strategy
 from harness.plan.speed.step_time import HOST_ADAM_S_PER_PARAM, SpeedFactors
@@ -220,13 +220,7 @@ def question_for(settings: RunSettings, measurement: Measurement, factors: Speed
     options.update(settings.strategy_options.get(measurement.strategy) or {})
     return Question(
         shape=shape_of(settings),
-        topology=Topology(
-            world,
-            nodes,
-            parse_intra(None, spec),
-            FABRICS[DEFAULT_FABRIC[spec.attention_family]],
-            spec.attention_family == "hopper",
-        ),
+        topology=topology_of(spec, world, nodes, default_fabric(spec, spec.gpus_per_host)),
         capacity_bytes=spec.capacity_bytes,
         micro_batch=settings.micro_batch,
         grad_accum=per_rank // settings.micro_batch,

@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import ModelShape, TransformerDims
 from harness.plan.speed.attention import attention_seconds
-from harness.plan.speed.gemm import gemm_seconds
+from harness.plan.speed.gemm import BYTES, LOW_PRECISION, gemm_seconds
 from harness.plan.speed.kernel_table import kernel_table
 
 CHECKPOINTING = ("none", "full", "selective")
@@ -100,6 +100,7 @@ FP8_RECAST_BYTES = 2 + 1  # a cast whose amax was kept
 # (`LayerNormLinear`, `LayerNormMLP`): a byte instead of two, and the transpose's read and write.
 TE_CAST_BYTES = 2 + 1 + 1  # the bf16 read, the fp8 write and its transpose
 TE_FUSED_CAST_BYTES = -1 + 1 + 1  # an fp8 output for a bf16 one, the transpose read and written
+MXFP8_CAST_BYTES = 2 + 2 * (1 + 1 / 32)  # one read, the rowwise and columnwise casts with their block scales
 
 
 @dataclass(frozen=True)
@@ -170,17 +171,30 @@ def block_projections(dims: TransformerDims, tp: int) -> list[tuple[int, int]]:
     return attention + [(h, q // tp)] + mlp
 
 
-def fp8_cast_bytes(dims: TransformerDims, tokens: int, tp: int, checkpointing: str) -> tuple[float, float, float]:
-    """Bytes the fp8 casts of one micro-step move (forward, backward, again): the module docstring's
-    account, per GPU of a `tp`-way tensor-parallel group."""
+def fp8_cast_bytes(
+    dims: TransformerDims,
+    tokens: int,
+    tp: int,
+    checkpointing: str,
+    precision: str = "fp8",
+    block_scaled: bool = False,
+) -> tuple[float, float, float]:
+    """Bytes the fp8 (or fp4) casts of one micro-step move (forward, backward, again): the module
+    docstring's account, per GPU of a `tp`-way tensor-parallel group; an fp4 cast writes fp4's
+    bytes (with its block scales) where fp8's writes one. MXFP8 (`block_scaled`) reads each
+    tensor once and writes its rowwise and columnwise casts, a scale byte per 32 elements each."""
+    written = BYTES[precision] - 1  # fp4's write against fp8's one byte
+    cast, weight, recast = FP8_CAST_BYTES + written, FP8_WEIGHT_BYTES + 3 * written, FP8_RECAST_BYTES + written
+    if block_scaled:
+        cast = weight = recast = MXFP8_CAST_BYTES
     h, q, f = dims.width, dims.q_width, dims.ffn_width
     column_outputs = sum(out for out, into in block_projections(dims, tp) if into == h)
     inputs = tokens * (2 * h / tp + (q + f) / tp)  # attention and MLP inputs, then o's and down's
     grads = tokens * (column_outputs + 2 * h / tp)
     weights = sum(out * into for out, into in block_projections(dims, tp))
-    forward = dims.layers * (FP8_CAST_BYTES * inputs + FP8_WEIGHT_BYTES * weights)
-    backward = dims.layers * FP8_CAST_BYTES * grads
-    again = {"none": 0.0, "full": 1.0, "selective": FP8_RECAST_BYTES / FP8_CAST_BYTES}[checkpointing] * forward
+    forward = dims.layers * (cast * inputs + weight * weights)
+    backward = dims.layers * cast * grads
+    again = {"none": 0.0, "full": 1.0, "selective": recast / cast}[checkpointing] * forward
     return forward, backward, again
 
 
@@ -345,6 +359,7 @@ def compute_work(
     qk_norm: bool = False,
     te_fp8: bool = False,
     sequence_parallel: bool = True,
+    fp8_block_scaling: bool = False,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters; `qk_norm`: an RMSNorm on each head's queries
@@ -377,12 +392,13 @@ def compute_work(
         moved = (dims.q_width + dims.kv_width) * tokens * dims.layers / tp / bandwidth
         elementwise += Kernels(norm_f * moved, norm_b * moved, norm_f * moved if checkpointing != "none" else 0.0)
     weight_casts = 0.0
-    if projections == "fp8" and te_fp8:
+    if projections == "fp8" and te_fp8 and not fp8_block_scaling:
         *per_micro_step, weight_bytes = te_fp8_cast_bytes(dims, tokens, tp, checkpointing)
         elementwise += Kernels(*(moved / bandwidth for moved in per_micro_step))
         weight_casts = weight_bytes / bandwidth
-    elif projections == "fp8":
-        elementwise += Kernels(*(moved / bandwidth for moved in fp8_cast_bytes(dims, tokens, tp, checkpointing)))
+    elif projections in LOW_PRECISION:
+        casts = fp8_cast_bytes(dims, tokens, tp, checkpointing, projections, fp8_block_scaling)
+        elementwise += Kernels(*(moved / bandwidth for moved in casts))
     loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]
     loss = loss_bytes * tokens * dims.vocab / dims.head_split(tp) / bandwidth
     forward = matmuls.forward + attn.forward + elementwise.forward + loss / 3

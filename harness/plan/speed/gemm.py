@@ -16,7 +16,9 @@ log error 8%
 (tests/plan/speed/test_compute.py holds the fit to the table and to the square-matmul sweeps of
 zzc0721/torch-performance-test-data on H100 SXM and PCIe). An fp8 matmul runs the same way at the
 card's fp8 peak and fp8 MAMF, its operands a byte each; the fixed time of an output tile is the
-same, so its inner overhead is as many more elements of k as fp8's rate is over bf16's.
+same, so its inner overhead is as many more elements of k as fp8's rate is over bf16's. An fp4
+matmul (NVFP4: e2m1 elements, an fp8 scale per 16 of them) likewise at the card's fp4 peak and
+measured fp4 rate, its operands 9/16 of a byte.
 """
 
 from __future__ import annotations
@@ -34,7 +36,17 @@ INNER_OVERHEAD = 96  # elements of k each output tile's prologue and epilogue co
 # issue 108) of the sweep's best. The mean scales every matmul of a step.
 SUSTAINED = 0.92
 
-BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5 + 1 / 16}
+# Precisions the blocks' projections run in below the 16-bit one the rest of the model keeps.
+LOW_PRECISION = ("fp8", "fp4")
+
+
+def low_precision_efficiency(gpu: GPUSpec, precision: str) -> float:
+    """The card's measured matmul rate over its peak at fp8 or fp4."""
+    efficiency = gpu.fp8_efficiency if precision == "fp8" else gpu.fp4_efficiency
+    if efficiency is None:
+        raise ValueError(f"the {gpu.name} has no measured {precision} matmul")
+    return efficiency
 
 
 def gemm_seconds(
@@ -63,9 +75,9 @@ def _modelled(m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch:
         return 0.0
     rate = gpu.matmul_efficiency * gpu.peak_flops[precision]
     inner = INNER_OVERHEAD
-    if precision == "fp8":  # the tile's fixed time is worth as many more elements of k as fp8 runs faster
-        fp8_rate = gpu.fp8_efficiency * gpu.peak_flops["fp8"]
-        inner, rate = INNER_OVERHEAD * fp8_rate / (gpu.matmul_efficiency * gpu.peak_flops["bf16"]), fp8_rate
+    if precision in LOW_PRECISION:  # the tile's fixed time is worth as many more elements of k as it runs faster
+        low_rate = low_precision_efficiency(gpu, precision) * gpu.peak_flops[precision]
+        inner, rate = INNER_OVERHEAD * low_rate / (gpu.matmul_efficiency * gpu.tensor_flops), low_rate
     flops = 2.0 * batch * m * n * k * (1 + inner / k)
     moved = OPERAND_TRAFFIC * batch * (m * k + k * n + m * n) * BYTES[precision] / gpu.hbm_bytes_per_s
     return LAUNCH_S + max(flops / (sustained * rate), moved)

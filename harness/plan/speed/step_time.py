@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from harness.common.hardware import GPUSpec
 from harness.plan.memory.memory_correction import MemoryCorrection
 from harness.plan.network.comm import PIPELINED, Collective
 from harness.plan.network.fabric import Topology
@@ -50,6 +51,14 @@ from harness.plan.speed.host_issue import HOST_S_PER_KERNEL, HostIssue
 HOST_ADAM_S_PER_PARAM = 1e-9  # DeepSpeed CPUAdam on one node's CPUs (AVX-512), where nothing is measured
 HOST_S_PER_LAUNCH = HOST_S_PER_KERNEL["eager"]  # eager PyTorch's, where no dataparallel run is measured
 HOST_LINK_EFFICIENCY = 0.8  # pinned host <-> GPU copies reach about this share of the PCIe link
+
+
+def host_bytes_per_s(gpu: GPUSpec) -> float:
+    """What offload's copies between host and GPU move per second: a Grace CPU's NVLink-C2C as
+    measured (hardware.py), else this share of the PCIe link."""
+    return gpu.host_copy_bytes_per_s or gpu.pcie_bytes_per_s * HOST_LINK_EFFICIENCY
+
+
 NCCL_SMS = 16
 NCCL_MEMORY_PASSES = 3
 

@@ -1,0 +1,199 @@
+"""The cards people train on in 2026 in the planner: GB200/GB300 NVL72 racks (a 72-GPU NVLink
+domain of 4-GPU trays, a Grace host over NVLink-C2C), B300, H800, H20, V100, A800 and AMD's
+Instinct cards (Infinity Fabric as a mesh, RCCL): each answers with its own cited figures, and
+what a card cannot run is one line."""
+
+from __future__ import annotations
+
+import pytest
+
+import runner
+from harness.common.hardware import GPUS, gpu_spec
+from harness.plan.model.model_shape import PlanError
+from harness.plan.network.fabric import (
+    FABRICS,
+    Group,
+    collective_seconds,
+    default_fabric,
+    nvls_busbw,
+    parse_fabric,
+    topology_of,
+)
+from harness.plan.network.nccl_tuning import bus_bandwidth
+from harness.plan.plan_cli import PlanConfig, question
+from harness.plan.predict import plan_strategy
+from harness.plan.speed.gemm import gemm_tflops
+from harness.plan.speed.step_time import host_bytes_per_s
+
+NEW_CARDS = ("GB200", "GB300", "B300", "H800", "H20", "V100-16", "V100-32", "A800", "MI300X", "MI325X", "MI355X")
+
+
+def run_plan(*args: str, capsys) -> tuple[int, str, str]:
+    code = runner.main(["plan", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("NVIDIA GB200", "GB200"),
+        ("NVIDIA B300 SXM6 AC", "B300"),
+        ("NVIDIA H20", "H20"),
+        ("NVIDIA H200", "H200"),
+        ("NVIDIA H800", "H800"),
+        ("Tesla V100-SXM2-16GB", "V100-16"),
+        ("Tesla V100-SXM2-32GB", "V100-32"),
+        ("NVIDIA A800-SXM4-80GB", "A800"),
+        ("AMD Instinct MI300X", "MI300X"),
+        ("GB300", "GB300"),
+        ("B200", "B200"),
+    ],
+)
+def test_the_names_torch_and_the_published_runs_give_a_card(name, key):
+    assert gpu_spec(name) is GPUS[key]
+
+
+@pytest.mark.parametrize("card", NEW_CARDS)
+def test_every_new_card_cites_its_figures_and_stays_under_its_peaks(card):
+    spec = GPUS[card]
+    assert spec.sources and spec.power_w
+    assert 0.4 < spec.matmul_efficiency < 1 and spec.capacity_gib > 15
+    if spec.fp8_efficiency:
+        assert spec.peak_flops["fp8"] == pytest.approx(2 * spec.tensor_flops, rel=0.01)
+        assert 0.3 < spec.fp8_efficiency < 1
+
+
+def test_a_bad_card_is_one_line_listing_the_known_ones(capsys):
+    code, _, err = run_plan("model=llama3.1-8b", "gpu=GB201", capsys=capsys)
+    assert code != 0 and len(err.strip().splitlines()) == 1
+    assert all(name in err for name in ("GB200", "GB300", "B300", "H800", "H20", "V100-16", "A800", "MI355X"))
+
+
+@pytest.mark.parametrize(
+    "card,precision,says",
+    [
+        ("V100-32", "fp8", "no fp8 tensor cores"),
+        ("V100-16", "bf16", "no bf16 tensor cores: use fp16"),
+        ("A800", "fp8", "no fp8 tensor cores"),
+        ("H100", "fp4", "precision=fp4"),
+        ("MI300X", "fp4", "precision=fp4"),
+    ],
+)
+def test_a_precision_the_card_cannot_run_is_one_line(card, precision, says, capsys):
+    code, _, err = run_plan("model=llama3.1-8b", f"gpu={card}", f"precision={precision}", capsys=capsys)
+    assert code != 0 and says in err and len(err.strip().splitlines()) == 1
+
+
+def test_flash_attention_is_refused_on_volta(capsys):
+    code, _, err = run_plan("model=gpt2-350m", "gpu=V100-16", "precision=fp16", capsys=capsys)
+    assert code != 0 and "attention=math" in err
+    code, out, _ = run_plan("model=gpt2-350m", "gpu=V100-16", "precision=fp16", "attention=math", capsys=capsys)
+    assert code == 0 and "no FlashAttention on Volta" in out
+
+
+@pytest.mark.parametrize(
+    "card,own,library",
+    [
+        ("GB200", ("MAMF 72.9% bf16", "tyche_ngpu72", "72 GPUs on one NVLink domain", "Blackwell"), "NCCL"),
+        ("MI300X", ("MAMF 51.4% bf16", "Infinity Fabric", "xgmi 448 GB/s", "AMD Instinct"), "RCCL"),
+    ],
+)
+def test_the_405b_question_answers_with_the_cards_own_figures(card, own, library, capsys):
+    code, out, _ = run_plan(
+        "model=llama3.1-405b",
+        f"gpu={card}",
+        "gpus=256",
+        "seq_len=8192",
+        "micro_batch=1",
+        "strategies=[fsdp,zero1-tp]",
+        capsys=capsys,
+    )
+    header = out.split("\nstrategy ")[0]
+    assert code == 0 and all(figure in header for figure in own) and f"({library})" in header
+    card_line = next(line for line in header.splitlines() if line.strip().startswith("card:"))
+    assert "H100" not in card_line and "80.3%" not in header  # no H100 MAMF carried over
+
+
+def test_fp4_runs_the_projections_at_the_cards_nvfp4_rate():
+    b200 = GPUS["B200"]
+    fp4, fp8 = (gemm_tflops(16384, 16384, 16384, b200, p) for p in ("fp4", "fp8"))
+    assert fp4 == pytest.approx(0.92 * b200.fp4_efficiency * 10000, rel=0.05) and fp4 > 1.9 * fp8
+    asked = dict(model="llama3.1-8b", gpu="B200", gpus=8, seq_len=8192, micro_batch=2, strategies=["fsdp"])
+    speeds = {
+        p: plan_strategy("fsdp", question(PlanConfig(**asked, precision=p))).time.tokens_per_s for p in ("fp4", "fp8")
+    }
+    assert speeds["fp8"] < speeds["fp4"] < 1.6 * speeds["fp8"]  # attention, casts and the rest do not shrink
+
+
+def test_a_gb200_rack_is_one_nvlink_domain_of_four_gpu_trays():
+    q = question(PlanConfig(model="llama3.1-8b", gpu="GB200", gpus=144))
+    t = q.topology
+    assert (t.per_node, t.per_domain, t.domains, t.nodes) == (4, 72, 2, 36)
+    assert t.consecutive(8) == Group(8, 1) and t.consecutive(72) == Group(72, 1) and t.consecutive(144).nodes == 2
+    h100 = question(PlanConfig(model="llama3.1-8b", gpu="H100", gpus=144)).topology
+    assert h100.consecutive(16).nodes == 2  # on 8-GPU nodes the same group crosses the network
+    assert (default_fabric(GPUS["GB200"], 4).nics, default_fabric(GPUS["GB200"], 4).gbps) == (4, 400)
+    assert question(PlanConfig(model="llama3.1-8b", gpu="GB200", gpus=144, nvlink_domain="nvl36")).topology.domains == 4
+
+
+@pytest.mark.parametrize(
+    "options,says",
+    [
+        (dict(gpu="MI300X", nvlink_domain=16), "no NVLink switch"),
+        (dict(gpu="GB200", nvlink_domain="nvl99"), "nvl72"),
+        (dict(gpu="GB200", nvlink_domain=6), "multiple of 4"),
+    ],
+)
+def test_a_bad_nvlink_domain_is_one_line(options, says):
+    with pytest.raises(PlanError, match=says):
+        question(PlanConfig(model="llama3.1-8b", gpus=72, **options))
+
+
+def test_tensor_parallel_across_trays_stays_on_nvlink_and_the_recommendation_says_why(capsys):
+    described = ["layers=8", "width=12288", "heads=96", "ffn=49152", "vocab=50304", "seq_len=4096", "gpus=144"]
+    args = [*described, "strategies=[zero1-tp]", "strategy_options.tp_size=24"]
+    code, out, _ = run_plan(*args, "gpu=GB200", capsys=capsys)
+    assert code == 0 and "group of 24 GPUs spans 6 hosts but stays on NVLink" in out
+    code, _, err = run_plan(*args, "gpu=GB200", "nvlink_domain=nvl36", capsys=capsys)
+    assert code != 0 and "splits an NVLink domain's 36 GPUs" in err  # 24 of 36 would straddle two racks
+
+
+def test_nvls_as_ncclS_own_model_prices_it():
+    """NCCL's NVLS all-reduce (tuning.cc nvlsEfficiency, the NVLS search's speeds): Hopper's 8 GPUs
+    at 476 GB/s (ml-engineering measured 473-482 on 8 x H200), Blackwell's at 829 (not Hopper's
+    1.07 of the link, 963), and below 5 (Hopper) or 7 (Blackwell) GPUs the ring is faster."""
+    assert nvls_busbw("hopper", 18, 8) / 1e9 == pytest.approx(476, rel=0.01)
+    assert nvls_busbw("blackwell", 18, 8) / 1e9 == pytest.approx(829, rel=0.01)
+    assert nvls_busbw("ampere", 12, 8) is None
+    ring = {card: 0.8 * 450 if card == "H200" else 680 for card in ("H200", "B200")}
+    assert nvls_busbw("hopper", 18, 4) / 1e9 < ring["H200"] < nvls_busbw("hopper", 18, 5) / 1e9
+    assert nvls_busbw("blackwell", 18, 6) / 1e9 < ring["B200"] < nvls_busbw("blackwell", 18, 7) / 1e9
+
+
+def test_an_infinity_fabric_group_has_only_the_links_between_its_gpus():
+    mesh = topology_of(GPUS["MI300X"], 8, 1, FABRICS["ndr"])
+
+    def busbw(size: int) -> float:
+        group = Group(size, 1)
+        return bus_bandwidth("all-reduce", 2**32, collective_seconds(mesh, group, "all-reduce", 2**32), size) / 1e9
+
+    assert busbw(2) == pytest.approx(45.1, rel=0.03)  # one link: ml-engineering measured 47.7
+    assert busbw(8) == pytest.approx(315.7, rel=0.03)  # seven: 312.9-316.8 measured
+    assert busbw(4) == pytest.approx(3 * 45.1, rel=0.05)
+    assert mesh.library == "rccl"
+
+
+def test_offload_on_a_grace_host_copies_over_nvlink_c2c():
+    assert host_bytes_per_s(GPUS["GB200"]) == 201e9 > 3.9 * host_bytes_per_s(GPUS["B200"])
+    asked = dict(model="llama3.1-8b", gpus=1, seq_len=4096, micro_batch=1, strategies=["zero3-offload"])
+    exposed = {  # on one GPU the only exposed traffic is the host copies
+        card: plan_strategy("zero3-offload", question(PlanConfig(**asked, gpu=card))).time.exposed_comm_s
+        for card in ("GB200", "B200")
+    }
+    assert 0 < exposed["GB200"] < exposed["B200"] / 3
+
+
+def test_the_platform_networks():
+    assert parse_fabric("xdr").gbps == 800 and parse_fabric("pollara").kind == "roce"
+    assert default_fabric(GPUS["B300"], 8) is FABRICS["xdr"] and default_fabric(GPUS["MI300X"], 8) is FABRICS["ndr"]
