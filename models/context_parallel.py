@@ -49,8 +49,11 @@ def check_context_parallel(model: nn.Module, cp_size: int, seq_len: int | None) 
         )
 
 
-def split_sequences(model: GPT, group: dist.ProcessGroup) -> None:
-    """Make `model` compute on this rank's slice of each sequence, its attention over the group."""
+def split_sequences(model: nn.Module, group: dist.ProcessGroup, slices_batch: bool = True) -> None:
+    """Make `model` (the GPT, or a pipeline stage of it) compute on this rank's slice of each
+    sequence, its attention over the group. `slices_batch`: the model's forward takes the loop's
+    whole sequences, slices them and returns the group's mean loss; a pipeline stage is handed its
+    slice, and the pipeline averages the loss over the group itself."""
     rank, size = dist.get_rank(group), dist.get_world_size(group)
 
     def slice_batch(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -67,9 +70,12 @@ def split_sequences(model: GPT, group: dist.ProcessGroup) -> None:
         dist.all_reduce(mean, group=group)
         return loss + (mean / size - loss).detach()
 
-    model.register_forward_pre_hook(slice_batch)
-    model.register_forward_hook(group_mean_loss)
-    model.wpe.register_forward_pre_hook(offset_positions)
+    if slices_batch:
+        model.register_forward_pre_hook(slice_batch)
+        model.register_forward_hook(group_mean_loss)
+    wpe = getattr(model, "wpe", None)
+    if wpe is not None:  # a pipeline stage after the first has no position embedding
+        wpe.register_forward_pre_hook(offset_positions)
     for module in model.modules():
         if type(module) is CausalSelfAttention:
             module.__class__ = AllToAllSelfAttention
@@ -89,8 +95,9 @@ class AllToAllSelfAttention(CausalSelfAttention):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.shape
+        # -1 heads: under tensor parallel this rank's c_attn gives q;k;v of its own heads only.
         q, k, v = self.c_attn(x).chunk(3, dim=2)
-        q, k, v = (_AllToAll.apply(t.view(B, T, self.n_head, -1), self.cp_group, True) for t in (q, k, v))
+        q, k, v = (_AllToAll.apply(t.view(B, T, -1, C // self.n_head), self.cp_group, True) for t in (q, k, v))
         y = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -99,7 +106,7 @@ class AllToAllSelfAttention(CausalSelfAttention):
             dropout_p=self.dropout if self.training else 0.0,
         )
         y = _AllToAll.apply(y.transpose(1, 2), self.cp_group, False)
-        return self.c_proj(y.reshape(B, T, C))
+        return self.c_proj(y.reshape(B, T, -1))
 
 
 def _heads_to_ranks(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:

@@ -46,8 +46,8 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
         rank=0, world_size=world_size, local_rank=0, device=torch.device(device_type), local_world_size=ranks_per_node
     )
     with on_meta():
-        model, _, _ = prepare_model(cfg)
-    strategy = create_strategy(cfg, env, run_schedule(cfg, model))
+        model, blocks, _ = prepare_model(cfg)
+    strategy = create_strategy(cfg, env, run_schedule(cfg, model), model, blocks)
     if world_size > 1 and registry.get(cfg.strategy).one_process:
         raise started_more_than_one(cfg.strategy, world_size)
     strategy.check_model(model)

@@ -66,7 +66,7 @@ def _strategy(cp_size: int, seq_len: int):
 @pytest.mark.parametrize(
     "cp_size, seq_len, says",
     [
-        (4, 32, "cp_size=4 does not divide the GPT's 2 attention heads"),
+        (4, 32, "cp_size=4 does not divide the model's 2 attention heads"),
         (2, 33, "seq_len=33 does not split over cp_size=2"),
     ],
 )

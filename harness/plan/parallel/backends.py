@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from harness.plan.model.model_shape import ModelShape, PlanError
+from strategies.parallel_dims import syncs_each_micro_step
 from strategies.plan_model import PlanModel
 
 # DeepSpeed 0.19's ZeRO defaults (deepspeed/runtime/zero/config.py), which the plugins leave alone.
@@ -175,7 +176,11 @@ def backend_for(
     model = model_of(name)
     if model is None:
         raise PlanError(f"no planner model for strategy {name!r}: the planner knows {', '.join(planner_models())}")
-    return filled_in(model, shape, precision, world, {**_plugin_defaults(name), **(user_options or {})})
+    defaults = _plugin_defaults(name)
+    user = dict(user_options or {})
+    if "mesh_dims" in defaults:  # a torch mesh preset: the sizes it takes, as a run's (tp_size not on fsdp)
+        user = {k: v for k, v in user.items() if not k.endswith("_size") or k in defaults}
+    return filled_in(model, shape, precision, world, {**defaults, **user})
 
 
 def backend_of(plan: PlanModel, name: str, options: dict[str, Any] | None = None) -> Backend:
@@ -191,6 +196,10 @@ def filled_in(backend: Backend, shape: ModelShape, precision: str, world: int, o
         # Both DeepSpeed plugins leave DeepSpeed's default: gradients reduced in the model's dtype.
         options.setdefault("communication_data_type", precision)
     else:
+        if "engine" in options:  # a torch mesh preset: its engine's way unless the run says
+            options["sync_each_micro_step"] = syncs_each_micro_step(
+                options["engine"], options.get("sync_each_micro_step")
+            )
         options.setdefault("bucket_cap_mb", DDP_BUCKET_CAP_MB)
         # Both the ddp plugin and accelerate-ddp (given DDP kwargs) turn it on; torch's default is off.
         options.setdefault("gradient_as_bucket_view", True)
