@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """The plan against published training runs: every row of a published-runs CSV (the columns of
 bench/data/torchtitan_llama_fsdp.csv) planned as it ran, predicted tokens/s per GPU and memory
-beside the published ones, and the summary: median error, share within 15%, fit misses, and the
-bias by GPU, node count and sequence length, for each CSV separately.
+beside the published ones, and the summary: the goals, median error, share within 15%, fit misses,
+pick rate and regret among one job's published settings, by layout kind (data parallel only,
+tensor parallel inside and across nodes, pipelines, context parallel), scale and card over every
+CSV together, and the bias by GPU, node count and sequence length for each CSV separately.
 
-    python bench/plan_vs_published.py                      # the shipped CSVs, written to bench/results/
+    python bench/plan_vs_published.py                      # every runs CSV of bench/data, to bench/results/
     python bench/plan_vs_published.py my_runs.csv --out -  # another CSV, printed only
     python bench/plan_vs_published.py --rows               # every row's prediction as well
 
 Runs from a fresh clone on the CPU in seconds (no torch: the planner reads the shapes). A row the
-planner cannot plan as it ran (Megatron-LM's pipeline or context parallelism, rowwise-scaled float8) is
-listed with the reason and left out of the figures. Each row's mapping to the plan's options is in `question`
-below: the model's shape and run from its columns, the attention kernel, loss and network from
-what the source's configs say (bench/data/README.md).
+planner cannot plan as it ran (a mixture of experts, Megatron-FSDP, partial recomputation, block- or
+rowwise-scaled fp8, a card it does not know) is listed with the reason and left out of the figures.
+Each row's mapping to the plan's options is in `question` below: the model's shape and run from its
+columns, the attention kernel, loss and network from what the source's configs say
+(bench/data/README.md).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import re
 import shlex
 import statistics
 import sys
@@ -29,7 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from harness.common.hardware import gpu_spec  # noqa: E402
+from bench.layout_kinds import KINDS, SCALES, degrees, kinds_of, scale_of  # noqa: E402
+from bench.published_breakdown import Pick, breakdown_lines, choice_by_kind_lines, goal_lines  # noqa: E402
+from harness.common.hardware import GPUSpec, gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
 from harness.plan.memory.recipe import Recipe  # noqa: E402
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
@@ -44,7 +50,9 @@ from harness.plan.speed.step_time import HOST_S_PER_LAUNCH  # noqa: E402
 from strategies.plan_model import PlanModel  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
-DEFAULT_CSVS = (DATA / "torchtitan_llama_fsdp.csv", DATA / "public_runs.csv")
+# The runs this script was first held to (FSDP and ZeRO, a few Megatron-LM and NeMo rows); every
+# other CSV of bench/data with the same columns (the model-parallel runs) follows them.
+FIRST_CSVS = (DATA / "torchtitan_llama_fsdp.csv", DATA / "public_runs.csv")
 OOM_CSV = DATA / "published_oom.csv"
 COLUMNS = (
     "source",
@@ -126,25 +134,47 @@ class Outcome:
         return self.plan.reserved_bytes / GIB / float(value) - 1
 
 
+def runs_csvs(data: Path = DATA) -> list[Path]:
+    """Every CSV of published runs in `data`: FIRST_CSVS, then the others with their columns
+    (not the out-of-memory configurations, nor the CSVs of kernels and collectives), by name."""
+    others = []
+    for path in sorted(data.glob("*.csv")):
+        if path in FIRST_CSVS or path == OOM_CSV:
+            continue
+        with path.open(newline="") as f:
+            header = next(csv.reader(f), [])
+        if all(c in header for c in COLUMNS):
+            others.append(path)
+    return [p for p in FIRST_CSVS if p.parent == data] + others
+
+
 def read_rows(path: Path) -> list[dict[str, str]]:
     if not path.is_file():
         raise PublishedError(
-            f"{path}: no such file: give a CSV of published runs (the columns of {DEFAULT_CSVS[0].name})"
+            f"{path}: no such file: give a CSV of published runs (the columns of {FIRST_CSVS[0].name})"
         )
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
         missing = [c for c in COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
             raise PublishedError(
-                f"{path}: no column {', '.join(missing)}: give every column of {DEFAULT_CSVS[0].name} "
+                f"{path}: no column {', '.join(missing)}: give every column of {FIRST_CSVS[0].name} "
                 "(bench/data/README.md describes them)"
             )
         return list(reader)
 
 
+NETWORK_PER_NODE = re.compile(r"(\d+)x(\d+(?:\.\d+)?)gbps-(?:ib|roce|efa)")
+
+
 def _fabric(row: dict[str, str], family: str) -> Fabric:
     """The network a row names: torchtitan's hosts, llm-foundry's RoCE, fms-fsdp's per-node figure."""
-    text = row["network"].lower()
+    text = row["network"].strip().lower()
+    if text in FABRICS:
+        return FABRICS[text]
+    per_node = NETWORK_PER_NODE.fullmatch(text)
+    if per_node:  # bench/data/README.md's `<cards>x<rate>gbps-<ib|roce|efa>`
+        return parse_fabric(f"{per_node.group(1)}x{per_node.group(2)}gbps")
     if "per-gpu" in text and "unstated" not in text:
         rate = text.split("gbps")[0].split("-")[-1]
         return parse_fabric(f"{int(row['gpus']) // int(row['nodes'] or 1)}x{rate}gbps")
@@ -155,9 +185,45 @@ def _fabric(row: dict[str, str], family: str) -> Fabric:
     return FABRICS[DEFAULT_FABRIC[family]]
 
 
+def _megatron_sharding(sharding: str) -> str:
+    """A Megatron row's sharding in the planner's words: DeepSpeed's ZeRO-1 beside Megatron-LM's
+    model parallelism (Megatron-DeepSpeed's `zero=1`) shards the optimizer state over the
+    data-parallel GPUs as Megatron-LM's distributed optimizer does."""
+    return " ".join("distributed_optimizer" if token == "zero=1" else token for token in sharding.split())
+
+
+def _not_modelled(row: dict[str, str]) -> str | None:
+    """Why a row's run is one the planner has no model for (its model, layout or recomputation), or None."""
+    sharding, checkpointing = row["sharding"].lower(), row["activation_checkpointing"].strip().lower()
+    tokens = sharding.split()
+    if row["arch"] == "moe" or degrees(sharding).ep > 1:
+        return "mixture of experts: not modelled"
+    if "megatron_fsdp" in tokens:
+        return "Megatron-FSDP: not modelled"
+    if "offload" in tokens:
+        return "offloading to the host: not modelled"
+    if any(t.startswith("zero_group=") for t in tokens):
+        return "ZeRO over a subgroup of the data-parallel GPUs (zero_group=): not modelled"
+    if checkpointing == "partial":
+        return "recomputing some of the layers (partial): not modelled"
+    if checkpointing == "selective" and sharding.startswith("megatron"):
+        return "Megatron-LM's selective recomputation (the core attention only): not modelled"
+    return None
+
+
+def _card(row: dict[str, str]) -> GPUSpec | str:
+    """The row's card, or why it has none: a Grace-Blackwell superchip (GB200, GB300) is not its
+    Blackwell die alone (72 GPUs on one NVLink domain, its own clocks and power)."""
+    name = row["gpu"].strip()
+    spec = None if name.upper().startswith("GB") else gpu_spec(name)
+    return spec if spec is not None else f"card {name}: not one the planner knows"
+
+
 def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     """The run's sharding as a PlanModel and its options, or why it cannot be planned."""
     sharding = row["sharding"]
+    if sharding.lower().startswith("megatron"):
+        sharding = _megatron_sharding(sharding)
     split = published_layout(sharding, "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"])
     if split is not None:
         return split
@@ -191,7 +257,7 @@ def strategy_of(row: dict[str, str]) -> str:
     """The parabench strategy a row's layout amounts to (the name the plan would give it)."""
     sharding = row["sharding"].lower()
     if sharding.startswith("megatron"):
-        return "zero1-tp" if "distributed_optimizer" in sharding else "ddp-tp"
+        return "zero1-tp" if "distributed_optimizer" in _megatron_sharding(sharding) else "ddp-tp"
     if "zero" in sharding:
         return "zero" + next((c for c in sharding.split("zero")[1] if c in "123"), "3")
     if sharding.startswith("ddp"):
@@ -201,11 +267,6 @@ def strategy_of(row: dict[str, str]) -> str:
     if "hybrid" in sharding:
         return "hsdp"
     return "fsdp"
-
-
-def scale_of(row: dict[str, str]) -> str:
-    nodes = int(row["nodes"] or 1)
-    return "one node" if nodes <= 1 else ("2-8 nodes" if nodes <= 8 else "more than 8 nodes")
 
 
 def _attention(row: dict[str, str]) -> str:
@@ -241,6 +302,8 @@ def _precision(row: dict[str, str]) -> str:
     if precision in ("fp8", "float8"):
         if "rowwise" in row["notes"]:
             return "float8 with rowwise scaling: only tensorwise scaling is modelled"
+        if any(words in row["notes"] for words in ("MXFP8", "block scaling", "blockwise scaling")):
+            return "fp8 with block scaling (MXFP8, blockwise): only tensorwise scaling is modelled"
         return "fp8"
     if precision not in PLAN_PRECISIONS:
         return f"precision {row['precision']}: not one the planner knows"
@@ -307,6 +370,10 @@ def _described(row: dict[str, str]) -> ModelShape:
 
 def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | None]:
     """The plan of one published row, as it ran."""
+    gpu = _card(row)
+    why_not = gpu if isinstance(gpu, str) else _not_modelled(row)
+    if why_not is not None:
+        return None, None, why_not  # type: ignore[return-value]
     precision = _precision(row)
     if precision not in PLAN_PRECISIONS:
         return None, None, precision  # type: ignore[return-value]
@@ -314,9 +381,6 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
     if isinstance(layout, str):
         return None, None, layout  # type: ignore[return-value]
     model, options = layout
-    gpu = gpu_spec(row["gpu"])
-    if gpu is None:
-        return None, None, f"card {row['gpu']!r}: not one the planner knows"  # type: ignore[return-value]
     if precision == "fp8" and gpu.fp8_efficiency is None:
         return None, None, f"fp8 on the {gpu.name}: it has no fp8 tensor cores"  # type: ignore[return-value]
     seq = int(row["seq_len"])
@@ -454,16 +518,6 @@ def report(name: str, outcomes: list[Outcome], with_rows: bool) -> list[str]:
     return lines
 
 
-SCALES = ("one node", "2-8 nodes", "more than 8 nodes")
-
-
-def _accuracy_row(name: str, errors: list[float]) -> str:
-    if not errors:
-        return f"| {name} | 0 | - | - |"
-    median = statistics.median(abs(e) for e in errors)
-    return f"| {name} | {len(errors)} | {median:.1%} | {sum(abs(e) <= WITHIN for e in errors) / len(errors):.0%} |"
-
-
 def publication(row: dict[str, str]) -> str:
     """The document a row was published in (its source up to the commit): one set of runs, made
     with one version of the software."""
@@ -471,17 +525,18 @@ def publication(row: dict[str, str]) -> str:
 
 
 def jobs_of(outcomes: list[Outcome]) -> dict[tuple, list[Outcome]]:
-    """One job's published settings: rows of one publication, model, card, GPU count, sequence
-    and precision that differ in layout (strategy, micro-batch, accumulation, checkpointing), each
-    planned, by job. The same setting published by two documents (torchtitan's 70B float8 2D runs
-    of December 2024 and of June 2025: another torch, 829 and 809.8 tokens/s) is two jobs, not a
-    choice between identical layouts."""
+    """One job's published settings: rows of one publication and table, model, card, GPU count,
+    sequence and precision that differ in layout (strategy, micro-batch, accumulation,
+    checkpointing), each planned, by job. The same setting published by two documents (torchtitan's
+    70B float8 2D runs of December 2024 and of June 2025: another torch, 829 and 809.8 tokens/s) is
+    two jobs, not a choice between identical layouts; so are two tables of one document (each of
+    Megatron-Bridge's summary sections is another container release)."""
     jobs: dict[tuple, list[Outcome]] = {}
     for o in outcomes:
         if o.error is None:
             continue
         r = o.row
-        key = (publication(r), r["model"], r["gpu"], r["gpus"], r["seq_len"], r["precision"])
+        key = (publication(r), r["model"], r["gpu"], r["gpus"], r["seq_len"], r["precision"], r["table"])
         jobs.setdefault(key, []).append(o)
     return {
         key: rows
@@ -496,13 +551,18 @@ def jobs_of(outcomes: list[Outcome]) -> dict[tuple, list[Outcome]]:
     }
 
 
-def choices(outcomes: list[Outcome]) -> list[tuple[tuple, Outcome, Outcome]]:
-    """For each job (jobs_of): its key, the plan's pick among the rows planned to fit, the fastest as published."""
+def picks_of(outcomes: list[Outcome]) -> list[Pick]:
+    """For each job (jobs_of): the plan's pick among the rows planned to fit, the fastest as published."""
     out = []
     for key, rows in jobs_of(outcomes).items():
         fitting = [o for o in rows if o.plan.fits is not False] or rows
-        out.append((key, max(fitting, key=lambda o: o.predicted), max(rows, key=lambda o: o.published)))
+        out.append(Pick(key, max(fitting, key=lambda o: o.predicted), max(rows, key=lambda o: o.published), rows))
     return out
+
+
+def choices(outcomes: list[Outcome]) -> list[tuple[tuple, Outcome, Outcome]]:
+    """For each job (jobs_of): its key, the plan's pick among the rows planned to fit, the fastest as published."""
+    return [(p.key, p.pick, p.best) for p in picks_of(outcomes)]
 
 
 def choice_lines(outcomes: list[Outcome]) -> list[str]:
@@ -516,7 +576,7 @@ def choice_lines(outcomes: list[Outcome]) -> list[str]:
         "| model | GPUs | GPU | seq | precision | setting | published tok/s/GPU | planned | planned order |",
         "|---|---:|---|---:|---|---|---:|---:|---:|",
     ]
-    for (_, model, gpu, gpus, seq, precision), rows in jobs.items():
+    for (_, model, gpu, gpus, seq, precision, _), rows in jobs.items():
         order = {id(o): rank for rank, o in enumerate(sorted(rows, key=lambda o: -o.predicted), 1)}
         for o in sorted(rows, key=lambda o: -o.published):
             lines.append(
@@ -527,52 +587,41 @@ def choice_lines(outcomes: list[Outcome]) -> list[str]:
 
 
 def accuracy_lines(outcomes: list[Outcome]) -> list[str]:
-    """Every CSV together: tokens/s per GPU by scale and by strategy, what share of the runs with a
-    stated layout the plan can plan, and how well it chooses among one job's published settings."""
-    planned = [o for o in outcomes if o.error is not None]
-    lines = [
-        "### Accuracy at a glance (every CSV)",
-        "",
-        "Tokens/s per GPU, |predicted / published - 1|:",
-        "",
-        "| runs | planned | median abs error | within 15% |",
-        "|---|---:|---:|---:|",
-        _accuracy_row("all", [o.error for o in planned]),
-        *(_accuracy_row(scale, [o.error for o in planned if scale_of(o.row) == scale]) for scale in SCALES),
-        *(
-            _accuracy_row(f"strategy {name}", [o.error for o in planned if strategy_of(o.row) == name])
-            for name in sorted({strategy_of(o.row) for o in outcomes})
-        ),
-        "",
-    ]
+    """Every CSV together: tokens/s per GPU by layout kind, scale, card and strategy, what share of
+    the runs with a stated layout the plan can plan, and how well it chooses among one job's
+    published settings."""
+    lines = breakdown_lines(outcomes, strategy_of)
     stated = [o for o in outcomes if o.row["sharding"].strip()]
     can = [o for o in stated if o.plan is not None]
+
+    def share(groups: tuple[str, ...], of) -> str:
+        return ", ".join(f"{g} {sum(of(o.row, g) for o in can)} of {sum(of(o.row, g) for o in stated)}" for g in groups)
+
     lines.append(
         f"Coverage: {len(can)} of {len(stated)} runs with a stated layout planned "
-        f"({len(can) / max(len(stated), 1):.0%}); "
-        "by scale: "
-        + ", ".join(
-            f"{scale} {sum(scale_of(o.row) == scale for o in can)} of {sum(scale_of(o.row) == scale for o in stated)}"
-            for scale in SCALES
-        )
-        + "."
+        f"({len(can) / max(len(stated), 1):.0%}); by scale: {share(SCALES, lambda r, g: scale_of(r) == g)}; "
+        f"by layout kind: {share(KINDS, lambda r, g: g in kinds_of(r))}."
     )
-    picks = choices(outcomes)
+    picks = picks_of(outcomes)
     if picks:
-        regrets = [best.published / pick.published - 1 for _, pick, best in picks]
-        worst = max(range(len(picks)), key=lambda i: regrets[i])
-        key, pick, best = picks[worst]
+        worst = max(picks, key=lambda p: p.regret)
+        key = worst.key
         example = (
-            f" ({key[1]} on {key[3]} {key[2]}, seq {key[4]}: picked {_setting(pick.row)}, fastest {_setting(best.row)})"
-            if regrets[worst] > 0
+            f" ({key[1]} on {key[3]} {key[2]}, seq {key[4]}: picked {_setting(worst.pick.row)}, fastest "
+            f"{_setting(worst.best.row)})"
+            if worst.regret > 0
             else ""
         )
+        regrets = [p.regret for p in picks]
         lines += [
             "",
-            f"Choosing among one job's published settings ({len(picks)} jobs: one publication, model, card, GPU "
-            "count, sequence and precision, two or more layouts; each listed below): the plan's pick is the fastest "
-            f"published in {sum(r <= 0 for r in regrets) / len(regrets):.0%}; regret (published tokens/s of the "
-            f"fastest / of the pick - 1) median {statistics.median(regrets):.1%}, worst {regrets[worst]:.1%}{example}.",
+            f"Choosing among one job's published settings ({len(picks)} jobs: one publication and table, model, "
+            "card, GPU count, sequence and precision, two or more layouts; each listed below): the plan's pick is the "
+            f"fastest published in {sum(r <= 0 for r in regrets) / len(regrets):.0%}; regret (published tokens/s of "
+            f"the fastest / of the pick - 1) median {statistics.median(regrets):.1%}, "
+            f"worst {worst.regret:.1%}{example}.",
+            "",
+            *choice_by_kind_lines(picks),
         ]
     return lines + [""]
 
@@ -730,15 +779,17 @@ def oom_lines(outcomes: list[Outcome]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("csv", nargs="*", type=Path, help="published-runs CSVs (default: the two in bench/data)")
+    p.add_argument("csv", nargs="*", type=Path, help="published-runs CSVs (default: every one in bench/data)")
     p.add_argument("--rows", action="store_true", help="list every row's prediction")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_vs_published.md"), help="'-': print only")
     args = p.parse_args(argv)
     try:
-        paths = args.csv or list(DEFAULT_CSVS)
+        paths = args.csv or runs_csvs()
         sections = [(path, plan_rows(read_rows(path))) for path in paths]
         ran_out = [] if args.csv else plan_rows(read_rows(OOM_CSV))
-        lines = accuracy_lines([o for _, outcomes in sections for o in outcomes])
+        every = [o for _, outcomes in sections for o in outcomes]
+        lines = goal_lines(every, picks_of(every))
+        lines += accuracy_lines(every)
         lines += fit_lines([o for _, outcomes in sections for o in outcomes], ran_out)
         for path, outcomes in sections:
             lines += report(path.name, outcomes, args.rows)

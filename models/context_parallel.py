@@ -1,67 +1,93 @@
-"""Context parallel for parabench's GPT: each sequence split over the cp_size ranks of a group, the
-attention computed over the whole sequence by an all-to-all (DeepSpeed-Ulysses).
+"""Context parallel: each sequence split over the cp_size ranks of a group, the attention made whole
+over the sequence, for the models whose attention parabench knows: its GPT
+(models/gpt_context_parallel.py) and Hugging Face causal LMs (models/hf_context_parallel.py).
 
-Each rank of a group embeds, normalises and runs the MLPs on its own contiguous slice of the
-sequence (positions offset by the slice's start). Before attention an all-to-all scatters the heads
-and gathers the sequence: each rank then holds every position of n_head / cp_size heads, and the
-causal attention of those heads is exact; a second all-to-all sends the outputs back to their
-sequence slices. Each rank's loss is its tokens' mean; the group's ranks hold equal shares, so the
-sequence's mean, which the model returns on each of them, is the mean of theirs, while each rank's
-gradient is its own tokens': FSDP's average over every rank of the mesh makes it the batch's.
+Each rank of a group embeds, normalises and runs the MLPs on its own share of the sequence, at the
+share's positions. Attention is one of two:
+- all-to-all (DeepSpeed-Ulysses, models/all_to_all_attention.py): the share is a contiguous slice;
+  before attention an all-to-all scatters the heads and gathers the sequence, so each rank holds
+  every position of heads / cp_size heads and their causal attention is exact; a second sends the
+  outputs back. Runs wherever the process group runs an all-to-all (gloo on the CPU, NCCL).
+- ring (torch's, models/ring_attention.py): the share is a head and a tail chunk; keys and values
+  pass around the ring. CUDA only.
 
-The model keeps its modules and their names: the attention modules change class (as FSDP2's do)
-and the GPT gets two hooks, one slicing the loop's inputs and targets, one offsetting the positions.
+Each rank's loss is its tokens' mean; the group's ranks hold equal shares, so the sequence's mean,
+which the model returns on each of them, is the mean of theirs, while each rank's gradient is its
+own tokens': the data-parallel average over every rank of the group makes it the batch's.
+
+The model keeps its modules and their names (its checkpoints are the bare model's); it gets a hook
+that takes each forward's share of the inputs and targets, one that returns the group's loss, and
+its family's attention. Under tensor parallel, attention modules hold heads / tp_size heads, and the
+all-to-all shares out those (check with tp_size).
+
+Anything else is refused: parabench does not guess at a model's attention.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
+from torch.distributed.device_mesh import DeviceMesh
 
-from models.gpt import GPT, CausalSelfAttention
+CP_ATTENTIONS = ("all-to-all", "ring")
 
 
 class ContextParallelError(ValueError):
     """A model or sequence that cannot be split as asked (one line, says what would)."""
 
 
-def check_context_parallel(model: nn.Module, cp_size: int, seq_len: int | None) -> None:
-    """Refuse a model other than parabench's GPT, heads or a sequence that cp_size does not divide."""
-    if not isinstance(model, GPT):
-        raise ContextParallelError(
-            f"context parallel splits parabench's GPT (the zoo's gpt-* models), not {type(model).__name__}: "
-            "use a gpt-* model, or fsdp / fsdp-tp for this one"
+class UnsplittableModel(ContextParallelError):
+    """A model whose attention context parallel cannot split at any size (its form, not a size)."""
+
+
+def fitting_sizes(heads: int) -> list[int]:
+    """The group sizes that give each rank whole heads of `heads`."""
+    return [d for d in range(1, heads + 1) if heads % d == 0]
+
+
+def check_context_parallel(
+    model: nn.Module, cp_size: int, seq_len: int | None, *, attention: str = "all-to-all", tp_size: int = 1
+) -> None:
+    """Refuse, in one line, a model whose attention parabench does not know, or a sequence, heads
+    (tp_size: the heads each tensor-parallel rank holds) or attention implementation that
+    `cp_size` ranks cannot split with `attention`. Runs on the model built on the meta device."""
+    if attention not in CP_ATTENTIONS:
+        raise ContextParallelError(f"cp_attention={attention!r} is not one of {', '.join(CP_ATTENTIONS)}")
+    family = _family(model)
+    if family is None:
+        raise UnsplittableModel(
+            f"context parallel splits the attention of parabench's GPT (gpt-* models) and of Hugging Face "
+            f"causal LMs (model=hf:...), not {type(model).__name__}'s, which it does not know: "
+            "use one of those, or fsdp / fsdp-tp for this model"
         )
-    heads = model.config.n_head
-    if heads % cp_size:
-        fits = [d for d in range(1, heads + 1) if heads % d == 0]
-        raise ContextParallelError(
-            f"cp_size={cp_size} does not divide the GPT's {heads} attention heads (the all-to-all gives each rank "
-            f"whole heads): use strategy_options.cp_size={' or '.join(map(str, fits))}"
-        )
-    if seq_len is not None and seq_len % cp_size:
-        raise ContextParallelError(
-            f"seq_len={seq_len} does not split over cp_size={cp_size}: use a seq_len that {cp_size} divides"
-        )
+    chunks = 2 * cp_size if attention == "ring" else cp_size
+    if seq_len is not None and seq_len % chunks:
+        what = f"2 x {cp_size} head-and-tail chunks" if attention == "ring" else f"cp_size={cp_size} slices"
+        raise ContextParallelError(f"seq_len={seq_len} does not split into {what}: use a seq_len that {chunks} divides")
+    if family == "gpt":
+        from models.gpt_context_parallel import check_gpt
+
+        check_gpt(model, cp_size, attention, tp_size)
+    else:
+        from models.hf_context_parallel import check_hf
+
+        check_hf(model, cp_size, attention, tp_size)
 
 
-def split_sequences(model: nn.Module, group: dist.ProcessGroup, slices_batch: bool = True) -> None:
-    """Make `model` (the GPT, or a pipeline stage of it) compute on this rank's slice of each
-    sequence, its attention over the group. `slices_batch`: the model's forward takes the loop's
-    whole sequences, slices them and returns the group's mean loss; a pipeline stage is handed its
-    slice, and the pipeline averages the loss over the group itself."""
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
+def split_sequences(model: nn.Module, mesh: DeviceMesh, attention: str = "all-to-all") -> None:
+    """Make `model` (checked by check_context_parallel) compute on this rank's share of each
+    sequence, its attention over the ranks of `mesh` (1-D: the context-parallel group), before
+    any wrapping (tensor parallel may come first)."""
+    group = mesh.get_group()
+    size = dist.get_world_size(group)
+    share: dict[str, torch.Tensor] = {}
 
-    def slice_batch(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(_own_slice(t, rank, size) for t in args)
-
-    def offset_positions(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        positions = args[0]
-        return (positions + rank * positions.numel(),)
+    def take_share(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        inputs, targets, share["positions"] = sequence_share(mesh, attention, *args)
+        return inputs, targets
 
     def group_mean_loss(module: nn.Module, args: tuple[Any, ...], loss: torch.Tensor) -> torch.Tensor:
         # The value the loop logs is the sequence's mean loss; the gradient stays this rank's own
@@ -70,74 +96,59 @@ def split_sequences(model: nn.Module, group: dist.ProcessGroup, slices_batch: bo
         dist.all_reduce(mean, group=group)
         return loss + (mean / size - loss).detach()
 
-    if slices_batch:
-        model.register_forward_pre_hook(slice_batch)
-        model.register_forward_hook(group_mean_loss)
-    wpe = getattr(model, "wpe", None)
-    if wpe is not None:  # a pipeline stage after the first has no position embedding
-        wpe.register_forward_pre_hook(offset_positions)
-    for module in model.modules():
-        if type(module) is CausalSelfAttention:
-            module.__class__ = AllToAllSelfAttention
-            module.cp_group = group
+    model.register_forward_pre_hook(take_share)
+    model.register_forward_hook(group_mean_loss)
+    split_attention(model, model, mesh, attention, lambda: share["positions"])
 
 
-def _own_slice(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
+def sequence_share(
+    mesh: DeviceMesh, attention: str, inputs: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's share of the (batch, sequence) inputs and targets, the same on every rank of
+    `mesh`, and the share's positions (a sequence's)."""
+    positions = torch.arange(inputs.size(1), device=inputs.device).expand_as(inputs)
+    if attention == "ring":
+        from models.ring_attention import head_tail_shares
+
+        inputs, targets, positions = head_tail_shares(mesh, [inputs, targets, positions])
+    else:
+        group = mesh.get_group()
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        inputs, targets, positions = (_slice(t, rank, size) for t in (inputs, targets, positions))
+    return inputs, targets, positions[0]
+
+
+def split_attention(
+    model: nn.Module, part: nn.Module, mesh: DeviceMesh, attention: str, positions: Callable[[], torch.Tensor]
+) -> None:
+    """The attention of `part` (`model` itself, or a pipeline stage of it under its names) over the
+    ranks of `mesh`, its position embedding at `positions()`: the share the current forward runs.
+    A pipeline takes each share itself (sequence_share) and averages the loss over the group."""
+    if attention == "ring":
+        from models.ring_attention import enable_ring_attention
+
+        enable_ring_attention()
+    if _family(model) == "gpt":
+        from models.gpt_context_parallel import split_gpt
+
+        split_gpt(part, mesh, attention, positions)
+    else:
+        from models.hf_context_parallel import split_hf
+
+        split_hf(part, mesh, attention, positions)
+
+
+def _family(model: nn.Module) -> str | None:
+    from models.gpt import GPT
+    from models.hf import HFCausalLM
+
+    if isinstance(model, GPT):
+        return "gpt"
+    if isinstance(model, HFCausalLM):
+        return "hf"
+    return None
+
+
+def _slice(t: torch.Tensor, rank: int, size: int) -> torch.Tensor:
     length = t.size(1) // size
     return t[:, rank * length : (rank + 1) * length]
-
-
-class AllToAllSelfAttention(CausalSelfAttention):
-    """CausalSelfAttention on a slice of the sequence: all-to-all to whole sequences of a share of
-    the heads, attention, all-to-all back."""
-
-    cp_group: dist.ProcessGroup
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        # -1 heads: under tensor parallel this rank's c_attn gives q;k;v of its own heads only.
-        q, k, v = self.c_attn(x).chunk(3, dim=2)
-        q, k, v = (_AllToAll.apply(t.view(B, T, -1, C // self.n_head), self.cp_group, True) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            is_causal=True,
-            dropout_p=self.dropout if self.training else 0.0,
-        )
-        y = _AllToAll.apply(y.transpose(1, 2), self.cp_group, False)
-        return self.c_proj(y.reshape(B, T, -1))
-
-
-def _heads_to_ranks(x: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """(B, T/cp, H, D) on each rank -> (B, T, H/cp, D): the whole sequence of this rank's heads."""
-    size = dist.get_world_size(group)
-    B, T, H, D = x.shape
-    send = x.reshape(B, T, size, H // size, D).permute(2, 0, 1, 3, 4).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
-    return received.permute(1, 0, 2, 3, 4).reshape(B, size * T, H // size, D)
-
-
-def _sequence_to_ranks(y: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
-    """(B, T, H/cp, D) -> (B, T/cp, H, D): the inverse of _heads_to_ranks."""
-    size = dist.get_world_size(group)
-    B, T, h, D = y.shape
-    send = y.reshape(B, size, T // size, h, D).permute(1, 0, 2, 3, 4).contiguous()
-    received = torch.empty_like(send)
-    dist.all_to_all_single(received, send, group=group)
-    return received.permute(1, 2, 0, 3, 4).reshape(B, T // size, size * h, D)
-
-
-class _AllToAll(torch.autograd.Function):
-    """One of the two all-to-alls, whose backward is the other."""
-
-    @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: dist.ProcessGroup, to_heads: bool) -> torch.Tensor:
-        ctx.group, ctx.to_heads = group, to_heads
-        return _heads_to_ranks(x, group) if to_heads else _sequence_to_ranks(x, group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        back = _sequence_to_ranks(grad, ctx.group) if ctx.to_heads else _heads_to_ranks(grad, ctx.group)
-        return back, None, None

@@ -188,8 +188,9 @@ class Strategy(ABC):
 
     @classmethod
     def unsupported_reason(cls, device_type: str, options: dict[str, Any]) -> str | None:
-        """Why this backend, with these preset options, cannot run on `device_type`
-        ("cpu" or "cuda"), or None when it can. Compare skips such names with the reason."""
+        """Why this backend, with these options (the run's, then its preset's), cannot run on
+        `device_type` ("cpu" or "cuda"), or None when it can. Compare skips such names with the
+        reason, preflight refuses them."""
         return None
 
     def devices(self) -> list[torch.device]:

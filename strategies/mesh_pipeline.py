@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 
 class Pipeline:
-    def __init__(self, dims: ParallelDims, meshes: Meshes, rank: int, schedule: str, microbatches: int):
+    def __init__(self, dims: ParallelDims, meshes: Meshes, rank: int, schedule: str, microbatches: int, attention: str):
         import torch.distributed as dist
 
         assert meshes.pp is not None
@@ -41,7 +41,8 @@ class Pipeline:
         self.group = meshes.pp.get_group()
         self.pp_rank = meshes.pp.get_local_rank()
         self.last_rank = dist.get_global_rank(self.group, dims.pp - 1)
-        self.cp_group = meshes.cp.get_group() if meshes.cp is not None else None
+        self.cp_mesh, self.attention = meshes.cp, attention
+        self.share_positions: torch.Tensor | None = None  # of the share the current run computes on
         self.tie_group = _tie_group(dims, rank)
         self.stages: list[Any] = []
         self.schedule: Any = None
@@ -96,9 +97,10 @@ class Pipeline:
         import torch
         import torch.distributed as dist
 
-        if self.cp_group is not None:  # this rank's slice of every sequence
-            rank, size = dist.get_rank(self.cp_group), dist.get_world_size(self.cp_group)
-            inputs, targets = (t.chunk(size, dim=1)[rank] for t in (inputs, targets))
+        if self.cp_mesh is not None:  # this rank's share of every sequence
+            from models.context_parallel import sequence_share
+
+            inputs, targets, self.share_positions = sequence_share(self.cp_mesh, self.attention, inputs, targets)
         first = any(s.is_first for s in self.stages)
         last = any(s.is_last for s in self.stages)
         losses: list[torch.Tensor] = []
@@ -108,10 +110,15 @@ class Pipeline:
         if last:
             loss = torch.stack([x.detach().float() for x in losses]).sum() * grad_accum
         dist.broadcast(loss, src=self.last_rank, group=self.group)
-        if self.cp_group is not None:
-            dist.all_reduce(loss, group=self.cp_group)
-            loss /= dist.get_world_size(self.cp_group)
+        if self.cp_mesh is not None:
+            dist.all_reduce(loss, group=self.cp_mesh.get_group())
+            loss /= self.cp_mesh.size()
         return loss
+
+    def positions(self) -> torch.Tensor:
+        """The positions of the share of the sequences the current run computes on."""
+        assert self.share_positions is not None, "a run of the schedule first"
+        return self.share_positions
 
     def sum_tied_gradients(self) -> None:
         """The token embedding's gradient on the first stage and its head copy's on the last, each

@@ -13,7 +13,7 @@ data-parallel dimension takes the ranks left.
 | dimension | option | default where the preset names it |
 |---|---|---|
 | tp | tp_size | a node's ranks, at most 8, dividing the heads and key/value heads |
-| cp | cp_size | a node's ranks left by tp, at most 8, dividing the heads (and key/value heads) tp leaves each rank |
+| cp | cp_size | a node's ranks left by tp, at most 8, sharing out the heads tp leaves each rank (ring: any) |
 | pp | pp_size | a stage per node, 2 on one node, never more stages than the model's blocks |
 | shard (hsdp) | shard_size | a node's ranks left by tp and cp |
 """
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from strategies.mesh_layout import MeshError, MeshLayout, check_divides, default_stages, divisors
 
@@ -42,6 +42,7 @@ SCHEDULES = {
     "zero-bubble": ("ScheduleInterleavedZeroBubble", 2),
 }
 DEFAULT_SCHEDULE = "1f1b"
+DEFAULT_CP_ATTENTION = "all-to-all"  # models/context_parallel.py: all-to-all, or ring (GPUs only)
 WHAT = {TENSOR: "tensor parallel", CONTEXT: "context parallel", PIPELINE: "pipeline"}
 
 
@@ -178,15 +179,19 @@ def dims_for(
     _check_product(given, world_size)
     sizes = dict(given)
     left = world_size // math.prod(given.values())
+    attention = options.get("cp_attention") or DEFAULT_CP_ATTENTION
     if TENSOR in named and TENSOR not in sizes:
-        cp = sizes.get(CONTEXT, 1)  # a given cp splits the heads tp leaves each rank
-        heads = [count // cp for count in facts.head_counts().values() if count % cp == 0]
-        sizes[TENSOR] = _largest(min(MAX_DEFAULT_TP, per_node), left, per_node, heads)
+        cp = sizes.get(CONTEXT, 1)  # a given cp shares out the heads tp leaves each rank
+
+        def tp_fits(d: int) -> bool:
+            return splits_heads(d, facts) and shares_heads(cp, facts, d, attention)
+
+        sizes[TENSOR] = _largest(min(MAX_DEFAULT_TP, per_node), left, per_node, tp_fits)
         left //= sizes[TENSOR]
     tp = sizes.get(TENSOR, 1)
     if CONTEXT in named and CONTEXT not in sizes:
-        per_tp = [count // tp for count in facts.head_counts().values() if count % tp == 0]
-        sizes[CONTEXT] = _largest(min(MAX_DEFAULT_CP, max(1, per_node // tp)), left, per_node, per_tp)
+        cap = min(MAX_DEFAULT_CP, max(1, per_node // tp))
+        sizes[CONTEXT] = _largest(cap, left, per_node, lambda d: shares_heads(d, facts, tp, attention))
         left //= sizes[CONTEXT]
     if PIPELINE in named and PIPELINE not in sizes:
         sizes[PIPELINE] = default_stages(left, nodes, facts.blocks, virtual)
@@ -208,13 +213,29 @@ def dims_for(
         cp=sizes.get(CONTEXT, 1),
         tp=tp,
     )
-    check_model_fits(dims, facts, virtual)
+    check_model_fits(dims, facts, virtual, attention)
     return dims
 
 
-def _largest(cap: int, ranks: int, per_node: int, counts: list[int]) -> int:
-    """The largest size up to `cap` dividing the ranks left, a node's ranks and each of `counts`."""
-    return max(d for d in divisors(ranks) if d <= cap and per_node % d == 0 and all(count % d == 0 for count in counts))
+def _largest(cap: int, ranks: int, per_node: int, fits: Callable[[int], bool]) -> int:
+    """The largest size up to `cap` dividing the ranks left and a node's ranks that `fits`."""
+    return max(d for d in divisors(ranks) if d <= cap and per_node % d == 0 and fits(d))
+
+
+def splits_heads(tp: int, facts: ModelFacts) -> bool:
+    """Whether tp ranks each compute whole attention and key/value heads."""
+    return all(count % tp == 0 for count in facts.head_counts().values())
+
+
+def shares_heads(cp: int, facts: ModelFacts, tp: int, attention: str) -> bool:
+    """Whether the all-to-all gives each of cp ranks whole heads of those a tensor-parallel rank
+    holds: the attention heads, and the key/value heads or, fewer than the ranks, one each repeated
+    (models/all_to_all_attention.py). The ring splits the sequence, not the heads."""
+    if attention == "ring" or not facts.heads:
+        return True
+    heads = facts.heads // tp
+    kv_heads = max(1, (facts.kv_heads or facts.heads) // tp)
+    return heads % cp == 0 and (kv_heads % cp == 0 or cp % kv_heads == 0)
 
 
 def _check_product(given: dict[str, int], world_size: int) -> None:
@@ -229,26 +250,28 @@ def _check_product(given: dict[str, int], world_size: int) -> None:
     )
 
 
-def check_model_fits(dims: ParallelDims, facts: ModelFacts, virtual: int = 1) -> None:
+def check_model_fits(dims: ParallelDims, facts: ModelFacts, virtual: int = 1, attention: str = "all-to-all") -> None:
     """Refuse, in one line, sizes the model cannot take: tp and cp must leave each rank whole
     heads, and the pipeline each stage a block."""
     counts = facts.head_counts()
-    for what, count in counts.items():
-        if count % dims.tp:
-            fits = [d for d in divisors(count) if all(c % d == 0 for c in counts.values())]
-            raise MeshError(
-                f"strategy_options.tp_size={dims.tp} does not divide the model's {count} {what}: use one of "
-                f"{', '.join(map(str, fits))} (each rank of a tensor-parallel group computes whole heads)"
-            )
-    for what, count in counts.items():
-        if (count // dims.tp) % dims.cp:
-            per_tp = [c // dims.tp for c in counts.values()]
-            fits = [d for d in divisors(per_tp[0]) if all(c % d == 0 for c in per_tp)]
-            over = f" over tp {dims.tp}" if dims.tp > 1 else ""
-            raise MeshError(
-                f"strategy_options.cp_size={dims.cp} does not divide the model's {count} {what}{over}: use one of "
-                f"{', '.join(map(str, fits))} (the all-to-all gives each rank whole heads)"
-            )
+    if not splits_heads(dims.tp, facts):
+        fits = [d for d in divisors(max(counts.values())) if splits_heads(d, facts)]
+        what = " and ".join(f"{count} {name}" for name, count in counts.items())
+        raise MeshError(
+            f"strategy_options.tp_size={dims.tp} does not divide the model's {what}: use strategy_options.tp_size="
+            f"{' or '.join(map(str, fits))} (each rank of a tensor-parallel group computes whole heads)"
+        )
+    if not shares_heads(dims.cp, facts, dims.tp, attention):
+        assert facts.heads is not None
+        heads = facts.heads // dims.tp
+        fits = [d for d in divisors(heads) if shares_heads(d, facts, dims.tp, attention)]
+        whose = "each tensor-parallel rank's" if dims.tp > 1 else "the model's"
+        kv = f" and {max(1, facts.kv_heads // dims.tp)} key/value heads" if "key/value heads" in counts else ""
+        raise MeshError(
+            f"strategy_options.cp_size={dims.cp} does not share out {whose} {heads} attention heads{kv} "
+            f"(the all-to-all gives each rank whole heads): use strategy_options.cp_size={' or '.join(map(str, fits))}"
+            ", or strategy_options.cp_attention=ring"
+        )
     stages = dims.pp * virtual
     if facts.blocks is not None and stages > facts.blocks:
         each = f" ({dims.pp} ranks x {virtual} virtual stages)" if virtual > 1 else ""

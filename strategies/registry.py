@@ -91,11 +91,12 @@ class StrategyEntry:
         """Whether the batch search may probe several micro-batches of this name in one process."""
         return self.cls is not None and self.cls.recovers_from_oom(self.options)
 
-    def unsupported_reason(self, device_type: str) -> str | None:
-        """Why this name cannot run on `device_type` ("cpu" or "cuda"), or None."""
+    def unsupported_reason(self, device_type: str, options: dict[str, Any] | None = None) -> str | None:
+        """Why this name, with a run's strategy `options`, cannot run on `device_type` ("cpu" or
+        "cuda"), or None."""
         if self.cls is None:
             return self.unavailable_reason
-        return self.cls.unsupported_reason(device_type, self.options)
+        return self.cls.unsupported_reason(device_type, {**(options or {}), **self.options})
 
     def fp8_refusal(self) -> str | None:
         """Why this name cannot train with precision=fp8, or None."""

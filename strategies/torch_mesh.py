@@ -20,11 +20,12 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any, ContextManager
 
-from strategies.base import OptimizerFactory, Preset, RunContext, StrategyError
+from strategies.base import ModelUnsupported, OptimizerFactory, Preset, RunContext, StrategyError
 from strategies.fsdp import FSDPStrategy, fsdp_units, tied_outside
 from strategies.memory import MemoryBreakdown
 from strategies.mesh_layout import MeshError, MeshLayout
 from strategies.parallel_dims import (
+    DEFAULT_CP_ATTENTION,
     DEFAULT_SCHEDULE,
     SCHEDULES,
     ModelFacts,
@@ -32,7 +33,6 @@ from strategies.parallel_dims import (
     check_model_fits,
     mesh_layout,
     syncs_each_micro_step,
-    virtual_stages,
 )
 from strategies.plan_model import PlanModel
 
@@ -47,7 +47,7 @@ FSDP = {"engine": "fsdp", "reshard_after_forward": True, "cpu_offload": False}
 # replicate and zero1 gather nothing: no resharding, no prefetching, no offload.
 REPLICATE = {"reshard_after_forward": False, "cpu_offload": False, "prefetch_blocks": 0}
 PIPELINE = ("pp_size", "schedule", "microbatches")
-CONTEXT = ("cp_size",)
+CONTEXT = ("cp_size", "cp_attention")
 TENSOR = ("tp_size", "sequence_parallel")
 ENGINE = ("prefetch_blocks", "sync_each_micro_step")
 TORCH_Z3 = PlanModel("torch", 3, "low_precision")
@@ -120,7 +120,7 @@ class MeshStrategy(FSDPStrategy):
         ),
         _preset(
             "fsdp-cp",
-            "context parallel: each sequence split over cp_size ranks (all-to-all attention), FSDP2 over all",
+            "context parallel: each sequence split over cp_size ranks (all-to-all or ring attention), FSDP2 over all",
             {**FSDP, "mesh_dims": "shard x cp"},
             (*CONTEXT, *TENSOR, *PIPELINE, *ENGINE),
             TORCH_Z3,
@@ -144,6 +144,7 @@ class MeshStrategy(FSDPStrategy):
         tp_size: int | None = None,
         pp_size: int | None = None,
         cp_size: int | None = None,
+        cp_attention: str = "all-to-all",
         shard_size: int | None = None,
         sequence_parallel: bool = True,
         schedule: str | None = None,
@@ -155,6 +156,7 @@ class MeshStrategy(FSDPStrategy):
             "tp_size": tp_size,
             "pp_size": pp_size,
             "cp_size": cp_size,
+            "cp_attention": cp_attention,
             "shard_size": shard_size,
             "schedule": schedule,
         }
@@ -186,6 +188,7 @@ class MeshStrategy(FSDPStrategy):
         self.sequence_parallel = sequence_parallel
         if self.dims.tp > 1 and ctx.precision == "fp8":
             raise StrategyError(self._fp8_under_tp())
+        self.cp_attention = self._attention(cp_attention)
         self.schedule_name = schedule or DEFAULT_SCHEDULE
         self.microbatches = self._pipeline_options(schedule, microbatches)
         # A weight tied across stages has a copy with optimizer state of its own: not fsdp's layout.
@@ -206,6 +209,27 @@ class MeshStrategy(FSDPStrategy):
             plain = "fsdp-grad-op"
         dims = options.get("mesh_dims", "shard")
         return mesh_layout(engine, dims, options, world_size, local_world_size, model, plain)
+
+    @classmethod
+    def unsupported_reason(cls, device_type: str, options: dict[str, Any]) -> str | None:
+        if options.get("cp_attention") == "ring" and device_type != "cuda":
+            return (
+                "cp_attention=ring runs torch's ring attention, whose SDPA has no sharding strategy on the CPU: "
+                "use cp_attention=all-to-all here, ring on GPUs"
+            )
+        return None
+
+    def _attention(self, attention: str) -> str:
+        from models.context_parallel import CP_ATTENTIONS
+
+        if attention not in CP_ATTENTIONS:
+            raise StrategyError(f"strategy_options.cp_attention={attention!r}: use {' or '.join(CP_ATTENTIONS)}")
+        if attention != DEFAULT_CP_ATTENTION and self.dims.cp == 1:
+            raise StrategyError(
+                f"strategy_options.cp_attention={attention} splits sequences, and this layout has cp 1: set "
+                "strategy_options.cp_size too, or drop it"
+            )
+        return attention
 
     @classmethod
     def fp8_refusal(cls, options: dict[str, Any]) -> str | None:
@@ -262,24 +286,26 @@ class MeshStrategy(FSDPStrategy):
 
     def check_model(self, model: nn.Module) -> None:
         seq_len = getattr(self.ctx.config, "seq_len", None)
+        virtual = SCHEDULES[self.schedule_name][1]
         try:
-            check_model_fits(
-                self.dims, ModelFacts.of(model, self.find_blocks(model).count), virtual_stages(self._options())
-            )
+            facts = ModelFacts.of(model, self.find_blocks(model).count)
+            check_model_fits(self.dims, facts, virtual, self.cp_attention)
         except MeshError as exc:
             raise StrategyError(str(exc)) from None
         if self.dims.pp > 1:
             from models.pipeline_stages import PipelineStagesError, check_stages
 
             try:
-                check_stages(model, self.dims.pp * SCHEDULES[self.schedule_name][1])
+                check_stages(model, self.dims.pp * virtual)
             except PipelineStagesError as exc:
-                raise StrategyError(f"{self.name or 'pipeline'} ({self.schedule_name}): {exc}") from None
+                raise ModelUnsupported(f"{self.name or 'pipeline'} ({self.schedule_name}): {exc}") from None
         if self.dims.cp > 1:
-            from models.context_parallel import ContextParallelError, check_context_parallel
+            from models.context_parallel import ContextParallelError, UnsplittableModel, check_context_parallel
 
             try:
-                check_context_parallel(model, self.dims.cp, seq_len)
+                check_context_parallel(model, self.dims.cp, seq_len, attention=self.cp_attention, tp_size=self.dims.tp)
+            except UnsplittableModel as exc:  # a compare skips the name for this model and runs the rest
+                raise ModelUnsupported(f"{self.name or 'context parallel'}: {exc}") from None
             except ContextParallelError as exc:
                 raise StrategyError(f"{self.name or 'context parallel'}: {exc}") from None
         if self.dims.tp > 1:
@@ -296,9 +322,6 @@ class MeshStrategy(FSDPStrategy):
                 f"seq_len={seq_len} does not split{over} over tp_size={self.dims.tp} for sequence parallel: use a "
                 f"seq_len that {self.dims.tp * self.dims.cp} divides, or strategy_options.sequence_parallel=false"
             )
-
-    def _options(self) -> dict[str, Any]:
-        return {"schedule": self.schedule_name}
 
     def _policies(self) -> dict:
         policies = super()._policies()
@@ -317,11 +340,13 @@ class MeshStrategy(FSDPStrategy):
         if self.dims.pp > 1:
             from strategies.mesh_pipeline import Pipeline
 
-            self._pipeline = Pipeline(self.dims, meshes, self.ctx.rank, self.schedule_name, self.microbatches)
+            self._pipeline = Pipeline(
+                self.dims, meshes, self.ctx.rank, self.schedule_name, self.microbatches, self.cp_attention
+            )
             parts = self._pipeline.cut(model)
         else:
             parts = [(0, model)]
-        units = [self._parallelize(part, plan, meshes) for _, part in parts]
+        units = [self._parallelize(model, part, plan, meshes) for _, part in parts]
         if self._pipeline is not None:
             self.model = self._pipeline.start(parts, self.ctx.device, self.ctx.grad_accum)
         else:
@@ -342,8 +367,8 @@ class MeshStrategy(FSDPStrategy):
 
         return plan_of(model, self.dims.tp, self.sequence_parallel)
 
-    def _parallelize(self, part: nn.Module, plan: dict[str, str] | None, meshes: Meshes) -> str:
-        """Tensor parallel, context parallel, then the engine on `part` (the model, or a stage of it);
+    def _parallelize(self, model: nn.Module, part: nn.Module, plan: dict[str, str] | None, meshes: Meshes) -> str:
+        """Tensor parallel, context parallel, then the engine on `part` (`model`, or a stage of it);
         its units, in words."""
         from strategies.parallelize import apply_engine, apply_tp
 
@@ -352,9 +377,12 @@ class MeshStrategy(FSDPStrategy):
         if plan is not None and meshes.tp is not None:
             apply_tp(part, meshes.tp, plan)
         if meshes.cp is not None:
-            from models.context_parallel import split_sequences
+            from models.context_parallel import split_attention, split_sequences
 
-            split_sequences(part, meshes.cp.get_group(), slices_batch=self._pipeline is None)
+            if self._pipeline is None:
+                split_sequences(part, meshes.cp, self.cp_attention)
+            else:  # the pipeline hands each stage its share
+                split_attention(model, part, meshes.cp, self.cp_attention, self._pipeline.positions)
         found = self.find_blocks(part)
         tied = tied_outside(part, found)
         blocks = [block for block in found.modules if id(block) not in tied]
@@ -382,7 +410,7 @@ class MeshStrategy(FSDPStrategy):
                 sequence = "no sequence parallel (sequence_parallel=false)"
             parts.append(f"tensor parallel over {self.dims.tp} ({describe(plan)}; {sequence})")
         if self.dims.cp > 1:
-            parts.append(f"context parallel over {self.dims.cp} (all-to-all attention)")
+            parts.append(f"context parallel over {self.dims.cp} ({self.cp_attention} attention)")
         engine = {"replicate": "replicate", "zero1": "replicate with ZeroRedundancyOptimizer"}.get(self.engine)
         if engine is None:
             engine = "hsdp" if self.dims.dp_replicate > 1 else "fsdp"

@@ -90,7 +90,10 @@ def main(args: list[str]) -> int:
     check_own_options(cfg, strategies, registry.names())
     takers = takers_of_compare_wide_options(cfg, strategies, registry)
     shared = train_options(cfg, registry.names())
-    planned = [(name, _skip_reason(registry, name, device_type, shared, layouts)) for name in names]
+    planned = [
+        (name, _skip_reason(registry, name, device_type, shared, layouts, run_settings(cfg, name, layouts)[1]))
+        for name in names
+    ]
     runnable = [name for name, reason in planned if reason is None]
     followed, cannot = _preflight(cfg, shared, runnable, nproc, layouts)
     planned = [(name, cannot.get(name, reason)) for name, reason in planned]
@@ -568,13 +571,15 @@ def _skip_reason(
     device_type: str,
     shared: dict[str, Any] | None = None,
     layouts: dict[str, PlannedLayout] | None = None,
+    settings: dict[str, Any] | None = None,
 ) -> str | None:
-    """Why `name` never starts here; a plan's layout also where it cannot run as planned."""
+    """Why `name` never starts here (with its run's `settings`, from run_settings); a plan's layout
+    also where it cannot run as planned."""
     layout = (layouts or {}).get(name)
     entry = registry.get(layout.strategy if layout else name)
     if entry.unavailable_reason:
         return f"unavailable: {entry.unavailable_reason}"
-    unsupported = entry.unsupported_reason(device_type)
+    unsupported = entry.unsupported_reason(device_type, (settings or {}).get("strategy_options"))
     if unsupported:
         return f"unsupported on {device_type}: {unsupported}"
     return from_plan.refusal(layout, shared or {}) if layout else None

@@ -37,7 +37,7 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     registry = default_registry()
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     device_type = "cuda" if use_cuda else "cpu"
-    unsupported = registry.get(cfg.strategy).unsupported_reason(device_type)
+    unsupported = registry.get(cfg.strategy).unsupported_reason(device_type, cfg.strategy_options)
     if unsupported:
         raise StrategyError(f"strategy {cfg.strategy!r} cannot run on {device_type} here: {unsupported}")
     if cfg.precision == "fp8":

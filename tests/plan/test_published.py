@@ -7,17 +7,31 @@ import csv
 import statistics
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
 from bench import plan_vs_published as published
+from bench import published_breakdown
+from bench.layout_kinds import (
+    CONTEXT,
+    DATA_PARALLEL,
+    PIPELINE,
+    TP_ACROSS,
+    TP_INSIDE,
+    Degrees,
+    degrees,
+    kinds_of,
+    scale_of,
+)
 from harness.plan.network.comm import PIPELINED
+from harness.plan.network.fabric import FABRICS
 from tests.helpers import ROOT, env_for_tests
 
 
 @pytest.fixture(scope="module")
 def outcomes():
-    return {path.name: published.plan_rows(published.read_rows(path)) for path in published.DEFAULT_CSVS}
+    return {path.name: published.plan_rows(published.read_rows(path)) for path in published.FIRST_CSVS}
 
 
 def test_runs_that_ran_are_planned_to_fit_and_the_oom_one_not(outcomes):
@@ -75,8 +89,11 @@ def test_the_report_states_the_figures_and_the_bias_by_gpu_nodes_and_sequence(tm
         assert text.count(title) >= 2
     assert "Command: `python bench/plan_vs_published.py --out" in text
     assert "planned not to fit: right" in text
-    for part in ("### Accuracy at a glance", "| more than 8 nodes |", "| strategy ddp-tp |", "Coverage:", "regret"):
+    for part in ("### Accuracy at a glance", "| more than 64 nodes |", "| strategy ddp-tp |", "Coverage:", "regret"):
         assert part in text
+    # Every runs CSV of bench/data is read, and the goals stand beside the figures.
+    assert "### model_parallel_nvidia.csv" in text and "| TP x DP inside a node |" in text and "| H100-80 |" in text
+    assert "### Goals" in text and text.count("| yes |") + text.count("| NO |") >= 6
     assert "### Will it fit?" in text and "- Runs that ran out of memory: 1 of 1 planned not to fit" in text
     assert "torch's max reserved" in text and "median |error|" in text
 
@@ -105,11 +122,11 @@ def test_one_jobs_settings_are_grouped_and_the_pick_is_scored(outcomes):
     picks = published.choices(every)
     assert picks and all(pick.row["model"] == best.row["model"] == key[1] for key, pick, best in picks)
     assert all(best.published >= pick.published for _, pick, best in picks)
-    assert {published.scale_of({"nodes": n}) for n in ("1", "4", "32")} == set(published.SCALES)
+    assert {published.scale_of({"nodes": n}) for n in ("1", "4", "32", "128")} == set(published.SCALES)
     # One publication's runs: torchtitan's 70B float8 2D settings of December 2024 and of June 2025
     # (another torch: 829 and 809.8 tokens/s without async TP) are two jobs.
     seventy = [
-        key for key in published.jobs_of(every) if key[1:] == ("llama3.1-70b", "H100-96", "256", "8192", "float8")
+        key for key in published.jobs_of(every) if key[1:6] == ("llama3.1-70b", "H100-96", "256", "8192", "float8")
     ]
     assert len(seventy) == 2
     # The goals: the plan picks the fastest published setting in three jobs of four, and what a pick
@@ -157,3 +174,84 @@ def test_a_csv_missing_a_column_is_a_one_line_error(tmp_path):
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1
     assert "no column seq_len" in proc.stderr and "give every column" in proc.stderr
+
+
+def _row(sharding: str, gpus: int, nodes: int, **extra: str) -> dict[str, str]:
+    return {"sharding": sharding, "gpus": str(gpus), "nodes": str(nodes), "gpu": "H100-80", **extra}
+
+
+def test_layout_kinds_and_scales_are_read_from_the_rows():
+    megatron = _row("megatron tp=4 pp=4 vp=5 cp=2 dp=2 distributed_optimizer sequence_parallel", 64, 8)
+    assert kinds_of(megatron) == (TP_INSIDE, PIPELINE, CONTEXT) and scale_of(megatron) == "2-8 nodes"
+    # Tensor parallel over more GPUs than a node holds (GB200's trays of 4) is across nodes.
+    assert kinds_of(_row("megatron tp=8 pp=4 dp=4 distributed_optimizer", 128, 32)) == (TP_ACROSS, PIPELINE)
+    assert kinds_of(_row("FSDP2 dp_shard=32 tp=8 pp=8", 2048, 256)) == (TP_INSIDE, PIPELINE)
+    assert kinds_of(_row("FSDP1-FULL_SHARD", 8, 1)) == (DATA_PARALLEL,)
+    assert kinds_of(_row("megatron tp=1 pp=1 dp=64 distributed_optimizer", 64, 8)) == (DATA_PARALLEL,)
+    assert degrees("megatron tp=1 pp=2 ep=32 dp=128 distributed_optimizer") == Degrees(tp=1, pp=2, cp=1, ep=32)
+    assert [scale_of({"nodes": n}) for n in ("", "1", "8", "9", "64", "65")] == [
+        "one node",
+        "one node",
+        "2-8 nodes",
+        "9-64 nodes",
+        "9-64 nodes",
+        "more than 64 nodes",
+    ]
+
+
+def test_the_breakdowns_count_every_run_under_each_of_its_kinds(tmp_path):
+    every = [o for path in published.runs_csvs() for o in published.plan_rows(published.read_rows(path))]
+    kinds = published_breakdown.by_kind(every)
+    for kind, rows in kinds.items():
+        assert len(rows) == sum(kind in kinds_of(o.row) for o in every)
+    assert sum(len(rows) for rows in published_breakdown.by_scale(every).values()) == len(every)
+    assert sum(len(rows) for rows in published_breakdown.by_card(every).values()) == len(every)
+    lines = published_breakdown.breakdown_lines(every, published.strategy_of)
+    planned = [o for o in kinds[PIPELINE] if o.error is not None]
+    (pipelines,) = [line for line in lines if line.startswith(f"| {PIPELINE} |")]
+    assert pipelines.split("|")[2:4] == [f" {len(kinds[PIPELINE])} ", f" {len(planned)} "]
+
+
+def test_every_row_of_every_csv_is_planned_or_listed_with_a_reason():
+    paths = published.runs_csvs()
+    assert published.DATA / "model_parallel_nvidia.csv" in paths and published.OOM_CSV not in paths
+    assert all(p.name not in ("nccl_tests_published.csv", "xla_sm90_matmul_bf16.csv") for p in paths)
+    for path in paths:
+        for o in published.plan_rows(published.read_rows(path)):
+            assert (o.plan is None) == bool(o.skipped), (path.name, o.row["model"])
+            assert o.skipped is None or "not a number" not in o.skipped, (path.name, o.row["model"], o.skipped)
+    rows = published.plan_rows(published.read_rows(published.DATA / "model_parallel_nvidia.csv"))
+    assert len(rows) >= 200 and sum(o.plan is not None for o in rows) >= 150
+    assert all(o.row["source"].count("@") == 1 and len(o.row["source"].split("@")[1]) == 40 for o in rows)
+    skipped = {o.row["gpu"]: o.skipped for o in rows if o.skipped and o.skipped.startswith("card")}
+    assert set(skipped) == {"GB200", "GB300", "B300"}  # GB200 is not planned as a B200
+    moe = [o for o in rows if o.row["arch"] == "moe"]
+    assert moe and all(
+        o.skipped == "mixture of experts: not modelled" for o in moe if o.row["gpu"] in ("H100-80", "B200")
+    )
+    mx = [o for o in rows if "MXFP8" in o.row["notes"] and o.row["arch"] != "moe" and o.row["gpu"] == "B200"]
+    assert mx and all("block scaling" in o.skipped for o in mx)
+    # Megatron-LM's and NeMo's tensor, pipeline and context parallelism are planned with the degrees they ran.
+    split = [(o, degrees(o.row["sharding"])) for o in rows if o.plan is not None]
+    assert sum(d.pp > 1 and d.cp > 1 for _, d in split) >= 30
+    assert all((o.plan.layout.tp, o.plan.layout.pp, o.plan.layout.cp) == (d.tp, d.pp, d.cp) for o, d in split)
+
+
+def test_a_networks_cards_and_rate_per_node_are_read():
+    fabric = published._fabric({"network": "8x400gbps-ib", "gpus": "64", "nodes": "8"}, "hopper")
+    assert (fabric.nics, fabric.gbps) == (8, 400)
+    assert published._fabric({"network": "ndr", "gpus": "64", "nodes": "8"}, "hopper") is FABRICS["ndr"]
+    assert published._fabric({"network": "unstated", "gpus": "16", "nodes": "2"}, "ampere") is FABRICS["dgx-a100"]
+
+
+def test_the_goals_say_which_bucket_misses():
+    def outcome(sharding: str, error: float, fits: bool = True):
+        return SimpleNamespace(
+            row=_row(sharding, 64, 8), error=error, plan=SimpleNamespace(fits=fits), memory_error=None
+        )
+
+    runs = [outcome("megatron tp=8 pp=1 dp=8 ddp", 0.05)] * 3 + [outcome("megatron tp=8 pp=2 dp=4 ddp", 0.30, False)]
+    (median, within, not_fit) = published_breakdown.goals(runs, [])
+    assert not median.met and "PP 30.0%" in median.now and "TP x DP inside a node" not in median.now
+    assert within.met is True and within.now == "75% of 4"
+    assert not not_fit.met and not_fit.now == "25.0% of 4"

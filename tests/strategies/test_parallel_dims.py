@@ -19,6 +19,8 @@ from strategies.parallel_dims import (
     ParallelDims,
     dims_for,
     mesh_dims,
+    shares_heads,
+    splits_heads,
 )
 from strategies.registry import default_registry
 from tests.strategies.constructed import constructed
@@ -71,10 +73,15 @@ def test_a_run_adds_any_size_that_divides_the_world(name, options, expected):
 
 
 def test_context_parallel_defaults_to_what_the_heads_allow():
-    """fsdp-cp at nproc=4 on gpt-nano's 2 heads runs cp 2, where a node's 4 would not split them."""
+    """The all-to-all gives each rank whole attention heads, and whole key/value heads or one each
+    repeated; the ring splits the sequence alone."""
+    assert _sizes("fsdp-cp", 8, 8, ModelFacts(heads=4, kv_heads=2)) == {"shard": 2, "cp": 4}  # kv heads repeated
+    assert _sizes("fsdp-cp", 8, 8, ModelFacts(heads=12, kv_heads=6)) == {"shard": 4, "cp": 2}
+    assert _sizes("fsdp-cp", 8, 8, GPT_NANO, cp_attention="ring") == {"shard": 1, "cp": 8}
+    # fsdp-cp at nproc=4 on gpt-nano's 2 heads runs cp 2, where a node's 4 would not split them.
     assert _sizes("fsdp-cp", 4, 4, GPT_NANO) == {"shard": 2, "cp": 2}
     assert _sizes("fsdp-cp", 4, 4) == {"shard": 1, "cp": 4}  # heads unknown: a node's ranks
-    # Llama 3 8B's 8 key/value heads, tensor parallel over 8 by default: one each, no cp left to split.
+    # Tensor parallel over a node's 8 leaves none of the node to context parallel.
     assert _sizes("fsdp-cp", 16, 8, LLAMA_8B, tp_size=8) == {"shard": 2, "cp": 1, "tp": 8}
 
 
@@ -101,8 +108,8 @@ def test_defaults_always_fit_the_world_and_the_model(name, world, per_node, mode
     assert dims == ParallelDims.from_layout(mesh, dims_engine(name))
     assert dims.tp <= MAX_DEFAULT_TP and per_node % dims.tp == 0
     assert dims.cp <= MAX_DEFAULT_CP and per_node % dims.cp == 0
-    for count in (model or ModelFacts()).head_counts().values():
-        assert count % (dims.tp * dims.cp) == 0
+    facts = model or ModelFacts()
+    assert splits_heads(dims.tp, facts) and shares_heads(dims.cp, facts, dims.tp, "all-to-all")
     if model is not None and model.blocks:
         assert dims.pp <= model.blocks
     named = mesh_dims(options["mesh_dims"])
@@ -153,13 +160,22 @@ def test_every_combination_that_divides_the_world_lays_out_as_asked(name, tp, pp
             "fsdp-tp",
             {"tp_size": 4},
             GPT_NANO,
-            "strategy_options.tp_size=4 does not divide the model's 2 attention heads: use one of 1, 2",
+            "strategy_options.tp_size=4 does not divide the model's 2 attention heads: use "
+            "strategy_options.tp_size=1 or 2",
         ),
         (
             "fsdp-tp",
-            {"tp_size": 2, "cp_size": 2},
-            ModelFacts(heads=4, kv_heads=2),
-            "strategy_options.cp_size=2 does not divide the model's 2 key/value heads over tp 2: use one of 1",
+            {"tp_size": 2, "cp_size": 4},
+            ModelFacts(heads=4, kv_heads=4),
+            "strategy_options.cp_size=4 does not share out each tensor-parallel rank's 2 attention heads (the "
+            "all-to-all gives each rank whole heads): use strategy_options.cp_size=1 or 2, or "
+            "strategy_options.cp_attention=ring",
+        ),
+        (
+            "fsdp-cp",
+            {"cp_size": 8},
+            ModelFacts(heads=12, kv_heads=6),
+            "strategy_options.cp_size=8 does not share out the model's 12 attention heads and 6 key/value heads",
         ),
         (
             "fsdp-pp",

@@ -241,8 +241,8 @@ def test_registered_fsdp_pp_and_fsdp_cp_are_priced_with_their_meshes_defaults() 
     q = question(cfg)
     pipelined, context = plan_strategy("fsdp-pp", q), plan_strategy("fsdp-cp", q)
     assert pipelined.layout.pp == 2 and "bubble" in pipelined.time.overhead_what  # a stage per node
-    # A node's GPUs, as far as the 4 key/value heads split: the run's default (dims_for).
-    assert context.layout.cp == 4 and context.layout.data_parallel == 4
+    # A node's GPUs, each of the 4 key/value heads repeated for two: the run's default (dims_for).
+    assert context.layout.cp == 8 and context.layout.data_parallel == 2
 
 
 def test_deepspeeds_pipeline_engine_is_planned_with_its_one_schedule() -> None:

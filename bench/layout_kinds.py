@@ -1,0 +1,62 @@
+"""A published run's parallel degrees, its layout kinds and its scale, read from its CSV row
+(bench/data/README.md's columns), for bench/plan_vs_published.py's breakdowns.
+
+Kinds overlap: Megatron-LM's `tp=4 pp=4 cp=2` run counts under tensor parallelism inside a node,
+under pipelines and under context parallelism; only "data parallel only" excludes the others.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DATA_PARALLEL = "data parallel only"
+TP_INSIDE = "TP x DP inside a node"
+TP_ACROSS = "TP across nodes"
+PIPELINE = "PP"
+CONTEXT = "CP"
+KINDS = (DATA_PARALLEL, TP_INSIDE, TP_ACROSS, PIPELINE, CONTEXT)
+SCALES = ("one node", "2-8 nodes", "9-64 nodes", "more than 64 nodes")
+
+
+@dataclass(frozen=True)
+class Degrees:
+    """How many GPUs a run splits each thing over (1 where its sharding names no such degree)."""
+
+    tp: int = 1
+    pp: int = 1
+    cp: int = 1
+    ep: int = 1
+
+
+def degrees(sharding: str) -> Degrees:
+    """The tp=, pp=, cp=, ep= of a sharding in either grammar of bench/data/README.md
+    (`megatron tp=8 pp=4 dp=16 ...`, `FSDP2 dp_shard=32 tp=8 pp=8`)."""
+    found = {key: int(value) for key, value in re.findall(r"\b(tp|pp|cp|ep)=(\d+)", sharding)}
+    return Degrees(**found)
+
+
+def gpus_per_node(row: dict[str, str]) -> int:
+    return max(1, int(row["gpus"]) // max(1, int(row["nodes"] or 1)))
+
+
+def kinds_of(row: dict[str, str]) -> tuple[str, ...]:
+    """The kinds a row's layout belongs to, in KINDS' order."""
+    d = degrees(row["sharding"])
+    kinds = []
+    if d.tp > 1:
+        kinds.append(TP_INSIDE if d.tp <= gpus_per_node(row) else TP_ACROSS)
+    if d.pp > 1:
+        kinds.append(PIPELINE)
+    if d.cp > 1:
+        kinds.append(CONTEXT)
+    return tuple(kinds) or (DATA_PARALLEL,)
+
+
+def scale_of(row: dict[str, str]) -> str:
+    nodes = int(row["nodes"] or 1)
+    if nodes <= 1:
+        return SCALES[0]
+    if nodes <= 8:
+        return SCALES[1]
+    return SCALES[2] if nodes <= 64 else SCALES[3]
