@@ -214,7 +214,35 @@ def dims_for(
         tp=tp,
     )
     check_model_fits(dims, facts, virtual, attention)
+    check_options(dims, options)
     return dims
+
+
+def check_options(dims: ParallelDims, options: dict[str, Any]) -> None:
+    """Refuse, in one line, an option the layout has nothing to apply to (a schedule without a
+    pipeline) or that contradicts it (no gradient sync on a micro-step under a pipeline, whose
+    schedule reduces at the end of each run)."""
+    schedule = options.get("schedule")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise MeshError(f"strategy_options.schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
+    if dims.pp == 1:
+        given = [f"{key}={options[key]}" for key in ("schedule", "microbatches") if options.get(key) is not None]
+        if given:
+            raise MeshError(
+                f"strategy_options.{given[0]} runs a pipeline, and this layout has pp 1: set strategy_options.pp_size "
+                "too, or drop it"
+            )
+    elif options.get("sync_each_micro_step") is False:
+        raise MeshError(
+            "strategy_options.sync_each_micro_step=false does not apply under a pipeline: the schedule reduces the "
+            "gradients at the end of each of its runs; drop it, or set pp_size=1"
+        )
+    attention = options.get("cp_attention") or DEFAULT_CP_ATTENTION
+    if attention != DEFAULT_CP_ATTENTION and dims.cp == 1:
+        raise MeshError(
+            f"strategy_options.cp_attention={attention} splits sequences, and this layout has cp 1: set "
+            "strategy_options.cp_size too, or drop it"
+        )
 
 
 def _largest(cap: int, ranks: int, per_node: int, fits: Callable[[int], bool]) -> int:

@@ -25,7 +25,6 @@ from strategies.fsdp import FSDPStrategy, fsdp_units, tied_outside
 from strategies.memory import MemoryBreakdown
 from strategies.mesh_layout import MeshError, MeshLayout
 from strategies.parallel_dims import (
-    DEFAULT_CP_ATTENTION,
     DEFAULT_SCHEDULE,
     SCHEDULES,
     ModelFacts,
@@ -159,8 +158,10 @@ class MeshStrategy(FSDPStrategy):
             "cp_attention": cp_attention,
             "shard_size": shard_size,
             "schedule": schedule,
+            "microbatches": microbatches,
+            "sync_each_micro_step": sync_each_micro_step,
         }
-        self.engine, self.mesh_dims = engine, mesh_dims
+        self.engine = engine
         layout = ctx.mesh or self.mesh_layout(
             ctx.world_size,
             ctx.world_size,
@@ -168,11 +169,6 @@ class MeshStrategy(FSDPStrategy):
         )
         self.dims = ParallelDims.from_layout(layout, engine)
         pipelined = self.dims.pp > 1
-        if sync_each_micro_step is False and pipelined:
-            raise StrategyError(
-                "strategy_options.sync_each_micro_step=false does not apply under a pipeline: the schedule reduces "
-                "the gradients at the end of each of its runs; drop it, or set pp_size=1"
-            )
         sync = syncs_each_micro_step(engine, sync_each_micro_step, pipelined)
         super().__init__(
             ctx,
@@ -190,10 +186,9 @@ class MeshStrategy(FSDPStrategy):
             raise StrategyError(self._fp8_under_tp())
         self.cp_attention = self._attention(cp_attention)
         self.schedule_name = schedule or DEFAULT_SCHEDULE
-        self.microbatches = self._pipeline_options(schedule, microbatches)
+        self.microbatches = self._pipeline_options(microbatches)
         # A weight tied across stages has a copy with optimizer state of its own: not fsdp's layout.
         self.checkpoint_format = "dcp-pipeline" if pipelined else "dcp"
-        self._meshes: Meshes | None = None
         self._pipeline: Pipeline | None = None
         self._zero1: Zero1 | None = None
 
@@ -224,11 +219,6 @@ class MeshStrategy(FSDPStrategy):
 
         if attention not in CP_ATTENTIONS:
             raise StrategyError(f"strategy_options.cp_attention={attention!r}: use {' or '.join(CP_ATTENTIONS)}")
-        if attention != DEFAULT_CP_ATTENTION and self.dims.cp == 1:
-            raise StrategyError(
-                f"strategy_options.cp_attention={attention} splits sequences, and this layout has cp 1: set "
-                "strategy_options.cp_size too, or drop it"
-            )
         return attention
 
     @classmethod
@@ -244,19 +234,11 @@ class MeshStrategy(FSDPStrategy):
             "styles, which parabench does not apply yet; compare it with precision=bf16"
         )
 
-    def _pipeline_options(self, schedule: str | None, microbatches: int | None) -> int:
-        """The pipeline micro-batches per run of the schedule, its options checked (refused without a pipeline)."""
+    def _pipeline_options(self, microbatches: int | None) -> int:
+        """The pipeline micro-batches per run of the schedule, checked against the run's micro-batch."""
         pp = self.dims.pp
         if pp == 1:
-            given = [f"{k}={v}" for k, v in (("schedule", schedule), ("microbatches", microbatches)) if v is not None]
-            if given:
-                raise StrategyError(
-                    f"strategy_options.{given[0]} runs a pipeline, and this layout has pp 1: set "
-                    "strategy_options.pp_size too, or drop it"
-                )
-            return 1
-        if schedule is not None and schedule not in SCHEDULES:
-            raise StrategyError(f"strategy_options.schedule={schedule!r} is not one of {', '.join(SCHEDULES)}")
+            return 1  # a schedule or micro-batches without a pipeline: refused with the layout
         if self.ctx.precision == "fp16":
             raise StrategyError(
                 "a pipeline runs fp32 or bf16: fp16 loss scaling would have to agree across the stages; use "
@@ -335,7 +317,7 @@ class MeshStrategy(FSDPStrategy):
         from strategies.parallelize import Zero1, build_meshes
 
         self.check_model(model)
-        self._meshes = meshes = build_meshes(self.dims, self.engine, self.ctx.device.type)
+        meshes = build_meshes(self.dims, self.engine, self.ctx.device.type)
         plan = self._tensor_parallel_plan(model)
         if self.dims.pp > 1:
             from strategies.mesh_pipeline import Pipeline
@@ -504,5 +486,4 @@ class MeshStrategy(FSDPStrategy):
             self._pipeline.teardown()
         self._pipeline = None
         self._zero1 = None
-        self._meshes = None
         super().teardown()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from configs.schema import ConfigError, RunConfig
+from strategies.mesh_layout import MeshError
 from strategies.registry import StrategyError, default_registry
 
 if TYPE_CHECKING:
@@ -238,7 +239,7 @@ def refusal(layout: PlannedLayout, shared: dict[str, Any]) -> str | None:
     try:
         default_registry().get(layout.strategy)
         preflight(RunConfig(**{**shared, **layout.run_settings()}, strategy=layout.strategy), layout.nproc)
-    except (ConfigError, StrategyError) as exc:
+    except (ConfigError, StrategyError, MeshError) as exc:
         return str(exc)
     return None
 

@@ -93,7 +93,8 @@ def test_tensor_parallel_defaults_to_a_node_at_most_eight_dividing_the_heads():
 
 def test_a_pipeline_never_has_more_stages_than_blocks():
     assert _sizes("fsdp-pp", 16, 2, ModelFacts(blocks=4)) == {"pp": 4, "shard": 4}
-    assert _sizes("fsdp-pp", 8, 8, GPT_NANO, schedule="interleaved-1f1b") == {"pp": 1, "shard": 8}
+    with pytest.raises(MeshError, match="schedule=interleaved-1f1b runs a pipeline, and this layout has pp 1"):
+        _sizes("fsdp-pp", 8, 8, GPT_NANO, schedule="interleaved-1f1b")  # 2 blocks: no 2 x 2 virtual stages
     assert _sizes("fsdp-pp", 6, 2, ModelFacts(blocks=32)) == {"pp": 3, "shard": 2}
 
 
@@ -226,11 +227,15 @@ def test_each_preset_takes_the_sizes_of_its_dimensions_and_those_a_run_may_add()
             "sync_each_micro_step=false does not apply under a pipeline",
         ),
         ({"pp_size": 2, "schedule": "zb"}, 4, "strategy_options.schedule='zb' is not one of"),
+        ({"cp_attention": "ring"}, 4, "strategy_options.cp_attention=ring splits sequences, and this layout has cp 1"),
     ],
 )
 def test_pipeline_options_without_a_pipeline_or_against_it_are_refused(options, micro_batch, says):
-    with pytest.raises(StrategyError, match=says):
+    """With the layout, where the planner refuses them too (strategies/parallel_dims.py check_options)."""
+    with pytest.raises(MeshError, match=says):
         constructed("fsdp-tp", 8, micro_batch, tp_size=2, **options)
+    with pytest.raises(MeshError, match=says):
+        dims_for("fsdp", "shard x tp", {"tp_size": 2, **options}, 8, 8)
 
 
 def test_gradients_sync_as_each_engine_does_unless_the_run_says():

@@ -73,7 +73,10 @@ class Backend(PlanModel):
         """Stage 3 under accumulation: gradients reduce-scattered on every micro-step (DeepSpeed's
         ZeRO-3 always, parabench's fsdp by default), or kept unsharded until the last
         (FSDP2 with gradient sync off: Accelerate's FSDP, fsdp with sync_each_micro_step=false)."""
-        return self.engine == "deepspeed" or bool(self.options.get("sync_each_micro_step", False))
+        given = self.options.get("sync_each_micro_step")
+        if "engine" in self.options:  # a torch mesh preset: its engine's way unless the run says
+            return syncs_each_micro_step(self.options["engine"], given)
+        return self.engine == "deepspeed" or bool(given)
 
 
 _MODELS: dict[tuple, dict[str, Backend]] = {}
@@ -196,10 +199,6 @@ def filled_in(backend: Backend, shape: ModelShape, precision: str, world: int, o
         # Both DeepSpeed plugins leave DeepSpeed's default: gradients reduced in the model's dtype.
         options.setdefault("communication_data_type", precision)
     else:
-        if "engine" in options:  # a torch mesh preset: its engine's way unless the run says
-            options["sync_each_micro_step"] = syncs_each_micro_step(
-                options["engine"], options.get("sync_each_micro_step")
-            )
         options.setdefault("bucket_cap_mb", DDP_BUCKET_CAP_MB)
         # Both the ddp plugin and accelerate-ddp (given DDP kwargs) turn it on; torch's default is off.
         options.setdefault("gradient_as_bucket_view", True)
