@@ -409,6 +409,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         complex_rope=row["source"].startswith("pytorch/torchtitan"),  # its apply_rotary_emb: view_as_complex
         attention=_attention(row),
         compiled=_fused_elementwise(row),
+        eager_launches=_fused_elementwise(row) and row["compile"].strip().lower() not in ("true", "yes", "1"),
         recipe=recipe_of_row(row),
     )
     backend = filled_in(backend_of(model, row["sharding"], options), shape, storage_precision(precision), gpus, options)

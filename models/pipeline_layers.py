@@ -1,14 +1,21 @@
-"""parabench's GPT as the flat sequence of layers DeepSpeed's PipelineModule cuts into stages.
+"""Models as the flat sequence of layers DeepSpeed's PipelineModule cuts into stages.
 
-DeepSpeed's own GPT (Megatron-DeepSpeed's GPTModelPipe) is a list of layer specs: the embedding as
-a TiedLayerSpec, the transformer layers, the final norm, and the same TiedLayerSpec again with a
-forward function that multiplies by the embedding's weight for the logits. PipelineModule builds
-only the specs of its own stage; the tied spec is built on the first and on the last stage, and
-DeepSpeed broadcasts the first stage's weight to the last at build and all-reduces the two copies'
-gradients before each step. Here each spec builds a thin layer around the GPT's own submodule, so
-that the pipeline starts from the very weights every other strategy starts from (seeded, built
-once on the CPU), and each parameter is the GPT's own object, whose names in the bare model
-pipeline_names gives.
+parabench's GPT is laid out as DeepSpeed's own GPT (Megatron-DeepSpeed's GPTModelPipe) is: a list
+of layer specs, the embedding as a TiedLayerSpec, the transformer layers, the final norm, and the
+same TiedLayerSpec again with a forward function that multiplies by the embedding's weight for the
+logits. PipelineModule builds only the specs of its own stage; the tied spec is built on the first
+and on the last stage, and DeepSpeed broadcasts the first stage's weight to the last at build and
+all-reduces the two copies' gradients before each step. Here each spec builds a thin layer around
+the GPT's own submodule, so that the pipeline starts from the very weights every other strategy
+starts from (seeded, built once on the CPU), and each parameter is the GPT's own object, whose
+names in the bare model pipeline_names gives.
+
+Any other model whose blocks are found is one layer per stage, each a stage of models/stages.py's
+cut (StageLayer): the model's own forward, its modules under its own names. DeepSpeed passes one
+tensor or a tuple from stage to stage and gives the first stage the data's first element, so the
+inputs and targets travel with the activation, and the last stage returns the model's loss. A
+weight tied across stages is the cut's: the last stage holds a copy, whose gradient DeepSpeed's
+own ReduceTiedGrads sums with the first stage's (tie_cut_weights).
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from models.gpt import GPT
+from models.stage_plan import CutPlan
+from models.stages import cut
 
 # The key of the tied embedding and head among PipelineModule's tied modules.
 TIED_KEY = "wte"
@@ -41,6 +50,11 @@ class TokenEmbedding(nn.Module):
 def head_logits(embedding: TokenEmbedding, x: torch.Tensor) -> torch.Tensor:
     """The last stage's use of the tied layer: the logits from the embedding's weight."""
     return F.linear(x, embedding.wte.weight)
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The GPT's loss on the last stage's logits, as its forward computes it: the mean cross-entropy."""
+    return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
 
 
 class PositionEmbedding(nn.Module):
@@ -120,6 +134,74 @@ def pipeline_names(gpt: GPT) -> dict[str, list[str]]:
         prefix = f"tied_modules.{TIED_KEY}" if index in (0, len(layers) - 1) else str(index)
         out.update({f"{prefix}.{name}": in_gpt[id(p)] for name, p in layer.named_parameters()})
     return out
+
+
+class StageLayer(nn.Module):
+    """Stage `stage` of the cut as one DeepSpeed layer, under the model's own names: takes
+    (inputs, targets) on the first stage, (activation, inputs, targets) on the others, and
+    returns the same triple for the next stage, or on the last the model's loss."""
+
+    def __init__(self, model: nn.Module, plan: CutPlan, stage: int):
+        super().__init__()
+        root = cut(model, plan, stage)
+        # The stage's own tables: moving or casting this layer moves and casts the stage.
+        self._modules = root._modules
+        self._buffers = root._buffers
+        self._non_persistent_buffers_set = root._non_persistent_buffers_set
+        self._root = (root,)  # a tuple: not registered again under another name
+        self.first, self.last = stage == 0, stage == plan.stage_count - 1
+
+    def train(self, mode: bool = True) -> StageLayer:
+        self._root[0].train(mode)  # its own flag: the model's forward reads `self.training`
+        return super().train(mode)
+
+    def forward(self, received: tuple[torch.Tensor, ...]) -> Any:
+        activation, (inputs, targets) = received[:-2], received[-2:]
+        out = self._root[0](*activation, inputs=inputs, targets=targets)
+        return out if self.last else (out, inputs, targets)
+
+
+def stage_layer_specs(model: nn.Module, plan: CutPlan) -> list[Any]:
+    """A LayerSpec per stage, each building its stage of `model` where PipelineModule places it."""
+    from deepspeed.pipe import LayerSpec
+
+    return [LayerSpec(StageLayer, model, plan, stage) for stage in range(plan.stage_count)]
+
+
+def stage_layer_names(model: nn.Module) -> Callable[[str], list[str]]:
+    """A StageLayer parameter's name in PipelineModule (its stage, then its name in the model) ->
+    its names in the bare model (a tied weight under each of its names; the last stage's copy too)."""
+    aliases: dict[int, list[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+    by_name = {name: names for names in aliases.values() for name in names}
+    return lambda name: by_name[name.split(".", 1)[1]]
+
+
+def tie_cut_weights(stage: nn.Module, plan: CutPlan, groups: dict[str, Any]) -> None:
+    """Hands DeepSpeed the cut's tied weights this stage holds, with their group of the first and
+    the last stage (`groups`: by the tie's first name; none on a middle stage): its ReduceTiedGrads
+    then sums their gradients, and its gradient norm counts each once (the copy marked
+    pipe-replicated, as DeepSpeed marks its own tied layers' copies)."""
+    held = []
+    for tie in plan.ties:
+        for name, is_copy in ((tie.first, False), (tie.copy, True)):
+            weight = _weight(stage, name)
+            if weight is not None and groups.get(tie.first) is not None:
+                held.append((weight, groups[tie.first]))
+                weight.ds_pipe_replicated = is_copy
+    stage.get_tied_weights_and_groups = lambda: list(held)
+
+
+def _weight(stage: nn.Module, name: str) -> nn.Parameter | None:
+    """The weight `name` of the model in this PipelineModule's one StageLayer, if it holds it."""
+    for layer in stage.children():
+        if isinstance(layer, StageLayer):
+            try:
+                return layer.get_parameter(name)
+            except AttributeError:
+                return None
+    return None
 
 
 class ScheduledPipeline(nn.Module):

@@ -6,7 +6,7 @@ shard (x cp): FSDP2, torch's `replicate` (DDP on FSDP2's machinery) or ZeRO-1.
 Plain data, no torch. `dims_for` is the one place a layout's sizes default: the runtime, the
 preflight, the run's header and the planner all call it, with what they know of the model
 (`ModelFacts`: its blocks and heads), so that what is planned is what runs. Each preset names the
-dimensions it lays out (`mesh`: "shard x tp" for fsdp-tp); those default as below, any other
+dimensions it lays out (`mesh_dims`: "shard x tp" for fsdp-tp); those default as below, any other
 dimension the run may size with its option (tp_size, pp_size, cp_size, shard_size), and the
 data-parallel dimension takes the ranks left.
 
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from strategies.mesh_layout import MeshError, MeshLayout, check_divides, default_stages, divisors
+from strategies.pipeline_parts import SCHEDULES
 
 PIPELINE, REPLICATE, SHARD, CONTEXT, TENSOR = "pp", "replicate", "shard", "cp", "tp"
 DIMS = (PIPELINE, REPLICATE, SHARD, CONTEXT, TENSOR)
@@ -34,13 +35,6 @@ SIZE_OPTIONS = {TENSOR: "tp_size", CONTEXT: "cp_size", PIPELINE: "pp_size", SHAR
 ENGINES = ("fsdp", "replicate", "zero1")
 MAX_DEFAULT_TP = 8  # tensor parallel pays inside a node's NVLink domain, rarely past 8 GPUs
 MAX_DEFAULT_CP = 8  # the all-to-alls of every layer stay inside a node's NVLink domain
-# schedule option -> (torch.distributed.pipelining's class, virtual stages per rank)
-SCHEDULES = {
-    "gpipe": ("ScheduleGPipe", 1),
-    "1f1b": ("Schedule1F1B", 1),
-    "interleaved-1f1b": ("ScheduleInterleaved1F1B", 2),
-    "zero-bubble": ("ScheduleInterleavedZeroBubble", 2),
-}
 DEFAULT_SCHEDULE = "1f1b"
 DEFAULT_CP_ATTENTION = "all-to-all"  # models/context_parallel.py: all-to-all, or ring (GPUs only)
 WHAT = {TENSOR: "tensor parallel", CONTEXT: "context parallel", PIPELINE: "pipeline"}

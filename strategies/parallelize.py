@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 import logging
 from dataclasses import dataclass
-from fnmatch import fnmatch
 from typing import TYPE_CHECKING, Any
 
 from strategies.parallel_dims import CONTEXT, PIPELINE, REPLICATE, SHARD, TENSOR, ParallelDims
@@ -65,18 +64,16 @@ def build_meshes(dims: ParallelDims, engine: str, device_type: str) -> Meshes:
 
 def apply_tp(part: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> None:
     """Split `part` (the model, or a pipeline stage of it under the model's names) by the model's
-    plan: the patterns that match a module of the part (a stage lacks the others' modules)."""
-    from models.tensor_parallel import parallelize
+    plan, pattern by pattern on the modules the part holds: a stage's stand-ins for other stages'
+    modules (models/stages.py) are left alone."""
+    from models.stages import SUBSTITUTES
+    from models.tensor_parallel import parallelize, pattern_matches
 
     # The gradient norm of the 2D parameters is reduced over one mesh dimension, then the other:
     # DTensor warns that one collective would be quicker; for a scalar once a step it is not.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    names = [name.split(".") for name, _ in part.named_modules()]
-    mine = {
-        pattern: style
-        for pattern, style in plan.items()
-        if any(len(n) == len(pattern.split(".")) and all(map(fnmatch, n, pattern.split("."))) for n in names)
-    }
+    held = [name for name, module in part.named_modules() if not isinstance(module, SUBSTITUTES)]
+    mine = {name: style for pattern, style in plan.items() for name in held if pattern_matches(pattern, name)}
     if mine:
         parallelize(part, mesh, mine)
 

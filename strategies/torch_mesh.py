@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import torch
     import torch.nn as nn
 
+    from models.stage_plan import CutPlan
     from strategies.mesh_pipeline import Pipeline
     from strategies.parallelize import Meshes, Zero1
 
@@ -190,6 +191,7 @@ class MeshStrategy(FSDPStrategy):
         # A weight tied across stages has a copy with optimizer state of its own: not fsdp's layout.
         self.checkpoint_format = "dcp-pipeline" if pipelined else "dcp"
         self._pipeline: Pipeline | None = None
+        self._planned: tuple[nn.Module, CutPlan | None] | None = None
         self._zero1: Zero1 | None = None
 
     @classmethod
@@ -275,12 +277,7 @@ class MeshStrategy(FSDPStrategy):
         except MeshError as exc:
             raise StrategyError(str(exc)) from None
         if self.dims.pp > 1:
-            from models.pipeline_stages import PipelineStagesError, check_stages
-
-            try:
-                check_stages(model, self.dims.pp * virtual)
-            except PipelineStagesError as exc:
-                raise ModelUnsupported(f"{self.name or 'pipeline'} ({self.schedule_name}): {exc}") from None
+            self._cut_plan(model)
         if self.dims.cp > 1:
             from models.context_parallel import ContextParallelError, UnsplittableModel, check_context_parallel
 
@@ -292,6 +289,21 @@ class MeshStrategy(FSDPStrategy):
                 raise StrategyError(f"{self.name or 'context parallel'}: {exc}") from None
         if self.dims.tp > 1:
             self._check_tensor_parallel(model, seq_len)
+
+    def _cut_plan(self, model: nn.Module) -> CutPlan | None:
+        """The cut of `model` into this pipeline's stages (traced once per model); None for a model
+        on the meta device whose forward only its real weights can run: checked at setup."""
+        from models.stage_plan import StagesError, cut_plan
+
+        if self._planned is None or self._planned[0] is not model:
+            seq_len = getattr(self.ctx.config, "seq_len", None)
+            stages = self.dims.pp * SCHEDULES[self.schedule_name][1]
+            try:
+                plan = cut_plan(model, self.find_blocks(model).modules, stages, seq_len)
+            except StagesError as exc:
+                raise ModelUnsupported(f"{self.name or 'pipeline'} ({self.schedule_name}): {exc}") from None
+            self._planned = (model, plan)
+        return self._planned[1]
 
     def _check_tensor_parallel(self, model: nn.Module, seq_len: int | None) -> None:
         from models.tensor_parallel import plan_of, uses_sequence_parallel
@@ -322,18 +334,19 @@ class MeshStrategy(FSDPStrategy):
         if self.dims.pp > 1:
             from strategies.mesh_pipeline import Pipeline
 
+            cuts = self._cut_plan(model)
+            assert cuts is not None, "a model on its real weights always has a plan"
             self._pipeline = Pipeline(
-                self.dims, meshes, self.ctx.rank, self.schedule_name, self.microbatches, self.cp_attention
+                self.dims, meshes, self.ctx.rank, cuts, self.schedule_name, self.microbatches, self.cp_attention
             )
-            parts = self._pipeline.cut(model)
-        else:
-            parts = [(0, model)]
-        units = [self._parallelize(model, part, plan, meshes) for _, part in parts]
-        if self._pipeline is not None:
-            self.model = self._pipeline.start(parts, self.ctx.device, self.ctx.grad_accum)
+            roots = self._pipeline.cut(model)
+            for index, root in roots.items():
+                self._parallelize(model, root, plan, meshes, self._pipeline.blocks_of(index, root))
+            self.model = self._pipeline.start(model, roots, self.ctx.device, self.ctx.grad_accum)
+            self.layout = self._describe(None, plan)
         else:
             self.model = model
-        self.layout = self._describe(units[0] if self._pipeline is None else None, plan)
+            self.layout = self._describe(self._parallelize(model, model, plan, meshes), plan)
         built = optimizer_factory(self.model)
         if self.engine == "zero1":
             self._zero1 = Zero1(self.model, built, meshes.data.get_group())
@@ -349,9 +362,16 @@ class MeshStrategy(FSDPStrategy):
 
         return plan_of(model, self.dims.tp, self.sequence_parallel)
 
-    def _parallelize(self, model: nn.Module, part: nn.Module, plan: dict[str, str] | None, meshes: Meshes) -> str:
-        """Tensor parallel, context parallel, then the engine on `part` (`model`, or a stage of it);
-        its units, in words."""
+    def _parallelize(
+        self,
+        model: nn.Module,
+        part: nn.Module,
+        plan: dict[str, str] | None,
+        meshes: Meshes,
+        stage_blocks: list[nn.Module] | None = None,
+    ) -> str | None:
+        """Tensor parallel, context parallel, then the engine on `part`: `model`, or a pipeline stage
+        of it running `stage_blocks`. The model's units in words (None for a stage)."""
         from strategies.parallelize import apply_engine, apply_tp
 
         if not self.cpu_offload:
@@ -365,6 +385,11 @@ class MeshStrategy(FSDPStrategy):
                 split_sequences(part, meshes.cp, self.cp_attention)
             else:  # the pipeline hands each stage its share
                 split_attention(model, part, meshes.cp, self.cp_attention, self._pipeline.positions)
+        if stage_blocks is not None:
+            apply_engine(stage_blocks, part, meshes.data, self.engine, self.reshard_after_forward, self._policies())
+            if self.engine == "fsdp":
+                self._set_explicit_prefetch(stage_blocks)
+            return None
         found = self.find_blocks(part)
         tied = tied_outside(part, found)
         blocks = [block for block in found.modules if id(block) not in tied]
@@ -417,15 +442,20 @@ class MeshStrategy(FSDPStrategy):
 
     def clip_gradients(self) -> None:
         if self._pipeline is not None:
-            self._pipeline.sum_tied_gradients()
+            from strategies.pipeline_parts import sum_tied_gradients
+
+            sum_tied_gradients(self.model, self._pipeline.tie_group)
         super().clip_gradients()
 
     def _gradient_norm_groups(self) -> tuple[list[Any], Any]:
-        """The gradients the norm counts (a tied copy once) and the group it is summed over."""
+        """Under a pipeline: the gradients of this rank's stages, a tied weight's copy left out (the
+        norm counts each weight once), summed over the pipeline's ranks."""
         if self._pipeline is None:
             return super()._gradient_norm_groups()
-        copy = self._pipeline.model.tied_pair()[1]
-        counted = [p for p in self.model.parameters() if p.grad is not None and p is not copy]
+        from strategies.pipeline_parts import tied_copies
+
+        copies = tied_copies(self.model)
+        counted = [p for p in self.model.parameters() if p.grad is not None and id(p) not in copies]
         return counted, self._pipeline.group
 
     def step(self) -> None:
@@ -456,20 +486,11 @@ class MeshStrategy(FSDPStrategy):
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         if self._pipeline is None:
             return super().full_state_dict()
-        import torch.distributed as dist
-        from torch.distributed.tensor import DTensor
+        from strategies.pipeline_parts import gather_full_state
 
         assert self.model is not None, "setup() first"
-        mine = {}
-        for name, t in self.model.state_dict().items():
-            whole = t.full_tensor() if isinstance(t, DTensor) else t  # a collective over the stage's ranks
-            mine[name] = whole.detach().cpu()
-        leads = all(i == 0 for i in self.mesh.coordinates(self.ctx.rank)[1:])
-        parts: list[Any] = [None] * self.ctx.world_size if self.ctx.rank == 0 else []
-        dist.gather_object(mine if leads else {}, parts if self.ctx.rank == 0 else None, dst=0)
-        if self.ctx.rank != 0:
-            return {}
-        return {name: t for part in parts for name, t in part.items()}
+        leads = all(i == 0 for i in self.mesh.coordinates(self.ctx.rank)[1:])  # first of its stage's ranks
+        return gather_full_state(self.model, leads, self.ctx.rank, self.ctx.world_size)
 
     def load_full_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         if self._pipeline is None:
@@ -485,5 +506,6 @@ class MeshStrategy(FSDPStrategy):
         if self._pipeline is not None:
             self._pipeline.teardown()
         self._pipeline = None
+        self._planned = None
         self._zero1 = None
         super().teardown()

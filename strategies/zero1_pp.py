@@ -1,10 +1,13 @@
 """`zero1-pp`: DeepSpeed's pipeline engine over pp_size stages, ZeRO-1 over the data-parallel ranks.
 
-The GPT becomes DeepSpeed's PipelineModule as DeepSpeed's own GPT examples build it
-(models/pipeline_layers.py): layer specs, the embedding and the head one TiedLayerSpec, the blocks
-balanced over the stages. deepspeed.initialize then makes the PipelineEngine, with ZeRO stage 1
-over the ranks of each stage (DeepSpeed's pipeline takes no higher stage), the runner's AdamW, and
-the config built as for zero1 (strategies/deepspeed_config.py).
+The model becomes DeepSpeed's PipelineModule (models/pipeline_layers.py): parabench's GPT as
+DeepSpeed's own GPT examples build it (layer specs, the embedding and the head one TiedLayerSpec,
+the blocks balanced over the stages); any other model whose blocks are found a layer per stage of
+models/stages.py's cut, its own forward computing the loss on the last stage. A model the cut's
+checks refuse (models/stage_plan.py) is refused in one line before any worker starts.
+deepspeed.initialize then makes the PipelineEngine, with ZeRO stage 1 over the ranks of each stage
+(DeepSpeed's pipeline takes no higher stage), the runner's AdamW, and the config built as for zero1
+(strategies/deepspeed_config.py).
 
 How the engine's schedule fits the loop's accumulation: PipelineEngine.train_batch() runs
 DeepSpeed's TrainSchedule (1F1B) over gradient_accumulation_steps pipeline micro-batches and closes
@@ -20,10 +23,11 @@ schedule, forward and backward; the loss it returns is the mean over the micro-b
 stage, broadcast to the pipeline's other ranks. These are the engine's own pieces of train_batch()
 (DeepSpeed 0.19.8's PipelineEngine._exec_schedule and its instruction map), not public API.
 
-Checkpoints are DeepSpeed's own pipeline checkpoints (engine.save_checkpoint): a file per layer,
-written by the first data-parallel rank of each stage, and each rank's optimizer partition; they
-load back at the same pp_size and world size. Export and a resume under another strategy read the
-fp32 master weights out of the optimizer partitions, under the GPT's names.
+Checkpoints are DeepSpeed's own pipeline checkpoints (engine.save_checkpoint): a file per layer (a
+stage's under the cut), written by the first data-parallel rank of each stage, and each rank's
+optimizer partition; they load back at the same pp_size and world size. Export and a resume under
+another strategy read the fp32 master weights out of the optimizer partitions, under the model's
+names.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strategies.base import (
+    ModelUnsupported,
     OptimizerFactory,
     Preset,
     RunContext,
@@ -65,6 +70,7 @@ if TYPE_CHECKING:
     import torch
     import torch.nn as nn
 
+    from models.stage_plan import CutPlan
     from strategies.memory import MemoryBreakdown
     from strategies.parallel_dims import ModelFacts
 
@@ -120,10 +126,12 @@ class ZeroPipelineStrategy(Strategy):
         check_user_config(self.user_config, self.run_config, source or "")
         self.config: dict[str, Any] = {}  # what deepspeed.initialize is given, at setup
         self.engine: Any = None  # deepspeed's PipelineEngine after setup
-        self._names: dict[int, list[str]] = {}  # id of each of this stage's parameters -> its names in the GPT
-        self._gpt_keys: set[str] = set()
+        self._names: dict[int, list[str]] = {}  # id of each of this stage's parameters -> its names in the model
+        self._model_keys: set[str] = set()
         self._closing: list[Any] = []  # the closing instructions the last schedule held back
         self._micro_step = 0
+        self._planned: tuple[nn.Module, CutPlan | None] | None = None
+        self._as_gpt = False  # the GPT's own layer specs, not the cut's stages
 
     def _pipeline_config(self, ctx: RunContext) -> dict[str, Any]:
         """zero1's config, its batch split the pipeline's: `microbatches` pipeline micro-batches in each
@@ -154,12 +162,21 @@ class ZeroPipelineStrategy(Strategy):
         return pipeline_layout(world_size, local_world_size, options.get("pp_size"), DATA, "ZeRO-1", "zero1", blocks)
 
     def check_model(self, model: nn.Module) -> None:
-        from models.pipeline_stages import PipelineStagesError, check_stages
+        self._cut_plan(model)
 
-        try:
-            check_stages(model, self.pp_size)
-        except PipelineStagesError as exc:
-            raise StrategyError(f"zero1-pp: {exc}") from None
+    def _cut_plan(self, model: nn.Module) -> CutPlan | None:
+        """The cut of `model` into pp_size stages (traced once per model); None for a model on the
+        meta device whose forward only its real weights can run: checked at setup."""
+        from models.stage_plan import StagesError, cut_plan
+
+        if self._planned is None or self._planned[0] is not model:
+            seq_len = getattr(self.ctx.config, "seq_len", None)
+            try:
+                plan = cut_plan(model, self.find_blocks(model).modules, self.pp_size, seq_len)
+            except StagesError as exc:
+                raise ModelUnsupported(f"zero1-pp: {exc}") from None
+            self._planned = (model, plan)
+        return self._planned[1]
 
     def compile(self, model: nn.Module) -> str:
         # Each stage runs its own share of the blocks: compiled one by one, they compile once.
@@ -171,25 +188,45 @@ class ZeroPipelineStrategy(Strategy):
         from deepspeed.pipe import PipelineModule
         from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
-        from models.pipeline_layers import PARTITION_METHOD, ScheduledPipeline, layer_specs, pipeline_names
-        from models.pipeline_stages import next_token_loss
+        from models.gpt import GPT
+        from models.pipeline_layers import (
+            PARTITION_METHOD,
+            ScheduledPipeline,
+            layer_specs,
+            next_token_loss,
+            pipeline_names,
+            stage_layer_names,
+            stage_layer_specs,
+            tie_cut_weights,
+        )
 
-        self.check_model(model)
-        self._gpt_keys = set(model.state_dict())
-        names = pipeline_names(model)
+        plan = self._cut_plan(model)
+        assert plan is not None, "a model on its real weights always has a plan"
+        self._model_keys = set(model.state_dict())
+        # The GPT as DeepSpeed's own GPT examples lay it out (its checkpoints keep their layers);
+        # any other model a layer per stage of the cut, whose forward returns the loss.
+        self._as_gpt = isinstance(model, GPT)
+        topology = PipeDataParallelTopology(num_pp=self.pp_size, num_dp=self.dp_size)
         # DeepSpeed wraps the runner's process group (never makes its own); PipelineModule's notices
         # (its partition of the layers) print on stdout, which carries the run's own lines.
         with contextlib.redirect_stdout(sys.stderr):
             deepspeed.comm.init_distributed(
                 dist_backend=get_accelerator().communication_backend_name(), dist_init_required=False
             )
-            stage = PipelineModule(
-                layers=layer_specs(model),
-                topology=PipeDataParallelTopology(num_pp=self.pp_size, num_dp=self.dp_size),
-                loss_fn=next_token_loss,
-                partition_method=PARTITION_METHOD,
-            )
-        self._names = {id(p): names[name] for name, p in stage.named_parameters()}
+            if self._as_gpt:
+                stage = PipelineModule(
+                    layers=layer_specs(model),
+                    topology=topology,
+                    loss_fn=next_token_loss,
+                    partition_method=PARTITION_METHOD,
+                )
+            else:
+                specs = stage_layer_specs(model, plan)
+                stage = PipelineModule(layers=specs, topology=topology, partition_method="uniform")
+                tie_cut_weights(stage, plan, _tie_groups(plan, topology, self.ctx.rank))
+        names = pipeline_names(model) if self._as_gpt else None
+        of = stage_layer_names(model)
+        self._names = {id(p): names[name] if names else of(name) for name, p in stage.named_parameters()}
         self.config = final_config(sizing_config(model_size(stage), 1, self.dp_size), self.run_config, self.user_config)
         write_config(self.config, self.ctx)
         with contextlib.redirect_stdout(sys.stderr):
@@ -204,11 +241,15 @@ class ZeroPipelineStrategy(Strategy):
         self.engine = engine
         self.model = ScheduledPipeline(stage, self.run_pipeline)
         self.optimizer = engine.optimizer
-        blocks = sorted({int(n.split(".")[1]) for names in self._names.values() for n in names if "blocks." in n})
+        if self._as_gpt:
+            blocks = sorted({int(n.split(".")[1]) for names in self._names.values() for n in names if "blocks." in n})
+            span = _span(blocks)
+        else:
+            span = plan.span_text(engine.stage_id)
         self.layout = (
             f"DeepSpeed's pipeline engine over {self.pp_size} ranks (1F1B over {self.microbatches} "
             f"micro-batch{'es' if self.microbatches > 1 else ''} a step; "
-            f"this rank: stage {engine.stage_id}, blocks {_span(blocks)}), ZeRO-1 over each stage's data-parallel ranks"
+            f"this rank: stage {engine.stage_id}, blocks {span}), ZeRO-1 over each stage's data-parallel ranks"
         )
         return self.model, self.optimizer
 
@@ -221,6 +262,8 @@ class ZeroPipelineStrategy(Strategy):
 
         engine = self.engine
         pipeline_batches = zip(inputs.chunk(self.microbatches), targets.chunk(self.microbatches), strict=True)
+        if not self._as_gpt:  # the cut's stages take the targets with the inputs, and return the loss
+            pipeline_batches = (((x, y), y) for x, y in pipeline_batches)
         engine.set_dataiterator(iter(list(pipeline_batches)))
         engine.module.train()
         engine.total_loss = None
@@ -279,7 +322,7 @@ class ZeroPipelineStrategy(Strategy):
         load_zero_checkpoint(self.engine, path, CHECKPOINT_TAG, with_scheduler=False)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """The fp32 master weights of every stage under the GPT's names, on rank 0."""
+        """The fp32 master weights of every stage under the model's names, on rank 0."""
         import torch.distributed as dist
         from deepspeed.utils import safe_get_full_fp32_param
 
@@ -302,8 +345,8 @@ class ZeroPipelineStrategy(Strategy):
         from deepspeed.utils import safe_set_full_fp32_param
 
         assert self.engine is not None, "setup() first"
-        if set(state) != self._gpt_keys:
-            missing, unexpected = sorted(self._gpt_keys - set(state)), sorted(set(state) - self._gpt_keys)
+        if set(state) != self._model_keys:
+            missing, unexpected = sorted(self._model_keys - set(state)), sorted(set(state) - self._model_keys)
             raise StrategyError(
                 f"the weights do not fit this model (missing {missing[:3]}, unexpected {unexpected[:3]}): "
                 "resume from a checkpoint of the same model"
@@ -315,12 +358,13 @@ class ZeroPipelineStrategy(Strategy):
 
     @classmethod
     def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Offline: the fp32 master weights in the checkpoint `path` under the names of `model` (a GPT
-        of the checkpoint's shape), from each stage's optimizer partitions: each parameter's
+        """Offline: the fp32 master weights in the checkpoint `path` under the names of `model` (built
+        in the checkpoint's shape), from each stage's optimizer partitions: each parameter's
         fragments, in the order of the data-parallel ranks that hold them."""
         import torch
 
-        from models.pipeline_layers import pipeline_names
+        from models.gpt import GPT
+        from models.pipeline_layers import pipeline_names, stage_layer_names
 
         files = sorted(
             ((int(m[2]), int(m[1])), file)  # (stage, data-parallel rank)
@@ -337,11 +381,12 @@ class ZeroPipelineStrategy(Strategy):
             for flat, where in groups:
                 for name, fragment in where.items():
                     fragments.setdefault((stage, name), []).append(flat.narrow(0, fragment.start, fragment.numel))
-        names, shapes, out = pipeline_names(model), model.state_dict(), {}
+        names_of = pipeline_names(model).__getitem__ if isinstance(model, GPT) else stage_layer_names(model)
+        shapes, out = model.state_dict(), {}
         for (_, name), parts in fragments.items():  # the tied weight's first stage first: both hold it
             whole = torch.cat(parts)
-            for gpt_name in names[name]:
-                out.setdefault(gpt_name, whole.view(shapes[gpt_name].shape))
+            for model_name in names_of(name):
+                out.setdefault(model_name, whole.view(shapes[model_name].shape))
         if set(out) != set(shapes):
             raise StrategyError(
                 f"{path / CHECKPOINT_TAG} lacks the weights of {sorted(set(shapes) - set(out))[:3]}: "
@@ -360,11 +405,31 @@ class ZeroPipelineStrategy(Strategy):
             groups.mpu = None
         self.engine = None
         self._closing, self._micro_step = [], 0
+        self._planned = None
         super().teardown()
 
 
 def _span(blocks: list[int]) -> str:
     return str(blocks[0]) if len(blocks) == 1 else f"{blocks[0]}-{blocks[-1]}"
+
+
+def _tie_groups(plan: CutPlan, topology: Any, rank: int) -> dict[str, Any]:
+    """Each tie's process group of the first and the last stage at this rank's data-parallel place
+    (every rank creates every group, as new_group requires), by the tie's first name; empty where
+    this rank holds neither end."""
+    import torch.distributed as dist
+
+    pp, dp = topology.get_dim("pipe"), topology.get_dim("data")
+    mine: dict[str, Any] = {}
+    if pp == 1:
+        return mine  # one stage holds every tie whole
+    for tie in plan.ties:
+        for place in range(dp):
+            ranks = [topology.get_rank(pipe=0, data=place), topology.get_rank(pipe=pp - 1, data=place)]
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[tie.first] = group
+    return mine
 
 
 class _WithoutClosing:

@@ -45,3 +45,11 @@ def reference_run(tmp_path_factory):
     from tests.helpers import train
 
     return train(tmp_path_factory.mktemp("single"), "single")
+
+
+@pytest.fixture(scope="session")
+def llama_reference_run(tmp_path_factory):
+    """`single` on NANO's data with tests.helpers.LLAMA_4, what the pipelines of it compare against."""
+    from tests.helpers import LLAMA_4, train
+
+    return train(tmp_path_factory.mktemp("llama-single"), "single", extra=LLAMA_4)

@@ -13,6 +13,19 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER = str(ROOT / "runner.py")
 # Small and quick, yet long enough for the curves to mean something.
 NANO = ["device=cpu", "model=gpt-nano", "steps=10", "batch_size=8", "seq_len=32", "data_samples=256", "log_every=5"]
+# After NANO: a small Hugging Face Llama (RoPE, grouped-query attention, an untied head) of four
+# layers, for four steps: the pipeline tests' model that is not the zoo's.
+LLAMA_4 = [
+    "model=hf:LlamaConfig",
+    "model_kwargs.num_hidden_layers=4",
+    "model_kwargs.hidden_size=64",
+    "model_kwargs.num_attention_heads=4",
+    "model_kwargs.num_key_value_heads=2",
+    "model_kwargs.intermediate_size=128",
+    "model_kwargs.vocab_size=128",
+    "steps=4",
+    "log_every=2",
+]
 
 
 def env_for_tests(**extra: str) -> dict[str, str]:

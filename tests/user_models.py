@@ -1,5 +1,6 @@
-"""Models a user might bring by import path, for tests/models/test_blocks.py: none is a GPT and
-none has `transformer_blocks()`, so block discovery must find their repeated layers.
+"""Models a user might bring by import path, for tests/models/test_blocks.py and the pipeline cut's
+tests (tests/models/test_stages.py): none is a GPT and none has `transformer_blocks()`, so block
+discovery must find their repeated layers.
 
 Each keeps parabench's model contract: `forward(inputs, targets) -> loss` on int64 token
 ids, a `vocab_size`, and an init that depends only on the seed set before building.
@@ -8,6 +9,7 @@ ids, a `vocab_size`, and an init that depends only on the seed set before buildi
     tests.user_models:build_decoder      DecoderLayers in a ModuleList named decoder_layers
     tests.user_models:build_nested       residual MLP blocks in a Sequential inside a Sequential
     tests.user_models:build_bigram       no repeated layers: no blocks to find
+    tests.user_models:build_gru          one nn.GRU of two layers: no blocks to find
     tests.user_models:build_untraceable  reads a value mid-forward (no meta-device trace)
 
 PARAM_PEAK_FILE=<path> makes a model record, in every submodule's forward, the bytes of
@@ -135,6 +137,21 @@ class BigramLM(nn.Module):
         return _loss(self.head(self.norm(self.embed(inputs))), targets)
 
 
+class GRULM(nn.Module):
+    """A plain recurrent language model: its layers are inside one nn.GRU, not repeated modules."""
+
+    def __init__(self, vocab_size: int = 128, width: int = 32, layers: int = 2):
+        super().__init__()
+        self.vocab_size = vocab_size
+        self.embed = nn.Embedding(vocab_size, width)
+        self.gru = nn.GRU(width, width, num_layers=layers, batch_first=True)
+        self.head = nn.Linear(width, vocab_size)
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        out, _ = self.gru(self.embed(inputs))
+        return _loss(self.head(out), targets)
+
+
 class UntraceableLM(NestedLM):
     """Reads a tensor's value in forward, which no meta-device trace can do."""
 
@@ -188,6 +205,10 @@ def build_nested(**kwargs) -> nn.Module:
 
 def build_bigram(**kwargs) -> nn.Module:
     return BigramLM(**kwargs)
+
+
+def build_gru(**kwargs) -> nn.Module:
+    return GRULM(**kwargs)
 
 
 def build_untraceable(**kwargs) -> nn.Module:

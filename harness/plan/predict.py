@@ -24,8 +24,10 @@ from harness.plan.parallel.async_tp_cost import AsyncTensorParallel, async_tp_co
 from harness.plan.parallel.backends import Backend, backend_for
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
-from harness.plan.speed.compute import MEMORY_EFFICIENCY, compute_work, kernel_launches
+from harness.plan.speed.compute import compute_work, kernel_launches, memory_bytes_per_s, micro_step_kernels
 from harness.plan.speed.gemm import gemm_seconds
+from harness.plan.speed.host_issue import HostIssue, host_issue
+from harness.plan.speed.kernel_table import kernel_table
 from harness.plan.speed.step_time import HOST_LINK_EFFICIENCY, SpeedFactors, StepTime, step_time
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
@@ -47,6 +49,9 @@ class Question:
     complex_rope: bool = False  # rotary in complex numbers (torchtitan): compile leaves it eager
     attention: str = "flash"  # the attention kernel (attention.py)
     compiled: bool = False  # compile=true: elementwise chains fused
+    # Fused kernels issued op by op from Python all the same (TransformerEngine's modules): the host's
+    # rate per kernel is eager's (host_issue.py).
+    eager_launches: bool = False
     strategy_options: dict[str, Any] = field(default_factory=dict)
     # Set: the global batch in sequences, which fixes each layout's accumulation (a tensor-parallel
     # group shares one micro-batch); None: grad_accum as given for every layout. With
@@ -151,6 +156,7 @@ class StrategyPlan:
                 "overhead_s": t.overhead_s,
                 "contention_s": t.contention_s,
                 "overhead_what": t.overhead_what,
+                "host_wait_s": t.host_wait_s,
                 "comm_s": t.comm_s,
                 "wire_bytes_per_gpu": t.wire_bytes,
                 "tokens_per_s": t.tokens_per_s,
@@ -323,7 +329,7 @@ def _async_tp(q: Question, layout: Layout) -> AsyncTensorParallel | None:
         checkpointing=q.checkpointing,
         matmul=matmul,
         copy_bytes_per_s=q.topology.intra.ring_busbw,
-        memory_bytes_per_s=gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
+        memory_bytes_per_s=memory_bytes_per_s(gpu),
         held_bytes=compute_bytes(held),
         fp8=q.precision == "fp8",
     )
@@ -388,9 +394,27 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         factors=q.factors,
         launches=kernel_launches(q.shape, q.checkpointing),
         sms=q.gpu.sms,
-        memory_bytes_per_s=q.gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY,
+        memory_bytes_per_s=memory_bytes_per_s(q.gpu),
         pipelined=_async_tp(q, layout) if pipelined else None,
+        host=_host(backend, q, comms),
     )
+
+
+def _host(backend: Backend, q: Question, comms: list[Collective]) -> HostIssue:
+    """What the host issues in one micro-step: the model's kernels as this backend runs them, and
+    the collectives (host_issue.py)."""
+    kernels = micro_step_kernels(
+        q.shape,
+        q.checkpointing,
+        compiled=q.compiled,
+        autocast=backend.mixed_precision == "autocast",
+        attention=q.attention,
+        fused_norm=q.fused_norm,
+        complex_rope=q.complex_rope,
+    )
+    table = kernel_table(q.gpu) if q.gpu is not None else None
+    compiled = q.compiled and not q.eager_launches
+    return host_issue(kernels, comms, compiled, q.grad_accum, table.host_s_per_kernel if table else None)
 
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:

@@ -48,6 +48,7 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
         "offload": t.offload_step_s - b.offload_step_s,
         "comm": t.exposed_comm_s - b.exposed_comm_s,
         "overhead": t.overhead_s - b.overhead_s,
+        "host": t.host_wait_s - b.host_wait_s,
         "compute": t.compute_s - b.compute_s,
     }
     largest = max(parts, key=lambda k: parts[k])
@@ -57,6 +58,8 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
         return f"{t.offload_step_s * 1e3:.0f} ms per step in the CPU optimizer step and host copies"
     if largest == "overhead":
         return f"{t.overhead_s * 1e3:.0f} ms per step of {t.overhead_what or 'the backend own work'}"
+    if largest == "host" and t.host is not None:
+        return f"{t.host_wait_s * 1e3:.0f} ms per step waiting on the host: {t.host.describe()}"
     if largest == "comm":
         # Across the most nodes first (a node's network is several times slower than its links), then the most bytes.
         slowest = max(

@@ -1,13 +1,15 @@
 """fsdp-pp on a 2 x 2 mesh (CPU, gloo, world size 4: two pipeline ranks, FSDP over two inside each
-stage), a four-block gpt-nano in fp32: each schedule's loss curve against `single` on the same global
-batches, the mesh in the header and summary.json, what each rank holds, a rank killed mid-run and the
-job resumed from its step-2 checkpoint to the uninterrupted curve bit for bit, and the refusals a
-pipeline meets, in one line.
+stage), in fp32: each schedule's loss curve on a four-block gpt-nano against `single` on the same
+global batches, and so the 1F1B curves of a Hugging Face Llama (tests.helpers.LLAMA_4) and of a
+user's model whose head is tied to its embedding across the stages (build_decoder); the mesh in the
+header and summary.json, what each rank holds, a rank killed mid-run and the job resumed from its
+step-2 checkpoint to the uninterrupted curve bit for bit, and the refusals a pipeline meets, in one
+line.
 
-One run per schedule, shared by every check (module scope); gpipe and the interleaved schedules run
-two micro-steps of the loop's accumulation, each a run of the schedule over two pipeline
-micro-batches; the interleaved-1f1b run checkpoints at step 2 and is the curve the resume is held
-to.
+One run per schedule and model, shared by every check (module scope); gpipe and the interleaved
+schedules run two micro-steps of the loop's accumulation, each a run of the schedule over two
+pipeline micro-batches; the interleaved-1f1b run checkpoints at step 2 and is the curve the resume
+is held to.
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ import pytest
 
 from harness.common.testing_hooks import FAULT_ENV
 from models.zoo import build_model
-from strategies.base import StrategyError
+from strategies.base import ModelUnsupported, StrategyError
 from strategies.mesh_layout import MeshError
 from strategies.parallel_dims import ModelFacts
 from strategies.registry import default_registry
-from tests.helpers import env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
+from tests.helpers import LLAMA_4, NANO, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 from tests.strategies.constructed import constructed
 
 pytestmark = pytest.mark.timeout(900)
@@ -49,11 +51,23 @@ RUNS = {
     "interleaved-1f1b": [*INTERLEAVED, "checkpoint_every=2"],
     "zero-bubble": [*PIPELINE, "strategy_options.schedule=zero-bubble", "micro_batch=2"],
 }
+# Three DecoderLayers: blocks 0-1 and the embedding on the first stage, block 2 and the head tied to
+# the embedding on the last.
+DECODER = [*NANO, "model=tests.user_models:build_decoder", "steps=4", "log_every=2"]
+# Other models, 1f1b: (fsdp-pp's arguments, single's).
+MODELS = {"llama": ([*NANO, *LLAMA_4, *PIPELINE], None), "decoder": ([*DECODER, *PIPELINE], DECODER)}
 
 
-def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC, fault: str | None = None):
+def _launch(
+    strategy: str,
+    out_dir: Path,
+    extra: list[str],
+    nproc: int = NPROC,
+    fault: str | None = None,
+    base: list[str] = DEEP_NANO,
+):
     env = env_for_tests(**({FAULT_ENV: fault} if fault else {}))
-    args = ["train", f"strategy={strategy}", f"nproc={nproc}", f"out_dir={out_dir}", *DEEP_NANO, *extra]
+    args = ["train", f"strategy={strategy}", f"nproc={nproc}", f"out_dir={out_dir}", *base, *extra]
     return run_cli(args, env=env, timeout=300)
 
 
@@ -71,6 +85,22 @@ def runs(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="module")
+def model_runs(tmp_path_factory, llama_reference_run):
+    """name -> (rows, its reference's rows) for the models of MODELS."""
+    out = {}
+    for name, (args, single_args) in MODELS.items():
+        out_dir = tmp_path_factory.mktemp(name)
+        succeeded(_launch("fsdp-pp", out_dir, args, base=[]))
+        reference = llama_reference_run[1]
+        if single_args is not None:
+            single_dir = tmp_path_factory.mktemp(f"{name}-single")
+            succeeded(_launch("single", single_dir, single_args, nproc=1, base=[]))
+            reference = read_run(single_dir)[1]
+        out[name] = (read_run(out_dir)[1], reference)
+    return out
+
+
 @pytest.mark.parametrize("name", list(RUNS))
 def test_each_schedule_matches_single_at_every_step(runs, name, record_property):
     summary, rows, _, _ = runs[name]
@@ -79,6 +109,15 @@ def test_each_schedule_matches_single_at_every_step(runs, name, record_property)
     print(f"fsdp-pp {name}: largest relative loss deviation from single = {deviation:.2e}")
     assert deviation < TOLERANCE
     assert summary["world_size"] == NPROC
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_hugging_face_and_a_users_model_match_single_at_every_step(model_runs, name, record_property):
+    rows, reference = model_runs[name]
+    deviation = max_rel_diff(rows, reference)
+    record_property("max_rel_loss_diff", deviation)
+    print(f"fsdp-pp {name}: largest relative loss deviation from single = {deviation:.2e}")
+    assert deviation < TOLERANCE
 
 
 @pytest.mark.parametrize("name, stages, accum", [("1f1b", 2, 1), ("gpipe", 2, 2), ("interleaved-1f1b", 4, 2)])
@@ -131,6 +170,13 @@ def test_a_pipeline_that_cannot_run_says_why_in_one_line(options, micro_batch, s
     with pytest.raises((StrategyError, MeshError)) as err:
         constructed("fsdp-pp", 2, micro_batch, **options).check_model(build_model("gpt-nano"))
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_model_it_cannot_cut_says_so_in_one_line():
+    with pytest.raises(ModelUnsupported) as err:
+        constructed("fsdp-pp", 2, pp_size=2).check_model(build_model("tests.user_models:build_gru"))
+    assert str(err.value).startswith("fsdp-pp (1f1b): pipeline parallel cuts a model between its blocks, and GRULM")
+    assert "\n" not in str(err.value)
 
 
 def test_by_default_a_stage_per_node_two_on_one_and_never_more_than_the_blocks():

@@ -1,11 +1,13 @@
 """zero1-pp on a 2 x 2 mesh (CPU, gloo, world size 4: DeepSpeed's pipeline engine over two stages,
-ZeRO-1 over the two ranks of each), gpt-nano in fp32: the loss curve against `single` on the same
-global batches, the mesh in the header and summary.json, what each rank holds, the run carrying on
-from its step-5 checkpoint to the uninterrupted curve bit for bit, the fp32 master weights read back
-from the checkpoint offline, and the refusals in one line.
+ZeRO-1 over the two ranks of each), in fp32: gpt-nano's loss curve against `single` on the same
+global batches (DeepSpeed's own GPT layout), and a Hugging Face Llama's (tests.helpers.LLAMA_4, a
+layer per stage of the cut); the mesh in the header and summary.json, what each rank holds, the run
+carrying on from its step-5 checkpoint to the uninterrupted curve bit for bit, the fp32 master
+weights read back from the checkpoint offline, and the refusals in one line.
 
-One run shared by every check (module scope): two micro-steps of the loop's accumulation a step,
-each a run of DeepSpeed's 1F1B schedule over two pipeline micro-batches; it checkpoints at step 5.
+One run per model shared by every check (module scope): two micro-steps of the loop's accumulation
+a step, each a run of DeepSpeed's 1F1B schedule over two pipeline micro-batches; the GPT's run
+checkpoints at step 5.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ import pytest
 import torch
 
 from models.zoo import build_model
-from strategies.base import StrategyError
+from strategies.base import ModelUnsupported, StrategyError
 from strategies.registry import default_registry
 from strategies.zero1_pp import CHECKPOINT_TAG, ZeroPipelineStrategy
-from tests.helpers import NANO, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
+from tests.helpers import LLAMA_4, NANO, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 from tests.strategies.constructed import constructed
 
 pytestmark = [
@@ -46,6 +48,23 @@ def run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("zero1-pp")
     stdout = _launch(out_dir, ["checkpoint_every=5"])
     return (*read_run(out_dir), stdout, out_dir)
+
+
+@pytest.fixture(scope="module")
+def llama_run(tmp_path_factory):
+    """The Llama's (summary, rows, stdout, out_dir)."""
+    out_dir = tmp_path_factory.mktemp("llama-zero1-pp")
+    stdout = _launch(out_dir, LLAMA_4)
+    return (*read_run(out_dir), stdout, out_dir)
+
+
+def test_a_hugging_face_model_matches_single_at_every_step(llama_run, llama_reference_run, record_property):
+    summary, rows, stdout, _ = llama_run
+    deviation = max_rel_diff(rows, llama_reference_run[1])
+    record_property("max_rel_loss_diff", deviation)
+    print(f"zero1-pp llama: largest relative loss deviation from single = {deviation:.2e}")
+    assert deviation < TOLERANCE
+    assert "this rank: stage 0, blocks 0-1)" in summary["blocks"]["units"]
 
 
 def test_loss_matches_single_at_every_step(run, reference_run, record_property):
@@ -125,8 +144,9 @@ def test_a_pipeline_that_cannot_run_says_why_in_one_line(options, says):
 
 
 def test_a_model_it_cannot_cut_says_so():
-    with pytest.raises(StrategyError, match="pipeline parallel cuts parabench's GPT"):
-        constructed("zero1-pp", 4, pp_size=2).check_model(build_model("mlp"))
+    with pytest.raises(ModelUnsupported) as err:
+        constructed("zero1-pp", 4, pp_size=2).check_model(build_model("tests.user_models:build_gru"))
+    assert str(err.value).startswith("zero1-pp: pipeline parallel cuts a model between its blocks, and GRULM")
 
 
 def test_by_default_a_stage_per_node_and_two_on_one():

@@ -36,6 +36,8 @@ HOST_KINDS = ("host-copy",)
 # The window of a tensor-parallel collective async TP pipelines with its matmuls: priced with them
 # (async_tp_cost.py), neither hidden behind a phase nor exposed whole.
 PIPELINED = "matmul"
+# Megatron's option: TransformerEngine's userbuffers overlap tensor parallelism's collectives with the blocks' matmuls.
+TP_COMM_OVERLAP = "tp_comm_overlap"
 
 
 @dataclass(frozen=True)
@@ -94,6 +96,41 @@ def _kept_whole(shape: ModelShape, backend: Backend) -> int:
     return sum(t.numel for t in shape.tensors if t.numel < threshold)
 
 
+@dataclass(frozen=True)
+class Fetches:
+    """DeepSpeed ZeRO-3's parameter gathers in one pass over the model (partitioned_param_coordinator.py's
+    fetch_sub_module): one coalesced all-gather per module as it is fetched, and the next module's
+    prefetched beside its compute, but only while the parameters gathered stay under
+    stage3_max_live_parameters (`min(max_live - available, prefetch_bucket)`: nothing where the
+    module just gathered holds that many alone). Modules are the matrices above the persistence
+    threshold, in the model's order (backward: reversed)."""
+
+    numels: tuple[float, ...]  # each gathered matrix's elements on this GPU's tensor-parallel share
+    max_live: float
+
+    def _waited(self, window: str) -> list[float]:
+        order = self.numels if window == "forward" else self.numels[::-1]
+        return [after for before, after in zip(order, order[1:], strict=False) if before >= self.max_live]
+
+    def of(self, window: str) -> tuple[int, float]:
+        """(calls, elements not prefetched) of the gathers of one pass."""
+        waited = self._waited(window)
+        return max(1, len(self.numels) - len(waited)), sum(waited)
+
+    def unprefetched(self, window: str) -> int:
+        return len(self._waited(window))
+
+
+def _deepspeed_fetches(shape: ModelShape, backend: Backend, tp: int) -> Fetches | None:
+    """ZeRO-3's fetches as DeepSpeed runs them; None for FSDP (a unit a block) or a model known by its
+    parameter count alone."""
+    if backend.engine != "deepspeed" or shape.tensors is None:
+        return None
+    threshold = backend.option("stage3_param_persistence_threshold")
+    numels = tuple(t.numel / tp for t in shape.tensors if t.numel >= threshold and len(t.shape) == 2)
+    return Fetches(numels, backend.option("stage3_max_live_parameters")) if numels else None
+
+
 # Of a block's tensor-parallel collectives in the forward, those checkpointing runs again in the
 # backward: all of them under full checkpointing; under torchtitan's selective policy the
 # reduce-scatters' outputs are kept (its save list), so only the all-gathers.
@@ -109,6 +146,7 @@ def _tensor_parallel(
     checkpointing: str,
     fp8: bool = False,
     async_tp: bool = False,
+    overlapped: bool = False,
 ) -> list[Collective]:
     """Per block, forward: all-gather the sequence-sharded input of the attention and of the MLP,
     reduce-scatter their outputs; the backward mirrors them, and checkpointing repeats the
@@ -116,7 +154,12 @@ def _tensor_parallel(
     (torchao's float8 tensor parallel: the inputs cast before the forward's gathers, the outputs'
     gradients before the backward's) the blocks' all-gathers carry fp8; the reduce-scatters stay
     in `precision`. Under async TP those fused with matmuls (async_tp_cost.fused_collectives) are
-    PIPELINED, the rest exposed as before."""
+    PIPELINED, the rest exposed as before. `overlapped`: Megatron's tp_comm_overlap, where
+    TransformerEngine's userbuffers run every block's gathers and scatters beside that block's
+    matmuls (pipelined with the forward's and the input gradients' GEMMs, in bulk beside the
+    weight gradients' and the input gradients' ones: its ub_overlap_ag/rs and bulk_dgrad/wgrad,
+    all on under tp_comm_overlap), so each hides in its phase as far as the phase's compute
+    reaches; the head's and the embedding's, outside the blocks, stay exposed."""
     if layout.tp <= 1 or shape.dims is None:
         return []
     element = tokens * shape.dims.width
@@ -144,7 +187,17 @@ def _tensor_parallel(
                     per_micro_step=True,
                 )
             )
-        if blocks + 2 > calls:
+        if overlapped:  # TransformerEngine's userbuffers: each block's beside its own matmuls, the root's exposed
+            forward = element * 2 * layers * block_bytes
+            for window, share in (("forward", forward), ("backward", payload - forward - 2 * element * held)):
+                calls = round(share / (element * block_bytes))
+                out.append(
+                    Collective(
+                        f"{what}, beside its matmuls", kind, share, calls, window, layout.tp_group, per_micro_step=True
+                    )
+                )
+            out.append(Collective(what, kind, 2 * element * held, 2, None, layout.tp_group, per_micro_step=True))
+        elif blocks + 2 > calls:
             out.append(
                 Collective(
                     what, kind, payload - pipelined, blocks + 2 - calls, None, layout.tp_group, per_micro_step=True
@@ -187,18 +240,22 @@ def _distributed_optimizer(
     """Megatron's distributed optimizer (ZeRO-1, docs/source/distrib_optimizer.md of Megatron-LM): the
     gradients reduce-scattered in buckets as the backward produces them, each rank steps its
     shard, and the updated parameters are all-gathered in the model's dtype before the next
-    forward, where its param-gather overlap hides them behind the forward."""
+    forward, where its param-gather overlap hides them behind the forward; with either overlap
+    off (overlap_grad_reduce, overlap_param_gather false) that collective runs after the backward,
+    or before the forward, with nothing beside it."""
+    reduce_window = None if backend.options.get("overlap_grad_reduce") is False else "backward"
+    gather_window = None if backend.options.get("overlap_param_gather") is False else "forward"
     return [
         Collective(
             "reduce-scatter gradients",
             "reduce-scatter",
             params * grad_bytes,
             calls,
-            "backward",
+            reduce_window,
             group,
             tail_bytes=largest * grad_bytes,
         ),
-        Collective("all-gather updated parameters", "all-gather", params * gather_bytes, calls, "forward", group),
+        Collective("all-gather updated parameters", "all-gather", params * gather_bytes, calls, gather_window, group),
     ]
 
 
@@ -230,14 +287,16 @@ def collectives(
         out += _distributed_optimizer(backend, params, grad_bytes, gather_bytes, calls, largest_block, shards)
     elif layout.data_parallel > 1 and backend.engine == "torch" and backend.stage in (0, 1):
         payload = params * grad_bytes
-        if backend.fsdp2_units:  # replicate: each unit's gradients as its backward ends
+        window: str | None = "backward"
+        if backend.options.get("overlap_grad_reduce") is False:
+            # Megatron's DDP without overlap: its whole gradient buffer, one all-reduce after the backward.
+            reduces, tail, window = 1, payload, None
+        elif backend.fsdp2_units:  # replicate: each unit's gradients as its backward ends
             reduces, tail = calls, largest_block * grad_bytes
         else:  # DDP's buckets
             bucket = int(backend.option("bucket_cap_mb") * 2**20)
             reduces, tail = max(1, math.ceil(payload / bucket)), min(bucket, payload)
-        out.append(
-            Collective("all-reduce gradients", "all-reduce", payload, reduces, "backward", shards, tail_bytes=tail)
-        )
+        out.append(Collective("all-reduce gradients", "all-reduce", payload, reduces, window, shards, tail_bytes=tail))
         if backend.stage == 1:
             # torch's ZeRO-1 (ZeroRedundancyOptimizer): each rank broadcasts the fp32 parameters it
             # stepped, one tensor at a time, after the step.
@@ -269,40 +328,52 @@ def collectives(
         )
     elif layout.shard > 1 and backend.stage == 3:
         gathered = (shape.params - _kept_whole(shape, backend)) / layout.tp
-        out.append(
-            Collective(
-                "all-gather parameters (forward)",
-                "all-gather",
-                gathered * gather_bytes,
-                calls,
-                "forward",
-                shards,
-                tail_bytes=largest_block * gather_bytes,
-                per_micro_step=True,
-            )
-        )
+        passes = [("forward", shards, largest_block * gather_bytes)]
         if backend.reshard_after_forward:
-            secondary = layout.hpz_group if layout.hpz > 1 else shards
+            passes.append(("backward", layout.hpz_group if layout.hpz > 1 else shards, 0.0))
+        fetches = _deepspeed_fetches(shape, backend, layout.tp)
+        for window, group, tail in passes:
+            what = f"all-gather parameters ({window})" + (
+                ", from hpZ's copy in the node" if window == "backward" and layout.hpz > 1 else ""
+            )
+            gather_calls, waited = (calls, 0.0) if fetches is None else fetches.of(window)
             out.append(
                 Collective(
-                    "all-gather parameters (backward)" + (", from hpZ's copy in the node" if layout.hpz > 1 else ""),
+                    what,
                     "all-gather",
-                    gathered * gather_bytes,
-                    calls,
-                    "backward",
-                    secondary,
+                    (gathered - waited) * gather_bytes,
+                    gather_calls,
+                    window,
+                    group,
+                    tail_bytes=tail,
                     per_micro_step=True,
                 )
             )
+            if waited:
+                out.append(
+                    Collective(
+                        f"{what}, not prefetched: the module before holds stage3_max_live_parameters",
+                        "all-gather",
+                        waited * gather_bytes,
+                        fetches.unprefetched(window),
+                        None,
+                        group,
+                        per_micro_step=True,
+                    )
+                )
+        reduces, tail = calls, largest_block * grad_bytes
+        if fetches is not None:  # DeepSpeed reduce-scatters its gradient bucket each time it fills
+            bucket = backend.option("reduce_bucket_size")
+            reduces, tail = max(1, math.ceil(params / bucket)), min(bucket, params) * grad_bytes
         out.append(
             Collective(
                 "reduce-scatter gradients",
                 "reduce-scatter",
                 params * grad_bytes,
-                calls,
+                reduces,
                 "backward",
                 shards,
-                tail_bytes=largest_block * grad_bytes,
+                tail_bytes=tail,
                 per_micro_step=backend.sharded_grads_every_micro_step,
             )
         )
@@ -320,7 +391,8 @@ def collectives(
                 per_micro_step=backend.stage == 3 and backend.sharded_grads_every_micro_step,
             )
         )
-    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp)
+    overlapped = bool(backend.options.get(TP_COMM_OVERLAP))
+    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp, overlapped)
     out += _offload_copies(shape, backend, precision, layout.shard)
     return out
 
@@ -356,14 +428,15 @@ def local_copy_bytes(
     async_tp: bool = False,
 ) -> float:
     """Bytes a micro-step moves through the GPU's memory around its collectives, besides the wire:
-    FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
-    and write, forward and again in a resharded backward; replicate, a unit's copy of one rank) and
-    the gradients into the reduction's input (read in the compute dtype, written in the reduction's);
-    ZeRO-1/2 copy the gradients into their bucket. Tensor parallelism gathers and scatters
-    activations along the sequence, not the first dimension NCCL works on, so each of its
-    collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
-    and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
-    own copies are async_tp_cost.py's)."""
+        FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
+        and write, forward and again in a resharded backward; replicate, a unit's copy of one rank) and
+        the gradients into the reduction's input (read in the compute dtype, written in the reduction's);
+        ZeRO-1/2 copy the gradients into their bucket. Tensor parallelism gathers and scatters
+        activations along the sequence, not the first dimension NCCL works on, so each of its
+        collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
+        and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
+        own copies are async_tp_cost.py's), nor do TransformerEngine's userbuffers under tp_comm_overlap,
+    which gather into and scatter out of the buffers the matmuls read and write."""
     params = shape.params / layout.tp
     gather = 2 * compute_bytes(precision)
     reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
@@ -374,6 +447,6 @@ def local_copy_bytes(
     elif backend.stage in (1, 2) and backend.engine == "deepspeed":
         moved += params * reduce
     for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp):
-        if c.window != PIPELINED:
+        if c.window != PIPELINED and not backend.options.get(TP_COMM_OVERLAP):
             moved += 2 * c.payload_bytes  # read and written once more
     return moved

@@ -18,7 +18,7 @@ from typing import Any
 from harness.plan.memory.activations import Activations
 from harness.plan.memory.capacity import headroom
 from harness.plan.memory.model_states import BYTES
-from harness.plan.network.comm import Collective
+from harness.plan.network.comm import TP_COMM_OVERLAP, Collective
 from harness.plan.network.fabric import Group, Topology, collective_seconds
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.context_parallel_cost import (
@@ -264,15 +264,35 @@ def published_layout(sharding: str, reduce_in_fp32: bool) -> tuple[PlanModel, di
     return model, {"sync_each_micro_step": True, **options}
 
 
+# Megatron's flags that overlap its data-parallel collectives with the backward and the next forward.
+OVERLAP_FLAGS = ("overlap_grad_reduce", "overlap_param_gather")
+
+
 def megatron_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]]:
     """Megatron-LM's tensor parallel inside a node beside data parallel across (`megatron tp=8 dp=32
     ddp`): its DDP (ddp-tp's model) or its distributed optimizer (zero1-tp's, which reduce-scatters
     the fp32 gradients and all-gathers the updated parameters, Megatron-LM's
-    docs/source/distrib_optimizer.md)."""
+    docs/source/distrib_optimizer.md). Its DDP overlaps nothing unless `overlap_grad_reduce` is
+    given: `--DDP-impl local`, Megatron-LM's default until its torch DDP went (megatron/arguments.py),
+    all-reduces the contiguous gradient buffer after the backward, as Megatron-core's DDP does with
+    overlap_grad_reduce=False (its default, distributed_data_parallel_config.py). A distributed
+    optimizer's overlap is planned as given where given, else on (NeMo's recipes set
+    overlap_grad_sync and overlap_param_sync, Megatron-LM leaves them off: the rows do not say which)."""
     tp = int(sharding.split("tp=")[1].split()[0])
-    stage = 1 if "distributed_optimizer" in sharding else 0
+    words = sharding.split()
+    stage = 1 if "distributed_optimizer" in words else 0
     model = PlanModel("torch", stage, "low_precision", reshard_after_forward=False, tensor_parallel=True)
-    return model, {"tp_size": tp, "distributed_optimizer": stage == 1}
+    options: dict[str, Any] = {"tp_size": tp, "distributed_optimizer": stage == 1}
+    # Its own DDP, not another engine's ZeRO beside Megatron's layers (`zero=`, Megatron-FSDP).
+    megatron_ddp = stage == 0 and "ddp" in words and not any(w.startswith("zero=") for w in words)
+    if TP_COMM_OVERLAP in words:
+        options[TP_COMM_OVERLAP] = True
+    for flag in OVERLAP_FLAGS:
+        if flag in words:
+            options[flag] = True
+        elif megatron_ddp:  # Megatron's DDP reduces its gradient buffer after the backward unless told otherwise
+            options[flag] = False
+    return model, options
 
 
 def megatron_pipeline_layout(sharding: str) -> tuple[PlanModel, dict[str, Any]] | None:

@@ -187,6 +187,7 @@ TERMS = {
     "optimizer": "optimizer step",
     "host step": "host optimizer step and copies",
     "overhead": "backend's own work",
+    "host wait": "the GPU waiting on its host to issue kernels",
     "compute": "compute",
 }
 
@@ -204,6 +205,7 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
         "optimizer": optimizer,
         "host step": t.offload_step_s,
         "overhead": t.overhead_s,
+        "host wait": t.host_wait_s,
         "compute": t.compute_s - recompute - optimizer,
     }
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 
 from harness.common.hardware import GPUSpec
+from harness.plan.speed.kernel_table import kernel_table
 
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
 REFERENCE_PEAK = {"ampere": 312e12, "hopper": 989e12}  # the cards the tables were measured on
@@ -116,8 +117,12 @@ def attention_seconds(
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's causal attention over a micro-batch."""
     total_flops = 3.5 * causal_attention_flops(batch, seq, heads, head_dim)
+    table = kernel_table(gpu)
+    measured = table.attention_tflops(kernel, seq, head_dim) if table and precision != "fp32" else None
     if precision == "fp32":
         rate = FP32_ATTENTION_EFFICIENCY * gpu.peak_flops["fp32"]
+    elif measured is not None:  # this card's own measurement (kernel_table.py)
+        rate = measured * 1e12
     else:
         rate = attention_tflops(gpu, kernel, head_dim, seq) * 1e12
     total = total_flops / rate

@@ -61,6 +61,7 @@ from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import ModelShape, TransformerDims
 from harness.plan.speed.attention import attention_seconds
 from harness.plan.speed.gemm import gemm_seconds
+from harness.plan.speed.kernel_table import kernel_table
 
 CHECKPOINTING = ("none", "full", "selective")
 LOSS_BYTES_PER_LOGIT = {"eager": 36, "fused": 6}
@@ -77,7 +78,18 @@ AUTOCAST_WEIGHT_BYTES = 6 + 14
 # micro-batch 16 x 1024): the model's 10.45 ms difference at the data sheet's 3.35 TB/s took
 # 16.44 ms. tests/plan/speed/test_compute.py derives it again.
 MEMORY_EFFICIENCY = 0.635
-RMSNORM_EAGER_BYTES = {2: 36, 4: 28}  # per element forward, by the input's bytes
+RMSNORM_EAGER_BYTES = {2: 36, 4: 28}
+
+
+def memory_bytes_per_s(gpu: GPUSpec) -> float:
+    """What memory-bound kernels move per second on `gpu`: its own measured share of the data
+    sheet's bandwidth where a kernel table holds one (kernel_table.py), else MEMORY_EFFICIENCY."""
+    table = kernel_table(gpu)
+    efficiency = table.memory_efficiency if table and table.memory_efficiency else MEMORY_EFFICIENCY
+    return gpu.hbm_bytes_per_s * efficiency
+
+
+# per element forward, by the input's bytes
 FP8_CAST_BYTES = 2 + 2 + 1  # the amax's read, the cast's read and its fp8 write
 FP8_WEIGHT_BYTES = FP8_CAST_BYTES + 2  # and the fp8 copy transposed for the backward
 FP8_RECAST_BYTES = 2 + 1  # a cast whose amax was kept
@@ -289,7 +301,7 @@ def compute_work(
     and keys, moving their elements as a norm of the matmuls' dtype does."""
     tokens = micro_batch * seq_len
     regime = Regime.of(precision, mixed_precision)
-    bandwidth = gpu.hbm_bytes_per_s * MEMORY_EFFICIENCY
+    bandwidth = memory_bytes_per_s(gpu)
     optimizer = OPTIMIZER_BYTES[engine] * optimizer_params / bandwidth
     dims = shape.dims
     if dims is None:
@@ -320,17 +332,97 @@ def compute_work(
     return ComputeWork(matmuls.total, attn.total, elementwise.total, loss, again, forward, optimizer)
 
 
-# Eager kernels per block beside its matmuls' three each: attention's two, and the elementwise
-# ops of a forward (two norms, two residual adds, the activation, casts or rotary: about 12) and
-# of a backward (about twice as many).
-ELEMENTWISE_LAUNCHES_PER_BLOCK = 38
-ROOT_LAUNCHES = 30  # embedding, final norm, head, loss, forward and backward
+# Kernels a block launches, by what launches them (forward, backward): each projection's matmul,
+# and its two gradients' (block_projections); attention (flash and cuDNN: one kernel forward, the
+# backward's pre-processing, main and dq conversion; math: two batched matmuls and a softmax
+# forward, twice that backward); and the elementwise work as eager PyTorch runs it, op by op
+# (the module docstring's list):
+# Eager RMSNorm: the fp32 upcast, pow, mean, +eps, rsqrt, x*r, *w (and the cast back); LayerNorm or a
+# fused RMSNorm: one kernel, two backward (the input's gradient, the weight's).
+NORM_KERNELS = {"eager-rms": (7, 14), "one-kernel": (1, 2)}
+MATH_ATTENTION_KERNELS = (3, 6)
+FUSED_ATTENTION_KERNELS = (1, 3)
+RESIDUAL_KERNELS = (1, 1)  # the add; backward the sum of the branch's and the stream's gradients
+ACTIVATION_KERNELS = {"gated": (2, 3), "plain": (1, 1)}  # SiLU and the product; GELU
+ROTARY_KERNELS = (6, 6)  # q and k each: the upcast, the complex product, the cast back
+REPEAT_KV_KERNELS = (2, 2)  # keys and values expanded to every head (a copy), their sums back
+HEAD_LAYOUT_KERNELS = (1, 1)  # attention's output made contiguous across heads
+CAST_KERNELS = 1  # autocast: a weight's bf16 copy per forward, its gradient's fp32 add per backward
+ACCUMULATE_KERNELS = 1  # backward: each parameter's gradient added into .grad (or its bucket)
+# Outside the blocks, eager: the embedding (its gather; backward its scatter-add), the final norm, the
+# head's matmuls, the loss (fp32 copy, log-softmax, gather; backward the softmax's gradient, the cast)
+ROOT_KERNELS = (6, 8)
+# Compiled (Inductor) each elementwise chain between two matmuls is one kernel: before the
+# attention's projections, the rotary embedding, after the output projection (residual and
+# norm), the activation, after the down projection, forward; backward the norms' two reductions
+# each, the activation's, the rotary embedding's and the heads' layout.
+COMPILED_CHAINS = (5, 8)
+
+
+def block_kernels(
+    dims: TransformerDims,
+    *,
+    compiled: bool,
+    autocast: bool,
+    attention: str,
+    params: int,
+    fused_norm: bool = False,
+    complex_rope: bool = False,
+) -> Kernels:
+    """Kernels one block of `params` parameter tensors launches, forward and backward (what
+    checkpointing runs again is the caller's): the same on every GPU of a tensor-parallel group."""
+    projections = len(block_projections(dims, 1))
+    attention_k = MATH_ATTENTION_KERNELS if attention == "math" else FUSED_ATTENTION_KERNELS
+    forward, backward = projections + attention_k[0], 2 * projections + attention_k[1] + ACCUMULATE_KERNELS * params
+    if compiled:
+        chains = COMPILED_CHAINS
+        if complex_rope and dims.rotary:  # Inductor leaves complex operators eager
+            chains = (chains[0] + ROTARY_KERNELS[0], chains[1] + ROTARY_KERNELS[1])
+        return Kernels(forward + chains[0], backward + chains[1])
+    norm = NORM_KERNELS["eager-rms" if dims.rms_norm and not fused_norm else "one-kernel"]
+    activation = ACTIVATION_KERNELS["gated" if dims.gated_mlp else "plain"]
+    parts = [(norm[0] * 2, norm[1] * 2), (2 * RESIDUAL_KERNELS[0], 2 * RESIDUAL_KERNELS[1]), activation]
+    parts.append(HEAD_LAYOUT_KERNELS)
+    if dims.rotary:
+        parts.append(ROTARY_KERNELS)
+    if dims.kv_heads < dims.heads:
+        parts.append(REPEAT_KV_KERNELS)
+    if autocast:
+        parts.append((CAST_KERNELS * projections, CAST_KERNELS * projections))
+    return Kernels(forward + sum(f for f, _ in parts), backward + sum(b for _, b in parts))
+
+
+def micro_step_kernels(
+    shape: ModelShape,
+    checkpointing: str,
+    *,
+    compiled: bool = False,
+    autocast: bool = False,
+    attention: str = "flash",
+    fused_norm: bool = False,
+    complex_rope: bool = False,
+) -> Kernels:
+    """Kernels one micro-step of the model launches (forward, backward, and the forward's kernels
+    checkpointing runs again in the backward: every block's under full, half of its matmuls and
+    its elementwise work under selective)."""
+    if shape.dims is None:  # a model without transformer sizes: each tensor's matmul and its two gradients
+        tensors = len(shape.tensors or ())
+        return Kernels(tensors + ROOT_KERNELS[0], 2 * tensors + ROOT_KERNELS[1])
+    params = sum(1 for t in shape.tensors or () if t.block == 0) or len(block_projections(shape.dims, 1))
+    block = block_kernels(
+        shape.dims,
+        params=params,
+        compiled=compiled,
+        autocast=autocast,
+        attention=attention,
+        fused_norm=fused_norm,
+        complex_rope=complex_rope,
+    )
+    again = {"none": 0.0, "full": block.forward, "selective": block.forward / 2}[checkpointing]
+    layers = shape.dims.layers
+    return Kernels(layers * block.forward + ROOT_KERNELS[0], layers * block.backward + ROOT_KERNELS[1], layers * again)
 
 
 def kernel_launches(shape: ModelShape, checkpointing: str) -> int:
     """Kernels one eager micro-step launches (what a host that launches them one by one pays for)."""
-    if shape.dims is None:
-        return 3 * len(shape.tensors or ()) + ROOT_LAUNCHES
-    per_block = 3 * len(block_projections(shape.dims, 1)) + ELEMENTWISE_LAUNCHES_PER_BLOCK
-    again = per_block // 3 if checkpointing != "none" else 0
-    return shape.dims.layers * (per_block + again) + ROOT_LAUNCHES
+    return int(micro_step_kernels(shape, checkpointing).total)

@@ -22,6 +22,7 @@ same, so its inner overhead is as many more elements of k as fp8's rate is over 
 from __future__ import annotations
 
 from harness.common.hardware import GPUSpec
+from harness.plan.speed.kernel_table import kernel_table
 
 LAUNCH_S = 6.0e-6  # a kernel's fixed cost: 2^25-flop matmuls take 5.2 us in the table
 OPERAND_TRAFFIC = 1.10  # operand bytes moved over the minimum, tiles re-read from HBM
@@ -40,7 +41,24 @@ def gemm_seconds(
     m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float = 1, sustained: float = SUSTAINED
 ) -> float:
     """Seconds of `batch` matmuls of (m x k) by (k x n) at `precision` in a training step (a lone
-    kernel, as a benchmark times it: sustained=1)."""
+    kernel, as a benchmark times it: sustained=1). Where the card has a measured kernel table
+    (kernel_table.py), a 16-bit matmul is the model's time scaled by the measured over the modelled
+    time of the nearest shape the table holds."""
+    seconds = _modelled(m, n, k, gpu, precision, batch, sustained)
+    table = kernel_table(gpu) if precision in ("bf16", "fp16") and seconds else None
+    nearest = table.nearest_matmul(m, n, k) if table else None
+    if nearest is None:
+        return seconds
+    key = (gpu.name, nearest)
+    if key not in _MEASURED_OVER_MODELLED:
+        _MEASURED_OVER_MODELLED[key] = nearest[3] / _modelled(*nearest[:3], gpu, "bf16", 1, 1.0)
+    return seconds * _MEASURED_OVER_MODELLED[key]
+
+
+_MEASURED_OVER_MODELLED: dict[tuple[str, tuple[float, ...]], float] = {}
+
+
+def _modelled(m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float, sustained: float) -> float:
     if min(m, n, k, batch) <= 0:
         return 0.0
     rate = gpu.matmul_efficiency * gpu.peak_flops[precision]

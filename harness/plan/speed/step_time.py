@@ -26,9 +26,11 @@ work (hooks, flat buffers, bookkeeping, synchronisations), which does not grow w
 and which a larger model's compute hides. At gpt2-124m and gpt2-350m on one H100, DeepSpeed
 ZeRO-3 took 119 and 144 ms per step beyond its compute for twice the layers.
 Offload's host optimizer step costs SpeedFactors.host_s_per_param per parameter a node steps.
-torch.nn.DataParallel drives every replica from one Python process: its kernel launches are
-serialised by the GIL (HOST_S_PER_LAUNCH each, per replica), and GPU 0 runs the loss over every
-replica's logits and the optimizer over the whole model.
+Host issue: a micro-step takes at least the host's time to issue its kernels and collectives
+(host_issue.py); what it takes beyond the micro-step's compute and its critical-path collectives
+is the time the GPU waits on its host. torch.nn.DataParallel drives every replica from one Python
+process: its kernel launches are serialised by the GIL (HOST_S_PER_LAUNCH each, per replica), and
+GPU 0 runs the loss over every replica's logits and the optimizer over the whole model.
 Efficiency is compute time over step time.
 """
 
@@ -43,9 +45,10 @@ from harness.plan.network.fabric import Topology
 from harness.plan.parallel.async_tp_cost import AsyncTensorParallel
 from harness.plan.parallel.backends import Backend, planner_models
 from harness.plan.speed.compute import ComputeWork
+from harness.plan.speed.host_issue import HOST_S_PER_KERNEL, HostIssue
 
 HOST_ADAM_S_PER_PARAM = 1e-9  # DeepSpeed CPUAdam on one node's CPUs (AVX-512), where nothing is measured
-HOST_S_PER_LAUNCH = 10e-6  # eager PyTorch's host time per op, where no dataparallel run is measured
+HOST_S_PER_LAUNCH = HOST_S_PER_KERNEL["eager"]  # eager PyTorch's, where no dataparallel run is measured
 HOST_LINK_EFFICIENCY = 0.8  # pinned host <-> GPU copies reach about this share of the PCIe link
 NCCL_SMS = 16
 NCCL_MEMORY_PASSES = 3
@@ -82,10 +85,19 @@ class StepTime:
     # Of exposed_comm_s, what every micro-step runs in its critical path (tensor parallelism's
     # collectives, async TP's unhidden copies, DataParallel's): part of each micro-step's length.
     recurring_comm_s: float = 0.0
+    host_wait_s: float = 0.0  # the GPU waiting on its host to issue the micro-steps' kernels (host_issue.py)
+    host: HostIssue | None = None
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.contention_s + self.exposed_comm_s + self.offload_step_s + self.overhead_s
+        return (
+            self.compute_s
+            + self.contention_s
+            + self.exposed_comm_s
+            + self.offload_step_s
+            + self.overhead_s
+            + self.host_wait_s
+        )
 
     @property
     def efficiency(self) -> float:
@@ -171,6 +183,7 @@ def step_time(
     sms: int,
     memory_bytes_per_s: float,
     pipelined: AsyncTensorParallel | None = None,
+    host: HostIssue | None = None,
 ) -> StepTime:
     """Predicted time of one optimizer step on every GPU, and what it buys. `work` is the compute
     model's micro-step (scaled here); `fixed_compute_s` a micro-step's compute at a fixed MFU (which
@@ -215,7 +228,10 @@ def step_time(
     )
     if pipelined is not None:  # the copy engines' busy time
         comm_s += grad_accum * (pipelined.exposed_s + pipelined.hidden_s)
-    step_s = step_compute + contended + exposed + offload_s + overhead
+    host_wait = 0.0
+    if host is not None and backend.replicas != "threads":  # DataParallel's host is priced above
+        host_wait = grad_accum * max(0.0, host.seconds - micro_compute - recurring / grad_accum)
+    step_s = step_compute + contended + exposed + offload_s + overhead + host_wait
     tokens = data_parallel * grad_accum * micro_tokens
     return StepTime(
         step_compute,
@@ -229,4 +245,6 @@ def step_time(
         what,
         work,
         recurring,
+        host_wait,
+        host,
     )

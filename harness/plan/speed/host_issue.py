@@ -1,0 +1,84 @@
+"""The host's share of a micro-step: the time the CPU takes to issue its kernels and collectives,
+which the GPU cannot beat.
+
+A GPU runs what its host has queued. Eager PyTorch queues each kernel from Python (the forward:
+the module's code, the operator's dispatch, autograd's record, the launch) or from autograd's engine
+(the backward), one after another; the host runs ahead of the GPU while long kernels run, and the
+GPU waits whenever short ones drain the queue faster than the host fills it. So a micro-step takes
+the longer of its GPU time and its host time:
+
+    host = kernels x HOST_S_PER_KERNEL[eager | compiled] + collectives x HOST_S_PER_COLLECTIVE
+
+What does not shrink with the work: a block issues as many kernels at micro-batch 1 as at 16, and
+tensor parallelism leaves every GPU of its group the whole block's kernels on a part of the work,
+with its collectives besides. Large micro-steps (a block's matmuls of milliseconds) hide it
+entirely; it binds where each GPU's work per op is small.
+
+  HOST_S_PER_KERNEL["eager"]     24 us: an eager training step's host time per kernel where the
+                                 GPU waited on it: torch 2.11, 8 x B200 (huggingface/lerobot#4612:
+                                 about 1,150 kernels a step, 28.0 ms a step with the GPU busy 30%
+                                 of it, 13.0 ms under CUDA graphs); a cloud L4 host, 31 us
+                                 (roboflow/rf-detr#1410: 4,228 kernels, 132.9 ms a step, the GPU busy
+                                 25.8 ms of it); a workstation A6000, 45 us (facebookresearch/sam2#768,
+                                 1,185 kernels, 53.7 ms eager, 7.3 ms of GPU time)
+  HOST_S_PER_KERNEL["compiled"]  4.7 us: a compiled graph's wrapper launches its kernels without
+                                 Python per operator: the dispatch of one torch function (about 2 us,
+                                 pytorch/pytorch benchmarks/overrides_benchmark/README.md @ 17dc58bc)
+                                 and an asynchronous launch (2.65-2.81 us per kernel enqueued, CUDA
+                                 13, ahrefs/ocannl#488)
+  HOST_S_PER_COLLECTIVE          48 us: a collective from torch.distributed issues the NCCL kernel
+                                 and its stream's events and waits on both sides, and tensor
+                                 parallelism's redistribution copies around it: counted as two
+                                 eager kernels
+
+CUDA graphs (TransformerEngine's and Megatron's graphed layers, torch.compile's reduce-overhead)
+replay a captured step at about 0.6 us a kernel (ahrefs/ocannl#488, 0.58 us per node): no floor the
+planner applies (its plans run eager or torch.compile's default mode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.plan.network.comm import PIPELINED, Collective
+from harness.plan.speed.compute import Kernels
+
+HOST_S_PER_KERNEL = {"eager": 24e-6, "compiled": 4.7e-6}
+COLLECTIVE_KERNELS = 2  # a collective and the stream's events around it, priced as two eager kernels
+HOST_S_PER_COLLECTIVE = COLLECTIVE_KERNELS * HOST_S_PER_KERNEL["eager"]
+
+
+@dataclass(frozen=True)
+class HostIssue:
+    """Seconds the host takes to issue one micro-step, and what it issues."""
+
+    kernels: float  # the model's kernels (forward, backward and what checkpointing runs again)
+    collectives: float  # collectives issued on every micro-step
+    seconds: float
+
+    def describe(self) -> str:
+        return (
+            f"the host issues {self.kernels:,.0f} kernels and {self.collectives:,.0f} collectives a micro-step "
+            f"in {self.seconds * 1e3:.1f} ms"
+        )
+
+
+def host_issue(
+    kernels: Kernels,
+    collectives: list[Collective],
+    compiled: bool,
+    grad_accum: int,
+    measured: dict[str, float] | None = None,
+) -> HostIssue:
+    """The host's time for one micro-step of `kernels`, beside the collectives each micro-step issues
+    (those issued once a step are spread over its `grad_accum` micro-steps); `measured`: the card's
+    own host times per kernel (kernel_table.py), in place of HOST_S_PER_KERNEL."""
+    issued = 0.0
+    for c in collectives:
+        if c.kind == "host-copy" or c.window == PIPELINED:
+            continue  # a copy engine's work, or async TP's pipelines (their host is the compiled graph's)
+        issued += c.calls if c.per_micro_step else c.calls / grad_accum
+    rates = measured or HOST_S_PER_KERNEL
+    rate = rates["compiled" if compiled else "eager"]
+    seconds = kernels.total * rate + issued * COLLECTIVE_KERNELS * rates["eager"]
+    return HostIssue(kernels.total, issued, seconds)

@@ -1,0 +1,84 @@
+"""The host's floor under a micro-step: what it issues (the model's kernels as the backend runs
+them, and the collectives), that it binds only where each GPU's work per op is small, and that
+compiling lowers it."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from harness.plan.model.model_shape import shape_of_spec
+from harness.plan.plan_cli import PlanConfig, question
+from harness.plan.predict import plan_strategy
+from harness.plan.speed.compute import ROOT_KERNELS, micro_step_kernels
+from harness.plan.speed.host_issue import HOST_S_PER_COLLECTIVE, HOST_S_PER_KERNEL
+
+# A GPT of 1,024 wide on one node: at tensor parallel 8 and one sequence, each GPU's share of a
+# block is tens of microseconds of GPU work against the block's ~100 kernels to issue.
+SMALL = dict(layers=24, width=1024, heads=16, vocab=50304, seq_len=2048, gpu="A100")
+
+
+def _plan(strategy: str, *, micro_batch: int, tp: int | None = None, compile: bool = False, **model):
+    options = {"tp_size": tp} if tp else {}
+    config = PlanConfig(
+        **(model or SMALL),
+        gpus=8,
+        micro_batch=micro_batch,
+        compile=compile,
+        strategies=[strategy],
+        strategy_options=options,
+    )
+    return plan_strategy(strategy, question(config))
+
+
+def test_a_micro_step_takes_at_least_its_host_time_where_each_gpus_work_is_small():
+    plan = _plan("ddp-tp", micro_batch=1, tp=8)
+    t = plan.time
+    assert t.host is not None and t.host_wait_s > 0
+    # The step's compute and critical-path collectives are shorter than the host's issue; the step is not.
+    assert t.compute_s + t.recurring_comm_s < t.host.seconds <= t.step_s
+    assert t.tokens_per_s / 8 < 2048 / t.host.seconds  # no faster than the host can issue
+
+
+def test_the_floor_leaves_large_micro_steps_alone():
+    t = _plan("ddp", micro_batch=8).time
+    assert t.host_wait_s == 0.0 and t.host.seconds < 0.2 * t.compute_s
+
+
+def test_the_smaller_each_gpus_work_the_more_of_the_step_waits_on_the_host():
+    shares = [_plan("ddp-tp", micro_batch=mb, tp=8).time for mb in (8, 4, 2, 1)]
+    waits = [t.host_wait_s / t.step_s for t in shares]
+    assert waits == sorted(waits) and waits[-1] > 0.2
+
+
+def test_tensor_parallel_issues_its_collectives_on_every_micro_step():
+    half, whole = _plan("ddp-tp", micro_batch=1, tp=2).time.host, _plan("ddp-tp", micro_batch=1, tp=8).time.host
+    assert half.kernels == whole.kernels  # every GPU of the group runs the whole block's kernels
+    assert whole.collectives >= 4 * SMALL["layers"]  # a block's gathers and scatters, forward and backward
+    issued = whole.seconds - whole.kernels * HOST_S_PER_KERNEL["eager"]
+    assert issued == pytest.approx(whole.collectives * HOST_S_PER_COLLECTIVE)
+
+
+def test_compiling_fuses_the_elementwise_kernels_and_issues_them_from_its_wrapper():
+    shape = shape_of_spec("llama3.1-8b")
+    eager, compiled = micro_step_kernels(shape, "none"), micro_step_kernels(shape, "none", compiled=True)
+    assert compiled.total < 0.6 * eager.total
+    assert HOST_S_PER_KERNEL["compiled"] < HOST_S_PER_KERNEL["eager"] / 4
+    assert _plan("ddp", micro_batch=1, compile=True).time.host.seconds < _plan("ddp", micro_batch=1).time.host.seconds
+
+
+def test_checkpointing_issues_the_forward_again():
+    shape = shape_of_spec("llama3.1-8b")
+    none, full, selective = (micro_step_kernels(shape, mode) for mode in ("none", "full", "selective"))
+    assert none.again == 0 and full.again == none.forward - ROOT_KERNELS[0] and 0 < selective.again < full.again
+
+
+def test_fused_kernels_issued_from_python_pay_eagers_rate():
+    config = PlanConfig(**SMALL, gpus=8, micro_batch=1, compile=True, strategies=["ddp"])
+    q = question(config)
+    compiled = plan_strategy("ddp", q).time.host
+    te = plan_strategy("ddp", replace(q, eager_launches=True)).time.host  # TransformerEngine's modules
+    assert te.kernels == compiled.kernels
+    rates = HOST_S_PER_KERNEL["eager"] - HOST_S_PER_KERNEL["compiled"]
+    assert te.seconds - compiled.seconds == pytest.approx(te.kernels * rates)  # the collectives' alike
