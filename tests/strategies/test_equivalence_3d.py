@@ -3,11 +3,12 @@ curve against `single` on the same global batches, the mesh in the header and su
 rank killed under DDP x TP x PP resuming to the uninterrupted curve bit for bit.
 
 - DDP x TP x PP (Megatron-LM's layout: `ddp-tp` + pp_size), ZeRO-1 x TP x PP (`zero1-tp` + pp_size),
-  FSDP x TP x PP and FSDP x TP x CP (`fsdp-tp` + pp_size or cp_size), and torchtitan's 4D
-  (`fsdp-tp` + pp_size + cp_size: one data-parallel rank) on parabench's GPT;
-- FSDP x TP x CP and HSDP x TP (`hsdp` + tp_size) on a Hugging Face Llama built from its config
-  class (4 heads, 2 key/value heads), with its own tensor-parallel plan and parabench's all-to-all
-  attention in transformers' registry.
+  FSDP x TP x PP and FSDP x TP x CP (`fsdp-tp` + pp_size or cp_size) on parabench's GPT and on a
+  Hugging Face Llama built from its config class (4 layers, 4 heads, 2 key/value heads: its own
+  tensor-parallel plan, the pipeline's generic cut, parabench's all-to-all attention in
+  transformers' registry);
+- torchtitan's 4D (`fsdp-tp` + pp_size + cp_size: one data-parallel rank) on the GPT, and HSDP x TP
+  (`hsdp` + tp_size) on the Llama.
 
 One run per layout and one `single` per model, shared by every check (module scope); four steps.
 """
@@ -47,6 +48,9 @@ RUNS = {
     "fsdp-tp-pp": (GPT, "fsdp-tp", [TP, PP], ["pp", "shard", "tp"], [2, 2, 2]),
     "fsdp-tp-cp": (GPT, "fsdp-tp", [TP, CP], ["shard", "cp", "tp"], [2, 2, 2]),
     "fsdp-tp-pp-cp": (GPT, "fsdp-tp", [TP, PP, CP], ["pp", "shard", "cp", "tp"], [2, 1, 2, 2]),
+    "llama-ddp-tp-pp": (LLAMA, "ddp-tp", [TP, PP], ["pp", "replicate", "tp"], [2, 2, 2]),
+    "llama-zero1-tp-pp": (LLAMA, "zero1-tp", [TP, PP], ["pp", "replicate", "tp"], [2, 2, 2]),
+    "llama-fsdp-tp-pp": (LLAMA, "fsdp-tp", [TP, PP], ["pp", "shard", "tp"], [2, 2, 2]),
     "llama-fsdp-tp-cp": (LLAMA, "fsdp-tp", [TP, CP], ["shard", "cp", "tp"], [2, 2, 2]),
     "llama-hsdp-tp": (LLAMA, "hsdp", [TP, "strategy_options.shard_size=2"], ["replicate", "shard", "tp"], [2, 2, 2]),
 }
