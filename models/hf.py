@@ -5,17 +5,28 @@ builds `AutoModelForCausalLM.from_config(LlamaConfig(...))` with random weights
 (`hf:llama`, a model type, works too). The wrapper keeps parabench's model
 contract: `forward(inputs, targets) -> loss`, `num_params()`, `flops_per_token()`,
 `transformer_blocks()`, `vocab_size` and an `activation_checkpointing` switch.
+
+A mixture-of-experts model (Mixtral, Qwen2/3-MoE, OLMoE, DeepSeek-V3, gpt-oss: transformers 5 holds
+their experts stacked, models/routing.py) counts its active parameters (each token's top-k experts),
+counts what its routers send each expert (a tally on each experts module), and, where its config
+sets output_router_logits, adds router_aux_loss_coef x the model's own load-balancing loss to the
+cross-entropy, as its own forward does given labels. That loss is computed for each sequence and
+averaged (transformers pools the whole batch, which would make it depend on how the global batch
+is split over ranks and micro-steps): every layout trains on what the one-process reference does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 from typing import Any, Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from models.routing import RouterTally, experts_modules
 
 
 class HFModelError(ValueError):
@@ -62,7 +73,9 @@ def build_config(name: str, kwargs: dict[str, Any]) -> Any:
     if unknown:
         raise HFModelError(f"model hf:{name}: {cls.__name__} has no field {', '.join(unknown)}; check the spelling")
     for key, value in kwargs.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and key != "pad_token_id":
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or key == "pad_token_id":
+            continue
+        if value < 0 or (value == 0 and not _may_be_zero(key)):
             raise HFModelError(f"model hf:{name}: model_kwargs.{key}={value} must be positive")
     try:
         return cls(**kwargs)
@@ -70,6 +83,12 @@ def build_config(name: str, kwargs: dict[str, Any]) -> Any:
         raise HFModelError(
             f"model hf:{name}: {cls.__name__} rejected {kwargs}: {str(exc).splitlines()[-1].strip()}"
         ) from None
+
+
+def _may_be_zero(key: str) -> bool:
+    """Whether a config field is a probability, a loss coefficient or a token id (0 is a value
+    like any other: no dropout, no auxiliary loss, the first token), not a size."""
+    return any(part in key for part in ("dropout", "pdrop", "_coef", "token_id", "jitter"))
 
 
 class HFCausalLM(nn.Module):
@@ -87,6 +106,15 @@ class HFCausalLM(nn.Module):
         self.hf.tie_weights()
         self.config = config
         self._checkpointing = False
+        self._experts = [m for _, m in experts_modules(self.hf)]
+        for experts in self._experts:
+            experts.router_tally = RouterTally(experts.num_experts)
+            experts.register_forward_pre_hook(_tally_routed, with_kwargs=True)
+
+    @property
+    def adds_balance_loss(self) -> bool:
+        """Whether the loss includes the routers' load-balancing loss (the config's output_router_logits)."""
+        return bool(self._experts) and bool(getattr(self.config, "output_router_logits", False))
 
     @property
     def vocab_size(self) -> int:
@@ -120,6 +148,11 @@ class HFCausalLM(nn.Module):
         splits the sequence, so it is not used)."""
         from models.tensor_parallel import TensorParallelError, heads_check
 
+        if self._experts:
+            raise TensorParallelError(
+                f"{type(self.config).__name__}'s experts are not split for tensor parallel here: shard them with "
+                "expert parallel (strategy=ddp-ep) or use fsdp"
+            )
         plan = dict(getattr(self.hf, "tp_plan", None) or getattr(self.hf, "_tp_plan", None) or {})
         if not plan:
             prefix = getattr(self.hf, "base_model_prefix", "")
@@ -144,8 +177,21 @@ class HFCausalLM(nn.Module):
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # Targets are already shifted by parabench's data; the loss is computed as the GPT's is.
-        logits = self.hf(input_ids=inputs, use_cache=False).logits
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        if not self.adds_balance_loss:
+            logits = self.hf(input_ids=inputs, use_cache=False).logits
+            return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        out = self.hf(input_ids=inputs, use_cache=False, output_router_logits=True)
+        loss = F.cross_entropy(out.logits.float().view(-1, out.logits.size(-1)), targets.reshape(-1))
+        return loss + self.hf.router_aux_loss_coef * self._balance_loss(out.router_logits, inputs.size(0))
+
+    def _balance_loss(self, router_logits: tuple[torch.Tensor, ...], batch: int) -> torch.Tensor:
+        """The model's own load_balancing_loss_func for each sequence, averaged over the sequences."""
+        loss_of = sys.modules[type(self.hf).__module__].load_balancing_loss_func
+        per_layer = [layer.view(batch, -1, layer.size(-1)) for layer in router_logits]
+        experts, top_k = self.hf.num_experts, self.hf.num_experts_per_tok
+        return torch.stack(
+            [loss_of(tuple(layer[b] for layer in per_layer), experts, top_k) for b in range(batch)]
+        ).mean()
 
     def _position_embeddings(self) -> list[nn.Module]:
         # Learned absolute positions (GPT-2's wpe, OPT's embed_positions): every embedding
@@ -154,8 +200,13 @@ class HFCausalLM(nn.Module):
         return [m for m in self.hf.modules() if isinstance(m, nn.Embedding) and m is not token]
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameters counted once though tied; position embeddings left out by default."""
+        """Parameters counted once though tied, less the routed experts a token does not go through;
+        position embeddings left out by default."""
         n = sum(p.numel() for p in self.parameters())
+        top_k = int(getattr(self.config, "num_experts_per_tok", 0) or 0)
+        for experts in self._experts:
+            per_expert = sum(p.numel() for p in experts.parameters(recurse=False)) // experts.num_experts
+            n -= (experts.num_experts - top_k) * per_expert
         if non_embedding:
             n -= sum(p.numel() for m in self._position_embeddings() for p in m.parameters())
         return n
@@ -171,6 +222,12 @@ class HFCausalLM(nn.Module):
         """6N + 12·L·H·Q·T (PaLM appendix B), as for the zoo's GPT."""
         layers, heads, head_dim = self.attention_shape()
         return 6 * self.num_params() + 12 * layers * heads * head_dim * seq_len
+
+
+def _tally_routed(experts: nn.Module, args: tuple, kwargs: dict) -> None:
+    """Before an experts module runs: count the expert indices its router chose."""
+    indices = args[1] if len(args) > 1 else next(v for k, v in kwargs.items() if "ind" in k)
+    experts.router_tally.add(indices)
 
 
 def hf_factory(name: str) -> Callable[..., nn.Module]:

@@ -15,6 +15,8 @@ import torch.nn as nn
 
 from models.gpt import GPT, PRESETS
 from models.mlp import TokenMLP
+from models.moe import MoEGPT
+from models.moe_config import MOE_PRESETS
 from models.on_meta import on_meta
 
 
@@ -29,7 +31,18 @@ def _build_gpt(name: str) -> Callable[..., nn.Module]:
     return build
 
 
+def _build_moe(name: str) -> Callable[..., nn.Module]:
+    def build(**overrides: Any) -> nn.Module:
+        try:
+            return MoEGPT(dataclasses.replace(MOE_PRESETS[name], **overrides))
+        except ValueError as exc:  # a routing option out of range: one line
+            raise ModelError(f"model {name!r}: {exc}") from None
+
+    return build
+
+
 ZOO: dict[str, Callable[..., nn.Module]] = {name: _build_gpt(name) for name in PRESETS}
+ZOO.update({name: _build_moe(name) for name in MOE_PRESETS})
 ZOO["mlp"] = TokenMLP
 
 
@@ -91,7 +104,9 @@ def describe(spec: str) -> dict[str, Any]:
     with on_meta():
         model = build_model(spec)
     info: dict[str, Any] = {"name": spec, "params": num_params(model)}
-    if isinstance(model, GPT):
+    if isinstance(model, (GPT, MoEGPT)):
         c = model.config
         info.update(n_layer=c.n_layer, n_head=c.n_head, n_embd=c.n_embd, vocab_size=c.vocab_size)
+    if isinstance(model, MoEGPT):
+        info.update(n_experts=model.config.n_experts, top_k=model.config.top_k)
     return info

@@ -43,6 +43,10 @@ class PlanModel:
     # Tensor parallel inside each group of tp_size GPUs (matmuls split column- and row-wise, their
     # activations split with them), the data-parallel layout across the groups.
     tensor_parallel: bool = False
+    # With tensor parallel: the residual stream between the blocks' matmuls split along the sequence
+    # (sequence parallelism) rather than whole on every rank of the group. A strategy that takes a
+    # `sequence_parallel` option is planned with the option's value instead.
+    sequence_parallel: bool = True
     # Hybrid sharding: the stage applies inside groups of shard_size GPUs, which replicate across
     # (FSDP2's HSDP, DeepSpeed's MiCS): gradients reduced inside a group, then all-reduced across.
     hybrid_shard: bool = False

@@ -22,6 +22,7 @@ Nothing here imports torch: `runner.py list` and `runner.py plan` read the prese
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
 import os
@@ -236,7 +237,15 @@ class StrategyRegistry:
         reason = entry.unavailable_reason
         if reason:
             raise StrategyError(f"strategy {name!r} is unavailable here: {reason}")
-        assert entry.cls is not None
+        return entry, self.check_options(name, user_options)
+
+    def check_options(self, name: str, user_options: dict[str, Any]) -> dict[str, Any]:
+        """`name`'s options, its presets overlaid by the user's, as `train` takes them: an option the
+        name presets, one its class has not, or one of the wrong type is one line. The planner checks
+        a plan's options here too, so that plan and train take the same ones."""
+        entry = self.get(name)
+        if entry.cls is None:
+            return dict(user_options)  # a plugin that failed to load: its own line says why
         fixed = sorted(set(user_options) & set(entry.options))
         if fixed:
             preset = ", ".join(f"{k}={entry.options[k]}" for k in fixed)
@@ -250,12 +259,18 @@ class StrategyRegistry:
             listed = ", ".join(sorted(allowed)) or "none"
             raise StrategyError(f"strategy {name!r} has no option {', '.join(unknown)}: its options are {listed}")
         _check_option_types(name, user_options, _keyword_options(entry.cls))
-        return entry, {**entry.options, **user_options}
+        return {**entry.options, **user_options}
 
 
 def _keyword_options(cls: type[Strategy]) -> dict[str, Any]:
+    return dict(_signature_options(cls))
+
+
+@functools.cache
+def _signature_options(cls: type[Strategy]) -> tuple[tuple[str, Any], ...]:
+    """A class's keyword options and defaults, read once: a plan asks for them for every layout."""
     params = inspect.signature(cls.__init__).parameters.values()
-    return {p.name: None if p.default is p.empty else p.default for p in params if p.kind is p.KEYWORD_ONLY}
+    return tuple((p.name, None if p.default is p.empty else p.default) for p in params if p.kind is p.KEYWORD_ONLY)
 
 
 # What a value must be, in words, for each option type a plugin's keyword default can have.

@@ -10,6 +10,9 @@ the training loop and the batch search's probes carry no check of their own.
     PARABENCH_TEST_MEMORY_LIMIT=<micro_batch> a probe above that micro-batch raises
                                               torch.OutOfMemoryError in its second step's
                                               forward (a CPU has no memory limit to find)
+    PARABENCH_TEST_AVAILABLE_MEMORY=<bytes>   `compare plan=` fits its layouts' micro-batches to
+                                              this much available host memory instead of the
+                                              machine's (harness/compare/fit_here.py)
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 
 FAULT_ENV = "PARABENCH_TEST_FAULT"
 MEMORY_LIMIT_ENV = "PARABENCH_TEST_MEMORY_LIMIT"
+AVAILABLE_MEMORY_ENV = "PARABENCH_TEST_AVAILABLE_MEMORY"
 
 
 def fault_after_step(rank: int, env: Mapping[str, str] = os.environ) -> Callable[[int], None] | None:
@@ -79,3 +83,13 @@ def install_fake_memory_limit(model: torch.nn.Module, micro_batch: int, limit: i
             )
 
     model.register_forward_pre_hook(run_out)
+
+
+def fake_available_memory(env: Mapping[str, str] = os.environ) -> int | None:
+    """The host memory available that a test fakes, in bytes, or None where none is set."""
+    value = env.get(AVAILABLE_MEMORY_ENV)
+    if not value:
+        return None
+    if not value.isdigit():
+        raise ValueError(f"{AVAILABLE_MEMORY_ENV}={value!r}: write a number of bytes, e.g. 2000000000")
+    return int(value)

@@ -48,6 +48,7 @@ from harness.compare.compare_config import (
     takers_of_compare_wide_options,
     train_options,
 )
+from harness.compare.fit_here import usable_bytes
 from harness.compare.from_plan import PlannedLayout
 from harness.compare.identity import run_identity
 from harness.compare.out_dir_lock import OutDirLock
@@ -82,7 +83,7 @@ def main(args: list[str]) -> int:
         device_type = _device_type(cfg)
         nproc = cfg.nproc or _default_nproc(device_type)
     registry = default_registry()
-    cfg, layouts, searched_plan = _plan_layouts(cfg, nproc)
+    cfg, layouts, searched_plan = _plan_layouts(cfg, nproc, device_type)
     names = [REFERENCE, *layouts] if layouts else _strategy_names(cfg, registry)
     strategies = [name for name in names if name not in layouts]  # the names the registry knows
     cfg, adopted = adopt_file_settings(cfg, strategies)  # a DeepSpeed JSON's scheduler: every strategy's schedule
@@ -108,7 +109,7 @@ def main(args: list[str]) -> int:
     labels = _listed_with_noise([shown[name].label for name in names], reference_label, noise_count)
     sweep = Sweep(cfg, shared, out, nproc, SweepProgress(labels, cfg.steps), device_type, shown, layouts)
     if cfg.dry_run:
-        return _print_slurm_scripts(sweep, runnable)
+        return _print_slurm_scripts(sweep, runnable, {name: why for name, why in planned if why})
     lock = OutDirLock(out)
     lock.acquire(on_wait=lambda: print(f"waiting for the last job of the compare stopped in {out} to end"))
     sweep.lock_fd = lock.fd
@@ -162,6 +163,8 @@ def main(args: list[str]) -> int:
             for line in entry.followed:
                 print(f"  {line}")
     refused = dict(planned)
+    if searched_plan and searched_plan["reference_fitted"]:
+        print(searched_plan["reference_fitted"])
     for key, layout in layouts.items():  # how each layout runs here, before any runs
         print(f"{key}: {layout.describe()}")
         for line in (layout.scaled, refused[key] and f"not run: {refused[key]}"):
@@ -251,6 +254,20 @@ class Sweep:
             f"out_dir={run_dir}",
             *(layout.train_args() if layout else option_args(self.cfg, name, default_registry())),
         ]
+
+    def what_to_lower(self, name: str, nproc: int) -> str:
+        """The settings that set a run's memory, as it ran them: what an out-of-memory line tells to lower."""
+        layout = self.layouts.get(name)
+        micro_batch: int | None = layout.micro_batch if layout else None
+        if layout is None:
+            options = options_for(self.cfg, name, default_registry())
+            try:
+                mesh = default_registry().mesh_layout(name, nproc, nproc, **options)
+                micro_batch = self.cfg.world_batch(mesh.data_parallel(0)[1], data_parallel=mesh.declared)[0]
+            except ValueError:  # the run says itself why it could not split the batch
+                micro_batch = None
+        batch = f"micro_batch={micro_batch}, " if micro_batch is not None else "micro_batch, "
+        return f"{batch}seq_len={self.cfg.seq_len} or nproc={nproc}"
 
     def nproc_for(self, name: str) -> int:
         layout = self.layouts.get(name)
@@ -420,6 +437,7 @@ class Sweep:
             on_poll=on_poll,
             pass_fds=(self.lock_fd,) if self.lock_fd is not None else (),
             append_log=append_log,
+            oom_advice=self.what_to_lower(name, nproc),
         )
         if self.cfg.launcher == "slurm" and outcome.kind in ("timeout", "interrupted"):
             slurm.cancel_submitted(log_path.read_text(errors="replace"))
@@ -511,13 +529,16 @@ def _slurm_world(cfg: CompareConfig) -> tuple[str, int]:
     return device_type, cfg.nodes * per_node
 
 
-def _print_slurm_scripts(sweep: Sweep, runnable: list[str]) -> int:
-    """dry_run=true: write one sbatch script per strategy and print them; submit nothing."""
+def _print_slurm_scripts(sweep: Sweep, runnable: list[str], skipped: dict[str, str]) -> int:
+    """dry_run=true: write one sbatch script per strategy and print them, and why any other is
+    skipped; submit nothing."""
     sweep.write_train_config()  # what the scripts name
     for name in runnable:
         run_dir = sweep.out / sweep.name_of(name).folder
         script = sweep.slurm_script(name, run_dir, sweep.train_args(name, run_dir))
         print(f"# ---- {script}\n{script.read_text()}")
+    for name, why in skipped.items():
+        print(f"# skipped {sweep.name_of(name).label}: {why}")
     print(
         f"{len(runnable)} scripts written to {sweep.out / 'slurm'}; run the same command without "
         "dry_run=true to submit them one after another and gather the results into one report"
@@ -595,16 +616,21 @@ def run_settings(cfg: CompareConfig, name: str, layouts: dict[str, PlannedLayout
     return layout.strategy, {**layout.run_settings(), **reference}
 
 
-def _plan_layouts(cfg: CompareConfig, nproc: int) -> tuple[CompareConfig, dict[str, PlannedLayout], dict | None]:
+def _plan_layouts(
+    cfg: CompareConfig, nproc: int, device_type: str
+) -> tuple[CompareConfig, dict[str, PlannedLayout], dict | None]:
     """With plan=: the compare on the plan's model, seq_len and global batch, its `top` best layouts
-    by label, and the search result; without: the compare as given, no layouts."""
+    by label (each at a micro-batch that fits here: from_plan.fitted_here), and the search result, with
+    what fitting changed of the reference under "reference_fitted"; without: the compare as given."""
     if cfg.plan is None:
         return cfg, {}, None
     top = from_plan.DEFAULT_TOP if cfg.top is None else cfg.top
     search = from_plan.read_search(cfg.plan, top)
     from_plan.check_fits_here(search)
     cfg = replace(cfg, **from_plan.plan_settings(search))
-    return cfg, {layout.label: layout for layout in from_plan.layouts_of(search, top, nproc)}, search
+    layouts = from_plan.layouts_of(search, top, nproc)
+    cfg, layouts, note = from_plan.fitted_here(cfg, layouts, device_type, usable_bytes(device_type))
+    return cfg, {layout.label: layout for layout in layouts}, {**search, "reference_fitted": note}
 
 
 def _preflight(
@@ -626,7 +652,7 @@ def _preflight(
         try:
             followed[name] = preflight(RunConfig(**{**shared, **settings}, strategy=strategy), processes).followed
         except ModelUnsupported as exc:
-            cannot[name] = f"cannot run {cfg.model}: {exc}"
+            cannot[name] = f"cannot run {cfg.model} on {processes} process{'es' if processes > 1 else ''}: {exc}"
     return followed, cannot
 
 

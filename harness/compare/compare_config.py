@@ -13,7 +13,8 @@ from typing import Any, Collection, Optional
 from configs.schema import ConfigError, RunConfig, load_config, to_dict
 from harness.compare.resume import check_mode
 from harness.train import MLFLOW_DB
-from strategies.base import compute_precision
+from strategies.base import StrategyError, compute_precision
+from strategies.option_routing import compare_wide, is_section, route_options, section
 from strategies.registry import StrategyRegistry
 
 DEFAULT_PRESET = "default"
@@ -145,20 +146,14 @@ def _tracker_options(cfg: CompareConfig) -> dict[str, Any]:
     return options
 
 
-def _is_section(key: str, value: Any, strategy_names: Collection[str]) -> bool:
-    """Whether `strategy_options.<key>` is a strategy's own section rather than a shared option."""
-    return isinstance(value, dict) and key in strategy_names
-
-
 def own_options(cfg: CompareConfig, name: str) -> dict[str, Any]:
     """The options of `strategy_options.<name>.<key>=`: for strategy `name` alone."""
-    section = cfg.strategy_options.get(name)
-    return dict(section) if isinstance(section, dict) else {}
+    return section(cfg.strategy_options, name)
 
 
 def compare_wide_options(cfg: CompareConfig, registered: Collection[str]) -> dict[str, Any]:
     """The options of `strategy_options.<key>=`: for every strategy of the compare that has `key`."""
-    return {k: v for k, v in cfg.strategy_options.items() if not _is_section(k, v, registered)}
+    return compare_wide(cfg.strategy_options, registered)
 
 
 def options_for(cfg: CompareConfig, name: str, registry: StrategyRegistry) -> dict[str, Any]:
@@ -177,33 +172,22 @@ def option_args(cfg: CompareConfig, name: str, registry: StrategyRegistry) -> li
 def takers_of_compare_wide_options(
     cfg: CompareConfig, compared: Collection[str], registry: StrategyRegistry
 ) -> dict[str, list[str]]:
-    """Each compare-wide option with the compared strategies that take it. An option none of them
-    has is a mistake worth one line (with the closest option they do have)."""
-    wide = compare_wide_options(cfg, registry.names())
-    takers: dict[str, list[str]] = {key: [] for key in wide}
-    known: set[str] = set()
-    for name in compared:
-        has = registry.get(name).user_options()
-        known |= set(has)
-        for key in wide:
-            if key in has:
-                takers[key].append(name)
-    for key, names in takers.items():
-        if not names:
-            close = difflib.get_close_matches(key, sorted(known), n=1)
-            hint = f"did you mean {close[0]!r}? " if close else ""
-            listed = ", ".join(sorted(known)) or "none"
-            raise ConfigError(
-                f"strategy_options.{key} is an option of none of the compared strategies: {hint}their options are "
-                f"{listed} (runner.py list shows each strategy's)"
-            )
-    return takers
+    """Each compare-wide option with the compared strategies that take it (strategies/option_routing.py,
+    the plan's rule too). An option none of them has is a mistake worth one line (with the closest
+    option they do have)."""
+    try:
+        routed = route_options(
+            cfg.strategy_options, list(compared), registry.names(), lambda name: registry.get(name).user_options()
+        )
+    except StrategyError as exc:
+        raise ConfigError(str(exc)) from None
+    return routed.takers
 
 
 def check_own_options(cfg: CompareConfig, compared: Collection[str], registered: Collection[str]) -> None:
     """A section for a strategy this compare does not run is a mistake worth one line."""
     for key, value in cfg.strategy_options.items():
-        if _is_section(key, value, registered) and key not in compared:
+        if is_section(key, value, registered) and key not in compared:
             raise ConfigError(
                 f"strategy_options.{key} is for strategy {key!r}, which this compare does not run: "
                 f"add it to strategies= or drop the section"

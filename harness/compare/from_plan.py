@@ -24,8 +24,10 @@ from strategies.registry import StrategyError, default_registry
 
 if TYPE_CHECKING:
     from harness.compare.compare_config import CompareConfig
+    from harness.compare.fit_here import Fit
 
 DEFAULT_TOP = 3
+REFERENCE = "single"  # what each layout is measured beside
 # Settings a plan compare takes from the plan: given beside plan= they would measure something else.
 FROM_PLAN = ("model", "seq_len", "batch_size", "micro_batch", "grad_accum", "activation_checkpointing")
 SEARCH_COMMAND = "runner.py plan search=true model=... gpus=... global_batch_tokens=... format=json > plan.json"
@@ -223,6 +225,49 @@ def _pinned(strategy: str, layout: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
+def fitted_here(
+    cfg: CompareConfig, layouts: list[PlannedLayout], device_type: str, usable: float | None
+) -> tuple[CompareConfig, list[PlannedLayout], str | None]:
+    """The compare and its layouts at micro-batches that fit this machine (fit_here.py): a layout
+    whose planned micro-batch does not fit runs the largest that does, with more accumulation (in
+    its `scaled` words), one that fits at none is refused; the reference (one process, the whole
+    global batch) likewise, through the compare's micro_batch. Also the reference's change in words."""
+    from harness.compare.compare_config import train_options
+    from harness.compare.fit_here import described, largest_fitting
+
+    if usable is None:
+        return cfg, layouts, None
+    shared = train_options(cfg, [])
+    fitted = []
+    for layout in layouts:
+        if layout.refused is not None:
+            fitted.append(layout)
+            continue
+        settings = {**shared, **layout.run_settings()}
+        fit = largest_fitting(settings, layout.strategy, layout.nproc, device_type, usable)
+        if not fit.fits:
+            layout = replace(layout, refused=_does_not_fit(fit, layout.nproc))
+        elif fit.micro_batch < layout.micro_batch:
+            words = described(fit, layout.micro_batch, layout.nproc, device_type)
+            scaled = "; ".join(filter(None, [layout.scaled, words]))
+            layout = replace(layout, micro_batch=fit.micro_batch, grad_accum=fit.grad_accum, scaled=scaled)
+        fitted.append(layout)
+    reference = {**shared, "micro_batch": cfg.batch_size, "grad_accum": 1}
+    fit = largest_fitting(reference, REFERENCE, 1, device_type, usable)
+    if not fit.fits or fit.micro_batch == cfg.batch_size:
+        return cfg, fitted, None
+    note = f"{REFERENCE}: {described(fit, cfg.batch_size, 1, device_type)}"
+    return replace(cfg, micro_batch=fit.micro_batch), fitted, note
+
+
+def _does_not_fit(fit: Fit, processes: int) -> str:
+    return (
+        f"does not fit here even at micro-batch {fit.micro_batch} ({fit.needed_bytes / 2**30:.1f} GiB on {processes} "
+        f"process{'es' if processes > 1 else ''} by the planner's memory model, {fit.usable_bytes / 2**30:.1f} GiB "
+        "usable): measure it where more memory is"
+    )
+
+
 def _one_process(strategy: str) -> bool:
     try:
         return default_registry().get(strategy).one_process
@@ -256,5 +301,6 @@ def plan_facts(path: str, search: dict[str, Any], layouts: list[PlannedLayout]) 
         "precision": q.get("precision"),
         "global_batch": q["global_batch_sequences"],
         "seq_len": q["seq_len"],
+        "reference_fitted": search.get("reference_fitted"),
         "layouts": [asdict(layout) | {"folder": layout.folder} for layout in layouts],
     }

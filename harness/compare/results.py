@@ -16,7 +16,7 @@ from typing import Any
 from harness.compare.atomic_file import write_json_atomically
 from harness.compare.run_record import RunRecord
 from harness.compare.supervise import JobOutcome
-from harness.compare.verdict import NoiseBand, judge
+from harness.compare.verdict import NoiseBand, at_capacity, judge
 
 RESULTS_FILE = "results.json"
 # 2: verdicts against measured noise (verdict_kind, noise_ratio, the sweep's "noise");
@@ -180,10 +180,18 @@ def assign_verdicts(
             loss_dtype=result.loss_dtype,
             reference_loss_dtype=reference.loss_dtype,
         )
+        verdict = at_capacity(verdict, _capacity_factor(compare_dir, result), _capacity_factor(compare_dir, reference))
         result.max_rel_loss_diff, result.first_step_differs = verdict.max_rel_diff, verdict.first_step_over
         result.noise_ratio, result.verdict_kind, result.verdict = verdict.noise_ratio, verdict.kind, verdict.text
         result.matches_reference = verdict.agrees
     return reference.name
+
+
+def _capacity_factor(compare_dir: Path, result: StrategyResult) -> Any:
+    """The capacity factor a run's experts dropped tokens at (its summary's router); None: dropless or no experts."""
+    path = compare_dir / str(result.run_dir) / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    return (summary.get("router") or {}).get("capacity_factor")
 
 
 def from_record(name: str, description: str, run_dir: Path, compare_dir: Path, record: RunRecord) -> StrategyResult:

@@ -5,9 +5,11 @@
                   killed with its compare) from its last checkpoint where it wrote one, else
                   start it again; run the rest. A run folder of another configuration is a
                   one-line error naming what differs: a report never mixes two.
-    resume=never  run everything again; the earlier runs' files are replaced.
-    (unset)       as never, except that an out_dir holding a compare stopped midway is an error
-                  naming both ways on: an hour of someone's GPUs is not thrown away by default.
+    resume=never  run everything again; the earlier runs' files are replaced (the explicit way to
+                  overwrite an earlier compare).
+    (unset)       run everything, into an out_dir that holds no earlier compare: one that holds
+                  one, finished or stopped midway, is an error naming the ways on (resume=auto,
+                  resume=never, another out_dir): earlier results are never replaced unasked.
 
 Each run's folder says what it holds (run.json: harness/compare/run_record.py).
 """
@@ -61,11 +63,16 @@ def decide(runs: list[PlannedRun], resume: str | None, out_dir: Path) -> dict[st
         return {run.label: FRESH for run in runs}
     if resume is None:
         midway = [label for label, record in records.items() if record is not None and record.stopped_midway]
+        finished = [label for label, record in records.items() if record is not None and record.finished]
         if midway or _earlier_sweep_unfinished(out_dir):
-            finished = [label for label, record in records.items() if record is not None and record.finished]
             raise ConfigError(
                 f"{out_dir} holds a compare that was stopped midway ({_listing(finished, midway)}): continue it "
                 "with resume=auto, run it all again with resume=never, or give another out_dir"
+            )
+        if finished or (out_dir / RESULTS_FILE).is_file():
+            raise ConfigError(
+                f"{out_dir} holds a finished compare ({_listing(finished, [])}): keep its runs and run what is "
+                "missing with resume=auto, replace them all with resume=never, or give another out_dir"
             )
         return {run.label: FRESH for run in runs}
     for run in runs:

@@ -9,7 +9,8 @@ child subreaper (Linux): a worker forked just as its launcher died is adopted by
 supervisor rather than by init, so it is found and stopped too. Should the supervisor itself
 die (SIGKILL, which it cannot catch), the job's leader gets SIGTERM from the kernel (a parent-death
 signal), and torchrun stops its workers as it does on any SIGTERM. A failure is classified from
-the exit status and the log as one of FAILURE_KINDS, with a one-line message and the log's last lines.
+the exit status and the log as one of FAILURE_KINDS, with a one-line message and the log's last lines;
+a SIGKILL from the kernel's OOM killer (kernel_oom.py tells it from another) is out of memory too.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from harness.compare.kernel_oom import OomWatch
+
 FAILURE_KINDS = ("oom", "crash", "signal", "timeout", "interrupted")
 LOG_TAIL_LINES = 40
 GRACE_S = 5.0  # from SIGTERM to SIGKILL for the job's processes
 INTERRUPTED = "stopped by Ctrl-C (or SIGTERM or SIGHUP to compare)"
+KERNEL_OOM = "out of memory (killed by the kernel's OOM killer)"
 
 # Device out-of-memory as PyTorch, the CUDA caching allocator, cuBLAS/cuDNN and DeepSpeed word it.
 _OOM = re.compile(
@@ -72,15 +76,20 @@ def run_job(
     grace_s: float = GRACE_S,
     pass_fds: tuple[int, ...] = (),
     append_log: bool = False,
+    oom_advice: str = "",
+    oom_watch: OomWatch | None = None,
 ) -> JobOutcome:
     """Run `cmd` with stdout and stderr into `log_path` (after what it holds, with `append_log`);
     never raises for the job's own failure. `pass_fds` are inherited by the job's leader.
+    `oom_advice`: what to lower should the kernel's OOM killer kill it (`oom_watch` tells).
 
     Ctrl-C (KeyboardInterrupt) while it runs stops the job and returns kind "interrupted".
     """
     log_path.parent.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     own_children = _children_of(os.getpid())  # there before the job: not the job's
+    watch = oom_watch or OomWatch()
+    watch.start()
     with _adopting_orphans() as adopting:
         with log_path.open("ab" if append_log else "wb") as log:
             log.write(f"$ {shlex.join(cmd)}\n".encode())  # the log says how to run the job again
@@ -105,6 +114,7 @@ def run_job(
                     break
                 if on_poll is not None:
                     on_poll()
+                watch.poll()
                 time.sleep(poll_interval_s)
         except KeyboardInterrupt:
             stopped_for = "interrupted"
@@ -113,7 +123,8 @@ def run_job(
     wall = time.monotonic() - started
     text = _read_tail(log_path)
     tail = _without_launcher_traceback(text.splitlines())[-LOG_TAIL_LINES:]
-    kind, message = classify(proc.returncode, text, stopped_for, timeout_s)
+    killed_for_memory = stopped_for is None and proc.returncode != 0 and watch.killed()
+    kind, message = classify(proc.returncode, text, stopped_for, timeout_s, killed_for_memory, oom_advice)
     return JobOutcome(proc.returncode, kind, message, tail, wall)
 
 
@@ -298,9 +309,15 @@ def is_out_of_memory_message(text: str) -> bool:
 
 
 def classify(
-    returncode: int | None, log_text: str, stopped_for: str | None, timeout_s: float
+    returncode: int | None,
+    log_text: str,
+    stopped_for: str | None,
+    timeout_s: float,
+    oom_killed: bool = False,
+    oom_advice: str = "",
 ) -> tuple[str | None, str]:
-    """(kind, one-line message) for a finished job; kind None means success."""
+    """(kind, one-line message) for a finished job; kind None means success. `oom_killed`: the
+    kernel's OOM killer killed something while it ran, so a SIGKILL among its processes is that."""
     if stopped_for == "timeout":
         return "timeout", f"still running after timeout_s={timeout_s:g}: all its processes were killed"
     if stopped_for == "interrupted":
@@ -310,6 +327,9 @@ def classify(
     oom = _last_match_line(log_text, _OOM)
     if oom:
         return "oom", shorten(oom)
+    if oom_killed and _signal_number(returncode, log_text) == signal.SIGKILL:
+        lower = f": lower {oom_advice}" if oom_advice else ""
+        return "oom", f"{KERNEL_OOM}{lower}"
     # A worker's own exception is the cause even when the failure table shows a signal: a
     # process that raised may still abort in its C++ teardown ("terminate called ...") while
     # its peer's store or sockets go away, and torchrun SIGTERMs the survivors.

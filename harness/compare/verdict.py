@@ -26,7 +26,7 @@ Without noise runs (noise_runs=0) the rule is the fixed tolerance of loss_tolera
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -178,3 +178,22 @@ def judge(
         first,
         ratio,
     )
+
+
+def at_capacity(verdict: Verdict, capacity: Any, reference_capacity: Any) -> Verdict:
+    """A run whose experts drop tokens over a capacity is judged against a reference dropping at the same
+    capacity (the capacity_factor its summary gives; None: dropless): the verdict says so, or, where the
+    two differ, that the curves cannot be compared. Capacity is per sequence (models/routing.py), so at
+    the same factor every layout drops the same tokens the reference does."""
+    if capacity is None and reference_capacity is None:
+        return verdict
+    if capacity != reference_capacity:
+        return Verdict(
+            "not comparable",
+            f"not comparable: capacity factor {_capacity(capacity)}, the reference's {_capacity(reference_capacity)}",
+        )
+    return replace(verdict, text=f"{verdict.text}, at the reference's capacity factor {_capacity(capacity)}")
+
+
+def _capacity(factor: Any) -> str:
+    return "none (dropless)" if factor is None else str(factor)

@@ -23,6 +23,7 @@ _EXPORTS = {
     "largest_micro_batch": "memory.batch_limit",
     "question_for_run": "for_run",
     "prediction_for_run": "for_run",
+    "peak_for_run": "for_run",
     "calibration_for_report": "speed.calibration",
     "catalogue_listing": "model.model_catalogue",
 }

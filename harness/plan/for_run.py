@@ -9,6 +9,7 @@ from harness.common import hardware
 from harness.plan.model.model_shape import shape_of_spec
 from harness.plan.network.fabric import DEFAULT_FABRIC, FABRICS, IntraNode, Topology, parse_intra
 from harness.plan.parallel.backends import model_of
+from harness.plan.parallel.layout import LayoutError
 from harness.plan.predict import Question, plan_strategy
 from harness.plan.speed.calibration import default_factors
 from harness.plan.speed.step_time import SpeedFactors
@@ -75,3 +76,16 @@ def prediction_for_run(cfg: Any, summary: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s": plan.time.tokens_per_s if plan.time else None,
         "assumed": (f"speed factors {q.factors.basis}; {q.topology.describe()}" if plan.time else None),
     }
+
+
+def peak_for_run(cfg: Any, world_size: int, split: tuple[int, int]) -> int | None:
+    """The peak one process of the run `cfg` (a RunConfig) allocates on its device at this (micro-batch,
+    accumulation), by the planner's memory model; None where the planner has no model of its strategy
+    or cannot lay the run out (a split its pipeline's micro-batches do not divide)."""
+    if model_of(cfg.strategy) is None:
+        return None
+    q = question_for_run(cfg, world_size, 1, float("inf"), None, split)
+    try:
+        return plan_strategy(cfg.strategy, q).peak_bytes
+    except LayoutError:
+        return None

@@ -27,6 +27,7 @@ from harness.plan.model.model_shape import PlanError
 from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import known_backends, model_of, planned_as
 from harness.plan.parallel.engines import engine_differences
+from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_options import PlanConfig, check, gpu_counts, models_asked, question, shape_for
 from harness.plan.predict import Question, StrategyPlan, batching, plan_all, storage_precision
 from harness.plan.recommendation import Recommendation, recommend
@@ -189,10 +190,21 @@ def _split_lines(q: Question, plans: list[StrategyPlan]) -> list[str]:
     ]
 
 
+def option_lines(cfg: PlanConfig, names: list[str]) -> list[str]:
+    """The strategy options checked over the planned strategies `names` (planned_options.py: as train
+    and compare take them), as lines: which strategies each compare-wide option reaches, and the
+    planner's what-ifs. An option none takes, or one the plan cannot price, is a one-line error."""
+    routed = routed_options(names, cfg.strategy_options)
+    reaches = [] if len(names) == 1 else [f"{line}." for line in routed.reaches()]
+    return reaches + what_if_lines(routed)
+
+
 def planned(cfg: PlanConfig, q: Question) -> tuple[list[StrategyPlan], dict[str, str]]:
     """The plans of the strategies asked (or all), and why any could not be laid out; where none
     can be, a one-line error with the reasons."""
-    plans, not_planned = plan_all(strategy_names(cfg, q.gpus), q, asked=bool(cfg.strategies))
+    names = strategy_names(cfg, q.gpus)
+    routed_options(names, cfg.strategy_options)
+    plans, not_planned = plan_all(names, q, asked=bool(cfg.strategies))
     if not plans:
         reasons = "; ".join(dict.fromkeys(not_planned.values()))
         raise PlanError(f"{q.shape.name} on {q.gpus} GPUs: no strategy can lay it out: {reasons}")
@@ -314,7 +326,11 @@ def _single(cfg: PlanConfig) -> int:
 
         plots = write_plots(q, [p.name for p in plans], Path(cfg.out_dir))
     if cfg.format == "json":
-        doc = as_json(cfg, q, plans, rec) | {"not_planned": not_planned, "plots": [str(p) for p in plots]}
+        doc = as_json(cfg, q, plans, rec) | {
+            "not_planned": not_planned,
+            "plots": [str(p) for p in plots],
+            "strategy_options_reach": routed_options(strategy_names(cfg, q.gpus), cfg.strategy_options).takers,
+        }
         print(json.dumps(doc, indent=2))
         return 0
     paper = ", ".join(f"{name} {b / GB:.1f} GB" for name, b in zero_paper_view(q).items())
@@ -332,6 +348,7 @@ def _single(cfg: PlanConfig) -> int:
             *_split_lines(q, plans),
             *(f"Not planned: {name}: {why}" for name, why in not_planned.items()),
             *_config_files([p.name for p in plans]),
+            *option_lines(cfg, strategy_names(cfg, q.gpus)),
             "",
         ]
         + rec.lines
@@ -374,6 +391,7 @@ def _sweep(cfg: PlanConfig) -> int:
     for q, _, rec in points:
         lines.append(f"{q.shape.name} on {q.gpus} GPUs: {rec.lines[0]}")
     lines += _config_files(list(cfg.strategies or []))
+    lines += option_lines(cfg, strategy_names(cfg, first.gpus))
     print("\n".join(lines + [f"wrote {p}" for p in plots]))
     return 0
 

@@ -24,6 +24,7 @@ from harness.plan.parallel.async_tp_cost import AsyncTensorParallel, async_tp_co
 from harness.plan.parallel.backends import Backend, backend_for
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
+from harness.plan.parallel.planned_options import check_priced, options_of
 from harness.plan.speed.compute import compute_work, kernel_launches, memory_bytes_per_s, micro_step_kernels
 from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.host_issue import HostIssue, host_issue
@@ -288,6 +289,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         qk_norm=q.recipe.qk_norm,
         offload=q.recipe.activation_offload,
         fp8_inputs=q.recipe.fp8_saved_inputs,
+        sequence_parallel=backend.sequence_parallel,
     )
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
     if acts is not None and q.recipe.fragmentation:
@@ -369,6 +371,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             fused_norm=q.fused_norm,
             complex_rope=q.complex_rope,
             qk_norm=q.recipe.qk_norm,
+            sequence_parallel=backend.sequence_parallel,
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,
@@ -418,8 +421,11 @@ def _host(backend: Backend, q: Question, comms: list[Collective]) -> HostIssue:
 
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:
-    """The plan of the registered strategy `name`."""
-    return plan_backend(backend_for(name, q.shape, storage_precision(q.precision), q.gpus, q.strategy_options), q)
+    """The plan of the registered strategy `name`, with the options of `q` it takes (planned_options.py:
+    the compare-wide ones it has, then its own section)."""
+    options = options_of(name, q.strategy_options)
+    check_priced(name, options)
+    return plan_backend(backend_for(name, q.shape, storage_precision(q.precision), q.gpus, options), q)
 
 
 def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list[StrategyPlan], dict[str, str]]:

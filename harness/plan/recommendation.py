@@ -9,6 +9,7 @@ from harness.common.units import GIB
 from harness.plan.memory.batch_limit import fitting_micro_batch, micro_batch_limit
 from harness.plan.network.comm import tensor_parallel_across_nodes
 from harness.plan.parallel.backends import counterpart, model_of
+from harness.plan.parallel.layout import LayoutError
 from harness.plan.predict import Question, StrategyPlan, plan_strategy
 from harness.plan.what_if import fewest_gpus
 
@@ -156,6 +157,15 @@ def _fewest_gpus(name: str, q: Question) -> tuple[int, StrategyPlan] | None:
     return found if isinstance(found, tuple) else None
 
 
+def _planned(name: str, q: Question) -> StrategyPlan | None:
+    """`name`'s plan of a what-if, or None where the what-if cannot lay it out (a pipeline's micro-batches
+    that micro-batch 1 does not hold): that remedy is not one."""
+    try:
+        return plan_strategy(name, q)
+    except LayoutError:
+        return None
+
+
 def _more_checkpointing(q: Question) -> list[str]:
     return list(CHECKPOINTING_ORDER[CHECKPOINTING_ORDER.index(q.checkpointing) + 1 :])
 
@@ -163,8 +173,8 @@ def _more_checkpointing(q: Question) -> list[str]:
 def _fits_with(name: str, q: Question) -> list[str]:
     """What would make a strategy that does not fit fit: more checkpointing, more GPUs, both, a smaller micro-batch."""
     for mode in _more_checkpointing(q):
-        p = plan_strategy(name, replace(q, checkpointing=mode))
-        if p.fits:
+        p = _planned(name, replace(q, checkpointing=mode))
+        if p is not None and p.fits:
             speed = f", {p.time.tokens_per_s / q.gpus:,.0f} tokens/s per GPU" if p.time else ""
             return [f"activation_checkpointing={mode} ({_gib(p.peak_bytes)} per GPU{speed})"]
     options = []
@@ -177,8 +187,8 @@ def _fits_with(name: str, q: Question) -> list[str]:
             options.append(f"activation_checkpointing=full and {both[0]} GPUs ({_gib(both[1].peak_bytes)} per GPU)")
     if q.micro_batch > 1:
         smaller = replace(q, checkpointing="full", micro_batch=1, grad_accum=q.grad_accum * q.micro_batch)
-        p = plan_strategy(name, smaller)
-        if p.fits:
+        p = _planned(name, smaller)
+        if p is not None and p.fits:
             options.append(f"micro_batch=1 with accumulation and full checkpointing ({_gib(p.peak_bytes)} per GPU)")
     return options
 
@@ -207,13 +217,14 @@ def _remedies(p: StrategyPlan, q: Question) -> list[str]:
     offload = _offloaded(p, q)
     if offload:
         for question in questions:
-            o = plan_strategy(offload, question)
-            if o.fits:
+            o = _planned(offload, question)
+            if o is not None and o.fits:
                 how = "" if question is q else also
                 ways.append(f"{offload}{how}: optimizer state in host memory ({_gib(o.peak_bytes)} per GPU)")
                 break
     for question in questions:
-        largest = fitting_micro_batch(plan_strategy(p.name, question), question)
+        planned = _planned(p.name, question)
+        largest = fitting_micro_batch(planned, question) if planned is not None else None
         if largest and largest < q.micro_batch:
             how = "" if question is q else also
             ways.append(f"{p.name} at micro_batch={largest}{how}, with accumulation for the rest of the batch")
@@ -236,7 +247,7 @@ def _nothing_fits(plans: list[StrategyPlan], q: Question) -> Recommendation:
     ]
     for mode in _more_checkpointing(q):
         fitting = sorted(
-            (p for p in (plan_strategy(p.name, replace(q, checkpointing=mode)) for p in plans) if p.fits),
+            (p for p in (_planned(p.name, replace(q, checkpointing=mode)) for p in plans) if p is not None and p.fits),
             key=_speed_key,
         )
         if fitting:
@@ -256,15 +267,29 @@ def _nothing_fits(plans: list[StrategyPlan], q: Question) -> Recommendation:
     if ways:
         lines.append("It would fit with " + "; or ".join(ways) + ".")
     else:
-        least = plan_strategy(lean.name, replace(q, checkpointing="full", micro_batch=1).with_gpus(MAX_GPUS))
-        part, nbytes = _largest_part(least)
-        lines.append(
-            f"Neither more GPUs, full checkpointing, offload nor a smaller micro-batch makes it fit: at micro-batch 1 "
-            f"with full checkpointing on {MAX_GPUS:,} GPUs {lean.name} still needs {_gib(least.reserved_bytes)} per "
-            f"GPU (largest part: {part} {_gib(nbytes)}); a card with more memory, or a layout this planner does not "
-            "model (pipeline or context parallelism), is needed."
-        )
+        least = _planned(lean.name, replace(q, checkpointing="full", micro_batch=1).with_gpus(MAX_GPUS))
+        if least is None:
+            lines.append(f"Neither more GPUs, checkpointing, offload nor a smaller micro-batch makes {lean.name} fit.")
+        else:
+            part, nbytes = _largest_part(least)
+            lines.append(
+                f"Neither more GPUs, full checkpointing, offload nor a smaller micro-batch makes {lean.name} fit: at "
+                f"micro-batch 1 with full checkpointing on {MAX_GPUS:,} GPUs it still needs "
+                f"{_gib(least.reserved_bytes)} per GPU (largest part: {part} {_gib(nbytes)})."
+            )
+        lines += _other_layouts(lean, q)
     return Recommendation(None, None, lines)
+
+
+def _other_layouts(lean: StrategyPlan, q: Question) -> list[str]:
+    """The layouts of any strategy the planner models (tensor, pipeline, context parallel) that would fit
+    the same global batch, on these GPUs or the fewest more (search/what_fits.py)."""
+    if q.gpu is None:  # the search ranks by speed: without a known card, say only what the memory needs
+        return ["A card with more memory, or tensor, pipeline or context parallelism (plan search=true), is needed."]
+    from harness.plan.search.what_fits import what_fits  # the search imports this module
+
+    global_batch = q.global_batch or q.micro_batch * q.grad_accum * lean.layout.data_parallel
+    return what_fits(q, global_batch).lines(q.gpus)
 
 
 def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:

@@ -40,6 +40,8 @@ def planned_layouts(sweep: dict[str, Any], results: list[StrategyResult]) -> lis
     on_cpu = sweep.get("device_type") != "cuda"
     rows = [_row(layout, by_label.get(layout["label"]), measured_order, on_cpu) for layout in layouts]
     scaled = [f"`{layout['label']}` {layout['scaled']}." for layout in layouts if layout.get("scaled")]
+    if plan.get("reference_fitted"):
+        scaled.append(f"{plan['reference_fitted']}.")
     return [
         Heading("The plan's layouts, planned against measured"),
         Paragraph(

@@ -116,6 +116,7 @@ def _elements(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyRe
     elements: list[Element] = [*_overview(sweep, results)]
     elements += [Heading("Summary (fastest first)"), _summary_table(ran, device_type)]
     elements += _meshes(compare_dir, ran)
+    elements += _routing(compare_dir, ran)
     elements += _config_files(results)
     elements += _compare_wide_options(sweep, results)
     elements += _verdict_rule(sweep) + _unstable_start(curves.get(reference, []), sweep)
@@ -376,6 +377,56 @@ def _meshes(compare_dir: Path, ran: list[StrategyResult]) -> list[Element]:
             "and the loss is the mean over the global batch either way."
         ),
         Table(["strategy", "mesh", "data split over", "data-parallel ranks", "note"], rows, right_aligned={3}),
+    ]
+
+
+def _routing(compare_dir: Path, ran: list[StrategyResult]) -> list[Element]:
+    """What the routers of a mixture-of-experts model did under each strategy (its summary.json's
+    router), beside the memory and throughput it cost: nothing for a model without experts."""
+    rows = []
+    for r in sorted(ran, key=lambda r: -(r.tokens_per_s or 0)):
+        summary_path = compare_dir / str(r.run_dir) / "summary.json"
+        router = (json.loads(summary_path.read_text()) if summary_path.is_file() else {}).get("router")
+        if not router:
+            continue
+        counts = router["router_tokens_per_expert"]
+        a2a = router.get("all_to_all_ms_per_step")
+        rows.append(
+            [
+                f"`{r.name}`",
+                _number(r.tokens_per_s, "{:,.0f}"),
+                human_bytes(r.mem_params_bytes),
+                f"{len(counts)} x {len(counts[0])}",
+                " / ".join(f"{x:.2f}" for x in router["router_imbalance"]),
+                f"{router['router_dropped_fraction']:.1%}",
+                "none" if router.get("capacity_factor") is None else str(router["capacity_factor"]),
+                "n/a" if a2a is None else f"{a2a:.1f}",
+            ]
+        )
+    if not rows:
+        return []
+    return [
+        Heading("Routing"),
+        Paragraph(
+            "What each MoE layer's router did over the whole run, summed over the ranks: the busiest expert's load "
+            "over the mean load, per layer (1.00: perfectly balanced), the share of the routed tokens dropped over "
+            "capacity, and, where experts are sharded over ranks, the all-to-all time per step (the dispatch and "
+            "combine, timed on the last step of each logging interval; DeepSpeed's MoE times its forward ones only)."
+        ),
+        Table(
+            [
+                "strategy",
+                "tokens/s",
+                "params / rank",
+                "MoE layers x experts",
+                "load max/mean per layer",
+                "dropped",
+                "capacity factor",
+                "all-to-all ms / step",
+            ],
+            rows,
+            right_aligned={1, 2, 5, 7},
+        ),
     ]
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from harness.plan import catalogue_listing
 from models.zoo import describe, known_models
 from strategies.float8 import fp8_unavailable_reason
-from strategies.registry import StrategyRegistry, default_registry
+from strategies.registry import StrategyEntry, StrategyRegistry, default_registry
 
 
 def _as_typed(value: object) -> str:
@@ -47,17 +47,28 @@ def fp8_lines(registry: StrategyRegistry) -> list[str]:
     ]
 
 
+def status(entry: StrategyEntry, device_type: str) -> str:
+    """Whether `entry` runs here: unavailable (a missing package), unavailable on this machine's device
+    (what a compare skips it for there), or available."""
+    reason = entry.unavailable_reason
+    if reason is not None:
+        return f"unavailable: {reason}"
+    unsupported = entry.unsupported_reason(device_type)
+    return "available" if unsupported is None else f"unavailable on this device ({device_type}): {unsupported}"
+
+
 def main(args: list[str]) -> int:
     if args == ["--markdown"]:
         print("\n".join(strategy_table(default_registry())))
         return 0
     if args:
         return _config_files(args)
+    import torch
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
     print("strategies:")
     for entry in default_registry().entries():
-        reason = entry.unavailable_reason
-        status = "available" if reason is None else f"unavailable: {reason}"
-        print(f"  {entry.name:<18} {entry.description}  [{status}]")
+        print(f"  {entry.name:<18} {entry.description}  [{status(entry, device_type)}]")
         options = entry.user_options()
         if options:
             print(f"  {'':<18} strategy_options: {', '.join(f'{k}={_as_typed(v)}' for k, v in options.items())}")
@@ -69,8 +80,8 @@ def main(args: list[str]) -> int:
             f"  L={info['n_layer']} H={info['n_head']} C={info['n_embd']} V={info['vocab_size']}"
             if "n_layer" in info
             else ""
-        )
-        print(f"  {name:<18} {info['params'] / 1e6:>10.2f}M params{shape}")
+        ) + (f" experts={info['n_experts']} top-{info['top_k']}" if "n_experts" in info else "")
+        print(f"  {name:<18} {info['params'] / 1e6:>10.2f}M {'active ' if 'n_experts' in info else ''}params{shape}")
     print("  any user model as model=package.module:build (with model_kwargs.<name>=<value>)")
     print("planner catalogue (runner.py plan model=<name>; each one's sources in docs/planner.md):")
     print("\n".join(catalogue_listing()))

@@ -32,10 +32,12 @@ from harness.train.metrics import StepMetrics
 from harness.train.noise import RoundingNoise
 from harness.train.optimizer import Schedule, adamw_factory, resolve_schedule
 from harness.train.profiling import StepProfiler
+from harness.train.router_metrics import describe_routing, router_metrics
 from harness.train.trackers import Trackers, tracking
 from models.activation_checkpointing import enable_checkpointing
 from models.blocks import Blocks, find_blocks
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
+from models.routing import router_tallies
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.backend_imports import import_backends
 from strategies.base import RunContext, Strategy, compute_precision, no_checkpoints_error, torch_dtype
@@ -124,11 +126,13 @@ class Training:
         loggers_to_stderr()  # of the libraries the backend imported: stdout is the run's own
 
     def step_metrics(self, trackers: Trackers | None = None) -> StepMetrics:
+        # One loss (and one count of routed tokens) per data-parallel rank: the ranks of a
+        # tensor-parallel group hold the same one.
+        leads = self.strategy.mesh.leads_its_group(self.env.rank)
         return StepMetrics(
             env=self.env,
             data_parallel_size=self.strategy.data_parallel[1],
-            # One loss per data-parallel rank: the ranks of a tensor-parallel group hold the same one.
-            counts_loss=self.strategy.mesh.leads_its_group(self.env.rank),
+            counts_loss=leads,
             out_dir=Path(self.cfg.out_dir),
             tokens_per_step=self.cfg.batch_size * self.cfg.seq_len,
             flops_per_token=self.fpt,
@@ -137,6 +141,7 @@ class Training:
             printer=_rank0_print(self.env),
             devices=self.strategy.devices(),
             trackers=trackers,
+            router=router_metrics(self.model, self.env.device, leads),
         )
 
     def train(
@@ -153,6 +158,7 @@ class Training:
         loss_dtype: torch.dtype | None = None  # as the backend returns it: its resolution bounds the comparison
         for step in range(start_step, cfg.steps):
             with profiler.step(step):
+                metrics.begin_step(step, cfg.log_every, cfg.steps - 1)
                 lr = self.lr_schedule.at(step, cfg.steps)
                 strategy.set_lr(lr)
                 step_loss = None  # this rank's mean loss over its micro-steps, fp32, on the device
@@ -352,6 +358,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
 def _header(training: Training) -> str:
     cfg, env, strategy = training.cfg, training.env, training.strategy
     mesh = strategy.mesh
+    tallies = router_tallies(training.model)
     dp_size = strategy.data_parallel[1]
     ranks = f"{dp_size} data-parallel ranks" if mesh.declared else f"{env.world_size} ranks"
     return (
@@ -364,6 +371,7 @@ def _header(training: Training) -> str:
         + (f" | fp8: {training.fp8}" if training.fp8 else "")
         + (f" | {strategy.layout}" if strategy.layout else "")
         + (f" | checkpointing: {training.checkpointed}" if training.checkpointed else "")
+        + (f" | routing: {describe_routing(tallies)}" if tallies else "")
     )
 
 
@@ -431,6 +439,7 @@ def _summary(training: Training, metrics: StepMetrics, memory: MemoryBreakdown, 
         "mem_optimizer_bytes": last.get("mem_optimizer_bytes"),
         "memory_by_device_rank0": memory.as_dict(),
         "mesh": training.strategy.mesh.as_dict(),
+        "router": metrics.router_summary(),
         "data_parallel_size": training.strategy.data_parallel[1],
         "wall_time_s": time.time() - started,
         "versions": library_versions(),

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from harness.train import device_info
 from harness.train.distributed import DistEnv, all_reduce
+from harness.train.router_metrics import RouterMetrics
 from harness.train.trackers import Trackers
 from strategies.base import compute_precision
 from strategies.memory import MemoryBreakdown
@@ -43,6 +44,7 @@ class StepMetrics:
     # each, and peak memory is the largest among them. Empty: the rank's own device.
     devices: list[torch.device] = field(default_factory=list)
     trackers: Trackers | None = None  # rank 0's TensorBoard, W&B, MLflow writers (harness/train/trackers.py)
+    router: RouterMetrics | None = None  # a mixture-of-experts model's routing (harness/train/router_metrics.py)
     _pending: list[tuple[int, float, torch.Tensor]] = field(default_factory=list)
     _interval_start: float = 0.0
     _warm: bool = False  # past the first `timing_warmup` steps
@@ -121,6 +123,8 @@ class StepMetrics:
                     "mem_optimizer_bytes": int(reduced[4]),
                 }
             )
+        if self.router is not None:  # counts over the interval: on its last row
+            rows[-1].update(self.router.flush(self.env.world_size))
         # Only the interval's rows are kept in memory: a million-step run must not grow the host heap.
         self.last_row, self.steps_logged = rows[-1], self.steps_logged + len(rows)
         last_step = self._pending[-1][0]
@@ -139,6 +143,7 @@ class StepMetrics:
                 f"step {last_step + 1:>5} | loss {self.last_row['loss']:.4f} | lr {self.last_row['lr']:.2e} | "
                 f"{step_time * 1e3:8.1f} ms/step | {tokens_per_s:>10,.0f} tok/s"
                 + (f" | mfu {mfu:.1%}" if mfu is not None else "")
+                + (f" | expert load max/mean {rows[-1]['router_max_imbalance']:.2f}" if self.router else "")
             )
         return self.last_row
 
@@ -160,6 +165,15 @@ class StepMetrics:
         tokens_per_s = self.tokens_per_step * self._warm_steps / elapsed
         mfu = tokens_per_s * self.flops_per_token / self.job_peak_flops if self.job_peak_flops else None
         return {"tokens_per_s": tokens_per_s, "step_time_s": elapsed / self._warm_steps, "mfu": mfu}
+
+    def begin_step(self, step: int, log_every: int, last_step: int) -> None:
+        """Before each step: a step that ends a logging interval times its all-to-alls."""
+        if self.router is not None:
+            self.router.begin_step(self.should_flush(step, log_every, last_step))
+
+    def router_summary(self) -> dict[str, Any] | None:
+        """The routers' figures over the whole run; None for a model without experts."""
+        return self.router.summary() if self.router is not None else None
 
     def should_flush(self, step: int, log_every: int, last_step: int) -> bool:
         done = step + 1 - self.first_step

@@ -8,8 +8,9 @@ from harness.common.writable import check_writable
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
 from models.on_meta import on_meta
-from strategies.base import Strategy, StrategyError
+from strategies.base import ModelUnsupported, Strategy, StrategyError
 from strategies.float8 import check_fp8
+from strategies.mesh_layout import MeshError
 from strategies.registry import default_registry
 from strategies.single import started_more_than_one
 
@@ -25,6 +26,9 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     learning-rate schedule, which depends on its size, and checks it can lay the model out.
     The out_dir is created and tried with a file, the trackers' libraries looked for. Returns the
     strategy as constructed for rank 0 (what it followed of a config file: its `followed`).
+
+    A strategy that refuses this mesh (a MeshError) or this model (its check_model) raises
+    ModelUnsupported: a lone run stops with that line, a compare skips the strategy with it.
     """
     import torch
 
@@ -47,10 +51,18 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     )
     with on_meta():
         model, blocks, _ = prepare_model(cfg)
-    strategy = create_strategy(cfg, env, run_schedule(cfg, model), model, blocks)
+    try:
+        strategy = create_strategy(cfg, env, run_schedule(cfg, model), model, blocks)
+    except MeshError as exc:  # this many ranks: the same strategy may run on another count
+        raise ModelUnsupported(str(exc)) from None
     if world_size > 1 and registry.get(cfg.strategy).one_process:
         raise started_more_than_one(cfg.strategy, world_size)
-    strategy.check_model(model)
+    try:
+        strategy.check_model(model)
+    except ModelUnsupported:
+        raise
+    except ValueError as exc:  # this model (its heads, its blocks, its sequence): the others may lay it out
+        raise ModelUnsupported(str(exc)) from None
     if cfg.data != "markov":
         TokenFileData(cfg.data, cfg.seq_len)
     return strategy

@@ -40,7 +40,9 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
         Preset(
             "accelerate-fsdp-tp",
             description,
-            plan=PlanModel("torch", 3, "low_precision", via_accelerate=True, tensor_parallel=True),
+            plan=PlanModel(
+                "torch", 3, "low_precision", via_accelerate=True, tensor_parallel=True, sequence_parallel=False
+            ),
         ),
     )
 

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from harness.compare import compare_cli as compare
+from harness.compare.kernel_oom import OomWatch, available_share, oom_kill_count
 from harness.compare.progress import MetricsTail, SweepProgress
 from harness.compare.supervise import classify, run_job
 from tests.helpers import NANO, ROOT, RUNNER, env_for_tests, run_cli
@@ -323,6 +324,53 @@ Root Cause (first observed failure):
 def test_failure_classification(returncode, log, kind, words):
     got_kind, message = classify(returncode, log, None, 10)
     assert got_kind == kind and words in message
+
+
+def test_a_sigkill_while_the_oom_killer_killed_reads_as_out_of_memory_with_what_to_lower():
+    advice = "micro_batch=16, seq_len=1024 or nproc=2"
+    for log in (TORCHRUN_SIGKILL, TORCHRUN_SIGKILL_PEER_LOST):
+        kind, message = classify(1, log, None, 10, oom_killed=True, oom_advice=advice)
+        assert (kind, message) == ("oom", f"out of memory (killed by the kernel's OOM killer): lower {advice}")
+    assert classify(-9, "", None, 10, oom_killed=True)[0] == "oom"
+    assert classify(1, TORCHRUN_RAISE_THEN_SIGTERM, None, 10, oom_killed=True)[0] == "crash"  # no SIGKILL
+
+
+def _fake_watch(counts: list[int | None], available: float | None = 0.5) -> OomWatch:
+    """An OOM-kill count that reads each of `counts` in turn (before the job, then after it)."""
+    readings = iter(counts)
+    return OomWatch(count=lambda: next(readings), available=lambda: available)
+
+
+SIGKILL_ITSELF = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+
+
+@pytest.mark.parametrize(
+    "counts, available, kind",
+    [
+        ([3, 4], 0.5, "oom"),  # the cgroup's oom_kill count grew while the job ran
+        ([3, 3], 0.0, "signal"),  # another SIGKILL: the count says so, whatever the memory
+        ([None, None], 0.001, "oom"),  # no count readable: available memory near zero
+        ([None, None], 0.5, "signal"),
+    ],
+)
+def test_the_kernels_oom_kill_is_told_from_another_sigkill(tmp_path, counts, available, kind):
+    outcome = run_job(
+        [sys.executable, "-c", f"import time; time.sleep(0.3); {SIGKILL_ITSELF}"],
+        log_path=tmp_path / "log.txt",
+        timeout_s=30,
+        poll_interval_s=0.05,
+        oom_advice="micro_batch=8, seq_len=64 or nproc=2",
+        oom_watch=_fake_watch(counts, available),
+    )
+    assert outcome.kind == kind, outcome.message
+    if kind == "oom":
+        assert outcome.message.endswith("OOM killer): lower micro_batch=8, seq_len=64 or nproc=2")
+
+
+def test_the_oom_kill_count_reads_from_the_cgroup_or_the_machine():
+    count = oom_kill_count()
+    assert count is None or count >= 0
+    assert 0 < (available_share() or 0.5) <= 1
 
 
 def test_timeout_and_interrupt_win_over_exit_status():

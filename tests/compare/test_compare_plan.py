@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from configs.schema import ConfigError
+from configs.schema import ConfigError, RunConfig
+from harness.common.testing_hooks import AVAILABLE_MEMORY_ENV
 from harness.compare import compare_cli as compare
+from harness.compare.fit_here import USABLE_SHARE, needed_bytes
 from harness.compare.from_plan import layouts_of
 from harness.compare.run_names import safe_name
-from harness.plan import plan_cli
-from tests.helpers import run_cli
+from harness.plan import peak_for_run, plan_cli
+from tests.helpers import env_for_tests, run_cli
 
 # Strategies whose layouts `train` runs on a CPU: what is tested is how a plan's layouts run, not which wins.
 SEARCH = ["search=true", "model=gpt-nano", "gpus=2", "batch_size=8", "seq_len=32", "strategies=[ddp,fsdp]"]
@@ -29,38 +31,67 @@ def _measured_layouts(search: dict) -> list[tuple[int, dict]]:
     return [(rank, layout) for rank, layout in ranked if layout["activation_checkpointing"] != "selective"]
 
 
+def _tight_memory(search: dict) -> int:
+    """Available host memory, faked, in which the plan's first layout fits at half its micro-batch and not
+    at its own (the planner's estimate, as fit_here.py makes it)."""
+    first = search["layouts"][0]
+    micro, local, processes = first["micro_batch"], first["micro_batch"] * first["grad_accum"], 2
+    cfg = RunConfig(model="gpt-nano", seq_len=32, batch_size=8, strategy=first["strategy"], precision="fp32")
+    need = [needed_bytes(peak_for_run(cfg, processes, (m, local // m)), processes, "cpu") for m in (micro // 2, micro)]
+    return int(sum(need) / 2 / USABLE_SHARE)
+
+
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
-    """(the search result, the out_dir of `compare plan=... top=2`)."""
+def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, str]:
+    """(the search result, the out_dir of `compare plan=... top=3` on a machine whose memory takes the first
+    layout's micro-batch at half, its printed output)."""
     folder = tmp_path_factory.mktemp("compare_plan")
     printed = io.StringIO()
     with redirect_stdout(printed):
         assert plan_cli.main(SEARCH) == 0
     plan_file = folder / "plan.json"
     plan_file.write_text(printed.getvalue())
+    search = json.loads(printed.getvalue())
     out = folder / "out"
     args = ["compare", f"plan={plan_file}", f"top={TOP}", "steps=3", "noise_runs=0", "device=cpu", f"out_dir={out}"]
-    proc = run_cli([*args, "data_samples=256", "timeout_s=60"], timeout=150)
+    env = {**env_for_tests(), AVAILABLE_MEMORY_ENV: str(_tight_memory(search))}
+    proc = run_cli([*args, "data_samples=256", "timeout_s=60"], timeout=150, env=env)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(printed.getvalue()), out
+    return search, out, proc.stdout
 
 
-def test_each_layout_runs_with_its_planned_settings(measured: tuple[dict, Path]) -> None:
-    search, out = measured
+def test_each_layout_runs_with_its_planned_settings(measured: tuple[dict, Path, str]) -> None:
+    search, out, _ = measured
     assert len(_measured_layouts(search)) >= 2
+    ran = {layout["label"]: layout for layout in json.loads((out / "compare.json").read_text())["from_plan"]["layouts"]}
     for rank, layout in _measured_layouts(search):
         summary = json.loads((out / safe_name(f"{layout['strategy']}#{rank}") / "summary.json").read_text())
         config = summary["config"]
         assert config["strategy"] == layout["strategy"]
         assert config["strategy_options"] == layout["strategy_options"]
-        assert (summary["micro_batch"], summary["grad_accum"]) == (layout["micro_batch"], layout["grad_accum"])
+        here = ran[f"{layout['strategy']}#{rank}"]
+        assert (summary["micro_batch"], summary["grad_accum"]) == (here["micro_batch"], here["grad_accum"])
+        assert summary["micro_batch"] * summary["grad_accum"] == layout["micro_batch"] * layout["grad_accum"]
         assert config["activation_checkpointing"] == (layout["activation_checkpointing"] == "full")
         assert (config["seq_len"], config["batch_size"]) == (32, 8)
         assert summary["world_size"] == 2
 
 
-def test_layouts_learn_what_single_learns(measured: tuple[dict, Path]) -> None:
-    search, out = measured
+def test_a_micro_batch_that_does_not_fit_here_is_halved_and_said(measured: tuple[dict, Path, str]) -> None:
+    """The first layout's planned micro-batch does not fit the (faked) memory: it runs half of it, with
+    twice the accumulation, and the compare's output and its report say so."""
+    search, out, printed = measured
+    first = search["layouts"][0]
+    label = f"{first['strategy']}#1"
+    summary = json.loads((out / safe_name(label) / "summary.json").read_text())
+    assert (summary["micro_batch"], summary["grad_accum"]) == (first["micro_batch"] // 2, 2 * first["grad_accum"])
+    words = f"micro-batch {first['micro_batch']} does not fit this machine's memory"
+    assert words in printed
+    assert words in (out / "report.md").read_text()
+
+
+def test_layouts_learn_what_single_learns(measured: tuple[dict, Path, str]) -> None:
+    search, out, _ = measured
     results = json.loads((out / "results.json").read_text())
     assert results["reference"] == "single"
     ran = {f"{layout['strategy']}#{rank}" for rank, layout in _measured_layouts(search)}
@@ -69,8 +100,8 @@ def test_layouts_learn_what_single_learns(measured: tuple[dict, Path]) -> None:
     assert all(r["status"] == "ok" and r["matches_reference"] for r in layouts), layouts
 
 
-def test_report_shows_planned_beside_measured(measured: tuple[dict, Path]) -> None:
-    search, out = measured
+def test_report_shows_planned_beside_measured(measured: tuple[dict, Path, str]) -> None:
+    search, out, _ = measured
     report = (out / "report.md").read_text()
     heading = "## The plan's layouts, planned against measured"
     assert heading in report

@@ -325,6 +325,11 @@ def test_resume_decides_from_each_run_folder(tmp_path):
     with pytest.raises(ValueError, match=r"stopped midway \(done finished\): continue it with resume=auto"):
         decide(runs[:1], None, tmp_path)
     changed = [PlannedRun("done", "ddp", tmp_path / "done", 2, identity(seed=7))]
+    # A finished compare is never replaced unasked: resume=never is how to run it all again there.
+    (tmp_path / "results.json").write_text('{"state": "finished"}')
+    with pytest.raises(ValueError, match=r"holds a finished compare \(done finished\): keep its runs .* resume=never"):
+        decide(runs[:1], None, tmp_path)
+    assert decide(runs[:1], "never", tmp_path) == {"done": FRESH}
     with pytest.raises(ConfigurationChanged, match=r"\(done: seed was 1337, now 7\): use the old value, or another"):
         decide(changed, "auto", tmp_path)
 

@@ -123,3 +123,14 @@ def test_a_meta_build_leaves_the_next_real_build_initialised_as_before(spec, kwa
         assert proc.returncode == 0, proc.stderr[-2000:]
         weights[first] = float(proc.stdout.split()[-1])
     assert weights["meta"] == weights["real"] > 0
+
+
+def test_hf_model_kwargs_take_zero_dropout_but_not_zero_sizes():
+    from models.hf import HFModelError, build_config
+
+    config = build_config("GPT2Config", {"n_layer": 2, "resid_pdrop": 0.0, "embd_pdrop": 0, "attn_pdrop": 0.0})
+    assert config.resid_pdrop == 0.0 and config.embd_pdrop == 0
+    with pytest.raises(HFModelError, match="model_kwargs.n_layer=0 must be positive"):
+        build_config("GPT2Config", {"n_layer": 0})
+    with pytest.raises(HFModelError, match="model_kwargs.resid_pdrop=-0.1 must be positive"):
+        build_config("GPT2Config", {"resid_pdrop": -0.1})

@@ -67,3 +67,27 @@ class ZeroPlusPlus(_Declared):
 
 class Threads(_Declared):
     presets = (Preset("test-dataparallel", "torch.nn.DataParallel", plan=PlanModel("torch", 0, replicas="threads")),)
+
+
+class Composed(_Declared):
+    """torchtitan's FSDP x TP x PP x CP in one strategy, as a composed mesh takes its sizes."""
+
+    presets = (
+        Preset(
+            "test-fsdp-tp-pp-cp",
+            "FSDP2 inside pipeline stages, tensor and context parallel",
+            plan=PlanModel("torch", 3, "low_precision", tensor_parallel=True),
+        ),
+    )
+
+    def __init__(  # noqa: ANN001
+        self,
+        ctx,
+        *,
+        tp_size: int | None = None,
+        pp_size: int | None = None,
+        cp_size: int | None = None,
+        schedule: str = "1f1b",
+        microbatches: int | None = None,
+    ):
+        super().__init__(ctx)

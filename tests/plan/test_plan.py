@@ -387,6 +387,18 @@ def test_recommendation_when_nothing_fits_says_what_would():
     assert "fsdp-offload with activation_checkpointing=full: optimizer state in host memory" in rec.lines[1]
 
 
+def test_when_no_remedy_of_the_asked_strategy_fits_the_plan_names_layouts_that_do():
+    """A 70B under ddp-tp on 8 GPUs at 32K tokens: context parallelism beside FSDP's offload fits on the
+    same GPUs (every FSDP2 name of the mesh takes cp_size), and the plan names it with its size and
+    peak, from the search."""
+    q, plans = plan(model="llama3.1-70b", gpus=8, seq_len=32768, micro_batch=1, strategies=["ddp-tp"])
+    rec = recommend(list(plans.values()), q)
+    text = "\n".join(rec.lines)
+    assert rec.best is None and "does not model" not in text
+    assert "Layouts that fit on these GPUs: fsdp-offload cp_size=8 micro_batch=1" in text
+    assert " GiB per GPU, " in text
+
+
 def test_checkpointing_that_would_let_the_faster_strategy_fit_is_suggested():
     q, plans = plan(
         model="gpt2-774m", gpus=8, gpu_mem_gb=24, peak_tflops=989, micro_batch=8, strategies=["ddp", "zero3"]

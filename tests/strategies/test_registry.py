@@ -25,6 +25,7 @@ TORCH_NAMES = {
     "zero1-tp",
     "fsdp-pp",
     "fsdp-cp",
+    "ddp-ep",
 }
 DEEPSPEED_NAMES = {
     "zero1",
@@ -35,6 +36,8 @@ DEEPSPEED_NAMES = {
     "zero3-hpz",
     "zero3-zeropp",
     "zero1-pp",
+    "zero1-ep",
+    "zero2-ep",
 }
 ACCELERATE_NAMES = {
     "accelerate-ddp",
@@ -109,6 +112,17 @@ def test_list_shows_the_options_a_run_may_set():
     assert "strategy_options: bucket_cap_mb=25.0, find_unused_parameters=false" in ddp_options
     zero1_options = lines[lines.index(next(line for line in lines if line.strip().startswith("zero1 "))) + 1]
     assert zero1_options.split() == ["strategy_options:", "cpu_adam=null"]
+
+
+def test_list_calls_a_strategy_its_device_cannot_run_unavailable_there_with_why():
+    """zero3-zeropp's quantization kernels run on GPUs only: list says so on a CPU, as the compare skips it."""
+    from harness.train.list_cli import status
+
+    entry = default_registry().get("zero3-zeropp")
+    if entry.unavailable_reason:
+        pytest.skip(entry.unavailable_reason)
+    assert status(entry, "cpu").startswith("unavailable on this device (cpu): DeepSpeed's ZeRO++ quantization kernels")
+    assert status(entry, "cuda") == "available" == status(default_registry().get("zero3-hpz"), "cpu")
 
 
 def test_missing_dependency_is_listed_with_reason():

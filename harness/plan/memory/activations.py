@@ -27,8 +27,13 @@ low precision.
 Checkpointing: `full` keeps each block's input and rebuilds one block at a time in the backward;
 `selective` (torchtitan's op-level policy) keeps each block's input, the outputs of every second
 matmul (the 1st, 3rd, ...) and attention's output, and rebuilds the rest of one block at a time.
-Tensor parallelism (with sequence parallelism) divides every activation by tp except the
-gathered inputs of the column-parallel projections, which each GPU keeps whole.
+Tensor parallelism with sequence parallelism divides every activation by tp except the
+gathered inputs of the column-parallel projections, which each GPU keeps whole. Without sequence
+parallelism (sequence_parallel=false) the residual stream between the blocks' matmuls is whole on
+every GPU of the group: the norms keep their whole inputs and statistics, and checkpointing keeps
+each block's whole input (Korthikanti et al. 2022, arXiv 2205.05198, section 4.2.2 and table 2:
+sbh(10 + 24/t + 5as/(ht)) per layer without it, sbh/t (34 + 5as/h) with it; the models here have no
+dropout, so none of its masks are counted).
 tests/plan/test_plan.py checks the saved-tensor part against autograd's own saved tensors.
 
 A model with no transformer sizes (a user's model) has its activations traced instead
@@ -101,9 +106,11 @@ def block_bytes_per_token(
     fused_norm: bool = False,
     qk_norm: bool = False,
     fp8_inputs: bool = False,
+    sequence_parallel: bool = True,
 ) -> float:
     """What one block saves for backward, per token, on one of `tp` GPUs. `fp8_inputs`: the
-    projections keep their inputs as the fp8 cast (recipe.py fp8_saved_inputs)."""
+    projections keep their inputs as the fp8 cast (recipe.py fp8_saved_inputs); without
+    `sequence_parallel` the norms' are whole on each of them."""
     residual, matmul = _dtypes(precision, mixed_precision)
     h, f = dims.width, dims.ffn_width
     q, kv = dims.q_width, dims.kv_width
@@ -119,15 +126,20 @@ def block_bytes_per_token(
         split += dims.heads * seq_len * matmul
     if qk_norm:
         split += qk_norm_bytes_per_token(dims, matmul, fused_norm)
-    return (2 * norm_bytes_per_token(dims, residual, fused_norm) + split) / tp + gathered
+    norms = 2 * norm_bytes_per_token(dims, residual, fused_norm)
+    return norms / (tp if sequence_parallel else 1) + split / tp + gathered
 
 
-def selective_bytes_per_token(dims: TransformerDims, precision: str, mixed_precision: str, tp: int = 1) -> float:
-    """What torchtitan's op-level policy keeps of a block per token: its input, every second
-    matmul's output (1st, 3rd, ...) and attention's output and log-sum-exp."""
+def selective_bytes_per_token(
+    dims: TransformerDims, precision: str, mixed_precision: str, tp: int = 1, sequence_parallel: bool = True
+) -> float:
+    """What torchtitan's op-level policy keeps of a block per token: its input (whole on each of the
+    `tp` GPUs without sequence parallelism), every second matmul's output (1st, 3rd, ...) and
+    attention's output and log-sum-exp."""
     residual, matmul = _dtypes(precision, mixed_precision)
     kept_outputs = sum(out for i, (out, _) in enumerate(block_projections(dims, 1)) if i % 2 == 0)
-    return (dims.width * residual + (kept_outputs + dims.q_width) * matmul + dims.heads * LOGSUMEXP_BYTES) / tp
+    block_input = dims.width * residual / (tp if sequence_parallel else 1)
+    return block_input + ((kept_outputs + dims.q_width) * matmul + dims.heads * LOGSUMEXP_BYTES) / tp
 
 
 def loss_bytes_per_logit(precision: str, fused: bool) -> int:
@@ -135,11 +147,18 @@ def loss_bytes_per_logit(precision: str, fused: bool) -> int:
 
 
 def head_bytes_per_token(
-    dims: TransformerDims, precision: str, mixed_precision: str, fused_loss: bool, tp: int = 1, fused_norm: bool = False
+    dims: TransformerDims,
+    precision: str,
+    mixed_precision: str,
+    fused_loss: bool,
+    tp: int = 1,
+    fused_norm: bool = False,
+    sequence_parallel: bool = True,
 ) -> float:
     residual, matmul = _dtypes(precision, mixed_precision)
     loss = loss_bytes_per_logit(precision, fused_loss) * dims.vocab
-    return norm_bytes_per_token(dims, residual, fused_norm) / tp + loss / dims.head_split(tp) + dims.width * matmul
+    norm = norm_bytes_per_token(dims, residual, fused_norm) / (tp if sequence_parallel else 1)
+    return norm + loss / dims.head_split(tp) + dims.width * matmul
 
 
 def activations(
@@ -157,10 +176,12 @@ def activations(
     qk_norm: bool = False,
     offload: bool = False,
     fp8_inputs: bool = False,
+    sequence_parallel: bool = True,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
-    the blocks keep goes to host memory but for the OFFLOAD_BLOCKS_ON_GPU blocks in flight."""
+    the blocks keep goes to host memory but for the OFFLOAD_BLOCKS_ON_GPU blocks in flight;
+    `sequence_parallel`: tensor parallel splits the residual stream along the sequence too."""
     dims = shape.dims
     if dims is None:
         if checkpointing == "selective":
@@ -180,18 +201,20 @@ def activations(
         )
     tokens = micro_batch * seq_len
     per_token = block_bytes_per_token(
-        dims, precision, mixed_precision, tp, attention, seq_len, fused_norm, qk_norm, fp8_inputs
+        dims, precision, mixed_precision, tp, attention, seq_len, fused_norm, qk_norm, fp8_inputs, sequence_parallel
     )
     block = per_token * tokens
-    head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm) * tokens
+    head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm, sequence_parallel)
+    head *= tokens
+    residual_split = tp if sequence_parallel else 1  # the residual stream between blocks, on one GPU
     if checkpointing == "none":
         kept, rebuilt = block, 0.0
     elif checkpointing == "full":
         residual, _ = _dtypes(precision, mixed_precision)
         # The head's loss buffers are freed before the first block is rebuilt.
-        kept, rebuilt = dims.width * residual * tokens / tp, max(0, block - head)
+        kept, rebuilt = dims.width * residual * tokens / residual_split, max(0, block - head)
     else:
-        kept = selective_bytes_per_token(dims, precision, mixed_precision, tp) * tokens
+        kept = selective_bytes_per_token(dims, precision, mixed_precision, tp, sequence_parallel) * tokens
         rebuilt = max(0, block - kept - head)
     on_gpu = min(dims.layers, OFFLOAD_BLOCKS_ON_GPU) if offload else dims.layers
     return Activations(

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from harness.plan.model import hf_configs
 from models.gpt_config import PRESETS, GPTConfig
+from models.moe_config import MOE_PRESETS
 
 if TYPE_CHECKING:
     from harness.plan.memory.activation_trace import ActivationTracer
@@ -246,6 +247,8 @@ def shape_of_spec(
     from harness.plan.model import hf_files, model_catalogue
 
     kwargs = dict(model_kwargs or {})
+    if spec in MOE_PRESETS:
+        hf_files.refuse_experts(spec, {"num_experts": MOE_PRESETS[spec].n_experts})
     if not block_names and spec in PRESETS:
         try:
             return _gpt_shape(spec, dataclasses.replace(PRESETS[spec], **kwargs))

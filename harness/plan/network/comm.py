@@ -13,7 +13,11 @@ inside the node. Tensor parallelism (torchtitan's plan, with sequence parallelis
 block's activations before the attention and the MLP and reduce-scatters their outputs, forward and
 backward, inside its group and in the block's critical path: on NVLink inside a node, on the network
 where the group is wider than a node; async tensor parallelism pipelines most of them with the
-matmuls they feed or drain (async_tp_cost.py prices those). torch.nn.DataParallel broadcasts the
+matmuls they feed or drain (async_tp_cost.py prices those). Without sequence parallelism
+(Megatron-LM's f and g operators) the column-parallel inputs are whole already, so nothing is
+gathered, and the row-parallel outputs are all-reduced forward, the column-parallel inputs'
+gradients backward: as many bytes on the wire, in half as many collectives (Korthikanti et al.
+2022, arXiv 2205.05198, section 4.2.2). torch.nn.DataParallel broadcasts the
 model from GPU 0 every step, gathers the replicas' outputs onto it and reduces their gradients
 onto it, none of it hidden.
 """
@@ -136,6 +140,11 @@ def _deepspeed_fetches(shape: ModelShape, backend: Backend, tp: int) -> Fetches 
 # reduce-scatters' outputs are kept (its save list), so only the all-gathers.
 TP_RECOMPUTED = {"none": {"all-gather": 0, "reduce-scatter": 0}, "full": {"all-gather": 1, "reduce-scatter": 1}}
 TP_RECOMPUTED["selective"] = {"all-gather": 1, "reduce-scatter": 0}
+# Without sequence parallelism, a block's all-reduces of one pass (the attention's and the MLP's)
+# that checkpointing runs again: both under full; under selective the output projection's, whose
+# result the MLP's norm reads (the policy saves no all-reduce, and recomputation stops before the
+# MLP's, which nothing in the block's backward reads).
+TP_ALL_REDUCES_RECOMPUTED = {"none": 0, "full": 2, "selective": 1}
 
 
 def _tensor_parallel(
@@ -147,6 +156,7 @@ def _tensor_parallel(
     fp8: bool = False,
     async_tp: bool = False,
     overlapped: bool = False,
+    sequence_parallel: bool = True,
 ) -> list[Collective]:
     """Per block, forward: all-gather the sequence-sharded input of the attention and of the MLP,
     reduce-scatter their outputs; the backward mirrors them, and checkpointing repeats the
@@ -159,12 +169,21 @@ def _tensor_parallel(
     matmuls (pipelined with the forward's and the input gradients' GEMMs, in bulk beside the
     weight gradients' and the input gradients' ones: its ub_overlap_ag/rs and bulk_dgrad/wgrad,
     all on under tp_comm_overlap), so each hides in its phase as far as the phase's compute
-    reaches; the head's and the embedding's, outside the blocks, stay exposed."""
+    reaches; the head's and the embedding's, outside the blocks, stay exposed. Without
+    `sequence_parallel`: the row-parallel outputs all-reduced forward and the column-parallel
+    inputs' gradients backward, two a block each way, and once each for the embedding's output
+    and the head's input."""
     if layout.tp <= 1 or shape.dims is None:
         return []
     element = tokens * shape.dims.width
     layers = shape.dims.layers
     held = compute_bytes(precision)
+    if not sequence_parallel:
+        calls = (2 * 2 + TP_ALL_REDUCES_RECOMPUTED[checkpointing]) * layers + 2
+        what = "tensor-parallel all-reduce of activations (no sequence parallel)"
+        return [
+            Collective(what, "all-reduce", element * calls * held, calls, None, layout.tp_group, per_micro_step=True)
+        ]
     fused = fused_collectives(shape.dims, layout.tp, checkpointing) if async_tp else []
     out = []
     for kind in ("all-gather", "reduce-scatter"):
@@ -296,7 +315,20 @@ def collectives(
         else:  # DDP's buckets
             bucket = int(backend.option("bucket_cap_mb") * 2**20)
             reduces, tail = max(1, math.ceil(payload / bucket)), min(bucket, payload)
-        out.append(Collective("all-reduce gradients", "all-reduce", payload, reduces, window, shards, tail_bytes=tail))
+        # replicate reduces on every micro-step where its strategy says so (sync_each_micro_step), DDP on the last.
+        every = backend.fsdp2_units and bool(backend.options.get("sync_each_micro_step"))
+        out.append(
+            Collective(
+                "all-reduce gradients",
+                "all-reduce",
+                payload,
+                reduces,
+                window,
+                shards,
+                tail_bytes=tail,
+                per_micro_step=every,
+            )
+        )
         if backend.stage == 1:
             # torch's ZeRO-1 (ZeroRedundancyOptimizer): each rank broadcasts the fp32 parameters it
             # stepped, one tensor at a time, after the step.
@@ -392,7 +424,9 @@ def collectives(
             )
         )
     overlapped = bool(backend.options.get(TP_COMM_OVERLAP))
-    out += _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp, overlapped)
+    out += _tensor_parallel(
+        shape, layout, tokens, precision, checkpointing, fp8, async_tp, overlapped, backend.sequence_parallel
+    )
     out += _offload_copies(shape, backend, precision, layout.shard)
     return out
 
@@ -428,15 +462,16 @@ def local_copy_bytes(
     async_tp: bool = False,
 ) -> float:
     """Bytes a micro-step moves through the GPU's memory around its collectives, besides the wire:
-        FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
-        and write, forward and again in a resharded backward; replicate, a unit's copy of one rank) and
-        the gradients into the reduction's input (read in the compute dtype, written in the reduction's);
-        ZeRO-1/2 copy the gradients into their bucket. Tensor parallelism gathers and scatters
-        activations along the sequence, not the first dimension NCCL works on, so each of its
-        collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
-        and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
-        own copies are async_tp_cost.py's), nor do TransformerEngine's userbuffers under tp_comm_overlap,
-    which gather into and scatter out of the buffers the matmuls read and write."""
+    FSDP and ZeRO-3 copy each gathered unit out of the all-gather buffer into the parameters (read
+    and write, forward and again in a resharded backward; replicate, a unit's copy of one rank) and
+    the gradients into the reduction's input (read in the compute dtype, written in the reduction's);
+    ZeRO-1/2 copy the gradients into their bucket. Tensor parallelism gathers and scatters
+    activations along the sequence, not the first dimension NCCL works on, so each of its
+    collectives copies the whole activation once more (DTensor's redistribution between Shard(1)
+    and Replicate); async TP's fused ops take and give the sequence's shards as they are (their
+    own copies are async_tp_cost.py's), as do TransformerEngine's userbuffers under tp_comm_overlap,
+    which gather into and scatter out of the buffers the matmuls read and write, and without
+    sequence parallelism the all-reduces work on the whole activation as it lies."""
     params = shape.params / layout.tp
     gather = 2 * compute_bytes(precision)
     reduce = compute_bytes(precision) + _grad_reduce_bytes(backend, precision)
@@ -446,7 +481,10 @@ def local_copy_bytes(
         moved += params * (gathers * gather + reduce)
     elif backend.stage in (1, 2) and backend.engine == "deepspeed":
         moved += params * reduce
-    for c in _tensor_parallel(shape, layout, tokens, precision, checkpointing, fp8, async_tp):
-        if c.window != PIPELINED and not backend.options.get(TP_COMM_OVERLAP):
+    overlapped = bool(backend.options.get(TP_COMM_OVERLAP))
+    for c in _tensor_parallel(
+        shape, layout, tokens, precision, checkpointing, fp8, async_tp, overlapped, backend.sequence_parallel
+    ):
+        if c.window != PIPELINED and c.kind != "all-reduce" and not overlapped:
             moved += 2 * c.payload_bytes  # read and written once more
     return moved

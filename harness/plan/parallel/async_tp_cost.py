@@ -108,7 +108,7 @@ def async_tp_of(backend: Backend, layout: Layout, compiled: bool) -> bool:
             f"{backend.name}: async_tp=true needs compile=true: Inductor's micro-pipeline pass is what fuses the "
             "tensor-parallel collectives with their matmuls"
         )
-    if backend.options.get("sequence_parallel") is False:
+    if not backend.sequence_parallel:
         raise LayoutError(
             f"{backend.name}: async_tp pipelines sequence parallelism's all-gathers and reduce-scatters: "
             "give sequence_parallel=true"

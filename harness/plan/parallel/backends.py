@@ -202,4 +202,6 @@ def filled_in(backend: Backend, shape: ModelShape, precision: str, world: int, o
         options.setdefault("bucket_cap_mb", DDP_BUCKET_CAP_MB)
         # Both the ddp plugin and accelerate-ddp (given DDP kwargs) turn it on; torch's default is off.
         options.setdefault("gradient_as_bucket_view", True)
-    return replace(backend, options=options)
+    # A strategy's sequence_parallel option says what its tensor parallel runs; else its PlanModel does.
+    sequence_parallel = options.get("sequence_parallel", backend.sequence_parallel)
+    return replace(backend, options=options, sequence_parallel=sequence_parallel)

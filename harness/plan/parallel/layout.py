@@ -189,8 +189,15 @@ def _mesh_layout(backend: Backend, shape: ModelShape, topology: Topology) -> Lay
 
 
 def is_mesh_preset(backend: Backend) -> bool:
-    """A torch mesh preset (strategies/torch_mesh.py): it takes any size that divides the world."""
-    return MESH_OPTION in backend.options
+    """A torch mesh preset (strategies/torch_mesh.py): it takes any size that divides the world. Its
+    options say so once filled in (backend_for); the registry says so of a bare model_of."""
+    if MESH_OPTION in backend.options:
+        return True
+    from strategies.registry import default_registry
+
+    registry = default_registry()
+    name = backend.measured_as
+    return name in registry.names() and MESH_OPTION in registry.get(name).options
 
 
 def splits_model(backend: Backend) -> bool:

@@ -12,17 +12,19 @@ the rest of the compute (its micro-batch and tensor-parallel width).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from harness.common.units import GIB
 from harness.plan.model.model_shape import PlanError
 from harness.plan.network.comm import tensor_parallel_across_nodes
-from harness.plan.parallel.backends import backend_for, model_of
-from harness.plan.parallel.layout import LayoutError, layout_of
+from harness.plan.parallel.backends import Backend, backend_for, model_of
+from harness.plan.parallel.layout import Layout, LayoutError, layout_of
+from harness.plan.parallel.planned_options import check_priced, options_of, takes
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision
 from harness.plan.recommendation import CHECKPOINTING_ORDER
 from harness.plan.search.search_space import batch_splits, layout_options
+from strategies.plan_model import PlanModel
 
 TOP = 10
 SAME = 1e-3  # layouts this close in speed and memory are the same plan
@@ -32,7 +34,7 @@ SAME = 1e-3  # layouts this close in speed and memory are the same plan
 class Searched:
     """One layout of the search and its plan."""
 
-    options: dict[str, int]  # the layout's sizes, as strategy options (tp_size, shard_size, ...)
+    options: dict[str, Any]  # the layout's strategy options: the sizes searched (tp_size, ...) and those given
     micro_batch: int
     grad_accum: int
     checkpointing: str
@@ -98,6 +100,9 @@ class SearchResult:
     ranked: list[Searched]  # every layout that fits, fastest first
     too_large: list[Searched]  # planned, does not fit
     not_laid_out: dict[str, int]  # why a layout could not be planned, how many times
+    # A strategy's layout that another strategy searched before it lays out alike (fsdp-pp at pp 1 is
+    # fsdp-grad-op's), in words, with the strategy it is listed under: each layout is listed once.
+    listed_as: dict[str, str] = field(default_factory=dict)
 
     @property
     def strategies(self) -> list[str]:
@@ -137,17 +142,24 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
         raise PlanError(
             "search=true ranks layouts by speed: give a known gpu=, or gpu_mem_gb=, peak_tflops= and hbm_tb_s="
         )
-    fixed = dict(q.strategy_options)
     peak_flops = q.gpu.peak_flops[storage_precision(q.precision)]
     flops_per_token = q.shape.flops_per_token(q.seq_len)
     fitting: list[Searched] = []
     too_large: list[Searched] = []
     not_laid_out: Counter[str] = Counter()
+    first_of: dict[tuple, str] = {}  # each layout searched (_layout_key) -> the strategy it is listed under
+    listed_as: dict[str, str] = {}
     for name in names:
         model = model_of(name)
         assert model is not None
         layers = q.shape.dims.layers if q.shape.dims else None
-        for sizes in layout_options(model, q.gpus, q.topology.per_node, fixed, layers, q.seq_len):
+        fixed = options_of(name, q.strategy_options)
+        try:
+            check_priced(name, fixed)
+        except LayoutError as exc:
+            not_laid_out[str(exc)] += 1
+            continue
+        for sizes in layout_options(model, q.gpus, q.topology.per_node, fixed, layers, q.seq_len, takes(name)):
             options = {**fixed, **sizes}
             try:
                 # Built once per layout: the batch split and checkpointing do not change the backend.
@@ -155,6 +167,10 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
                 layout = layout_of(backend, q.shape, q.topology)
             except LayoutError as exc:
                 not_laid_out[str(exc)] += 1
+                continue
+            key = _layout_key(backend, layout, options)
+            if first_of.setdefault(key, name) != name:
+                listed_as[f"{name} at {_dims(layout)}"] = first_of[key]
                 continue
             splits = batch_splits(global_batch, layout.data_parallel)
             if not splits:
@@ -172,11 +188,34 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
                         not_laid_out[str(exc)] += 1
                         continue
                     found = Searched(
-                        sizes, split.micro_batch, split.grad_accum, mode, plan, q.gpus, peak_flops, flops_per_token
+                        options, split.micro_batch, split.grad_accum, mode, plan, q.gpus, peak_flops, flops_per_token
                     )
                     (too_large if plan.fits is False else fitting).append(found)
     fitting.sort(key=lambda s: (-s.tokens_per_s_per_gpu, s.peak_bytes))
-    return SearchResult(q, global_batch, fitting, too_large, dict(not_laid_out))
+    return SearchResult(q, global_batch, fitting, too_large, dict(not_laid_out), listed_as)
+
+
+# The options a Layout's dimensions already say (two strategies reaching one tp by default and by option are alike).
+LAYOUT_SIZES = ("tp_size", "pp_size", "cp_size", "shard_size", "zero_hpz_partition_size")
+
+
+def _layout_key(backend: Backend, layout: Layout, options: dict[str, Any]) -> tuple:
+    """What makes two searched layouts one: the planner's model of the strategy (its pipeline or
+    context-parallel engine only where that dimension is above 1: fsdp-pp at pp 1 is fsdp-grad-op,
+    zero1-pp at pp 1 zero1), the layout's dimensions and the options given beyond them."""
+    model = {f.name: getattr(backend, f.name) for f in fields(PlanModel)}
+    model["pipeline_engine"] = model["pipeline_engine"] and layout.pp > 1
+    model["context_parallel_engine"] = model["context_parallel_engine"] and layout.cp > 1
+    dims = (layout.tp, layout.shard, layout.replicas, layout.hpz, layout.pp, layout.cp)
+    rest = tuple(sorted((k, repr(v)) for k, v in options.items() if k not in LAYOUT_SIZES))
+    return tuple(sorted(model.items())), dims, rest
+
+
+def _dims(layout: Layout) -> str:
+    """A layout's dimensions in words: 'pp 1', 'tp 2 x pp 4'."""
+    sizes = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp}
+    above = [f"{k} {v}" for k, v in sizes.items() if v > 1]
+    return " x ".join(above) or "tp 1, pp 1, cp 1"
 
 
 # The terms of a step, by the short name the table gives them.

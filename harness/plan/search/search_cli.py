@@ -14,9 +14,10 @@ from typing import Any
 
 from harness.common.units import GIB
 from harness.plan.model.model_shape import PlanError
+from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_cli import aligned, basis_lines, strategy_names
 from harness.plan.plan_options import PlanConfig, gpu_counts, models_asked, question
-from harness.plan.predict import Question, StrategyPlan
+from harness.plan.predict import Question
 from harness.plan.recommendation import CHECKPOINTING_ORDER
 from harness.plan.search.layout_search import (
     TOP,
@@ -25,12 +26,12 @@ from harness.plan.search.layout_search import (
     distinct,
     gib,
     largest_part,
-    layout_question,
     search,
     why_slower,
 )
 from harness.plan.search.search_space import parse_tokens, sequences_in
-from harness.plan.what_if import fewest_gpus
+from harness.plan.search.what_fits import what_fits
+from strategies.option_routing import RoutedOptions
 
 PLOT_NAME = "plan_search.png"
 HEADER = (
@@ -97,14 +98,8 @@ def _leanest(layouts: list[Searched]) -> Searched:
     return min(layouts, key=lambda s: (s.peak_bytes, s.micro_batch, -CHECKPOINTING_ORDER.index(s.checkpointing)))
 
 
-def _on_more_gpus(s: Searched, q: Question) -> tuple[int, StrategyPlan] | None:
-    asked = layout_question(q, {**q.strategy_options, **s.options}, s.micro_batch, s.grad_accum, s.checkpointing)
-    found = fewest_gpus(s.strategy, asked)
-    return found if isinstance(found, tuple) else None
-
-
 def nothing_fits(result: SearchResult) -> list[str]:
-    """Why no layout fits, and the fewest GPUs on which each strategy's leanest would."""
+    """Why no layout fits, and the layouts of any strategy that would, on these GPUs or the fewest more."""
     q = result.question
     lean = _leanest(result.too_large)
     part, nbytes = largest_part(lean)
@@ -113,19 +108,8 @@ def nothing_fits(result: SearchResult) -> list[str]:
         f"{gib(lean.plan.reserved_bytes)} per GPU with the allocator's reserve, {gib(lean.plan.headroom.usable)} "
         f"usable (largest part: {part} {gib(nbytes)})."
     ]
-    by_strategy = [_leanest([s for s in result.too_large if s.strategy == name]) for name in result.strategies]
-    options = [(found, s) for s in by_strategy if (found := _on_more_gpus(s, q))]
-    if options:
-        (gpus, plan), s = min(options, key=lambda o: (o[0][0], o[0][1].peak_bytes or 0))
-        lines.append(
-            f"It would fit on {gpus} GPUs as {s.describe()} ({gib(plan.peak_bytes)} per GPU), or on a card with more "
-            "memory."
-        )
-    else:
-        lines.append(
-            "No GPU count up to 1,024 makes any strategy's leanest layout fit: a card with more memory, a shorter "
-            "seq_len, or a layout this planner does not model (pipeline or context parallelism) is needed."
-        )
+    if q.gpu is not None:
+        lines += what_fits(q, result.global_batch).lines(q.gpus)
     return lines
 
 
@@ -244,10 +228,23 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
     }
 
 
+def option_lines(result: SearchResult, routed: RoutedOptions) -> list[str]:
+    """Which strategies each compare-wide option reached, the what-ifs priced, and the layouts listed
+    under another strategy's name."""
+    reaches = [f"  {line}." for line in routed.reaches()] if len(routed.by_strategy) > 1 else []
+    alike = [
+        f"  listed once: {what} is the layout of {first}, listed under {first}."
+        for what, first in result.listed_as.items()
+    ]
+    return reaches + [f"  {line}" for line in what_if_lines(routed)] + alike
+
+
 def run_search(cfg: PlanConfig) -> int:
     q, global_batch = search_question(cfg)
+    names = strategy_names(cfg, q.gpus)
+    routed = routed_options(names, cfg.strategy_options, verb="search")
     started = time.perf_counter()
-    result = search(q, strategy_names(cfg, q.gpus), global_batch)
+    result = search(q, names, global_batch)
     seconds = time.perf_counter() - started
     if not result.planned:
         reasons = "; ".join(result.not_laid_out)
@@ -258,8 +255,10 @@ def run_search(cfg: PlanConfig) -> int:
 
         plots = [frontier_chart(result, Path(cfg.out_dir) / PLOT_NAME)]
     if cfg.format == "json":
-        print(json.dumps(as_json(cfg, result, seconds) | {"plots": [str(p) for p in plots]}, indent=2))
+        facts = {"plots": [str(p) for p in plots], "listed_as": result.listed_as}
+        facts["strategy_options_reach"] = routed.takers
+        print(json.dumps(as_json(cfg, result, seconds) | facts, indent=2))
         return 0
     drawn = [f"wrote {p}" for p in plots] or ["plot=true draws tokens/s against memory per GPU, the frontier marked."]
-    print("\n".join(text_lines(result, seconds) + drawn))
+    print("\n".join(text_lines(result, seconds) + option_lines(result, routed) + drawn))
     return 0

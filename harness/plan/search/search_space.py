@@ -10,7 +10,7 @@ A size the user fixed in strategy_options is kept; a size of 1 is left to the pl
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -69,7 +69,12 @@ def _sizes(fixed: dict[str, Any], option: str, choices: list[int]) -> list[int]:
 
 
 def _split_sizes(
-    backend: Backend, ranks: int, fixed: dict[str, Any], layers: int | None, seq_len: int | None
+    backend: Backend,
+    ranks: int,
+    fixed: dict[str, Any],
+    layers: int | None,
+    seq_len: int | None,
+    takes: Collection[str],
 ) -> list[dict[str, Any]]:
     """Pipeline and context-parallel sizes (with the schedules searched) over `ranks` GPUs, for a
     strategy that takes them (layout.pipelines, layout.splits_model): pp up to MAX_PIPELINE_STAGES and the model's
@@ -78,8 +83,9 @@ def _split_sizes(
     or more and splits evenly; [{}] for none."""
     if not pipelines(backend) or layers is None or seq_len is None:
         return [{}]
-    pps = [1] + [p for p in _sizes(fixed, "pp_size", divisors(ranks)) if p <= min(layers, MAX_PIPELINE_STAGES)]
-    long = seq_len >= LONG_SEQUENCE and splits_model(backend)
+    stages = _sizes(fixed, "pp_size", divisors(ranks)) if "pp_size" in takes else []
+    pps = [1] + [p for p in stages if p <= min(layers, MAX_PIPELINE_STAGES)]
+    long = seq_len >= LONG_SEQUENCE and splits_model(backend) and "cp_size" in takes
     cps = [1] + [c for c in _sizes(fixed, "cp_size", divisors(ranks) if long else []) if seq_len % (2 * c) == 0]
     schedules = [fixed["schedule"]] if fixed.get("schedule") else list(SEARCHED_SCHEDULES)
     out: list[dict[str, Any]] = []
@@ -92,8 +98,8 @@ def _split_sizes(
                 out.append(split)
                 continue
             counts = [fixed["microbatches"]] if fixed.get("microbatches") else [pp * k for k in MICROBATCHES_PER_STAGE]
-            # DeepSpeed's engine has its schedule fixed by the name: a layout that set it would be refused.
-            named = [{}] if backend.pipeline_engine else [{"schedule": s} for s in schedules]
+            # A schedule only where the strategy takes one (zero1-pp's is fixed by its name: it would be refused).
+            named = [{"schedule": s} for s in schedules] if "schedule" in takes else [{}]
             out += [split | schedule | {"microbatches": m} for schedule in named for m in counts]
     return out
 
@@ -105,18 +111,24 @@ def layout_options(
     fixed: dict[str, Any],
     layers: int | None = None,
     seq_len: int | None = None,
+    takes: Collection[str] = (),
 ) -> Iterator[dict[str, Any]]:
     """The layout sizes `backend` can take on `gpus` GPUs, as strategy options; layout.py decides
-    which of them the model and the cluster allow. Given the model's blocks and the sequence
-    length, FSDP2's layouts also take pipeline stages and context-parallel GPUs."""
-    tps = _sizes(fixed, "tp_size", divisors(gpus)) if backend.tensor_parallel else [1]
+    which of them the model and the cluster allow. Only the options the strategy takes (`takes`:
+    planned_options.takes, what `train` takes) are varied, so that every layout runs under its name.
+    Given the model's blocks and the sequence length, pipeline stages and context-parallel GPUs too."""
+    tensor_parallel = backend.tensor_parallel and "tp_size" in takes
+    tps = _sizes(fixed, "tp_size", divisors(gpus)) if tensor_parallel else [1]
     for tp in tps:
-        for split in _split_sizes(backend, gpus // tp, fixed, layers, seq_len):
-            sizes: dict[str, Any] = ({"tp_size": tp} if backend.tensor_parallel else {}) | split
-            shards = _sizes(fixed, "shard_size", divisors(gpus // tp)[:-1]) if backend.hybrid_shard else [0]
+        for split in _split_sizes(backend, gpus // tp, fixed, layers, seq_len, takes):
+            sizes: dict[str, Any] = ({"tp_size": tp} if tensor_parallel else {}) | split
+            hybrid = backend.hybrid_shard and "shard_size" in takes
+            # Hybrid sharding's groups among the data-parallel ranks the split leaves (pp and cp take theirs).
+            ranks = gpus // (tp * split.get("pp_size", 1) * split.get("cp_size", 1))
+            shards = _sizes(fixed, "shard_size", divisors(ranks)[:-1]) if hybrid else [0]
             hpzs = (
                 _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_node, gpus)))
-                if backend.secondary_partition
+                if backend.secondary_partition and "zero_hpz_partition_size" in takes
                 else [0]
             )
             for shard in shards:

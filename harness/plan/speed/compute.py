@@ -209,11 +209,18 @@ def _norm_bytes(dims: TransformerDims, r: Regime, compiled: bool, fused_norm: bo
 
 
 def elementwise_bytes_per_token(
-    dims: TransformerDims, r: Regime, compiled: bool, tp: int, fused_norm: bool = False, complex_rope: bool = False
+    dims: TransformerDims,
+    r: Regime,
+    compiled: bool,
+    tp: int,
+    fused_norm: bool = False,
+    complex_rope: bool = False,
+    sequence_parallel: bool = True,
 ) -> tuple[float, float]:
     """(forward, backward) bytes one block's elementwise work moves per token on one of `tp` GPUs
-    (tensor parallel splits the heads' and the MLP's work; the residual stream's is split by
-    sequence parallelism alike)."""
+    (tensor parallel splits the heads' and the MLP's work; the residual stream's, its norms and
+    residual adds, is split by sequence parallelism alike, and whole on each GPU without it)."""
+    seq = tp if sequence_parallel else 1
     h, f, q, kv = dims.width, dims.ffn_width, dims.q_width, dims.kv_width
     a, res = r.matmul, r.residual
     norm_f, norm_b = _norm_bytes(dims, r, compiled, fused_norm)
@@ -223,17 +230,20 @@ def elementwise_bytes_per_token(
         junction_f, junction_b = (2 * res + 2 * a) * h, (3 * res + a) * h
         act_f, act_b = (3 * f * a, 5 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
         rotary = (10 if complex_rope else 2) * a * qk if dims.rotary else 0.0
-        return (2 * junction_f + act_f + rotary + expand) / tp, (2 * junction_b + act_b + rotary + expand) / tp
+        return 2 * junction_f / seq + (act_f + rotary + expand) / tp, 2 * junction_b / seq + (
+            act_b + rotary + expand
+        ) / tp
     casts = 0.0
     if r.autocast:
         consumers = (1 if dims.fused_qkv else 3) + (2 if dims.gated_mlp else 1)
         casts = consumers * (res + a) * h
     act_f, act_b = (5 * f * a, 9 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
     rotary = 10 * a * qk if dims.rotary else 0.0
-    forward = 2 * norm_f * h + casts + 2 * (2 * res + a) * h + act_f + rotary + expand
+    stream_f, stream_b = 2 * norm_f * h + 2 * (2 * res + a) * h, 2 * norm_b * h + 2 * 3 * res * h
+    forward = casts + act_f + rotary + expand
     cast_back = 2 * (res + a) * h if r.autocast else 0.0
-    backward = 2 * norm_b * h + casts + 2 * 3 * res * h + cast_back + act_b + rotary + expand
-    return forward / tp, backward / tp
+    backward = casts + cast_back + act_b + rotary + expand
+    return stream_f / seq + forward / tp, stream_b / seq + backward / tp
 
 
 def _elementwise(
@@ -246,8 +256,9 @@ def _elementwise(
     bandwidth: float,
     fused_norm: bool = False,
     complex_rope: bool = False,
+    sequence_parallel: bool = True,
 ) -> Kernels:
-    forward, backward = elementwise_bytes_per_token(dims, r, compiled, tp, fused_norm, complex_rope)
+    forward, backward = elementwise_bytes_per_token(dims, r, compiled, tp, fused_norm, complex_rope, sequence_parallel)
     block = Kernels(forward, backward, forward if checkpointing != "none" else 0.0)
     # Outside the blocks: the embedding's lookup and its gradient, the final norm.
     norm_f, norm_b = _norm_bytes(dims, r, compiled, fused_norm)
@@ -295,6 +306,7 @@ def compute_work(
     fused_norm: bool = False,
     complex_rope: bool = False,
     qk_norm: bool = False,
+    sequence_parallel: bool = True,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters; `qk_norm`: an RMSNorm on each head's queries
@@ -311,7 +323,9 @@ def compute_work(
     projections = matmul_precision or precision
     matmuls = _matmuls(dims, tokens, gpu, precision, checkpointing, tp, projections)
     attn = _attention(dims, micro_batch, seq_len, gpu, attention, precision, checkpointing, tp)
-    elementwise = _elementwise(dims, tokens, regime, compiled, checkpointing, tp, bandwidth, fused_norm, complex_rope)
+    elementwise = _elementwise(
+        dims, tokens, regime, compiled, checkpointing, tp, bandwidth, fused_norm, complex_rope, sequence_parallel
+    )
     if regime.autocast:  # the weights' casts, forward and backward (again when recomputed)
         block_weights = sum(o * i for o, i in block_projections(dims, tp)) * dims.layers
         weights = block_weights + dims.vocab * dims.width / dims.head_split(tp)

@@ -221,6 +221,14 @@ def test_a_mixture_of_experts_config_class_is_refused_too():
         shape_of_spec("hf:MixtralConfig")
 
 
+def test_the_zoos_mixture_of_experts_presets_are_refused_too(capsys):
+    with pytest.raises(PlanError, match=r"model moe-nano: a mixture-of-experts model \(num_experts=4\) is not"):
+        shape_of_spec("moe-nano")
+    code, _, err = _cli(capsys, "plan", "model=moe-micro", "gpus=8")
+    assert code != 0 and "mixture-of-experts model (num_experts=8) is not modelled yet" in err
+    assert len(err.strip().splitlines()) == 1
+
+
 def _cli(capsys, *args: str) -> tuple[int, str, str]:
     code = runner.main(list(args))
     out = capsys.readouterr()

@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from harness.plan.parallel.backends import backend_of, filled_in
+import strategies.registry as registry_module
+from harness.plan.parallel.backends import backend_for, backend_of, filled_in
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout, published_options
 from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
@@ -32,7 +33,9 @@ def _plan(name: str = "fsdp-tp", **options):
         strategy_options=sizes,
     )
     q = question(cfg)
-    return q, plan_strategy(name, q)
+    # The planner's model of `name` with these sizes, whether or not the strategy takes them yet (torchtitan
+    # composes them all; plan_strategy gives a registered strategy only the options it takes).
+    return q, plan_backend(backend_for(name, q.shape, "bf16", q.gpus, sizes), q)
 
 
 @pytest.mark.parametrize(
@@ -204,7 +207,7 @@ def test_search_includes_pipeline_and_context_parallel_layouts() -> None:
         seq_len=16384,
         global_batch_tokens="256K",
         search=True,
-        strategies=["fsdp", "fsdp-tp"],
+        strategies=["fsdp-pp", "fsdp-cp"],
     )
     q, global_batch = search_question(cfg)
     result = search(q, strategy_names(cfg, q.gpus), global_batch)
@@ -214,14 +217,17 @@ def test_search_includes_pipeline_and_context_parallel_layouts() -> None:
     assert {s.plan.layout.pp * s.plan.layout.cp * s.plan.layout.tp * s.plan.layout.data_parallel for s in found} == {8}
 
 
-def test_405b_on_1024_h100_ranks_pipelines_against_zero3() -> None:
+def test_405b_on_1024_h100_ranks_pipelines_against_zero3(monkeypatch) -> None:
+    # A strategy that takes tp, pp and cp sizes at once, as torchtitan's composed mesh does.
+    names = registry_module._builtin_modules() + ["tests.plan.layout_strategies"]
+    monkeypatch.setattr(registry_module, "_DEFAULT", registry_module.registry_of(names))
     cfg = PlanConfig(
         model="llama3.1-405b",
         gpus=1024,
         seq_len=8192,
         global_batch_tokens="16M",
         search=True,
-        strategies=["zero3", "fsdp-tp"],
+        strategies=["zero3", "test-fsdp-tp-pp-cp"],
         strategy_options={"tp_size": 8, "schedule": "interleaved-1f1b"},
     )
     q, global_batch = search_question(cfg)

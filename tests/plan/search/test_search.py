@@ -133,7 +133,17 @@ def test_when_nothing_fits_it_says_what_would(capsys):
         "strategies=[ddp,zero2]",
     )
     assert code == 0 and "Nothing fits in 2 x" in out
-    assert "It would fit on" in out or "No GPU count up to 1,024" in out
+    assert "Layouts that fit on these GPUs: zero3-offload micro_batch=" in out  # a strategy not searched
+    assert "does not model" not in out
+
+
+def test_when_no_layout_fits_on_any_count_it_says_how_far_the_leanest_is(capsys):
+    code, out, _ = _cli(
+        capsys, "search=true", "model=llama3.1-70b", "gpus=8", "seq_len=4000000", "global_batch_tokens=4000000"
+    )
+    assert code == 0 and "No layout the planner knows (tensor, pipeline or context parallel" in out
+    leanest = next(line for line in out.splitlines() if "the leanest, " in line and "on up to 1,024 GPUs" in line)
+    assert "cp_size=" in leanest and "does not model" not in out
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,44 @@
+"""The zoo's mixture-of-experts GPT sizes and routing options, without torch: the model
+(models/moe.py) builds from them, and the planner reads the names to refuse them in one line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    n_layer: int
+    n_head: int
+    n_embd: int
+    n_experts: int  # experts per MoE layer
+    top_k: int  # experts each token is routed to
+    expert_hidden: int  # the SwiGLU width of each expert
+    vocab_size: int = 50304
+    block_size: int = 1024
+    bias: bool = False
+    dropout: float = 0.0
+    # Every moe_every-th block has experts (1: all, Mixtral's; 2: every other, Switch's); the rest
+    # keep the GPT's dense MLP.
+    moe_every: int = 1
+    # One expert of this width that every token goes through beside its routed ones (DeepSeek's and
+    # Qwen2-MoE's shared expert); 0: none.
+    shared_expert_hidden: int = 0
+    # The routed experts' weights renormalised to sum to 1 over a token's top-k (Mixtral's); false:
+    # the softmax probabilities as they are (Switch's at top-1, OLMoE's).
+    norm_topk_prob: bool = True
+    # The load-balancing loss's weight in the training loss (Switch's alpha).
+    aux_loss_coef: float = 0.01
+    # None: dropless, every routed token reaches its experts. A number: each expert takes at most
+    # ceil(capacity_factor x k x T / E) tokens of each sequence of T, the rest of its tokens dropped.
+    capacity_factor: float | None = None
+
+
+MOE_PRESETS: dict[str, MoEConfig] = {
+    "moe-nano": MoEConfig(
+        n_layer=2, n_head=2, n_embd=64, n_experts=4, top_k=2, expert_hidden=128, vocab_size=128, block_size=256
+    ),
+    "moe-micro": MoEConfig(
+        n_layer=4, n_head=4, n_embd=128, n_experts=8, top_k=2, expert_hidden=256, vocab_size=512, block_size=256
+    ),
+}
