@@ -25,7 +25,7 @@ Anything else is refused: parabench does not guess at a model's attention.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -81,24 +81,12 @@ def split_sequences(model: nn.Module, mesh: DeviceMesh, attention: str = "all-to
     """Make `model` (checked by check_context_parallel) compute on this rank's share of each
     sequence, its attention over the ranks of `mesh` (1-D: the context-parallel group), before
     any wrapping (tensor parallel may come first)."""
-    if attention == "ring":
-        from models.ring_attention import enable_ring_attention
-
-        enable_ring_attention()
     group = mesh.get_group()
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    size = dist.get_world_size(group)
     share: dict[str, torch.Tensor] = {}
 
     def take_share(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-        inputs, targets = args
-        positions = torch.arange(inputs.size(1), device=inputs.device).expand_as(inputs)
-        if attention == "ring":
-            from models.ring_attention import head_tail_shares
-
-            inputs, targets, positions = head_tail_shares(mesh, [inputs, targets, positions])
-        else:
-            inputs, targets, positions = (_slice(t, rank, size) for t in (inputs, targets, positions))
-        share["positions"] = positions[0]
+        inputs, targets, share["positions"] = sequence_share(mesh, attention, *args)
         return inputs, targets
 
     def group_mean_loss(module: nn.Module, args: tuple[Any, ...], loss: torch.Tensor) -> torch.Tensor:
@@ -110,14 +98,44 @@ def split_sequences(model: nn.Module, mesh: DeviceMesh, attention: str = "all-to
 
     model.register_forward_pre_hook(take_share)
     model.register_forward_hook(group_mean_loss)
+    split_attention(model, model, mesh, attention, lambda: share["positions"])
+
+
+def sequence_share(
+    mesh: DeviceMesh, attention: str, inputs: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """This rank's share of the (batch, sequence) inputs and targets, the same on every rank of
+    `mesh`, and the share's positions (a sequence's)."""
+    positions = torch.arange(inputs.size(1), device=inputs.device).expand_as(inputs)
+    if attention == "ring":
+        from models.ring_attention import head_tail_shares
+
+        inputs, targets, positions = head_tail_shares(mesh, [inputs, targets, positions])
+    else:
+        group = mesh.get_group()
+        rank, size = dist.get_rank(group), dist.get_world_size(group)
+        inputs, targets, positions = (_slice(t, rank, size) for t in (inputs, targets, positions))
+    return inputs, targets, positions[0]
+
+
+def split_attention(
+    model: nn.Module, part: nn.Module, mesh: DeviceMesh, attention: str, positions: Callable[[], torch.Tensor]
+) -> None:
+    """The attention of `part` (`model` itself, or a pipeline stage of it under its names) over the
+    ranks of `mesh`, its position embedding at `positions()`: the share the current forward runs.
+    A pipeline takes each share itself (sequence_share) and averages the loss over the group."""
+    if attention == "ring":
+        from models.ring_attention import enable_ring_attention
+
+        enable_ring_attention()
     if _family(model) == "gpt":
         from models.gpt_context_parallel import split_gpt
 
-        split_gpt(model, mesh, attention, lambda: share["positions"])
+        split_gpt(part, mesh, attention, positions)
     else:
         from models.hf_context_parallel import split_hf
 
-        split_hf(model, mesh, attention, lambda: share["positions"])
+        split_hf(part, mesh, attention, positions)
 
 
 def _family(model: nn.Module) -> str | None:

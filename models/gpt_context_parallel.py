@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh
 
@@ -28,10 +29,13 @@ def check_gpt(model: GPT, cp_size: int, attention: str, tp_size: int) -> None:
         )
 
 
-def split_gpt(model: GPT, mesh: DeviceMesh, attention: str, positions: Callable[[], torch.Tensor]) -> None:
+def split_gpt(model: nn.Module, mesh: DeviceMesh, attention: str, positions: Callable[[], torch.Tensor]) -> None:
     """Attention over the whole sequence from each rank's share; `positions()` gives the positions
-    of the share the current forward computes on."""
-    model.wpe.register_forward_pre_hook(lambda module, args: (positions(),))
+    of the share the current forward computes on. `model`: the GPT, or a pipeline stage of it (a
+    stage after the first has no position embedding)."""
+    wpe = getattr(model, "wpe", None)
+    if wpe is not None:
+        wpe.register_forward_pre_hook(lambda module, args: (positions(),))
     for module in model.modules():
         if type(module) is CausalSelfAttention:
             if attention == "ring":

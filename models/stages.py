@@ -107,6 +107,10 @@ class ZeroStub(nn.Module):
         return tree_map(zeros, self._twin[0](*tree_map(on_meta, args), **tree_map(on_meta, kwargs)))
 
 
+# What a stage holds in place of another stage's modules: nothing to shard, split or wrap.
+SUBSTITUTES = (PassThrough, Inject, ExitHere, Elsewhere, ZeroStub)
+
+
 def _meta_twin(module: nn.Module) -> nn.Module:
     """`module` with its weights and buffers on the meta device, its own left as they are."""
     memo: dict[int, Any] = {}

@@ -81,7 +81,7 @@ def plan_of(model: nn.Module, tp_size: int, sequence_parallel: bool) -> dict[str
                 f"model {type(model).__name__}'s tensor-parallel plan splits {pattern} by style {style!r}, which "
                 f"parabench does not run; its styles are {', '.join(STYLE_NAMES)}; use fsdp or hsdp for this model"
             )
-        if not any(_matches(pattern, name) for name in names):
+        if not any(pattern_matches(pattern, name) for name in names):
             raise TensorParallelError(
                 f"model {type(model).__name__}'s tensor-parallel plan names {pattern}, which matches no module of it"
             )
@@ -112,7 +112,8 @@ def parallelize(model: nn.Module, tp_mesh: DeviceMesh, plan: dict[str, str]) -> 
     _retie(model, ties)
 
 
-def _matches(pattern: str, name: str) -> bool:
+def pattern_matches(pattern: str, name: str) -> bool:
+    """Whether a plan's `pattern` (`*` one name) names the module `name`."""
     parts, names = pattern.split("."), name.split(".")
     return len(parts) == len(names) and all(fnmatch(n, p) for p, n in zip(parts, names, strict=True))
 

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from models.blocks import Blocks
     from strategies.config_files import ConfigFile, FileChoice
     from strategies.memory import MemoryBreakdown
+    from strategies.parallel_dims import ModelFacts
 
 OptimizerFactory = Callable[["nn.Module"], "torch.optim.Optimizer"]
 """Builds the run's optimizer over a (wrapped or sharded) model's parameters."""
@@ -91,6 +92,9 @@ class Preset:
     description: str
     options: dict[str, Any] = field(default_factory=dict)
     plan: PlanModel | None = None  # None: the planner has no model of it, and says so
+    # The options a run may set under this name (None: every keyword option of the class the name
+    # does not fix), for a class whose names take different options (the torch mesh's presets).
+    takes: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -195,10 +199,12 @@ class Strategy(ABC):
         return [self.ctx.device]
 
     @classmethod
-    def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
+    def mesh_layout(
+        cls, world_size: int, local_world_size: int, options: dict[str, Any], model: ModelFacts | None = None
+    ) -> MeshLayout:
         """How this name, with these options, lays out `world_size` ranks, `local_world_size` of them
-        on each node; a MeshError (one line) where it cannot. By default one dimension, every rank a
-        data-parallel rank."""
+        on each node, for a model of these facts (its blocks and heads, where known); a MeshError
+        (one line) where it cannot. By default one dimension, every rank a data-parallel rank."""
         return MeshLayout.flat(world_size)
 
     @property

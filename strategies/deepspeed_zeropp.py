@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from strategies.base import OptimizerFactory
+    from strategies.parallel_dims import ModelFacts
 
 # The ZeRO++ settings of DeepSpeed's zero_optimization section, which these names fix.
 HPZ_KEY = "zero_hpz_partition_size"
@@ -79,7 +80,9 @@ class ZeroPlusPlusStrategy(DeepSpeedStrategy):
         self._refuse_contradicting_user_settings()
 
     @classmethod
-    def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
+    def mesh_layout(
+        cls, world_size: int, local_world_size: int, options: dict[str, Any], model: ModelFacts | None = None
+    ) -> MeshLayout:
         return hpz_layout(world_size, local_world_size, options.get(HPZ_KEY))
 
     @classmethod

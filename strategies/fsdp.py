@@ -1,10 +1,10 @@
-"""`fsdp`, `fsdp-grad-op`, `fsdp-offload`: FSDP2 (`fully_shard`), each block then the root.
+"""FSDP2's verbs, which the torch mesh strategies (strategies/torch_mesh.py: fsdp, hsdp, fsdp-tp, ...)
+run on: `fully_shard` (or `replicate`) units, each block then the root.
 
-Parameters, gradients and optimizer state are sharded over the ranks as DTensors;
-mixed precision goes through `MixedPrecisionPolicy` (compute in bf16/fp16, reduce
-in fp32) rather than autocast, as FSDP2 intends. Checkpoints are
-torch.distributed.checkpoint directories: each rank writes its own shards, and a
-load reshards to whatever the new world size is.
+Parameters, gradients and optimizer state are DTensors; mixed precision goes through
+`MixedPrecisionPolicy` (compute in bf16/fp16, reduce in fp32) rather than autocast, as FSDP2
+intends. Checkpoints are torch.distributed.checkpoint directories: each rank writes its own shards,
+and a load reshards to whatever the new world size is.
 """
 
 from __future__ import annotations
@@ -15,14 +15,12 @@ from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ContextManager, Iterator
 
-from strategies.base import OptimizerFactory, Preset, RunContext, StrategyError, compile_blocks
-from strategies.plan_model import PlanModel
+from strategies.base import RunContext, StrategyError, compile_blocks
 from strategies.single import SingleDeviceStrategy
 
 if TYPE_CHECKING:
     import torch
     import torch.nn as nn
-    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     from models.blocks import Blocks
@@ -39,30 +37,9 @@ def mixed_precision_policy(ctx: RunContext) -> MixedPrecisionPolicy:
 
 
 class FSDPStrategy(SingleDeviceStrategy):
-    description = "FSDP2 fully_shard: parameters, gradients and optimizer state sharded"
+    """The FSDP2 machinery of a strategy that lays the model out itself (setup)."""
+
     gathers_fp8 = True
-    # Each name fixes both options that tell the variants apart.
-    presets = (
-        Preset(
-            "fsdp",
-            "FSDP2 full shard (ZeRO-3 analogue)",
-            {"reshard_after_forward": True, "cpu_offload": False},
-            PlanModel("torch", 3, "low_precision"),
-        ),
-        Preset(
-            "fsdp-grad-op",
-            "FSDP2 without resharding after forward (ZeRO-2 analogue)",
-            {"reshard_after_forward": False, "cpu_offload": False},
-            PlanModel("torch", 3, "low_precision", reshard_after_forward=False),
-        ),
-        Preset(
-            "fsdp-offload",
-            "FSDP2 full shard, parameters and optimizer on CPU",
-            {"reshard_after_forward": True, "cpu_offload": True},
-            PlanModel("torch", 3, "low_precision", offload_optimizer=True, offload_params=True),
-        ),
-    )
-    listing_order = 20
     backend_modules = ("torch.distributed.fsdp", "torch.distributed.checkpoint")
     checkpoint_format = "dcp"
 
@@ -105,47 +82,6 @@ class FSDPStrategy(SingleDeviceStrategy):
         # Each block before it is sharded: FSDP's hooks stay between the graphs.
         return compile_blocks(model, self.find_blocks(model))
 
-    def _fsdp_mesh(self) -> DeviceMesh:
-        """The mesh FSDP shards over: every rank, one dimension."""
-        from torch.distributed.device_mesh import init_device_mesh
-
-        return init_device_mesh(self.ctx.device.type, (self.ctx.world_size,))
-
-    def _before_sharding(self, model: nn.Module) -> None:
-        """Anything to do to the model on the device before FSDP shards it (fsdp-tp: tensor parallel)."""
-
-    def _wrap(self, module: nn.Module, mesh: DeviceMesh, reshard_after_forward: bool, policies: dict) -> None:
-        """Make `module` one unit over `mesh`: its parameters sharded, gathered for its forward and backward."""
-        from torch.distributed.fsdp import fully_shard
-
-        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, **policies)
-
-    def setup(self, model: nn.Module, optimizer_factory: OptimizerFactory) -> tuple[nn.Module, torch.optim.Optimizer]:
-        mesh = self._fsdp_mesh()
-        policies = self._policies()
-        if not self.cpu_offload:
-            model = model.to(self.ctx.device)
-        self._before_sharding(model)
-        found = self.find_blocks(model)
-        tied = tied_outside(model, found)
-        blocks = [block for block in found.modules if id(block) not in tied]
-        for block in blocks:
-            self._wrap(block, mesh, self.reshard_after_forward, policies)
-        self._set_explicit_prefetch(blocks)
-        # The root holds what no block does (embeddings, final norm, head); it is
-        # gathered again for backward at once, so resharding it after forward buys nothing.
-        self._wrap(model, mesh, self.reshard_after_forward and not blocks, policies)
-        self.layout = f"{self._layout_name()}: {fsdp_units(model, found)}"
-        if tied:
-            self.layout += f" ({', '.join(tied.values())}: tied to a parameter outside, kept in the root's unit)"
-        self.model = model
-        self.optimizer = optimizer_factory(model)
-        self.scaler = self._make_scaler()
-        return self.model, self.optimizer
-
-    def _layout_name(self) -> str:
-        return "fsdp"
-
     def _set_explicit_prefetch(self, blocks: list[nn.Module]) -> None:
         """Issue the all-gathers of the next `prefetch_blocks` blocks early (forward and
         backward), trading memory for overlap as torchtitan's explicit prefetching does."""
@@ -169,6 +105,7 @@ class FSDPStrategy(SingleDeviceStrategy):
 
     def clip_gradients(self) -> None:
         import torch
+        import torch.distributed as dist
         from torch.distributed.tensor import DTensor
 
         assert self.model is not None and self.optimizer is not None
@@ -176,20 +113,28 @@ class FSDPStrategy(SingleDeviceStrategy):
             self.scaler.unscale_(self.optimizer)
         if self.ctx.grad_clip <= 0:
             return
-        # Per device mesh (under tensor parallel the split layers live on the 2D mesh, the rest on
-        # FSDP's): DTensor's foreach kernels take one mesh at a time. Each norm is over every rank's
-        # shard, not this rank's.
-        by_mesh: dict[Any, list[torch.Tensor]] = {}
-        for p in self.model.parameters():
-            if p.grad is not None:
-                by_mesh.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+        counted, across = self._gradient_norm_groups()
+        # Per device mesh (under tensor parallel the split layers live on another mesh than the rest):
+        # DTensor's foreach kernels take one mesh at a time. Each norm is over every rank's shard.
         norms = []
-        for params in by_mesh.values():
+        for params in _by_mesh(counted).values():
             norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
             norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
-        for params in by_mesh.values():
+        if across is not None:  # each of these ranks holds other parameters: the norm sums over them
+            squares = [n.to(self.ctx.device).float().reshape(()) ** 2 for n in norms]
+            squared = torch.stack(squares).sum() if squares else torch.zeros((), device=self.ctx.device)
+            dist.all_reduce(squared, group=across)
+            total = squared.sqrt()
+        else:
+            total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
+        clipped = [p for p in self.model.parameters() if p.grad is not None]
+        for params in _by_mesh(clipped).values():
             torch.nn.utils.clip_grads_with_norm_(params, self.ctx.grad_clip, total, foreach=True)
+
+    def _gradient_norm_groups(self) -> tuple[list[Any], Any]:
+        """The parameters whose gradients the clipping norm counts, and the process group over which
+        their squared norms are summed besides (None: every rank holds a share of each already)."""
+        return [p for p in self.model.parameters() if p.grad is not None], None
 
     @contextlib.contextmanager
     def _gradient_sync_off(self) -> Iterator[None]:
@@ -262,6 +207,14 @@ class FSDPStrategy(SingleDeviceStrategy):
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
         return state
+
+
+def _by_mesh(params: list[Any]) -> dict[Any, list[Any]]:
+    """`params` grouped by the device mesh their gradients are DTensors on (plain: None)."""
+    groups: dict[Any, list[Any]] = {}
+    for p in params:
+        groups.setdefault(getattr(p.grad, "device_mesh", None), []).append(p)
+    return groups
 
 
 def tied_outside(model: nn.Module, blocks: Blocks) -> dict[int, str]:

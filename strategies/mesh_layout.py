@@ -108,19 +108,37 @@ def check_divides(option: str, size: Any, world_size: int, what: str = "the worl
 
 
 PIPELINE = "pp"
+ONE_NODE_STAGES = 2  # a pipeline strategy on one node still pipelines
+
+
+def default_stages(ranks: int, nodes: int, blocks: int | None, virtual: int = 1) -> int:
+    """A pipeline's default stages over `ranks`: one per node (ONE_NODE_STAGES on one), the most
+    below that which divides the ranks and leaves each stage a block (`blocks` None: not known)."""
+    target = nodes if nodes > 1 else ONE_NODE_STAGES
+    return max(d for d in divisors(ranks) if d <= target and (blocks is None or d * virtual <= blocks))
 
 
 def pipeline_layout(
-    world_size: int, local_world_size: int, pp_size: Any, data_dim: str, inside: str, without_pipeline: str
+    world_size: int,
+    local_world_size: int,
+    pp_size: Any,
+    data_dim: str,
+    inside: str,
+    without_pipeline: str,
+    blocks: int | None = None,
 ) -> MeshLayout:
     """pp x data-parallel for a pipeline strategy: by default one stage per node (the pipeline's
-    traffic is the lightest to cross nodes), `inside` (what shards or replicates the model, in words)
-    over the ranks of each stage; `without_pipeline` names the strategy that pp 1 amounts to."""
-    nodes = max(1, world_size // local_world_size)
-    pp = check_divides("pp_size", nodes if pp_size is None else pp_size, world_size)
+    traffic is the lightest to cross nodes), two on one node, never more than the model's `blocks`;
+    `inside` (what shards or replicates the model, in words) over the ranks of each stage;
+    `without_pipeline` names the strategy that pp 1 amounts to."""
+    nodes = max(1, world_size // max(1, min(local_world_size, world_size)))
+    default = default_stages(world_size, nodes, blocks)
+    pp = check_divides("pp_size", default if pp_size is None else pp_size, world_size)
     notes = []
     if pp == world_size and pp > 1:
         notes.append(f"one data-parallel rank: the pipeline alone, {inside} over one rank")
     if pp == 1:
-        notes.append(f"pp 1: no pipeline, the layout of {without_pipeline} (set strategy_options.pp_size on one node)")
+        notes.append(f"pp 1: no pipeline, the layout of {without_pipeline} (set strategy_options.pp_size)")
+    if pp_size is None and pp > 1 and nodes == 1:
+        notes.append(f"pp {pp}: a pipeline on one node by default (a stage per node on several; set pp_size)")
     return MeshLayout((pp, world_size // pp), (PIPELINE, data_dim), (data_dim,), tuple(notes))

@@ -1,7 +1,8 @@
 """The pieces of a torch.distributed.pipelining run, for any strategy with a pipeline dimension
 (the outermost of its mesh): the schedule and its loss scaling, one run of it over the loop's
-micro-batch, the tied weights' gradients summed between the first and the last stage, clipping by
-the norm over every stage, and the consolidated weights gathered from the stages.
+micro-batch, the tied weights' gradients summed between the first and the last stage (and the
+copies the clipping norm leaves out: strategies/fsdp.py sums it over the stages), and the
+consolidated weights gathered from the stages.
 
 The stages are models/stages.py's cut of the model: each runs the model's own forward, so the
 last stage returns the model's loss; every stage is given the micro-batch's inputs and targets as
@@ -142,23 +143,6 @@ def sum_tied_gradients(model: RankStages, group: Any) -> None:
             _local(copy.grad).copy_(total)
         elif group is not None:
             dist.all_reduce(_local((first if copy is None else copy).grad), group=group)
-
-
-def clip_across_stages(model: RankStages, grad_clip: float, group: Any, device: torch.device) -> None:
-    """Clip every gradient by the norm over all stages (group: the pipeline's), each tied weight
-    counted once."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed.tensor import DTensor
-
-    params = [p for p in model.parameters() if p.grad is not None]
-    copies = tied_copies(model)
-    counted = [p.grad for p in params if id(p) not in copies]
-    norm = torch.nn.utils.get_total_norm(counted, foreach=True) if counted else torch.zeros(())
-    norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
-    squared = (norm.to(device).float() ** 2).reshape(())
-    dist.all_reduce(squared, group=group)
-    torch.nn.utils.clip_grads_with_norm_(params, grad_clip, squared.sqrt(), foreach=True)
 
 
 def gather_full_state(model: RankStages, leads: bool, rank: int, world_size: int) -> dict[str, torch.Tensor]:

@@ -37,6 +37,7 @@ import strategies
 from strategies.base import Preset, RunContext, Strategy, StrategyError
 from strategies.config_files import ConfigFile, split_spec
 from strategies.mesh_layout import MeshLayout
+from strategies.parallel_dims import ModelFacts
 from strategies.plan_model import PlanModel
 
 ENTRY_POINT_GROUP = "parabench.strategies"
@@ -53,6 +54,7 @@ class StrategyEntry:
     load_error: str | None = None  # set when the plugin itself could not be loaded
     plan: PlanModel | None = None  # the planner's model of this name; None: not planned
     config_file: ConfigFile | None = None  # set for `<kind>:<path>`: the file and the built-in it runs as
+    takes: tuple[str, ...] | None = None  # the options a run may set under this name (None: every one not fixed)
 
     @property
     def resolves_to(self) -> str | None:
@@ -73,11 +75,13 @@ class StrategyEntry:
         """The options a run may set through strategy_options, with their defaults."""
         if self.cls is None:
             return {}
-        return {k: v for k, v in _keyword_options(self.cls).items() if k not in self.options}
+        options = _keyword_options(self.cls)
+        names = options if self.takes is None else [k for k in self.takes if k in options]
+        return {k: options[k] for k in names if k not in self.options}
 
     def option_values(self) -> dict[str, Any]:
         """Every option's value when a run sets none: the plugin's defaults, then the name's presets."""
-        return {**(_keyword_options(self.cls) if self.cls else {}), **self.options}
+        return {**self.user_options(), **self.options}
 
     @property
     def one_process(self) -> bool:
@@ -110,18 +114,24 @@ class StrategyRegistry:
         self._file_entries: dict[tuple[str, int, int], StrategyEntry] = {}
 
     def register(
-        self, name: str, cls: type[Strategy], description: str = "", plan: PlanModel | None = None, **options: Any
+        self,
+        name: str,
+        cls: type[Strategy],
+        description: str = "",
+        plan: PlanModel | None = None,
+        takes: tuple[str, ...] | None = None,
+        **options: Any,
     ) -> None:
         if name in self._entries:
             raise StrategyError(f"strategy name {name!r} is registered twice")
-        self._entries[name] = StrategyEntry(name, cls, description or cls.description, options, plan=plan)
+        self._entries[name] = StrategyEntry(name, cls, description or cls.description, options, plan=plan, takes=takes)
 
     def register_class(self, cls: type[Strategy], default_name: str | None = None) -> None:
         """Every name `cls` presets; a class with no presets under `default_name`."""
         # Its own presets: a plugin subclassing a built-in does not register the built-in's names again.
         presets = vars(cls).get("presets") or ((Preset(default_name, cls.description),) if default_name else ())
         for preset in presets:
-            self.register(preset.name, cls, preset.description, preset.plan, **preset.options)
+            self.register(preset.name, cls, preset.description, preset.plan, preset.takes, **preset.options)
         if cls.config_file_kind:
             declaring = next(c for c in cls.__mro__ if "config_file_kind" in vars(c))
             self.register_file_kind(cls.config_file_kind, declaring)
@@ -199,6 +209,7 @@ class StrategyRegistry:
             builtin.load_error,
             plan,
             ConfigFile(kind, file, choice),
+            builtin.takes,
         )
 
     def create(self, name: str, ctx: RunContext, **user_options: Any) -> Strategy:
@@ -211,11 +222,14 @@ class StrategyRegistry:
         strategy.name = name
         return strategy
 
-    def mesh_layout(self, name: str, world_size: int, local_world_size: int, **user_options: Any) -> MeshLayout:
-        """How `name` with the user's options lays out the ranks (before any process group exists)."""
+    def mesh_layout(
+        self, name: str, world_size: int, local_world_size: int, model: ModelFacts | None = None, **user_options: Any
+    ) -> MeshLayout:
+        """How `name` with the user's options lays out the ranks (before any process group exists),
+        for a model of these facts where known (its blocks and heads: the sizes that default to them)."""
         entry, options = self._resolved(name, user_options)
         assert entry.cls is not None
-        return entry.cls.mesh_layout(world_size, local_world_size, options)
+        return entry.cls.mesh_layout(world_size, local_world_size, options, model)
 
     def _resolved(self, name: str, user_options: dict[str, Any]) -> tuple[StrategyEntry, dict[str, Any]]:
         """The entry of `name` and its options (presets overlaid by the user's), checked."""

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
 
     from models.stage_plan import CutPlan
     from strategies.memory import MemoryBreakdown
+    from strategies.parallel_dims import ModelFacts
 
 CHECKPOINT_TAG = "zero1-pp"  # the sub-directory of state/ that engine.save_checkpoint writes
 # A rank's optimizer partition in DeepSpeed's checkpoint: its data-parallel rank, then its stage.
@@ -152,10 +153,13 @@ class ZeroPipelineStrategy(Strategy):
         return missing_package_reason("deepspeed", "pip install deepspeed")
 
     @classmethod
-    def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
+    def mesh_layout(
+        cls, world_size: int, local_world_size: int, options: dict[str, Any], model: ModelFacts | None = None
+    ) -> MeshLayout:
         """pp x data, as fsdp-pp lays its ranks out (and DeepSpeed's PipeDataParallelTopology): ZeRO-1
         over the ranks of each stage."""
-        return pipeline_layout(world_size, local_world_size, options.get("pp_size"), DATA, "ZeRO-1", "zero1")
+        blocks = model.blocks if model is not None else None
+        return pipeline_layout(world_size, local_world_size, options.get("pp_size"), DATA, "ZeRO-1", "zero1", blocks)
 
     def check_model(self, model: nn.Module) -> None:
         self._cut_plan(model)
@@ -393,6 +397,12 @@ class ZeroPipelineStrategy(Strategy):
     def teardown(self) -> None:
         if self.engine is not None and hasattr(self.engine, "destroy"):
             self.engine.destroy()
+        if self.engine is not None:
+            from deepspeed.utils import groups
+
+            # The pipeline's grid, set as DeepSpeed's global model-parallel unit: a later engine in
+            # this process would take its stages for tensor-parallel ranks.
+            groups.mpu = None
         self.engine = None
         self._closing, self._micro_step = [], 0
         self._planned = None

@@ -6,6 +6,9 @@ take `memory_breakdown`, finish the step and tear down.
     torchrun --nproc_per_node=N tests/plan_worker.py <out.json> <model> <model_kwargs json> \
         <strategies,comma,separated> <precisions,comma,separated>
 
+A strategy may carry options as `<name>@<key>=<value>@...` (`ddp-tp@pp_size=2`: a combination of
+the torch mesh), each value a whole number.
+
 Each rank writes <out.json>.rank<r>: {"<strategy>/<precision>": {"params": {...}, ...}
 or {"skipped": reason} or {"error": message}}.
 """
@@ -31,6 +34,8 @@ MICRO_BATCH, SEQ_LEN = 2, 16
 
 
 def measure(name: str, precision: str, model_spec: str, model_kwargs: dict, env: distributed.DistEnv) -> dict:
+    name, *pairs = name.split("@")
+    options = {key: int(value) for key, value in (pair.split("=") for pair in pairs)}
     entry = default_registry().get(name)
     reason = entry.unavailable_reason or entry.unsupported_reason(env.device.type)
     if reason:
@@ -49,7 +54,7 @@ def measure(name: str, precision: str, model_spec: str, model_kwargs: dict, env:
         grad_accum=1,
         grad_clip=1.0,
     )
-    strategy = default_registry().create(name, ctx)
+    strategy = default_registry().create(name, ctx, **options)
     try:
         strategy.check_model(model)  # as the run's preflight does
     except ModelUnsupported as exc:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from configs.schema import ConfigError, RunConfig
+from strategies.mesh_layout import MeshError
 from strategies.registry import StrategyError, default_registry
 
 if TYPE_CHECKING:
@@ -151,6 +152,8 @@ def layouts_of(search: dict[str, Any], top: int, nproc: int) -> list[PlannedLayo
 
 def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLayout:
     strategy, tp = layout["strategy"], layout["tp"]
+    pp, cp = layout.get("pp", 1), layout.get("cp", 1)
+    split = tp * pp * cp  # the ranks that share one micro-batch: kept, the data-parallel ranks scaled
     micro, accum = layout["micro_batch"], layout["grad_accum"]
     planned = {
         "rank": rank,
@@ -167,7 +170,7 @@ def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLa
     entry = PlannedLayout(
         label=f"{strategy}#{rank}",
         strategy=strategy,
-        strategy_options=dict(layout.get("strategy_options") or {}),
+        strategy_options=_pinned(strategy, layout),
         micro_batch=micro,
         grad_accum=accum,
         checkpointing=layout["activation_checkpointing"],
@@ -184,27 +187,42 @@ def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLa
         return replace(entry, nproc=1)
     if gpus <= nproc:
         return entry
-    fewer = [d for d in range(nproc, 0, -1) if gpus % d == 0 and d % tp == 0]
+    fewer = [d for d in range(nproc, 0, -1) if gpus % d == 0 and d % split == 0]
+    kept = " x ".join(f"{name} {size}" for name, size in (("tp", tp), ("pp", pp), ("cp", cp)) if size > 1) or "tp 1"
     if not fewer:
         return replace(
             entry,
             nproc=nproc,
-            refused=f"tp {tp} needs {tp} processes and this compare has {nproc}: give nproc={tp} or more",
+            refused=f"{kept} needs {split} processes and this compare has {nproc}: give nproc={split} or more",
         )
     here = fewer[0]
-    data_parallel = gpus // tp
-    here_data_parallel = here // tp
+    data_parallel = gpus // split
+    here_data_parallel = here // split
     accum_here = accum * data_parallel // here_data_parallel
     return replace(
         entry,
         nproc=here,
         grad_accum=accum_here,
         scaled=(
-            f"planned on {gpus} GPUs (tp {tp} x data parallel {data_parallel}), runs on {here} processes "
-            f"(tp {tp} x {here_data_parallel}) with micro-batch {micro} x accumulation {accum_here} (planned {micro} "
+            f"planned on {gpus} GPUs ({kept} x data parallel {data_parallel}), runs on {here} processes "
+            f"({kept} x {here_data_parallel}) with micro-batch {micro} x accumulation {accum_here} (planned {micro} "
             f"x {accum}): the same micro-batch and global batch"
         ),
     )
+
+
+def _pinned(strategy: str, layout: dict[str, Any]) -> dict[str, Any]:
+    """The layout's strategy options with its planned tp, pp and cp set where the strategy takes
+    them: a size left to its default would default to this machine's nodes and GPUs, not the plan's."""
+    options = dict(layout.get("strategy_options") or {})
+    try:
+        takes = default_registry().get(strategy).user_options()
+    except StrategyError:
+        return options
+    for option, dim in (("tp_size", "tp"), ("pp_size", "pp"), ("cp_size", "cp")):
+        if option in takes and option not in options and dim in layout:
+            options[option] = layout[dim]
+    return options
 
 
 def fitted_here(
@@ -266,7 +284,7 @@ def refusal(layout: PlannedLayout, shared: dict[str, Any]) -> str | None:
     try:
         default_registry().get(layout.strategy)
         preflight(RunConfig(**{**shared, **layout.run_settings()}, strategy=layout.strategy), layout.nproc)
-    except (ConfigError, StrategyError) as exc:
+    except (ConfigError, StrategyError, MeshError) as exc:
         return str(exc)
     return None
 

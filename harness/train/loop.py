@@ -43,6 +43,7 @@ from strategies.backend_imports import import_backends
 from strategies.base import RunContext, Strategy, compute_precision, no_checkpoints_error, torch_dtype
 from strategies.float8 import convert_to_float8, float8_scales_hook, gathers_in_fp8
 from strategies.memory import MemoryBreakdown
+from strategies.parallel_dims import ModelFacts
 from strategies.registry import default_registry
 
 DTYPE_NAMES = {torch_dtype(name): name for name in PRECISIONS if compute_precision(name) == name}
@@ -202,14 +203,17 @@ def run_schedule(cfg: RunConfig, model: torch.nn.Module) -> Schedule:
     )
 
 
-def create_strategy(cfg: RunConfig, env: distributed.DistEnv, schedule: Schedule) -> Strategy:
+def create_strategy(
+    cfg: RunConfig, env: distributed.DistEnv, schedule: Schedule, model: torch.nn.Module, blocks: Blocks
+) -> Strategy:
     """`cfg.strategy` for this rank of `env`, constructed (not yet set up): its options and
-    configuration checked, its mesh laid out. The global batch is split over the data-parallel
-    ranks alone (replicate x shard under hsdp; under fsdp-tp the ranks of a tensor-parallel group
-    share their micro-batch). `schedule`: the run's (run_schedule), for a backend running its own
-    scheduler to check."""
+    configuration checked, its mesh laid out for `model` (whose blocks and heads some sizes default
+    to). The global batch is split over the data-parallel ranks alone (replicate x shard under hsdp;
+    under fsdp-tp the ranks of a tensor-parallel group share their micro-batch). `schedule`: the
+    run's (run_schedule), for a backend running its own scheduler to check."""
     registry = default_registry()
-    mesh = registry.mesh_layout(cfg.strategy, env.world_size, env.ranks_per_node, **cfg.strategy_options)
+    facts = ModelFacts.of(model, blocks.count)
+    mesh = registry.mesh_layout(cfg.strategy, env.world_size, env.ranks_per_node, facts, **cfg.strategy_options)
     micro_batch, grad_accum = cfg.world_batch(mesh.data_parallel(env.rank)[1], data_parallel=mesh.declared)
     ctx = RunContext(
         rank=env.rank,
@@ -244,7 +248,7 @@ def built(cfg: RunConfig, env: distributed.DistEnv) -> Iterator[Training]:
         )
         schedule = GlobalBatchSchedule(len(data), cfg.batch_size, cfg.seed)
         lr_schedule = run_schedule(cfg, model)
-        strategy = create_strategy(cfg, env, lr_schedule)
+        strategy = create_strategy(cfg, env, lr_schedule, model, blocks)
         import_backends(strategy.backend_modules)  # before any setup imports one its own way
         strategy.check_model(model)
         micro_batch, grad_accum = strategy.ctx.micro_batch, strategy.ctx.grad_accum

@@ -50,9 +50,9 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
         rank=0, world_size=world_size, local_rank=0, device=torch.device(device_type), local_world_size=ranks_per_node
     )
     with on_meta():
-        model, _, _ = prepare_model(cfg)
+        model, blocks, _ = prepare_model(cfg)
     try:
-        strategy = create_strategy(cfg, env, run_schedule(cfg, model))
+        strategy = create_strategy(cfg, env, run_schedule(cfg, model), model, blocks)
     except MeshError as exc:  # this many ranks: the same strategy may run on another count
         raise ModelUnsupported(str(exc)) from None
     if world_size > 1 and registry.get(cfg.strategy).one_process:

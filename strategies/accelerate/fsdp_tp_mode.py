@@ -22,8 +22,8 @@ from packaging.version import Version
 from strategies.accelerate.fsdp_mode import AccelerateFSDPStrategy
 from strategies.accelerate.hsdp_mode import parallelism_config
 from strategies.base import ModelUnsupported, Preset, RunContext, missing_package_reason
-from strategies.fsdp_tp import tensor_parallel_layout
 from strategies.mesh_layout import MeshLayout
+from strategies.parallel_dims import ModelFacts, mesh_layout
 from strategies.plan_model import PlanModel
 
 if TYPE_CHECKING:
@@ -56,8 +56,11 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
         return "fsdp-tp"
 
     @classmethod
-    def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
-        return tensor_parallel_layout(world_size, local_world_size, options.get("tp_size"))
+    def mesh_layout(
+        cls, world_size: int, local_world_size: int, options: dict[str, Any], model: ModelFacts | None = None
+    ) -> MeshLayout:
+        """fsdp-tp's layout (strategies/parallel_dims.py), tp_size defaulting as fsdp-tp's does."""
+        return mesh_layout("fsdp", "shard x tp", options, world_size, local_world_size, model)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

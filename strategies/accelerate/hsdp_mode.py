@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 from strategies.accelerate.environment import launched_parallelism
 from strategies.accelerate.fsdp_mode import AccelerateFSDPStrategy
 from strategies.base import Preset, RunContext, StrategyError
-from strategies.hsdp import hybrid_layout
 from strategies.mesh_layout import MeshLayout
+from strategies.parallel_dims import ModelFacts, mesh_layout
 from strategies.plan_model import PlanModel
 
 if TYPE_CHECKING:
@@ -38,8 +38,11 @@ class AccelerateHSDPStrategy(AccelerateFSDPStrategy):
         return "hsdp"
 
     @classmethod
-    def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
-        return hybrid_layout(world_size, local_world_size, options.get("shard_size"))
+    def mesh_layout(
+        cls, world_size: int, local_world_size: int, options: dict[str, Any], model: ModelFacts | None = None
+    ) -> MeshLayout:
+        """hsdp's layout (strategies/parallel_dims.py), its sizes defaulting as hsdp's do."""
+        return mesh_layout("fsdp", "replicate x shard", options, world_size, local_world_size, model)
 
     def _parallelism_config(self) -> ParallelismConfig:
         return parallelism_config(self.mesh, dp_replicate_size="replicate", dp_shard_size="shard")

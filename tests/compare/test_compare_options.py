@@ -24,15 +24,16 @@ def _takers(*args: str) -> dict[str, list[str]]:
 
 def test_a_compare_wide_option_reaches_each_strategy_that_has_it_and_no_other():
     args = [
-        "strategies=[single,hsdp,fsdp-tp]",
+        "strategies=[single,fsdp,hsdp,fsdp-tp]",
         "strategy_options.tp_size=2",
         "strategy_options.shard_size=2",
         "strategy_options.hsdp.prefetch_blocks=1",
     ]
-    assert _takers(*args) == {"tp_size": ["fsdp-tp"], "shard_size": ["hsdp"]}
+    # hsdp takes a tp_size (HSDP x TP); fsdp does not (that is fsdp-tp).
+    assert _takers(*args) == {"tp_size": ["hsdp", "fsdp-tp"], "shard_size": ["hsdp"]}
     cfg, registry = load_compare_config(args), default_registry()
-    assert options_for(cfg, "single", registry) == {}
-    assert options_for(cfg, "hsdp", registry) == {"shard_size": 2, "prefetch_blocks": 1}
+    assert options_for(cfg, "single", registry) == options_for(cfg, "fsdp", registry) == {}
+    assert options_for(cfg, "hsdp", registry) == {"tp_size": 2, "shard_size": 2, "prefetch_blocks": 1}
     assert options_for(cfg, "fsdp-tp", registry) == {"tp_size": 2}
 
 
@@ -52,7 +53,7 @@ def test_the_slurm_scripts_carry_each_strategy_its_own_options(tmp_path, capsys)
             "nodes=2",
             "gpus_per_node=2",
             "device=cpu",
-            "strategies=[single,hsdp,fsdp-tp]",
+            "strategies=[single,fsdp,fsdp-tp]",
             "strategy_options.tp_size=2",
             f"out_dir={tmp_path}",
         ]
@@ -60,7 +61,7 @@ def test_the_slurm_scripts_carry_each_strategy_its_own_options(tmp_path, capsys)
     out, err = capsys.readouterr()
     assert code == 0, err[-2000:]
     launches = {line.split("strategy=")[1].split()[0]: line for line in out.splitlines() if " train " in line}
-    assert "tp_size" not in launches["single"] and "tp_size" not in launches["hsdp"]
+    assert "tp_size" not in launches["single"] and "tp_size" not in launches["fsdp"]
     assert "strategy_options.tp_size=2" in launches["fsdp-tp"]
 
 
@@ -92,7 +93,8 @@ def test_a_strategy_that_cannot_lay_out_the_model_is_skipped_with_why(tmp_path):
 
 def test_a_strategy_that_refuses_this_model_or_mesh_is_skipped_with_its_reason(tmp_path, capsys):
     """fsdp-cp's cp 4 and fsdp-tp's tp 3 on 4 processes: one refuses gpt-nano's 2 heads, the other the mesh;
-    both are skipped with the line a lone train stops with, and the rest of the compare goes on."""
+    both are skipped with the line a lone train stops with, and the rest of the compare goes on. (fsdp-cp
+    left to its default runs cp 2 there: the most that shares out the heads.)"""
     code = runner.main(
         [
             "compare",
@@ -102,15 +104,17 @@ def test_a_strategy_that_refuses_this_model_or_mesh_is_skipped_with_its_reason(t
             "gpus_per_node=4",
             "device=cpu",
             "strategies=[single,fsdp-cp,fsdp-tp,ddp]",
+            "strategy_options.fsdp-cp.cp_size=4",
             "strategy_options.fsdp-tp.tp_size=3",
             f"out_dir={tmp_path}",
         ]
     )
     out, err = capsys.readouterr()
     assert code == 0, err[-2000:]
-    assert "# skipped fsdp-cp: cannot run gpt-nano on 4 processes: fsdp-cp: cp_size=4 does not divide" in out
+    assert "# skipped fsdp-cp: cannot run gpt-nano on 4 processes: strategy_options.cp_size=4 does not share" in out
     assert "# skipped fsdp-tp: cannot run gpt-nano on 4 processes: strategy_options.tp_size=3 does not divide" in out
     assert "2 scripts written" in out  # single and ddp
-    assert runner.main(["train", "strategy=fsdp-cp", "nproc=4", f"out_dir={tmp_path / 'alone'}"]) == 2
+    alone = ["train", "strategy=fsdp-cp", "nproc=4", "strategy_options.cp_size=4", f"out_dir={tmp_path / 'alone'}"]
+    assert runner.main(alone) == 2
     err = capsys.readouterr().err.strip()
-    assert "cp_size=4 does not divide the GPT's 2 attention heads" in err and "\n" not in err
+    assert "cp_size=4 does not share out the model's 2 attention heads" in err and "\n" not in err

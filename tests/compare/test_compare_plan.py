@@ -114,12 +114,14 @@ def test_report_shows_planned_beside_measured(measured: tuple[dict, Path, str]) 
         assert cells[5] != "n/a" and cells[7].endswith("states")  # measured speed; on a CPU the model states
 
 
-def _layout(strategy: str, tp: int, micro: int, accum: int, checkpointing: str = "none") -> dict:
+def _layout(strategy: str, tp: int, micro: int, accum: int, checkpointing: str = "none", pp: int = 1) -> dict:
     return {
         "strategy": strategy,
-        "strategy_options": {"tp_size": tp} if tp > 1 else {},
+        "strategy_options": ({"tp_size": tp} if tp > 1 else {}) | ({"pp_size": pp} if pp > 1 else {}),
         "tp": tp,
-        "data_parallel": 4 // tp,
+        "pp": pp,
+        "cp": 1,
+        "data_parallel": 4 // (tp * pp),
         "micro_batch": micro,
         "grad_accum": accum,
         "activation_checkpointing": checkpointing,
@@ -137,14 +139,18 @@ def test_a_layout_planned_on_more_gpus_keeps_its_micro_batch_and_the_global_batc
             _layout("ddp", 1, 1, 2),
             _layout("ddp-tp", 4, 8, 1),
             _layout("ddp", 1, 2, 1, "selective"),
+            _layout("fsdp-pp", 1, 4, 1),  # its pp left to the default: the plan's, pinned
+            _layout("ddp-tp", 2, 4, 1, pp=2),
         ],
     }
-    fewer, split, too_wide, selective = layouts_of(search, 4, nproc=2)
+    fewer, split, too_wide, selective, pinned, deep = layouts_of(search, 6, nproc=2)
     assert (fewer.nproc, fewer.micro_batch, fewer.grad_accum) == (2, 2, 2)
     assert "planned on 4 GPUs" in str(fewer.scaled)
     assert (fewer.label, split.label) == ("ddp#1", "ddp#2") and fewer.folder != split.folder
     assert "tp 4 needs 4 processes" in str(too_wide.refused) and "nproc=4" in str(too_wide.refused)
     assert "selective" in str(selective.refused)
+    assert pinned.strategy_options == {"tp_size": 1, "pp_size": 1, "cp_size": 1}
+    assert "tp 2 x pp 2 needs 4 processes" in str(deep.refused)
 
 
 def test_a_plan_that_cannot_be_measured_is_one_line(tmp_path: Path) -> None:

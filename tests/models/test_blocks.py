@@ -23,8 +23,9 @@ from models.zoo import build_model
 from strategies.accelerate.fsdp_mode import AccelerateFSDPStrategy
 from strategies.base import RunContext, StrategyError
 from strategies.deepspeed import DeepSpeedStrategy
-from strategies.fsdp import FSDPStrategy, tied_outside
+from strategies.fsdp import tied_outside
 from strategies.registry import default_registry
+from strategies.torch_mesh import MeshStrategy
 from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
 
 TOLERANCE = 1e-4  # fp32, relative, every step
@@ -137,7 +138,7 @@ def test_model_blocks_takes_one_name_or_a_list():
 # ---- compile and checkpointing work through the same blocks ------------------------------------
 
 PER_BLOCK_STRATEGIES = {
-    "fsdp": lambda ctx: FSDPStrategy(ctx),
+    "fsdp": lambda ctx: MeshStrategy(ctx),
     "zero3": lambda ctx: DeepSpeedStrategy(ctx, stage=3),
     "accelerate-fsdp": lambda ctx: AccelerateFSDPStrategy(ctx),
 }

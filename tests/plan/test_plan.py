@@ -94,6 +94,15 @@ def test_zero_paper_worked_example_comes_out_exactly(capsys):
 # Odd sizes, so that padding and uneven shards show; 2 heads, so that fsdp-tp can split them over 2 ranks.
 WORKER_MODEL = ("gpt-nano", {"n_embd": 66, "n_head": 2, "vocab_size": 131})
 PRECISIONS = ("fp32", "bf16")
+# Combinations of the torch mesh beyond the presets' defaults, on two ranks (as the worker names them).
+COMBINATIONS = {
+    "ddp-tp@pp_size=2": ("ddp-tp", {"pp_size": 2}),  # Megatron-LM's DDP x PP
+    "zero1-tp@pp_size=2": ("zero1-tp", {"pp_size": 2}),
+    "fsdp@pp_size=2": ("fsdp", {"pp_size": 2}),
+    "fsdp@cp_size=2": ("fsdp", {"cp_size": 2}),
+    "hsdp@tp_size=2": ("hsdp", {"tp_size": 2}),
+    "ddp-tp@cp_size=2": ("ddp-tp", {"cp_size": 2}),
+}
 
 
 # One torchrun job per world size sets up every registered strategy in turn (28 names, two
@@ -107,8 +116,8 @@ pytestmark = pytest.mark.timeout(2 * WORKER_TIMEOUT_S + 120)
 def measured(tmp_path_factory) -> dict[int, dict[str, dict]]:
     """{world_size: {"strategy/precision": max-over-ranks breakdown}} from tests/plan_worker.py."""
     out: dict[int, dict[str, dict]] = {}
-    names = ",".join(default_registry().names())
     for world in (1, 2):
+        names = ",".join(default_registry().names() + (list(COMBINATIONS) if world == 2 else []))
         path = tmp_path_factory.mktemp(f"plan_ws{world}") / "measured.json"
         cmd = [
             sys.executable,
@@ -148,12 +157,27 @@ def test_model_states_match_what_each_strategy_holds(measured, name, precision, 
     assert "error" not in result, (
         f"{name} {precision} at world size {world}: {result['error']}\n{result.get('traceback')}"
     )
+    _check_states(result, name, {}, precision, world)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("combination", list(COMBINATIONS))
+def test_model_states_of_mesh_combinations_match_what_each_rank_holds(measured, combination, precision):
+    """The pipeline's fullest stage (the embeddings, the head and its share of the blocks) is what
+    the plan prices: on two stages of gpt-nano, the first one's."""
+    result = measured[2][f"{combination}/{precision}"]
+    assert "error" not in result and "skipped" not in result, result
+    _check_states(result, *COMBINATIONS[combination], precision, 2)
+
+
+def _check_states(result: dict, name: str, options: dict, precision: str, world: int) -> None:
     q, _ = plan(
         model=WORKER_MODEL[0],
         model_kwargs=WORKER_MODEL[1],
         gpus=world,
         precision=precision,
         strategies=[name] if name != "single" or world == 1 else [],
+        strategy_options=options,
     )
     predicted = plan_strategy(name, q).states
     for category in ("params", "grads", "optimizer"):
@@ -365,13 +389,14 @@ def test_recommendation_when_nothing_fits_says_what_would():
 
 
 def test_when_no_remedy_of_the_asked_strategy_fits_the_plan_names_layouts_that_do():
-    """A 70B under ddp-tp on 8 GPUs at 32K tokens: context parallelism over more GPUs fits, and the
-    plan names it with its size, GPU count and peak, from the search."""
+    """A 70B under ddp-tp on 8 GPUs at 32K tokens: context parallelism beside FSDP's offload fits on the
+    same GPUs (every FSDP2 name of the mesh takes cp_size), and the plan names it with its size and
+    peak, from the search."""
     q, plans = plan(model="llama3.1-70b", gpus=8, seq_len=32768, micro_batch=1, strategies=["ddp-tp"])
     rec = recommend(list(plans.values()), q)
     text = "\n".join(rec.lines)
     assert rec.best is None and "does not model" not in text
-    assert "Layouts that fit on 16 GPUs (none fits on fewer): fsdp-cp cp_size=16 micro_batch=1" in text
+    assert "Layouts that fit on these GPUs: fsdp-offload cp_size=8 micro_batch=1" in text
     assert " GiB per GPU, " in text
 
 

@@ -33,7 +33,7 @@ def _plan_error(capsys, *args: str) -> str:
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["strategies=[ddp-tp]", "strategy_options.pp_size=4"], "strategy 'ddp-tp' has no option pp_size"),
+        (["strategies=[fsdp]", "strategy_options.tp_size=4"], "strategy 'fsdp' has no option tp_size"),
         (["strategies=[zero1-pp]", "strategy_options.tp_size=2"], "strategy 'zero1-pp' has no option tp_size"),
         (["strategies=[zero1-pp]", "strategy_options.cp_size=2"], "strategy 'zero1-pp' has no option cp_size"),
         (["strategies=[fsdp-pp]", "strategy_options.pp_size=0"], "pp_size=0 must be a whole number of at least 1"),
@@ -52,21 +52,23 @@ def test_what_train_refuses_the_plan_refuses_in_one_line(capsys, args, words):
 
 def test_the_plan_and_train_refuse_an_option_from_the_same_code():
     with pytest.raises(StrategyError) as train:
-        default_registry().check_options("ddp-tp", {"pp_size": 4})
+        default_registry().check_options("fsdp", {"tp_size": 4})
     with pytest.raises(PlanError) as plan:
-        routed_options(["ddp-tp"], {"pp_size": 4})
-    assert str(train.value).split(":")[0] == str(plan.value).split(":")[0] == "strategy 'ddp-tp' has no option pp_size"
+        routed_options(["fsdp"], {"tp_size": 4})
+    assert str(train.value).split(":")[0] == str(plan.value).split(":")[0] == "strategy 'fsdp' has no option tp_size"
 
 
 def test_a_compare_wide_option_reaches_the_strategies_that_take_it_and_the_plan_says_which(capsys):
     assert runner.main([*GPT_350M, "strategy_options.pp_size=2", "format=json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["strategy_options_reach"] == {"pp_size": ["fsdp-pp", "zero1-pp"]}
+    # Every name of the torch mesh takes pp_size (ddp-tp + pp_size is Megatron-LM's 3D), and zero1-pp.
+    pipelined = ["fsdp", "fsdp-grad-op", "fsdp-offload", "hsdp", "fsdp-tp", "ddp-tp", "zero1-tp", "fsdp-pp", "fsdp-cp"]
+    assert doc["strategy_options_reach"] == {"pp_size": [*pipelined, "zero1-pp"]}
     layouts = {s["strategy"]: s["layout"] for s in doc["strategies"]}
-    assert layouts["fsdp-pp"]["pp"] == layouts["zero1-pp"]["pp"] == 2
-    assert {s for s, layout in layouts.items() if layout["pp"] > 1} == {"fsdp-pp", "zero1-pp"}
+    assert {s for s, layout in layouts.items() if layout["pp"] > 1} == {*pipelined, "zero1-pp"}
+    assert all(layouts[s]["pp"] == 2 for s in (*pipelined, "zero1-pp"))
     assert runner.main([*GPT_350M, "strategy_options.pp_size=2"]) == 0
-    assert "strategy_options.pp_size reaches fsdp-pp, zero1-pp." in capsys.readouterr().out
+    assert f"strategy_options.pp_size reaches {', '.join(pipelined)}, zero1-pp." in capsys.readouterr().out
 
 
 def test_a_strategy_planned_by_default_with_an_option_the_planner_cannot_price_is_listed_not_planned(capsys):
@@ -93,15 +95,14 @@ def test_which_options_a_strategy_takes_is_read_from_the_registry(monkeypatch):
     names = registry_module._builtin_modules() + ["tests.plan.layout_strategies"]
     monkeypatch.setattr(registry_module, "_DEFAULT", registry_module.registry_of(names))
     assert {"tp_size", "pp_size", "cp_size"} <= takes("test-fsdp-tp-pp-cp")
-    assert "pp_size" not in takes("ddp-tp")
+    assert "tp_size" not in takes("fsdp")
     # A what-if only where the strategy takes the size it shapes: no interleaving without stages.
-    assert {"virtual_stages", "cp_attention"} & (takes("ddp-tp") | takes("fsdp")) == set()
     assert "virtual_stages" in takes("test-zero1-tp-pp") and "virtual_stages" in takes("fsdp-pp")
     options = {"tp_size": 2, "pp_size": 2, "cp_size": 2}
     q = question(PlanConfig(model="llama3.1-8b", gpus=16, seq_len=16384, micro_batch=2, strategy_options=options))
     layout = plan_strategy("test-fsdp-tp-pp-cp", q).layout
     assert (layout.tp, layout.pp, layout.cp) == (2, 2, 2)
-    assert plan_strategy("ddp-tp", q).layout.pp == 1  # a strategy without the option is not routed it
+    assert plan_strategy("fsdp", q).layout.tp == 1  # a strategy without the option is not routed it
 
 
 def test_every_searched_layout_runs_under_its_name_with_its_options():
@@ -112,19 +113,23 @@ def test_every_searched_layout_runs_under_its_name_with_its_options():
     registry = default_registry()
     for found in result.ranked + result.too_large:
         registry.check_options(found.strategy, dict(found.options))
-    assert {s.strategy for s in result.ranked + result.too_large if s.plan.layout.pp > 1} <= {"fsdp-pp", "zero1-pp"}
-    assert {s.strategy for s in result.ranked + result.too_large if s.plan.layout.cp > 1} == {"fsdp-cp"}
+    found = result.ranked + result.too_large
+    # Megatron-LM's DDP x TP x PP and FSDP x TP x CP searched under the names that run them.
+    assert {"ddp-tp", "fsdp-pp", "zero1-pp"} <= {s.strategy for s in found if s.plan.layout.pp > 1}
+    assert {"fsdp-tp", "fsdp-cp"} <= {s.strategy for s in found if s.plan.layout.cp > 1}
+    assert "zero1-pp" not in {s.strategy for s in found if s.plan.layout.cp > 1}  # DeepSpeed's takes none
 
 
 def test_the_search_lists_one_layout_once(capsys):
-    """fsdp-pp at pp 1 is fsdp-grad-op's layout, zero1-pp at pp 1 zero1's: listed once, under the plain name."""
+    """fsdp-pp at pp 2 is fsdp-grad-op's layout with pp_size=2, fsdp-cp at pp 2 (its cp left 1) fsdp's: listed
+    once, under the plain name."""
     args = ["plan", "search=true", "model=gpt2-124m", "gpus=2", "global_batch_tokens=32K", "format=json"]
     assert runner.main(args) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert {s["strategy"] for s in doc["layouts"]}.isdisjoint({"fsdp-pp", "zero1-pp"})
+    assert {s["strategy"] for s in doc["layouts"]}.isdisjoint({"fsdp-pp", "fsdp-cp"})
     shown = [(s["strategy"], s["micro_batch"], s["activation_checkpointing"]) for s in doc["layouts"]]
     assert len(shown) == len(set(shown)) and shown[0][0] == "fsdp-grad-op"
-    assert doc["listed_as"] == {"fsdp-pp at tp 1, pp 1, cp 1": "fsdp-grad-op", "zero1-pp at tp 1, pp 1, cp 1": "zero1"}
+    assert doc["listed_as"] == {"fsdp-pp at pp 2": "fsdp-grad-op", "fsdp-cp at pp 2": "fsdp"}
 
 
 def _tp_plan(sequence_parallel: bool, checkpointing: str = "none"):

@@ -101,12 +101,12 @@ def _llama(**kwargs):
 @pytest.mark.parametrize(
     "model, cp_size, seq_len, options, says",
     [
-        ("gpt-nano", 4, 32, {}, "cp_size=4 does not divide the GPT's 2 attention heads"),
+        ("gpt-nano", 4, 32, {}, "cp_size=4 does not share out the model's 2 attention heads"),
         ("gpt-nano", 2, 33, {}, "seq_len=33 does not split into cp_size=2 slices: use a seq_len that 2 divides"),
         ("gpt-nano", 2, 34, {"cp_attention": "ring"}, "seq_len=34 does not split into 2 x 2 head-and-tail chunks"),
         ("llama", 4, 32, {}, None),  # 2 key/value heads, each repeated for 2 of the 4 ranks
         ("llama", 8, 32, {}, "use strategy_options.cp_size=1 or 2 or 4, or strategy_options.cp_attention=ring"),
-        ("llama-12-heads", 4, 32, {}, "does not share out LlamaForCausalLM's 12 attention heads and 6 key/value"),
+        ("llama-12-heads", 4, 32, {}, "does not share out the model's 12 attention heads and 6 key/value"),
         ("llama-12-heads", 4, 32, {"cp_attention": "ring"}, None),  # the ring splits the sequence, not the heads
         ("mistral", 2, 32, {}, "MistralForCausalLM has sliding_attention layers, whose mask context parallel"),
         ("gpt2", 2, 32, {}, None),  # learned positions, read from the position ids

@@ -21,6 +21,8 @@ import pytest
 from harness.common.testing_hooks import FAULT_ENV
 from models.zoo import build_model
 from strategies.base import ModelUnsupported, StrategyError
+from strategies.mesh_layout import MeshError
+from strategies.parallel_dims import ModelFacts
 from strategies.registry import default_registry
 from tests.helpers import LLAMA_4, NANO, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 from tests.strategies.constructed import constructed
@@ -165,7 +167,7 @@ def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, tmp_
     ],
 )
 def test_a_pipeline_that_cannot_run_says_why_in_one_line(options, micro_batch, says):
-    with pytest.raises(StrategyError) as err:
+    with pytest.raises((StrategyError, MeshError)) as err:
         constructed("fsdp-pp", 2, micro_batch, **options).check_model(build_model("gpt-nano"))
     assert says in str(err.value) and "\n" not in str(err.value)
 
@@ -177,8 +179,11 @@ def test_a_model_it_cannot_cut_says_so_in_one_line():
     assert "\n" not in str(err.value)
 
 
-def test_one_node_by_default_is_one_stage_and_says_so():
-    """The pipeline crosses nodes by default; compare's nproc=2 on one node gets fsdp-grad-op's layout."""
-    assert default_registry().mesh_layout("fsdp-pp", 4, 2).shape == (2, 2)
-    mesh = default_registry().mesh_layout("fsdp-pp", 2, 2)
-    assert mesh.shape == (1, 2) and any(note.startswith("pp 1: no pipeline") for note in mesh.notes)
+def test_by_default_a_stage_per_node_two_on_one_and_never_more_than_the_blocks():
+    """A pipeline preset pipelines: compare's nproc=2 on one node gets two stages, and says so."""
+    registry = default_registry()
+    assert registry.mesh_layout("fsdp-pp", 4, 2).shape == (2, 2)  # two nodes
+    mesh = registry.mesh_layout("fsdp-pp", 2, 2)
+    assert mesh.shape == (2, 1) and any(note.startswith("pp 2: a pipeline on one node") for note in mesh.notes)
+    assert registry.mesh_layout("fsdp-pp", 16, 2, ModelFacts(blocks=4)).shape == (4, 4)  # 8 nodes, 4 blocks
+    assert registry.mesh_layout("fsdp-pp", 2, 2, ModelFacts(blocks=1)).shape == (1, 2)

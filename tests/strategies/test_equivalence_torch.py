@@ -100,11 +100,11 @@ dist.init_process_group("gloo")
 from harness.train.optimizer import adamw_factory
 from models.zoo import build_model
 from strategies.base import RunContext
-from strategies.fsdp import FSDPStrategy
+from strategies.torch_mesh import MeshStrategy
 ctx = RunContext(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), precision="fp32",
                  micro_batch=2, grad_accum=2, grad_clip=1.0)
 for sync in (True, False):
-    strategy = FSDPStrategy(ctx, sync_each_micro_step=sync)
+    strategy = MeshStrategy(ctx, sync_each_micro_step=sync)
     model, _ = strategy.setup(build_model("gpt-nano"), adamw_factory(1e-3, (0.9, 0.95), 0.1))
     tokens = torch.randint(0, 128, (2, 9))
     with strategy.no_sync():

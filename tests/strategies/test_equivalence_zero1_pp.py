@@ -149,8 +149,11 @@ def test_a_model_it_cannot_cut_says_so():
     assert str(err.value).startswith("zero1-pp: pipeline parallel cuts a model between its blocks, and GRULM")
 
 
-def test_one_node_by_default_is_one_stage_and_says_so():
-    """One stage per node by default: compare's nproc=2 on one node gets zero1's layout."""
-    assert default_registry().mesh_layout("zero1-pp", 4, 2).shape == (2, 2)
-    mesh = default_registry().mesh_layout("zero1-pp", 2, 2)
+def test_by_default_a_stage_per_node_and_two_on_one():
+    """As fsdp-pp's: compare's nproc=2 on one node gets two stages, and says so; pp 1 says what it is."""
+    registry = default_registry()
+    assert registry.mesh_layout("zero1-pp", 4, 2).shape == (2, 2)
+    mesh = registry.mesh_layout("zero1-pp", 2, 2)
+    assert mesh.shape == (2, 1) and any(note.startswith("pp 2: a pipeline on one node") for note in mesh.notes)
+    mesh = registry.mesh_layout("zero1-pp", 2, 2, pp_size=1)
     assert mesh.shape == (1, 2) and any(note.startswith("pp 1: no pipeline") for note in mesh.notes)

@@ -10,12 +10,19 @@ import torch
 from strategies.base import RunContext
 from strategies.dcp_layout import merged_groups, split_groups
 from strategies.deepspeed_zeropp import hpz_layout
-from strategies.fsdp_tp import tensor_parallel_layout
-from strategies.hsdp import hybrid_layout
 from strategies.mesh_layout import MeshError, MeshLayout
+from strategies.parallel_dims import mesh_layout
 from strategies.registry import default_registry
 
 NEW_NAMES = ("hsdp", "fsdp-tp", "zero3-hpz", "zero3-zeropp", "accelerate-hsdp", "accelerate-fsdp-tp")
+
+
+def hybrid_layout(world_size: int, per_node: int, shard_size: int | None) -> MeshLayout:
+    return mesh_layout("fsdp", "replicate x shard", {"shard_size": shard_size}, world_size, per_node)
+
+
+def tensor_parallel_layout(world_size: int, per_node: int, tp_size: int | None) -> MeshLayout:
+    return mesh_layout("fsdp", "shard x tp", {"tp_size": tp_size}, world_size, per_node)
 
 
 def test_ranks_are_laid_out_row_major_as_init_device_mesh():
@@ -24,7 +31,7 @@ def test_ranks_are_laid_out_row_major_as_init_device_mesh():
 
 
 def test_hybrid_sharding_reads_data_on_every_rank():
-    mesh = hybrid_layout(world_size=4, local_world_size=2, shard_size=None)
+    mesh = hybrid_layout(4, 2, None)
     assert (mesh.shape, mesh.dims) == ((2, 2), ("replicate", "shard"))
     assert [mesh.data_parallel(r) for r in range(4)] == [(0, 4), (1, 4), (2, 4), (3, 4)]
     assert all(mesh.leads_its_group(r) for r in range(4))
@@ -32,7 +39,7 @@ def test_hybrid_sharding_reads_data_on_every_rank():
 
 
 def test_a_tensor_parallel_group_reads_one_micro_batch_and_counts_its_loss_once():
-    mesh = tensor_parallel_layout(world_size=8, local_world_size=4, tp_size=2)
+    mesh = tensor_parallel_layout(8, 4, 2)
     assert (mesh.shape, mesh.dims, mesh.data_dims) == ((4, 2), ("shard", "tp"), ("shard",))
     assert [mesh.data_parallel(r) for r in range(8)] == [(i // 2, 4) for i in range(8)]
     assert [mesh.leads_its_group(r) for r in range(8)] == [True, False] * 4

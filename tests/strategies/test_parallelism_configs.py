@@ -55,14 +55,13 @@ import os, sys, torch.distributed as dist
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1], RANK=sys.argv[2], WORLD_SIZE="4")
 dist.init_process_group("gloo")
 from strategies.accelerate.hsdp_mode import parallelism_config
-from strategies.fsdp_tp import tensor_parallel_layout
-from strategies.hsdp import hybrid_layout
+from strategies.parallel_dims import mesh_layout
 rank = dist.get_rank()
-hsdp = hybrid_layout(4, 2, None)
+hsdp = mesh_layout("fsdp", "replicate x shard", {}, 4, 2)
 acc = parallelism_config(hsdp, dp_replicate_size="replicate", dp_shard_size="shard").build_device_mesh("cpu")
 assert acc["dp"].get_local_rank() == hsdp.data_parallel(rank)[0], "hsdp data rank"
 assert acc.size() == 4
-tp = tensor_parallel_layout(4, 2, None)
+tp = mesh_layout("fsdp", "shard x tp", {}, 4, 2)
 acc = parallelism_config(tp, dp_shard_size="shard", tp_size="tp").build_device_mesh("cpu")
 assert (acc["dp"].get_local_rank(), acc["dp"].size()) == tp.data_parallel(rank), "fsdp-tp data rank"
 assert acc["tp"].get_local_rank() == tp.coordinates(rank)[1], "tp rank"
@@ -99,7 +98,7 @@ def test_accelerate_builds_the_runs_mesh_from_the_config():
 def test_accelerate_launchs_parallelism_flags_choose_the_mode_and_must_fit_the_run(monkeypatch):
     from strategies.accelerate.environment import launcher_mode
     from strategies.accelerate.hsdp_mode import parallelism_config
-    from strategies.hsdp import hybrid_layout
+    from strategies.parallel_dims import mesh_layout
 
     fsdp = {"ACCELERATE_MIXED_PRECISION": "no", "ACCELERATE_USE_FSDP": "true", "FSDP_VERSION": "2"}
     with_config = {**fsdp, "ACCELERATE_USE_PARALLELISM_CONFIG": "true"}
@@ -109,10 +108,11 @@ def test_accelerate_launchs_parallelism_flags_choose_the_mode_and_must_fit_the_r
     for key, value in {**with_config, "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "2"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "4")
+    hsdp = mesh_layout("fsdp", "replicate x shard", {}, 4, 2)
     with pytest.raises(StrategyError, match="set parallelism_config_dp_shard_size=4 but this run's mesh 2 x 2"):
-        parallelism_config(hybrid_layout(4, 2, None), dp_replicate_size="replicate", dp_shard_size="shard")
+        parallelism_config(hsdp, dp_replicate_size="replicate", dp_shard_size="shard")
     monkeypatch.setenv("PARALLELISM_CONFIG_DP_SHARD_SIZE", "2")
-    parallelism_config(hybrid_layout(4, 2, None), dp_replicate_size="replicate", dp_shard_size="shard")
+    parallelism_config(hsdp, dp_replicate_size="replicate", dp_shard_size="shard")
 
 
 @needs_accelerate

@@ -82,7 +82,12 @@ def test_unknown_option_names_the_allowed_ones():
 def test_one_class_several_names_with_preset_options():
     registry = default_registry()
     assert registry.get("fsdp").cls is registry.get("fsdp-grad-op").cls
-    assert registry.get("fsdp-grad-op").options == {"reshard_after_forward": False, "cpu_offload": False}
+    assert registry.get("fsdp-grad-op").options == {
+        "engine": "fsdp",
+        "mesh_dims": "shard",
+        "reshard_after_forward": False,
+        "cpu_offload": False,
+    }
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from harness.plan.model.model_shape import ModelShape, PlanError
+from strategies.parallel_dims import syncs_each_micro_step
 from strategies.plan_model import PlanModel
 
 # DeepSpeed 0.19's ZeRO defaults (deepspeed/runtime/zero/config.py), which the plugins leave alone.
@@ -72,7 +73,10 @@ class Backend(PlanModel):
         """Stage 3 under accumulation: gradients reduce-scattered on every micro-step (DeepSpeed's
         ZeRO-3 always, parabench's fsdp by default), or kept unsharded until the last
         (FSDP2 with gradient sync off: Accelerate's FSDP, fsdp with sync_each_micro_step=false)."""
-        return self.engine == "deepspeed" or bool(self.options.get("sync_each_micro_step", False))
+        given = self.options.get("sync_each_micro_step")
+        if "engine" in self.options:  # a torch mesh preset: its engine's way unless the run says
+            return syncs_each_micro_step(self.options["engine"], given)
+        return self.engine == "deepspeed" or bool(given)
 
 
 _MODELS: dict[tuple, dict[str, Backend]] = {}
@@ -175,7 +179,11 @@ def backend_for(
     model = model_of(name)
     if model is None:
         raise PlanError(f"no planner model for strategy {name!r}: the planner knows {', '.join(planner_models())}")
-    return filled_in(model, shape, precision, world, {**_plugin_defaults(name), **(user_options or {})})
+    defaults = _plugin_defaults(name)
+    user = dict(user_options or {})
+    if "mesh_dims" in defaults:  # a torch mesh preset: the sizes it takes, as a run's (tp_size not on fsdp)
+        user = {k: v for k, v in user.items() if not k.endswith("_size") or k in defaults}
+    return filled_in(model, shape, precision, world, {**defaults, **user})
 
 
 def backend_of(plan: PlanModel, name: str, options: dict[str, Any] | None = None) -> Backend:

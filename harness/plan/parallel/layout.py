@@ -1,9 +1,13 @@
 """How a strategy lays a model over the GPUs: the degree of tensor parallelism, the group
 that shards the model states, hpZ's secondary group and the groups each collective runs over.
-The sizes come from the strategy's options (tp_size, shard_size, zero_hpz_partition_size, as
-the strategy and the user set them), by default one node's GPUs. A tensor-parallel group may
-span the NVLink domain (a GB200 NVL72 rack's 72 GPUs, not one tray's 4), and a group inside the
-domain communicates over NVLink (`Topology.per_domain`)."""
+
+A torch mesh preset (fsdp, hsdp, fsdp-tp, ddp-tp, zero1-tp, fsdp-pp, fsdp-cp: its options name its
+`mesh_dims`) is laid out by the runtime's own `dims_for` (strategies/parallel_dims.py), with the
+model's blocks and heads, so the plan prices the sizes a run would take and refuses, in the same
+words, the sizes a run would refuse. The other strategies' sizes come from their options (tp_size,
+shard_size, zero_hpz_partition_size, a published run's pp_size and cp_size), by default one node's
+GPUs. A tensor-parallel group may span the NVLink domain (a GB200 NVL72 rack's 72 GPUs, not one
+tray's 4), and a group inside the domain communicates over NVLink (`Topology.per_domain`)."""
 
 from __future__ import annotations
 
@@ -12,7 +16,10 @@ from dataclasses import dataclass
 from harness.plan.model.model_shape import ModelShape, PlanError
 from harness.plan.network.fabric import Group, Topology
 from harness.plan.parallel.backends import Backend
-from strategies.fsdp_cp import MAX_DEFAULT_CP
+from strategies.mesh_layout import MeshError, default_stages
+from strategies.parallel_dims import ModelFacts, dims_for
+
+MESH_OPTION = "mesh_dims"  # the option a torch mesh preset fixes: the dimensions it lays out
 
 
 class LayoutError(PlanError):
@@ -67,47 +74,27 @@ def _dp_group(topology: Topology, size: int, stride: int) -> Group:
 
 def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout:
     """The layout `backend` gives `shape` on `topology`; a size that does not divide is a one-line error."""
-    gpus, per_node, domain = topology.gpus, min(topology.per_node, topology.gpus), topology.per_domain
+    gpus, per_node = topology.gpus, min(topology.per_node, topology.gpus)
     if backend.replicas == "threads" and topology.nodes > 1:
         raise LayoutError(
             f"{backend.name}: one process drives every GPU (its replicas are threads), so it runs inside one node: "
             f"not planned beyond {topology.per_node} GPUs (gpus={gpus} on {topology.nodes} nodes)"
         )
+    if MESH_OPTION in backend.options:
+        return _mesh_layout(backend, shape, topology)
     tp = _size(backend, "tp_size", per_node) if backend.tensor_parallel else 1
     if gpus % tp:
         raise LayoutError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
-    if tp > per_node and (domain % tp if tp <= domain else tp % domain):
-        where = "a node's" if domain == per_node else "an NVLink domain's"
-        raise LayoutError(
-            f"{backend.name}: tp_size={tp} splits {where} {domain} GPUs between two tensor-parallel groups: "
-            f"use a divisor of {domain} ({_divisors(domain)}) or a multiple of it"
-        )
-    dims = shape.dims
-    if tp > 1:
-        if dims is None:
-            raise LayoutError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
-        for what, count in (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width)):
-            if count % tp:
-                fits = [
-                    d
-                    for d in range(1, gpus + 1)
-                    if gpus % d == 0
-                    and (domain % d == 0 or d % domain == 0)
-                    and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
-                ]
-                raise LayoutError(
-                    f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
-                    f"use one of {', '.join(map(str, fits))}"
-                )
-    # FSDP2 layouts take pipeline and context-parallel sizes (others leave them, as tp_size is left
-    # by a strategy without tensor parallelism); a strategy that has the option (fsdp-pp, fsdp-cp)
-    # defaults as its mesh does: a stage per node, context parallel over a node's GPUs up to fsdp-cp's cap.
+    _check_tensor_parallel(backend, shape, topology, tp)
+    # DeepSpeed's pipeline and a published run's pipeline and context-parallel sizes (others leave
+    # them, as tp_size is left by a strategy without tensor parallelism).
     pp = cp = 1
-    if pipelines(backend):
-        default = stages_per_node(topology, dims.layers if dims else None, tp)
-        pp = _size(backend, "pp_size", default if "pp_size" in backend.options else 1)
+    if pipelines(backend):  # zero1-pp defaults as its run does: a stage per node, two on one
+        registered = "pp_size" in backend.options
+        layers = shape.dims.layers if shape.dims else None
+        pp = _size(backend, "pp_size", default_stages(gpus, topology.nodes, layers) if registered else 1)
     if splits_sequences(backend):
-        cp = _size(backend, "cp_size", min(MAX_DEFAULT_CP, per_node) if "cp_size" in backend.options else 1)
+        cp = _size(backend, "cp_size", 1)
     if gpus % (tp * pp * cp):
         raise LayoutError(
             f"{backend.name}: tp_size={tp} x pp_size={pp} x cp_size={cp} does not divide gpus={gpus}: "
@@ -145,20 +132,81 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     )
 
 
-def stages_per_node(topology: Topology, layers: int | None, tp: int) -> int:
-    """A pipeline strategy's default stages: one per node, as its mesh lays them (the pipeline's
-    traffic is the lightest to cross nodes), but never more than the model's blocks: past them, the
-    most that divide the GPUs left by tensor parallelism, as the blocks allow."""
-    if layers is None or topology.nodes <= layers:
-        return topology.nodes
-    ranks = topology.gpus // tp
-    return max(d for d in range(1, layers + 1) if ranks % d == 0)
+def _check_tensor_parallel(backend: Backend, shape: ModelShape, topology: Topology, tp: int) -> None:
+    """What the planner needs of a tensor-parallel group beside what the run checks: a group
+    inside a node or an NVLink domain (or whole ones), a transformer it knows, whose heads and MLP
+    width tp divides."""
+    gpus, per_node, domain = topology.gpus, min(topology.per_node, topology.gpus), topology.per_domain
+    if tp > per_node and (domain % tp if tp <= domain else tp % domain):
+        where = "a node's" if domain == per_node else "an NVLink domain's"
+        raise LayoutError(
+            f"{backend.name}: tp_size={tp} splits {where} {domain} GPUs between two tensor-parallel groups: "
+            f"use a divisor of {domain} ({_divisors(domain)}) or a multiple of it"
+        )
+    dims = shape.dims
+    if tp == 1:
+        return
+    if dims is None:
+        raise LayoutError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
+    for what, count in (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width)):
+        if count % tp:
+            fits = [
+                d
+                for d in range(1, gpus + 1)
+                if gpus % d == 0
+                and (domain % d == 0 or d % domain == 0)
+                and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
+            ]
+            raise LayoutError(
+                f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
+                f"use one of {', '.join(map(str, fits))}"
+            )
+
+
+def _mesh_layout(backend: Backend, shape: ModelShape, topology: Topology) -> Layout:
+    """A torch mesh preset's layout, sized by the runtime's dims_for; FSDP shards over the data- and
+    context-parallel ranks (replicated across hsdp's replicas), replicate and zero1 reduce over them."""
+    facts = ModelFacts(shape.dims.layers, shape.dims.heads, shape.dims.kv_heads) if shape.dims else None
+    # The planner's options may say a size is its default as 0 or "auto" too.
+    options = {k: None if k.endswith("_size") and v in (0, "auto") else v for k, v in backend.options.items()}
+    try:
+        dims = dims_for(options["engine"], options[MESH_OPTION], options, topology.gpus, topology.per_node, facts)
+    except MeshError as exc:
+        raise LayoutError(f"{backend.name}: {exc}") from None
+    _check_tensor_parallel(backend, shape, topology, dims.tp)
+    hybrid = options["engine"] == "fsdp" and dims.dp_replicate > 1
+    shard = dims.dp_shard * dims.cp if hybrid else dims.data_parallel * dims.cp
+    replicas = dims.dp_replicate if hybrid else 1
+    return Layout(
+        tp=dims.tp,
+        shard=shard,
+        replicas=replicas,
+        hpz=1,
+        shard_group=_dp_group(topology, shard, dims.tp),
+        replica_group=_dp_group(topology, replicas, dims.tp * shard) if replicas > 1 else Group(1, 1),
+        tp_group=topology.consecutive(dims.tp),
+        hpz_group=topology.in_node(1),
+        pp=dims.pp,
+        cp=dims.cp,
+    )
+
+
+def is_mesh_preset(backend: Backend) -> bool:
+    """A torch mesh preset (strategies/torch_mesh.py): it takes any size that divides the world. Its
+    options say so once filled in (backend_for); the registry says so of a bare model_of."""
+    if MESH_OPTION in backend.options:
+        return True
+    from strategies.registry import default_registry
+
+    registry = default_registry()
+    name = backend.measured_as
+    return name in registry.names() and MESH_OPTION in registry.get(name).options
 
 
 def splits_model(backend: Backend) -> bool:
-    """Whether pipeline and context parallelism are planned for `backend`: FSDP2 sharding the whole
-    model over its ranks (fsdp, fsdp-tp), as torchtitan composes them."""
-    return (
+    """Whether pipeline and context parallelism are planned for `backend`: a torch mesh preset, or a
+    published run's FSDP2 sharding the whole model over its ranks, as torchtitan composes them."""
+    return is_mesh_preset(backend) or (
         backend.fsdp2_units
         and backend.stage == 3
         and not backend.hybrid_shard
@@ -180,7 +228,9 @@ def replicates_tensor_parallel(backend: Backend) -> bool:
 
 
 def pipelines(backend: Backend) -> bool:
-    """Whether pipeline parallelism is planned for `backend`: the FSDP2 layouts above, Megatron-LM's
-    layouts (ddp-tp, zero1-tp: DDP or ZeRO-1 with tensor parallel inside each stage), and DeepSpeed's
-    pipeline engine with ZeRO-1 inside each stage (zero1-pp); the last two take no context parallelism."""
+    """Whether pipeline parallelism is planned for `backend`: the layouts above (ddp-tp and zero1-tp
+    with pp_size are Megatron-LM's layout, priced as a published Megatron-LM run's pipeline),
+    Megatron-LM's layouts declared by a plugin (DDP or ZeRO-1 with tensor parallel inside each
+    stage), and DeepSpeed's pipeline engine with ZeRO-1 inside each stage (zero1-pp); the last two
+    take no context parallelism."""
     return splits_model(backend) or backend.pipeline_engine or replicates_tensor_parallel(backend)

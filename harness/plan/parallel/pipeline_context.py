@@ -73,7 +73,11 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     pipe = pipeline_of(backend.options, q.micro_batch, layout.pp) if layout.pp > 1 else NO_PIPELINE
     cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp)
     shape = stage_shape(q.shape, stage_layers(dims.layers, pipe)) if layout.pp > 1 else q.shape
-    options = {k: v for k, v in backend.options.items() if k not in SPLIT_OPTIONS}
+    # The stage is laid out with the whole layout's tensor-parallel and sharding sizes, unsplit.
+    sizes = {"pp_size": 1, "cp_size": 1, "tp_size": layout.tp}
+    if backend.hybrid_shard:
+        sizes["shard_size"] = layout.shard
+    options = {k: v for k, v in backend.options.items() if k not in SPLIT_OPTIONS} | sizes
     inner = replace(backend, options=options)
     if layout.pp > 1:
         # torchtitan under a pipeline: parameters stay gathered across the schedule's micro-batches,

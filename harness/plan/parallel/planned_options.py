@@ -24,7 +24,7 @@ from typing import Any
 
 from harness.plan.model.model_shape import PlanError
 from harness.plan.parallel.backends import Backend, model_of
-from harness.plan.parallel.layout import LayoutError, pipelines, splits_sequences
+from harness.plan.parallel.layout import LayoutError, is_mesh_preset, pipelines, splits_sequences
 from strategies.base import StrategyError
 from strategies.option_routing import RoutedOptions, compare_wide, route_options, section
 
@@ -35,8 +35,9 @@ def _ddp(b: Backend) -> bool:
 
 # What the planner prices, for which layouts (a strategy taking the option on another layout is refused):
 MODELLED: dict[str, Callable[[Backend], bool]] = {
-    "tp_size": lambda b: b.tensor_parallel,  # layout.py
-    "sequence_parallel": lambda b: b.tensor_parallel,  # activations.py, comm.py
+    # layout.py; any name of the torch mesh takes a tp_size (hsdp + tp_size is HSDP x TP)
+    "tp_size": lambda b: b.tensor_parallel or is_mesh_preset(b),
+    "sequence_parallel": lambda b: b.tensor_parallel or is_mesh_preset(b),  # activations.py, comm.py
     "shard_size": lambda b: b.hybrid_shard,
     "zero_hpz_partition_size": lambda b: b.secondary_partition,
     "pp_size": pipelines,  # pipeline_cost.py, pipeline_context.py

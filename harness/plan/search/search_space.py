@@ -140,7 +140,9 @@ def layout_options(
         for split in _split_sizes(backend, gpus // tp, fixed, layers, seq_len, takes):
             sizes: dict[str, Any] = ({"tp_size": tp} if tensor_parallel else {}) | split
             hybrid = backend.hybrid_shard and "shard_size" in takes
-            shards = _sizes(fixed, "shard_size", divisors(gpus // tp)[:-1]) if hybrid else [0]
+            # Hybrid sharding's groups among the data-parallel ranks the split leaves (pp and cp take theirs).
+            ranks = gpus // (tp * split.get("pp_size", 1) * split.get("cp_size", 1))
+            shards = _sizes(fixed, "shard_size", divisors(ranks)[:-1]) if hybrid else [0]
             hpzs = (
                 _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_node, gpus)))
                 if backend.secondary_partition and "zero_hpz_partition_size" in takes

@@ -165,7 +165,8 @@ def test_ring_attention_hides_behind_attention() -> None:
 def test_pp_and_cp_only_for_fsdp2_and_must_divide() -> None:
     _, zero3 = _plan("zero3", pp_size=2, cp_size=2)
     assert (zero3.layout.pp, zero3.layout.cp) == (1, 1)  # left, as tp_size by a strategy without it
-    with pytest.raises(LayoutError, match="does not divide gpus"):
+    # The run's own words (strategies/parallel_dims.py), from the planner as from preflight.
+    with pytest.raises(LayoutError, match="fsdp: strategy_options.pp_size=3 does not divide the world size 16"):
         _plan("fsdp", pp_size=3)
     with pytest.raises(LayoutError, match="does not split seq_len"):
         _plan("fsdp", cp_size=4, seq_len=4100)
@@ -268,7 +269,8 @@ def test_registered_fsdp_pp_and_fsdp_cp_are_priced_with_their_meshes_defaults() 
     q = question(cfg)
     pipelined, context = plan_strategy("fsdp-pp", q), plan_strategy("fsdp-cp", q)
     assert pipelined.layout.pp == 2 and pipelined.time.bubble_s > 0  # a stage per node
-    assert context.layout.cp == 8 and context.layout.data_parallel == 2  # a node's GPUs
+    # A node's GPUs, each of the 4 key/value heads repeated for two: the run's default (dims_for).
+    assert context.layout.cp == 8 and context.layout.data_parallel == 2
 
 
 def test_deepspeeds_pipeline_engine_is_planned_with_its_one_schedule() -> None:
@@ -356,12 +358,16 @@ def test_the_default_plan_gives_a_layout_too_large_without_stages_the_fewest_tha
     assert plan_all([name], replace(q, strategy_options={"tp_size": 8, "pp_size": 1}))[0][0].layout.pp == 1
 
 
-def test_the_default_plan_gives_no_stages_to_a_strategy_that_takes_none() -> None:
-    """zero1-tp takes no pp_size (the registry's: its runtime has no pipeline): the plan offers it no
-    layout a run could not use, and says it does not fit."""
+def test_the_default_plan_gives_no_stages_to_a_strategy_that_takes_none(layout_strategies) -> None:
+    """A tensor-parallel strategy without pp_size (the registry's: its runtime has no pipeline) is
+    offered no layout a run could not use, and is said not to fit; zero1-tp, whose mesh takes
+    stages, is given the fewest that fit, as Megatron-LM's layout."""
+    q = _llama_405b("test-fsdp-tp")
+    (plan,), _ = plan_all(["test-fsdp-tp"], q)
+    assert plan.layout.pp == 1 and plan.fits is False and pipeline_line(plan, q) is None
     q = _llama_405b("zero1-tp")
     (plan,), _ = plan_all(["zero1-tp"], q)
-    assert plan.layout.pp == 1 and plan.fits is False and pipeline_line(plan, q) is None
+    assert plan.layout.pp > 1 and plan.fits and pipeline_line(plan, q)
 
 
 def test_the_search_runs_a_pipeline_as_one_schedule_a_step(layout_strategies) -> None:
