@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     import torch.nn as nn
     from torch.distributed.device_mesh import DeviceMesh
 
+    from strategies.parallel_dims import ModelFacts
+
 DATA_DIM, EXPERT_DIM = "dp", "ep"
 
 
@@ -67,7 +69,9 @@ class DDPExpertParallelStrategy(DDPStrategy):
         self.sharded: list[str] = []  # the names of the sharded expert parameters
 
     @classmethod
-    def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
+    def mesh_layout(
+        cls, world_size: int, local_world_size: int, options: dict[str, Any], model: ModelFacts | None = None
+    ) -> MeshLayout:
         return expert_parallel_layout(world_size, options.get("ep_size"))
 
     def check_model(self, model: nn.Module) -> None:

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     import torch
     import torch.nn as nn
 
+    from strategies.parallel_dims import ModelFacts
+
 
 def _zero_ep(stage: int, what: str) -> Preset:
     return Preset(
@@ -62,7 +64,9 @@ class DeepSpeedMoEStrategy(DeepSpeedStrategy):
         self.swapped: list[str] = []
 
     @classmethod
-    def mesh_layout(cls, world_size: int, local_world_size: int, options: dict[str, Any]) -> MeshLayout:
+    def mesh_layout(
+        cls, world_size: int, local_world_size: int, options: dict[str, Any], model: ModelFacts | None = None
+    ) -> MeshLayout:
         return expert_parallel_layout(world_size, options.get("ep_size"))
 
     def check_model(self, model: nn.Module) -> None:
