@@ -14,8 +14,11 @@ Runs from a fresh clone on the CPU in seconds (no torch: the planner reads the s
 planner cannot plan as it ran (a mixture of experts, Megatron-FSDP, partial recomputation, block- or
 rowwise-scaled fp8, a card it does not know) is listed with the reason and left out of the figures.
 Each row's mapping to the plan's options is in `question` below: the model's shape and run from its
-columns, the attention kernel, loss and network from what the source's configs say
-(bench/data/README.md).
+columns, the network from its `network`, and how it computed from the plan tokens its `sharding`
+names (the attention kernel, TransformerEngine's modules, a fused loss, a tied head, the data- and
+tensor-parallel overlap, DeepSpeed's pipeline engine), each written from its source's configs
+(bench/data/README.md, "Plan tokens"). What a run did that the planner has only a nearest option
+for is planned with that option and counted in the report.
 """
 
 from __future__ import annotations
