@@ -230,8 +230,12 @@ TRANSFORMER_ENGINE = "transformer_engine"
 FUSED_LOSS = "fused_loss"
 TIED_TOKEN = "tied_embeddings="
 DEEPSPEED_PIPELINE = "deepspeed_pipeline"
+# torch's context parallel (torchtitan's experimental.context_parallel_rotate_method): `allgather`
+# gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
+CP_ROTATE_TOKEN = "cp_rotate="
+CP_ROTATE_METHODS = ("allgather", "alltoall")
 PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE)
-PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN)
+PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN)
 
 
 def _plan_tokens(row: dict[str, str]) -> list[str]:
@@ -263,9 +267,15 @@ def _tied_embeddings(row: dict[str, str]) -> bool | None:
 
 def approximations(row: dict[str, str]) -> list[str]:
     """What the row ran that the planner plans with its nearest option (each listed in the report)."""
+    nearest = []
     if DEEPSPEED_PIPELINE in _plan_tokens(row):
-        return ["DeepSpeed's pipeline engine, planned as Megatron-LM's (its 1F1B, its transfers)"]
-    return []
+        nearest.append("DeepSpeed's pipeline engine, planned as Megatron-LM's (its 1F1B, its transfers)")
+    rotate = _token_value(row, CP_ROTATE_TOKEN)
+    if rotate is not None and rotate not in CP_ROTATE_METHODS:
+        raise PublishedError(f"{row['model']}: cp_rotate={rotate}: give cp_rotate=allgather or alltoall")
+    if rotate == "allgather":
+        nearest.append("torch's context parallel gathering every k, v shard at once, planned as a ring of passes")
+    return nearest
 
 
 def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:

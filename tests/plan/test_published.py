@@ -345,11 +345,27 @@ def test_deepspeeds_pipeline_is_planned_as_megatrons_and_said_to_be():
     [
         ("attention=fast", r"attention=fast: give one of flash, .*math"),
         ("tied_embeddings=maybe", r"tied_embeddings=maybe: give tied_embeddings=true or false"),
+        ("cp_rotate=ring", r"cp_rotate=ring: give cp_rotate=allgather or alltoall"),
     ],
 )
 def test_a_bad_plan_token_is_a_one_line_error(token, message):
     with pytest.raises(published.PublishedError, match=message):
-        published.question(_megatron_row(f"megatron tp=2 pp=1 dp=4 distributed_optimizer {token}"))
+        row = _megatron_row(f"megatron tp=2 pp=1 dp=4 distributed_optimizer {token}")
+        published.question(row)
+        published.approximations(row)
+
+
+def test_torchs_gathered_context_parallel_is_planned_as_the_ring_and_said_to_be():
+    rows = [
+        row
+        for row in published.read_rows(published.DATA / "public_runs.csv")
+        if published._token_value(row, published.CP_ROTATE_TOKEN) == "allgather"
+    ]
+    assert rows and all(published.approximations(row) for row in rows)
+    for row in rows:
+        plan = published.question(row)[1]
+        assert plan.backend.options["cp_attention"] == "ring"
+        assert plan.backend.options.get("schedule", "1f1b") == "1f1b"  # the token left the layout's schedule alone
 
 
 def test_every_dense_megatron_row_names_its_attention_kernel():
