@@ -726,7 +726,7 @@ def accuracy_lines(outcomes: list[Outcome]) -> list[str]:
 
 def _setting(row: dict[str, str]) -> str:
     return (
-        f"{row['sharding']} micro-batch {row['micro_batch']} x {row['grad_accum'] or 1} "
+        f"{_layout_sharding(row)} micro-batch {row['micro_batch']} x {row['grad_accum'] or 1} "
         f"{_checkpointing(row['activation_checkpointing'])} AC"
     )
 
