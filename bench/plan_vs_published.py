@@ -44,6 +44,7 @@ from harness.plan.memory.recipe import Recipe, with_tied_embeddings  # noqa: E40
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
 from harness.plan.network.fabric import FABRICS, Fabric, default_fabric, parse_fabric, topology_of  # noqa: E402
 from harness.plan.parallel.backends import backend_of, filled_in  # noqa: E402
+from harness.plan.parallel.deepspeed_pipeline import DEEPSPEED_PIPELINE  # noqa: E402
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS, check_precision  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
@@ -229,7 +230,6 @@ ATTENTION_TOKEN = "attention="
 TRANSFORMER_ENGINE = "transformer_engine"
 FUSED_LOSS = "fused_loss"
 TIED_TOKEN = "tied_embeddings="
-DEEPSPEED_PIPELINE = "deepspeed_pipeline"
 # torch's context parallel (torchtitan's experimental.context_parallel_rotate_method): `allgather`
 # gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
 CP_ROTATE_TOKEN = "cp_rotate="
@@ -268,8 +268,6 @@ def _tied_embeddings(row: dict[str, str]) -> bool | None:
 def approximations(row: dict[str, str]) -> list[str]:
     """What the row ran that the planner plans with its nearest option (each listed in the report)."""
     nearest = []
-    if DEEPSPEED_PIPELINE in _plan_tokens(row):
-        nearest.append("DeepSpeed's pipeline engine, planned as Megatron-LM's (its 1F1B, its transfers)")
     rotate = _token_value(row, CP_ROTATE_TOKEN)
     if rotate is not None and rotate not in CP_ROTATE_METHODS:
         raise PublishedError(f"{row['model']}: cp_rotate={rotate}: give cp_rotate=allgather or alltoall")
@@ -287,6 +285,8 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     # A Megatron row's data-parallel overlap is what its sharding names (overlap_grad_reduce,
     # overlap_param_gather), nothing else: both off where it names neither.
     split = published_layout(sharding, reduce_fp32, overlap_dp=False)
+    if split is not None and not isinstance(split, str) and DEEPSPEED_PIPELINE in _plan_tokens(row):
+        return split[0], {**split[1], DEEPSPEED_PIPELINE: True}  # deepspeed_pipeline.py prices its engine
     if split is not None:
         return split
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:

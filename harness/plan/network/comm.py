@@ -332,7 +332,9 @@ def collectives(
     elif layout.shard > 1 and backend.stage in (1, 2) and backend.engine == "deepspeed":
         reduce_payload = params * grad_bytes
         reduce_calls = max(1, math.ceil(params / backend.option("reduce_bucket_size")))
-        window = "backward" if backend.option("overlap_comm") else None
+        # DeepSpeed's PipelineEngine reduces after the last micro-batch, beside nothing (it turns
+        # enable_backward_allreduce off: parallel/deepspeed_pipeline.py).
+        window = "backward" if backend.option("overlap_comm") and not backend.pipeline_engine else None
         # ZeRO-2 keeps only its gradient partition, so it must reduce on every micro-step. Each
         # bucket is all-reduced and every rank keeps its partition of the result (stage_1_and_2.py's
         # average_tensor under use_multi_rank_bucket_allreduce, on by default): an all-reduce's
