@@ -42,6 +42,7 @@ from harness.common.hardware import GPUSpec, gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings  # noqa: E402
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
+from harness.plan.network.comm import HYBRID_ZERO  # noqa: E402
 from harness.plan.network.fabric import FABRICS, Fabric, default_fabric, parse_fabric, topology_of  # noqa: E402
 from harness.plan.parallel.backends import backend_of, filled_in  # noqa: E402
 from harness.plan.parallel.deepspeed_pipeline import DEEPSPEED_PIPELINE  # noqa: E402
@@ -207,7 +208,7 @@ def _not_modelled(row: dict[str, str]) -> str | None:
         return "Megatron-FSDP: not modelled"
     if "offload" in tokens:
         return "offloading to the host: not modelled"
-    if any(t.startswith("zero_group=") for t in tokens):
+    if any(t.startswith("zero_group=") for t in tokens) and HYBRID_ZERO not in tokens:
         return "ZeRO over a subgroup of the data-parallel GPUs (zero_group=): not modelled"
     if checkpointing == "partial":
         return "recomputing some of the layers (partial): not modelled"
@@ -234,7 +235,7 @@ TIED_TOKEN = "tied_embeddings="
 # gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
 CP_ROTATE_TOKEN = "cp_rotate="
 CP_ROTATE_METHODS = ("allgather", "alltoall")
-PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE)
+PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE, HYBRID_ZERO)
 PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN)
 
 
@@ -292,6 +293,8 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
         return "checkpointing an unstated fraction of the blocks: not modelled"
     lowered = sharding.lower()
+    if lowered.startswith("megatron") and HYBRID_ZERO in _plan_tokens(row):
+        return _hybrid_zero_layout(sharding)
     if lowered.startswith("megatron"):
         return megatron_layout(sharding, overlap_dp=False)
     if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
@@ -312,6 +315,17 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
         async_tp = {"async_tp": True} if "async_tp" in sharding.split() else {}
         return PlanModel(**common, tensor_parallel=True), {**options, "tp_size": tp, **async_tp}
     return PlanModel(**common), options
+
+
+def _hybrid_zero_layout(sharding: str) -> tuple[PlanModel, dict]:
+    """InternEvo's layout: Megatron-style tensor parallelism beside its HybridZeroOptimizer, whose
+    ZeRO-1 group is `zero_group=` GPUs (InternLM's zero1=N: the optimizer state sharded within it and
+    replicated across) or every data-parallel rank (comm.py's HYBRID_ZERO prices its collectives)."""
+    model, options = megatron_layout(sharding, overlap_dp=False)
+    group = re.search(r"\bzero_group=(\d+)", sharding)
+    if group is None:
+        return model, {**options, HYBRID_ZERO: True}
+    return replace(model, hybrid_shard=True), {**options, HYBRID_ZERO: True, "shard_size": int(group.group(1))}
 
 
 def strategy_of(row: dict[str, str]) -> str:
