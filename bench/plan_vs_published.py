@@ -16,9 +16,9 @@ rowwise-scaled fp8, a card it does not know) is listed with the reason and left 
 Each row's mapping to the plan's options is in `question` below: the model's shape and run from its
 columns, the network from its `network`, and how it computed from the plan tokens its `sharding`
 names (the attention kernel, TransformerEngine's modules, a fused loss, a tied head, the data- and
-tensor-parallel overlap, DeepSpeed's pipeline engine), each written from its source's configs
-(bench/data/README.md, "Plan tokens"). What a run did that the planner has only a nearest option
-for is planned with that option and counted in the report.
+tensor-parallel overlap, DeepSpeed's pipeline engine, InternEvo's HybridZeroOptimizer, torch's
+context-parallel rotate method), each written from its source's configs (bench/data/README.md,
+"Plan tokens").
 """
 
 from __future__ import annotations
@@ -266,28 +266,31 @@ def _tied_embeddings(row: dict[str, str]) -> bool | None:
     return value == "true"
 
 
-def approximations(row: dict[str, str]) -> list[str]:
-    """What the row ran that the planner plans with its nearest option (each listed in the report)."""
-    nearest = []
+def _cp_rotate(row: dict[str, str]) -> str | None:
+    """How torch's context parallel exchanged k and v in the row's run (its `cp_rotate=` token), or None."""
     rotate = _token_value(row, CP_ROTATE_TOKEN)
     if rotate is not None and rotate not in CP_ROTATE_METHODS:
         raise PublishedError(f"{row['model']}: cp_rotate={rotate}: give cp_rotate=allgather or alltoall")
-    if rotate == "allgather":
-        nearest.append("torch's context parallel gathering every k, v shard at once, planned as a ring of passes")
-    return nearest
+    return rotate
 
 
 def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     """The run's sharding as a PlanModel and its options, or why it cannot be planned."""
     sharding = _layout_sharding(row)
+    rotate = _cp_rotate(row)
     if sharding.lower().startswith("megatron"):
         sharding = _megatron_sharding(sharding)
     reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
     # A Megatron row's data-parallel overlap is what its sharding names (overlap_grad_reduce,
     # overlap_param_gather), nothing else: both off where it names neither.
     split = published_layout(sharding, reduce_fp32, overlap_dp=False)
-    if split is not None and not isinstance(split, str) and DEEPSPEED_PIPELINE in _plan_tokens(row):
-        return split[0], {**split[1], DEEPSPEED_PIPELINE: True}  # deepspeed_pipeline.py prices its engine
+    if split is not None and not isinstance(split, str):
+        model, options = split
+        if DEEPSPEED_PIPELINE in _plan_tokens(row):
+            options = {**options, DEEPSPEED_PIPELINE: True}  # deepspeed_pipeline.py prices its engine
+        if rotate is not None:
+            options = {**options, "cp_rotate": rotate}  # context_parallel_cost.py's CP_ROTATE
+        return model, options
     if split is not None:
         return split
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
@@ -603,12 +606,6 @@ def report(name: str, outcomes: list[Outcome], with_rows: bool) -> list[str]:
             reasons[o.skipped] = reasons.get(o.skipped, 0) + 1
         lines.append("Not planned: " + "; ".join(f"{n} x {why}" for why, n in reasons.items()) + ".")
         lines.append("")
-    nearest: dict[str, int] = {}
-    for o in planned:
-        for what in approximations(o.row):
-            nearest[what] = nearest.get(what, 0) + 1
-    if nearest:
-        lines += ["Planned with the nearest option: " + "; ".join(f"{n} x {w}" for w, n in nearest.items()) + ".", ""]
     if with_rows:
         lines += [
             "| model | GPUs | GPU | seq | micro-batch | AC | compile | sharding | published tok/s/GPU | predicted "

@@ -83,7 +83,9 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     if dims is None:
         raise LayoutError(f"{backend.name}: pipeline and context parallelism need a transformer the planner knows")
     pipe = pipeline_of(backend.options, q.micro_batch, layout.pp) if layout.pp > 1 else NO_PIPELINE
-    cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp)
+    # torch's context parallel gathers k and v by default; Megatron-LM's TransformerEngine passes them.
+    rotate = "passes" if backend.context_parallel_engine else "all-gather"
+    cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp, rotate)
     shape = stage_shape(q.shape, stage_layers(dims.layers, pipe)) if layout.pp > 1 else q.shape
     # The stage is laid out with the whole layout's tensor-parallel and sharding sizes, unsplit.
     sizes = {"pp_size": 1, "cp_size": 1, "tp_size": layout.tp}
@@ -192,6 +194,8 @@ def _traffic(
                 per_micro_step=True,
             )
             out.append((c, seconds, seconds))
+        elif cp.rotate == "all-gather":
+            out += _gathered_ring(q, stage_q, layout, cp, group, element, timed)
         else:
             passes = (cp.size - 1) * dims.layers
             one = ring_pass_bytes(dims, tokens, layout.tp, element)
@@ -212,6 +216,35 @@ def _traffic(
             )
             out.append((c, seconds, seconds))
     return out
+
+
+GATHERED_KV = "all-gather k and v (context parallel, torch's allgather rotate method)"
+GATHERED_KV_GRADS = "pass k and v gradients round the ring (context parallel, torch's allgather rotate method)"
+
+
+def _gathered_ring(
+    q: Question, stage_q: Question, layout: Layout, cp: ContextParallel, group: Group, element: int, timed: bool
+) -> list[tuple[Collective, float, float]]:
+    """torch's ring attention with the allgather rotate method (context_parallel_cost.py): every
+    layer's k and v gathered whole in one all-gather in each forward and in the backward, which only
+    the first sub-step's attention hides (`_time` charges what it does not), and the gradients of k
+    and v passed round the ring in the backward, hidden behind its sub-steps."""
+    dims = stage_q.shape.dims
+    assert dims is not None
+    tokens = stage_q.micro_batch * stage_q.seq_len
+    micro_steps = stage_q.grad_accum
+    forwards = 2 if q.checkpointing == "full" else 1
+    local = ring_pass_bytes(dims, tokens, layout.tp, element)
+    calls = dims.layers * (forwards + 1)
+    gather = collective_seconds(q.topology, group, "all-gather", local * cp.size) if timed else 0.0
+    payload = local * cp.size * calls
+    gathers = Collective(GATHERED_KV, "all-gather", payload, calls, "attention", group, per_micro_step=True)
+    passes = (cp.size - 1) * dims.layers
+    hop = Group(2, 2 if group.nodes > 1 else 1)
+    one = collective_seconds(q.topology, hop, "broadcast", local) if timed else 0.0
+    grads = Collective(GATHERED_KV_GRADS, "broadcast", local * passes, passes, "backward", group, per_micro_step=True)
+    gathered = gather * calls * micro_steps
+    return [(gathers, gathered, gathered), (grads, one * passes * micro_steps, 0.0)]
 
 
 def _partition_gathers(
@@ -286,12 +319,15 @@ def _time(
     optimizer = t.work.step_s * scale if t.work is not None else 0.0
     uneven = _imbalance(t, q, stage_q, layout, pipe) * scale
     exposed = recurring = 0.0
+    attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
     for c, seconds, every_micro_batch in traffic:
         if c.window is None or "pipeline" in c.what:
             exposed += seconds
             recurring += every_micro_batch
+        elif c.what == GATHERED_KV:  # each gather beside the first of the cp sub-steps of its pass
+            exposed += max(0.0, seconds - attention / cp.size)
+            recurring += max(0.0, seconds - attention / cp.size)
         else:  # the ring's passes hide behind the attention they run beside
-            attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
             exposed += max(0.0, seconds - attention)
             recurring += max(0.0, seconds - attention)
     # The bubble idles a stage for the length of its micro-batches' work: their compute and the
