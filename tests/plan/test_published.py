@@ -381,3 +381,16 @@ def test_every_dense_megatron_row_names_its_attention_kernel():
         for row in published.read_rows(path):
             if row["sharding"].startswith("megatron") and path.name != "moe_runs.csv":
                 assert published._token_value(row, published.ATTENTION_TOKEN), (path.name, row["model"])
+
+
+def test_megatrons_ddp_reduces_its_low_precision_gradients_as_they_are():
+    shape_params = published.shape_of_row(_megatron_row("megatron tp=1 pp=1 dp=8 ddp")).params
+    as_they_are = published.question(_megatron_row("megatron tp=1 pp=1 dp=8 ddp"))[1]
+    fp32 = published.question(
+        _megatron_row(
+            "megatron tp=1 pp=1 dp=8 ddp", mp_mode="bf16 parameters, fp32 main parameters and gradient reduction"
+        )
+    )[1]
+    reduce = [next(c for c in p.collectives if c.what == "all-reduce gradients") for p in (as_they_are, fp32)]
+    assert reduce[0].payload_bytes == 2 * shape_params  # megatron/model/distributed.py: param.grad, bf16
+    assert reduce[1].payload_bytes == 4 * shape_params  # its fp32 main_grad

@@ -78,6 +78,11 @@ class Collective:
 def _grad_reduce_bytes(backend: Backend, precision: str) -> float:
     if backend.quantized_comm and precision != "fp32":
         return QUANTIZED_REDUCE_BYTES
+    if backend.engine == "torch" and backend.options.get(MEGATRON_ENGINE):
+        # Megatron-LM reduces the gradients of its low-precision parameters as they are, its fp32
+        # main_grad under --accumulate-allreduce-grads-in-fp32 (megatron/model/distributed.py:
+        # `param.grad.data` flattened and all-reduced, cast to fp32 only with --fp32-allreduce).
+        return 4 if precision == "fp32" or backend.reduce_in_fp32 else BYTES[precision]
     if backend.engine == "torch":
         # DDP reduces the fp32 .grad; FSDP reduces in its reduce_dtype.
         return 4 if precision == "fp32" or backend.replicated or backend.reduce_in_fp32 else BYTES[precision]
