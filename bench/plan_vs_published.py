@@ -14,8 +14,11 @@ Runs from a fresh clone on the CPU in seconds (no torch: the planner reads the s
 planner cannot plan as it ran (a mixture of experts, Megatron-FSDP, partial recomputation, block- or
 rowwise-scaled fp8, a card it does not know) is listed with the reason and left out of the figures.
 Each row's mapping to the plan's options is in `question` below: the model's shape and run from its
-columns, the attention kernel, loss and network from what the source's configs say
-(bench/data/README.md).
+columns, the network from its `network`, and how it computed from the plan tokens its `sharding`
+names (the attention kernel, TransformerEngine's modules, a fused loss, a tied head, the data- and
+tensor-parallel overlap, DeepSpeed's pipeline engine), each written from its source's configs
+(bench/data/README.md, "Plan tokens"). What a run did that the planner has only a nearest option
+for is planned with that option and counted in the report.
 """
 
 from __future__ import annotations
@@ -37,13 +40,14 @@ from bench.layout_kinds import KINDS, SCALES, degrees, kinds_of, scale_of  # noq
 from bench.published_breakdown import Pick, breakdown_lines, choice_by_kind_lines, goal_lines  # noqa: E402
 from harness.common.hardware import GPUSpec, gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
-from harness.plan.memory.recipe import Recipe  # noqa: E402
+from harness.plan.memory.recipe import Recipe, with_tied_embeddings  # noqa: E402
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
 from harness.plan.network.fabric import FABRICS, Fabric, default_fabric, parse_fabric, topology_of  # noqa: E402
 from harness.plan.parallel.backends import backend_of, filled_in  # noqa: E402
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS, check_precision  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
+from harness.plan.speed.attention import KERNELS as ATTENTION_KERNELS  # noqa: E402
 from harness.plan.speed.calibration import default_factors  # noqa: E402
 from harness.plan.speed.compute import kernel_launches  # noqa: E402
 from harness.plan.speed.step_time import HOST_S_PER_LAUNCH  # noqa: E402
@@ -218,38 +222,78 @@ def _card(row: dict[str, str]) -> GPUSpec | str:
     return spec if spec is not None else f"card {name}: not one the planner knows"
 
 
-# Sources whose Megatron recipes overlap the data-parallel reduction and gather (NeMo's and
-# Megatron-Bridge's DistributedDataParallelConfig: overlap_grad_reduce, overlap_param_gather).
-OVERLAPPING_MEGATRON = ("NVIDIA/NeMo", "NVIDIA-NeMo/Megatron-Bridge", "NVIDIA/Megatron-Bridge")
-# Notes that say a run overlapped them: Megatron-LM's flag, NeMo 1's (overlap_grad_sync), an MLPerf
-# config's variable (not where it is left unset: None), or in words.
-OVERLAP_SAID = re.compile(
-    r"overlap[-_]grad[-_](reduce|sync)(?!\s*=\s*(None|False))|overlap\w*[^;.]*\b(DP|data-parallel) communication",
-    re.IGNORECASE,
-)
+# What a row's `sharding` says beyond its layout (bench/data/README.md, "Plan tokens"), each written into
+# the row from its source's configs: the attention kernel, TransformerEngine's modules, a fused
+# cross-entropy, whether the head is tied to the embedding, and DeepSpeed's pipeline engine.
+ATTENTION_TOKEN = "attention="
+TRANSFORMER_ENGINE = "transformer_engine"
+FUSED_LOSS = "fused_loss"
+TIED_TOKEN = "tied_embeddings="
+DEEPSPEED_PIPELINE = "deepspeed_pipeline"
+# torch's context parallel (torchtitan's experimental.context_parallel_rotate_method): `allgather`
+# gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
+CP_ROTATE_TOKEN = "cp_rotate="
+CP_ROTATE_METHODS = ("allgather", "alltoall")
+PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE)
+PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN)
 
 
-def _megatron_overlaps(row: dict[str, str]) -> bool:
-    """Whether a Megatron run hides its data-parallel reduction and gather behind compute
-    (megatron_layout's overlap_dp): where its source's recipes do, or its notes say so; Megatron-LM's
-    own flags leave both off by default."""
-    return row["source"].startswith(OVERLAPPING_MEGATRON) or bool(OVERLAP_SAID.search(row["notes"]))
+def _plan_tokens(row: dict[str, str]) -> list[str]:
+    """The row's plan tokens: the words of its sharding that say how it ran, not how it is laid out."""
+    return [w for w in row["sharding"].split() if w in PLAN_FLAGS or w.startswith(PLAN_KEYS)]
+
+
+def _layout_sharding(row: dict[str, str]) -> str:
+    """The row's sharding without its plan tokens: the layout alone, as the planner's parsers read it."""
+    tokens = set(_plan_tokens(row))
+    return " ".join(w for w in row["sharding"].split() if w not in tokens)
+
+
+def _token_value(row: dict[str, str], key: str) -> str | None:
+    values = [w[len(key) :] for w in _plan_tokens(row) if w.startswith(key)]
+    return values[-1] if values else None
+
+
+def _tied_embeddings(row: dict[str, str]) -> bool | None:
+    """The head tied to the embedding (true) or a separate matrix (false) where the row says so,
+    against its arch's default (gpt: tied, llama: untied); None: as the arch is."""
+    value = _token_value(row, TIED_TOKEN)
+    if value is None:
+        return None
+    if value not in ("true", "false"):
+        raise PublishedError(f"{row['model']}: tied_embeddings={value}: give tied_embeddings=true or false")
+    return value == "true"
+
+
+def approximations(row: dict[str, str]) -> list[str]:
+    """What the row ran that the planner plans with its nearest option (each listed in the report)."""
+    nearest = []
+    if DEEPSPEED_PIPELINE in _plan_tokens(row):
+        nearest.append("DeepSpeed's pipeline engine, planned as Megatron-LM's (its 1F1B, its transfers)")
+    rotate = _token_value(row, CP_ROTATE_TOKEN)
+    if rotate is not None and rotate not in CP_ROTATE_METHODS:
+        raise PublishedError(f"{row['model']}: cp_rotate={rotate}: give cp_rotate=allgather or alltoall")
+    if rotate == "allgather":
+        nearest.append("torch's context parallel gathering every k, v shard at once, planned as a ring of passes")
+    return nearest
 
 
 def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     """The run's sharding as a PlanModel and its options, or why it cannot be planned."""
-    sharding = row["sharding"]
+    sharding = _layout_sharding(row)
     if sharding.lower().startswith("megatron"):
         sharding = _megatron_sharding(sharding)
     reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
-    split = published_layout(sharding, reduce_fp32, _megatron_overlaps(row))
+    # A Megatron row's data-parallel overlap is what its sharding names (overlap_grad_reduce,
+    # overlap_param_gather), nothing else: both off where it names neither.
+    split = published_layout(sharding, reduce_fp32, overlap_dp=False)
     if split is not None:
         return split
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
         return "checkpointing an unstated fraction of the blocks: not modelled"
     lowered = sharding.lower()
     if lowered.startswith("megatron"):
-        return megatron_layout(sharding, _megatron_overlaps(row))
+        return megatron_layout(sharding, overlap_dp=False)
     if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
         stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
         return PlanModel("deepspeed", stage, "low_precision"), {}
@@ -287,19 +331,24 @@ def strategy_of(row: dict[str, str]) -> str:
 
 
 def _attention(row: dict[str, str]) -> str:
-    """llm-foundry's benchmark script defaulted to its Triton kernel (Tri Dao's, on triton-pre-mlir)
-    when the tables were made. Its >=128-GPU sweep (sweep.py at 5e85bd62d) asked for flash, with
-    flash-attn 2.4.2, for 1b, 3b and 7b; those rows are planned with the Triton kernel all the same
-    (FlashAttention-2's figures would plan them 22% to 49% fast): on 8 to 64 GPUs with the Triton
-    kernel the same models ran within 4% of those rows' rate per GPU at 128 GPUs, which a kernel
-    twice as fast would not allow. A row whose notes name cuDNN's fused attention (NeMo's
-    TransformerEngine on Hopper) runs cuDNN's kernel, at the rates measured on an H200
-    (bench/results/attention_h200.md). The others run SDPA's flash."""
-    unfused = "examples/sc21" in row["source"] or "attention unfused" in row["notes"]
-    if unfused or gpu_spec(row["gpu"]).generation == "volta":
-        return "math"  # Megatron-LM before flash attention, and any V100: its fused softmax between two batched matmuls
-    if "cuDNN fused attention" in row["notes"] and gpu_spec(row["gpu"]).attention_family == "hopper":
-        return "cudnn"
+    """The attention kernel the row's `attention=` token names (the source's configs at the cited
+    commit: bench/data/README.md); without one, the unfused softmax on a V100 (no flash kernel runs
+    there), llm-foundry's Triton kernel for its rows, SDPA's flash for the others. llm-foundry's
+    benchmark script defaulted to its Triton kernel (Tri Dao's, on triton-pre-mlir) when the tables
+    were made. Its >=128-GPU sweep (sweep.py at 5e85bd62d) asked for flash, with flash-attn 2.4.2,
+    for 1b, 3b and 7b; those rows are planned with the Triton kernel all the same (FlashAttention-2's
+    figures would plan them 22% to 49% fast): on 8 to 64 GPUs with the Triton kernel the same models
+    ran within 4% of those rows' rate per GPU at 128 GPUs, which a kernel twice as fast would not
+    allow."""
+    named = _token_value(row, ATTENTION_TOKEN)
+    if named is not None:
+        if named not in ATTENTION_KERNELS:
+            raise PublishedError(
+                f"{row['model']}: attention={named}: give one of {', '.join(ATTENTION_KERNELS)} (bench/data/README.md)"
+            )
+        return named
+    if gpu_spec(row["gpu"]).generation == "volta":
+        return "math"
     if not row["source"].startswith("mosaicml"):
         return "flash"
     return KERNEL_FOR_MPT
@@ -307,10 +356,11 @@ def _attention(row: dict[str, str]) -> str:
 
 def _fused_elementwise(row: dict[str, str]) -> bool:
     """Whether each chain of elementwise work between two matmuls runs as one kernel: torch.compile's
-    (the row's compile), or TransformerEngine's fused modules under NeMo (LayerNormLinear and
-    LayerNormMLP: the norm, the activation and the fp8 casts fused into the kernels around the
-    matmuls; Megatron-LM's fused bias-dropout-add and rotary embedding), planned as compiled."""
-    return row["compile"].strip().lower() in ("true", "yes", "1") or "TransformerEngine" in row["notes"]
+    (the row's compile), or TransformerEngine's modules under Megatron-core (`transformer_engine`:
+    LayerNormLinear and LayerNormMLP, the norm, the activation and the fp8 casts fused into the
+    kernels around the matmuls; Megatron-LM's fused bias-dropout-add and rotary embedding), planned
+    as compiled."""
+    return row["compile"].strip().lower() in ("true", "yes", "1") or _transformer_engine(row)
 
 
 def _fused_norm(row: dict[str, str]) -> bool:
@@ -344,9 +394,10 @@ TORCHTITAN_COMPILED_LOSS = ("e7c0cae",)
 
 
 def _fused_loss(row: dict[str, str]) -> bool:
-    """llm-foundry's default loss is its fused cross-entropy; torchtitan's is compiled with the
-    model where its code at the cited commit does so."""
-    if row["source"].startswith("mosaicml"):
+    """A fused cross-entropy where the row's `fused_loss` token says its source ran one (Megatron-core's
+    cross_entropy_loss_fusion, flash-attn's CrossEntropyLoss); llm-foundry's default loss is its fused
+    cross-entropy; torchtitan's is compiled with the model where its code at the cited commit does so."""
+    if FUSED_LOSS in _plan_tokens(row) or row["source"].startswith("mosaicml"):
         return True
     compiled = row["compile"].strip().lower() in ("true", "yes", "1")
     return (
@@ -357,34 +408,36 @@ def _fused_loss(row: dict[str, str]) -> bool:
 
 
 def _transformer_engine(row: dict[str, str]) -> bool:
-    """Whether the row's fp8 ran TransformerEngine's modules: NeMo's rows say so, and Megatron-LM's
-    fp8 is TransformerEngine's."""
-    return "TransformerEngine fp8 linears" in row["notes"] or row["sharding"].lower().startswith("megatron")
+    """Whether the row's blocks are TransformerEngine's modules (its `transformer_engine` token)."""
+    return TRANSFORMER_ENGINE in _plan_tokens(row)
 
 
 def recipe_of_row(row: dict[str, str]) -> Recipe:
     """What the source says its run did beyond the layout: the whole model cast to bf16 with its
     optimizer state (VectorLM: `model.bfloat16()`), Megatron's low-precision parameters beside an
     fp32 master (its Float16Module, NeMo's megatron_amp_O2) with fp32 gradients where it reduces
-    them in fp32, torchao's fp8 all-gathers."""
+    them in fp32, torchao's fp8 all-gathers, TransformerEngine's fp8 (its casts, its fp8 saved inputs),
+    the head tied or not as the row says."""
     megatron = row["sharding"].lower().startswith("megatron") and "fp32 main parameters" in row["mp_mode"]
     return Recipe(
         pure_bf16="model.bfloat16()" in row["notes"] or row["source"].startswith("VectorInstitute"),
         megatron_mixed_precision=megatron,
         fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
         fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
-        fp8_saved_inputs=(_precision(row) == "fp8" and "TransformerEngine fp8 linears" in row["notes"])
+        fp8_saved_inputs=(_precision(row) == "fp8" and _transformer_engine(row))
         or (_precision(row) == "fp4" and "NVFP4" in row["notes"]),
         te_fp8=_precision(row) == "fp8" and _transformer_engine(row),
         fp8_block_scaling=_precision(row) == "fp8" and "MXFP8" in row["notes"],
+        tied_embeddings=_tied_embeddings(row),
     )
 
 
 def shape_of_row(row: dict[str, str]) -> ModelShape:
     """The model a row describes. Megatron-LM splits the embedding (VocabParallelEmbedding), the
     head (a ColumnParallelLinear) and the loss (vocab-parallel cross-entropy) over its
-    tensor-parallel GPUs, as Llama's plans do and parabench's GPT plan does not."""
-    shape = _described(row)
+    tensor-parallel GPUs, as Llama's plans do and parabench's GPT plan does not. The head is tied
+    or not as the row's tied_embeddings= says, else as its arch is."""
+    shape = with_tied_embeddings(_described(row), _tied_embeddings(row))
     if row["sharding"].lower().startswith("megatron") and shape.dims is not None:
         return replace(shape, dims=replace(shape.dims, tp_splits_head=True))
     return shape
@@ -448,7 +501,9 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         eager_launches=_fused_elementwise(row) and row["compile"].strip().lower() not in ("true", "yes", "1"),
         recipe=recipe_of_row(row),
     )
-    backend = filled_in(backend_of(model, row["sharding"], options), shape, storage_precision(precision), gpus, options)
+    backend = filled_in(
+        backend_of(model, _layout_sharding(row), options), shape, storage_precision(precision), gpus, options
+    )
     return q, plan_backend(backend, q), None
 
 
@@ -534,6 +589,12 @@ def report(name: str, outcomes: list[Outcome], with_rows: bool) -> list[str]:
             reasons[o.skipped] = reasons.get(o.skipped, 0) + 1
         lines.append("Not planned: " + "; ".join(f"{n} x {why}" for why, n in reasons.items()) + ".")
         lines.append("")
+    nearest: dict[str, int] = {}
+    for o in planned:
+        for what in approximations(o.row):
+            nearest[what] = nearest.get(what, 0) + 1
+    if nearest:
+        lines += ["Planned with the nearest option: " + "; ".join(f"{n} x {w}" for w, n in nearest.items()) + ".", ""]
     if with_rows:
         lines += [
             "| model | GPUs | GPU | seq | micro-batch | AC | compile | sharding | published tok/s/GPU | predicted "
@@ -665,7 +726,7 @@ def accuracy_lines(outcomes: list[Outcome]) -> list[str]:
 
 def _setting(row: dict[str, str]) -> str:
     return (
-        f"{row['sharding']} micro-batch {row['micro_batch']} x {row['grad_accum'] or 1} "
+        f"{_layout_sharding(row)} micro-batch {row['micro_batch']} x {row['grad_accum'] or 1} "
         f"{_checkpointing(row['activation_checkpointing'])} AC"
     )
 

@@ -74,9 +74,9 @@ def test_fp8_runs_are_planned_and_rowwise_scaling_is_said_not_to_be(outcomes):
         "mosaicml/llm-foundry",
     }
     errors = sorted(abs(o.error) for o in fp8)
-    # median |error|: NeMo's TransformerEngine rows, planned 13-27% slow while their weights were cast
-    # every micro-step, now 0-25% fast with TE's weight cache (te_fp8)
-    assert errors[len(errors) // 2] < 0.11
+    # median |error|: NeMo's TransformerEngine rows (TE's weight cache, te_fp8; their recipes' fused
+    # cross-entropy and userbuffers overlap), llm-foundry's te.Linear rows with eager elementwise work
+    assert errors[len(errors) // 2] < 0.13
     rowwise = [o for o in rows if "rowwise" in o.row["notes"] and o.row["precision"] == "float8"]
     assert rowwise and all(o.plan is None and "rowwise" in o.skipped for o in rowwise)
 
@@ -142,8 +142,12 @@ def test_async_tensor_parallel_runs_are_planned_with_their_collectives_pipelined
     rows = [o for o in outcomes["public_runs.csv"] if o.plan is not None and "tp=" in o.row["sharding"]]
     fused = [o for o in rows if "async_tp" in o.row["sharding"].split()]
     assert len(fused) >= 10 and all(o.plan.backend.options["async_tp"] for o in fused)
-    assert all(any(c.window == PIPELINED for c in o.plan.collectives) for o in fused)
-    assert not any(c.window == PIPELINED for o in rows if o not in fused for c in o.plan.collectives)
+    # TransformerEngine's userbuffers (a NeMo row's tp_comm_overlap) pipeline them as well.
+    overlapped = [o for o in rows if "tp_comm_overlap" in o.row["sharding"].split()]
+    assert overlapped and not set(map(id, overlapped)) & set(map(id, fused))
+    assert all(any(c.window == PIPELINED for c in o.plan.collectives) for o in fused + overlapped)
+    pipelined = fused + overlapped
+    assert not any(c.window == PIPELINED for o in rows if o not in pipelined for c in o.plan.collectives)
     # Each 2D run published both ways (same publication, model, precision, batch): async TP planned faster.
     pairs = {}
     for o in rows:
@@ -265,3 +269,107 @@ def test_the_goals_say_which_bucket_misses():
     assert not median.met and "PP 30.0%" in median.now and "TP x DP inside a node" not in median.now
     assert within.met is True and within.now == "75% of 4"
     assert not not_fit.met and not_fit.now == "25.0% of 4"
+
+
+def _megatron_row(sharding: str, **extra: str) -> dict[str, str]:
+    """One published Megatron run with every column (a GPT-3-shaped 1.3B on 8 H100s)."""
+    row = dict.fromkeys(published.COLUMNS, "")
+    row.update(
+        source="example/repo:README.md@" + "0" * 40,
+        model="gpt-1.3b",
+        arch="gpt",
+        n_layers="24",
+        d_model="2048",
+        n_heads="16",
+        vocab="51200",
+        seq_len="2048",
+        gpus="8",
+        nodes="1",
+        gpu="H100-80",
+        network="ndr",
+        micro_batch="2",
+        grad_accum="4",
+        activation_checkpointing="false",
+        compile="false",
+        sharding=sharding,
+        precision="bf16",
+        mp_mode="bf16 parameters, fp32 main parameters",
+        notes="",
+    )
+    row.update(extra)
+    return row
+
+
+def test_plan_tokens_name_the_kernel_engine_loss_and_head_and_leave_the_layout_alone():
+    plain = _megatron_row("megatron tp=2 pp=1 dp=4 distributed_optimizer")
+    tokens = "attention=math transformer_engine fused_loss tied_embeddings=false"
+    tagged = _megatron_row(f"megatron tp=2 pp=1 dp=4 distributed_optimizer sequence_parallel {tokens}")
+    assert published._layout_sharding(tagged) == "megatron tp=2 pp=1 dp=4 distributed_optimizer sequence_parallel"
+    q_plain, _, _ = published.question(plain)
+    q, plan, why = published.question(tagged)
+    assert why is None and plan is not None
+    assert (q_plain.attention, q_plain.compiled, q_plain.fused_loss) == ("flash", False, False)
+    assert (q.attention, q.compiled, q.eager_launches, q.fused_loss) == ("math", True, True, True)
+    head = int(plain["vocab"]) * int(plain["d_model"])
+    assert published.shape_of_row(tagged).params == published.shape_of_row(plain).params + head  # an untied head
+    fp8 = published.recipe_of_row({**tagged, "precision": "fp8"})
+    assert fp8.te_fp8 and fp8.fp8_saved_inputs and fp8.tied_embeddings is False
+    assert not published.recipe_of_row({**plain, "precision": "fp8"}).te_fp8  # no TransformerEngine named
+
+
+def test_a_megatron_rows_overlap_is_what_its_sharding_names_never_its_notes():
+    said = "overlap_grad_reduce true and the data-parallel communication overlapped, as the recipe says"
+    silent = published.question(_megatron_row("megatron tp=2 pp=1 dp=4 distributed_optimizer", notes=said))[1]
+    assert silent.backend.options["overlap_grad_reduce"] is False
+    assert silent.backend.options["overlap_param_gather"] is False
+    named = published.question(
+        _megatron_row("megatron tp=2 pp=1 dp=4 distributed_optimizer overlap_grad_reduce overlap_param_gather")
+    )[1]
+    assert named.backend.options["overlap_grad_reduce"] and named.backend.options["overlap_param_gather"]
+    assert named.time.tokens_per_s > silent.time.tokens_per_s
+
+
+def test_deepspeeds_pipeline_is_planned_as_megatrons_and_said_to_be():
+    row = _megatron_row(
+        "megatron tp=2 pp=2 dp=2 ddp zero=1 deepspeed_pipeline", grad_accum="8", published_tok_s_gpu="1000"
+    )
+    plain = _megatron_row("megatron tp=2 pp=2 dp=2 ddp zero=1", grad_accum="8")
+    assert published.approximations(row) and not published.approximations(plain)
+    assert published.question(row)[1].time.tokens_per_s == published.question(plain)[1].time.tokens_per_s
+    lines = published.report("x.csv", published.plan_rows([row]), with_rows=False)
+    assert any(line.startswith("Planned with the nearest option: 1 x DeepSpeed's pipeline engine") for line in lines)
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        ("attention=fast", r"attention=fast: give one of flash, .*math"),
+        ("tied_embeddings=maybe", r"tied_embeddings=maybe: give tied_embeddings=true or false"),
+        ("cp_rotate=ring", r"cp_rotate=ring: give cp_rotate=allgather or alltoall"),
+    ],
+)
+def test_a_bad_plan_token_is_a_one_line_error(token, message):
+    with pytest.raises(published.PublishedError, match=message):
+        row = _megatron_row(f"megatron tp=2 pp=1 dp=4 distributed_optimizer {token}")
+        published.question(row)
+        published.approximations(row)
+
+
+def test_torchs_gathered_context_parallel_is_planned_as_the_ring_and_said_to_be():
+    rows = [
+        row
+        for row in published.read_rows(published.DATA / "public_runs.csv")
+        if published._token_value(row, published.CP_ROTATE_TOKEN) == "allgather"
+    ]
+    assert rows and all(published.approximations(row) for row in rows)
+    for row in rows:
+        plan = published.question(row)[1]
+        assert plan.backend.options["cp_attention"] == "ring"
+        assert plan.backend.options.get("schedule", "1f1b") == "1f1b"  # the token left the layout's schedule alone
+
+
+def test_every_dense_megatron_row_names_its_attention_kernel():
+    for path in published.runs_csvs():
+        for row in published.read_rows(path):
+            if row["sharding"].startswith("megatron") and path.name != "moe_runs.csv":
+                assert published._token_value(row, published.ATTENTION_TOKEN), (path.name, row["model"])
