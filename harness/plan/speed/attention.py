@@ -110,7 +110,18 @@ B200_BACKWARD = {
 for _kernel, _forward in B200_FORWARD.items():
     FWD_BWD[("blackwell", _kernel, 128)] = _combined(_forward, B200_BACKWARD[_kernel])
 
+# cuDNN's fp8 attention on Hopper: the bf16 table scaled by fp8's forward+backward rate over bf16's as NVIDIA
+# published them on an H200 (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn
+# @ 3929da2, cuDNN 9.19, Llama 3.1's 64 query over 8 key-value heads, head dim 128, causal: 1.13 at 2k, 1.08 at
+# 4k, 0.90 at 8k, 0.76 at 16k; its backward in fp8 is slower than in bf16 from 8k on); 512 and 1k take 2k's.
+_H200_FP8_OVER_BF16 = (1.131, 1.131, 1.131, 1.076, 0.901, 0.756)
+for _dim in (64, 128):
+    FWD_BWD[("hopper", "cudnn-fp8", _dim)] = tuple(
+        r * f for r, f in zip(FWD_BWD[("hopper", "cudnn", _dim)], _H200_FP8_OVER_BF16, strict=True)
+    )
+
 KERNELS = ("flash", "flash3", "cudnn", "flash1", "triton", "math")
+FP8_KERNELS = {"cudnn": "cudnn-fp8"}  # the kernel each runs in fp8 attention (TransformerEngine's fp8 DPA)
 # The card each family's tables were measured on: its dense 16-bit tensor peak and the exponentials its
 # SFUs compute per tensor FLOP, both per SM and clock (16 MUFU.EX2 a clock on every one; 2,048 dense
 # fp16 FLOPs a clock on the A100's SM, twice that on the H100's, NVIDIA's A100 and H100 whitepapers;

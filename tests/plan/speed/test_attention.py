@@ -1,13 +1,16 @@
 """Attention's rates against published measurements: cuDNN's fused attention on Hopper as
 TransformerEngine's own documentation timed it, and on Blackwell and Blackwell Ultra as NVIDIA's
-cudnn-frontend benchmarks published it, with the softmax's exponentials at each card's SFU rate."""
+cudnn-frontend benchmarks published it, with the softmax's exponentials at each card's SFU rate;
+fp8 attention at cuDNN's published fp8 rate beside TransformerEngine's casts."""
 
 from __future__ import annotations
 
 import pytest
 
 from harness.common.hardware import GPUS
+from harness.plan.model.model_shape import shape_of_spec
 from harness.plan.speed.attention import attention_seconds, attention_tflops, carried
+from harness.plan.speed.compute import FP8_CAST_BYTES, compute_work, memory_bytes_per_s
 
 H100, B200, GB200, GB300 = GPUS["H100"], GPUS["B200"], GPUS["GB200"], GPUS["GB300"]
 
@@ -63,3 +66,19 @@ def test_the_exponentials_change_nothing_between_cards_of_one_kind():
     assert attention_tflops(B200, "math", 128, 4096) == pytest.approx(
         attention_tflops(H100, "math", 128, 4096) * B200.tensor_flops / H100.tensor_flops
     )
+
+
+def test_fp8_attention_runs_cudnns_fp8_kernel_beside_transformer_engines_casts():
+    shape = shape_of_spec("llama3.1-8b")
+    common = dict(
+        micro_batch=2, seq_len=8192, precision="bf16", matmul_precision="fp8", mixed_precision="low_precision",
+        compiled=True, checkpointing="none", fused_loss=True, attention="cudnn", gpu=B200, optimizer_params=1e9,
+        engine="torch", te_fp8=True,
+    )  # fmt: skip
+    bf16, fp8 = (compute_work(shape, **common, fp8_attention=on) for on in (False, True))
+    # The B200's published fp8 and bf16 rates at 8k (cuDNN 9.13.1): 1317 against 1082 TFLOP/s together.
+    assert bf16.attention_s / fp8.attention_s == pytest.approx(_combined(1502, 1255) / _combined(1384, 995), rel=1e-3)
+    # q, k and v cast before the forward, the output's gradient before the backward: an amax pass and a cast.
+    dims, tokens = shape.dims, 2 * 8192
+    casts = FP8_CAST_BYTES * tokens * dims.layers * (2 * dims.q_width + 2 * dims.kv_width)
+    assert fp8.elementwise_s - bf16.elementwise_s == pytest.approx(casts / memory_bytes_per_s(B200))
