@@ -1,6 +1,6 @@
-"""What the GPU kernel benchmarks share (attention_kernels.py, ring_attention_rank.py): a best-of-N
-timer that waits for the GPU, and their command line: a GPU required, the table printed as it
-grows and, with --out, written as Markdown."""
+"""What the GPU kernel benchmarks share (attention_kernels.py, ring_attention_rank.py,
+misaligned_matmul.py): a best-of-N timer that waits for the GPU, and their command line: a GPU
+required, the table printed as it grows and, with --out, written as Markdown."""
 
 from __future__ import annotations
 

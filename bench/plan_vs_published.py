@@ -226,16 +226,18 @@ def _card(row: dict[str, str]) -> GPUSpec | str:
 
 # What a row's `sharding` says beyond its layout (bench/data/README.md, "Plan tokens"), each written into
 # the row from its source's configs: the attention kernel, TransformerEngine's modules, a fused
-# cross-entropy, whether the head is tied to the embedding, and DeepSpeed's pipeline engine.
+# cross-entropy, whether the head is tied to the embedding, DeepSpeed's pipeline engine, and the attention
+# in fp8 (TransformerEngine's fp8 DotProductAttention).
 ATTENTION_TOKEN = "attention="
 TRANSFORMER_ENGINE = "transformer_engine"
 FUSED_LOSS = "fused_loss"
 TIED_TOKEN = "tied_embeddings="
+FP8_ATTENTION = "fp8_attention"
 # torch's context parallel (torchtitan's experimental.context_parallel_rotate_method): `allgather`
 # gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
 CP_ROTATE_TOKEN = "cp_rotate="
 CP_ROTATE_METHODS = ("allgather", "alltoall")
-PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE, HYBRID_ZERO)
+PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE, HYBRID_ZERO, FP8_ATTENTION)
 PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN)
 
 
@@ -445,6 +447,7 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         or (_precision(row) == "fp4" and "NVFP4" in row["notes"]),
         te_fp8=_precision(row) == "fp8" and _transformer_engine(row),
         fp8_block_scaling=_precision(row) == "fp8" and "MXFP8" in row["notes"],
+        fp8_attention=FP8_ATTENTION in _plan_tokens(row),
         tied_embeddings=_tied_embeddings(row),
     )
 

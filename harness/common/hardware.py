@@ -35,8 +35,8 @@ class GPUSpec:
     hbm_bytes_per_s: float  # memory bandwidth, data sheet
     capacity_gib: float  # the card's memory as torch reports it (total_memory), GiB
     matmul_efficiency: float  # the best measured bf16 (fp16 on Volta) matmul over the peak (MAMF)
-    # Whose published FlashAttention measurements apply: "hopper" (H100's tables) or "ampere"
-    # (A100's); `attention_assumed` says so where no attention kernel was measured on the card's own kind.
+    # Whose published attention measurements apply: "ampere" (A100's tables), "hopper" (H100's) or
+    # "blackwell" (B200's); `attention_assumed` says so where no attention kernel was measured on the card itself.
     attention_family: str
     nvlink_bytes_per_s: float | None  # per GPU and direction; None: no NVLink between the node's GPUs
     pcie_bytes_per_s: float  # the PCIe link (x16), per direction
@@ -61,6 +61,9 @@ class GPUSpec:
     power_w: float | None = None  # the board's power limit (data sheet)
     sources: str = ""  # where each figure of this card comes from (said in the plan's header)
     attention_assumed: str = ""  # what is assumed for attention where no kernel was measured on it
+    # Exponentials the special-function units compute per dense 16-bit tensor-core FLOP, both per SM and
+    # clock (attention.py's softmax term); None: as its attention family's measured card.
+    exp_per_tensor_flop: float | None = None
 
     @property
     def capacity_bytes(self) -> float:
@@ -107,10 +110,17 @@ _NO_AMD_ATTENTION = (
     "no attention kernel rates measured on an AMD Instinct card in the sources: FlashAttention-2's share of "
     "the peak on the H100 (Dao-AILab/flash-attention README) is assumed"
 )
-_NO_BLACKWELL_ATTENTION = (
-    "no attention kernel rates measured on Blackwell in the sources: FlashAttention-2's share of the peak on "
-    "the H100 is assumed"
+# Blackwell's SM: 16 exponentials a clock (MUFU.EX2) beside 8,192 dense bf16 tensor FLOPs a clock: from
+# the H100 to the B200 the tensor peak rises from 1 to 2.25 PFLOP/s "while both the SFU count and shared
+# memory bandwidth remain unchanged" (the FlashAttention-4 paper, arXiv 2603.05451, and its blog); Blackwell
+# Ultra (B300, GB300) doubles the SFUs' MUFU.EX2 throughput over Blackwell (NVIDIA's technical blog "Making
+# Softmax More Efficient with NVIDIA Blackwell Ultra").
+BLACKWELL_EXP, BLACKWELL_ULTRA_EXP = 16 / 8192, 32 / 8192
+_BLACKWELL_ATTENTION = (
+    "cuDNN's and FlashAttention-2's rates measured on a Blackwell B200 (NVIDIA/cudnn-frontend benchmark "
+    "artifacts, cuDNN 9.13.1), carried to this card by its tensor peak and its SFU rate for the softmax's exponentials"
 )
+_BLACKWELL_ULTRA_ATTENTION = _BLACKWELL_ATTENTION + " (Blackwell Ultra: twice the B200's exponentials per clock)"
 
 # Keys are the names `gpu=` takes; ALIASES map what torch.cuda.get_device_name and the published
 # runs call them (AWS's A10G is planned as the A10: its own figures are not in the sources). A card
@@ -241,7 +251,7 @@ GPUS = {
         8.0e12,
         178.35,
         0.776,
-        "hopper",
+        "blackwell",
         NVLINK5,
         PCIE5,
         148,
@@ -253,7 +263,8 @@ GPUS = {
             f"{_ML_ENG} (peaks 2250/4500 TF and NVFP4 10000, 8 TB/s, MAMF 77.6% bf16 and 76.3% fp8, 1000 W); fp4's "
             "efficiency the GB200's measured one"
         ),
-        attention_assumed=_NO_BLACKWELL_ATTENTION,
+        attention_assumed=_BLACKWELL_ATTENTION,
+        exp_per_tensor_flop=BLACKWELL_EXP,
     ),
     "B300": GPUSpec(
         "B300 288GB",
@@ -261,7 +272,7 @@ GPUS = {
         8.0e12,
         268.1,
         0.786,
-        "hopper",
+        "blackwell",
         NVLINK5,
         PCIE5,
         148,
@@ -275,7 +286,8 @@ GPUS = {
             f"148 and 152 SMs measured on two SKUs: 148 taken); {_MLPERF}nebius_b300_n1.json (275040 MiB); fp4's "
             "efficiency the GB200's measured one"
         ),
-        attention_assumed=_NO_BLACKWELL_ATTENTION,
+        attention_assumed=_BLACKWELL_ULTRA_ATTENTION,
+        exp_per_tensor_flop=BLACKWELL_ULTRA_EXP,
     ),
     # GB200: the Blackwell GPU of a Grace-Blackwell superchip, four to a compute tray, 72 on one
     # NVLink domain (NVL72), its host a Grace CPU over NVLink-C2C.
@@ -285,7 +297,7 @@ GPUS = {
         8.0e12,
         184.5,
         0.729,
-        "hopper",
+        "blackwell",
         NVLINK5,
         PCIE5,
         148,
@@ -303,7 +315,8 @@ GPUS = {
             "Azure_Results/ND_GB200_v6_results.md @ 2a370be6 (NVFP4 matmul 76.3%, host copies 201 GB/s); SMs "
             "not published: the B200's 148 assumed"
         ),
-        attention_assumed=_NO_BLACKWELL_ATTENTION,
+        attention_assumed=_BLACKWELL_ATTENTION,
+        exp_per_tensor_flop=BLACKWELL_EXP,
     ),
     # GB300: Blackwell Ultra (B300's die) in a Grace-Blackwell NVL72 rack.
     "GB300": GPUSpec(
@@ -312,7 +325,7 @@ GPUS = {
         8.0e12,
         277.0,
         0.786,
-        "hopper",
+        "blackwell",
         NVLINK5,
         PCIE5,
         148,
@@ -331,7 +344,8 @@ GPUS = {
             "359 GB/s host-to-device on half a GB300 module); HBM bandwidth, SMs and MAMF not published: the "
             "B300's (the same die) assumed, fp4's efficiency the GB200's"
         ),
-        attention_assumed=_NO_BLACKWELL_ATTENTION,
+        attention_assumed=_BLACKWELL_ULTRA_ATTENTION,
+        exp_per_tensor_flop=BLACKWELL_ULTRA_EXP,
     ),
     "A100": GPUSpec(
         "A100 SXM 80GB",

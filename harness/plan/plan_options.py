@@ -87,6 +87,7 @@ class PlanConfig:
     fp8_saved_inputs: bool = False  # the fp8 projections keep fp8 inputs for backward (TransformerEngine)
     te_fp8: bool = False  # the fp8 casts as TransformerEngine runs them: fused, weights cast once a step
     fp8_block_scaling: bool = False  # MXFP8: a scale per 32 elements, on Blackwell's or CDNA4's tensor cores
+    fp8_attention: bool = False  # TransformerEngine's fp8 attention (cuDNN's fp8 kernel), with attention=cudnn
     activation_offload: bool = False  # saved activations in host memory (torchtune)
     fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse
     strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows
@@ -163,6 +164,8 @@ def check(cfg: PlanConfig) -> None:
         raise PlanError(f"format={cfg.format!r} is not one of {', '.join(FORMATS)}")
     if cfg.attention not in KERNELS:
         raise PlanError(f"attention={cfg.attention!r} is not one of {', '.join(KERNELS)}")
+    if cfg.fp8_attention and cfg.attention != "cudnn":
+        raise PlanError("fp8_attention=true is cuDNN's fp8 attention kernel: give attention=cudnn as well")
     if cfg.arch not in ARCHS:
         raise PlanError(f"arch={cfg.arch!r} is not one of {', '.join(ARCHS)}")
     recipe_of(cfg).check(cfg.precision)

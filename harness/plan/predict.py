@@ -383,6 +383,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             te_fp8=q.recipe.te_fp8,
             sequence_parallel=backend.sequence_parallel,
             fp8_block_scaling=q.recipe.fp8_block_scaling,
+            fp8_attention=q.recipe.fp8_attention,
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,

@@ -43,6 +43,10 @@ offers it does it (docs/planner.md cites each):
                      is cast (no amax pass over it first) and applied by the tensor cores at the fp8
                      rate (Blackwell's and CDNA4's); TransformerEngine's MXFP8BlockScaling writes the
                      rowwise and the columnwise cast of each tensor from one read (compute.py).
+  fp8_attention      with precision=fp8 or fp4 and attention=cudnn, the attention itself in fp8
+                     (TransformerEngine's fp8 DotProductAttention, `fp8_dpa`, as MLPerf's Llama
+                     configs set FP8_DPA=1): cuDNN's fp8 kernel at its published rate, beside the
+                     casts TransformerEngine adds (compute.py's fp8_attention_cast_bytes).
   activation_offload the saved activations copied to pinned host memory in the forward and back in
                      the backward (torchtune's `enable_activation_offloading`, its OffloadActivations
                      on a side stream): the GPU keeps two blocks' worth, the copies hide behind the
@@ -80,6 +84,7 @@ class Recipe:
     fp8_saved_inputs: bool = False
     te_fp8: bool = False
     fp8_block_scaling: bool = False
+    fp8_attention: bool = False
     activation_offload: bool = False
     fragmentation: float = 0.0
 
@@ -109,6 +114,8 @@ class Recipe:
             raise PlanError("fp8_saved_inputs=true keeps the fp8 projections' inputs: give precision=fp8 as well")
         if self.te_fp8 and precision != "fp8":
             raise PlanError("te_fp8=true casts fp8 projections as TransformerEngine does: give precision=fp8 as well")
+        if self.fp8_attention and precision not in ("fp8", "fp4"):
+            raise PlanError("fp8_attention=true runs the attention under the fp8 recipe: give precision=fp8 as well")
         if self.fp8_block_scaling and precision != "fp8":
             raise PlanError(
                 "fp8_block_scaling=true is MXFP8's scaling of the fp8 projections: give precision=fp8 as well"
@@ -142,6 +149,8 @@ class Recipe:
             said.append("TransformerEngine fp8")
         if self.fp8_block_scaling:
             said.append("MXFP8")
+        if self.fp8_attention:
+            said.append("fp8 attention")
         if self.activation_offload:
             said.append("activations offloaded")
         if self.fragmentation:

@@ -7,7 +7,11 @@ batch x sequence = 16k tokens, hidden 2048; FlashAttention-3: flash3_fp16_fwd.pn
 forward and the FA3 paper's backward figure). The benchmark counts causal flops as half of
 4·b·s²·h·d forward and the backward as 2.5 forwards, so a layer's forward+backward over a
 micro-batch takes 3.5 · 2·b·s²·h·d / rate. A card of the same family (Hopper: H100's tables,
-Ampere/Ada: A100's) runs at the same share of its own peak. Between the published sequence
+Ampere/Ada: A100's, Blackwell: B200's) runs at the same share of its own peak, but for the softmax's
+exponentials (`carried`): the special-function units compute 16 a clock on every SM from Ampere to
+Blackwell while the tensor cores' FLOPs a clock doubled twice, and Blackwell Ultra doubles them again,
+so a kernel's time on another card is its exponentials at that card's SFU rate beside the rest at its
+tensor peak. A kernel not measured on Blackwell is Hopper's carried over so. Between the published sequence
 lengths the rate is interpolated in log2(seq); past 16k it stays at 16k's; below 512 it falls
 as it does from 1k to 512. Head dims between 64 and 128 interpolate, above 128 take 128's,
 below 64 scale down from 64's.
@@ -17,8 +21,17 @@ SUSTAINED), a kernel at 30-65% of the tensor cores' peak, between softmax passes
 card's power limit, so its clocks do not settle lower.
 
 Kernels: flash (FlashAttention-2, what torch's SDPA ran in bf16/fp16 before it took cuDNN's kernel
-on Hopper), flash3, cudnn (Hopper only, measured here: below), flash1, triton, math (the unfused
-softmax attention, PyTorch's "standard" in the same figures).
+on Hopper), flash3, cudnn (Hopper and Blackwell, below), flash1, triton, math (the unfused softmax
+attention, PyTorch's "standard" in the same figures).
+
+cuDNN on Hopper, as published: TransformerEngine's own timing of its fused attention (TE 1.10, cuDNN
+9.3, H100 SXM, 32 query over 4 key-value heads, head dim 128, 8k causal: 7.4875 ms forward and backward,
+514 TFLOP/s; docs/examples/attention/attention.ipynb @ d0067d0d) and the FlashAttention-3 paper's
+cuDNN bars (arXiv 2407.08608, H100 SXM, 8k causal head dim 128: 529 forward, 518 backward, 521
+together) agree with the H200 measurement held here (517) within 1%: the cuDNN 9 of 2024-25 that
+NeMo and Megatron ran is this rate. On Blackwell, NVIDIA's cudnn-frontend benchmarks by release (B200:
+cuDNN 9.10.2 and 9.13.1 within 2% of each other; GB200 and GB300 with 9.17 and 9.22, 5-15% faster) give
+the B200 table below, from the 9.13.1 of the 2025 runs.
 
 Held against torch 2.11's kernels on an H200 (bench/results/attention_h200.md): its FlashAttention-2
 runs at 0.80-0.96 of the `flash` rates from 2k to 16k, and from 32k to 128k within 3% of the 16k
@@ -35,11 +48,10 @@ from __future__ import annotations
 
 import math
 
-from harness.common.hardware import GPUSpec
+from harness.common.hardware import BLACKWELL_EXP, GPUSpec
 from harness.plan.speed.kernel_table import kernel_table
 
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
-REFERENCE_PEAK = {"ampere": 312e12, "hopper": 989e12}  # the cards the tables were measured on
 
 # TFLOP/s forward+backward, causal, by (family, kernel, head dim) over SEQ_POINTS.
 FWD_BWD: dict[tuple[str, str, int], tuple[float, ...]] = {
@@ -56,14 +68,19 @@ FWD_BWD: dict[tuple[str, str, int], tuple[float, ...]] = {
     ("hopper", "math", 64): (26, 29, 31, 32, 32, 32),
     ("hopper", "math", 128): (40, 50, 57, 61, 63, 63),
 }
+
+
+def _combined(forward: tuple[float, ...], backward: tuple[float, ...]) -> tuple[float, ...]:
+    """Forward and backward rates combined as the forward's 1 and the backward's 2.5 shares of the flops."""
+    return tuple(3.5 / (1 / f + 2.5 / b) for f, b in zip(forward, backward, strict=True))
+
+
 # FlashAttention-3 (Hopper only): forward (README figure) and backward (paper figure, third-party
-# transcription) rates, combined as the forward's 1 and the backward's 2.5 shares of the flops.
+# transcription) rates.
 FA3_FORWARD = {64: (197, 265, 371, 420, 460, 473), 128: (292, 423, 521, 579, 602, 616)}
 FA3_BACKWARD = {64: (272, 363, 422, 453, 472, 474), 128: (316, 424, 501, 542, 559, 561)}
 for _dim in (64, 128):
-    FWD_BWD[("hopper", "flash3", _dim)] = tuple(
-        3.5 / (1 / f + 2.5 / b) for f, b in zip(FA3_FORWARD[_dim], FA3_BACKWARD[_dim], strict=True)
-    )
+    FWD_BWD[("hopper", "flash3", _dim)] = _combined(FA3_FORWARD[_dim], FA3_BACKWARD[_dim])
 # cuDNN's fused attention, what torch 2.11's SDPA runs by default on Hopper in bf16: measured here on
 # an H200 (bench/attention_kernels.py, bench/results/attention_h200.md, the `cudnn` column, 1k-16k);
 # its 512 point extends the 1k-2k slope as _along_seq does below a table's first point.
@@ -74,8 +91,50 @@ for _dim, _rates in _CUDNN_H200.items():
 for _family in ("ampere", "hopper"):
     for _dim in (64, 128):
         FWD_BWD[(_family, "triton", _dim)] = FWD_BWD[(_family, "flash1", _dim)]
+# Blackwell, measured on a B200 (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/artifacts @
+# 0b1577c, NGC PyTorch 25.09 with cuDNN 9.13.1: Llama 3.1 405B's attention, 128 query heads over 8 key-value
+# heads, head dim 128, causal, one sequence): cuDNN through its frontend (the fp8 script's bf16 and fp8
+# columns; TransformerEngine calls the same graphs) and FlashAttention-2 2.7.4.post1 (the bf16 script's
+# `flash_attention`), forward and backward TFLOP/s counted as here. FlashAttention-2 issues Ampere's
+# warp-level MMA, not Blackwell's tensor-core instructions: it runs at about the H100's rate.
+B200_FORWARD = {
+    "cudnn": (244, 561, 908, 1141, 1384, 1475),
+    "cudnn-fp8": (196, 516, 974, 1231, 1502, 1692),
+    "flash": (64, 154, 254, 343, 400, 425),
+}
+B200_BACKWARD = {
+    "cudnn": (201, 377, 545, 833, 995, 1152),
+    "cudnn-fp8": (170, 377, 556, 972, 1255, 1469),
+    "flash": (81, 105, 199, 273, 318, 337),
+}
+for _kernel, _forward in B200_FORWARD.items():
+    FWD_BWD[("blackwell", _kernel, 128)] = _combined(_forward, B200_BACKWARD[_kernel])
+
+# cuDNN's fp8 attention on Hopper: the bf16 table scaled by fp8's forward+backward rate over bf16's as NVIDIA
+# published them on an H200 (NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn
+# @ 3929da2, cuDNN 9.19, Llama 3.1's 64 query over 8 key-value heads, head dim 128, causal: 1.13 at 2k, 1.08 at
+# 4k, 0.90 at 8k, 0.76 at 16k; its backward in fp8 is slower than in bf16 from 8k on); 512 and 1k take 2k's.
+_H200_FP8_OVER_BF16 = (1.131, 1.131, 1.131, 1.076, 0.901, 0.756)
+for _dim in (64, 128):
+    FWD_BWD[("hopper", "cudnn-fp8", _dim)] = tuple(
+        r * f for r, f in zip(FWD_BWD[("hopper", "cudnn", _dim)], _H200_FP8_OVER_BF16, strict=True)
+    )
 
 KERNELS = ("flash", "flash3", "cudnn", "flash1", "triton", "math")
+FP8_KERNELS = {"cudnn": "cudnn-fp8"}  # the kernel each runs in fp8 attention (TransformerEngine's fp8 DPA)
+# The card each family's tables were measured on: its dense 16-bit tensor peak and the exponentials its
+# SFUs compute per tensor FLOP, both per SM and clock (16 MUFU.EX2 a clock on every one; 2,048 dense
+# fp16 FLOPs a clock on the A100's SM, twice that on the H100's, NVIDIA's A100 and H100 whitepapers;
+# the B200's in harness/common/hardware.py).
+REFERENCE = {"ampere": (312e12, 16 / 2048), "hopper": (989e12, 16 / 4096), "blackwell": (2250e12, BLACKWELL_EXP)}
+# A kernel not measured on a family's card is carried over from the family before it.
+EARLIER = {"blackwell": "hopper"}
+# The softmax's exponentials per FLOP as the benchmarks count them: each score element takes one in the
+# forward and one in the backward (P recomputed from the saved log-sum-exp) beside 4·d forward and 10·d
+# backward FLOPs.
+EXPS_PER_ELEMENT = 2
+FLOPS_PER_ELEMENT_PER_DIM = 14
+FUSED = ("flash", "flash3", "cudnn", "cudnn-fp8", "flash1", "triton")  # the softmax between the matmuls
 BACKWARD_SHARE = 2.5 / 3.5  # of a forward+backward's flops (and time, at one rate)
 FP32_ATTENTION_EFFICIENCY = 0.3  # fp32 runs SDPA's memory-efficient kernel on plain fp32 cores
 
@@ -95,16 +154,52 @@ def _along_seq(points: tuple[float, ...], seq: float) -> float:
 def attention_tflops(gpu: GPUSpec, kernel: str, head_dim: int, seq: float) -> float:
     """The forward+backward causal rate of `kernel` on `gpu`, TFLOP/s as the benchmark counts them."""
     family = gpu.attention_family
-    if (family, kernel, 64) not in FWD_BWD:
+    if not any((f, kernel, 128) in FWD_BWD for f in (family, EARLIER.get(family))):
         raise ValueError(f"no {kernel} attention figures for {gpu.name}")
-    low, high = (_along_seq(FWD_BWD[(family, kernel, d)], seq) for d in (64, 128))
+    low, high = (_rate(gpu, family, kernel, d, seq) for d in (64, 128))
     if head_dim >= 128:
-        rate = high
-    elif head_dim >= 64:
-        rate = low + (high - low) * (head_dim - 64) / 64
-    else:
-        rate = low * head_dim / 64
-    return rate * gpu.tensor_flops / REFERENCE_PEAK[family]
+        return high
+    if head_dim >= 64:
+        return low + (high - low) * (head_dim - 64) / 64
+    return low * head_dim / 64
+
+
+def _rate(gpu: GPUSpec, family: str, kernel: str, dim: int, seq: float) -> float:
+    """The rate of a table on `gpu`: its own family's measurement where there is one (at a head dim it
+    lacks, the earlier family's ratio to the measured dim), else the earlier family's, carried over."""
+    if (family, kernel, dim) in FWD_BWD:
+        return carried(_along_seq(FWD_BWD[(family, kernel, dim)], seq), family, gpu, kernel, dim)
+    earlier = EARLIER.get(family)
+    if earlier is None or (earlier, kernel, dim) not in FWD_BWD:
+        raise ValueError(f"no {kernel} attention figures at head dim {dim} for {gpu.name}")
+    other = 128 if dim != 128 else 64
+    if (family, kernel, other) in FWD_BWD and (earlier, kernel, other) in FWD_BWD:
+        return (
+            _rate(gpu, family, kernel, other, seq)
+            * _rate(gpu, earlier, kernel, dim, seq)
+            / _rate(gpu, earlier, kernel, other, seq)
+        )
+    return _rate(gpu, earlier, kernel, dim, seq)
+
+
+def carried(rate: float, family: str, gpu: GPUSpec, kernel: str, dim: int) -> float:
+    """A rate measured on `family`'s card, TFLOP/s, as `gpu` runs the same kernel: of each FLOP's time
+    there, what the softmax's exponentials take at that card's SFU rate is taken at `gpu`'s, the rest at
+    the ratio of the tensor peaks. The exponentials run beside the matmuls but not under them: FlashAttention-3's
+    forward on the H100 reaches 48-50% of the peak at head dim 64, 62-66% at 128 and 76% at 256, about
+    the 50%, 67% and 80% its matmuls and exponentials allow one after the other. The unfused softmax is
+    memory-bound, not SFU-bound: it scales with the peak alone."""
+    peak, exp_ratio = REFERENCE[family]
+    own_ratio = gpu.exp_per_tensor_flop if gpu.exp_per_tensor_flop is not None else REFERENCE[gpu.attention_family][1]
+    if kernel not in FUSED or own_ratio == exp_ratio:
+        return rate * gpu.tensor_flops / peak
+    exps_per_flop = EXPS_PER_ELEMENT / (FLOPS_PER_ELEMENT_PER_DIM * dim)
+    per_flop = 1 / (rate * 1e12)
+    exp_there = exps_per_flop / (exp_ratio * peak)
+    rest = per_flop - exp_there
+    if rest <= 0:
+        raise ValueError(f"{kernel} at {rate:.0f} TFLOP/s runs faster than {family}'s exponentials allow")
+    return 1e-12 / (rest * peak / gpu.tensor_flops + exps_per_flop / (own_ratio * gpu.tensor_flops))
 
 
 def causal_attention_flops(batch: float, seq: float, heads: int, head_dim: int) -> float:

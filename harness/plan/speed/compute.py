@@ -59,7 +59,7 @@ from dataclasses import dataclass, replace
 
 from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import ModelShape, TransformerDims
-from harness.plan.speed.attention import attention_seconds
+from harness.plan.speed.attention import FP8_KERNELS, attention_seconds
 from harness.plan.speed.gemm import BYTES, LOW_PRECISION, gemm_seconds
 from harness.plan.speed.kernel_table import kernel_table
 
@@ -101,6 +101,11 @@ FP8_RECAST_BYTES = 2 + 1  # a cast whose amax was kept
 TE_CAST_BYTES = 2 + 1 + 1  # the bf16 read, the fp8 write and its transpose
 TE_FUSED_CAST_BYTES = -1 + 1 + 1  # an fp8 output for a bf16 one, the transpose read and written
 MXFP8_CAST_BYTES = 2 + 2 * (1 + 1 / 32)  # one read, the rowwise and columnwise casts with their block scales
+# TransformerEngine's fp8 attention (fp8_attention=true) with per-tensor current scaling, as MLPerf's configs
+# run it (NVTE_DPA_FP8_RECIPE=Float8CurrentScaling): FusedAttnFunc quantizes q, k and v before the forward
+# kernel and the output's gradient before the backward one, each an amax pass and a cast (FP8_CAST_BYTES); the
+# kernels return the output and q's, k's and v's gradients in bf16 (NVTE_DPA_FP8CS_O_in_F16 defaults to 1)
+# (NVIDIA/TransformerEngine transformer_engine/pytorch/attention/dot_product_attention/backends.py @ d0067d0d).
 
 
 @dataclass(frozen=True)
@@ -214,6 +219,16 @@ def te_fp8_cast_bytes(
     weights = TE_CAST_BYTES * dims.layers * sum(out * into for out, into in block_projections(dims, tp))
     again = forward if checkpointing == "full" else 0.0
     return forward, backward, again, weights
+
+
+def fp8_attention_cast_bytes(
+    dims: TransformerDims, tokens: int, tp: int, checkpointing: str
+) -> tuple[float, float, float]:
+    """Bytes fp8 attention's casts move in one micro-step (forward, backward, again), per GPU of a
+    `tp`-way group: q, k and v cast before the forward, the output's gradient before the backward."""
+    forward = dims.layers * FP8_CAST_BYTES * tokens * (dims.q_width + 2 * dims.kv_width) / tp
+    backward = dims.layers * FP8_CAST_BYTES * tokens * dims.q_width / tp
+    return forward, backward, forward if checkpointing == "full" else 0.0
 
 
 def recomputed(index: int, checkpointing: str) -> bool:
@@ -360,11 +375,13 @@ def compute_work(
     te_fp8: bool = False,
     sequence_parallel: bool = True,
     fp8_block_scaling: bool = False,
+    fp8_attention: bool = False,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters; `qk_norm`: an RMSNorm on each head's queries
     and keys, moving their elements as a norm of the matmuls' dtype does; `te_fp8`: fp8 projections
-    cast as TransformerEngine casts them (te_fp8_cast_bytes)."""
+    cast as TransformerEngine casts them (te_fp8_cast_bytes); `fp8_attention`: the attention in fp8, its
+    kernel's fp8 rate beside its casts (fp8_attention_cast_bytes)."""
     tokens = micro_batch * seq_len
     regime = Regime.of(precision, mixed_precision)
     bandwidth = memory_bytes_per_s(gpu)
@@ -376,7 +393,8 @@ def compute_work(
         return ComputeWork(matmul, 0.0, 0.0, 0.0, 0.0, matmul / 3, optimizer)
     projections = matmul_precision or precision
     matmuls = _matmuls(dims, tokens, gpu, precision, checkpointing, tp, projections)
-    attn = _attention(dims, micro_batch, seq_len, gpu, attention, precision, checkpointing, tp)
+    kernel = FP8_KERNELS[attention] if fp8_attention else attention
+    attn = _attention(dims, micro_batch, seq_len, gpu, kernel, precision, checkpointing, tp)
     elementwise = _elementwise(
         dims, tokens, regime, compiled, checkpointing, tp, bandwidth, fused_norm, complex_rope, sequence_parallel
     )
@@ -399,6 +417,9 @@ def compute_work(
     elif projections in LOW_PRECISION:
         casts = fp8_cast_bytes(dims, tokens, tp, checkpointing, projections, fp8_block_scaling)
         elementwise += Kernels(*(moved / bandwidth for moved in casts))
+    if fp8_attention:
+        attention_casts = fp8_attention_cast_bytes(dims, tokens, tp, checkpointing)
+        elementwise += Kernels(*(moved / bandwidth for moved in attention_casts))
     loss_bytes = LOSS_BYTES_PER_LOGIT["fused" if fused_loss else "eager"]
     loss = loss_bytes * tokens * dims.vocab / dims.head_split(tp) / bandwidth
     forward = matmuls.forward + attn.forward + elementwise.forward + loss / 3

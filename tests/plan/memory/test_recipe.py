@@ -166,6 +166,8 @@ def test_fragmentation_is_a_share_of_the_activations_at_the_peak():
         (["fragmentation=2"], "must be a share of the activations in [0, 1]"),
         (["fp8_all_gather=true"], "give precision=fp8 as well"),
         (["fp8_saved_inputs=true"], "keeps the fp8 projections' inputs: give precision=fp8 as well"),
+        (["fp8_attention=true", "attention=cudnn"], "runs the attention under the fp8 recipe: give precision=fp8"),
+        (["fp8_attention=true", "precision=fp8", "gpu=H100"], "cuDNN's fp8 attention kernel: give attention=cudnn"),
         (["pure_bf16=true", "precision=fp32"], "give precision=bf16 (or fp8), not fp32"),
         (["megatron_mixed_precision=true", "precision=fp32"], "give precision=bf16, fp16 or fp8, not fp32"),
         (["megatron_mixed_precision=true", "pure_bf16=true"], "give one of them"),
