@@ -16,9 +16,9 @@ rowwise-scaled fp8, a card it does not know) is listed with the reason and left 
 Each row's mapping to the plan's options is in `question` below: the model's shape and run from its
 columns, the network from its `network`, and how it computed from the plan tokens its `sharding`
 names (the attention kernel, TransformerEngine's modules, a fused loss, a tied head, the data- and
-tensor-parallel overlap, DeepSpeed's pipeline engine), each written from its source's configs
-(bench/data/README.md, "Plan tokens"). What a run did that the planner has only a nearest option
-for is planned with that option and counted in the report.
+tensor-parallel overlap, DeepSpeed's pipeline engine, InternEvo's HybridZeroOptimizer, torch's
+context-parallel rotate method), each written from its source's configs (bench/data/README.md,
+"Plan tokens").
 """
 
 from __future__ import annotations
@@ -42,8 +42,10 @@ from harness.common.hardware import GPUSpec, gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings  # noqa: E402
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
+from harness.plan.network.comm import HYBRID_ZERO  # noqa: E402
 from harness.plan.network.fabric import FABRICS, Fabric, default_fabric, parse_fabric, topology_of  # noqa: E402
 from harness.plan.parallel.backends import backend_of, filled_in  # noqa: E402
+from harness.plan.parallel.deepspeed_pipeline import DEEPSPEED_PIPELINE  # noqa: E402
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS, check_precision  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
@@ -206,7 +208,7 @@ def _not_modelled(row: dict[str, str]) -> str | None:
         return "Megatron-FSDP: not modelled"
     if "offload" in tokens:
         return "offloading to the host: not modelled"
-    if any(t.startswith("zero_group=") for t in tokens):
+    if any(t.startswith("zero_group=") for t in tokens) and HYBRID_ZERO not in tokens:
         return "ZeRO over a subgroup of the data-parallel GPUs (zero_group=): not modelled"
     if checkpointing == "partial":
         return "recomputing some of the layers (partial): not modelled"
@@ -230,13 +232,12 @@ ATTENTION_TOKEN = "attention="
 TRANSFORMER_ENGINE = "transformer_engine"
 FUSED_LOSS = "fused_loss"
 TIED_TOKEN = "tied_embeddings="
-DEEPSPEED_PIPELINE = "deepspeed_pipeline"
 FP8_ATTENTION = "fp8_attention"
 # torch's context parallel (torchtitan's experimental.context_parallel_rotate_method): `allgather`
 # gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
 CP_ROTATE_TOKEN = "cp_rotate="
 CP_ROTATE_METHODS = ("allgather", "alltoall")
-PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE, FP8_ATTENTION)
+PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE, HYBRID_ZERO, FP8_ATTENTION)
 PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN)
 
 
@@ -267,33 +268,38 @@ def _tied_embeddings(row: dict[str, str]) -> bool | None:
     return value == "true"
 
 
-def approximations(row: dict[str, str]) -> list[str]:
-    """What the row ran that the planner plans with its nearest option (each listed in the report)."""
-    nearest = []
-    if DEEPSPEED_PIPELINE in _plan_tokens(row):
-        nearest.append("DeepSpeed's pipeline engine, planned as Megatron-LM's (its 1F1B, its transfers)")
+def _cp_rotate(row: dict[str, str]) -> str | None:
+    """How torch's context parallel exchanged k and v in the row's run (its `cp_rotate=` token), or None."""
     rotate = _token_value(row, CP_ROTATE_TOKEN)
     if rotate is not None and rotate not in CP_ROTATE_METHODS:
         raise PublishedError(f"{row['model']}: cp_rotate={rotate}: give cp_rotate=allgather or alltoall")
-    if rotate == "allgather":
-        nearest.append("torch's context parallel gathering every k, v shard at once, planned as a ring of passes")
-    return nearest
+    return rotate
 
 
 def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     """The run's sharding as a PlanModel and its options, or why it cannot be planned."""
     sharding = _layout_sharding(row)
+    rotate = _cp_rotate(row)
     if sharding.lower().startswith("megatron"):
         sharding = _megatron_sharding(sharding)
     reduce_fp32 = "reduce fp32" in row["mp_mode"] or "DEFAULT" in row["mp_mode"]
     # A Megatron row's data-parallel overlap is what its sharding names (overlap_grad_reduce,
     # overlap_param_gather), nothing else: both off where it names neither.
     split = published_layout(sharding, reduce_fp32, overlap_dp=False)
+    if split is not None and not isinstance(split, str):
+        model, options = split
+        if DEEPSPEED_PIPELINE in _plan_tokens(row):
+            options = {**options, DEEPSPEED_PIPELINE: True}  # deepspeed_pipeline.py prices its engine
+        if rotate is not None:
+            options = {**options, "cp_rotate": rotate}  # context_parallel_cost.py's CP_ROTATE
+        return model, options
     if split is not None:
         return split
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
         return "checkpointing an unstated fraction of the blocks: not modelled"
     lowered = sharding.lower()
+    if lowered.startswith("megatron") and HYBRID_ZERO in _plan_tokens(row):
+        return _hybrid_zero_layout(sharding)
     if lowered.startswith("megatron"):
         return megatron_layout(sharding, overlap_dp=False)
     if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
@@ -314,6 +320,17 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
         async_tp = {"async_tp": True} if "async_tp" in sharding.split() else {}
         return PlanModel(**common, tensor_parallel=True), {**options, "tp_size": tp, **async_tp}
     return PlanModel(**common), options
+
+
+def _hybrid_zero_layout(sharding: str) -> tuple[PlanModel, dict]:
+    """InternEvo's layout: Megatron-style tensor parallelism beside its HybridZeroOptimizer, whose
+    ZeRO-1 group is `zero_group=` GPUs (InternLM's zero1=N: the optimizer state sharded within it and
+    replicated across) or every data-parallel rank (comm.py's HYBRID_ZERO prices its collectives)."""
+    model, options = megatron_layout(sharding, overlap_dp=False)
+    group = re.search(r"\bzero_group=(\d+)", sharding)
+    if group is None:
+        return model, {**options, HYBRID_ZERO: True}
+    return replace(model, hybrid_shard=True), {**options, HYBRID_ZERO: True, "shard_size": int(group.group(1))}
 
 
 def strategy_of(row: dict[str, str]) -> str:
@@ -592,12 +609,6 @@ def report(name: str, outcomes: list[Outcome], with_rows: bool) -> list[str]:
             reasons[o.skipped] = reasons.get(o.skipped, 0) + 1
         lines.append("Not planned: " + "; ".join(f"{n} x {why}" for why, n in reasons.items()) + ".")
         lines.append("")
-    nearest: dict[str, int] = {}
-    for o in planned:
-        for what in approximations(o.row):
-            nearest[what] = nearest.get(what, 0) + 1
-    if nearest:
-        lines += ["Planned with the nearest option: " + "; ".join(f"{n} x {w}" for w, n in nearest.items()) + ".", ""]
     if with_rows:
         lines += [
             "| model | GPUs | GPU | seq | micro-batch | AC | compile | sharding | published tok/s/GPU | predicted "

@@ -78,6 +78,11 @@ class Collective:
 def _grad_reduce_bytes(backend: Backend, precision: str) -> float:
     if backend.quantized_comm and precision != "fp32":
         return QUANTIZED_REDUCE_BYTES
+    if backend.engine == "torch" and backend.options.get(MEGATRON_ENGINE):
+        # Megatron-LM reduces the gradients of its low-precision parameters as they are, its fp32
+        # main_grad under --accumulate-allreduce-grads-in-fp32 (megatron/model/distributed.py:
+        # `param.grad.data` flattened and all-reduced, cast to fp32 only with --fp32-allreduce).
+        return 4 if precision == "fp32" or backend.reduce_in_fp32 else BYTES[precision]
     if backend.engine == "torch":
         # DDP reduces the fp32 .grad; FSDP reduces in its reduce_dtype.
         return 4 if precision == "fp32" or backend.replicated or backend.reduce_in_fp32 else BYTES[precision]
@@ -273,6 +278,50 @@ def _distributed_optimizer(
     ]
 
 
+# A plan option: InternEvo's HybridZeroOptimizer (InternLM/InternEvo
+# internlm/solver/optimizer/hybrid_zero_optim.py @ c18bec93) reduces and shares the gradients and
+# parameters of a Megatron-style layout: `_hybrid_zero` says how.
+HYBRID_ZERO = "hybrid_zero"
+HYBRID_ZERO_BUCKET = 512 * 1024 * 1024  # elements: configs/7B_sft.py's reduce_bucket_size at the same commit
+
+
+def _hybrid_zero(params: float, grad_bytes: float, gather_bytes: float, layout: Layout) -> list[Collective]:
+    """InternEvo's HybridZeroOptimizer: on the last micro-step (its scheduler sets skip_grad_reduce on
+    the others) each parameter's gradient hook fills a bucket of HYBRID_ZERO_BUCKET elements, and a
+    full bucket is all-reduced, not reduce-scattered, over every data-parallel rank
+    (`reduce_tensor` with no dst_rank: dist.all_reduce over ParallelMode.DATA) on a side stream
+    beside the backward, after a `torch.cuda.synchronize()` that lets no bucket start before the last
+    has finished (`_reduce_and_copy`); the last bucket after the backward. After the step each rank
+    of the ZeRO group (zero1: a node's GPUs, or every data-parallel rank) broadcasts its flat
+    partition of the updated parameters, one broadcast per rank, all waited on before the next
+    forward (`broadcast_params(overlap=False)`): the group's size in calls, each paying the ring's
+    latency over the group."""
+    data_parallel = Group(
+        layout.shard_group.size * layout.replica_group.size, layout.shard_group.nodes * layout.replica_group.nodes
+    )
+    payload = params * grad_bytes
+    bucket = min(params, HYBRID_ZERO_BUCKET)
+    return [
+        Collective(
+            "all-reduce gradients in 512M-element buckets (HybridZeroOptimizer)",
+            "all-reduce",
+            payload,
+            max(1, math.ceil(params / HYBRID_ZERO_BUCKET)),
+            "backward",
+            data_parallel,
+            tail_bytes=bucket * grad_bytes,
+        ),
+        Collective(
+            "broadcast each ZeRO rank's updated parameters (HybridZeroOptimizer)",
+            "broadcast",
+            params * gather_bytes,
+            layout.shard,
+            None,
+            layout.shard_group,
+        ),
+    ]
+
+
 def collectives(
     shape: ModelShape,
     backend: Backend,
@@ -295,8 +344,11 @@ def collectives(
     grad_bytes, gather_bytes = _grad_reduce_bytes(backend, precision), _gather_bytes(backend, precision)
     shards = layout.shard_group
     out: list[Collective] = []
+    hybrid_zero = bool(backend.options.get(HYBRID_ZERO))
     if backend.replicas == "threads":
         out += _data_parallel_threads(shape, precision, gpus, tokens, world)
+    elif layout.data_parallel > 1 and hybrid_zero:
+        out += _hybrid_zero(params, grad_bytes, gather_bytes, layout)
     elif layout.data_parallel > 1 and backend.engine == "torch" and backend.options.get("distributed_optimizer"):
         out += _distributed_optimizer(backend, params, grad_bytes, gather_bytes, calls, largest_block, shards)
     elif layout.data_parallel > 1 and backend.engine == "torch" and backend.stage in (0, 1):
@@ -332,7 +384,9 @@ def collectives(
     elif layout.shard > 1 and backend.stage in (1, 2) and backend.engine == "deepspeed":
         reduce_payload = params * grad_bytes
         reduce_calls = max(1, math.ceil(params / backend.option("reduce_bucket_size")))
-        window = "backward" if backend.option("overlap_comm") else None
+        # DeepSpeed's PipelineEngine reduces after the last micro-batch, beside nothing (it turns
+        # enable_backward_allreduce off: parallel/deepspeed_pipeline.py).
+        window = "backward" if backend.option("overlap_comm") and not backend.pipeline_engine else None
         # ZeRO-2 keeps only its gradient partition, so it must reduce on every micro-step. Each
         # bucket is all-reduced and every rank keeps its partition of the result (stage_1_and_2.py's
         # average_tensor under use_multi_rank_bucket_allreduce, on by default): an all-reduce's
@@ -404,7 +458,7 @@ def collectives(
                 per_micro_step=backend.sharded_grads_every_micro_step,
             )
         )
-    if layout.replicas > 1 and backend.stage > 0 and backend.replicas != "threads":
+    if layout.replicas > 1 and backend.stage > 0 and backend.replicas != "threads" and not hybrid_zero:
         shard_grads = params / layout.shard * grad_bytes
         out.append(
             Collective(

@@ -9,10 +9,19 @@ model states sharded by FSDP over the data-parallel and context-parallel ranks t
   each GPU sending (cp-1)/cp of its part of the tensor, in the layer's critical path. NCCL runs an
   all-to-all as cp-1 sends and receives at once; its bytes a GPU are those of a ring all-gather of
   its part, and it is priced as that.
-- ring (Ring Attention, Liu et al. 2023; torch's `context_parallel`): cp-1 passes a layer, each
-  sending this GPU's k and v to the next GPU while attention runs over the pair it holds; the
-  backward passes k and v and their gradients. Hidden behind the attention it overlaps, exposed
-  where the link is slower than the attention.
+- ring (Ring Attention, Liu et al. 2023): attention over the whole sequence in cp sub-steps, one
+  per shard of k and v, merged by their log-sum-exp, the shards reaching each GPU one of two ways:
+  - passes (TransformerEngine's `p2p` exchange under Megatron-LM, torch's `alltoall` rotate method):
+    cp-1 passes a layer, each sending this GPU's k and v to the next GPU while attention runs over
+    the pair it holds; the backward passes k and v and their gradients. Hidden behind the attention
+    it overlaps, exposed where the link is slower than the attention.
+  - all-gather (torch's `allgather` rotate method, its default: `_ContextParallelOptions.rotate_method`
+    in torch/distributed/tensor/experimental/_context_parallel/_attention.py, which torchtitan's
+    `context_parallel_rotate_method` defaults to): `_AllGatherRotater` gathers every GPU's k and v in
+    one all-gather, started beside the first sub-step (the local shard's attention) and waited on
+    by the second, so only 1/cp of the attention hides it; the backward gathers them again the same
+    way and passes the k and v gradients round the ring (its `dkv_rotater` is always all-to-all),
+    hidden behind the backward's sub-steps; a recomputed forward gathers once more.
 
 Attention's work: each GPU computes 1/cp of the whole sequence's causal attention (the chunks
 load-balanced, as torchtitan's and Megatron's CP order them), at the kernel's rate for the whole
@@ -35,6 +44,9 @@ from harness.plan.parallel.layout import LayoutError
 from harness.plan.speed.attention import attention_seconds
 
 CP_ATTENTION = ("all-to-all", "ring")
+# How a ring's k and v shards reach each GPU: torch's rotate methods (`cp_rotate`, torchtitan's
+# experimental.context_parallel_rotate_method) and what the planner calls them.
+CP_ROTATE = {"allgather": "all-gather", "alltoall": "passes"}
 ULYSSES_EXCHANGES = 4  # q, k, v before attention, its output after
 
 
@@ -42,20 +54,27 @@ ULYSSES_EXCHANGES = 4  # q, k, v before attention, its output after
 class ContextParallel:
     size: int  # cp_size: GPUs one sequence is split over
     attention: str  # all-to-all | ring
+    rotate: str = "passes"  # a ring's k and v: passes | all-gather
 
     def __post_init__(self) -> None:
         if self.attention not in CP_ATTENTION:
             raise LayoutError(f"cp_attention={self.attention!r} is not one of {', '.join(CP_ATTENTION)}")
+        if self.rotate not in CP_ROTATE.values():
+            raise LayoutError(f"cp_rotate={self.rotate!r} is not one of {', '.join(CP_ROTATE)}")
 
 
 def context_parallel_of(
-    options: dict, dims: TransformerDims | None, seq_len: int, tp: int, size: int
+    options: dict, dims: TransformerDims | None, seq_len: int, tp: int, size: int, rotate: str = "passes"
 ) -> ContextParallel:
     """Context parallelism over `size` GPUs (the layout's cp) as the strategy's options run it
-    (cp_attention); a size that does not split the sequence, or, for all-to-all, the heads left on
-    each tensor-parallel rank, is a one-line error."""
+    (cp_attention, and a ring's cp_rotate where given, else `rotate`: its engine's); a size that does
+    not split the sequence, or, for all-to-all, the heads left on each tensor-parallel rank, is a
+    one-line error."""
     attention = str(options.get("cp_attention") or "all-to-all").lower()
-    cp = ContextParallel(size, attention)
+    named = options.get("cp_rotate")
+    if named is not None and named not in CP_ROTATE:
+        raise LayoutError(f"cp_rotate={named!r} is not one of {', '.join(CP_ROTATE)}")
+    cp = ContextParallel(size, attention, CP_ROTATE[named] if named else rotate)
     if size <= 1:
         return cp
     if dims is None:

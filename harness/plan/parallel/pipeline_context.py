@@ -30,8 +30,20 @@ from harness.plan.parallel.context_parallel_cost import (
     extra_attention_s,
     ring_pass_bytes,
 )
+from harness.plan.parallel.deepspeed_pipeline import (
+    GATHERS_PER_MICRO_BATCH,
+    SENDS_PER_MICRO_BATCH,
+    runs_deepspeed_pipeline,
+)
 from harness.plan.parallel.layout import Layout, LayoutError
-from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
+from harness.plan.parallel.pipeline_cost import (
+    Pipeline,
+    boundary_bytes,
+    pipeline_of,
+    stage_layers,
+    stage_shape,
+    tied_head,
+)
 from harness.plan.predict import Question, StrategyPlan, communicators, plan_backend, storage_precision
 from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.step_time import StepTime
@@ -71,7 +83,9 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     if dims is None:
         raise LayoutError(f"{backend.name}: pipeline and context parallelism need a transformer the planner knows")
     pipe = pipeline_of(backend.options, q.micro_batch, layout.pp) if layout.pp > 1 else NO_PIPELINE
-    cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp)
+    # torch's context parallel gathers k and v by default; Megatron-LM's TransformerEngine passes them.
+    rotate = "passes" if backend.context_parallel_engine else "all-gather"
+    cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp, rotate)
     shape = stage_shape(q.shape, stage_layers(dims.layers, pipe)) if layout.pp > 1 else q.shape
     # The stage is laid out with the whole layout's tensor-parallel and sharding sizes, unsplit.
     sizes = {"pp_size": 1, "cp_size": 1, "tp_size": layout.tp}
@@ -101,7 +115,7 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     peak = None if stage.peak_bytes is None else stage.peak_bytes + extra
     room = headroom(q.capacity_bytes, communicators(stage.layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
     fits = None if peak is None else room.fits(peak)
-    traffic = _traffic(q, stage_q, layout, pipe, cp, timed=stage.time is not None)
+    traffic = _traffic(q, stage_q, layout, pipe, cp, backend, timed=stage.time is not None)
     timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, cp, traffic)
     return StrategyPlan(
         backend.name,
@@ -119,7 +133,13 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
 
 
 def _traffic(
-    q: Question, stage_q: Question, layout: Layout, pipe: Pipeline, cp: ContextParallel, timed: bool
+    q: Question,
+    stage_q: Question,
+    layout: Layout,
+    pipe: Pipeline,
+    cp: ContextParallel,
+    backend: Backend,
+    timed: bool,
 ) -> list[tuple[Collective, float, float]]:
     """The pipeline's and context parallel's transfers of one step, each with its seconds per step
     and, of those, what every micro-batch runs (0 where the plan is not timed: a question without a
@@ -135,17 +155,27 @@ def _traffic(
         across = stage_q.topology.gpus >= q.topology.per_domain
         sent = boundary_bytes(stage_q.micro_batch, stage_q.seq_len, dims.width, layout.tp, element)
         group = Group(2, 2 if across else 1)
-        payload = 2 * sent * micro_steps  # activations forward, their gradients back
+        deepspeed = runs_deepspeed_pipeline(backend)
+        per_micro = SENDS_PER_MICRO_BATCH if deepspeed else 2
+        payload = per_micro * sent * micro_steps  # activations forward, their gradients back
         one = collective_seconds(q.topology, group, "broadcast", sent) if timed else 0.0
         # The fill and the drain cross every boundary one after another; in the steady state a
         # schedule that waits on each exchange before its next micro-batch (steady_state_exposed)
-        # adds one send each way to every micro-batch, the others hide them.
+        # adds one send each way to every micro-batch (DeepSpeed's engine two, one after the other:
+        # deepspeed_pipeline.py), the others hide them.
         critical = 2 * pipe.boundaries * one * q.grad_accum
-        steady = 2 * one * micro_steps if pipe.steady_state_exposed else 0.0
+        steady = per_micro * one * micro_steps if pipe.steady_state_exposed else 0.0
         how = "each micro-batch waits on them" if pipe.steady_state_exposed else "hidden but the fill and drain"
         what = f"send activations and gradients between pipeline stages ({'network' if across else 'NVLink'}; {how})"
-        sends = Collective(what, "broadcast", payload, 2 * micro_steps, "backward", group, per_micro_step=bool(steady))
+        sends = Collective(
+            what, "broadcast", payload, per_micro * micro_steps, "backward", group, per_micro_step=bool(steady)
+        )
         out.append((sends, critical + steady, steady))
+        if deepspeed and layout.tp > 1:
+            out.append(_partition_gathers(q, stage_q, layout, element, timed))
+        tied = _tied_embedding_reduce(q, layout, across, timed)
+        if tied is not None:
+            out.append(tied)
     if cp.size > 1:
         group = _cp_group(q.topology, cp.size, layout.tp)
         if cp.attention == "all-to-all":
@@ -164,6 +194,8 @@ def _traffic(
                 per_micro_step=True,
             )
             out.append((c, seconds, seconds))
+        elif cp.rotate == "all-gather":
+            out += _gathered_ring(q, stage_q, layout, cp, group, element, timed)
         else:
             passes = (cp.size - 1) * dims.layers
             one = ring_pass_bytes(dims, tokens, layout.tp, element)
@@ -184,6 +216,67 @@ def _traffic(
             )
             out.append((c, seconds, seconds))
     return out
+
+
+GATHERED_KV = "all-gather k and v (context parallel, torch's allgather rotate method)"
+GATHERED_KV_GRADS = "pass k and v gradients round the ring (context parallel, torch's allgather rotate method)"
+
+
+def _gathered_ring(
+    q: Question, stage_q: Question, layout: Layout, cp: ContextParallel, group: Group, element: int, timed: bool
+) -> list[tuple[Collective, float, float]]:
+    """torch's ring attention with the allgather rotate method (context_parallel_cost.py): every
+    layer's k and v gathered whole in one all-gather in each forward and in the backward, which only
+    the first sub-step's attention hides (`_time` charges what it does not), and the gradients of k
+    and v passed round the ring in the backward, hidden behind its sub-steps."""
+    dims = stage_q.shape.dims
+    assert dims is not None
+    tokens = stage_q.micro_batch * stage_q.seq_len
+    micro_steps = stage_q.grad_accum
+    forwards = 2 if q.checkpointing == "full" else 1
+    local = ring_pass_bytes(dims, tokens, layout.tp, element)
+    calls = dims.layers * (forwards + 1)
+    gather = collective_seconds(q.topology, group, "all-gather", local * cp.size) if timed else 0.0
+    payload = local * cp.size * calls
+    gathers = Collective(GATHERED_KV, "all-gather", payload, calls, "attention", group, per_micro_step=True)
+    passes = (cp.size - 1) * dims.layers
+    hop = Group(2, 2 if group.nodes > 1 else 1)
+    one = collective_seconds(q.topology, hop, "broadcast", local) if timed else 0.0
+    grads = Collective(GATHERED_KV_GRADS, "broadcast", local * passes, passes, "backward", group, per_micro_step=True)
+    gathered = gather * calls * micro_steps
+    return [(gathers, gathered, gathered), (grads, one * passes * micro_steps, 0.0)]
+
+
+def _partition_gathers(
+    q: Question, stage_q: Question, layout: Layout, element: int, timed: bool
+) -> tuple[Collective, float, float]:
+    """DeepSpeed's engine under tensor parallelism: the whole boundary activation gathered over the
+    tensor-parallel group three times a micro-batch (deepspeed_pipeline.py), in the critical path."""
+    assert stage_q.shape.dims is not None
+    whole = boundary_bytes(stage_q.micro_batch, stage_q.seq_len, stage_q.shape.dims.width, 1, element)
+    calls = GATHERS_PER_MICRO_BATCH * stage_q.grad_accum
+    seconds = collective_seconds(q.topology, layout.tp_group, "all-gather", whole) * calls if timed else 0.0
+    what = "all-gather the partitioned activations and gradients between stages (DeepSpeed's PartitionedTensor)"
+    gathers = Collective(what, "all-gather", whole * calls, calls, None, layout.tp_group, per_micro_step=True)
+    return gathers, seconds, seconds
+
+
+def _tied_embedding_reduce(
+    q: Question, layout: Layout, across: bool, timed: bool
+) -> tuple[Collective, float, float] | None:
+    """A head tied to the embedding under a pipeline: the first stage holds the embedding, the last
+    the head, each a copy of the table, and their gradients are all-reduced between the two after
+    the last micro-batch, beside no compute (DeepSpeed's `_exec_reduce_tied_grads`, Megatron-LM's
+    `_allreduce_word_embedding_grads` in megatron/core/distributed/finalize_model_grads.py); None
+    for an untied head."""
+    dims = q.shape.dims
+    if dims is None or not tied_head(q.shape):
+        return None
+    table = dims.vocab // dims.head_split(layout.tp) * dims.width * BYTES[storage_precision(q.precision)]
+    group = Group(2, 2 if across else 1)
+    seconds = collective_seconds(q.topology, group, "all-reduce", table) if timed else 0.0
+    what = "all-reduce the tied embedding's gradients between the first and the last stage"
+    return Collective(what, "all-reduce", table, 1, None, group), seconds, 0.0
 
 
 def _time(
@@ -226,12 +319,15 @@ def _time(
     optimizer = t.work.step_s * scale if t.work is not None else 0.0
     uneven = _imbalance(t, q, stage_q, layout, pipe) * scale
     exposed = recurring = 0.0
+    attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
     for c, seconds, every_micro_batch in traffic:
         if c.window is None or "pipeline" in c.what:
             exposed += seconds
             recurring += every_micro_batch
+        elif c.what == GATHERED_KV:  # each gather beside the first of the cp sub-steps of its pass
+            exposed += max(0.0, seconds - attention / cp.size)
+            recurring += max(0.0, seconds - attention / cp.size)
         else:  # the ring's passes hide behind the attention they run beside
-            attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
             exposed += max(0.0, seconds - attention)
             recurring += max(0.0, seconds - attention)
     # The bubble idles a stage for the length of its micro-batches' work: their compute and the

@@ -175,6 +175,17 @@ def _stage_shape(shape: ModelShape, layers: int) -> ModelShape:
     )
 
 
+def tied_head(shape: ModelShape) -> bool:
+    """Whether the head shares the embedding's table: one vocab x width matrix outside the blocks
+    (two where they are untied), or, known by its count alone, less than two tables' parameters there."""
+    if shape.dims is None:
+        return False
+    table = shape.dims.vocab * shape.dims.width
+    if shape.tensors is None:
+        return shape.root_params() < 2 * table
+    return sum(1 for t in shape.tensors if t.block is None and t.numel == table) == 1
+
+
 def boundary_bytes(micro_batch: int, seq_len: int, width: int, tp: int, element_bytes: int) -> float:
     """Bytes one GPU sends across one stage boundary for one micro-batch, one way: the residual
     stream, split over the tensor-parallel ranks."""

@@ -37,7 +37,7 @@ def _plan(name: str = "fsdp-tp", **options):
     sizes = {
         k: options.pop(k)
         for k in list(options)
-        if k in ("tp_size", "pp_size", "cp_size", "schedule", "microbatches", "cp_attention")
+        if k in ("tp_size", "pp_size", "cp_size", "schedule", "microbatches", "cp_attention", "cp_rotate")
     }
     cfg = PlanConfig(
         **{**SMALL_LLAMA, "gpus": 16, "gpus_per_node": 4, "seq_len": 4096, "micro_batch": 8, **options},
@@ -157,9 +157,13 @@ def test_context_parallel_splits_activations_and_shards_over_dp_and_cp() -> None
 
 def test_ring_attention_hides_behind_attention() -> None:
     _, ulysses = _plan("fsdp", micro_batch=1, cp_size=4, seq_len=32768)
-    _, ring = _plan("fsdp", micro_batch=1, cp_size=4, seq_len=32768, cp_attention="ring")
-    assert any("ring attention" in c.what for c in ring.collectives)
-    assert ring.time.exposed_comm_s < ulysses.time.exposed_comm_s
+    _, passed = _plan("fsdp", micro_batch=1, cp_size=4, seq_len=32768, cp_attention="ring", cp_rotate="alltoall")
+    _, gathered = _plan("fsdp", micro_batch=1, cp_size=4, seq_len=32768, cp_attention="ring")
+    assert any("ring attention" in c.what for c in passed.collectives)
+    assert passed.time.exposed_comm_s < ulysses.time.exposed_comm_s
+    # torch's default rotate method gathers k and v beside the first of the cp sub-steps only
+    assert any("allgather rotate method" in c.what for c in gathered.collectives)
+    assert gathered.time.exposed_comm_s >= passed.time.exposed_comm_s
 
 
 def test_pp_and_cp_only_for_fsdp2_and_must_divide() -> None:
