@@ -50,11 +50,14 @@ PIPELINE = ("pp_size", "schedule", "microbatches")
 CONTEXT = ("cp_size", "cp_attention")
 TENSOR = ("tp_size", "sequence_parallel")
 ENGINE = ("prefetch_blocks", "sync_each_micro_step")
+EXPERT = ("ep_size",)
 TORCH_Z3 = PlanModel("torch", 3, "low_precision")
 TORCH_DDP = PlanModel("torch", 0, "low_precision", reshard_after_forward=False, tensor_parallel=True)
 
 
-def _preset(name: str, description: str, fixed: dict[str, Any], takes: tuple[str, ...], plan: PlanModel) -> Preset:
+def _preset(
+    name: str, description: str, fixed: dict[str, Any], takes: tuple[str, ...], plan: PlanModel | None
+) -> Preset:
     return Preset(name, description, fixed, plan, takes=takes)
 
 
@@ -65,14 +68,14 @@ class MeshStrategy(FSDPStrategy):
             "fsdp",
             "FSDP2 full shard (ZeRO-3 analogue)",
             {**FSDP, "mesh_dims": "shard"},
-            (*PIPELINE, *CONTEXT, *ENGINE),
+            (*PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
             TORCH_Z3,
         ),
         _preset(
             "fsdp-grad-op",
             "FSDP2 without resharding after forward (ZeRO-2 analogue)",
             {**FSDP, "reshard_after_forward": False, "mesh_dims": "shard"},
-            (*PIPELINE, *CONTEXT, *ENGINE),
+            (*PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
             PlanModel("torch", 3, "low_precision", reshard_after_forward=False),
         ),
         _preset(
@@ -86,21 +89,21 @@ class MeshStrategy(FSDPStrategy):
             "hsdp",
             "FSDP2 hybrid shard (replicate x shard): sharded inside a node, replicated across nodes",
             {**FSDP, "mesh_dims": "replicate x shard"},
-            ("shard_size", *TENSOR, *PIPELINE, *CONTEXT, *ENGINE),
+            ("shard_size", *TENSOR, *PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
             PlanModel("torch", 3, "low_precision", hybrid_shard=True),
         ),
         _preset(
             "fsdp-tp",
             "tensor parallel inside a node (attention and MLP column/row-wise), FSDP2 across nodes",
             {**FSDP, "mesh_dims": "shard x tp"},
-            (*TENSOR, *PIPELINE, *CONTEXT, *ENGINE),
+            (*TENSOR, *PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
             PlanModel("torch", 3, "low_precision", tensor_parallel=True),
         ),
         _preset(
             "ddp-tp",
             "tensor and sequence parallel inside a node, data parallel across nodes (Megatron-LM's layout)",
             {**REPLICATE, "engine": "replicate", "mesh_dims": "replicate x tp"},
-            (*TENSOR, *PIPELINE, *CONTEXT, "sync_each_micro_step"),
+            (*TENSOR, *PIPELINE, *CONTEXT, *EXPERT, "sync_each_micro_step"),
             TORCH_DDP,
         ),
         _preset(
@@ -115,15 +118,31 @@ class MeshStrategy(FSDPStrategy):
             "fsdp-pp",
             "pipeline parallel (GPipe, 1F1B, interleaved, zero bubble), FSDP2 inside each stage",
             {**FSDP, "reshard_after_forward": False, "mesh_dims": "pp x shard"},
-            (*PIPELINE, *TENSOR, *CONTEXT),
+            (*PIPELINE, *TENSOR, *CONTEXT, *EXPERT),
             PlanModel("torch", 3, "low_precision", reshard_after_forward=False),
         ),
         _preset(
             "fsdp-cp",
             "context parallel: each sequence split over cp_size ranks (all-to-all or ring attention), FSDP2 over all",
             {**FSDP, "mesh_dims": "shard x cp"},
-            (*CONTEXT, *TENSOR, *PIPELINE, *ENGINE),
+            (*CONTEXT, *TENSOR, *PIPELINE, *EXPERT, *ENGINE),
             TORCH_Z3,
+        ),
+        _preset(
+            "fsdp-ep",
+            "expert parallel: each MoE layer's experts split over ep_size data-parallel ranks (all-to-all dispatch), "
+            "FSDP2 over the rest",
+            {**FSDP, "mesh_dims": "shard x ep"},
+            (*EXPERT, *TENSOR, *PIPELINE, *CONTEXT, *ENGINE),
+            None,
+        ),
+        _preset(
+            "ddp-ep",
+            "expert parallel: each MoE layer's experts split over ep_size data-parallel ranks (all-to-all dispatch), "
+            "the rest replicated (torch's replicate, DDP on FSDP2's machinery)",
+            {**REPLICATE, "engine": "replicate", "mesh_dims": "replicate x ep"},
+            (*EXPERT, *TENSOR, *PIPELINE, *CONTEXT, "sync_each_micro_step"),
+            None,
         ),
     )
     listing_order = 20
@@ -144,6 +163,7 @@ class MeshStrategy(FSDPStrategy):
         tp_size: int | None = None,
         pp_size: int | None = None,
         cp_size: int | None = None,
+        ep_size: int | None = None,
         cp_attention: str = "all-to-all",
         shard_size: int | None = None,
         sequence_parallel: bool = True,
@@ -156,6 +176,7 @@ class MeshStrategy(FSDPStrategy):
             "tp_size": tp_size,
             "pp_size": pp_size,
             "cp_size": cp_size,
+            "ep_size": ep_size,
             "cp_attention": cp_attention,
             "shard_size": shard_size,
             "schedule": schedule,
@@ -193,6 +214,7 @@ class MeshStrategy(FSDPStrategy):
         self._pipeline: Pipeline | None = None
         self._planned: tuple[nn.Module, CutPlan | None] | None = None
         self._zero1: Zero1 | None = None
+        self._expert_units = 0
 
     @classmethod
     def mesh_layout(
@@ -276,6 +298,8 @@ class MeshStrategy(FSDPStrategy):
             check_model_fits(self.dims, facts, virtual, self.cp_attention)
         except MeshError as exc:
             raise StrategyError(str(exc)) from None
+        if self.dims.ep > 1:
+            self._check_experts(model)
         if self.dims.pp > 1:
             self._cut_plan(model)
         if self.dims.cp > 1:
@@ -289,6 +313,23 @@ class MeshStrategy(FSDPStrategy):
                 raise StrategyError(f"{self.name or 'context parallel'}: {exc}") from None
         if self.dims.tp > 1:
             self._check_tensor_parallel(model, seq_len)
+
+    def _check_experts(self, model: nn.Module) -> None:
+        from models.expert_parallel import ExpertParallelError, check_divides_experts
+        from models.routing import experts_modules
+
+        found = experts_modules(model)
+        if not found:
+            raise ModelUnsupported(
+                f"{self.name or 'expert parallel'}: ep_size={self.dims.ep} shards a mixture-of-experts model's "
+                f"experts, and {type(model).__name__} has none: use a model such as moe-nano or hf:MixtralConfig, "
+                "or strategy_options.ep_size=1"
+            )
+        try:
+            for _, experts in found:
+                check_divides_experts(experts.num_experts, self.dims.ep)
+        except ExpertParallelError as exc:
+            raise StrategyError(str(exc)) from None
 
     def _cut_plan(self, model: nn.Module) -> CutPlan | None:
         """The cut of `model` into this pipeline's stages (traced once per model); None for a model
@@ -385,6 +426,13 @@ class MeshStrategy(FSDPStrategy):
                 split_sequences(part, meshes.cp, self.cp_attention)
             else:  # the pipeline hands each stage its share
                 split_attention(model, part, meshes.cp, self.cp_attention, self._pipeline.positions)
+        if meshes.ep is not None:
+            from models.expert_parallel import distribute_experts
+            from strategies.parallelize import apply_engine_to_experts
+
+            if distribute_experts(part, meshes.ep):
+                args = (self.engine, self.reshard_after_forward, self._policies(), meshes.data.size())
+                self._expert_units += apply_engine_to_experts(part, meshes, *args)
         if stage_blocks is not None:
             apply_engine(stage_blocks, part, meshes.data, self.engine, self.reshard_after_forward, self._policies())
             if self.engine == "fsdp":
@@ -418,6 +466,12 @@ class MeshStrategy(FSDPStrategy):
             parts.append(f"tensor parallel over {self.dims.tp} ({describe(plan)}; {sequence})")
         if self.dims.cp > 1:
             parts.append(f"context parallel over {self.dims.cp} ({self.cp_attention} attention)")
+        if self.dims.ep > 1:
+            ranks = self.dims.data_parallel * self.dims.cp // self.dims.ep
+            parts.append(
+                f"expert parallel over {self.dims.ep} (all-to-all dispatch; {self._expert_units} experts modules, each "
+                f"a unit of its own over the {ranks} ranks holding the same experts)"
+            )
         engine = {"replicate": "replicate", "zero1": "replicate with ZeroRedundancyOptimizer"}.get(self.engine)
         if engine is None:
             engine = "hsdp" if self.dims.dp_replicate > 1 else "fsdp"
@@ -508,4 +562,5 @@ class MeshStrategy(FSDPStrategy):
         self._pipeline = None
         self._planned = None
         self._zero1 = None
+        self._expert_units = 0
         super().teardown()
