@@ -336,6 +336,13 @@ class MeshStrategy(FSDPStrategy):
         on the meta device whose forward only its real weights can run: checked at setup."""
         from models.stage_plan import StagesError, cut_plan
 
+        if getattr(model, "adds_balance_loss", False):
+            raise ModelUnsupported(
+                f"{self.name or 'pipeline'}: {type(model).__name__} adds its routers' load-balancing loss, computed in "
+                "every stage, to the loss the last stage returns, and a pipeline carries only the activation between "
+                "stages: pipeline it without that loss (model_kwargs.aux_loss_coef=0; for an hf: model "
+                "output_router_logits=false)"
+            )
         if self._planned is None or self._planned[0] is not model:
             seq_len = getattr(self.ctx.config, "seq_len", None)
             stages = self.dims.pp * SCHEDULES[self.schedule_name][1]
@@ -470,7 +477,7 @@ class MeshStrategy(FSDPStrategy):
             ranks = self.dims.data_parallel * self.dims.cp // self.dims.ep
             parts.append(
                 f"expert parallel over {self.dims.ep} (all-to-all dispatch; {self._expert_units} experts modules, each "
-                f"a unit of its own over the {ranks} ranks holding the same experts)"
+                f"a unit of its own over the {ranks} rank{'s' if ranks != 1 else ''} holding the same experts)"
             )
         engine = {"replicate": "replicate", "zero1": "replicate with ZeroRedundancyOptimizer"}.get(self.engine)
         if engine is None:
