@@ -3,10 +3,13 @@ group holds E/ep of every MoE layer's experts, tokens travel to the rank of thei
 all-to-all, and the experts' gradients are reduced over the ranks that hold the same experts.
 
 Any stacked experts module (models/routing.py `is_experts`: the zoo's, every transformers 5 MoE
-model's) is sharded in place: its (E, ...) parameters become the rank's slice, and its instance's
-`forward` is replaced by one that dispatches, runs the module's own forward on the tokens it
-received, and combines. The module tree and its parameter names stay as they were; hooks on the
-module (the router tally of an `hf:` model) still see the global expert indices.
+model's) is sharded in place, and its instance's `forward` is replaced by one that dispatches, runs
+the module's own forward on the tokens it received, and combines. `distribute_experts` (the torch
+mesh's) makes its (E, ...) parameters DTensors split over an expert-parallel mesh, whole in shape
+and name, for a data-parallel engine to shard further and a checkpoint to hold whole;
+`shard_experts` (a loop of one's own over process groups) makes them plain tensors, the rank's
+slice. The module tree and its parameter names stay as they were; hooks on the module (the router
+tally of an `hf:` model) still see the global expert indices.
 
 The ranks of an expert-parallel group read different data: they are data-parallel ranks too
 (torchtitan borrows its ep dimension from dp_shard x cp). The gradient of every parameter but the
@@ -242,16 +245,6 @@ def reduce_expert_gradients(params: list[nn.Parameter], group: dist.ProcessGroup
         g.copy_(reduced.view_as(g))
 
 
-def expert_grad_norm_squared(params: list[nn.Parameter], group: dist.ProcessGroup) -> torch.Tensor:
-    """The squared norm of the experts' (reduced) gradients over every expert of the model: each rank's
-    own experts, summed over the expert-parallel `group`."""
-    grads = [p.grad for p in params if p.grad is not None]
-    device = grads[0].device if grads else torch.device("cpu")
-    local = sum((g.float().pow(2).sum() for g in grads), torch.zeros((), device=device))
-    dist.all_reduce(local, group=group)
-    return local
-
-
 def gather_experts(state: StateDict, names: list[str], group: dist.ProcessGroup) -> StateDict:
     """`state` with each sharded expert tensor in `names` all-gathered over `group` into the whole
     (E, ...) tensor (collective: every rank of the group calls it with the same names)."""
@@ -262,14 +255,4 @@ def gather_experts(state: StateDict, names: list[str], group: dist.ProcessGroup)
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local, group=group)
         out[name] = torch.cat(parts)
-    return out
-
-
-def local_experts(state: StateDict, names: list[str], group: dist.ProcessGroup) -> StateDict:
-    """`state` (whole experts) with each tensor in `names` cut to this rank's slice."""
-    out = dict(state)
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
-    for name in names:
-        local = state[name].size(0) // size
-        out[name] = state[name][rank * local : (rank + 1) * local]
     return out
