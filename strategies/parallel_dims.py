@@ -247,11 +247,20 @@ def expert_parallel_size(
     ranks = dims.expert_ranks(engine)
     fits = [d for d in divisors(ranks) if facts.experts is None or facts.experts % d == 0]
     given = options.get("ep_size")
+    if given is None and EXPERT in named and dims.cp == 1:
+        return max(fits)
     if given is None:
-        return max(fits) if EXPERT in named else 1
+        return 1
     ep = check_divides("ep_size", given, dims.world_size)
     if ep == 1:
         return ep
+    if dims.cp > 1:
+        # The ranks holding the same experts would be shard x cp around ep on the device mesh,
+        # which FSDP2 cannot join to the experts' ep mesh in one ordered mesh.
+        raise MeshError(
+            f"strategy_options.ep_size={ep} beside cp_size={dims.cp} is not laid out: expert parallel takes its "
+            "ranks from the data-parallel ones alone; drop strategy_options.cp_size or ep_size"
+        )
     choices = " or ".join(map(str, fits))
     if engine == "zero1":
         raise MeshError(

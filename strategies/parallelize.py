@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 SHARD_CP = "shard_cp"
 PARAMS = "params"
 # The data dimension ep is borrowed from, unflattened: the ranks outside ep (torchtitan's efsdp), ep.
-EXPERT_SHARD, EXPERT_CONTEXT, EXPERT_REPLICATE = "efsdp", "ecp", "ereplicate"
+EXPERT_SHARD, EXPERT_REPLICATE = "efsdp", "ereplicate"
 
 
 @dataclass
@@ -73,19 +73,13 @@ def _expert_meshes(root: DeviceMesh, dims: ParallelDims, engine: str) -> tuple[D
     """The expert-parallel mesh, and the ranks holding the same experts that the engine shards or
     reduces them over: the data dimension ep is borrowed from (shard under fsdp, replicate else)
     unflattened into (the ranks outside ep, ep), ep varying fastest, as torchtitan's (efsdp, ep);
-    the context-parallel ranks and hsdp's replicas hold the same experts."""
-    from torch.distributed.device_mesh import DeviceMesh
-
+    hsdp's replicas hold the same experts too. (No context parallel beside it: dims_for refuses.)"""
     if engine == "fsdp":
-        shape = (dims.dp_shard // dims.ep, dims.ep, dims.cp)
-        sparse = root._unflatten(SHARD_CP, shape, (EXPERT_SHARD, "ep", EXPERT_CONTEXT))
-        same = sparse[EXPERT_SHARD, EXPERT_CONTEXT]._flatten() if dims.cp > 1 else sparse[EXPERT_SHARD]
-        if dims.dp_replicate > 1:  # hybrid: replicated across hsdp's replicas, as the rest
-            same = DeviceMesh._concatenate([sparse[REPLICATE], same])
+        sparse = root._unflatten(SHARD_CP, (dims.dp_shard // dims.ep, dims.ep), (EXPERT_SHARD, "ep"))
+        same = sparse[REPLICATE, EXPERT_SHARD] if dims.dp_replicate > 1 else sparse[EXPERT_SHARD]
         return sparse["ep"], same
     sparse = root._unflatten(REPLICATE, (dims.dp_replicate // dims.ep, dims.ep), (EXPERT_REPLICATE, "ep"))
-    same = sparse[EXPERT_REPLICATE, SHARD_CP]._flatten() if dims.cp > 1 else sparse[EXPERT_REPLICATE]
-    return sparse["ep"], same
+    return sparse["ep"], sparse[EXPERT_REPLICATE]
 
 
 def apply_tp(part: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> None:

@@ -82,7 +82,7 @@ class MeshStrategy(FSDPStrategy):
             "fsdp-offload",
             "FSDP2 full shard, parameters and optimizer on CPU",
             {**FSDP, "cpu_offload": True, "mesh_dims": "shard"},
-            (*PIPELINE, *CONTEXT, *ENGINE),
+            (*PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
             PlanModel("torch", 3, "low_precision", offload_optimizer=True, offload_params=True),
         ),
         _preset(
@@ -133,7 +133,7 @@ class MeshStrategy(FSDPStrategy):
             "expert parallel: each MoE layer's experts split over ep_size data-parallel ranks (all-to-all dispatch), "
             "FSDP2 over the rest",
             {**FSDP, "mesh_dims": "shard x ep"},
-            (*EXPERT, *TENSOR, *PIPELINE, *CONTEXT, *ENGINE),
+            (*EXPERT, *TENSOR, *PIPELINE, *ENGINE),
             None,
         ),
         _preset(
@@ -141,7 +141,7 @@ class MeshStrategy(FSDPStrategy):
             "expert parallel: each MoE layer's experts split over ep_size data-parallel ranks (all-to-all dispatch), "
             "the rest replicated (torch's replicate, DDP on FSDP2's machinery)",
             {**REPLICATE, "engine": "replicate", "mesh_dims": "replicate x ep"},
-            (*EXPERT, *TENSOR, *PIPELINE, *CONTEXT, "sync_each_micro_step"),
+            (*EXPERT, *TENSOR, *PIPELINE, "sync_each_micro_step"),
             None,
         ),
     )
@@ -474,7 +474,7 @@ class MeshStrategy(FSDPStrategy):
         if self.dims.cp > 1:
             parts.append(f"context parallel over {self.dims.cp} ({self.cp_attention} attention)")
         if self.dims.ep > 1:
-            ranks = self.dims.data_parallel * self.dims.cp // self.dims.ep
+            ranks = self.dims.data_parallel // self.dims.ep
             parts.append(
                 f"expert parallel over {self.dims.ep} (all-to-all dispatch; {self._expert_units} experts modules, each "
                 f"a unit of its own over the {ranks} rank{'s' if ranks != 1 else ''} holding the same experts)"

@@ -11,7 +11,8 @@ from strategies.parallel_dims import ModelFacts, ParallelDims, dims_for
 from strategies.registry import default_registry
 
 MOE_NANO = ModelFacts(blocks=2, heads=2, kv_heads=2, experts=4)
-EP_PRESETS = ("fsdp", "fsdp-grad-op", "hsdp", "fsdp-tp", "ddp-tp", "fsdp-pp", "fsdp-cp", "fsdp-ep", "ddp-ep")
+EP_PRESETS = ("fsdp", "fsdp-grad-op", "fsdp-offload", "hsdp", "fsdp-tp", "ddp-tp", "fsdp-pp", "fsdp-cp")
+EP_PRESETS += ("fsdp-ep", "ddp-ep")
 
 
 def _layout(name: str, world: int, model: ModelFacts | None = MOE_NANO, **options) -> dict[str, int]:
@@ -31,7 +32,6 @@ def _layout(name: str, world: int, model: ModelFacts | None = MOE_NANO, **option
         ("fsdp-tp", 8, {"tp_size": 2, "ep_size": 2}, {"shard": 2, "ep": 2, "tp": 2}),
         ("ddp-tp", 8, {"tp_size": 2, "ep_size": 4}, {"replicate": 1, "ep": 4, "tp": 2}),
         ("fsdp-pp", 8, {"pp_size": 2, "ep_size": 2}, {"pp": 2, "shard": 2, "ep": 2}),
-        ("fsdp-cp", 8, {"cp_size": 2, "ep_size": 2}, {"shard": 2, "ep": 2, "cp": 2}),
     ],
 )
 def test_ep_is_laid_out_inside_the_data_dimension_it_is_borrowed_from(name, world, options, expected):
@@ -78,6 +78,13 @@ def test_the_planner_reads_ep_from_dims_for():
             "strategy_options.ep_size=8 does not divide the model's 4 experts: use strategy_options.ep_size=1 or 2",
         ),
         ("fsdp-ep", 4, {"ep_size": 0}, "strategy_options.ep_size=0 must be a whole number >= 1"),
+        (
+            "fsdp-cp",
+            8,
+            {"cp_size": 2, "ep_size": 2},
+            "strategy_options.ep_size=2 beside cp_size=2 is not laid out: expert parallel takes its ranks from the "
+            "data-parallel ones alone; drop strategy_options.cp_size or ep_size",
+        ),
     ],
 )
 def test_a_bad_ep_size_is_one_line_naming_sizes_that_fit(name, world, options, says):
