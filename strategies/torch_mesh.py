@@ -26,6 +26,7 @@ from strategies.memory import MemoryBreakdown
 from strategies.mesh_layout import MeshError, MeshLayout
 from strategies.parallel_dims import (
     DEFAULT_SCHEDULE,
+    EXPERT,
     SCHEDULES,
     ModelFacts,
     ParallelDims,
@@ -50,7 +51,7 @@ PIPELINE = ("pp_size", "schedule", "microbatches")
 CONTEXT = ("cp_size", "cp_attention")
 TENSOR = ("tp_size", "sequence_parallel")
 ENGINE = ("prefetch_blocks", "sync_each_micro_step")
-EXPERT = ("ep_size",)
+EP = ("ep_size",)
 TORCH_Z3 = PlanModel("torch", 3, "low_precision")
 TORCH_DDP = PlanModel("torch", 0, "low_precision", reshard_after_forward=False, tensor_parallel=True)
 
@@ -68,42 +69,42 @@ class MeshStrategy(FSDPStrategy):
             "fsdp",
             "FSDP2 full shard (ZeRO-3 analogue)",
             {**FSDP, "mesh_dims": "shard"},
-            (*PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
+            (*PIPELINE, *CONTEXT, *EP, *ENGINE),
             TORCH_Z3,
         ),
         _preset(
             "fsdp-grad-op",
             "FSDP2 without resharding after forward (ZeRO-2 analogue)",
             {**FSDP, "reshard_after_forward": False, "mesh_dims": "shard"},
-            (*PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
+            (*PIPELINE, *CONTEXT, *EP, *ENGINE),
             PlanModel("torch", 3, "low_precision", reshard_after_forward=False),
         ),
         _preset(
             "fsdp-offload",
             "FSDP2 full shard, parameters and optimizer on CPU",
             {**FSDP, "cpu_offload": True, "mesh_dims": "shard"},
-            (*PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
+            (*PIPELINE, *CONTEXT, *EP, *ENGINE),
             PlanModel("torch", 3, "low_precision", offload_optimizer=True, offload_params=True),
         ),
         _preset(
             "hsdp",
             "FSDP2 hybrid shard (replicate x shard): sharded inside a node, replicated across nodes",
             {**FSDP, "mesh_dims": "replicate x shard"},
-            ("shard_size", *TENSOR, *PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
+            ("shard_size", *TENSOR, *PIPELINE, *CONTEXT, *EP, *ENGINE),
             PlanModel("torch", 3, "low_precision", hybrid_shard=True),
         ),
         _preset(
             "fsdp-tp",
             "tensor parallel inside a node (attention and MLP column/row-wise), FSDP2 across nodes",
             {**FSDP, "mesh_dims": "shard x tp"},
-            (*TENSOR, *PIPELINE, *CONTEXT, *EXPERT, *ENGINE),
+            (*TENSOR, *PIPELINE, *CONTEXT, *EP, *ENGINE),
             PlanModel("torch", 3, "low_precision", tensor_parallel=True),
         ),
         _preset(
             "ddp-tp",
             "tensor and sequence parallel inside a node, data parallel across nodes (Megatron-LM's layout)",
             {**REPLICATE, "engine": "replicate", "mesh_dims": "replicate x tp"},
-            (*TENSOR, *PIPELINE, *CONTEXT, *EXPERT, "sync_each_micro_step"),
+            (*TENSOR, *PIPELINE, *CONTEXT, *EP, "sync_each_micro_step"),
             TORCH_DDP,
         ),
         _preset(
@@ -118,14 +119,14 @@ class MeshStrategy(FSDPStrategy):
             "fsdp-pp",
             "pipeline parallel (GPipe, 1F1B, interleaved, zero bubble), FSDP2 inside each stage",
             {**FSDP, "reshard_after_forward": False, "mesh_dims": "pp x shard"},
-            (*PIPELINE, *TENSOR, *CONTEXT, *EXPERT),
+            (*PIPELINE, *TENSOR, *CONTEXT, *EP),
             PlanModel("torch", 3, "low_precision", reshard_after_forward=False),
         ),
         _preset(
             "fsdp-cp",
             "context parallel: each sequence split over cp_size ranks (all-to-all or ring attention), FSDP2 over all",
             {**FSDP, "mesh_dims": "shard x cp"},
-            (*CONTEXT, *TENSOR, *PIPELINE, *EXPERT, *ENGINE),
+            (*CONTEXT, *TENSOR, *PIPELINE, *EP, *ENGINE),
             TORCH_Z3,
         ),
         _preset(
@@ -133,7 +134,7 @@ class MeshStrategy(FSDPStrategy):
             "expert parallel: each MoE layer's experts split over ep_size data-parallel ranks (all-to-all dispatch), "
             "FSDP2 over the rest",
             {**FSDP, "mesh_dims": "shard x ep"},
-            (*EXPERT, *TENSOR, *PIPELINE, *ENGINE),
+            (*EP, *TENSOR, *PIPELINE, *ENGINE),
             None,
         ),
         _preset(
@@ -141,7 +142,7 @@ class MeshStrategy(FSDPStrategy):
             "expert parallel: each MoE layer's experts split over ep_size data-parallel ranks (all-to-all dispatch), "
             "the rest replicated (torch's replicate, DDP on FSDP2's machinery)",
             {**REPLICATE, "engine": "replicate", "mesh_dims": "replicate x ep"},
-            (*EXPERT, *TENSOR, *PIPELINE, "sync_each_micro_step"),
+            (*EP, *TENSOR, *PIPELINE, "sync_each_micro_step"),
             None,
         ),
     )
@@ -215,6 +216,8 @@ class MeshStrategy(FSDPStrategy):
         self._planned: tuple[nn.Module, CutPlan | None] | None = None
         self._zero1: Zero1 | None = None
         self._expert_units = 0
+        # A name that lays out ep (fsdp-ep, ddp-ep) means a mixture-of-experts model, even at ep 1.
+        self.lays_out_ep = EXPERT in layout.dims
 
     @classmethod
     def mesh_layout(
@@ -298,7 +301,7 @@ class MeshStrategy(FSDPStrategy):
             check_model_fits(self.dims, facts, virtual, self.cp_attention)
         except MeshError as exc:
             raise StrategyError(str(exc)) from None
-        if self.dims.ep > 1:
+        if self.dims.ep > 1 or self.lays_out_ep:
             self._check_experts(model)
         if self.dims.pp > 1:
             self._cut_plan(model)
@@ -321,9 +324,9 @@ class MeshStrategy(FSDPStrategy):
         found = experts_modules(model)
         if not found:
             raise ModelUnsupported(
-                f"{self.name or 'expert parallel'}: ep_size={self.dims.ep} shards a mixture-of-experts model's "
-                f"experts, and {type(model).__name__} has none: use a model such as moe-nano or hf:MixtralConfig, "
-                "or strategy_options.ep_size=1"
+                f"{self.name or 'expert parallel'}: expert parallel splits a mixture-of-experts model's experts, and "
+                f"{type(model).__name__} has none: use a model such as moe-nano or hf:MixtralConfig, or a layout "
+                "without ep (no strategy_options.ep_size; fsdp or ddp-tp for fsdp-ep or ddp-ep)"
             )
         try:
             for _, experts in found:
