@@ -1,8 +1,10 @@
 """The torch layouts, one composable mesh: pp x replicate x shard x cp x tp (strategies/parallel_dims.py),
-the data-parallel engine a choice (FSDP2 full shard, without resharding after forward, or offloaded;
-torch's `replicate`, DDP rebuilt on FSDP2's machinery; ZeRO-1 by ZeroRedundancyOptimizer), applied
-in torchtitan's order: the pipeline cut, then on each stage tensor parallel, context parallel and
-the engine over the data dimensions (strategies/parallelize.py, strategies/mesh_pipeline.py).
+and expert parallel borrowed from the data-parallel ranks, the data-parallel engine a choice (FSDP2
+full shard, without resharding after forward, or offloaded; torch's `replicate`, DDP rebuilt on
+FSDP2's machinery; ZeRO-1 by ZeroRedundancyOptimizer), applied in torchtitan's order: the pipeline
+cut, then on each stage tensor parallel, context parallel, expert parallel (each experts module a
+unit of the engine over the ranks holding the same experts) and the engine over the data
+dimensions (strategies/parallelize.py, strategies/mesh_pipeline.py).
 
 Each name users type is a preset: the engine and the dimensions it lays out, which default as
 `dims_for` says; any other size the preset takes a run may set (`ddp-tp` + pp_size is Megatron-LM's
@@ -10,8 +12,8 @@ DDP x TP x PP, `fsdp-tp` + pp_size + cp_size torchtitan's 4D). What a preset fix
 overridden.
 
 Checkpoints are DCP directories holding every tensor whole under the bare model's names
-(strategies/dcp_layout.py): every layout without a pipeline loads the others' natively, at any
-world size; a pipelined one holds the tied head's copy besides, in a format of its own
+(strategies/dcp_layout.py), the experts too whatever ep: every layout without a pipeline loads the
+others' natively, at any world size; a pipelined one holds the tied head's copy besides, in a format of its own
 (`dcp-pipeline`), whose weights any strategy reads back.
 """
 
@@ -63,7 +65,9 @@ def _preset(
 
 
 class MeshStrategy(FSDPStrategy):
-    description = "the torch mesh: pipeline, data parallel (FSDP2, replicate or ZeRO-1), context and tensor parallel"
+    description = (
+        "the torch mesh: pipeline, data parallel (FSDP2, replicate or ZeRO-1), context, tensor and expert parallel"
+    )
     presets = (
         _preset(
             "fsdp",
