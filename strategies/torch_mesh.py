@@ -37,8 +37,11 @@ from strategies.parallel_dims import (
     syncs_each_micro_step,
 )
 from strategies.plan_model import PlanModel
+from strategies.single import MODEL_FILE, SingleDeviceStrategy
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     import torch.nn as nn
 
@@ -550,6 +553,14 @@ class MeshStrategy(FSDPStrategy):
             super()._load_optimizer_state(state)
         else:
             self._zero1.load(state)
+
+    @classmethod
+    def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The weights of a DCP checkpoint, or of a `torch-ep<N>` one, which holds the whole model in
+        single's file beside an optimizer file per expert group (ddp-ep writes DCP's now)."""
+        if (path / MODEL_FILE).is_file():
+            return SingleDeviceStrategy.read_full_state_dict(path, model)
+        return super().read_full_state_dict(path, model)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         if self._pipeline is None:

@@ -104,3 +104,16 @@ def test_the_zero1_engine_refuses_ep():
 @pytest.mark.parametrize("name", EP_PRESETS)
 def test_every_preset_whose_engine_allows_it_takes_ep_size(name):
     assert "ep_size" in default_registry().get(name).user_options()
+
+
+def test_a_torch_ep_checkpoints_weights_are_read_from_singles_file(tmp_path):
+    """ddp-ep's `torch-ep<N>` checkpoints hold the whole model in single's file: a resume under any
+    mesh name, or export, carries its weights over."""
+    import torch
+
+    from strategies.single import MODEL_FILE
+
+    weights = {"blocks.0.mlp.experts.gate_up_proj": torch.ones(4, 2, 3)}
+    torch.save(weights, tmp_path / MODEL_FILE)
+    read = default_registry().get("ddp-ep").cls.read_full_state_dict(tmp_path, torch.nn.Linear(1, 1))
+    assert read.keys() == weights.keys() and torch.equal(read["blocks.0.mlp.experts.gate_up_proj"], torch.ones(4, 2, 3))
