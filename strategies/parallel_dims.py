@@ -5,9 +5,9 @@ shard (x cp): FSDP2, torch's `replicate` (DDP on FSDP2's machinery) or ZeRO-1.
 
 Plain data, no torch. `dims_for` is the one place a layout's sizes default: the runtime, the
 preflight, the run's header and the planner all call it, with what they know of the model
-(`ModelFacts`: its blocks and heads), so that what is planned is what runs. Each preset names the
+(`ModelFacts`: its blocks, heads and experts), so that what is planned is what runs. Each preset names the
 dimensions it lays out (`mesh_dims`: "shard x tp" for fsdp-tp); those default as below, any other
-dimension the run may size with its option (tp_size, pp_size, cp_size, shard_size), and the
+dimension the run may size with its option (tp_size, pp_size, cp_size, shard_size, ep_size), and the
 data-parallel dimension takes the ranks left.
 
 | dimension | option | default where the preset names it |
@@ -50,8 +50,9 @@ WHAT = {TENSOR: "tensor parallel", CONTEXT: "context parallel", PIPELINE: "pipel
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What the layout needs to know of the model: its blocks (the most pipeline stages) and its
-    attention heads (what tensor and context parallel split). None: not known, not checked."""
+    """What the layout needs to know of the model: its blocks (the most pipeline stages), its
+    attention heads (what tensor and context parallel split) and its experts (what expert parallel
+    splits). None: not known, not checked."""
 
     blocks: int | None = None
     heads: int | None = None
