@@ -3,10 +3,13 @@ group holds E/ep of every MoE layer's experts, tokens travel to the rank of thei
 all-to-all, and the experts' gradients are reduced over the ranks that hold the same experts.
 
 Any stacked experts module (models/routing.py `is_experts`: the zoo's, every transformers 5 MoE
-model's) is sharded in place: its (E, ...) parameters become the rank's slice, and its instance's
-`forward` is replaced by one that dispatches, runs the module's own forward on the tokens it
-received, and combines. The module tree and its parameter names stay as they were; hooks on the
-module (the router tally of an `hf:` model) still see the global expert indices.
+model's) is sharded in place, and its instance's `forward` is replaced by one that dispatches, runs
+the module's own forward on the tokens it received, and combines. `distribute_experts` (the torch
+mesh's) makes its (E, ...) parameters DTensors split over an expert-parallel mesh, whole in shape
+and name, for a data-parallel engine to shard further and a checkpoint to hold whole;
+`shard_experts` (a loop of one's own over process groups) makes them plain tensors, the rank's
+slice. The module tree and its parameter names stay as they were; hooks on the module (the router
+tally of an `hf:` model) still see the global expert indices.
 
 The ranks of an expert-parallel group read different data: they are data-parallel ranks too
 (torchtitan borrows its ep dimension from dp_shard x cp). The gradient of every parameter but the
@@ -17,14 +20,18 @@ same experts (the expert-data-parallel group) and divided by the whole data-para
 
 from __future__ import annotations
 
+import contextlib
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
 from models.routing import experts_modules
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
 
 StateDict = dict[str, torch.Tensor]
 
@@ -92,15 +99,9 @@ class _AllToAll(torch.autograd.Function):
 def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[str]:
     """Shard every stacked experts module of `model` over the expert-parallel `group`: this rank
     keeps experts [r E/ep, (r+1) E/ep). Returns the names of the sharded parameters."""
-    found = experts_modules(model)
-    if not found:
-        raise ExpertParallelError(
-            f"model {type(model).__name__} has no experts to shard (no module with stacked (E, ...) expert weights): "
-            "use a mixture-of-experts model such as moe-nano or hf:MixtralConfig"
-        )
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     names = []
-    for name, experts in found:
+    for name, experts in _experts_of(model):
         check_divides_experts(experts.num_experts, size)
         local = experts.num_experts // size
         for pname, p in list(experts.named_parameters(recurse=False)):
@@ -112,6 +113,43 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[str]:
         experts.num_experts = local
         experts.forward = _dispatching(experts, experts.forward)
     return names
+
+
+def distribute_experts(model: nn.Module, mesh: DeviceMesh) -> list[str]:
+    """Shard every stacked experts module of `model` over the 1-D expert-parallel `mesh`, each
+    per-expert weight a DTensor split along its experts (Shard(0)): this rank computes experts
+    [r E/ep, (r+1) E/ep), and the weights keep their whole (E, ...) shape, their names and the
+    module's num_experts, so that a data-parallel engine can shard them further (FSDP2 over the
+    ranks that hold the same experts) and a checkpoint holds every expert under the model's names
+    whatever ep. Returns the names of the sharded parameters (none where `model`, a pipeline stage
+    say, holds no experts)."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    size, rank = mesh.size(), mesh.get_local_rank()
+    names = []
+    for name, experts in experts_modules(model):
+        check_divides_experts(experts.num_experts, size)
+        local = experts.num_experts // size
+        for pname, p in list(experts.named_parameters(recurse=False)):
+            if p.dim() == 0 or p.size(0) != experts.num_experts:
+                continue  # not per expert: replicated like the rest of the model
+            mine = p.detach()[rank * local : (rank + 1) * local].clone()
+            whole = DTensor.from_local(mine, mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride())
+            experts.register_parameter(pname, nn.Parameter(whole, requires_grad=p.requires_grad))
+            names.append(f"{name}.{pname}" if name else pname)
+        experts.expert_parallel = ExpertShard(mesh.get_group(), experts.num_experts, local, rank * local)
+        experts.forward = _dispatching(experts, experts.forward)
+    return names
+
+
+def _experts_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    found = experts_modules(model)
+    if not found:
+        raise ExpertParallelError(
+            f"model {type(model).__name__} has no experts to shard (no module with stacked (E, ...) expert weights): "
+            "use a mixture-of-experts model such as moe-nano or hf:MixtralConfig"
+        )
+    return found
 
 
 def check_divides_experts(n_experts: int, ep_size: int) -> None:
@@ -152,12 +190,35 @@ def _dispatching(experts: nn.Module, local_forward: Callable[..., torch.Tensor])
         arrived = _AllToAll.apply(x[tokens], from_each.sum(1).tolist(), in_splits, shard.group)
         local_index = torch.repeat_interleave(torch.arange(shard.local).repeat(shard.size), from_each.reshape(-1))
         local_index = local_index.to(x.device).unsqueeze(-1)
-        done = local_forward(arrived, local_index, torch.ones(local_index.shape, dtype=weights.dtype, device=x.device))
+        ones = torch.ones(local_index.shape, dtype=weights.dtype, device=x.device)
+        with _local_weights(experts, shard.local):
+            done = local_forward(arrived, local_index, ones)
         back = _AllToAll.apply(done, in_splits, from_each.sum(1).tolist(), shard.group)
         out = back * weights.reshape(-1)[order].unsqueeze(-1)
         return torch.zeros_like(x).index_add_(0, tokens, out.to(x.dtype))
 
     return forward
+
+
+@contextlib.contextmanager
+def _local_weights(experts: nn.Module, local: int) -> Iterator[None]:
+    """The module's own forward run on this rank's experts: each DTensor weight (distribute_experts,
+    as the engine hands it over for forward) swapped for its local part, by which autograd carries
+    the gradient back to the DTensor, and num_experts for the local count. Plain weights
+    (shard_experts) are the local part already."""
+    from torch.distributed.tensor import DTensor
+
+    held = {name: p for name, p in experts._parameters.items() if isinstance(p, DTensor)}
+    total = experts.num_experts
+    # Straight into the parameter table: nn.Module's setattr would refuse a plain tensor there, and
+    # a deleted and re-registered parameter would change the module's parameter order.
+    experts._parameters.update({name: p.to_local() for name, p in held.items()})
+    experts.num_experts = local
+    try:
+        yield
+    finally:
+        experts._parameters.update(held)
+        experts.num_experts = total
 
 
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -184,16 +245,6 @@ def reduce_expert_gradients(params: list[nn.Parameter], group: dist.ProcessGroup
         g.copy_(reduced.view_as(g))
 
 
-def expert_grad_norm_squared(params: list[nn.Parameter], group: dist.ProcessGroup) -> torch.Tensor:
-    """The squared norm of the experts' (reduced) gradients over every expert of the model: each rank's
-    own experts, summed over the expert-parallel `group`."""
-    grads = [p.grad for p in params if p.grad is not None]
-    device = grads[0].device if grads else torch.device("cpu")
-    local = sum((g.float().pow(2).sum() for g in grads), torch.zeros((), device=device))
-    dist.all_reduce(local, group=group)
-    return local
-
-
 def gather_experts(state: StateDict, names: list[str], group: dist.ProcessGroup) -> StateDict:
     """`state` with each sharded expert tensor in `names` all-gathered over `group` into the whole
     (E, ...) tensor (collective: every rank of the group calls it with the same names)."""
@@ -204,14 +255,4 @@ def gather_experts(state: StateDict, names: list[str], group: dist.ProcessGroup)
         parts = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(parts, local, group=group)
         out[name] = torch.cat(parts)
-    return out
-
-
-def local_experts(state: StateDict, names: list[str], group: dist.ProcessGroup) -> StateDict:
-    """`state` (whole experts) with each tensor in `names` cut to this rank's slice."""
-    out = dict(state)
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
-    for name in names:
-        local = state[name].size(0) // size
-        out[name] = state[name][rank * local : (rank + 1) * local]
     return out

@@ -148,11 +148,6 @@ class HFCausalLM(nn.Module):
         splits the sequence, so it is not used)."""
         from models.tensor_parallel import TensorParallelError, heads_check
 
-        if self._experts:
-            raise TensorParallelError(
-                f"{type(self.config).__name__}'s experts are not split for tensor parallel here: shard them with "
-                "expert parallel (strategy=ddp-ep) or use fsdp"
-            )
         plan = dict(getattr(self.hf, "tp_plan", None) or getattr(self.hf, "_tp_plan", None) or {})
         if not plan:
             prefix = getattr(self.hf, "base_model_prefix", "")
@@ -173,7 +168,25 @@ class HFCausalLM(nn.Module):
         if kv_heads and int(kv_heads) != heads["attention heads"]:
             heads["key/value heads"] = int(kv_heads)
         heads_check(type(self.config).__name__, heads, tp_size)
-        return {f"hf.{pattern}": style for pattern, style in plan.items()}
+        plan = {f"hf.{pattern}": style for pattern, style in plan.items()}
+        return self._without_experts(plan) if self._experts else plan
+
+    def _without_experts(self, plan: dict[str, str]) -> dict[str, str]:
+        """A mixture-of-experts model's plan less what lies in its MoE layers (the parent of each
+        experts module: router, experts, any shared expert), which stay whole on every tensor-parallel
+        rank (expert parallel, ep_size, splits the experts), and less patterns for modules this model
+        does not have (its config's plan names dense MLPs for layers it may not have)."""
+        from models.tensor_parallel import pattern_matches
+
+        experts = {id(m) for m in self._experts}
+        names = [name for name, _ in self.named_modules()]
+        layers = [name.rsplit(".", 1)[0] for name, m in self.named_modules() if id(m) in experts]
+
+        def kept(pattern: str) -> bool:
+            matched = [name for name in names if pattern_matches(pattern, name)]
+            return bool(matched) and not any(n == m or n.startswith(f"{m}.") for n in matched for m in layers)
+
+        return {pattern: style for pattern, style in plan.items() if kept(pattern)}
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         # Targets are already shifted by parabench's data; the loss is computed as the GPT's is.

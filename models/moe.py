@@ -5,8 +5,8 @@ The contract of every parabench model holds: `forward(inputs, targets) -> loss`,
 the cross-entropy plus aux_loss_coef x the load-balancing loss summed over the MoE layers;
 `num_params()` and `flops_per_token()` count the active parameters (a token's top-k experts, not
 all E); `transformer_blocks()`. Routing is dropless unless `capacity_factor` is set. It is not a
-subclass of GPT: the pipeline and context-parallel strategies cut parabench's GPT alone and
-refuse this one, whose load-balancing loss they would not carry.
+subclass of GPT: context parallel splits parabench's GPT alone and refuses this one, whose
+per-sequence balance loss needs whole sequences.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 from models.gpt import MLP, CausalSelfAttention, GPTConfig
 from models.moe_config import MoEConfig
 from models.routing import RouterTally, SwiGLUExperts, TopKRouter, balance_loss, capacity, over_capacity
-from models.tensor_parallel import TensorParallelError
+from models.tensor_parallel import heads_check
 
 
 class SwiGLU(nn.Module):
@@ -124,10 +124,16 @@ class MoEGPT(nn.Module):
         return [block.mlp for block in self.blocks if hasattr(block.mlp, "aux_loss")]
 
     def tensor_parallel_plan(self, tp_size: int, sequence_parallel: bool) -> dict[str, str]:
-        raise TensorParallelError(
-            "the MoE GPT's experts are not split for tensor parallel: shard them with expert parallel "
-            "(strategy=ddp-ep, zero2-ep) or use fsdp"
-        )
+        """The GPT's split of the attention by heads and of each dense MLP (models/gpt.py); each MoE
+        layer, router and experts, stays whole on every rank of a tensor-parallel group, which runs it
+        on the same tokens: its experts are split by expert parallel (ep_size) instead. No sequence
+        parallel: the MoE layer routes whole sequences (its balance loss is per sequence)."""
+        heads_check("this MoE GPT", {"attention heads": self.config.n_head}, tp_size)
+        plan = {"blocks.*.attn.c_attn": "packed_colwise_qkv", "blocks.*.attn.c_proj": "rowwise"}
+        for i, block in enumerate(self.blocks):
+            if isinstance(block.mlp, MLP):
+                plan.update({f"blocks.{i}.mlp.c_fc": "colwise", f"blocks.{i}.mlp.c_proj": "rowwise"})
+        return plan
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         T = inputs.size(1)
@@ -142,8 +148,15 @@ class MoEGPT(nn.Module):
                 x = block(x)
         logits = self.lm_head(self.ln_f(x))
         loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        if not self.adds_balance_loss:  # nothing read across blocks: a pipeline can cut it
+            return loss
         aux = sum(layer.aux_loss for layer in self.moe_layers())
         return loss + self.config.aux_loss_coef * aux
+
+    @property
+    def adds_balance_loss(self) -> bool:
+        """Whether the loss includes the routers' load-balancing loss (aux_loss_coef above 0)."""
+        return self.config.aux_loss_coef > 0
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Active parameters: every parameter but the routed experts a token does not go through

@@ -12,7 +12,9 @@ grouped matmul can take the stacked weights as they are.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -114,8 +116,9 @@ class RouterTally:
 
     def add(self, routed: torch.Tensor, dropped: torch.Tensor | None = None) -> None:
         """routed: the expert indices of every assignment (before capacity); dropped: a mask of those dropped."""
-        # Activation checkpointing runs the forward again inside the backward: counted once.
-        if torch._C._current_graph_task_id() != -1:
+        # Activation checkpointing runs the forward again inside the backward: counted once. A
+        # forward without gradients (a pipeline cut's trace) or under tallies_paused is no step.
+        if torch._C._current_graph_task_id() != -1 or not torch.is_grad_enabled() or _paused:
             return
         flat = routed.detach().reshape(-1)
         counts = torch.zeros(self.n_experts, dtype=torch.long, device=flat.device)
@@ -134,13 +137,34 @@ class RouterTally:
         return out
 
 
+_paused = False
+
+
+@contextlib.contextmanager
+def tallies_paused() -> Iterator[None]:
+    """No MoE layer counts what it routes inside: a forward that is no training step (a pipeline
+    stage's shape inference)."""
+    global _paused
+    was, _paused = _paused, True
+    try:
+        yield
+    finally:
+        _paused = was
+
+
 def router_tallies(model: nn.Module) -> list[RouterTally]:
     """The tallies of the model's MoE layers, in module order (each once)."""
-    found: dict[int, RouterTally] = {}
-    for module in model.modules():
+    return [tally for _, tally in named_router_tallies(model)]
+
+
+def named_router_tallies(model: nn.Module) -> list[tuple[str, RouterTally]]:
+    """The tallies of the model's MoE layers with the name of the module each sits on, in module
+    order (each once)."""
+    found: dict[int, tuple[str, RouterTally]] = {}
+    for name, module in model.named_modules():
         tally = getattr(module, "router_tally", None)
         if isinstance(tally, RouterTally):
-            found.setdefault(id(tally), tally)
+            found.setdefault(id(tally), (name, tally))
     return list(found.values())
 
 

@@ -21,15 +21,24 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from strategies.base import ModelUnsupported, OptimizerFactory, Preset, RunContext, StrategyError
-from strategies.ddp_ep import expert_parallel_layout
 from strategies.deepspeed import DeepSpeedStrategy
-from strategies.mesh_layout import MeshLayout
+from strategies.mesh_layout import MeshLayout, check_divides
 
 if TYPE_CHECKING:
     import torch
     import torch.nn as nn
 
     from strategies.parallel_dims import ModelFacts
+
+
+DATA_DIM, EXPERT_DIM = "dp", "ep"
+
+
+def expert_parallel_layout(world_size: int, ep_size: Any) -> MeshLayout:
+    """dp x ep, both dimensions reading their own data (the ep ranks are data-parallel ranks too)."""
+    ep = check_divides("ep_size", world_size if ep_size is None else ep_size, world_size)
+    notes = ["ep 1: no expert parallel, every rank holds every expert"] if ep == 1 else []
+    return MeshLayout((world_size // ep, ep), (DATA_DIM, EXPERT_DIM), (DATA_DIM, EXPERT_DIM), tuple(notes))
 
 
 def _zero_ep(stage: int, what: str) -> Preset:

@@ -66,11 +66,13 @@ class MeshLayout:
                 index, degree = index * sizes[dim] + coords[dim], degree * sizes[dim]
         return index, degree
 
-    def leads_its_group(self, rank: int) -> bool:
+    def leads_its_group(self, rank: int, apart: tuple[str, ...] = ()) -> bool:
         """Whether the rank is the first of the ranks that share its data (its tensor-parallel
-        group): the one whose loss counts once for the group in the reported mean."""
+        group): the one whose loss counts once for the group in the reported mean. `apart`: the
+        dimensions whose ranks count apart besides the data dimensions (a pipeline's stages, each
+        routing its own layers' tokens)."""
         coords = zip(self.dims, self.coordinates(rank), strict=True)
-        return all(index == 0 for dim, index in coords if dim not in self.data_dims)
+        return all(index == 0 for dim, index in coords if dim not in self.data_dims and dim not in apart)
 
     def describe(self) -> str:
         """'mesh 2 x 2: replicate x shard', with the notes after it."""

@@ -5,9 +5,9 @@ shard (x cp): FSDP2, torch's `replicate` (DDP on FSDP2's machinery) or ZeRO-1.
 
 Plain data, no torch. `dims_for` is the one place a layout's sizes default: the runtime, the
 preflight, the run's header and the planner all call it, with what they know of the model
-(`ModelFacts`: its blocks and heads), so that what is planned is what runs. Each preset names the
+(`ModelFacts`: its blocks, heads and experts), so that what is planned is what runs. Each preset names the
 dimensions it lays out (`mesh_dims`: "shard x tp" for fsdp-tp); those default as below, any other
-dimension the run may size with its option (tp_size, pp_size, cp_size, shard_size), and the
+dimension the run may size with its option (tp_size, pp_size, cp_size, shard_size, ep_size), and the
 data-parallel dimension takes the ranks left.
 
 | dimension | option | default where the preset names it |
@@ -16,19 +16,27 @@ data-parallel dimension takes the ranks left.
 | cp | cp_size | a node's ranks left by tp, at most 8, sharing out the heads tp leaves each rank (ring: any) |
 | pp | pp_size | a stage per node, 2 on one node, never more stages than the model's blocks |
 | shard (hsdp) | shard_size | a node's ranks left by tp and cp |
+| ep | ep_size | the most data-parallel ranks that divide the model's experts |
+
+Expert parallel is not a dimension of its own: as torchtitan's ParallelDims has it, ep is borrowed
+from the data-parallel ranks (shard under FSDP2, replicate under the other engines), which read
+different tokens; its ranks split each MoE layer's experts, and the experts' own parameters are
+then sharded (or replicated) by the engine over the ranks holding the same experts. The layout
+shows it inside the dimension it is borrowed from: shard x ep, the ep ranks varying fastest.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from strategies.mesh_layout import MeshError, MeshLayout, check_divides, default_stages, divisors
 from strategies.pipeline_parts import SCHEDULES
 
-PIPELINE, REPLICATE, SHARD, CONTEXT, TENSOR = "pp", "replicate", "shard", "cp", "tp"
-DIMS = (PIPELINE, REPLICATE, SHARD, CONTEXT, TENSOR)
+PIPELINE, REPLICATE, SHARD, CONTEXT, TENSOR, EXPERT = "pp", "replicate", "shard", "cp", "tp", "ep"
+DIMS = (PIPELINE, REPLICATE, SHARD, CONTEXT, TENSOR)  # their product is the world
+NAMED = (*DIMS, EXPERT)  # what a preset's mesh may name
 DATA_DIMS = (REPLICATE, SHARD)
 # The option that sizes each dimension (replicate takes the ranks left, or hsdp's shard_size says).
 SIZE_OPTIONS = {TENSOR: "tp_size", CONTEXT: "cp_size", PIPELINE: "pp_size", SHARD: "shard_size"}
@@ -42,20 +50,25 @@ WHAT = {TENSOR: "tensor parallel", CONTEXT: "context parallel", PIPELINE: "pipel
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What the layout needs to know of the model: its blocks (the most pipeline stages) and its
-    attention heads (what tensor and context parallel split). None: not known, not checked."""
+    """What the layout needs to know of the model: its blocks (the most pipeline stages), its
+    attention heads (what tensor and context parallel split) and its experts (what expert parallel
+    splits). None: not known, not checked."""
 
     blocks: int | None = None
     heads: int | None = None
     kv_heads: int | None = None
+    experts: int | None = None  # the experts of each MoE layer (their greatest common divisor); None: none
 
     @classmethod
     def of(cls, model: Any, blocks: int | None) -> ModelFacts:
         """The facts of a built model (parabench's GPT, an `hf:` model) with `blocks` found."""
+        from models.routing import experts_modules
+
         config = getattr(model, "config", None)
         heads = _first_int(config, "n_head", "num_attention_heads")
         kv_heads = _first_int(config, "num_key_value_heads", "n_kv_head") or heads
-        return cls(blocks or None, heads, kv_heads)
+        experts = math.gcd(*(module.num_experts for _, module in experts_modules(model))) or None
+        return cls(blocks or None, heads, kv_heads, experts)
 
     def head_counts(self) -> dict[str, int]:
         """{'attention heads': n, 'key/value heads': m} as far as known, the second where it differs."""
@@ -83,12 +96,15 @@ class ParallelDims:
     dp_shard: int = 1
     cp: int = 1
     tp: int = 1
+    ep: int = 1  # borrowed from the data-parallel ranks (expert_ranks), not a factor of the world
 
     def __post_init__(self) -> None:
         sizes = self.sizes()
         if any(size < 1 for size in sizes.values()) or math.prod(sizes.values()) != self.world_size:
             shown = " x ".join(f"{dim} {size}" for dim, size in sizes.items())
             raise MeshError(f"{shown} does not lay out {self.world_size} ranks: their product must be the world size")
+        if self.ep < 1 or (self.dp_shard % self.ep and self.dp_replicate % self.ep):
+            raise MeshError(f"ep {self.ep} divides neither replicate {self.dp_replicate} nor shard {self.dp_shard}")
 
     def sizes(self) -> dict[str, int]:
         """Each dimension's size, outermost first."""
@@ -105,13 +121,22 @@ class ParallelDims:
         """Ranks that read different micro-batches."""
         return self.dp_replicate * self.dp_shard
 
+    def expert_ranks(self, engine: str) -> int:
+        """The data-parallel ranks ep is borrowed from: FSDP2's shard dimension (hsdp's replicas
+        each hold every expert, as torchtitan's efsdp leaves dp_replicate out), the replicas of the
+        other engines."""
+        return self.dp_shard if engine == "fsdp" else self.dp_replicate
+
     @classmethod
     def from_layout(cls, layout: MeshLayout, engine: str) -> ParallelDims:
         """The dims a MeshLayout of `mesh_layout` lays out (the flat layout: every rank FSDP's)."""
         sizes = dict(zip(layout.dims, layout.shape, strict=True))
         data = sizes.pop("data", None)
+        borrowed = SHARD if engine == "fsdp" else REPLICATE
         if data is not None:
-            sizes[SHARD if engine == "fsdp" else REPLICATE] = data
+            sizes[borrowed] = data
+        ep = sizes.pop(EXPERT, 1)
+        sizes[borrowed] = sizes.get(borrowed, 1) * ep
         return cls(
             layout.size,
             pp=sizes.get(PIPELINE, 1),
@@ -119,15 +144,16 @@ class ParallelDims:
             dp_shard=sizes.get(SHARD, 1),
             cp=sizes.get(CONTEXT, 1),
             tp=sizes.get(TENSOR, 1),
+            ep=ep,
         )
 
 
 def mesh_dims(mesh: str) -> tuple[str, ...]:
     """The dimensions a preset's `mesh` ("replicate x tp") names, each checked."""
     named = tuple(part.strip() for part in mesh.split("x"))
-    unknown = [dim for dim in named if dim not in DIMS]
+    unknown = [dim for dim in named if dim not in NAMED]
     if unknown or not named:
-        raise MeshError(f"mesh {mesh!r} names {', '.join(unknown) or 'nothing'}: its dimensions are {', '.join(DIMS)}")
+        raise MeshError(f"mesh {mesh!r} names {', '.join(unknown) or 'nothing'}: its dimensions are {', '.join(NAMED)}")
     return named
 
 
@@ -207,9 +233,54 @@ def dims_for(
         cp=sizes.get(CONTEXT, 1),
         tp=tp,
     )
+    dims = replace(dims, ep=expert_parallel_size(engine, named, options, dims, facts))
     check_model_fits(dims, facts, virtual, attention)
     check_options(dims, options)
     return dims
+
+
+def expert_parallel_size(
+    engine: str, named: tuple[str, ...], options: dict[str, Any], dims: ParallelDims, facts: ModelFacts
+) -> int:
+    """ep: the run's ep_size, checked against the world, the engine, the data-parallel ranks it is
+    borrowed from and the model's experts; else, where the preset names ep, the most of those
+    ranks that divide the experts; else 1."""
+    ranks = dims.expert_ranks(engine)
+    fits = [d for d in divisors(ranks) if facts.experts is None or facts.experts % d == 0]
+    given = options.get("ep_size")
+    if given is None and EXPERT in named and dims.cp == 1:
+        return max(fits)
+    if given is None:
+        return 1
+    ep = check_divides("ep_size", given, dims.world_size)
+    if ep == 1:
+        return ep
+    if dims.cp > 1:
+        # The ranks holding the same experts would be shard x cp around ep on the device mesh,
+        # which FSDP2 cannot join to the experts' ep mesh in one ordered mesh.
+        raise MeshError(
+            f"strategy_options.ep_size={ep} beside cp_size={dims.cp} is not laid out: expert parallel takes its "
+            "ranks from the data-parallel ones alone; drop strategy_options.cp_size or ep_size"
+        )
+    choices = " or ".join(map(str, fits))
+    if engine == "zero1":
+        raise MeshError(
+            f"strategy_options.ep_size={ep} does not go with the zero1 engine: its ZeroRedundancyOptimizer "
+            "broadcasts each parameter to every data-parallel rank, and expert parallel gives those ranks different "
+            "experts; use ddp-ep or fsdp-ep"
+        )
+    if ranks % ep:
+        dim = SHARD if engine == "fsdp" else REPLICATE
+        raise MeshError(
+            f"strategy_options.ep_size={ep} does not divide the {ranks} data-parallel ranks of {dim} it is taken "
+            f"from (tp, cp and pp ranks are not): use strategy_options.ep_size={choices}"
+        )
+    if facts.experts is not None and facts.experts % ep:
+        raise MeshError(
+            f"strategy_options.ep_size={ep} does not divide the model's {facts.experts} experts: use "
+            f"strategy_options.ep_size={choices}"
+        )
+    return ep
 
 
 def check_options(dims: ParallelDims, options: dict[str, Any]) -> None:
@@ -320,10 +391,20 @@ def mesh_layout(
     sizes = dims.sizes()
     data = (REPLICATE,) if engine != "fsdp" else tuple(d for d in DATA_DIMS if d in named) or (SHARD,)
     shown = tuple(d for d in DIMS if d in named or d in data or sizes[d] > 1)
-    if shown == (SHARD,):
+    if shown == (SHARD,) and dims.ep == 1 and EXPERT not in named:
         return MeshLayout.flat(world_size)  # plain fsdp: every rank a data-parallel rank, as ddp's
     notes = _notes(dims, engine, named, options, per_node, plain)
-    return MeshLayout(tuple(sizes[d] for d in shown), shown, tuple(d for d in shown if d in DATA_DIMS), tuple(notes))
+    shape, laid_out = [], []
+    borrowed = SHARD if engine == "fsdp" else REPLICATE
+    for dim in shown:
+        if dim == borrowed and (dims.ep > 1 or EXPERT in named):  # ep inside it, varying fastest
+            shape += [sizes[dim] // dims.ep, dims.ep]
+            laid_out += [dim, EXPERT]
+        else:
+            shape.append(sizes[dim])
+            laid_out.append(dim)
+    data_dims = tuple(d for d in laid_out if d in (*DATA_DIMS, EXPERT))
+    return MeshLayout(tuple(shape), tuple(laid_out), data_dims, tuple(notes))
 
 
 def _notes(
@@ -348,6 +429,15 @@ def _notes(
             rest = [f"{d} {sizes[d]}" for d in split]
             without = plain + (f" ({' x '.join(rest)})" if rest else "")
             notes.append(f"{dim} 1: no {WHAT[dim]}, the layout of {without}")
+    if EXPERT in named and dims.ep == 1:
+        notes.append(f"ep 1: no expert parallel, the layout of {plain}")
+    elif dims.ep > 1:
+        borrowed = SHARD if engine == "fsdp" else REPLICATE
+        verb = "sharded" if engine == "fsdp" else "replicated"
+        notes.append(
+            f"ep {dims.ep} of the {dims.data_parallel} data-parallel ranks: the experts split over ep and {verb} over "
+            f"{borrowed}, the rest of the model {verb} over {borrowed} x ep"
+        )
     nodes = max(1, dims.world_size // max(1, min(per_node, dims.world_size)))
     if PIPELINE in named and options.get("pp_size") is None and dims.pp > 1 and nodes == 1:
         notes.append(f"pp {dims.pp}: a pipeline on one node by default (a stage per node on several; set pp_size)")

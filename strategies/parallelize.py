@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 SHARD_CP = "shard_cp"
 PARAMS = "params"
+# The data dimension ep is borrowed from, unflattened: the ranks outside ep (torchtitan's efsdp), ep.
+EXPERT_SHARD, EXPERT_REPLICATE = "efsdp", "ereplicate"
 
 
 @dataclass
@@ -36,6 +38,8 @@ class Meshes:
     tp: DeviceMesh | None
     cp: DeviceMesh | None
     pp: DeviceMesh | None
+    ep: DeviceMesh | None = None
+    expert_data: DeviceMesh | None = None  # what the engine shards or reduces the experts over
 
 
 def build_meshes(dims: ParallelDims, engine: str, device_type: str) -> Meshes:
@@ -53,13 +57,29 @@ def build_meshes(dims: ParallelDims, engine: str, device_type: str) -> Meshes:
     cp = None
     if dims.cp > 1:
         cp = root[SHARD_CP]._unflatten(0, (dims.dp_shard, dims.cp), (SHARD, CONTEXT))[CONTEXT]
+    ep, expert_data = _expert_meshes(root, dims, engine) if dims.ep > 1 else (None, None)
     return Meshes(
         root,
         data,
         root[TENSOR] if dims.tp > 1 else None,
         cp,
         root[PIPELINE] if dims.pp > 1 else None,
+        ep,
+        expert_data,
     )
+
+
+def _expert_meshes(root: DeviceMesh, dims: ParallelDims, engine: str) -> tuple[DeviceMesh, DeviceMesh]:
+    """The expert-parallel mesh, and the ranks holding the same experts that the engine shards or
+    reduces them over: the data dimension ep is borrowed from (shard under fsdp, replicate else)
+    unflattened into (the ranks outside ep, ep), ep varying fastest, as torchtitan's (efsdp, ep);
+    hsdp's replicas hold the same experts too. (No context parallel beside it: dims_for refuses.)"""
+    if engine == "fsdp":
+        sparse = root._unflatten(SHARD_CP, (dims.dp_shard // dims.ep, dims.ep), (EXPERT_SHARD, "ep"))
+        same = sparse[REPLICATE, EXPERT_SHARD] if dims.dp_replicate > 1 else sparse[EXPERT_SHARD]
+        return sparse["ep"], same
+    sparse = root._unflatten(REPLICATE, (dims.dp_replicate // dims.ep, dims.ep), (EXPERT_REPLICATE, "ep"))
+    return sparse["ep"], sparse[EXPERT_REPLICATE]
 
 
 def apply_tp(part: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> None:
@@ -108,6 +128,56 @@ def apply_engine(
 
     for module in (*blocks, root):
         replicate(module, mesh=mesh, mp_policy=policies["mp_policy"])
+
+
+def apply_engine_to_experts(
+    part: nn.Module, meshes: Meshes, engine: str, reshard: bool, policies: dict, divide_by: int
+) -> int:
+    """Each stacked experts module of `part`, its weights distributed over ep, a unit of the engine
+    of its own over the ranks holding the same experts, before the blocks' units take the rest (as
+    torchtitan's MoE parallelize does). Its gradients are summed over those ranks and divided by
+    `divide_by`, the ranks the rest of the model is averaged over: each rank's expert gradient
+    already sums what every rank of its ep group sent it. Returns the units made."""
+    from torch.distributed.tensor import Shard
+
+    from models.routing import experts_modules
+
+    assert meshes.ep is not None and meshes.expert_data is not None
+    units = 0
+    for _, experts in experts_modules(part):
+        if getattr(experts, "expert_parallel", None) is None:
+            continue
+        if engine == "fsdp":
+            from torch.distributed.fsdp import fully_shard
+
+            # FSDP splits the experts this rank holds (dimension 0 under ep) where there are as
+            # many as its ranks, else along their width, as torchtitan does, rather than pad.
+            held = experts.num_experts // meshes.ep.size()
+            dim = 0 if held >= _shard_ranks(meshes.expert_data) else 1
+            unit = fully_shard(
+                experts,
+                mesh=meshes.expert_data,
+                reshard_after_forward=reshard,
+                **{**policies, "shard_placement_fn": lambda _, dim=dim: Shard(dim)},
+            )
+        else:
+            from torch.distributed._composable.replicate_with_fsdp import replicate
+
+            unit = replicate(experts, mesh=meshes.expert_data, mp_policy=policies["mp_policy"])
+        unit.set_gradient_divide_factor(float(divide_by))
+        # A custom factor reduce-scatters by PREMUL_SUM, which gloo lacks: sum, then divide. Where
+        # nothing is reduce-scattered (replicate, or one rank per shard) FSDP2 divides by the factor
+        # before the all-reduce itself, and a forced sum would divide a second time (torch 2.13).
+        scattered = engine == "fsdp" and _shard_ranks(meshes.expert_data) > 1
+        if scattered and meshes.expert_data.device_type != "cuda":
+            unit.set_force_sum_reduction_for_comms(True)
+        units += 1
+    return units
+
+
+def _shard_ranks(mesh: DeviceMesh) -> int:
+    """The ranks FSDP2 shards over on `mesh`: its last dimension (the first of two replicates)."""
+    return mesh.size(mesh.ndim - 1)
 
 
 class Zero1:

@@ -32,7 +32,8 @@ def pipeline_stage(module: Any, index: int, count: int, device: torch.device, gr
     """torch's PipelineStage of `module`, stage `index` of `count` over `group`. torch learns the
     shapes a stage sends by running it once on the first micro-batch, a stage after the first on
     activations it makes from their shapes alone, uninitialised (torch.empty_strided): here they
-    are zeros, so that a forward reading a value (a user's finiteness guard) sees a number."""
+    are zeros, so that a forward reading a value (a user's finiteness guard) sees a number, and an
+    MoE layer's router does not count that run as routed tokens."""
     from torch.distributed.pipelining import PipelineStage
 
     return _on_zeros(PipelineStage)(module, index, count, device, group=group)
@@ -49,6 +50,12 @@ def _on_zeros(base: type) -> type:
                 with torch.no_grad():
                     made.zero_()
             return made
+
+        def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+            from models.routing import tallies_paused
+
+            with tallies_paused():  # a forward for shapes, not a training step's
+                return super()._forward_metadata_inference(*args, **kwargs)
 
     return OnZeros
 

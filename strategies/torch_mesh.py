@@ -1,8 +1,10 @@
 """The torch layouts, one composable mesh: pp x replicate x shard x cp x tp (strategies/parallel_dims.py),
-the data-parallel engine a choice (FSDP2 full shard, without resharding after forward, or offloaded;
-torch's `replicate`, DDP rebuilt on FSDP2's machinery; ZeRO-1 by ZeroRedundancyOptimizer), applied
-in torchtitan's order: the pipeline cut, then on each stage tensor parallel, context parallel and
-the engine over the data dimensions (strategies/parallelize.py, strategies/mesh_pipeline.py).
+and expert parallel borrowed from the data-parallel ranks, the data-parallel engine a choice (FSDP2
+full shard, without resharding after forward, or offloaded; torch's `replicate`, DDP rebuilt on
+FSDP2's machinery; ZeRO-1 by ZeroRedundancyOptimizer), applied in torchtitan's order: the pipeline
+cut, then on each stage tensor parallel, context parallel, expert parallel (each experts module a
+unit of the engine over the ranks holding the same experts) and the engine over the data
+dimensions (strategies/parallelize.py, strategies/mesh_pipeline.py).
 
 Each name users type is a preset: the engine and the dimensions it lays out, which default as
 `dims_for` says; any other size the preset takes a run may set (`ddp-tp` + pp_size is Megatron-LM's
@@ -10,8 +12,8 @@ DDP x TP x PP, `fsdp-tp` + pp_size + cp_size torchtitan's 4D). What a preset fix
 overridden.
 
 Checkpoints are DCP directories holding every tensor whole under the bare model's names
-(strategies/dcp_layout.py): every layout without a pipeline loads the others' natively, at any
-world size; a pipelined one holds the tied head's copy besides, in a format of its own
+(strategies/dcp_layout.py), the experts too whatever ep: every layout without a pipeline loads the
+others' natively, at any world size; a pipelined one holds the tied head's copy besides, in a format of its own
 (`dcp-pipeline`), whose weights any strategy reads back.
 """
 
@@ -26,6 +28,7 @@ from strategies.memory import MemoryBreakdown
 from strategies.mesh_layout import MeshError, MeshLayout
 from strategies.parallel_dims import (
     DEFAULT_SCHEDULE,
+    EXPERT,
     SCHEDULES,
     ModelFacts,
     ParallelDims,
@@ -34,8 +37,11 @@ from strategies.parallel_dims import (
     syncs_each_micro_step,
 )
 from strategies.plan_model import PlanModel
+from strategies.single import MODEL_FILE, SingleDeviceStrategy
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
     import torch.nn as nn
 
@@ -50,57 +56,62 @@ PIPELINE = ("pp_size", "schedule", "microbatches")
 CONTEXT = ("cp_size", "cp_attention")
 TENSOR = ("tp_size", "sequence_parallel")
 ENGINE = ("prefetch_blocks", "sync_each_micro_step")
+EP = ("ep_size",)
 TORCH_Z3 = PlanModel("torch", 3, "low_precision")
 TORCH_DDP = PlanModel("torch", 0, "low_precision", reshard_after_forward=False, tensor_parallel=True)
 
 
-def _preset(name: str, description: str, fixed: dict[str, Any], takes: tuple[str, ...], plan: PlanModel) -> Preset:
+def _preset(
+    name: str, description: str, fixed: dict[str, Any], takes: tuple[str, ...], plan: PlanModel | None
+) -> Preset:
     return Preset(name, description, fixed, plan, takes=takes)
 
 
 class MeshStrategy(FSDPStrategy):
-    description = "the torch mesh: pipeline, data parallel (FSDP2, replicate or ZeRO-1), context and tensor parallel"
+    description = (
+        "the torch mesh: pipeline, data parallel (FSDP2, replicate or ZeRO-1), context, tensor and expert parallel"
+    )
     presets = (
         _preset(
             "fsdp",
             "FSDP2 full shard (ZeRO-3 analogue)",
             {**FSDP, "mesh_dims": "shard"},
-            (*PIPELINE, *CONTEXT, *ENGINE),
+            (*PIPELINE, *CONTEXT, *EP, *ENGINE),
             TORCH_Z3,
         ),
         _preset(
             "fsdp-grad-op",
             "FSDP2 without resharding after forward (ZeRO-2 analogue)",
             {**FSDP, "reshard_after_forward": False, "mesh_dims": "shard"},
-            (*PIPELINE, *CONTEXT, *ENGINE),
+            (*PIPELINE, *CONTEXT, *EP, *ENGINE),
             PlanModel("torch", 3, "low_precision", reshard_after_forward=False),
         ),
         _preset(
             "fsdp-offload",
             "FSDP2 full shard, parameters and optimizer on CPU",
             {**FSDP, "cpu_offload": True, "mesh_dims": "shard"},
-            (*PIPELINE, *CONTEXT, *ENGINE),
+            (*PIPELINE, *CONTEXT, *EP, *ENGINE),
             PlanModel("torch", 3, "low_precision", offload_optimizer=True, offload_params=True),
         ),
         _preset(
             "hsdp",
             "FSDP2 hybrid shard (replicate x shard): sharded inside a node, replicated across nodes",
             {**FSDP, "mesh_dims": "replicate x shard"},
-            ("shard_size", *TENSOR, *PIPELINE, *CONTEXT, *ENGINE),
+            ("shard_size", *TENSOR, *PIPELINE, *CONTEXT, *EP, *ENGINE),
             PlanModel("torch", 3, "low_precision", hybrid_shard=True),
         ),
         _preset(
             "fsdp-tp",
             "tensor parallel inside a node (attention and MLP column/row-wise), FSDP2 across nodes",
             {**FSDP, "mesh_dims": "shard x tp"},
-            (*TENSOR, *PIPELINE, *CONTEXT, *ENGINE),
+            (*TENSOR, *PIPELINE, *CONTEXT, *EP, *ENGINE),
             PlanModel("torch", 3, "low_precision", tensor_parallel=True),
         ),
         _preset(
             "ddp-tp",
             "tensor and sequence parallel inside a node, data parallel across nodes (Megatron-LM's layout)",
             {**REPLICATE, "engine": "replicate", "mesh_dims": "replicate x tp"},
-            (*TENSOR, *PIPELINE, *CONTEXT, "sync_each_micro_step"),
+            (*TENSOR, *PIPELINE, *CONTEXT, *EP, "sync_each_micro_step"),
             TORCH_DDP,
         ),
         _preset(
@@ -115,15 +126,31 @@ class MeshStrategy(FSDPStrategy):
             "fsdp-pp",
             "pipeline parallel (GPipe, 1F1B, interleaved, zero bubble), FSDP2 inside each stage",
             {**FSDP, "reshard_after_forward": False, "mesh_dims": "pp x shard"},
-            (*PIPELINE, *TENSOR, *CONTEXT),
+            (*PIPELINE, *TENSOR, *CONTEXT, *EP),
             PlanModel("torch", 3, "low_precision", reshard_after_forward=False),
         ),
         _preset(
             "fsdp-cp",
             "context parallel: each sequence split over cp_size ranks (all-to-all or ring attention), FSDP2 over all",
             {**FSDP, "mesh_dims": "shard x cp"},
-            (*CONTEXT, *TENSOR, *PIPELINE, *ENGINE),
+            (*CONTEXT, *TENSOR, *PIPELINE, *EP, *ENGINE),
             TORCH_Z3,
+        ),
+        _preset(
+            "fsdp-ep",
+            "expert parallel: each MoE layer's experts split over ep_size data-parallel ranks (all-to-all dispatch), "
+            "FSDP2 over the rest",
+            {**FSDP, "mesh_dims": "shard x ep"},
+            (*EP, *TENSOR, *PIPELINE, *ENGINE),
+            None,
+        ),
+        _preset(
+            "ddp-ep",
+            "expert parallel: each MoE layer's experts split over ep_size data-parallel ranks (all-to-all dispatch), "
+            "the rest replicated (torch's replicate, DDP on FSDP2's machinery)",
+            {**REPLICATE, "engine": "replicate", "mesh_dims": "replicate x ep"},
+            (*EP, *TENSOR, *PIPELINE, "sync_each_micro_step"),
+            None,
         ),
     )
     listing_order = 20
@@ -144,6 +171,7 @@ class MeshStrategy(FSDPStrategy):
         tp_size: int | None = None,
         pp_size: int | None = None,
         cp_size: int | None = None,
+        ep_size: int | None = None,
         cp_attention: str = "all-to-all",
         shard_size: int | None = None,
         sequence_parallel: bool = True,
@@ -156,6 +184,7 @@ class MeshStrategy(FSDPStrategy):
             "tp_size": tp_size,
             "pp_size": pp_size,
             "cp_size": cp_size,
+            "ep_size": ep_size,
             "cp_attention": cp_attention,
             "shard_size": shard_size,
             "schedule": schedule,
@@ -193,6 +222,9 @@ class MeshStrategy(FSDPStrategy):
         self._pipeline: Pipeline | None = None
         self._planned: tuple[nn.Module, CutPlan | None] | None = None
         self._zero1: Zero1 | None = None
+        self._expert_units = 0
+        # A name that lays out ep (fsdp-ep, ddp-ep) means a mixture-of-experts model, even at ep 1.
+        self.lays_out_ep = EXPERT in layout.dims
 
     @classmethod
     def mesh_layout(
@@ -276,6 +308,8 @@ class MeshStrategy(FSDPStrategy):
             check_model_fits(self.dims, facts, virtual, self.cp_attention)
         except MeshError as exc:
             raise StrategyError(str(exc)) from None
+        if self.dims.ep > 1 or self.lays_out_ep:
+            self._check_experts(model)
         if self.dims.pp > 1:
             self._cut_plan(model)
         if self.dims.cp > 1:
@@ -290,11 +324,35 @@ class MeshStrategy(FSDPStrategy):
         if self.dims.tp > 1:
             self._check_tensor_parallel(model, seq_len)
 
+    def _check_experts(self, model: nn.Module) -> None:
+        from models.expert_parallel import ExpertParallelError, check_divides_experts
+        from models.routing import experts_modules
+
+        found = experts_modules(model)
+        if not found:
+            raise ModelUnsupported(
+                f"{self.name or 'expert parallel'}: expert parallel splits a mixture-of-experts model's experts, and "
+                f"{type(model).__name__} has none: use a model such as moe-nano or hf:MixtralConfig, or a layout "
+                "without ep (no strategy_options.ep_size; fsdp or ddp-tp for fsdp-ep or ddp-ep)"
+            )
+        try:
+            for _, experts in found:
+                check_divides_experts(experts.num_experts, self.dims.ep)
+        except ExpertParallelError as exc:
+            raise StrategyError(str(exc)) from None
+
     def _cut_plan(self, model: nn.Module) -> CutPlan | None:
         """The cut of `model` into this pipeline's stages (traced once per model); None for a model
         on the meta device whose forward only its real weights can run: checked at setup."""
         from models.stage_plan import StagesError, cut_plan
 
+        if getattr(model, "adds_balance_loss", False):
+            raise ModelUnsupported(
+                f"{self.name or 'pipeline'}: {type(model).__name__} adds its routers' load-balancing loss, computed in "
+                "every stage, to the loss the last stage returns, and a pipeline carries only the activation between "
+                "stages: pipeline it without that loss (model_kwargs.aux_loss_coef=0; for an hf: model "
+                "output_router_logits=false)"
+            )
         if self._planned is None or self._planned[0] is not model:
             seq_len = getattr(self.ctx.config, "seq_len", None)
             stages = self.dims.pp * SCHEDULES[self.schedule_name][1]
@@ -385,6 +443,13 @@ class MeshStrategy(FSDPStrategy):
                 split_sequences(part, meshes.cp, self.cp_attention)
             else:  # the pipeline hands each stage its share
                 split_attention(model, part, meshes.cp, self.cp_attention, self._pipeline.positions)
+        if meshes.ep is not None:
+            from models.expert_parallel import distribute_experts
+            from strategies.parallelize import apply_engine_to_experts
+
+            if distribute_experts(part, meshes.ep):
+                args = (self.engine, self.reshard_after_forward, self._policies(), meshes.data.size())
+                self._expert_units += apply_engine_to_experts(part, meshes, *args)
         if stage_blocks is not None:
             apply_engine(stage_blocks, part, meshes.data, self.engine, self.reshard_after_forward, self._policies())
             if self.engine == "fsdp":
@@ -418,6 +483,12 @@ class MeshStrategy(FSDPStrategy):
             parts.append(f"tensor parallel over {self.dims.tp} ({describe(plan)}; {sequence})")
         if self.dims.cp > 1:
             parts.append(f"context parallel over {self.dims.cp} ({self.cp_attention} attention)")
+        if self.dims.ep > 1:
+            ranks = self.dims.data_parallel // self.dims.ep
+            parts.append(
+                f"expert parallel over {self.dims.ep} (all-to-all dispatch; {self._expert_units} experts modules, each "
+                f"a unit of its own over the {ranks} rank{'s' if ranks != 1 else ''} holding the same experts)"
+            )
         engine = {"replicate": "replicate", "zero1": "replicate with ZeroRedundancyOptimizer"}.get(self.engine)
         if engine is None:
             engine = "hsdp" if self.dims.dp_replicate > 1 else "fsdp"
@@ -483,6 +554,14 @@ class MeshStrategy(FSDPStrategy):
         else:
             self._zero1.load(state)
 
+    @classmethod
+    def read_full_state_dict(cls, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The weights of a DCP checkpoint, or of a `torch-ep<N>` one, which holds the whole model in
+        single's file beside an optimizer file per expert group (ddp-ep writes DCP's now)."""
+        if (path / MODEL_FILE).is_file():
+            return SingleDeviceStrategy.read_full_state_dict(path, model)
+        return super().read_full_state_dict(path, model)
+
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         if self._pipeline is None:
             return super().full_state_dict()
@@ -508,4 +587,5 @@ class MeshStrategy(FSDPStrategy):
         self._pipeline = None
         self._planned = None
         self._zero1 = None
+        self._expert_units = 0
         super().teardown()

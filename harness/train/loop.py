@@ -32,18 +32,17 @@ from harness.train.metrics import StepMetrics
 from harness.train.noise import RoundingNoise
 from harness.train.optimizer import Schedule, adamw_factory, resolve_schedule
 from harness.train.profiling import StepProfiler
-from harness.train.router_metrics import describe_routing, router_metrics
+from harness.train.router_metrics import router_metrics
 from harness.train.trackers import Trackers, tracking
 from models.activation_checkpointing import enable_checkpointing
 from models.blocks import Blocks, find_blocks
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
-from models.routing import router_tallies
 from models.zoo import build_model, flops_per_token, num_params
 from strategies.backend_imports import import_backends
 from strategies.base import RunContext, Strategy, compute_precision, no_checkpoints_error, torch_dtype
 from strategies.float8 import convert_to_float8, float8_scales_hook, gathers_in_fp8
 from strategies.memory import MemoryBreakdown
-from strategies.parallel_dims import ModelFacts
+from strategies.parallel_dims import CONTEXT, PIPELINE, ModelFacts
 from strategies.registry import default_registry
 
 DTYPE_NAMES = {torch_dtype(name): name for name in PRECISIONS if compute_precision(name) == name}
@@ -128,7 +127,8 @@ class Training:
     def step_metrics(self, trackers: Trackers | None = None) -> StepMetrics:
         # One loss (and one count of routed tokens) per data-parallel rank: the ranks of a
         # tensor-parallel group hold the same one.
-        leads = self.strategy.mesh.leads_its_group(self.env.rank)
+        mesh, rank = self.strategy.mesh, self.env.rank
+        leads = mesh.leads_its_group(rank)
         return StepMetrics(
             env=self.env,
             data_parallel_size=self.strategy.data_parallel[1],
@@ -141,7 +141,8 @@ class Training:
             printer=_rank0_print(self.env),
             devices=self.strategy.devices(),
             trackers=trackers,
-            router=router_metrics(self.model, self.env.device, leads),
+            # Each stage routes its own layers, each rank of a context-parallel group its share of the sequence.
+            router=router_metrics(self.model, self.env.device, mesh.leads_its_group(rank, apart=(PIPELINE, CONTEXT))),
         )
 
     def train(
@@ -317,7 +318,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 if env.is_main:
                     _keep_metrics_up_to(Path(cfg.out_dir) / "metrics.jsonl", start_step)
             metrics = training.step_metrics(trackers)
-            _rank0_print(env)(_header(training))
+            _rank0_print(env)(_header(training, metrics))
             if blocks_warning:
                 _rank0_print(env)(f"warning: {blocks_warning}")
 
@@ -355,10 +356,10 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         distributed.shutdown_distributed()
 
 
-def _header(training: Training) -> str:
+def _header(training: Training, metrics: StepMetrics) -> str:
     cfg, env, strategy = training.cfg, training.env, training.strategy
     mesh = strategy.mesh
-    tallies = router_tallies(training.model)
+    router = metrics.router
     dp_size = strategy.data_parallel[1]
     ranks = f"{dp_size} data-parallel ranks" if mesh.declared else f"{env.world_size} ranks"
     return (
@@ -371,7 +372,7 @@ def _header(training: Training) -> str:
         + (f" | fp8: {training.fp8}" if training.fp8 else "")
         + (f" | {strategy.layout}" if strategy.layout else "")
         + (f" | checkpointing: {training.checkpointed}" if training.checkpointed else "")
-        + (f" | routing: {describe_routing(tallies)}" if tallies else "")
+        + (f" | routing: {router.describe()}" if router else "")
     )
 
 

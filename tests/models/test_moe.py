@@ -91,11 +91,15 @@ def test_a_bad_routing_option_is_one_line(kwargs, says):
         build_model("moe-nano", kwargs)
 
 
-def test_tensor_parallel_is_refused_in_one_line():
-    with pytest.raises(TensorParallelError, match="expert parallel"):
-        build_model("moe-nano").tensor_parallel_plan(2, True)
-    with pytest.raises(TensorParallelError, match="expert parallel"):
-        build_model("hf:MixtralConfig", MIXTRAL).tensor_parallel_plan(2, False)
+def test_tensor_parallel_splits_the_attention_and_leaves_the_moe_layers_whole():
+    assert build_model("moe-nano").tensor_parallel_plan(2, True) == {
+        "blocks.*.attn.c_attn": "packed_colwise_qkv",
+        "blocks.*.attn.c_proj": "rowwise",
+    }
+    plan = build_model("hf:MixtralConfig", MIXTRAL).tensor_parallel_plan(2, False)
+    assert "hf.model.layers.*.self_attn.q_proj" in plan and not any(".mlp" in pattern for pattern in plan)
+    with pytest.raises(TensorParallelError, match="does not divide the 2 attention heads"):
+        build_model("moe-nano").tensor_parallel_plan(4, True)
 
 
 def test_a_transformers_mixtral_counts_active_parameters_and_tallies_its_routing():

@@ -84,13 +84,13 @@ def test_loss_matches_single_at_every_step(runs, name, record_property):
     assert summary["final_loss"] == pytest.approx(reference[-1]["loss"], rel=TOLERANCE)
 
 
-def test_the_mesh_is_dp_by_ep_and_every_rank_reads_its_own_data(runs):
+def test_the_mesh_is_replicate_by_ep_and_every_rank_reads_its_own_data(runs):
     summary, _, stdout, _ = runs["moe-nano/ddp-ep"]
-    assert summary["mesh"]["shape"] == [2, 2] and summary["mesh"]["dims"] == ["dp", "ep"]
+    assert summary["mesh"]["shape"] == [2, 2] and summary["mesh"]["dims"] == ["replicate", "ep"]
     assert summary["data_parallel_size"] == NPROC
     assert (summary["micro_batch"], summary["grad_accum"]) == (1, 2)
     header = next(line for line in stdout.splitlines() if line.startswith("parabench train"))
-    assert "mesh 2 x 2: dp x ep" in header and "routing: 2 MoE layers x 4 experts, dropless" in header
+    assert "mesh 2 x 2: replicate x ep" in header and "routing: 2 MoE layers x 4 experts, dropless" in header
 
 
 def test_experts_are_sharded_over_the_expert_parallel_ranks(runs):

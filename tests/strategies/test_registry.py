@@ -25,6 +25,7 @@ TORCH_NAMES = {
     "zero1-tp",
     "fsdp-pp",
     "fsdp-cp",
+    "fsdp-ep",
     "ddp-ep",
 }
 DEEPSPEED_NAMES = {
