@@ -24,13 +24,10 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from models.moe_config import ExpertParallelError, check_divides_experts
 from models.routing import experts_modules
 
 StateDict = dict[str, torch.Tensor]
-
-
-class ExpertParallelError(ValueError):
-    """Experts that do not split over the expert-parallel ranks (one line, says what would)."""
 
 
 class CollectiveClock:
@@ -112,15 +109,6 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[str]:
         experts.num_experts = local
         experts.forward = _dispatching(experts, experts.forward)
     return names
-
-
-def check_divides_experts(n_experts: int, ep_size: int) -> None:
-    if n_experts % ep_size:
-        fits = [d for d in range(1, n_experts + 1) if n_experts % d == 0]
-        raise ExpertParallelError(
-            f"ep_size={ep_size} does not divide the model's {n_experts} experts: use strategy_options.ep_size="
-            + " or ".join(map(str, fits))
-        )
 
 
 class ExpertShard:

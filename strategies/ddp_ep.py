@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from strategies.base import OptimizerFactory, Preset, RunContext
 from strategies.ddp import DDPStrategy
 from strategies.mesh_layout import MeshLayout, check_divides
+from strategies.plan_model import PlanModel
 from strategies.single import MODEL_FILE
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class DDPExpertParallelStrategy(DDPStrategy):
         Preset(
             "ddp-ep",
             "experts sharded over each group of ep_size ranks (all-to-all dispatch), the rest replicated by DDP",
-            plan=None,
+            plan=PlanModel("torch", 0, data_parallel=True, expert_parallel=True),
         ),
     )
     listing_order = 27

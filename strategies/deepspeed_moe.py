@@ -24,6 +24,7 @@ from strategies.base import ModelUnsupported, OptimizerFactory, Preset, RunConte
 from strategies.ddp_ep import expert_parallel_layout
 from strategies.deepspeed import DeepSpeedStrategy
 from strategies.mesh_layout import MeshLayout
+from strategies.plan_model import PlanModel
 
 if TYPE_CHECKING:
     import torch
@@ -37,6 +38,7 @@ def _zero_ep(stage: int, what: str) -> Preset:
         f"zero{stage}-ep",
         f"DeepSpeed's MoE layers, experts sharded over ep_size ranks; ZeRO-{stage} ({what}) over every rank",
         {"stage": stage, "offload_optimizer": False, "offload_params": False},
+        PlanModel("deepspeed", stage, "low_precision", expert_parallel=True),
     )
 
 

@@ -89,6 +89,10 @@ class PlanConfig:
     fp8_block_scaling: bool = False  # MXFP8: a scale per 32 elements, on Blackwell's or CDNA4's tensor cores
     activation_offload: bool = False  # saved activations in host memory (torchtune)
     fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse
+    # A mixture of experts: the busiest expert GPU's tokens over the mean (1.0: balanced), and
+    # Megatron-core's recomputed modules (core_attn, layernorm, moe_act, moe, mlp).
+    moe_imbalance: float = 1.0
+    recompute_modules: Any = ()
     strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows
     strategy_options: dict[str, Any] = field(default_factory=dict)
     # Output.
@@ -172,7 +176,8 @@ def check(cfg: PlanConfig) -> None:
 
 def recipe_of(cfg: PlanConfig) -> Recipe:
     """The run's recipe as the options give it: each of its fields is an option of the same name."""
-    return Recipe(**{f.name: getattr(cfg, f.name) for f in fields(Recipe)})
+    values = {f.name: getattr(cfg, f.name) for f in fields(Recipe)}
+    return Recipe(**{**values, "recompute_modules": tuple(_listed(cfg.recompute_modules))})
 
 
 def gpu_of(cfg: PlanConfig) -> GPUSpec:

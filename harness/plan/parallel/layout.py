@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from harness.plan.model.model_shape import ModelShape, PlanError
 from harness.plan.network.fabric import Group, Topology
 from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.expert_layout import NONE, ExpertLayout, ExpertLayoutError, expert_layout
 from strategies.mesh_layout import MeshError, default_stages
 from strategies.parallel_dims import ModelFacts, dims_for
 
@@ -39,6 +40,7 @@ class Layout:
     hpz_group: Group
     pp: int = 1  # pipeline stages (pipeline_context.py)
     cp: int = 1  # GPUs each sequence is split over; they share the shard group with data parallel
+    experts: ExpertLayout = NONE  # a mixture of experts' routed experts (expert_layout.py)
 
     @property
     def data_parallel(self) -> int:
@@ -119,6 +121,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
             )
     replicas = data_parallel // shard
     return Layout(
+        experts=_experts(backend, shape, topology, gpus // pp, tp),
         tp=tp,
         shard=shard,
         replicas=replicas,
@@ -130,6 +133,13 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
         pp=pp,
         cp=cp,
     )
+
+
+def _experts(backend: Backend, shape: ModelShape, topology: Topology, ranks: int, tp: int) -> ExpertLayout:
+    try:
+        return expert_layout(backend, shape, topology, ranks, tp)
+    except ExpertLayoutError as exc:
+        raise LayoutError(str(exc)) from None
 
 
 def _check_tensor_parallel(backend: Backend, shape: ModelShape, topology: Topology, tp: int) -> None:
@@ -177,7 +187,13 @@ def _mesh_layout(backend: Backend, shape: ModelShape, topology: Topology) -> Lay
     hybrid = options["engine"] == "fsdp" and dims.dp_replicate > 1
     shard = dims.dp_shard * dims.cp if hybrid else dims.data_parallel * dims.cp
     replicas = dims.dp_replicate if hybrid else 1
+    if shape.dims is not None and shape.dims.moe is not None and max(dims.tp, dims.pp, dims.cp) > 1:
+        raise LayoutError(
+            f"{backend.name}: a mixture of experts is not cut for tensor, pipeline or context parallel by the torch "
+            "mesh (models/moe.py): shard its experts with expert parallel (ddp-ep, zero1-ep, zero2-ep) or use fsdp"
+        )
     return Layout(
+        experts=_experts(backend, shape, topology, topology.gpus // dims.pp, dims.tp),
         tp=dims.tp,
         shard=shard,
         replicas=replicas,

@@ -1,0 +1,74 @@
+"""What a mixture of experts communicates beyond its dense part (moe_shape.py), per step on one GPU.
+
+Dispatch and combine: every MoE block sends each token to the GPUs of its top_k experts and brings
+their outputs back, an all-to-all over the ep GPUs each way (all_to_all.py prices it); the backward
+sends the gradients the same two ways. Each GPU exchanges its tokens x top_k x H elements each
+time, in the activations' dtype (the busiest GPU's receipt is `moe_imbalance` times the mean, and
+every GPU waits on it). They sit in the block's critical path, as tensor parallelism's collectives
+do: the expert computes on what the dispatch brought, the next block on what the combine returned.
+Full checkpointing, and Megatron-core's `moe` recompute module, run the forward's two again. With
+one GPU per expert group (ep 1) nothing is exchanged: each GPU routes its own tokens to its own
+copy of every expert.
+
+The experts' gradients are reduced over the edp GPUs holding the same experts by the strategy's own
+engine, as comm.py reduces the rest over the data-parallel GPUs (DeepSpeed's ZeRO-1/2 all-reducing
+its buckets, Megatron's distributed optimizer reduce-scattering them and gathering the updated
+parameters, FSDP2 gathering and reduce-scattering each block's); ddp-ep, whose DDP leaves the experts
+out, all-reduces them in one flat tensor after the backward, in the step (strategies/ddp_ep.py,
+models/expert_parallel.py `reduce_expert_gradients`), with nothing beside it.
+
+With tensor parallel and experts not split by it (etp 1, Megatron-core's parallel folding), an MoE
+block's tokens reach its experts by the all-to-all alone: the MLP's tensor-parallel gather and
+scatter that a dense block runs are not run (comm.py's `tensor_parallel_sublayers`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from harness.plan.memory.expert_memory import expert_shape, expert_states_layout
+from harness.plan.memory.model_states import BYTES
+from harness.plan.memory.recipe import Recipe
+from harness.plan.model.model_shape import ModelShape
+from harness.plan.network.comm import Collective, _grad_reduce_bytes, collectives
+from harness.plan.network.fabric import Group
+from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE
+from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.expert_layout import ExpertLayout
+
+DISPATCH_WHAT = "all-to-all tokens to their experts and back (expert parallel)"
+
+
+def all_to_alls(
+    shape: ModelShape, experts: ExpertLayout, tokens: float, tp: int, precision: str, checkpointing: str, recipe: Recipe
+) -> list[Collective]:
+    """The dispatch and combine all-to-alls of one micro-step of `tokens` tokens on a `tp`-way group."""
+    dims = shape.dims
+    if dims is None or dims.moe is None or experts.ep <= 1 or not dims.moe.moe_layers:
+        return []
+    moe = dims.moe
+    again = checkpointing == "full" or "moe" in recipe.recompute_modules
+    per_block = 4 + (2 if again else 0)  # dispatch and combine, forward and backward (and recomputed)
+    sent = tokens / tp * moe.top_k * dims.width * BYTES[precision] * recipe.moe_imbalance
+    calls = moe.moe_layers * per_block
+    return [Collective(DISPATCH_WHAT, "all-to-all", sent * calls, calls, None, experts.ep_group, per_micro_step=True)]
+
+
+def expert_gradient_collectives(
+    shape: ModelShape, backend: Backend, experts: ExpertLayout, precision: str, gpus: int, world: Group
+) -> list[Collective]:
+    """The experts' gradient reduction (and ZeRO's or the distributed optimizer's gather) over the edp GPUs."""
+    dims = shape.dims
+    if dims is None or dims.moe is None or experts.edp <= 1 or not dims.moe.moe_layers:
+        return []
+    mine = expert_shape(dims.moe, dims.width, experts.ep, experts.etp)
+    if backend.expert_parallel and backend.data_parallel and not backend.options.get(MEGATRON_ENGINE):
+        payload = mine.params * _grad_reduce_bytes(backend, precision)
+        what = "all-reduce expert gradients over the GPUs holding the same experts (in the step)"
+        return [Collective(what, "all-reduce", payload, 1, None, experts.edp_group)]
+    reduced = collectives(mine, backend, expert_states_layout(experts), precision, gpus, 0, world)
+    return [_named(c) for c in reduced]
+
+
+def _named(c: Collective) -> Collective:
+    return replace(c, what=f"{c.what} (experts, over the GPUs holding the same ones)")

@@ -1,0 +1,228 @@
+"""A mixture of experts' compute beyond its dense part (moe_shape.py), per micro-step on one GPU:
+the router, the routed experts, the shared experts and the dense blocks' FFN, and the experts'
+optimizer step.
+
+Routed experts: the busiest GPU's assignments (expert_memory.routed_pairs: its tokens x top_k x etp,
+x `moe_imbalance`; padded to capacity under token dropping), m = P / (E / ep) a local expert, run as
+one grouped GEMM per projection: the gate and up projections (m x 2F/etp x H), the down projection
+(m x H x F/etp), each backward its input's and its weight's gradient. A grouped GEMM is timed as
+E / ep matmuls of its experts' shape by gemm.py's model (one launch), at GROUPED_GEMM_EFFICIENCY of
+them: MegaBlocks' block-sparse grouped kernels ran at 98.6% of cuBLAS's batched matmul over the same
+problems (std 4%, 91-104%; Gale et al. 2022, arXiv 2211.15841, section 6.1). Under fp8 they run
+as the blocks' projections do (compute.py), with their casts (TransformerEngine's where te_fp8).
+
+Around them, memory-bound work at the card's bandwidth (compute.py's MEMORY_EFFICIENCY): the
+router's softmax and top-k over E fp32 logits a token, the permutation of the tokens into expert
+order and back (a read and a write of H a token and a token-expert pair each, forward and backward:
+Megatron-core's fused permute, the zoo's index gather and scatter-add), the SwiGLU over each pair
+as compute.py counts a gated MLP's (eager 5F / 9F bytes, fused 3F / 5F). The shared experts and the
+dense FFN run as a dense MLP split over tensor parallel.
+
+Recomputation: full checkpointing runs every FFN's forward again; torchtitan's selective policy the
+experts' SwiGLU; Megatron-core's recompute_modules what each names (`moe_act` the SwiGLU, `moe` the
+MoE layer's forward, its all-to-alls included: expert_comm.py, `mlp` the dense and shared FFNs,
+`layernorm` the norms, `core_attn` the attention kernel's forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from harness.common.hardware import GPUSpec
+from harness.plan.memory.expert_memory import expert_shape, routed_pairs
+from harness.plan.memory.model_states import BYTES
+from harness.plan.memory.recipe import Recipe
+from harness.plan.model.model_shape import ModelShape
+from harness.plan.parallel.expert_layout import ExpertLayout
+from harness.plan.speed.attention import attention_seconds
+from harness.plan.speed.compute import (
+    FP8_CAST_BYTES,
+    FP8_WEIGHT_BYTES,
+    OPTIMIZER_BYTES,
+    TE_CAST_BYTES,
+    ComputeWork,
+    Kernels,
+    memory_bytes_per_s,
+)
+from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
+
+GROUPED_GEMM_EFFICIENCY = 0.986  # MegaBlocks' grouped kernels over cuBLAS's batched matmul (arXiv 2211.15841)
+ROUTER_BYTES_PER_LOGIT = (
+    4 + 4 + 4 + 4,
+    4 + 4 + 4,
+)  # fp32 logits written, softmax read and written, top-k read; backward
+
+
+@dataclass(frozen=True)
+class ExpertWork:
+    """Seconds of one micro-step's FFN work on one GPU beyond the dense part, and the step's expert optimizer."""
+
+    matmul: Kernels
+    elementwise: Kernels
+    attention_again: float  # Megatron's core_attn recompute
+    optimizer_s: float
+
+    def added_to(self, work: ComputeWork) -> ComputeWork:
+        forward = self.matmul.forward + self.elementwise.forward
+        again = self.matmul.again + self.elementwise.again + self.attention_again
+        return ComputeWork(
+            work.matmul_s + self.matmul.total,
+            work.attention_s + self.attention_again,
+            work.elementwise_s + self.elementwise.total,
+            work.loss_s,
+            work.recompute_s + again,
+            work.forward_s + forward,
+            work.optimizer_s + self.optimizer_s,
+            work.weight_cast_s,
+        )
+
+
+def _mlp(tokens: float, width: int, ffn: float, gated: bool, gpu: GPUSpec, precision: str, batch: int = 1) -> Kernels:
+    """A (batch of) dense or expert MLP's matmuls on `tokens` tokens: forward, and both gradients."""
+    up = 2 * ffn if gated else ffn
+    forward = gemm_seconds(tokens, up, width, gpu, precision, batch) + gemm_seconds(
+        tokens, width, ffn, gpu, precision, batch
+    )
+    backward = (
+        gemm_seconds(tokens, width, up, gpu, precision, batch)
+        + gemm_seconds(up, width, tokens, gpu, precision, batch)
+        + gemm_seconds(tokens, ffn, width, gpu, precision, batch)
+        + gemm_seconds(width, ffn, tokens, gpu, precision, batch)
+    )
+    return Kernels(forward, backward)
+
+
+def _activation_bytes(ffn: float, gated: bool, fused: bool, a: int) -> tuple[float, float]:
+    """(forward, backward) bytes of the MLP's activation per token, as compute.py counts them."""
+    if gated:
+        return (3 * ffn * a, 5 * ffn * a) if fused else (5 * ffn * a, 9 * ffn * a)
+    return 2 * ffn * a, 3 * ffn * a
+
+
+def _again(kernels: Kernels, yes: bool) -> Kernels:
+    return Kernels(kernels.forward, kernels.backward, kernels.forward if yes else 0.0)
+
+
+def _times(count: float, kernels: Kernels) -> Kernels:
+    return Kernels(count * kernels.forward, count * kernels.backward, count * kernels.again)
+
+
+def expert_work(
+    shape: ModelShape,
+    *,
+    micro_batch: int,
+    seq_len: int,
+    tp: int,
+    experts: ExpertLayout,
+    gpu: GPUSpec,
+    precision: str,
+    matmul_precision: str,
+    fused: bool,
+    checkpointing: str,
+    attention: str,
+    engine: str,
+    stage: int,
+    recipe: Recipe,
+) -> ExpertWork | None:
+    """The FFNs' work of one micro-step on one GPU (the module's account); None for a dense model.
+    `fused`: elementwise chains fused (compiled, or TransformerEngine's and Megatron's kernels)."""
+    dims = shape.dims
+    if dims is None or dims.moe is None:
+        return None
+    moe, h = dims.moe, dims.width
+    a = BYTES[precision]
+    bandwidth = memory_bytes_per_s(gpu)
+    modules = set(recipe.recompute_modules)
+    full = checkpointing == "full"
+    tokens = micro_batch * seq_len
+    local_tokens = tokens / tp
+    pairs = routed_pairs(moe, local_tokens, experts, recipe.moe_imbalance)
+    local = moe.experts // experts.ep
+    f = moe.expert_ffn / experts.etp
+    per_expert = pairs / local
+    projections = matmul_precision
+    routed = _mlp(per_expert, h, f, True, gpu, projections, local)
+    routed = Kernels(routed.forward / GROUPED_GEMM_EFFICIENCY, routed.backward / GROUPED_GEMM_EFFICIENCY)
+    router = Kernels(
+        gemm_seconds(local_tokens, moe.experts, h, gpu, precision),
+        2 * gemm_seconds(local_tokens, h, moe.experts, gpu, precision),
+    )
+    shared = _mlp(tokens, h, moe.shared_ffn / tp, True, gpu, projections) if moe.shared_ffn else Kernels()
+    dense = _mlp(tokens, h, moe.dense_ffn / tp, moe.dense_gated, gpu, projections) if moe.dense_ffn else Kernels()
+    layer_again = full or "moe" in modules
+    mlp_again = full or "mlp" in modules
+    matmul = _times(moe.moe_layers, _again(routed + router, layer_again) + _again(shared, layer_again or mlp_again))
+    matmul += _times(moe.dense_layers, _again(dense, mlp_again))
+
+    act_f, act_b = _activation_bytes(f, True, fused, a)
+    swiglu = Kernels(pairs * act_f, pairs * act_b)
+    permute = Kernels(2 * a * h * (local_tokens + pairs), 2 * a * h * (local_tokens + pairs))
+    routing = Kernels(
+        local_tokens * moe.experts * ROUTER_BYTES_PER_LOGIT[0], local_tokens * moe.experts * ROUTER_BYTES_PER_LOGIT[1]
+    )
+    moe_bytes = _again(permute + routing, layer_again)
+    swiglu_again = layer_again or "moe_act" in modules or checkpointing == "selective"
+    moe_bytes += _again(swiglu, swiglu_again)
+    shared_f, shared_b = _activation_bytes(moe.shared_ffn / tp, True, fused, a)
+    moe_bytes += _again(Kernels(tokens * shared_f, tokens * shared_b), layer_again or mlp_again)
+    dense_f, dense_b = _activation_bytes(moe.dense_ffn / tp, moe.dense_gated, fused, a)
+    dense_bytes = _again(Kernels(tokens * dense_f, tokens * dense_b), mlp_again)
+    elementwise = _times(moe.moe_layers, moe_bytes) + _times(moe.dense_layers, dense_bytes)
+    if projections in LOW_PRECISION:
+        elementwise += _times(moe.moe_layers, _fp8_casts(pairs, h, f, local, recipe.te_fp8, layer_again))
+    if "layernorm" in modules:  # the two norms of every block, forward again: input read, output written
+        norms = dims.layers * 2 * local_tokens * h * (a + a)
+        elementwise += Kernels(0.0, 0.0, norms)
+    seconds = Kernels(elementwise.forward / bandwidth, elementwise.backward / bandwidth, elementwise.again / bandwidth)
+    attention_again = 0.0
+    if "core_attn" in modules and not full:
+        forward, _ = attention_seconds(
+            gpu, attention, precision, batch=micro_batch, seq=seq_len, heads=dims.heads // tp, head_dim=dims.head_dim
+        )
+        attention_again = forward * dims.layers
+    stepped = expert_shape(moe, h, experts.ep, experts.etp).params / (experts.edp if stage else 1)
+    optimizer = OPTIMIZER_BYTES[engine] * stepped / bandwidth
+    return ExpertWork(matmul, seconds, attention_again, optimizer)
+
+
+def _fp8_casts(pairs: float, width: int, ffn: float, local: int, te: bool, again: bool) -> Kernels:
+    """Bytes of an MoE block's fp8 casts (compute.py's account for the projections): each expert's
+    input and the down projection's, the outputs' gradients, and the weights (TransformerEngine's
+    once a step, spread here over its micro-steps as a per-micro-step cost is not; torchao's each
+    micro-step)."""
+    cast = TE_CAST_BYTES if te else FP8_CAST_BYTES
+    forward = cast * pairs * (width + ffn)
+    backward = cast * pairs * (2 * ffn + width)
+    weights = 0.0 if te else FP8_WEIGHT_BYTES * local * 3 * width * ffn
+    return Kernels(forward + weights, backward, forward if again else 0.0)
+
+
+# Kernels an MoE block launches beyond the dense part's (forward, backward): the router's matmul,
+# softmax and top-k (and the load-balancing loss's few), the permutation into expert order and back,
+# then the experts. Grouped (Megatron-core's GroupedMLP, TransformerEngine's GroupedLinear): each
+# projection one kernel, the SwiGLU one. A loop over the experts (the zoo's SwiGLUExperts and
+# transformers 5's experts modules, models/routing.py): per local expert its index gather, two
+# matmuls, the SiLU and the product forward; backward twice the matmuls and the activation's.
+ROUTING_KERNELS = (8, 10)
+GROUPED_EXPERT_KERNELS = (3, 6)
+LOOPED_EXPERT_KERNELS = (5, 9)
+
+
+def expert_kernels(shape: ModelShape, experts: ExpertLayout, grouped: bool, checkpointing: str) -> Kernels:
+    """Kernels the FFNs of a micro-step launch beyond the dense part's (what the host issues)."""
+    dims = shape.dims
+    if dims is None or dims.moe is None:
+        return Kernels()
+    moe = dims.moe
+    local = moe.experts // experts.ep
+    per_expert = GROUPED_EXPERT_KERNELS if grouped else tuple(local * k for k in LOOPED_EXPERT_KERNELS)
+    forward = (
+        moe.moe_layers * (ROUTING_KERNELS[0] + per_expert[0])
+        + (moe.dense_layers + (moe.moe_layers if moe.shared_ffn else 0)) * 5
+    )
+    backward = (
+        moe.moe_layers * (ROUTING_KERNELS[1] + per_expert[1])
+        + (moe.dense_layers + (moe.moe_layers if moe.shared_ffn else 0)) * 9
+    )
+    again = forward if checkpointing == "full" else 0.0
+    return Kernels(forward, backward, again)
