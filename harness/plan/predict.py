@@ -12,7 +12,13 @@ from harness.common.hardware import GPUSpec
 from harness.plan.memory.activations import Activations, activations
 from harness.plan.memory.buffers import Buffers, backend_buffers
 from harness.plan.memory.capacity import Headroom, headroom
-from harness.plan.memory.expert_memory import added, expert_activations, expert_buffers, expert_states
+from harness.plan.memory.expert_memory import (
+    added,
+    expert_activations,
+    expert_buffers,
+    expert_states,
+    with_experts_held,
+)
 from harness.plan.memory.invariants import check_memory
 from harness.plan.memory.memory_correction import corrected_peak
 from harness.plan.memory.model_states import GPU, compute_bytes, model_states
@@ -260,6 +266,8 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         return plan_split_model(backend, q, layout)
     held = storage_precision(q.precision)
     backend = with_recipe(backend, q.recipe)
+    if not backend.expert_parallel:  # its experts held, reduced and stepped among the rest (expert_memory.py)
+        q = replace(q, shape=with_experts_held(q.shape))
     states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz, q.recipe)
     states = added(states, expert_states(q.shape, backend, held, layout.experts, q.recipe))
     memory = memory_at(backend, q, layout, states)
@@ -272,7 +280,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8, pipelined
     )
     comms = recipe_collectives(comms, q.shape, backend, q.recipe, memory.activations)
-    comms += all_to_alls(q.shape, layout.experts, tokens, layout.tp, held, q.checkpointing, q.recipe)
+    comms += all_to_alls(q.shape, backend, layout.experts, tokens, layout.tp, held, q.checkpointing, q.recipe)
     comms += expert_gradient_collectives(q.shape, backend, layout.experts, held, q.gpus, q.topology.world())
     timing = _time(backend, q, layout, comms, pipelined) if q.gpu is not None else None
     acts, buffers, peak = memory.activations, memory.buffers, memory.peak
@@ -452,6 +460,8 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             engine=backend.engine,
             stage=backend.stage,
             recipe=q.recipe,
+            megatron=bool(backend.options.get(MEGATRON_ENGINE)),
+            held_apart=backend.expert_parallel,
         )
         work = ffn.added_to(work) if ffn is not None else work
     return step_time(
@@ -486,7 +496,7 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         fused_norm=q.fused_norm,
         complex_rope=q.complex_rope,
     )
-    grouped = q.compiled or bool(backend.options.get(MEGATRON_ENGINE))  # grouped GEMMs, not a loop over experts
+    grouped = bool(backend.options.get(MEGATRON_ENGINE))  # TransformerEngine's GroupedLinear, not a Python loop
     kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing)
     table = kernel_table(q.gpu) if q.gpu is not None else None
     compiled = q.compiled and not q.eager_launches

@@ -27,6 +27,7 @@ FFNs', `layernorm` the norms' outputs (the projections' inputs the dense part co
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 
@@ -42,6 +43,7 @@ from harness.plan.parallel.layout import Layout
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
 ROUTER_BYTES_PER_EXPERT = 2 * 4  # fp32 logits and probabilities, per token and expert
+CLAMPED_SWIGLU_SAVED = 6  # gpt-oss: gate and up, their clamped copies, the sigmoid's output, the product
 FP8_BYTES = 1
 
 
@@ -75,12 +77,51 @@ def expert_states_layout(experts: ExpertLayout) -> Layout:
 def expert_states(
     shape: ModelShape, backend: Backend, precision: str, experts: ExpertLayout, recipe: Recipe
 ) -> MemoryBreakdown | None:
-    """The routed experts' parameters, gradients and optimizer state on one GPU; None for a dense model."""
+    """The routed experts' parameters, gradients and optimizer state on one GPU, where they are held
+    apart from the rest of the model (an expert-parallel strategy: their own groups); None for a dense
+    model, or where the strategy holds them among the rest (with_experts_held)."""
     dims = shape.dims
-    if dims is None or dims.moe is None or not dims.moe.moe_layers:
+    if dims is None or dims.moe is None or not dims.moe.moe_layers or not backend.expert_parallel:
         return None
     mine = expert_shape(dims.moe, dims.width, experts.ep, experts.etp)
     return model_states(mine, backend, precision, experts.edp, 1, 1, recipe)
+
+
+_HELD: dict[int, tuple[ModelShape, ModelShape]] = {}
+
+
+def with_experts_held(shape: ModelShape) -> ModelShape:
+    """_with_experts_held, kept per shape: a search asks for it for every layout."""
+    hit = _HELD.get(id(shape))
+    if hit is not None and hit[0] is shape:
+        return hit[1]
+    if len(_HELD) >= 16:
+        _HELD.clear()
+    held = _with_experts_held(shape)
+    _HELD[id(shape)] = (shape, held)
+    return held
+
+
+def _with_experts_held(shape: ModelShape) -> ModelShape:
+    """`shape` with every routed expert among its tensors, each block's stacked experts after its router
+    (an (E, H) matrix), as a strategy without expert parallel holds them: in the same flat groups and
+    units as the rest (DeepSpeed's ZeRO-1/2 partitions, torch's ZeRO-1, FSDP's blocks)."""
+    dims = shape.dims
+    if dims is None or dims.moe is None or shape.tensors is None or not dims.moe.moe_layers:
+        return shape
+    moe = dims.moe
+    every = expert_shape(moe, dims.width, 1, 1).tensors or ()
+    by_block: dict[int, list[ParamTensor]] = {}
+    for t in every:
+        by_block.setdefault(t.block, []).append(t)
+    tensors: list[ParamTensor] = []
+    for t in shape.tensors:
+        tensors.append(t)
+        if t.block in by_block and t.shape == (moe.experts, dims.width):
+            tensors += by_block.pop(t.block)
+    tensors += [t for rest in by_block.values() for t in rest]
+    params = sum(t.numel for t in tensors)
+    return dataclasses.replace(shape, tensors=tuple(tensors), params=params)
 
 
 def added(a: MemoryBreakdown, b: MemoryBreakdown | None) -> MemoryBreakdown:
@@ -96,11 +137,12 @@ def added(a: MemoryBreakdown, b: MemoryBreakdown | None) -> MemoryBreakdown:
 def expert_buffers(
     shape: ModelShape, backend: Backend, precision: str, experts: ExpertLayout, grad_accum: int, recipe: Recipe
 ) -> Buffers:
-    """The engine's buffers for the experts (their gathered blocks, autocast's copies, the step's fp32
-    partition), each named as theirs; the reduction bucket is the one the rest of the model fills.
-    ddp-ep's experts, left out of DDP, are flattened into one tensor for their reduction in the step."""
+    """The engine's buffers for an expert-parallel strategy's experts (their gathered blocks, autocast's
+    copies, the step's fp32 partition), each named as theirs; the reduction bucket is the one the rest of
+    the model fills. ddp-ep's experts, left out of DDP, are flattened into one tensor for their reduction
+    in the step. A strategy without expert parallel holds them among the rest (with_experts_held)."""
     dims = shape.dims
-    if dims is None or dims.moe is None or not dims.moe.moe_layers:
+    if dims is None or dims.moe is None or not dims.moe.moe_layers or not backend.expert_parallel:
         return Buffers()
     mine = expert_shape(dims.moe, dims.width, experts.ep, experts.etp)
     own = backend_buffers(mine, backend, precision, expert_states_layout(experts), grad_accum, 0, recipe)
@@ -153,11 +195,13 @@ def ffn_bytes(
     a = _matmul_bytes(precision)
     h = dims.width
     swiglu = 3 if megatron else 4  # gate, up (and SiLU's output eager), the product
+    # gpt-oss's clamped SwiGLU keeps its clamped gate and up, the sigmoid's output and the product too
+    routed_swiglu = CLAMPED_SWIGLU_SAVED if moe.clamped_swiglu else swiglu
     local_tokens = tokens / tp
     pairs = routed_pairs(moe, local_tokens, experts, imbalance)
     f = moe.expert_ffn / experts.etp
     expert_input = FP8_BYTES if fp8_inputs else a
-    intermediate = (swiglu - ("moe_act" in recompute)) * f * a
+    intermediate = (routed_swiglu - ("moe_act" in recompute)) * f * a
     routed = pairs * (expert_input * h + intermediate + a * h)
     router = local_tokens * ROUTER_BYTES_PER_EXPERT * moe.experts
     shared = tokens * swiglu * moe.shared_ffn / tp * a

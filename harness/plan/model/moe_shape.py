@@ -44,6 +44,9 @@ class MoEDims:
     capacity: float | None = None  # None: dropless; else each expert takes capacity x its even share, padded
     router: str = "softmax"
     expert_bias: bool = False  # biases on the experts' projections (gpt-oss)
+    # gpt-oss's SwiGLU: its gate and up clamped, the gate through sigmoid(1.702 x), the up offset by 1,
+    # which no fused SwiGLU kernel runs (expert_compute.py prices its eager operators)
+    clamped_swiglu: bool = False
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.experts:
@@ -414,6 +417,7 @@ def hf_moe_shape(spec: str, arch: MoEArchitecture, kwargs: dict[str, Any]) -> Mo
         shared_ffn=shared,
         dense_ffn=f_dense,
         expert_bias=arch.biased,
+        clamped_swiglu=arch.biased,
     )
     return with_experts(_shape(spec, named, dims, tied_head=tied), moe)
 

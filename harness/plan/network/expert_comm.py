@@ -37,21 +37,61 @@ from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.expert_layout import ExpertLayout
 
 DISPATCH_WHAT = "all-to-all tokens to their experts and back (expert parallel)"
+A2A_OVERLAP = "a2a_overlap"  # a published layout's option: the all-to-alls beside another micro-batch's compute
+# A published layout's dispatcher: "all-to-all" (NCCL's, as parabench's ddp-ep runs it, and
+# Megatron-core's alltoall dispatcher), or NODE_FORWARDING (DeepEP's and HybridEP's kernels, Megatron's
+# flex dispatcher over them).
+DISPATCHER, NODE_FORWARDING = "moe_dispatcher", "node-forwarding"
+
+
+def forwarded_copies(top_k: int, experts: ExpertLayout) -> float:
+    """Copies of a token an all-to-all priced per pair must move for the network to carry what a
+    node-forwarding dispatcher sends: DeepEP's normal kernels send a token once to each node holding any
+    of its experts and fan it out over NVLink there ("asymmetric-domain bandwidth forwarding",
+    deepseek-ai/DeepEP docs/legacy.md @ 0297fc80). Over n nodes, experts spread evenly and chosen
+    independently, a token reaches (n - 1)(1 - (1 - 1/n)^k) other nodes on average, where a per-pair
+    all-to-all sends k (n - 1)/n of its copies across: the copies that carry the same network bytes
+    (all_to_all.py prices the per-pair exchange). Inside one node nothing is forwarded."""
+    nodes = experts.ep_group.nodes
+    if nodes <= 1:
+        return float(top_k)
+    remote = (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k)
+    return remote * nodes / (nodes - 1)
 
 
 def all_to_alls(
-    shape: ModelShape, experts: ExpertLayout, tokens: float, tp: int, precision: str, checkpointing: str, recipe: Recipe
+    shape: ModelShape,
+    backend: Backend,
+    experts: ExpertLayout,
+    tokens: float,
+    tp: int,
+    precision: str,
+    checkpointing: str,
+    recipe: Recipe,
 ) -> list[Collective]:
-    """The dispatch and combine all-to-alls of one micro-step of `tokens` tokens on a `tp`-way group."""
+    """The dispatch and combine all-to-alls of one micro-step of `tokens` tokens on a `tp`-way group:
+    in the critical path, or, where the layout overlaps them (`a2a_overlap`: Megatron-core's
+    `--overlap-moe-expert-parallel-comm`, which runs one micro-batch's forward beside another's
+    backward), hidden behind the forward's and the backward's compute as far as it reaches."""
     dims = shape.dims
     if dims is None or dims.moe is None or experts.ep <= 1 or not dims.moe.moe_layers:
         return []
     moe = dims.moe
     again = checkpointing == "full" or "moe" in recipe.recompute_modules
-    per_block = 4 + (2 if again else 0)  # dispatch and combine, forward and backward (and recomputed)
-    sent = tokens / tp * moe.top_k * dims.width * BYTES[precision] * recipe.moe_imbalance
-    calls = moe.moe_layers * per_block
-    return [Collective(DISPATCH_WHAT, "all-to-all", sent * calls, calls, None, experts.ep_group, per_micro_step=True)]
+    copies = moe.top_k
+    if backend.options.get(DISPATCHER) == NODE_FORWARDING:
+        copies = forwarded_copies(moe.top_k, experts)
+    sent = tokens / tp * copies * dims.width * BYTES[precision] * recipe.moe_imbalance
+    forward, backward = moe.moe_layers * (2 + (2 if again else 0)), moe.moe_layers * 2
+    group = experts.ep_group
+    if not backend.options.get(A2A_OVERLAP):
+        calls = forward + backward
+        return [Collective(DISPATCH_WHAT, "all-to-all", sent * calls, calls, None, group, per_micro_step=True)]
+    what = f"{DISPATCH_WHAT}, beside another micro-batch's compute"
+    return [
+        Collective(what, "all-to-all", sent * forward, forward, "forward", group, per_micro_step=True),
+        Collective(what, "all-to-all", sent * backward, backward, "backward", group, per_micro_step=True),
+    ]
 
 
 def expert_gradient_collectives(
@@ -59,8 +99,8 @@ def expert_gradient_collectives(
 ) -> list[Collective]:
     """The experts' gradient reduction (and ZeRO's or the distributed optimizer's gather) over the edp GPUs."""
     dims = shape.dims
-    if dims is None or dims.moe is None or experts.edp <= 1 or not dims.moe.moe_layers:
-        return []
+    if dims is None or dims.moe is None or experts.edp <= 1 or not dims.moe.moe_layers or not backend.expert_parallel:
+        return []  # a strategy without expert parallel reduces them among the rest (comm.py)
     mine = expert_shape(dims.moe, dims.width, experts.ep, experts.etp)
     if backend.expert_parallel and backend.data_parallel and not backend.options.get(MEGATRON_ENGINE):
         payload = mine.params * _grad_reduce_bytes(backend, precision)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from harness.plan.model.model_shape import ModelShape, PlanError
 from harness.plan.network.fabric import Group, Topology
-from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.backends import Backend, planner_models
 from harness.plan.parallel.expert_layout import NONE, ExpertLayout, ExpertLayoutError, expert_layout
 from strategies.mesh_layout import MeshError, default_stages
 from strategies.parallel_dims import ModelFacts, dims_for
@@ -120,6 +120,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
                 f"use one of {_divisors(per_node)}"
             )
     replicas = data_parallel // shard
+    _check_mixture_split(backend, shape, max(tp, pp, cp))
     return Layout(
         experts=_experts(backend, shape, topology, gpus // pp, tp),
         tp=tp,
@@ -133,6 +134,20 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
         pp=pp,
         cp=cp,
     )
+
+
+def _check_mixture_split(backend: Backend, shape: ModelShape, largest: int) -> None:
+    """A registered strategy does not cut a mixture of experts for tensor, pipeline or context
+    parallel (models/moe.py: its experts have no tensor-parallel plan, and the pipeline and
+    context-parallel cuts take the GPT alone); a published run's layout (Megatron-core's) is planned
+    as it ran."""
+    mixture = shape.dims is not None and shape.dims.moe is not None
+    if largest > 1 and mixture and backend.measured_as in planner_models():
+        raise LayoutError(
+            f"{backend.name}: a mixture of experts is not cut for tensor, pipeline or context parallel by the "
+            "strategies that run it (models/moe.py): shard its experts with expert parallel (ddp-ep, zero1-ep, "
+            "zero2-ep) or use fsdp or zero3"
+        )
 
 
 def _experts(backend: Backend, shape: ModelShape, topology: Topology, ranks: int, tp: int) -> ExpertLayout:
@@ -187,11 +202,7 @@ def _mesh_layout(backend: Backend, shape: ModelShape, topology: Topology) -> Lay
     hybrid = options["engine"] == "fsdp" and dims.dp_replicate > 1
     shard = dims.dp_shard * dims.cp if hybrid else dims.data_parallel * dims.cp
     replicas = dims.dp_replicate if hybrid else 1
-    if shape.dims is not None and shape.dims.moe is not None and max(dims.tp, dims.pp, dims.cp) > 1:
-        raise LayoutError(
-            f"{backend.name}: a mixture of experts is not cut for tensor, pipeline or context parallel by the torch "
-            "mesh (models/moe.py): shard its experts with expert parallel (ddp-ep, zero1-ep, zero2-ep) or use fsdp"
-        )
+    _check_mixture_split(backend, shape, max(dims.tp, dims.pp, dims.cp))
     return Layout(
         experts=_experts(backend, shape, topology, topology.gpus // dims.pp, dims.tp),
         tp=dims.tp,

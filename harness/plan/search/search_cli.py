@@ -164,6 +164,9 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     rows = [HEADER, _row(1, best, "fastest")] + [
         _row(i + 2, found, loss.short) for i, ((found, _), loss) in enumerate(zip(shown[1:], losses, strict=True))
     ]
+    if q.shape.dims is not None and q.shape.dims.moe is not None:  # a mixture of experts: each layout's ep
+        eps = ["ep"] + [str(found.plan.layout.experts.ep) for found, _ in shown]
+        rows = [(*row[:5], ep, *row[5:]) for row, ep in zip(rows, eps, strict=True)]
     lines += aligned(rows, left=2)
     lines += [
         "",

@@ -3,20 +3,22 @@ the router, the routed experts, the shared experts and the dense blocks' FFN, an
 optimizer step.
 
 Routed experts: the busiest GPU's assignments (expert_memory.routed_pairs: its tokens x top_k x etp,
-x `moe_imbalance`; padded to capacity under token dropping), m = P / (E / ep) a local expert, run as
-one grouped GEMM per projection: the gate and up projections (m x 2F/etp x H), the down projection
-(m x H x F/etp), each backward its input's and its weight's gradient. A grouped GEMM is timed as
-E / ep matmuls of its experts' shape by gemm.py's model (one launch), at GROUPED_GEMM_EFFICIENCY of
-them: MegaBlocks' block-sparse grouped kernels ran at 98.6% of cuBLAS's batched matmul over the same
-problems (std 4%, 91-104%; Gale et al. 2022, arXiv 2211.15841, section 6.1). Under fp8 they run
-as the blocks' projections do (compute.py), with their casts (TransformerEngine's where te_fp8).
+x `moe_imbalance`; padded to capacity under token dropping), m = P / (E / ep) a local expert, each
+local expert's matmuls on its own: the gate and up projections (m x 2F/etp x H), the down projection
+(m x H x F/etp), each backward its input's and its weight's gradient, timed by gemm.py's model at
+its shape with its own launch. That is how every path here runs them: TransformerEngine's
+GroupedLinear under Megatron-core's `--moe-grouped-gemm` launches "multiple local GEMM kernels in
+multiple streams" (megatron/core/transformer/moe/README.md), the zoo's and transformers' experts a
+loop of matmuls. A single grouped kernel would be no faster at the same shapes: MegaBlocks' grouped
+block-sparse kernels ran at 98.6% of cuBLAS's batched matmul over the same problems (std 4%,
+91-104%; Gale et al. 2022, arXiv 2211.15841, section 6.1). Under fp8 they run as the blocks'
+projections do (compute.py), with their casts (TransformerEngine's where te_fp8).
 
 Around them, memory-bound work at the card's bandwidth (compute.py's MEMORY_EFFICIENCY): the
-router's softmax and top-k over E fp32 logits a token, the permutation of the tokens into expert
-order and back (a read and a write of H a token and a token-expert pair each, forward and backward:
-Megatron-core's fused permute, the zoo's index gather and scatter-add), the SwiGLU over each pair
-as compute.py counts a gated MLP's (eager 5F / 9F bytes, fused 3F / 5F). The shared experts and the
-dense FFN run as a dense MLP split over tensor parallel.
+router's softmax and top-k over E fp32 logits a token, the tokens copied into expert order and back
+(PERMUTATION_PASSES, a read and a write of H a token-expert pair each, forward and backward), the
+SwiGLU over each pair as compute.py counts a gated MLP's (eager 5F / 9F bytes, fused 3F / 5F). The
+shared experts and the dense FFN run as a dense MLP split over tensor parallel.
 
 Recomputation: full checkpointing runs every FFN's forward again; torchtitan's selective policy the
 experts' SwiGLU; Megatron-core's recompute_modules what each names (`moe_act` the SwiGLU, `moe` the
@@ -45,8 +47,16 @@ from harness.plan.speed.compute import (
     memory_bytes_per_s,
 )
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
+from harness.plan.speed.host_issue import HOST_S_PER_KERNEL
 
-GROUPED_GEMM_EFFICIENCY = 0.986  # MegaBlocks' grouped kernels over cuBLAS's batched matmul (arXiv 2211.15841)
+# Copies of the token-expert pairs a block's forward makes (its backward as many), by the code that runs
+# them. Megatron-core's alltoall dispatcher (token_dispatcher.py): the permutation into expert order and
+# back, and where a GPU holds several experts, "Permutation 2: Sort tokens by local expert" after the
+# exchange and its inverse before the return (moe_utils.sort_chunks_by_idxs). The zoo's SwiGLUExperts
+# (models/routing.py): the tokens gathered in expert order, the experts' outputs concatenated, weighted
+# and index-added back; expert parallel (models/expert_parallel.py) gathers them for the exchange and
+# weights and index-adds the returned ones besides.
+PERMUTATION_PASSES = {"megatron": 2, "megatron-local-sort": 4, "loop": 4, "loop-dispatched": 6}
 ROUTER_BYTES_PER_LOGIT = (
     4 + 4 + 4 + 4,
     4 + 4 + 4,
@@ -61,6 +71,7 @@ class ExpertWork:
     elementwise: Kernels
     attention_again: float  # Megatron's core_attn recompute
     optimizer_s: float
+    imbalance_s: float = 0.0  # of the routed experts' matmuls, what the busiest GPU computes beyond an even share
 
     def added_to(self, work: ComputeWork) -> ComputeWork:
         forward = self.matmul.forward + self.elementwise.forward
@@ -74,6 +85,7 @@ class ExpertWork:
             work.forward_s + forward,
             work.optimizer_s + self.optimizer_s,
             work.weight_cast_s,
+            work.expert_imbalance_s + self.imbalance_s,
         )
 
 
@@ -92,8 +104,17 @@ def _mlp(tokens: float, width: int, ffn: float, gated: bool, gpu: GPUSpec, preci
     return Kernels(forward, backward)
 
 
-def _activation_bytes(ffn: float, gated: bool, fused: bool, a: int) -> tuple[float, float]:
+# gpt-oss's clamped SwiGLU as its reference code runs it (openai/gpt-oss gpt_oss/torch/model.py, transformers'
+# GptOssExperts), per element of F: the gate and the up clamped (a read and a write each), the gate
+# scaled, through the sigmoid and multiplied by it (2 + 2 + 3), the up offset by one and the product
+# (2 + 3): 16 elements moved forward; the backward's gradients through each about twice that.
+CLAMPED_SWIGLU_ELEMENTS = (16, 32)
+
+
+def _activation_bytes(ffn: float, gated: bool, fused: bool, a: int, clamped: bool = False) -> tuple[float, float]:
     """(forward, backward) bytes of the MLP's activation per token, as compute.py counts them."""
+    if clamped:
+        return CLAMPED_SWIGLU_ELEMENTS[0] * ffn * a, CLAMPED_SWIGLU_ELEMENTS[1] * ffn * a
     if gated:
         return (3 * ffn * a, 5 * ffn * a) if fused else (5 * ffn * a, 9 * ffn * a)
     return 2 * ffn * a, 3 * ffn * a
@@ -123,9 +144,12 @@ def expert_work(
     engine: str,
     stage: int,
     recipe: Recipe,
+    megatron: bool = False,
+    held_apart: bool = True,
 ) -> ExpertWork | None:
     """The FFNs' work of one micro-step on one GPU (the module's account); None for a dense model.
-    `fused`: elementwise chains fused (compiled, or TransformerEngine's and Megatron's kernels)."""
+    `fused`: elementwise chains fused (compiled, or TransformerEngine's and Megatron's kernels);
+    `megatron`: Megatron-core's MoE layer (its dispatcher's copies, TransformerEngine's GroupedLinear)."""
     dims = shape.dims
     if dims is None or dims.moe is None:
         return None
@@ -141,8 +165,7 @@ def expert_work(
     f = moe.expert_ffn / experts.etp
     per_expert = pairs / local
     projections = matmul_precision
-    routed = _mlp(per_expert, h, f, True, gpu, projections, local)
-    routed = Kernels(routed.forward / GROUPED_GEMM_EFFICIENCY, routed.backward / GROUPED_GEMM_EFFICIENCY)
+    routed = _times(local, _mlp(per_expert, h, f, True, gpu, projections))
     router = Kernels(
         gemm_seconds(local_tokens, moe.experts, h, gpu, precision),
         2 * gemm_seconds(local_tokens, h, moe.experts, gpu, precision),
@@ -154,9 +177,10 @@ def expert_work(
     matmul = _times(moe.moe_layers, _again(routed + router, layer_again) + _again(shared, layer_again or mlp_again))
     matmul += _times(moe.dense_layers, _again(dense, mlp_again))
 
-    act_f, act_b = _activation_bytes(f, True, fused, a)
+    act_f, act_b = _activation_bytes(f, True, fused, a, moe.clamped_swiglu)
     swiglu = Kernels(pairs * act_f, pairs * act_b)
-    permute = Kernels(2 * a * h * (local_tokens + pairs), 2 * a * h * (local_tokens + pairs))
+    passes = PERMUTATION_PASSES[_permutation(megatron, local, experts.ep)]
+    permute = Kernels(passes * a * h * (local_tokens + pairs), passes * a * h * (local_tokens + pairs))
     routing = Kernels(
         local_tokens * moe.experts * ROUTER_BYTES_PER_LOGIT[0], local_tokens * moe.experts * ROUTER_BYTES_PER_LOGIT[1]
     )
@@ -180,9 +204,17 @@ def expert_work(
             gpu, attention, precision, batch=micro_batch, seq=seq_len, heads=dims.heads // tp, head_dim=dims.head_dim
         )
         attention_again = forward * dims.layers
-    stepped = expert_shape(moe, h, experts.ep, experts.etp).params / (experts.edp if stage else 1)
+    # An expert-parallel strategy steps its experts apart; one without steps them with the rest (compute.py).
+    stepped = expert_shape(moe, h, experts.ep, experts.etp).params / (experts.edp if stage else 1) if held_apart else 0
     optimizer = OPTIMIZER_BYTES[engine] * stepped / bandwidth
-    return ExpertWork(matmul, seconds, attention_again, optimizer)
+    imbalance = moe.moe_layers * (routed.forward + routed.backward) * (1 - 1 / recipe.moe_imbalance)
+    return ExpertWork(matmul, seconds, attention_again, optimizer, imbalance)
+
+
+def _permutation(megatron: bool, local: int, ep: int) -> str:
+    if megatron:
+        return "megatron-local-sort" if local > 1 else "megatron"
+    return "loop-dispatched" if ep > 1 else "loop"
 
 
 def _fp8_casts(pairs: float, width: int, ffn: float, local: int, te: bool, again: bool) -> Kernels:
@@ -199,12 +231,14 @@ def _fp8_casts(pairs: float, width: int, ffn: float, local: int, te: bool, again
 
 # Kernels an MoE block launches beyond the dense part's (forward, backward): the router's matmul,
 # softmax and top-k (and the load-balancing loss's few), the permutation into expert order and back,
-# then the experts. Grouped (Megatron-core's GroupedMLP, TransformerEngine's GroupedLinear): each
-# projection one kernel, the SwiGLU one. A loop over the experts (the zoo's SwiGLUExperts and
-# transformers 5's experts modules, models/routing.py): per local expert its index gather, two
-# matmuls, the SiLU and the product forward; backward twice the matmuls and the activation's.
+# then the experts. TransformerEngine's GroupedLinear (Megatron-core): each local expert's matmuls
+# launched one by one from C++ (the compiled rate of host_issue.py), the SwiGLU one fused kernel. A loop
+# over the experts (the zoo's SwiGLUExperts and transformers 5's experts modules, models/routing.py):
+# per local expert its index gather, two matmuls, the SiLU and the product forward; backward twice the
+# matmuls and the activation's.
 ROUTING_KERNELS = (8, 10)
-GROUPED_EXPERT_KERNELS = (3, 6)
+GROUPED_EXPERT_KERNELS = (1, 2)  # the SwiGLU (its matmuls: MATMULS_PER_EXPERT, launched from C++)
+MATMULS_PER_EXPERT = (2, 4)
 LOOPED_EXPERT_KERNELS = (5, 9)
 
 
@@ -216,6 +250,11 @@ def expert_kernels(shape: ModelShape, experts: ExpertLayout, grouped: bool, chec
     moe = dims.moe
     local = moe.experts // experts.ep
     per_expert = GROUPED_EXPERT_KERNELS if grouped else tuple(local * k for k in LOOPED_EXPERT_KERNELS)
+    if grouped:  # the C++ launches of the local experts' matmuls, counted at eager's rate over compiled's
+        launches = tuple(
+            local * k * HOST_S_PER_KERNEL["compiled"] / HOST_S_PER_KERNEL["eager"] for k in MATMULS_PER_EXPERT
+        )
+        per_expert = (per_expert[0] + launches[0], per_expert[1] + launches[1])
     forward = (
         moe.moe_layers * (ROUTING_KERNELS[0] + per_expert[0])
         + (moe.dense_layers + (moe.moe_layers if moe.shared_ffn else 0)) * 5
