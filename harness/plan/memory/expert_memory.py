@@ -15,7 +15,8 @@ assignments, x the busiest GPU's load over the mean, `moe_imbalance`; under toke
 expert padded to its capacity): the permuted input (H), the gate and up projections' outputs (2F /
 etp, the SwiGLU's input), the SwiGLU's output (F / etp, the down projection's input; Megatron's
 fused SwiGLU recomputes it from its input, as the dense MLP's, activations.py), the expert's output
-(H, kept for the probabilities' gradient in the combine); per token the router's fp32 logits and
+(H, kept for the probabilities' gradient in the combine; Megatron-core multiplies the probabilities
+in its fused SwiGLU, `weighted_bias_swiglu`, and keeps none); per token the router's fp32 logits and
 probabilities (2 x 4 E); the shared experts and the dense blocks' FFN as the dense MLP keeps its
 (3 or 4 F / tp, tensor parallel splitting it). Checkpointing: `full` keeps each block's input (the
 dense part's account) and rebuilds the heaviest block, experts included; `selective` keeps the
@@ -195,14 +196,20 @@ def ffn_bytes(
     a = _matmul_bytes(precision)
     h = dims.width
     swiglu = 3 if megatron else 4  # gate, up (and SiLU's output eager), the product
-    # gpt-oss's clamped SwiGLU keeps its clamped gate and up, the sigmoid's output and the product too
+    # gpt-oss's clamped SwiGLU keeps its clamped gate and up, the sigmoid's output and the product too;
+    # recomputing the experts' activation (moe_act) keeps the gate and up projections' output alone
     routed_swiglu = CLAMPED_SWIGLU_SAVED if moe.clamped_swiglu else swiglu
+    if "moe_act" in recompute:
+        routed_swiglu = 2
     local_tokens = tokens / tp
     pairs = routed_pairs(moe, local_tokens, experts, imbalance)
     f = moe.expert_ffn / experts.etp
     expert_input = FP8_BYTES if fp8_inputs else a
-    intermediate = (routed_swiglu - ("moe_act" in recompute)) * f * a
-    routed = pairs * (expert_input * h + intermediate + a * h)
+    intermediate = routed_swiglu * f * a
+    # The experts' outputs, kept for the routing weights' gradient where the weights multiply them in the
+    # combine (the zoo's, transformers'); Megatron-core applies them inside the fused SwiGLU instead.
+    weighted_output = 0 if megatron else a * h
+    routed = pairs * (expert_input * h + intermediate + weighted_output)
     router = local_tokens * ROUTER_BYTES_PER_EXPERT * moe.experts
     shared = tokens * swiglu * moe.shared_ffn / tp * a
     if "moe" in recompute:
