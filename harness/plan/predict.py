@@ -39,8 +39,14 @@ from harness.plan.parallel.backends import Backend, backend_for, model_of
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.parallel.planned_options import check_priced, options_of
-from harness.plan.speed.compute import compute_work, kernel_launches, memory_bytes_per_s, micro_step_kernels
-from harness.plan.speed.expert_compute import expert_kernels, expert_work
+from harness.plan.speed.compute import (
+    block_projections,
+    compute_work,
+    kernel_launches,
+    memory_bytes_per_s,
+    micro_step_kernels,
+)
+from harness.plan.speed.expert_compute import expert_kernels, expert_long_forward, expert_work
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import HostIssue, host_issue
 from harness.plan.speed.kernel_table import kernel_table
@@ -500,7 +506,20 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing)
     table = kernel_table(q.gpu) if q.gpu is not None else None
     compiled = q.compiled and not q.eager_launches
-    return host_issue(kernels, comms, compiled, q.grad_accum, table.host_s_per_kernel if table else None)
+    measured = table.host_s_per_kernel if table else None
+    return host_issue(kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped))
+
+
+def _synced_long_forward(q: Question, layout: Layout, grouped: bool) -> float | None:
+    """Where a mixture of experts' forward waits on the host for its experts' token counts (dropless
+    routing; the zoo's experts read them whatever the capacity; host_issue.py), how many of its forward
+    kernels are long ones: the blocks' projections and attention, the head, the experts' matmuls."""
+    dims = q.shape.dims
+    moe = dims.moe if dims is not None else None
+    if moe is None or not moe.moe_layers or (moe.capacity is not None and grouped):
+        return None
+    dense = dims.layers * (len(block_projections(dims, 1)) + 1) + 1
+    return dense + expert_long_forward(q.shape, layout.experts, grouped)
 
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:

@@ -258,3 +258,17 @@ def test_every_expert_parallel_strategy_is_in_a_mixtures_plan(tmp_path):
     plans, _ = plan_all(names, q, asked=False)
     planned = {p.name for p in plans}
     assert {"ddp-ep", "zero1-ep", "zero2-ep"} <= planned
+
+
+def test_a_dropless_forward_waits_on_its_host_where_it_reads_the_expert_counts():
+    from harness.plan.speed.host_issue import HostIssue
+
+    plan = _plan("ddp-ep", gpus=8, strategy_options={"ep_size": 8})
+    assert plan.time.host.synced_forward_short_s is not None  # the zoo's and transformers' experts sync
+    host = HostIssue(100, 0, 0.010, synced_forward_short_s=0.004, backward_s=0.006)
+    # unsynchronised the host's 10 ms hide behind 12 ms of GPU; synchronised, the forward's 4 ms of short
+    # kernels follow its 3 ms of matmuls: 7 ms against the GPU's 4 ms forward.
+    assert host.wait(forward_s=0.004, forward_long_s=0.003, micro_compute_s=0.012, recurring_s=0.0) == pytest.approx(
+        0.003
+    )
+    assert HostIssue(100, 0, 0.010).wait(0.004, 0.003, 0.012, 0.0) == 0.0

@@ -229,39 +229,63 @@ def _fp8_casts(pairs: float, width: int, ffn: float, local: int, te: bool, again
     return Kernels(forward + weights, backward, forward if again else 0.0)
 
 
-# Kernels an MoE block launches beyond the dense part's (forward, backward): the router's matmul,
-# softmax and top-k (and the load-balancing loss's few), the permutation into expert order and back,
-# then the experts. TransformerEngine's GroupedLinear (Megatron-core): each local expert's matmuls
-# launched one by one from C++ (the compiled rate of host_issue.py), the SwiGLU one fused kernel. A loop
-# over the experts (the zoo's SwiGLUExperts and transformers 5's experts modules, models/routing.py):
-# per local expert its index gather, two matmuls, the SiLU and the product forward; backward twice the
-# matmuls and the activation's.
-ROUTING_KERNELS = (8, 10)
-GROUPED_EXPERT_KERNELS = (1, 2)  # the SwiGLU (its matmuls: MATMULS_PER_EXPERT, launched from C++)
+# Kernels an MoE block launches beyond the dense part's (forward, backward), counted operator by operator
+# from the code that runs it. Megatron-core (megatron/core/transformer/moe/router.py and
+# token_dispatcher.py @ 41eecc45, with its router and permutation fusions, the alltoall or flex
+# dispatcher, dropless): the router's gating matmul and casts, the fused top-k and the auxiliary loss's
+# scores, counts and loss and its logging (10); the dispatcher's counts per expert and per rank, reshaped
+# and summed (7), their five copies to the host (5); the fused permutation, the sort by local expert,
+# its inverse and the unpermutation (8); the fused weighted SwiGLU (1); about half as many backward.
+# Each local expert's matmuls are TransformerEngine's GroupedLinear's, launched one after another from
+# C++ (MATMULS_PER_EXPERT, at the compiled rate of host_issue.py). The zoo's MoE layer (models/moe.py,
+# models/routing.py): the router's casts, matmul, softmax, top-k and renormalisation (7), the
+# load-balancing loss (9), the router's tally (6), the experts' sort, counts, gather, concatenation,
+# weighting and index-add (11), a loop over the local experts (two matmuls, the SiLU and the product
+# each); expert parallel (models/expert_parallel.py) adds its own sort, counts, gathers and
+# index-add (15).
+MEGATRON_KERNELS = (31, 15)
+ZOO_KERNELS = (33, 15)
+ZOO_DISPATCH_KERNELS = (15, 4)
+GROUPED_EXPERT_KERNELS = (1, 1)  # the fused SwiGLU
 MATMULS_PER_EXPERT = (2, 4)
-LOOPED_EXPERT_KERNELS = (5, 9)
+LOOPED_EXPERT_KERNELS = (4, 7)
 
 
 def expert_kernels(shape: ModelShape, experts: ExpertLayout, grouped: bool, checkpointing: str) -> Kernels:
-    """Kernels the FFNs of a micro-step launch beyond the dense part's (what the host issues)."""
+    """Kernels the FFNs of a micro-step launch beyond the dense part's (what the host issues), the C++
+    launches of a grouped layer's matmuls counted as the eager kernels that take as long to issue."""
     dims = shape.dims
     if dims is None or dims.moe is None:
         return Kernels()
     moe = dims.moe
     local = moe.experts // experts.ep
-    per_expert = GROUPED_EXPERT_KERNELS if grouped else tuple(local * k for k in LOOPED_EXPERT_KERNELS)
-    if grouped:  # the C++ launches of the local experts' matmuls, counted at eager's rate over compiled's
-        launches = tuple(
-            local * k * HOST_S_PER_KERNEL["compiled"] / HOST_S_PER_KERNEL["eager"] for k in MATMULS_PER_EXPERT
+    if grouped:
+        scale = HOST_S_PER_KERNEL["compiled"] / HOST_S_PER_KERNEL["eager"]
+        block = tuple(
+            base + swiglu + local * matmuls * scale
+            for base, swiglu, matmuls in zip(MEGATRON_KERNELS, GROUPED_EXPERT_KERNELS, MATMULS_PER_EXPERT, strict=True)
         )
-        per_expert = (per_expert[0] + launches[0], per_expert[1] + launches[1])
-    forward = (
-        moe.moe_layers * (ROUTING_KERNELS[0] + per_expert[0])
-        + (moe.dense_layers + (moe.moe_layers if moe.shared_ffn else 0)) * 5
-    )
-    backward = (
-        moe.moe_layers * (ROUTING_KERNELS[1] + per_expert[1])
-        + (moe.dense_layers + (moe.moe_layers if moe.shared_ffn else 0)) * 9
-    )
+    else:
+        dispatch = ZOO_DISPATCH_KERNELS if experts.ep > 1 else (0, 0)
+        block = tuple(
+            base + sent + local * per_expert
+            for base, sent, per_expert in zip(ZOO_KERNELS, dispatch, LOOPED_EXPERT_KERNELS, strict=True)
+        )
+    dense = moe.dense_layers + (moe.moe_layers if moe.shared_ffn else 0)  # a dense MLP's: 2 matmuls and 3 others
+    forward = moe.moe_layers * block[0] + dense * 5
+    backward = moe.moe_layers * block[1] + dense * 9
     again = forward if checkpointing == "full" else 0.0
     return Kernels(forward, backward, again)
+
+
+def expert_long_forward(shape: ModelShape, experts: ExpertLayout, grouped: bool) -> float:
+    """Of the forward's MoE kernels (as expert_kernels counts them), the matmuls: the router's, the local
+    experts', the shared and dense FFNs'."""
+    dims = shape.dims
+    if dims is None or dims.moe is None:
+        return 0.0
+    moe = dims.moe
+    local = moe.experts // experts.ep
+    scale = HOST_S_PER_KERNEL["compiled"] / HOST_S_PER_KERNEL["eager"] if grouped else 1.0
+    dense = moe.dense_layers + (moe.moe_layers if moe.shared_ffn else 0)
+    return moe.moe_layers * (1 + local * MATMULS_PER_EXPERT[0] * scale) + dense * 2
