@@ -324,7 +324,8 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
     )
     acts = _with_experts(acts, backend, q, layout)
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
-    ffn_buffers = expert_buffers(q.shape, backend, held, layout.experts, q.grad_accum, q.recipe)
+    tokens = q.micro_batch * q.seq_len / layout.tp
+    ffn_buffers = expert_buffers(q.shape, backend, held, layout.experts, q.grad_accum, q.recipe, tokens)
     buffers = replace(
         buffers, backward={**buffers.backward, **ffn_buffers.backward}, step={**buffers.step, **ffn_buffers.step}
     )

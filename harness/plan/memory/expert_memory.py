@@ -136,12 +136,20 @@ def added(a: MemoryBreakdown, b: MemoryBreakdown | None) -> MemoryBreakdown:
 
 
 def expert_buffers(
-    shape: ModelShape, backend: Backend, precision: str, experts: ExpertLayout, grad_accum: int, recipe: Recipe
+    shape: ModelShape,
+    backend: Backend,
+    precision: str,
+    experts: ExpertLayout,
+    grad_accum: int,
+    recipe: Recipe,
+    tokens: float = 0.0,
 ) -> Buffers:
     """The engine's buffers for an expert-parallel strategy's experts (their gathered blocks, autocast's
     copies, the step's fp32 partition), each named as theirs; the reduction bucket is the one the rest of
     the model fills. ddp-ep's experts, left out of DDP, are flattened into one tensor for their reduction
-    in the step. A strategy without expert parallel holds them among the rest (with_experts_held)."""
+    in the step. One block's exchange is in flight at a time: its `tokens` (this GPU's, after sequence
+    parallel's split) x top_k x H sent and as many received. A strategy without expert parallel holds
+    them among the rest (with_experts_held)."""
     dims = shape.dims
     if dims is None or dims.moe is None or not dims.moe.moe_layers or not backend.expert_parallel:
         return Buffers()
@@ -149,6 +157,9 @@ def expert_buffers(
     own = backend_buffers(mine, backend, precision, expert_states_layout(experts), grad_accum, 0, recipe)
     backward = {f"experts: {k}": v for k, v in own.backward.items()}
     step = {f"experts: {k}": v for k, v in own.step.items()}
+    if experts.ep > 1:  # one block's exchange in flight: what it sends and what it receives
+        sent = tokens * dims.moe.top_k * dims.width * BYTES[precision]
+        backward["all-to-all send and receive buffers of one block"] = int(2 * sent * recipe.moe_imbalance)
     if backend.data_parallel and backend.expert_parallel:
         grad_bytes = 2 if recipe.pure_bf16 and not recipe.fp32_grad_accum else 4
         step["experts' gradients flattened for their reduction"] = mine.params * grad_bytes
