@@ -37,6 +37,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.layout_kinds import KINDS, SCALES, degrees, kinds_of, scale_of  # noqa: E402
+from bench.moe_rows import (  # noqa: E402
+    RECOMPUTE_TOKEN,
+    MoERowError,
+    moe_head,
+    moe_shape_of_row,
+    qk_norm,
+    recompute_modules,
+    with_experts,
+)
 from bench.published_breakdown import Pick, breakdown_lines, choice_by_kind_lines, goal_lines  # noqa: E402
 from harness.common.hardware import GPUSpec, gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
@@ -202,8 +211,8 @@ def _not_modelled(row: dict[str, str]) -> str | None:
     """Why a row's run is one the planner has no model for (its model, layout or recomputation), or None."""
     sharding, checkpointing = row["sharding"].lower(), row["activation_checkpointing"].strip().lower()
     tokens = sharding.split()
-    if row["arch"] == "moe" or degrees(sharding).ep > 1:
-        return "mixture of experts: not modelled"
+    if moe_head(row) is None and (row["arch"] == "moe" or degrees(sharding).ep > 1):
+        return "mixture of experts without the notes' moe head (moe_runs.csv holds the planned runs): not planned"
     if "megatron_fsdp" in tokens:
         return "Megatron-FSDP: not modelled"
     if "offload" in tokens:
@@ -212,7 +221,7 @@ def _not_modelled(row: dict[str, str]) -> str | None:
         return "ZeRO over a subgroup of the data-parallel GPUs (zero_group=): not modelled"
     if checkpointing == "partial":
         return "recomputing some of the layers (partial): not modelled"
-    if checkpointing == "selective" and sharding.startswith("megatron"):
+    if checkpointing == "selective" and sharding.startswith("megatron") and recompute_modules(row) is None:
         return "Megatron-LM's selective recomputation (the core attention only): not modelled"
     return None
 
@@ -237,8 +246,9 @@ FP8_ATTENTION = "fp8_attention"
 # gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
 CP_ROTATE_TOKEN = "cp_rotate="
 CP_ROTATE_METHODS = ("allgather", "alltoall")
-PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE, HYBRID_ZERO, FP8_ATTENTION)
-PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN)
+# A mixture of experts' (bench/moe_rows.py): Megatron-core's recomputed modules, the all-to-all overlap.
+PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE, HYBRID_ZERO, FP8_ATTENTION, "a2a_overlap")
+PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN, RECOMPUTE_TOKEN)
 
 
 def _plan_tokens(row: dict[str, str]) -> list[str]:
@@ -292,16 +302,16 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
             options = {**options, DEEPSPEED_PIPELINE: True}  # deepspeed_pipeline.py prices its engine
         if rotate is not None:
             options = {**options, "cp_rotate": rotate}  # context_parallel_cost.py's CP_ROTATE
-        return model, options
+        return _experts(row, (model, options))
     if split is not None:
         return split
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
         return "checkpointing an unstated fraction of the blocks: not modelled"
     lowered = sharding.lower()
     if lowered.startswith("megatron") and HYBRID_ZERO in _plan_tokens(row):
-        return _hybrid_zero_layout(sharding)
+        return _experts(row, _hybrid_zero_layout(sharding))
     if lowered.startswith("megatron"):
-        return megatron_layout(sharding, overlap_dp=False)
+        return _experts(row, megatron_layout(sharding, overlap_dp=False))
     if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
         stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
         return PlanModel("deepspeed", stage, "low_precision"), {}
@@ -315,11 +325,21 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
         return PlanModel(**common, reshard_after_forward=False), options
     if "HYBRID" in sharding:
         return PlanModel(**common, hybrid_shard=True), options
-    if "tp=" in sharding:
+    if "tp=" in sharding and int(sharding.split("tp=")[1].split()[0]) > 1:
         tp = int(sharding.split("tp=")[1].split()[0])
         async_tp = {"async_tp": True} if "async_tp" in sharding.split() else {}
-        return PlanModel(**common, tensor_parallel=True), {**options, "tp_size": tp, **async_tp}
-    return PlanModel(**common), options
+        return _experts(row, (PlanModel(**common, tensor_parallel=True), {**options, "tp_size": tp, **async_tp}))
+    return _experts(row, (PlanModel(**common), options))
+
+
+def _experts(row: dict[str, str], layout: tuple[PlanModel, dict] | str) -> tuple[PlanModel, dict] | str:
+    """A mixture of experts' layout with its expert parallel (bench/moe_rows.py); a dense row's as it is."""
+    if isinstance(layout, str) or moe_head(row) is None:
+        return layout
+    try:
+        return with_experts(row, *layout)
+    except MoERowError as exc:
+        raise PublishedError(str(exc)) from None
 
 
 def _hybrid_zero_layout(sharding: str) -> tuple[PlanModel, dict]:
@@ -393,6 +413,11 @@ def _precision(row: dict[str, str]) -> str:
     """The plan's precision for the row, or why it has none: float8 (torchao's) and fp8
     (Transformer Engine's) runs are planned as tensorwise-scaled fp8 projections."""
     precision = row["precision"].strip().lower()
+    if precision == "mxfp8":  # moe_runs.csv names MXFP8 in its precision column
+        blackwell = gpu_spec(row["gpu"]).generation == "blackwell"
+        return "fp8" if blackwell else "MXFP8 before Blackwell: not modelled"
+    if precision == "nvfp4":
+        return "fp4"
     if precision in ("fp8", "float8"):
         if "rowwise" in row["notes"]:
             return "float8 with rowwise scaling: only tensorwise scaling is modelled"
@@ -444,11 +469,13 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
         fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
         fp8_saved_inputs=(_precision(row) == "fp8" and _transformer_engine(row))
-        or (_precision(row) == "fp4" and "NVFP4" in row["notes"]),
+        or (_precision(row) == "fp4" and ("NVFP4" in row["notes"] or row["precision"] == "nvfp4")),
         te_fp8=_precision(row) == "fp8" and _transformer_engine(row),
-        fp8_block_scaling=_precision(row) == "fp8" and "MXFP8" in row["notes"],
+        fp8_block_scaling=_precision(row) == "fp8" and ("MXFP8" in row["notes"] or row["precision"] == "mxfp8"),
         fp8_attention=FP8_ATTENTION in _plan_tokens(row),
         tied_embeddings=_tied_embeddings(row),
+        qk_norm=qk_norm(row),
+        recompute_modules=recompute_modules(row) or (),
     )
 
 
@@ -457,7 +484,8 @@ def shape_of_row(row: dict[str, str]) -> ModelShape:
     head (a ColumnParallelLinear) and the loss (vocab-parallel cross-entropy) over its
     tensor-parallel GPUs, as Llama's plans do and parabench's GPT plan does not. The head is tied
     or not as the row's tied_embeddings= says, else as its arch is."""
-    shape = with_tied_embeddings(_described(row), _tied_embeddings(row))
+    described = moe_shape_of_row(row) if moe_head(row) is not None else _described(row)
+    shape = with_tied_embeddings(described, _tied_embeddings(row))
     if row["sharding"].lower().startswith("megatron") and shape.dims is not None:
         return replace(shape, dims=replace(shape.dims, tp_splits_head=True))
     return shape
@@ -512,7 +540,8 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         precision=precision,
         gpu=gpu,
         factors=default_factors(),
-        checkpointing=_checkpointing(row["activation_checkpointing"]),
+        # Megatron-core's recompute_modules stand for its selective recomputation (recipe_of_row).
+        checkpointing="none" if recompute_modules(row) is not None else _checkpointing(row["activation_checkpointing"]),
         fused_loss=_fused_loss(row),
         fused_norm=_fused_norm(row),
         complex_rope=row["source"].startswith("pytorch/torchtitan"),  # its apply_rotary_emb: view_as_complex

@@ -28,16 +28,13 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from models.moe_config import ExpertParallelError, check_divides_experts
 from models.routing import experts_modules
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
 
 StateDict = dict[str, torch.Tensor]
-
-
-class ExpertParallelError(ValueError):
-    """Experts that do not split over the expert-parallel ranks (one line, says what would)."""
 
 
 class CollectiveClock:
@@ -150,15 +147,6 @@ def _experts_of(model: nn.Module) -> list[tuple[str, nn.Module]]:
             "use a mixture-of-experts model such as moe-nano or hf:MixtralConfig"
         )
     return found
-
-
-def check_divides_experts(n_experts: int, ep_size: int) -> None:
-    if n_experts % ep_size:
-        fits = [d for d in range(1, n_experts + 1) if n_experts % d == 0]
-        raise ExpertParallelError(
-            f"ep_size={ep_size} does not divide the model's {n_experts} experts: use strategy_options.ep_size="
-            + " or ".join(map(str, fits))
-        )
 
 
 class ExpertShard:

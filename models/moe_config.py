@@ -1,5 +1,6 @@
 """The zoo's mixture-of-experts GPT sizes and routing options, without torch: the model
-(models/moe.py) builds from them, and the planner reads the names to refuse them in one line."""
+(models/moe.py) builds from them and the planner reads them; and the one refusal of an expert
+parallel size, which the runtime (models/expert_parallel.py) and the planner share."""
 
 from __future__ import annotations
 
@@ -42,3 +43,16 @@ MOE_PRESETS: dict[str, MoEConfig] = {
         n_layer=4, n_head=4, n_embd=128, n_experts=8, top_k=2, expert_hidden=256, vocab_size=512, block_size=256
     ),
 }
+
+
+class ExpertParallelError(ValueError):
+    """Experts that do not split over the expert-parallel ranks (one line, says what would)."""
+
+
+def check_divides_experts(n_experts: int, ep_size: int) -> None:
+    if n_experts % ep_size:
+        fits = [d for d in range(1, n_experts + 1) if n_experts % d == 0]
+        raise ExpertParallelError(
+            f"ep_size={ep_size} does not divide the model's {n_experts} experts: use strategy_options.ep_size="
+            + " or ".join(map(str, fits))
+        )

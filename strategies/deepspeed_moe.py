@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from strategies.base import ModelUnsupported, OptimizerFactory, Preset, RunContext, StrategyError
 from strategies.deepspeed import DeepSpeedStrategy
 from strategies.mesh_layout import MeshLayout, check_divides
+from strategies.plan_model import PlanModel
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +47,7 @@ def _zero_ep(stage: int, what: str) -> Preset:
         f"zero{stage}-ep",
         f"DeepSpeed's MoE layers, experts sharded over ep_size ranks; ZeRO-{stage} ({what}) over every rank",
         {"stage": stage, "offload_optimizer": False, "offload_params": False},
+        PlanModel("deepspeed", stage, "low_precision", expert_parallel=True),
     )
 
 

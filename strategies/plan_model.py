@@ -62,6 +62,10 @@ class PlanModel:
     # TransformerEngine ring in a published run, gradients reduced over the data- and
     # context-parallel ranks together.
     context_parallel_engine: bool = False
+    # Expert parallel (option `ep_size`): a mixture of experts' routed experts sharded over ep_size of
+    # the data-parallel GPUs, tokens sent to them and back by all-to-all; the experts' gradients
+    # reduced (and under ZeRO their state sharded) over the GPUs that hold the same experts.
+    expert_parallel: bool = False
 
     def __post_init__(self) -> None:
         if self.engine not in ENGINES:

@@ -20,6 +20,7 @@ others' natively, at any world size; a pipelined one holds the tied head's copy 
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any, ContextManager
 
 from strategies.base import ModelUnsupported, OptimizerFactory, Preset, RunContext, StrategyError
@@ -142,7 +143,7 @@ class MeshStrategy(FSDPStrategy):
             "FSDP2 over the rest",
             {**FSDP, "mesh_dims": "shard x ep"},
             (*EP, *TENSOR, *PIPELINE, *ENGINE),
-            None,
+            PlanModel("torch", 3, "low_precision", tensor_parallel=True, expert_parallel=True),
         ),
         _preset(
             "ddp-ep",
@@ -150,7 +151,7 @@ class MeshStrategy(FSDPStrategy):
             "the rest replicated (torch's replicate, DDP on FSDP2's machinery)",
             {**REPLICATE, "engine": "replicate", "mesh_dims": "replicate x ep"},
             (*EP, *TENSOR, *PIPELINE, "sync_each_micro_step"),
-            None,
+            replace(TORCH_DDP, expert_parallel=True),
         ),
     )
     listing_order = 20

@@ -24,6 +24,7 @@ from harness.plan.memory.batch_limit import fitting_micro_batch, micro_batch_lim
 from harness.plan.memory.model_states import zero_paper_bytes_per_gpu
 from harness.plan.memory.recipe_plan import fp8_gathers
 from harness.plan.model.model_shape import PlanError
+from harness.plan.model.moe_shape import total_params
 from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import known_backends, model_of, planned_as
 from harness.plan.parallel.engines import engine_differences
@@ -138,15 +139,23 @@ def aligned(rows: list[tuple[str, ...]], left: int = 1) -> list[str]:
     ]
 
 
+def _count(n: float) -> str:
+    return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
+
+
 def heading(q: Question) -> list[str]:
     s = q.shape
     dims = s.dims
-    shape = f"{s.params / 1e9:.3g}B params" if s.params >= 1e9 else f"{s.params / 1e6:.3g}M params"
+    total = total_params(s)
+    shape = f"{_count(total)} params"
+    if dims and dims.moe:
+        shape += f", {_count(s.flops_params)} active"
     if dims:
         shape += f", {dims.layers} layers, width {dims.width}, {dims.heads} heads"
         if dims.kv_heads != dims.heads:
             shape += f" ({dims.kv_heads} kv)"
-        shape += f", ffn {dims.ffn_width}, vocab {dims.vocab}"
+        shape += f", ffn {dims.ffn_width}" if dims.moe is None else f", {dims.moe.describe()}"
+        shape += f", vocab {dims.vocab}"
     gpu = q.gpu.name if q.gpu else "an unknown card"
     lines = [
         f"parabench plan | {s.name} ({shape})",
@@ -274,7 +283,9 @@ PAPER_STAGES = {"DDP": 0, "ZeRO-1": 1, "ZeRO-2": 2, "ZeRO-3": 3}
 
 def zero_paper_view(q: Question) -> dict[str, float]:
     """Model states per GPU in the ZeRO paper's accounting (mixed-precision Adam, K=12)."""
-    return {name: zero_paper_bytes_per_gpu(q.shape.params, stage, q.gpus) for name, stage in PAPER_STAGES.items()}
+    return {
+        name: zero_paper_bytes_per_gpu(total_params(q.shape), stage, q.gpus) for name, stage in PAPER_STAGES.items()
+    }
 
 
 def unmodelled(plans: list[StrategyPlan], q: Question) -> list[str]:
@@ -317,7 +328,7 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
         },
         "model": {
             "name": s.name,
-            "params": s.params,
+            "params": total_params(s),
             "flops_params": s.flops_params,
             "flops_per_token": s.flops_per_token(q.seq_len),
             "dims": asdict(s.dims) if s.dims else None,

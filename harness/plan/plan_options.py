@@ -90,6 +90,10 @@ class PlanConfig:
     fp8_attention: bool = False  # TransformerEngine's fp8 attention (cuDNN's fp8 kernel), with attention=cudnn
     activation_offload: bool = False  # saved activations in host memory (torchtune)
     fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse
+    # A mixture of experts: the busiest expert GPU's tokens over the mean (1.0: balanced), and
+    # Megatron-core's recomputed modules (core_attn, layernorm, moe_act, moe, mlp).
+    moe_imbalance: float = 1.0
+    recompute_modules: Any = ()
     strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows
     strategy_options: dict[str, Any] = field(default_factory=dict)
     # Output.
@@ -175,7 +179,8 @@ def check(cfg: PlanConfig) -> None:
 
 def recipe_of(cfg: PlanConfig) -> Recipe:
     """The run's recipe as the options give it: each of its fields is an option of the same name."""
-    return Recipe(**{f.name: getattr(cfg, f.name) for f in fields(Recipe)})
+    values = {f.name: getattr(cfg, f.name) for f in fields(Recipe)}
+    return Recipe(**{**values, "recompute_modules": tuple(_listed(cfg.recompute_modules))})
 
 
 def gpu_of(cfg: PlanConfig) -> GPUSpec:

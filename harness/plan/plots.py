@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from harness.common.colours import strategy_colours  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
 from harness.plan.model.model_shape import shape_of_description  # noqa: E402
+from harness.plan.model.moe_shape import total_params
 from harness.plan.parallel.backends import planner_models  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_strategy  # noqa: E402
 
@@ -132,9 +133,8 @@ def memory_chart(q: Question, names: list[str], path: Path) -> Path:
     ax.axhline(q.capacity_bytes / GIB, color="black", linewidth=1.5, label=f"card ({q.capacity_bytes / GIB:.1f} GiB)")
     if usable is not None:
         ax.axhline(usable / GIB, color="black", linewidth=0.8, linestyle="--", label="usable by the allocator")
-    ax.axvline(
-        q.shape.params, color="grey", linewidth=0.8, linestyle=":", label=f"this model ({q.shape.params / 1e9:.3g}B)"
-    )
+    params = total_params(q.shape)
+    ax.axvline(params, color="grey", linewidth=0.8, linestyle=":", label=f"this model ({params / 1e9:.3g}B)")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("model parameters")

@@ -12,6 +12,13 @@ from harness.common.hardware import GPUSpec
 from harness.plan.memory.activations import Activations, activations
 from harness.plan.memory.buffers import Buffers, backend_buffers
 from harness.plan.memory.capacity import Headroom, headroom
+from harness.plan.memory.expert_memory import (
+    added,
+    expert_activations,
+    expert_buffers,
+    expert_states,
+    with_experts_held,
+)
 from harness.plan.memory.invariants import check_memory
 from harness.plan.memory.memory_correction import corrected_peak
 from harness.plan.memory.model_states import GPU, compute_bytes, model_states
@@ -19,6 +26,7 @@ from harness.plan.memory.recipe import PLAIN, Recipe
 from harness.plan.memory.recipe_plan import FRAGMENTATION, recipe_collectives, with_recipe
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.network.comm import Collective, collectives, local_copy_bytes
+from harness.plan.network.expert_comm import all_to_alls, expert_gradient_collectives
 from harness.plan.network.fabric import Topology
 from harness.plan.parallel.async_tp_cost import (
     MEGATRON_ENGINE,
@@ -27,11 +35,18 @@ from harness.plan.parallel.async_tp_cost import (
     async_tp_of,
     fused_collectives,
 )
-from harness.plan.parallel.backends import Backend, backend_for
+from harness.plan.parallel.backends import Backend, backend_for, model_of
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.parallel.planned_options import check_priced, options_of
-from harness.plan.speed.compute import compute_work, kernel_launches, memory_bytes_per_s, micro_step_kernels
+from harness.plan.speed.compute import (
+    block_projections,
+    compute_work,
+    kernel_launches,
+    memory_bytes_per_s,
+    micro_step_kernels,
+)
+from harness.plan.speed.expert_compute import expert_kernels, expert_long_forward, expert_work
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import HostIssue, host_issue
 from harness.plan.speed.kernel_table import kernel_table
@@ -122,6 +137,9 @@ class StrategyPlan:
                 "hpz": self.layout.hpz,
                 "pp": self.layout.pp,
                 "cp": self.layout.cp,
+                "ep": self.layout.experts.ep,
+                "etp": self.layout.experts.etp,
+                "edp": self.layout.experts.edp,
             },
             "model_states_bytes": self.states.as_dict(),
             "activations_bytes": None
@@ -254,7 +272,10 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         return plan_split_model(backend, q, layout)
     held = storage_precision(q.precision)
     backend = with_recipe(backend, q.recipe)
+    if not backend.expert_parallel:  # its experts held, reduced and stepped among the rest (expert_memory.py)
+        q = replace(q, shape=with_experts_held(q.shape))
     states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz, q.recipe)
+    states = added(states, expert_states(q.shape, backend, held, layout.experts, q.recipe))
     memory = memory_at(backend, q, layout, states)
     room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
     fits = None if memory.peak is None else room.fits(memory.peak)
@@ -265,6 +286,8 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8, pipelined
     )
     comms = recipe_collectives(comms, q.shape, backend, q.recipe, memory.activations)
+    comms += all_to_alls(q.shape, backend, layout.experts, tokens, layout.tp, held, q.checkpointing, q.recipe)
+    comms += expert_gradient_collectives(q.shape, backend, layout.experts, held, q.gpus, q.topology.world())
     timing = _time(backend, q, layout, comms, pipelined) if q.gpu is not None else None
     acts, buffers, peak = memory.activations, memory.buffers, memory.peak
     return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing)
@@ -299,7 +322,13 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         megatron=bool(backend.options.get(MEGATRON_ENGINE)),
         sequence_parallel=backend.sequence_parallel,
     )
+    acts = _with_experts(acts, backend, q, layout)
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
+    tokens = q.micro_batch * q.seq_len / layout.tp
+    ffn_buffers = expert_buffers(q.shape, backend, held, layout.experts, q.grad_accum, q.recipe, tokens)
+    buffers = replace(
+        buffers, backward={**buffers.backward, **ffn_buffers.backward}, step={**buffers.step, **ffn_buffers.step}
+    )
     if acts is not None and q.recipe.fragmentation:
         lost = {FRAGMENTATION: int(q.recipe.fragmentation * acts.total)}
         buffers = replace(buffers, backward={**buffers.backward, **lost})
@@ -312,6 +341,35 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         # never below the model states this GPU holds (memory_correction.py).
         peak = corrected_peak(peak, sum(gpu.values()), correction, acts.total, params_held(q.shape, backend, layout))
     return Memory(acts, buffers, peak)
+
+
+def _with_experts(acts: Activations | None, backend: Backend, q: Question, layout: Layout) -> Activations | None:
+    """The dense part's activations with a mixture of experts' FFNs (expert_memory.py) added."""
+    if acts is None:
+        return None
+    ffn = expert_activations(
+        q.shape,
+        micro_batch=q.micro_batch,
+        seq_len=q.seq_len,
+        tp=layout.tp,
+        experts=layout.experts,
+        precision=storage_precision(q.precision),
+        mixed_precision=backend.mixed_precision,
+        checkpointing=q.checkpointing,
+        megatron=bool(backend.options.get(MEGATRON_ENGINE)),
+        sequence_parallel=backend.sequence_parallel,
+        recipe=q.recipe,
+    )
+    if ffn is None:
+        return acts
+    on_gpu = acts.blocks / max(1, acts.blocks + acts.host)  # activation offload keeps some blocks on the host
+    blocks = ffn.kept - ffn.dropped
+    return replace(
+        acts,
+        blocks=acts.blocks + int(on_gpu * blocks),
+        host=acts.host + int((1 - on_gpu) * blocks),
+        rebuilt=acts.rebuilt + ffn.rebuilt,
+    )
 
 
 def _async_tp(q: Question, layout: Layout, backend: Backend) -> AsyncTensorParallel | None:
@@ -395,6 +453,25 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 pipelined,
             ),
         )
+        ffn = expert_work(
+            q.shape,
+            micro_batch=q.micro_batch,
+            seq_len=q.seq_len,
+            tp=layout.tp,
+            experts=layout.experts,
+            gpu=q.gpu,
+            precision=storage_precision(q.precision),
+            matmul_precision=q.precision,
+            fused=q.compiled,
+            checkpointing=q.checkpointing,
+            attention=q.attention,
+            engine=backend.engine,
+            stage=backend.stage,
+            recipe=q.recipe,
+            megatron=bool(backend.options.get(MEGATRON_ENGINE)),
+            held_apart=backend.expert_parallel,
+        )
+        work = ffn.added_to(work) if ffn is not None else work
     return step_time(
         work=work,
         fixed_compute_s=fixed,
@@ -411,11 +488,11 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         sms=q.gpu.sms,
         memory_bytes_per_s=memory_bytes_per_s(q.gpu),
         pipelined=_async_tp(q, layout, backend) if pipelined else None,
-        host=_host(backend, q, comms),
+        host=_host(backend, q, layout, comms),
     )
 
 
-def _host(backend: Backend, q: Question, comms: list[Collective]) -> HostIssue:
+def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]) -> HostIssue:
     """What the host issues in one micro-step: the model's kernels as this backend runs them, and
     the collectives (host_issue.py)."""
     kernels = micro_step_kernels(
@@ -427,9 +504,24 @@ def _host(backend: Backend, q: Question, comms: list[Collective]) -> HostIssue:
         fused_norm=q.fused_norm,
         complex_rope=q.complex_rope,
     )
+    grouped = bool(backend.options.get(MEGATRON_ENGINE))  # TransformerEngine's GroupedLinear, not a Python loop
+    kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing)
     table = kernel_table(q.gpu) if q.gpu is not None else None
     compiled = q.compiled and not q.eager_launches
-    return host_issue(kernels, comms, compiled, q.grad_accum, table.host_s_per_kernel if table else None)
+    measured = table.host_s_per_kernel if table else None
+    return host_issue(kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped))
+
+
+def _synced_long_forward(q: Question, layout: Layout, grouped: bool) -> float | None:
+    """Where a mixture of experts' forward waits on the host for its experts' token counts (dropless
+    routing; the zoo's experts read them whatever the capacity; host_issue.py), how many of its forward
+    kernels are long ones: the blocks' projections and attention, the head, the experts' matmuls."""
+    dims = q.shape.dims
+    moe = dims.moe if dims is not None else None
+    if moe is None or not moe.moe_layers or (moe.capacity is not None and grouped):
+        return None
+    dense = dims.layers * (len(block_projections(dims, 1)) + 1) + 1
+    return dense + expert_long_forward(q.shape, layout.experts, grouped)
 
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:
@@ -448,7 +540,10 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
 
     plans: list[StrategyPlan] = []
     not_planned: dict[str, str] = {}
+    dense = q.shape.dims is None or q.shape.dims.moe is None
     for name in names:
+        if dense and not asked and model_of(name) is not None and model_of(name).expert_parallel:
+            continue  # an expert-parallel strategy is planned by default for a mixture of experts only
         try:
             plan = plan_strategy(name, q)
         except LayoutError as exc:

@@ -63,12 +63,14 @@ def test_a_compare_wide_option_reaches_the_strategies_that_take_it_and_the_plan_
     doc = json.loads(capsys.readouterr().out)
     # Every name of the torch mesh takes pp_size (ddp-tp + pp_size is Megatron-LM's 3D), and zero1-pp.
     pipelined = ["fsdp", "fsdp-grad-op", "fsdp-offload", "hsdp", "fsdp-tp", "ddp-tp", "zero1-tp", "fsdp-pp", "fsdp-cp"]
-    assert doc["strategy_options_reach"] == {"pp_size": [*pipelined, "zero1-pp"]}
+    # fsdp-ep and ddp-ep take it too, and are not planned for this model, which has no experts.
+    assert doc["strategy_options_reach"] == {"pp_size": [*pipelined, "fsdp-ep", "ddp-ep", "zero1-pp"]}
     layouts = {s["strategy"]: s["layout"] for s in doc["strategies"]}
     assert {s for s, layout in layouts.items() if layout["pp"] > 1} == {*pipelined, "zero1-pp"}
     assert all(layouts[s]["pp"] == 2 for s in (*pipelined, "zero1-pp"))
     assert runner.main([*GPT_350M, "strategy_options.pp_size=2"]) == 0
-    assert f"strategy_options.pp_size reaches {', '.join(pipelined)}, zero1-pp." in capsys.readouterr().out
+    reached = ", ".join([*pipelined, "fsdp-ep", "ddp-ep", "zero1-pp"])
+    assert f"strategy_options.pp_size reaches {reached}." in capsys.readouterr().out
 
 
 def test_a_strategy_planned_by_default_with_an_option_the_planner_cannot_price_is_listed_not_planned(capsys):

@@ -70,6 +70,11 @@ EIGHT_BIT_BLOCK = 256  # elements per quantization block (bitsandbytes, torchao)
 EIGHT_BIT_MIN_ELEMENTS = 4096  # smaller tensors keep 32-bit moments (bitsandbytes min_8bit_size, torchao alike)
 OFFLOAD_BLOCKS_ON_GPU = 2  # the block being computed and the one in flight to or from the host
 FRAGMENTATION_LIMIT = 1.0
+# Megatron-core's `--recompute-modules` (recompute_granularity selective): what each recomputes in the
+# backward instead of keeping (megatron/core/transformer/transformer_config.py): the core attention,
+# the norms' outputs, the experts' SwiGLU, the whole MoE layer, the dense and shared FFNs, MLA's up
+# projections (planned only where the model has MLA: none here).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "moe", "mlp")
 
 
 @dataclass(frozen=True)
@@ -87,6 +92,10 @@ class Recipe:
     fp8_attention: bool = False
     activation_offload: bool = False
     fragmentation: float = 0.0
+    # A mixture of experts: the busiest GPU's expert load over the mean (1.0: balanced, as published
+    # Megatron-Bridge benchmarks force it), and Megatron-core's recomputed modules.
+    moe_imbalance: float = 1.0
+    recompute_modules: tuple[str, ...] = ()
 
     def check(self, precision: str) -> None:
         """One-line errors for choices that cannot go together."""
@@ -116,6 +125,17 @@ class Recipe:
             raise PlanError("te_fp8=true casts fp8 projections as TransformerEngine does: give precision=fp8 as well")
         if self.fp8_attention and precision not in ("fp8", "fp4"):
             raise PlanError("fp8_attention=true runs the attention under the fp8 recipe: give precision=fp8 as well")
+        if not self.moe_imbalance >= 1.0:
+            raise PlanError(
+                f"moe_imbalance={self.moe_imbalance} is the busiest expert GPU's tokens over the mean: give 1.0 "
+                "(balanced) or more"
+            )
+        unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
+        if unknown:
+            raise PlanError(
+                f"recompute_modules: {', '.join(unknown)} is not a module the planner recomputes: give some of "
+                f"{', '.join(RECOMPUTE_MODULES)} (Megatron-core's names)"
+            )
         if self.fp8_block_scaling and precision != "fp8":
             raise PlanError(
                 "fp8_block_scaling=true is MXFP8's scaling of the fp8 projections: give precision=fp8 as well"
@@ -155,6 +175,10 @@ class Recipe:
             said.append("activations offloaded")
         if self.fragmentation:
             said.append(f"{self.fragmentation:.0%} fragmentation")
+        if self.moe_imbalance != 1.0:
+            said.append(f"expert load imbalance {self.moe_imbalance:g} (busiest over mean)")
+        if self.recompute_modules:
+            said.append(f"recomputed modules {', '.join(self.recompute_modules)}")
         return said
 
 

@@ -2,7 +2,8 @@
 and the models of the catalogue, which are such configs. An architecture hf_configs.py lists is
 read from its sizes without torch; any other, or a field that table does not know, is built on
 the meta device from the real config class (no weights, no download, no remote code). A
-mixture-of-experts config is refused: the planner models dense transformers only."""
+mixture-of-experts config of moe_shape.py's architectures is read from its sizes too; any other is
+refused in one line."""
 
 from __future__ import annotations
 
@@ -48,9 +49,13 @@ def experts(fields: dict[str, Any]) -> str | None:
 def refuse_experts(spec: str, fields: dict[str, Any]) -> None:
     found = experts(fields)
     if found:
+        from harness.plan.model.moe_shape import MOE_ARCHITECTURES, refuse_unmodelled
+
+        refuse_unmodelled(spec, str(fields.get("model_type", "")))
+
         raise PlanError(
-            f"model {spec}: a mixture-of-experts model ({found}) is not modelled yet: the planner plans dense "
-            "transformers only"
+            f"model {spec}: a mixture-of-experts model ({found}) of a family the planner does not read: plan "
+            f"{', '.join(a.config_class for a in MOE_ARCHITECTURES)}, a zoo MoE preset or the catalogue's MoE models"
         )
 
 
@@ -89,7 +94,13 @@ def read_config(spec: str, path: Path) -> dict[str, Any]:
 
 def shape_of_fields(spec: str, fields: dict[str, Any], block_names: list[str] | None = None) -> ModelShape:
     """The shape of the model a config.json's `fields` describe (model_type among them)."""
-    refuse_experts(spec, fields)
+    if experts(fields):
+        from harness.plan.model.moe_shape import catalogue_moe_shape
+
+        shape = None if block_names else catalogue_moe_shape(spec, fields)
+        if shape is not None:
+            return shape
+        refuse_experts(spec, fields)
     model_type = fields.get("model_type")
     arch = hf_configs.architecture(model_type) if isinstance(model_type, str) else None
     if arch is not None and not block_names:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_spec
+from harness.plan.model.moe_shape import total_params
 from models.gpt_config import PRESETS
 
 CATALOGUE_FILE = Path(__file__).with_name("model_catalogue.json")
@@ -105,7 +106,8 @@ def summary(name: str) -> Summary:
     from harness.plan.model import hf_configs
 
     arch = hf_configs.architecture(e.config["model_type"])
-    assert arch is not None, f"{name}: model_type {e.config['model_type']} not read offline"
+    if arch is None:  # a mixture of experts (moe_shape.py): its config states whether the head is tied
+        return Summary(e, shape, bool(e.config["tie_word_embeddings"]), int(e.config["max_position_embeddings"]))
     tied = bool(arch.sizes(e.config)["tie_word_embeddings"])
     return Summary(e, shape, tied, int(e.config["max_position_embeddings"]))
 
@@ -118,8 +120,9 @@ def catalogue_listing() -> list[str]:
         d = s.shape.dims
         assert d is not None
         heads = f"{d.heads}" if d.kv_heads == d.heads else f"{d.heads}/{d.kv_heads}kv"
+        ffn = f"F={d.ffn_width}" if d.moe is None else f"E={d.moe.experts}x{d.moe.expert_ffn} top-{d.moe.top_k}"
         lines.append(
-            f"  {name:<14} {s.shape.params / 1e9:>7.2f}B  L={d.layers} W={d.width} H={heads} F={d.ffn_width} "
+            f"  {name:<16} {total_params(s.shape) / 1e9:>7.2f}B  L={d.layers} W={d.width} H={heads} {ffn} "
             f"V={d.vocab} seq<={s.max_seq} {s.entry.norm} {s.entry.activation}{' tied' if s.tied else ''}  "
             f"({s.entry.hub})"
         )

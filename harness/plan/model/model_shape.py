@@ -24,6 +24,7 @@ from models.moe_config import MOE_PRESETS
 
 if TYPE_CHECKING:
     from harness.plan.memory.activation_trace import ActivationTracer
+    from harness.plan.model.moe_shape import MoEDims
 
 ARCHS = ("gpt", "llama")
 
@@ -60,6 +61,8 @@ class TransformerDims:
     # Tensor parallel splits the embedding, the head and its loss by vocabulary, as Hugging Face's
     # and torchtitan's Llama plans do; parabench's GPT keeps its tied embedding and head whole.
     tp_splits_head: bool = True
+    # A mixture of experts: its routed experts (moe_shape.py), the MLP width above then 0.
+    moe: MoEDims | None = None
 
     def head_split(self, tp: int) -> int:
         """How many ways tensor parallel splits the embedding, the head and the loss."""
@@ -247,8 +250,13 @@ def shape_of_spec(
     from harness.plan.model import hf_files, model_catalogue
 
     kwargs = dict(model_kwargs or {})
-    if spec in MOE_PRESETS:
-        hf_files.refuse_experts(spec, {"num_experts": MOE_PRESETS[spec].n_experts})
+    if not block_names and spec in MOE_PRESETS:
+        from harness.plan.model.moe_shape import zoo_moe_shape
+
+        try:
+            return zoo_moe_shape(spec, dataclasses.replace(MOE_PRESETS[spec], **kwargs))
+        except TypeError as exc:
+            raise PlanError(f"model {spec!r} rejected model_kwargs {kwargs}: {exc}") from None
     if not block_names and spec in PRESETS:
         try:
             return _gpt_shape(spec, dataclasses.replace(PRESETS[spec], **kwargs))
@@ -262,6 +270,12 @@ def shape_of_spec(
         return hf_files.shape_of_fields(spec, {**hf_files.read_config(spec, config_file), **kwargs}, block_names)
     if ":" not in spec:
         model_catalogue.check_known(spec)
+    if spec.startswith("hf:") and not block_names:
+        from harness.plan.model.moe_shape import hf_moe_shape, moe_architecture
+
+        moe = moe_architecture(spec[3:])
+        if moe is not None:
+            return hf_moe_shape(spec, moe, kwargs)
     arch = hf_configs.architecture(spec[3:]) if spec.startswith("hf:") and not block_names else None
     plain = hf_configs.plain_kwargs(arch, kwargs) if arch else None
     if arch is not None and plain is not None:

@@ -47,7 +47,7 @@ class Collective:
     """One kind of collective a step runs, summed over its calls."""
 
     what: str  # e.g. "all-reduce gradients"
-    kind: str  # all-reduce | all-gather | reduce-scatter | broadcast | reduce | gather | host-copy
+    kind: str  # all-reduce | all-gather | reduce-scatter | all-to-all | broadcast | reduce | gather | host-copy
     payload_bytes: float  # bytes of the whole tensor(s) over all calls
     calls: int  # how many collective calls carry it (buckets, blocks)
     window: str | None  # compute phase that can hide it: forward | backward | matmul (PIPELINED) | None (exposed)
@@ -188,11 +188,12 @@ def _tensor_parallel(
             Collective(what, "all-reduce", element * calls * held, calls, None, layout.tp_group, per_micro_step=True)
         ]
     fused = fused_collectives(shape.dims, layout.tp, checkpointing) if async_tp else []
+    sublayers = tensor_parallel_sublayers(shape, layout)
     out = []
     for kind in ("all-gather", "reduce-scatter"):
-        blocks = 2 * (2 + TP_RECOMPUTED[checkpointing][kind]) * layers
+        blocks = sublayers * (2 + TP_RECOMPUTED[checkpointing][kind])
         if megatron and kind == "all-gather":
-            blocks += 2 * layers  # the saved shards gathered again for the weight gradients
+            blocks += sublayers  # the saved shards gathered again for the weight gradients
         block_bytes = 1 if fp8 and kind == "all-gather" else held
         payload = element * (blocks * block_bytes + 2 * held)
         mine = [f for f in fused if f.kind == kind]
@@ -223,6 +224,18 @@ def _tensor_parallel(
         if rest > 0:
             out.append(Collective(what, kind, rest_bytes, rest, None, layout.tp_group, per_micro_step=True))
     return out
+
+
+def tensor_parallel_sublayers(shape: ModelShape, layout: Layout) -> int:
+    """The sub-layers whose input tensor parallelism gathers and whose output it scatters: every
+    block's attention and MLP, but a mixture of experts' MoE block whose experts it does not split
+    (etp 1, Megatron-core's parallel folding) and which has no shared expert: its tokens reach the
+    experts by the all-to-all (expert_comm.py)."""
+    assert shape.dims is not None
+    moe = shape.dims.moe
+    if moe is None or layout.experts.etp > 1 or moe.shared_ffn:
+        return 2 * shape.dims.layers
+    return 2 * shape.dims.layers - moe.moe_layers
 
 
 def tensor_parallel_across_nodes(collectives: list[Collective]) -> str | None:

@@ -403,7 +403,11 @@ def topology_of(
 
 def collective_seconds(topology: Topology, group: Group, kind: str, payload: float, calls: int = 1) -> float:
     """Seconds of `calls` collectives of `kind` moving `payload` bytes in all over `group`, each call
-    an equal share of it, run as NCCL's model would run each."""
+    an equal share of it, run as NCCL's model would run each (an all-to-all: all_to_all.py)."""
     if group.size <= 1 or payload <= 0:
         return 0.0
+    if kind == "all-to-all":
+        from harness.plan.network.all_to_all import all_to_all_seconds
+
+        return all_to_all_seconds(topology, group, payload, calls)
     return calls * topology.choice(group, kind, payload / calls).seconds

@@ -11,11 +11,12 @@ tray's 4), and a group inside the domain communicates over NVLink (`Topology.per
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.plan.model.model_shape import ModelShape, PlanError
 from harness.plan.network.fabric import Group, Topology
-from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.backends import Backend, planner_models
+from harness.plan.parallel.expert_layout import NONE, ExpertLayout, ExpertLayoutError, expert_layout
 from strategies.mesh_layout import MeshError, default_stages
 from strategies.parallel_dims import ModelFacts, dims_for
 
@@ -39,6 +40,7 @@ class Layout:
     hpz_group: Group
     pp: int = 1  # pipeline stages (pipeline_context.py)
     cp: int = 1  # GPUs each sequence is split over; they share the shard group with data parallel
+    experts: ExpertLayout = NONE  # a mixture of experts' routed experts (expert_layout.py)
 
     @property
     def data_parallel(self) -> int:
@@ -118,7 +120,9 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
                 f"use one of {_divisors(per_node)}"
             )
     replicas = data_parallel // shard
+    _check_mixture_split(backend, shape, max(tp, pp, cp))
     return Layout(
+        experts=_experts(backend, shape, topology, gpus // pp, tp),
         tp=tp,
         shard=shard,
         replicas=replicas,
@@ -130,6 +134,26 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
         pp=pp,
         cp=cp,
     )
+
+
+def _check_mixture_split(backend: Backend, shape: ModelShape, largest: int) -> None:
+    """A registered strategy does not cut a mixture of experts for tensor, pipeline or context
+    parallel (models/moe.py: its experts have no tensor-parallel plan, and the pipeline and
+    context-parallel cuts take the GPT alone); a published run's layout (Megatron-core's) is planned
+    as it ran."""
+    mixture = shape.dims is not None and shape.dims.moe is not None
+    if largest > 1 and mixture and backend.measured_as in planner_models():
+        raise LayoutError(
+            f"{backend.name}: tensor, pipeline or context parallel beside a mixture of experts is not planned yet: "
+            "plan its experts with expert parallel alone (ddp-ep, fsdp-ep, zero1-ep, zero2-ep) or fsdp or zero3"
+        )
+
+
+def _experts(backend: Backend, shape: ModelShape, topology: Topology, ranks: int, tp: int) -> ExpertLayout:
+    try:
+        return expert_layout(backend, shape, topology, ranks, tp)
+    except ExpertLayoutError as exc:
+        raise LayoutError(str(exc)) from None
 
 
 def _check_tensor_parallel(backend: Backend, shape: ModelShape, topology: Topology, tp: int) -> None:
@@ -166,7 +190,12 @@ def _check_tensor_parallel(backend: Backend, shape: ModelShape, topology: Topolo
 def _mesh_layout(backend: Backend, shape: ModelShape, topology: Topology) -> Layout:
     """A torch mesh preset's layout, sized by the runtime's dims_for; FSDP shards over the data- and
     context-parallel ranks (replicated across hsdp's replicas), replicate and zero1 reduce over them."""
-    facts = ModelFacts(shape.dims.layers, shape.dims.heads, shape.dims.kv_heads) if shape.dims else None
+    moe = shape.dims.moe if shape.dims else None
+    facts = (
+        ModelFacts(shape.dims.layers, shape.dims.heads, shape.dims.kv_heads, moe.experts if moe else None)
+        if shape.dims
+        else None
+    )
     # The planner's options may say a size is its default as 0 or "auto" too.
     options = {k: None if k.endswith("_size") and v in (0, "auto") else v for k, v in backend.options.items()}
     try:
@@ -177,7 +206,10 @@ def _mesh_layout(backend: Backend, shape: ModelShape, topology: Topology) -> Lay
     hybrid = options["engine"] == "fsdp" and dims.dp_replicate > 1
     shard = dims.dp_shard * dims.cp if hybrid else dims.data_parallel * dims.cp
     replicas = dims.dp_replicate if hybrid else 1
+    _check_mixture_split(backend, shape, max(dims.tp, dims.pp, dims.cp))
+    mesh_ep = {**backend.options, "ep_size": dims.ep} if backend.expert_parallel else backend.options
     return Layout(
+        experts=_experts(replace(backend, options=mesh_ep), shape, topology, topology.gpus // dims.pp, dims.tp),
         tp=dims.tp,
         shard=shard,
         replicas=replicas,

@@ -143,7 +143,8 @@ def _stage_shape(shape: ModelShape, layers: int) -> ModelShape:
     stage holds the embedding's, the last the head's, never both (a tied one is a copy on each)."""
     if shape.dims is None:
         raise LayoutError("pipeline parallelism needs a transformer the planner knows the layers of")
-    dims = replace(shape.dims, layers=layers)
+    moe = shape.dims.moe.for_blocks(layers) if shape.dims.moe is not None else None
+    dims = replace(shape.dims, layers=layers, moe=moe)
     table = shape.dims.vocab * shape.dims.width
     if shape.tensors is None:
         per_block = (shape.params - shape.root_params()) // shape.dims.layers
@@ -167,7 +168,8 @@ def _stage_shape(shape: ModelShape, layers: int) -> ModelShape:
         shape,
         name=f"{shape.name} (stage of {layers} blocks)",
         params=params,
-        flops_params=params - skipped + (table if untied else 0),  # the embedding's 6N share still counted
+        # the embedding's 6N share still counted, and the stage's experts a token runs
+        flops_params=params - skipped + (table if untied else 0) + (moe.active_routed_params(dims.width) if moe else 0),
         dims=dims,
         tensors=tensors,
         tracer=None,

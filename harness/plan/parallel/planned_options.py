@@ -53,6 +53,7 @@ MODELLED: dict[str, Callable[[Backend], bool]] = {
     "cp_attention": splits_sequences,  # context_parallel_cost.py: all-to-all or ring
     # pipeline_cost.py: stages a GPU holds under an interleaved schedule (DeepSpeed's engine runs 1F1B alone)
     "virtual_stages": lambda b: pipelines(b) and not b.pipeline_engine,
+    "ep_size": lambda b: b.expert_parallel,  # expert_layout.py: experts over ep_size GPUs, all-to-all between
 }
 # Values the planner prices of an option it models only at some (others: refused in one line).
 PRICED_VALUES: dict[str, tuple[Any, ...]] = {"cpu_adam": (None, True)}
@@ -62,7 +63,16 @@ WHAT_IFS = ("async_tp", "cp_attention", "virtual_stages")
 # The size each what-if shapes: offered only to a strategy that takes it (no interleaving without stages).
 WHAT_IF_SIZES = {"async_tp": "tp_size", "cp_attention": "cp_size", "virtual_stages": "pp_size"}
 # Options that count GPUs, stages or micro-batches: whole numbers of at least 1 (None: the strategy's default).
-SIZES = ("tp_size", "pp_size", "cp_size", "shard_size", "zero_hpz_partition_size", "microbatches", "virtual_stages")
+SIZES = (
+    "tp_size",
+    "pp_size",
+    "cp_size",
+    "shard_size",
+    "zero_hpz_partition_size",
+    "microbatches",
+    "virtual_stages",
+    "ep_size",
+)
 
 
 def _registry():  # noqa: ANN202 - strategies.registry.StrategyRegistry, imported where used

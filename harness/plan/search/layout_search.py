@@ -79,6 +79,7 @@ class Searched:
             "hpz": layout.hpz,
             "pp": layout.pp,
             "cp": layout.cp,
+            "ep": layout.experts.ep,
             "data_parallel": layout.data_parallel,
             "micro_batch": self.micro_batch,
             "grad_accum": self.grad_accum,
@@ -149,9 +150,12 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
     not_laid_out: Counter[str] = Counter()
     first_of: dict[tuple, str] = {}  # each layout searched (_layout_key) -> the strategy it is listed under
     listed_as: dict[str, str] = {}
+    experts = q.shape.dims.moe.experts if q.shape.dims and q.shape.dims.moe else None
     for name in names:
         model = model_of(name)
         assert model is not None
+        if model.expert_parallel and experts is None:
+            continue  # a dense model has no experts to lay out (plan_all leaves them out alike)
         layers = q.shape.dims.layers if q.shape.dims else None
         fixed = options_of(name, q.strategy_options)
         try:
@@ -159,7 +163,8 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
         except LayoutError as exc:
             not_laid_out[str(exc)] += 1
             continue
-        for sizes in layout_options(model, q.gpus, q.topology.per_node, fixed, layers, q.seq_len, takes(name)):
+        laid_out = layout_options(model, q.gpus, q.topology.per_node, fixed, layers, q.seq_len, takes(name), experts)
+        for sizes in laid_out:
             options = {**fixed, **sizes}
             try:
                 # Built once per layout: the batch split and checkpointing do not change the backend.
@@ -210,7 +215,7 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
 
 
 # The options a Layout's dimensions already say (two strategies reaching one tp by default and by option are alike).
-LAYOUT_SIZES = ("tp_size", "pp_size", "cp_size", "shard_size", "zero_hpz_partition_size")
+LAYOUT_SIZES = ("tp_size", "pp_size", "cp_size", "shard_size", "zero_hpz_partition_size", "ep_size")
 
 
 def _layout_key(backend: Backend, layout: Layout, options: dict[str, Any]) -> tuple:
@@ -220,14 +225,14 @@ def _layout_key(backend: Backend, layout: Layout, options: dict[str, Any]) -> tu
     model = {f.name: getattr(backend, f.name) for f in fields(PlanModel)}
     model["pipeline_engine"] = model["pipeline_engine"] and layout.pp > 1
     model["context_parallel_engine"] = model["context_parallel_engine"] and layout.cp > 1
-    dims = (layout.tp, layout.shard, layout.replicas, layout.hpz, layout.pp, layout.cp)
+    dims = (layout.tp, layout.shard, layout.replicas, layout.hpz, layout.pp, layout.cp, layout.experts.ep)
     rest = tuple(sorted((k, repr(v)) for k, v in options.items() if k not in LAYOUT_SIZES))
     return tuple(sorted(model.items())), dims, rest
 
 
 def _dims(layout: Layout) -> str:
     """A layout's dimensions in words: 'pp 1', 'tp 2 x pp 4'."""
-    sizes = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp}
+    sizes = {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "ep": layout.experts.ep}
     above = [f"{k} {v}" for k, v in sizes.items() if v > 1]
     return " x ".join(above) or "tp 1, pp 1, cp 1"
 
@@ -242,6 +247,7 @@ TERMS = {
     "overhead": "backend's own work",
     "host wait": "the GPU waiting on its host to issue kernels",
     "bubble": "the pipeline's bubble",
+    "imbalance": "the busiest GPU's expert tokens beyond an even share (moe_imbalance)",
     "compute": "compute",
 }
 
@@ -254,6 +260,7 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
     micro_steps = s.grad_accum * (int(s.options.get("microbatches", 1)) if s.plan.layout.pp > 1 else 1)
     recompute = micro_steps * t.work.recompute_s * compute_scale if t.work else 0.0
     optimizer = t.work.optimizer_s * compute_scale if t.work else 0.0
+    imbalance = micro_steps * t.work.expert_imbalance_s * compute_scale if t.work else 0.0
     return {
         "exposed comm": t.exposed_comm_s,
         "contention": t.contention_s,
@@ -263,7 +270,8 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
         "overhead": t.overhead_s,
         "host wait": t.host_wait_s,
         "bubble": t.bubble_s,
-        "compute": t.compute_s - recompute - optimizer,
+        "imbalance": imbalance,
+        "compute": t.compute_s - recompute - optimizer - imbalance,
     }
 
 
@@ -340,8 +348,8 @@ def _same_layout(a: Searched, b: Searched) -> bool:
     """Two strategies that plan one layout alike (accelerate-zero3 and zero3): within 0.1% in speed and memory."""
     la, lb = a.plan.layout, b.plan.layout
     return (
-        (la.tp, la.shard, la.hpz, la.pp, la.cp, a.micro_batch, a.grad_accum, a.checkpointing)
-        == (lb.tp, lb.shard, lb.hpz, lb.pp, lb.cp, b.micro_batch, b.grad_accum, b.checkpointing)
+        (la.tp, la.shard, la.hpz, la.pp, la.cp, la.experts.ep, a.micro_batch, a.grad_accum, a.checkpointing)
+        == (lb.tp, lb.shard, lb.hpz, lb.pp, lb.cp, lb.experts.ep, b.micro_batch, b.grad_accum, b.checkpointing)
         and abs(a.tokens_per_s_per_gpu / b.tokens_per_s_per_gpu - 1) < SAME
         and abs(a.peak_bytes - b.peak_bytes) <= SAME * max(a.peak_bytes, b.peak_bytes)
     )

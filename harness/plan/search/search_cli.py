@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.common.units import GIB
 from harness.plan.model.model_shape import PlanError
+from harness.plan.model.moe_shape import total_params
 from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_cli import aligned, basis_lines, strategy_names
 from harness.plan.plan_options import PlanConfig, gpu_counts, models_asked, question
@@ -144,7 +145,7 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     s = q.shape
     gpu = q.gpu.name if q.gpu else "an unknown card"
     lines = [
-        f"parabench plan search | {s.name} ({s.params / 1e9:.3g}B params)",
+        f"parabench plan search | {s.name} ({total_params(s) / 1e9:.3g}B params)",
         f"  {q.topology.describe()} | {gpu} | {q.precision} | global batch {tokens:,} tokens = {result.global_batch} "
         f"x {q.seq_len} | strategy x tp x pp x cp x shard x micro-batch x accumulation x checkpointing",
         *(f"  {line}" for line in basis_lines(q)),
@@ -164,6 +165,9 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     rows = [HEADER, _row(1, best, "fastest")] + [
         _row(i + 2, found, loss.short) for i, ((found, _), loss) in enumerate(zip(shown[1:], losses, strict=True))
     ]
+    if q.shape.dims is not None and q.shape.dims.moe is not None:  # a mixture of experts: each layout's ep
+        eps = ["ep"] + [str(found.plan.layout.experts.ep) for found, _ in shown]
+        rows = [(*row[:5], ep, *row[5:]) for row, ep in zip(rows, eps, strict=True)]
     lines += aligned(rows, left=2)
     lines += [
         "",

@@ -1,7 +1,8 @@
 """The layouts a search plans (`runner.py plan search=true`): for each strategy the sizes its
 layout takes (tp_size for a tensor-parallel one, shard_size for hybrid sharding,
-zero_hpz_partition_size for hpZ), and for each layout every micro-batch and accumulation that
-makes the global batch over its data-parallel ranks, under each activation checkpointing mode.
+zero_hpz_partition_size for hpZ, ep_size for an expert-parallel one on a mixture of experts), and for
+each layout every micro-batch and accumulation that makes the global batch over its data-parallel
+ranks, under each activation checkpointing mode.
 
 A size the user fixed in strategy_options is kept; a size of 1 is left to the plain strategy
 (fsdp-tp at tp 1 is fsdp, hsdp with one replica is fsdp), so no layout is planned twice.
@@ -129,32 +130,51 @@ def layout_options(
     layers: int | None = None,
     seq_len: int | None = None,
     takes: Collection[str] = (),
+    experts: int | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The layout sizes `backend` can take on `gpus` GPUs, as strategy options; layout.py decides
     which of them the model and the cluster allow. Only the options the strategy takes (`takes`:
     planned_options.takes, what `train` takes) are varied, so that every layout runs under its name.
-    Given the model's blocks and the sequence length, pipeline stages and context-parallel GPUs too."""
+    Given the model's blocks and the sequence length, pipeline stages and context-parallel GPUs too;
+    given a mixture of experts' routed experts, an expert-parallel strategy's ep_size."""
     tensor_parallel = backend.tensor_parallel and "tp_size" in takes
     tps = _sizes(fixed, "tp_size", divisors(gpus)) if tensor_parallel else [1]
     for tp in tps:
         for split in _split_sizes(backend, gpus // tp, fixed, layers, seq_len, takes):
-            sizes: dict[str, Any] = ({"tp_size": tp} if tensor_parallel else {}) | split
-            hybrid = backend.hybrid_shard and "shard_size" in takes
-            # Hybrid sharding's groups among the data-parallel ranks the split leaves (pp and cp take theirs).
-            ranks = gpus // (tp * split.get("pp_size", 1) * split.get("cp_size", 1))
-            shards = _sizes(fixed, "shard_size", divisors(ranks)[:-1]) if hybrid else [0]
-            hpzs = (
-                _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_node, gpus)))
-                if backend.secondary_partition and "zero_hpz_partition_size" in takes
-                else [0]
-            )
-            for shard in shards:
-                for hpz in hpzs:
-                    yield (
-                        sizes
-                        | ({"shard_size": shard} if shard else {})
-                        | ({"zero_hpz_partition_size": hpz} if hpz else {})
-                    )
+            ranks = gpus // (split.get("pp_size", 1))
+            for ep in _expert_sizes(backend, ranks, fixed, experts, takes):
+                yield from _sharded(
+                    backend, gpus, per_node, fixed, takes, ({"tp_size": tp} if tensor_parallel else {}) | split | ep
+                )
+
+
+def _expert_sizes(
+    backend: Backend, ranks: int, fixed: dict[str, Any], experts: int | None, takes: Collection[str]
+) -> list[dict[str, Any]]:
+    """An expert-parallel strategy's ep_size: the divisors of its data-parallel GPUs that divide the
+    model's experts (expert_layout.py refuses the others), above 1 (ep 1 is the strategy's data-parallel
+    engine alone); [{}] for a strategy without expert parallel or a dense model."""
+    if not backend.expert_parallel or "ep_size" not in takes or not experts:
+        return [{}]
+    return [{"ep_size": ep} for ep in _sizes(fixed, "ep_size", [d for d in divisors(ranks) if experts % d == 0])]
+
+
+def _sharded(
+    backend: Backend, gpus: int, per_node: int, fixed: dict[str, Any], takes: Collection[str], sizes: dict[str, Any]
+) -> Iterator[dict[str, Any]]:
+    """`sizes` with each hybrid shard group and hpZ group the strategy takes."""
+    hybrid = backend.hybrid_shard and "shard_size" in takes
+    # Hybrid sharding's groups among the data-parallel ranks the split leaves (tp, pp and cp take theirs).
+    ranks = gpus // (sizes.get("tp_size", 1) * sizes.get("pp_size", 1) * sizes.get("cp_size", 1))
+    shards = _sizes(fixed, "shard_size", divisors(ranks)[:-1]) if hybrid else [0]
+    hpzs = (
+        _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_node, gpus)))
+        if backend.secondary_partition and "zero_hpz_partition_size" in takes
+        else [0]
+    )
+    for shard in shards:
+        for hpz in hpzs:
+            yield sizes | ({"shard_size": shard} if shard else {}) | ({"zero_hpz_partition_size": hpz} if hpz else {})
 
 
 def batch_splits(global_batch: int, data_parallel: int) -> list[BatchSplit]:

@@ -136,6 +136,8 @@ class ComputeWork:
     optimizer_s: float  # once per step, not per micro-step
     # TransformerEngine's fp8 weight casts (te_fp8): once per step, their copy reused by every micro-step.
     weight_cast_s: float = 0.0
+    # Of matmul_s, what the busiest GPU's experts compute beyond an even share (moe_imbalance: expert_compute.py).
+    expert_imbalance_s: float = 0.0
 
     @property
     def step_s(self) -> float:

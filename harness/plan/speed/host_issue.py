@@ -31,6 +31,17 @@ entirely; it binds where each GPU's work per op is small.
                                  parallelism's redistribution copies around it: counted as two
                                  eager kernels
 
+A forward that synchronises with the host (a dropless mixture of experts: the host must read how
+many tokens each expert got before it can size the exchange, models/routing.py's `.tolist()`,
+Megatron-core's token dispatcher's `cuda_sync_point`) cannot be issued ahead: from each such point
+the GPU runs what the host has just issued, so the forward's short kernels cost their issue and its
+long ones (matmuls, attention) their run, one after the other, where an unsynchronised micro-step
+overlaps the two:
+
+    synced forward = long kernels' GPU time + short kernels x HOST_S_PER_KERNEL
+
+and the backward, issued without a sync, takes the longer of its host and GPU time as before.
+
 CUDA graphs (TransformerEngine's and Megatron's graphed layers, torch.compile's reduce-overhead)
 replay a captured step at about 0.6 us a kernel (ahrefs/ocannl#488, 0.58 us per node): no floor the
 planner applies (its plans run eager or torch.compile's default mode).
@@ -55,6 +66,20 @@ class HostIssue:
     kernels: float  # the model's kernels (forward, backward and what checkpointing runs again)
     collectives: float  # collectives issued on every micro-step
     seconds: float
+    # Where the forward synchronises with the host (a dropless mixture of experts): the host's time to
+    # issue its short kernels, which the GPU then waits out in series with its long ones; None: no sync.
+    synced_forward_short_s: float | None = None
+    backward_s: float = 0.0  # of `seconds`, the backward's and what checkpointing runs again
+
+    def wait(self, forward_s: float, forward_long_s: float, micro_compute_s: float, recurring_s: float) -> float:
+        """Seconds a micro-step's GPU waits on this host: the longer of the two over the step, or, with a
+        synchronised forward, its short kernels' issue beside the long kernels' run, then the backward."""
+        overall = max(0.0, self.seconds - micro_compute_s - recurring_s)
+        if self.synced_forward_short_s is None:
+            return overall
+        forward = max(0.0, forward_long_s + self.synced_forward_short_s - forward_s)
+        backward = max(0.0, self.backward_s - (micro_compute_s - forward_s))
+        return max(overall, forward + backward)
 
     def describe(self) -> str:
         return (
@@ -69,10 +94,13 @@ def host_issue(
     compiled: bool,
     grad_accum: int,
     measured: dict[str, float] | None = None,
+    synced_long_forward: float | None = None,
 ) -> HostIssue:
     """The host's time for one micro-step of `kernels`, beside the collectives each micro-step issues
     (those issued once a step are spread over its `grad_accum` micro-steps); `measured`: the card's
-    own host times per kernel (kernel_table.py), in place of HOST_S_PER_KERNEL."""
+    own host times per kernel (kernel_table.py), in place of HOST_S_PER_KERNEL; `synced_long_forward`:
+    where the forward synchronises with the host, how many of its kernels are long ones (matmuls,
+    attention), the rest short."""
     issued = 0.0
     for c in collectives:
         if c.kind == "host-copy" or c.window == PIPELINED:
@@ -80,5 +108,8 @@ def host_issue(
         issued += c.calls if c.per_micro_step else c.calls / grad_accum
     rates = measured or HOST_S_PER_KERNEL
     rate = rates["compiled" if compiled else "eager"]
-    seconds = kernels.total * rate + issued * COLLECTIVE_KERNELS * rates["eager"]
-    return HostIssue(kernels.total, issued, seconds)
+    collective_s = issued * COLLECTIVE_KERNELS * rates["eager"]
+    seconds = kernels.total * rate + collective_s
+    backward = (kernels.backward + kernels.again) * rate + collective_s / 2
+    short = None if synced_long_forward is None else max(0.0, kernels.forward - synced_long_forward) * rate
+    return HostIssue(kernels.total, issued, seconds, short, backward)

@@ -247,7 +247,8 @@ def step_time(
         comm_s += grad_accum * (pipelined.exposed_s + pipelined.hidden_s)
     host_wait = 0.0
     if host is not None and backend.replicas != "threads":  # DataParallel's host is priced above
-        host_wait = grad_accum * max(0.0, host.seconds - micro_compute - recurring / grad_accum)
+        long_share = (work.matmul_s + work.attention_s) / work.micro_step_s if work and work.micro_step_s else 1.0
+        host_wait = grad_accum * host.wait(forward_s, forward_s * long_share, micro_compute, recurring / grad_accum)
     step_s = step_compute + contended + exposed + offload_s + overhead + host_wait
     tokens = data_parallel * grad_accum * micro_tokens
     return StepTime(

@@ -1,0 +1,120 @@
+"""A published mixture-of-experts run (bench/data/moe_runs.csv) in the planner's terms, for
+bench/plan_vs_published.py: its shape from the shape columns and the fixed head of its notes
+(`moe experts=E top_k=K shared=S expert_ffn=F dense_layers=D capacity=... router=...;`, read by
+moe_shape.py's architecture for the row's `arch`, the Hugging Face model type), its expert layout
+from its sharding (`ep=`, `etp=`, checked against the `edp=` it states: edp = GPUs / (ep x etp x pp),
+Megatron-core's parallel folding), and the plan tokens of its sharding that say how it ran:
+`recompute=<modules joined by +>` (Megatron-core's `--recompute-modules` under selective
+recomputation; `none` where the list is empty) and `a2a_overlap` (the dispatch and combine
+overlapped with the other micro-batch's compute: Megatron-core's
+`--overlap-moe-expert-parallel-comm`, Megatron-Bridge's `moe_a2a_overlap`); the head's `dispatcher=`
+says whether its all-to-all forwards a token once per node (deepep, hybridep, flex) or sends every
+copy (alltoall; expert_comm.py). Every run is planned
+balanced (`moe_imbalance` 1.0): Megatron-Bridge's and AutoModel's benchmarks force balanced routing
+(bench/data/README.md); the others do not say.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from typing import Any
+
+from harness.plan.model.model_shape import ModelShape, PlanError
+from harness.plan.model.moe_shape import hf_moe_shape, moe_architecture, refuse_unmodelled
+from harness.plan.network.expert_comm import A2A_OVERLAP, DISPATCHER, NODE_FORWARDING
+from strategies.plan_model import PlanModel
+
+MOE_HEAD = re.compile(r"^moe ([^;]*);")
+# The head's dispatchers that send a token once per node and fan it out over NVLink: DeepEP's,
+# HybridEP's, and Megatron-core's flex dispatcher, which runs one of them.
+FORWARDING_DISPATCHERS = ("deepep", "hybridep", "flex")
+RECOMPUTE_TOKEN = "recompute="
+
+
+class MoERowError(ValueError):
+    """A mixture-of-experts row whose head or layout is not what bench/data/README.md says (one line)."""
+
+
+def moe_head(row: dict[str, str]) -> dict[str, str] | None:
+    """The `key=value` words of the notes' MoE head, or None for a dense row."""
+    found = MOE_HEAD.match(row["notes"])
+    if found is None:
+        return None
+    return dict(word.split("=", 1) for word in found.group(1).split() if "=" in word)
+
+
+def _int(head: dict[str, str], key: str, row: dict[str, str]) -> int:
+    try:
+        return int(head[key])
+    except (KeyError, ValueError):
+        raise MoERowError(
+            f"{row['model']}: the notes' moe head has no whole {key}=: give it (bench/data/README.md)"
+        ) from None
+
+
+def moe_shape_of_row(row: dict[str, str]) -> ModelShape:
+    """The row's mixture of experts, read as its Hugging Face architecture reads its config; MLA or
+    chunked attention refused in the planner's words."""
+    head = moe_head(row)
+    assert head is not None
+    if head.get("attention") == "mla":
+        refuse_unmodelled(row["model"], "deepseek_v3")
+    refuse_unmodelled(row["model"], row["arch"])
+    arch = moe_architecture(row["arch"])
+    if arch is None:
+        raise PlanError(f"model {row['model']}: arch {row['arch']} is not a mixture of experts the planner reads")
+    if _int(head, "shared", row) or _int(head, "dense_layers", row):
+        raise PlanError(f"model {row['model']}: shared experts and dense blocks beside {arch.config_class}: not read")
+    experts = "num_local_experts" if "num_local_experts" in arch.defaults else "num_experts"
+    width = "moe_intermediate_size" if "moe_intermediate_size" in arch.defaults else "intermediate_size"
+    fields: dict[str, Any] = {
+        "num_hidden_layers": int(row["n_layers"]),
+        "hidden_size": int(row["d_model"]),
+        "num_attention_heads": int(row["n_heads"]),
+        "num_key_value_heads": int(row["kv_heads"] or row["n_heads"]),
+        "vocab_size": int(row["vocab"]),
+        experts: _int(head, "experts", row),
+        "num_experts_per_tok": _int(head, "top_k", row),
+        width: _int(head, "expert_ffn", row),
+    }
+    if "head_dim" in head:
+        fields["head_dim"] = int(head["head_dim"])
+    shape = hf_moe_shape(row["model"], arch, fields)
+    capacity = head.get("capacity", "dropless")
+    if capacity != "dropless":
+        assert shape.dims is not None and shape.dims.moe is not None
+        dims = replace(shape.dims, moe=replace(shape.dims.moe, capacity=float(capacity)))
+        shape = replace(shape, dims=dims)
+    return shape
+
+
+def qk_norm(row: dict[str, str]) -> bool:
+    head = moe_head(row) or {}
+    return head.get("qk_norm") == "true"
+
+
+def recompute_modules(row: dict[str, str]) -> tuple[str, ...] | None:
+    """The modules the row's `recompute=` token names (() for `none`); None where it has no such token."""
+    named = [w[len(RECOMPUTE_TOKEN) :] for w in row["sharding"].split() if w.startswith(RECOMPUTE_TOKEN)]
+    if not named:
+        return None
+    return () if named[-1] == "none" else tuple(named[-1].split("+"))
+
+
+def with_experts(row: dict[str, str], model: PlanModel, options: dict[str, Any]) -> tuple[PlanModel, dict[str, Any]]:
+    """The layout with the row's expert parallel (`ep=`, `etp=`), its stated `edp=` checked, and its
+    all-to-all overlap (`a2a_overlap`)."""
+    sizes = {key: int(value) for key, value in re.findall(r"\b(ep|etp|edp|pp)=(\d+)", row["sharding"])}
+    ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
+    edp = int(row["gpus"]) // (ep * etp * sizes.get("pp", 1))
+    if "edp" in sizes and sizes["edp"] != edp:
+        raise MoERowError(
+            f"{row['model']}: edp={sizes['edp']} is not GPUs / (ep x etp x pp) = {edp}: give the row's own degrees"
+        )
+    extra: dict[str, Any] = {"ep_size": ep, "etp_size": etp}
+    if A2A_OVERLAP in row["sharding"].split():
+        extra[A2A_OVERLAP] = True
+    if (moe_head(row) or {}).get("dispatcher") in FORWARDING_DISPATCHERS:
+        extra[DISPATCHER] = NODE_FORWARDING
+    return replace(model, expert_parallel=True), {**options, **extra}
