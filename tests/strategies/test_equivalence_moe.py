@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.common.testing_hooks import FAULT_ENV
-from tests.helpers import env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
+from tests.helpers import OnFirstUse, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -60,18 +60,30 @@ def _args(model: str, strategy: str, out_dir: Path, extra: list[str]) -> list[st
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[dict, list[dict], str, Path]]:
-    """name -> (summary, rows, stdout, out_dir)."""
-    out = {}
-    for name, (model, strategy, extra) in CASES.items():
+def runs(tmp_path_factory) -> OnFirstUse[str, tuple[dict, list[dict], str, Path]]:
+    """name -> (summary, rows, stdout, out_dir), each trained when a test first reads it."""
+
+    def trained(name: str) -> tuple[dict, list[dict], str, Path]:
+        model, strategy, extra = CASES[name]
         out_dir = tmp_path_factory.mktemp(name.replace("/", "-"))
         stdout = succeeded(run_cli(_args(model, strategy, out_dir, extra), env=env_for_tests(), timeout=400))
-        out[name] = (*read_run(out_dir), stdout, out_dir)
-    return out
+        return (*read_run(out_dir), stdout, out_dir)
+
+    return OnFirstUse(CASES, trained)
+
+
+EXTENDED = pytest.mark.extended
 
 
 @pytest.mark.parametrize(
-    "name", ["moe-nano/ddp-ep", "moe-nano/zero2-ep", "mixtral/ddp-ep", "mixtral/zero2-ep", "capacity/ddp-ep"]
+    "name",
+    [
+        "moe-nano/ddp-ep",
+        "moe-nano/zero2-ep",
+        pytest.param("mixtral/ddp-ep", marks=EXTENDED),
+        pytest.param("mixtral/zero2-ep", marks=EXTENDED),
+        "capacity/ddp-ep",
+    ],
 )
 def test_loss_matches_single_at_every_step(runs, name, record_property):
     summary, rows, _, _ = runs[name]
@@ -122,7 +134,7 @@ def test_a_capacity_run_drops_what_single_drops(runs):
     assert "capacity factor 1.0 per sequence: tokens over it dropped" in runs["capacity/ddp-ep"][2]
 
 
-@pytest.mark.parametrize("name", ["moe-nano/ddp-ep", "moe-nano/zero2-ep"])
+@pytest.mark.parametrize("name", ["moe-nano/ddp-ep", pytest.param("moe-nano/zero2-ep", marks=EXTENDED)])
 def test_a_killed_rank_resumes_bit_for_bit(runs, tmp_path, name):
     model, strategy, extra = CASES[name]
     reference = losses_by_step(runs[name][3])
@@ -134,6 +146,7 @@ def test_a_killed_rank_resumes_bit_for_bit(runs, tmp_path, name):
     assert losses_by_step(out) == reference
 
 
+@EXTENDED
 def test_zero2_ep_takes_the_weights_of_another_strategys_checkpoint(runs, tmp_path):
     """Resumed from single's step-5 weights, its step 6 (whose loss the forward computes before the
     optimizer's first step) is single's step 6; the optimizer then starts afresh, so later steps differ."""

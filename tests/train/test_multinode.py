@@ -102,12 +102,13 @@ def _two_node_run(out_dir: Path, strategy: str, launcher: Callable[..., list[str
         assert agent.returncode == 0, log[-3000:]
 
 
+# Each launcher once on every change; more strategies under torchrun's rendezvous are `extended`.
 @pytest.mark.parametrize(
     "strategy, launcher",
     [
         ("ddp", torchrun_node),
-        ("fsdp", torchrun_node),
-        ("zero3", torchrun_node),
+        pytest.param("fsdp", torchrun_node, marks=pytest.mark.extended),
+        pytest.param("zero3", torchrun_node, marks=pytest.mark.extended),
         ("zero2", deepspeed_node),
         ("accelerate-zero3", accelerate_node),
     ],
