@@ -90,9 +90,9 @@ EXTENDED_MODES = ("zero1", "zero2")
 
 
 def selected(mode: str, *values):
-    """`mode`'s parameters, marked `extended` for the modes run under --all only."""
-    case = (mode, *values)
-    return pytest.param(*case, marks=pytest.mark.extended) if mode in EXTENDED_MODES else case
+    """`mode`'s parameters (`mode` alone without others), marked `extended` for the modes run under --all only."""
+    marks = [pytest.mark.extended] if mode in EXTENDED_MODES else []
+    return pytest.param(mode, *values, marks=marks, id="-".join([mode, *values]) if values else mode)
 
 
 @pytest.fixture(scope="module")

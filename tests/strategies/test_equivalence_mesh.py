@@ -152,8 +152,8 @@ def test_what_each_rank_of_the_llama_holds(runs):
 
 
 # fsdp-tp's 2D mesh of DTensors; hsdp's checkpoint is fsdp's DCP format, whose kill and resume
-# tests/train/test_faults.py runs.
-@pytest.mark.parametrize("name", ["fsdp-tp"])
+# tests/train/test_faults.py runs on every change (and fsdp loads fsdp-tp's checkpoint below): under --all.
+@pytest.mark.parametrize("name", [pytest.param("fsdp-tp", marks=EXTENDED)])
 def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, name, tmp_path):
     strategy, extra = RUNS[name]
     out = tmp_path / "killed"
