@@ -11,7 +11,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--all",
         action="store_true",
-        help="also run the tests marked `extended` (layout combinations beyond what every change needs)",
+        help="also run the tests marked `extended` (a guarantee repeated for another strategy, launcher, model, "
+        "precision or format, beyond what every change needs)",
     )
 
 

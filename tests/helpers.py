@@ -7,7 +7,9 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Generic, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = str(ROOT / "runner.py")
@@ -26,6 +28,36 @@ LLAMA_4 = [
     "steps=4",
     "log_every=2",
 ]
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+class OnFirstUse(Mapping[K, V], Generic[K, V]):
+    """A module's runs by name, each made by `make(name)` when a test first reads it, then kept:
+    shared by the module's tests as a dict of runs would be, while a session pays only for the
+    runs its selected tests read (an `extended` case's run only under `--all`)."""
+
+    def __init__(self, names: Iterable[K], make: Callable[[K], V]) -> None:
+        self._names = list(names)
+        self._make = make
+        self._made: dict[K, V] = {}
+
+    def __getitem__(self, name: K) -> V:
+        if name not in self._names:
+            raise KeyError(name)
+        if name not in self._made:
+            self._made[name] = self._make(name)
+        return self._made[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names  # without making it
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def env_for_tests(**extra: str) -> dict[str, str]:

@@ -209,6 +209,7 @@ def on_the_terminal() -> None:
     signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
+@pytest.mark.extended  # Ctrl-C's stop runs on every change (tests/compare/test_compare.py)
 def test_sighup_stops_the_compare_as_ctrl_c_does(tmp_path):
     """The compare's terminal goes away (a pty whose other end closes, as when an ssh session
     drops) during its second strategy: the job stops within the grace period, the report is

@@ -10,6 +10,8 @@ import re
 import stat
 from pathlib import Path
 
+import pytest
+
 from harness.compare.slurm import SlurmJob
 from harness.train.distributed import free_port
 from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_bounded, run_cli
@@ -102,6 +104,9 @@ def test_script_runs_two_nodes_through_the_rendezvous(tmp_path, reference_run):
     assert max_rel_diff(rows, reference_run[1]) < 1e-4
 
 
+# A whole compare (single, its two noise runs and ddp, each a two-node job) through the stand-in
+# scheduler: `extended`; the job script's two nodes and rendezvous run on every change (above).
+@pytest.mark.extended
 def test_compare_through_slurm_gathers_one_report(tmp_path):
     out = tmp_path / "compare"
     proc = run_cli(

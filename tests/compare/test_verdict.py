@@ -272,6 +272,7 @@ def test_a_real_compare_judges_built_ins_agreeing_and_wrong_plugins_differing_in
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # the fp32 compare above judges on every change; this one, the bf16 bound
 def test_built_ins_agree_and_a_wrong_learning_rate_differs_in_bf16(tmp_path):
     built_in = ["single", "fsdp", "zero2"]
     results = compare(tmp_path / "bf16", built_in + ["lr-off"], ["precision=bf16"], plugin_env(tmp_path))

@@ -232,8 +232,9 @@ UNITS = {
 # all of them, and each backend's wrapping of them is what differs.
 SHARDED_RUNS = [  # each model once, each backend's per-block wrapping once
     (NESTED, "fsdp"),
-    (DECODER, "accelerate-fsdp"),
-    (RECURRENT, "zero3"),
+    # The other two shapes under the other two backends, two runs each: under --all.
+    pytest.param(DECODER, "accelerate-fsdp", marks=pytest.mark.extended),
+    pytest.param(RECURRENT, "zero3", marks=pytest.mark.extended),
 ]
 
 

@@ -34,7 +34,9 @@ MODELS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(MODELS))
+@pytest.fixture(
+    scope="module", params=[pytest.param(m, marks=pytest.mark.extended) if m == "mixtral" else m for m in MODELS]
+)
 def ranks(request, tmp_path_factory) -> list[dict]:
     spec, kwargs = MODELS[request.param]
     out = tmp_path_factory.mktemp(request.param) / "result.json"

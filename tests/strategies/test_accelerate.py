@@ -5,6 +5,7 @@ that contradict the strategy or the run.
 Five two-process runs, shared by every check: ddp and zero3 under `accelerate launch`
 (its ACCELERATE_* settings), fsdp, zero1 and zero2 configured in code; fsdp and zero2
 also accumulate (micro_batch=2: 2 ranks x 2 x 2 accumulation = the same batch of 8).
+zero1's and zero2's checks are `extended`, and their runs made only then.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from strategies.accelerate.fsdp_mode import AccelerateFSDPStrategy
 from strategies.accelerate.zero_mode import AccelerateDeepSpeedStrategy
 from strategies.base import RunContext, StrategyError
 from strategies.registry import default_registry
-from tests.helpers import NANO, ROOT, env_for_tests, max_rel_diff, read_run, run_bounded, run_cli, train
+from tests.helpers import NANO, ROOT, OnFirstUse, env_for_tests, max_rel_diff, read_run, run_bounded, run_cli, train
 
 TOLERANCE = 1e-4  # relative, every step: only the order of floating-point sums differs
 ACCELERATE_CLI = Path(sys.executable).parent / "accelerate"
@@ -74,23 +75,41 @@ def mode_lines(stdout: str) -> list[str]:
     return [line for line in stdout.splitlines() if line.startswith("accelerate: mode")]
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, reference_run):
-    def out(name: str) -> Path:
-        return tmp_path_factory.mktemp(name)
+# mode -> (launch_config, extra): ddp and zero3 under `accelerate launch`, the others configured in code.
+RUNS = {
+    "ddp": ("ddp", []),
+    "fsdp": (None, ["micro_batch=2"]),
+    "zero1": (None, []),
+    "zero2": (None, ["micro_batch=2"]),
+    "zero3": ("zero3", []),
+}
+# On every change ddp and zero3 (each under `accelerate launch`) and fsdp (accumulating); zero1's and
+# zero2's runs under --all (zero2 still trains on every change: test_a_users_deepspeed_json_reaches_the_zero_modes
+# and the accumulation probe).
+EXTENDED_MODES = ("zero1", "zero2")
 
-    return {
-        "single": (*reference_run, ""),
-        "ddp": train_accelerate(out("acc-ddp"), "ddp", launch_config="ddp"),
-        "fsdp": train_accelerate(out("acc-fsdp"), "fsdp", extra=["micro_batch=2"]),
-        "zero1": train_accelerate(out("acc-zero1"), "zero1"),
-        "zero2": train_accelerate(out("acc-zero2"), "zero2", extra=["micro_batch=2"]),
-        "zero3": train_accelerate(out("acc-zero3"), "zero3", launch_config="zero3"),
-    }
+
+def selected(mode: str, *values):
+    """`mode`'s parameters (`mode` alone without others), marked `extended` for the modes run under --all only."""
+    marks = [pytest.mark.extended] if mode in EXTENDED_MODES else []
+    return pytest.param(mode, *values, marks=marks, id="-".join([mode, *values]) if values else mode)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, reference_run) -> OnFirstUse[str, tuple[dict, list[dict], str]]:
+    """mode -> (summary, rows, stdout), each trained when a test first reads it; "single" is the reference."""
+
+    def trained(mode: str) -> tuple[dict, list[dict], str]:
+        if mode == "single":
+            return (*reference_run, "")
+        launch_config, extra = RUNS[mode]
+        return train_accelerate(tmp_path_factory.mktemp(f"acc-{mode}"), mode, launch_config=launch_config, extra=extra)
+
+    return OnFirstUse(["single", *RUNS], trained)
 
 
 @needs_backends
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [selected(mode) for mode in MODES])
 def test_loss_matches_single(runs, mode, record_property):
     summary, rows, _ = runs[mode]
     _, reference, _ = runs["single"]
@@ -105,11 +124,11 @@ def test_loss_matches_single(runs, mode, record_property):
 @pytest.mark.parametrize(
     "mode, expected_type, source",
     [
-        ("ddp", "MULTI_CPU", "accelerate launch config"),
-        ("fsdp", "FSDP v2", "configured in code"),
-        ("zero1", "DEEPSPEED, ZeRO stage 1", "configured in code"),
-        ("zero2", "DEEPSPEED, ZeRO stage 2", "configured in code"),
-        ("zero3", "DEEPSPEED, ZeRO stage 3", "accelerate launch config"),
+        selected("ddp", "MULTI_CPU", "accelerate launch config"),
+        selected("fsdp", "FSDP v2", "configured in code"),
+        selected("zero1", "DEEPSPEED, ZeRO stage 1", "configured in code"),
+        selected("zero2", "DEEPSPEED, ZeRO stage 2", "configured in code"),
+        selected("zero3", "DEEPSPEED, ZeRO stage 3", "accelerate launch config"),
     ],
 )
 def test_rank0_says_which_mode_accelerate_runs(runs, mode, expected_type, source):
@@ -138,14 +157,18 @@ def accumulated(tmp_path_factory) -> list[dict]:
 
 
 @needs_backends
-def test_accumulation_really_accumulates(runs, accumulated):
-    """The accumulating runs (which match single's curve: test_loss_matches_single) took 2
-    micro-steps a step; and the gradients show it: under FSDP nothing is reduced on the first
-    micro-step, and after the last every rank holds the whole global batch's gradient, not its
-    own micro-steps'; DeepSpeed's engine steps once, after the last."""
-    for mode in ("fsdp", "zero2"):
-        summary, _, _ = runs[mode]
-        assert (summary["micro_batch"], summary["grad_accum"]) == (2, 2), mode
+@pytest.mark.parametrize("mode", [selected("fsdp"), selected("zero2")])
+def test_the_accumulating_runs_took_two_micro_steps_a_step(runs, mode):
+    """The accumulating runs match single's curve (test_loss_matches_single) over 2 micro-steps a step."""
+    summary, _, _ = runs[mode]
+    assert (summary["micro_batch"], summary["grad_accum"]) == (2, 2), mode
+
+
+@needs_backends
+def test_accumulation_really_accumulates(accumulated):
+    """The gradients show the accumulation: under FSDP nothing is reduced on the first micro-step,
+    and after the last every rank holds the whole global batch's gradient, not its own
+    micro-steps'; DeepSpeed's engine steps once, after the last."""
     for rank, probed in enumerate(accumulated):
         assert all("error" not in result for result in probed.values()), probed
         first, last = probed["accelerate-fsdp"]["after_micro_step"]
@@ -166,23 +189,30 @@ def test_accelerate_launch_writes_the_run_files(runs):
 
 
 @needs_backends
-def test_sharding_measured_from_the_backends_tensors(runs):
+@pytest.mark.parametrize("mode", [selected(mode) for mode in MODES])
+def test_sharding_measured_from_the_backends_tensors(runs, mode):
     single, _, _ = runs["single"]
-    held = {mode: runs[mode][0] for mode in MODES}
-    for key in ("mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"):
-        assert held["ddp"][key] == pytest.approx(single[key], rel=0.01), key
-        assert held["fsdp"][key] == pytest.approx(single[key] / 2, rel=0.05), key
-    # ZeRO keeps an fp32 master copy as optimizer state: (4 + 8) / 2 bytes per parameter
-    # per rank, against AdamW's 8 unsharded.
-    for mode in ("zero1", "zero2", "zero3"):
-        assert held[mode]["mem_optimizer_bytes"] == pytest.approx(single["mem_optimizer_bytes"] * 0.75, rel=0.05), mode
-    assert held["zero1"]["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"], rel=0.01)
-    assert held["zero3"]["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"] / 2, rel=0.05)
-    # Measured before DeepSpeed's step (which Accelerate runs inside backward): gradients present, sharded.
-    assert 0 < held["zero2"]["mem_grads_bytes"] < single["mem_grads_bytes"] * 2 / 3
-    # ZeRO-3 also holds its reduction bucket all run long, one rank's share of the model (fp32 here):
-    # half the gradients in the partition, half in the bucket.
-    assert held["zero3"]["mem_grads_bytes"] == pytest.approx(single["mem_grads_bytes"], rel=0.05)
+    held = runs[mode][0]
+    if mode == "ddp":
+        for key in ("mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"):
+            assert held[key] == pytest.approx(single[key], rel=0.01), key
+    if mode == "fsdp":
+        for key in ("mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"):
+            assert held[key] == pytest.approx(single[key] / 2, rel=0.05), key
+    if mode.startswith("zero"):
+        # ZeRO keeps an fp32 master copy as optimizer state: (4 + 8) / 2 bytes per parameter
+        # per rank, against AdamW's 8 unsharded.
+        assert held["mem_optimizer_bytes"] == pytest.approx(single["mem_optimizer_bytes"] * 0.75, rel=0.05)
+    if mode == "zero1":
+        assert held["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"], rel=0.01)
+    if mode == "zero2":
+        # Measured before DeepSpeed's step (which Accelerate runs inside backward): gradients present, sharded.
+        assert 0 < held["mem_grads_bytes"] < single["mem_grads_bytes"] * 2 / 3
+    if mode == "zero3":
+        assert held["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"] / 2, rel=0.05)
+        # ZeRO-3 also holds its reduction bucket all run long, one rank's share of the model (fp32 here):
+        # half the gradients in the partition, half in the bucket.
+        assert held["mem_grads_bytes"] == pytest.approx(single["mem_grads_bytes"], rel=0.05)
 
 
 @needs_backends
@@ -227,6 +257,7 @@ def test_a_users_deepspeed_json_reaches_the_zero_modes(tmp_path):
 
 
 @needs_backends
+@pytest.mark.extended  # in bf16: fsdp's fp32 curve runs on every change
 def test_fsdp_mode_in_bf16_computes_what_the_native_fsdp_computes(tmp_path):
     """accelerate-fsdp takes the native fsdp's MixedPrecisionPolicy and no autocast: in bf16 its
     losses are the native ones (Accelerate's own bf16 setup, autocast over a bf16-reducing policy

@@ -1,7 +1,7 @@
 """A user's own Accelerate YAML and DeepSpeed JSON as strategies (`accelerate:<file.yaml>`,
 `deepspeed:<file.json>`): what each file resolves to, what contradicts a run (one line naming
-the key) and what is followed (said), and one real compare, CPU, world size 2, gpt-nano, fp32, of
-`single` against five files, each of which must match it.
+the key) and what is followed (said), and real compares, CPU, world size 2, gpt-nano, fp32, of
+`single` against five files, each of which must match it (three on every change, two `extended`).
 
 The files are written as `accelerate config` and Hugging Face's DeepSpeed templates write them
 (FSDP2 with CPU-RAM-efficient loading on, its default, or without the key, which accelerate launch
@@ -474,64 +474,95 @@ def test_a_parallelism_config_runs_as_hybrid_sharding_on_the_cpu_and_matches_sin
     assert summary["mesh"]["shape"] == [2, 2] and max_rel_diff(rows, reference_run[1]) < 1e-4
 
 
-# ---- one compare: every file beside single, on the same model, data, seed and global batch ---------
+# ---- compares: each file beside single, on the same model, data, seed and global batch ---------------
+
+# label -> what the file runs as, and its run's folder in the compare. Two files named zero2.json (one
+# Accelerate config, one DeepSpeed JSON): told apart by their folders.
+RUNS_AS = {
+    "fsdp2.yaml": ("accelerate-fsdp", "accelerate-fsdp2.yaml"),
+    "multi_cpu.yaml": ("accelerate-ddp", "accelerate-multi_cpu.yaml"),
+    "deepspeed/zero2.json": ("zero2", "deepspeed-deepspeed-zero2.json"),
+    "accelerate/zero2.json": ("accelerate-zero2", "accelerate-accelerate-zero2.json"),
+    "deepspeed_zero2.yaml": ("accelerate-zero2", "accelerate-deepspeed_zero2.yaml"),
+}
+# On every change an Accelerate YAML, a DeepSpeed JSON and an Accelerate config naming it (the two
+# zero2.json); the other two files' compare is `extended`.
+EVERY_CHANGE_FILES = ("fsdp2.yaml", "deepspeed/zero2.json", "accelerate/zero2.json")
+OTHER_FILES = ("multi_cpu.yaml", "deepspeed_zero2.yaml")
+
+
+def compare_args(out: Path, specs: list[str]) -> list[str]:
+    return ["compare", f"strategies=[single,{','.join(specs)}]", "noise_runs=0", f"out_dir={out}", *NANO, "nproc=2"]
+
+
+def compare_of(folder: Path, labels: tuple[str, ...]) -> tuple[Path, dict[str, str], str]:
+    """single beside the files `labels` names, written into `folder`: (out_dir, label -> spec, stdout)."""
+    deepspeed_json = folder / "deepspeed" / "zero2.json"
+    writers = {
+        # Without the loading key: accelerate launch's default would have it on (and untie the head).
+        "fsdp2.yaml": lambda: f"accelerate:{write(folder, 'fsdp2.yaml', FSDP2_NO_LOADING_KEY_YAML)}",
+        "multi_cpu.yaml": lambda: f"accelerate:{write(folder, 'multi_cpu.yaml', MULTI_CPU_YAML)}",
+        "deepspeed/zero2.json": lambda: (
+            f"deepspeed:{write(folder / 'deepspeed', 'zero2.json', {**HF_ZERO2, 'gradient_accumulation_steps': 2})}"
+        ),
+        "accelerate/zero2.json": lambda: (
+            f"accelerate:{write(folder / 'accelerate', 'zero2.json', accelerate_naming(deepspeed_json))}"
+        ),
+        "deepspeed_zero2.yaml": lambda: f"accelerate:{write(folder, 'deepspeed_zero2.yaml', ZERO2_YAML)}",
+    }
+    specs = {label: writers[label]() for label in labels}
+    out = folder / "compare"
+    proc = run_cli(compare_args(out, list(specs.values())), timeout=600)
+    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
+    return out, specs, proc.stdout
 
 
 @pytest.fixture(scope="module")
 def compare(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("files")
-    deepspeed_json = write(folder / "deepspeed", "zero2.json", {**HF_ZERO2, "gradient_accumulation_steps": 2})
-    files = [
-        # Without the loading key: accelerate launch's default would have it on (and untie the head).
-        f"accelerate:{write(folder, 'fsdp2.yaml', FSDP2_NO_LOADING_KEY_YAML)}",
-        f"accelerate:{write(folder, 'multi_cpu.yaml', MULTI_CPU_YAML)}",
-        f"deepspeed:{deepspeed_json}",
-        f"accelerate:{write(folder / 'accelerate', 'zero2.json', accelerate_naming(deepspeed_json))}",
-        f"accelerate:{write(folder, 'deepspeed_zero2.yaml', ZERO2_YAML)}",
-    ]
-    out = folder / "compare"
-    args = ["compare", f"strategies=[single,{','.join(files)}]", "noise_runs=0", f"out_dir={out}", *NANO, "nproc=2"]
-    proc = run_cli(args, timeout=600)
-    assert proc.returncode == 0, f"{proc.stdout[-4000:]}\n{proc.stderr[-3000:]}"
-    return out, files, proc.stdout
+    return compare_of(tmp_path_factory.mktemp("files"), EVERY_CHANGE_FILES)
 
 
-def test_each_file_matches_single_in_fp32(compare):
-    out, _, _ = compare
+@pytest.fixture(scope="module")
+def compare_of_the_others(tmp_path_factory):
+    return compare_of(tmp_path_factory.mktemp("other-files"), OTHER_FILES)
+
+
+def each_file_matched_single_in_fp32(compare: tuple[Path, dict[str, str], str]) -> None:
+    out, specs, _ = compare
     results = {r["name"]: r for r in json.loads((out / "results.json").read_text())["strategies"]}
-    # Two files named zero2.json (one Accelerate config, one DeepSpeed JSON): told apart by their folders.
-    assert set(results) == {
-        "single",
-        "fsdp2.yaml",
-        "multi_cpu.yaml",
-        "deepspeed/zero2.json",
-        "accelerate/zero2.json",
-        "deepspeed_zero2.yaml",
-    }
+    assert set(results) == {"single", *specs}
     for name, result in results.items():
         assert result["status"] == "ok", (name, result["error"])
         assert result["verdict_kind"] == ("reference" if name == "single" else "matches"), (name, result["verdict"])
     runs_as = {name: r["runs_as"] for name, r in results.items()}
-    assert runs_as["fsdp2.yaml"] == "accelerate-fsdp" and runs_as["multi_cpu.yaml"] == "accelerate-ddp"
-    assert runs_as["deepspeed/zero2.json"] == "zero2" and runs_as["accelerate/zero2.json"] == "accelerate-zero2"
-    assert runs_as["deepspeed_zero2.yaml"] == "accelerate-zero2"
+    assert runs_as == {"single": None, **{label: RUNS_AS[label][0] for label in specs}}
     # The planner planned each as the built-in it ran as.
     assert {r["prediction"]["planned_as"] for n, r in results.items() if n != "single"} == set(runs_as.values()) - {
         None
     }
 
 
-def test_each_file_ran_in_a_folder_of_its_own_as_its_file_says(compare):
-    out, _, stdout = compare
+def each_file_ran_in_a_folder_of_its_own(compare: tuple[Path, dict[str, str], str]) -> None:
+    out, specs, _ = compare
     folders = sorted(p.name for p in out.iterdir() if (p / "run.json").is_file())
-    assert folders == [
-        "accelerate-accelerate-zero2.json",
-        "accelerate-deepspeed_zero2.yaml",
-        "accelerate-fsdp2.yaml",
-        "accelerate-multi_cpu.yaml",
-        "deepspeed-deepspeed-zero2.json",
-        "single",
-    ]
+    assert folders == sorted(["single", *(RUNS_AS[label][1] for label in specs)])
+
+
+def the_report_lists_them_by_file_name(compare: tuple[Path, dict[str, str], str]) -> None:
+    out, specs, _ = compare
+    report = (out / "report.md").read_text()
+    assert "## Config files" in report
+    for label, spec in specs.items():
+        assert f"| `{label}` | `{spec}` |" in report
+
+
+def test_each_file_matches_single_in_fp32(compare):
+    each_file_matched_single_in_fp32(compare)
+
+
+def test_each_file_ran_in_a_folder_of_its_own_as_its_file_says(compare):
+    each_file_ran_in_a_folder_of_its_own(compare)
+    out, _, stdout = compare
     summary = json.loads((out / "deepspeed-deepspeed-zero2.json" / "summary.json").read_text())
     assert (summary["micro_batch"], summary["grad_accum"]) == (2, 2)  # the file's accumulation, the same batch
     assert "followed its gradient_accumulation_steps=2" in stdout
@@ -541,20 +572,21 @@ def test_each_file_ran_in_a_folder_of_its_own_as_its_file_says(compare):
 
 
 def test_the_report_lists_them_by_file_name(compare):
-    out, files, _ = compare
-    report = (out / "report.md").read_text()
-    assert "## Config files" in report
-    labels = ["fsdp2.yaml", "multi_cpu.yaml", "deepspeed/zero2.json", "accelerate/zero2.json", "deepspeed_zero2.yaml"]
-    for label, spec in zip(labels, files, strict=True):
-        assert f"| `{label}` | `{spec}` |" in report
+    the_report_lists_them_by_file_name(compare)
+
+
+@pytest.mark.extended
+def test_the_other_files_match_single_in_their_own_folders_and_the_report(compare_of_the_others):
+    each_file_matched_single_in_fp32(compare_of_the_others)
+    each_file_ran_in_a_folder_of_its_own(compare_of_the_others)
+    the_report_lists_them_by_file_name(compare_of_the_others)
 
 
 def test_an_edited_file_is_another_configuration_to_resume(compare):
-    out, files, _ = compare
-    json_file = Path(split_spec(files[2])[1])
+    out, specs, _ = compare
+    json_file = Path(split_spec(specs["deepspeed/zero2.json"])[1])
     json_file.write_text(json.dumps({**HF_ZERO2, "gradient_accumulation_steps": 4}))
-    args = ["compare", f"strategies=[single,{','.join(files)}]", "noise_runs=0", f"out_dir={out}", *NANO, "nproc=2"]
-    proc = run_cli([*args, "resume=auto"], timeout=240)
+    proc = run_cli([*compare_args(out, list(specs.values())), "resume=auto"], timeout=240)
     assert proc.returncode == 2
     error = proc.stderr.strip().splitlines()[-1]
     # The DeepSpeed JSON is the deepspeed: strategy's file and, in turn, the file its Accelerate config names.

@@ -94,7 +94,17 @@ def _ds_config(out_dir: Path) -> dict:
 
 @needs_deepspeed
 @runs_deepspeed
-@pytest.mark.parametrize("name", ["zero1", "zero2", "zero3", "zero2-offload", "zero3-offload"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "zero1",
+        "zero2",
+        "zero3",
+        # The offload variants, each stage's run with its state on the host: under --all.
+        pytest.param("zero2-offload", marks=pytest.mark.extended),
+        pytest.param("zero3-offload", marks=pytest.mark.extended),
+    ],
+)
 def test_losses_match_single_at_every_step(name, zero_run, reference_run):
     summary, rows, _ = zero_run(name)
     assert summary["world_size"] == 2 and summary["steps"] == len(reference_run[1])
@@ -133,6 +143,7 @@ def test_each_stage_shards_what_it_names(zero_run, reference_run):
 
 @needs_deepspeed
 @runs_deepspeed
+@pytest.mark.extended
 def test_offload_variants_put_optimizer_state_on_the_cpu(zero_run, reference_run):
     single = reference_run[0]
     zero2, zero2_offload, zero3_offload = (zero_run(n) for n in ("zero2", "zero2-offload", "zero3-offload"))

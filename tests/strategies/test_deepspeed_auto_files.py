@@ -5,9 +5,10 @@ and the compare trains every strategy under its schedule (lr_schedule=constant o
 as DeepSpeed computes them: checked here step by step against DeepSpeed's own scheduler classes);
 whatever would make the comparison unfair is one line naming the key. The same JSON named by an
 Accelerate config (deepspeed_config_file) runs the same way through Accelerate, its scheduler handed
-to prepare() as Accelerate's DummyScheduler. One CPU compare, world size 2, gpt-nano, fp32: the
-documented ZeRO-2 and ZeRO-3 files (WarmupLR) and an Accelerate config naming the ZeRO-2 one beside
-single; WarmupDecayLR's steps are held to DeepSpeed's class, as each shape's are.
+to prepare() as Accelerate's DummyScheduler. CPU compares, world size 2, gpt-nano, fp32: the
+documented ZeRO-2 and ZeRO-3 files (WarmupLR) beside single, and (`extended`) an Accelerate config
+naming the ZeRO-2 one beside single; WarmupDecayLR's steps are held to DeepSpeed's class, as each
+shape's are.
 """
 
 from __future__ import annotations
@@ -348,14 +349,19 @@ def compared(folder: Path, names: list[str], *extra: str) -> tuple[Path, str]:
 
 @pytest.fixture(scope="module")
 def documented(tmp_path_factory):
+    """single beside the documented ZeRO-2 and ZeRO-3 files."""
     folder = tmp_path_factory.mktemp("hf")
     files = [write(folder, "ds_config_zero2.json", HF_ZERO2), write(folder, "ds_config_zero3.json", HF_ZERO3)]
-    names = [f"deepspeed:{path}" for path in files]
-    if HAS_ACCELERATE:
-        # Accelerate + DeepSpeed as Hugging Face's users run it: an Accelerate config naming the ZeRO-2 JSON.
-        on_device = write(folder / "accelerate", "ds_config_zero2.json", HF_ZERO2_ON_DEVICE)
-        names.append(f"accelerate:{accelerate_file(folder, on_device)}")
-    return compared(folder, names, "warmup_steps=4")
+    return compared(folder, [f"deepspeed:{path}" for path in files], "warmup_steps=4")
+
+
+@pytest.fixture(scope="module")
+def documented_through_accelerate(tmp_path_factory):
+    """single beside Accelerate + DeepSpeed as Hugging Face's users run it: an Accelerate config naming
+    the ZeRO-2 JSON (its compare `extended`: the files' own compare above runs on every change)."""
+    folder = tmp_path_factory.mktemp("hf-accelerate")
+    on_device = write(folder / "accelerate", "ds_config_zero2.json", HF_ZERO2_ON_DEVICE)
+    return compared(folder, [f"accelerate:{accelerate_file(folder, on_device)}"], "warmup_steps=4")
 
 
 def results(out: Path) -> dict[str, dict]:
@@ -365,28 +371,42 @@ def results(out: Path) -> dict[str, dict]:
 ACCELERATE_RUN = "accelerate-accelerate_zero2.yaml"  # the folder of the Accelerate config's run
 
 
-def test_the_documented_zero2_and_zero3_files_match_single(documented):
-    out, stdout = documented
+def matches_single_under_the_files_schedule(compare: tuple[Path, str], runs_as: dict, folders: list[str], kind: str):
+    """Each file's run matched single, every run trained under the file's schedule, said before it ran."""
+    out, stdout = compare
     found = results(out)
-    assert {name: r["runs_as"] for name, r in found.items()} == {
-        "single": None,
-        "ds_config_zero2.json": "zero2-offload",
-        "ds_config_zero3.json": "zero3-offload",
-        **({"accelerate_zero2.yaml": "accelerate-zero2"} if HAS_ACCELERATE else {}),
-    }
+    assert {name: r["runs_as"] for name, r in found.items()} == runs_as
     for name, result in found.items():
         assert result["status"] == "ok", (name, result["error"])
         assert result["verdict_kind"] == ("reference" if name == "single" else "matches"), (name, result["verdict"])
-    # Every strategy trained under the files' schedule, said before it ran.
-    assert "lr_schedule=constant, warmup_type=log for every strategy, from deepspeed:" in stdout
+    assert f"lr_schedule=constant, warmup_type=log for every strategy, from {kind}:" in stdout
     lrs = {}
-    folders = ["single", "deepspeed-ds_config_zero2.json", "deepspeed-ds_config_zero3.json"]
-    for folder in [*folders, *([ACCELERATE_RUN] if HAS_ACCELERATE else [])]:
+    for folder in folders:
         summary = json.loads((out / folder / "summary.json").read_text())
         assert (summary["lr_schedule"]["shape"], summary["lr_schedule"]["warmup_type"]) == ("constant", "log")
         lrs[folder] = [json.loads(line)["lr"] for line in (out / folder / "metrics.jsonl").read_text().splitlines()]
     assert lrs["single"][:2] == [0.0, 0.0] and lrs["single"][-1] == 3e-3
     assert len({tuple(v) for v in lrs.values()}) == 1
+
+
+def test_the_documented_zero2_and_zero3_files_match_single(documented):
+    matches_single_under_the_files_schedule(
+        documented,
+        {"single": None, "ds_config_zero2.json": "zero2-offload", "ds_config_zero3.json": "zero3-offload"},
+        ["single", "deepspeed-ds_config_zero2.json", "deepspeed-ds_config_zero3.json"],
+        "deepspeed",
+    )
+
+
+@needs_accelerate
+@pytest.mark.extended
+def test_an_accelerate_config_naming_the_zero2_file_matches_single(documented_through_accelerate):
+    matches_single_under_the_files_schedule(
+        documented_through_accelerate,
+        {"single": None, "accelerate_zero2.yaml": "accelerate-zero2"},
+        ["single", ACCELERATE_RUN],
+        "accelerate",
+    )
 
 
 def test_what_was_filled_is_said_in_the_output_the_log_and_the_report(documented):
@@ -407,8 +427,9 @@ def test_what_was_filled_is_said_in_the_output_the_log_and_the_report(documented
 
 
 @needs_accelerate
-def test_accelerate_runs_the_jsons_scheduler_as_deepspeeds_and_says_what_it_filled(documented):
-    out, stdout = documented
+@pytest.mark.extended
+def test_accelerate_runs_the_jsons_scheduler_as_deepspeeds_and_says_what_it_filled(documented_through_accelerate):
+    out, stdout = documented_through_accelerate
     log = (out / ACCELERATE_RUN / "log.txt").read_text()  # its own run's
     for said in (
         "its scheduler WarmupLR runs as written, DeepSpeed's own",

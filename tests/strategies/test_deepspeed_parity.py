@@ -19,6 +19,9 @@ from tests.helpers import NANO, ROOT, run_cli
 STRATEGIES = ("zero1", "zero2", "zero3", "accelerate-zero1", "accelerate-zero2", "accelerate-zero3")
 # bf16 is what the GPU benchmark runs; fp32 covers the other precision branch of both builders.
 CASES = [(name, "bf16") for name in STRATEGIES] + [("zero2", "fp32"), ("accelerate-zero2", "fp32")]
+# On every change one builder path each, parabench's own and Accelerate's; the rest under --all.
+EVERY_CHANGE = {("zero3", "bf16"), ("accelerate-zero2", "bf16")}
+SELECTED_CASES = [case if case in EVERY_CHANGE else pytest.param(*case, marks=pytest.mark.extended) for case in CASES]
 
 pytestmark = [
     pytest.mark.skipif(
@@ -59,7 +62,7 @@ def differences(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("name, precision", CASES)
+@pytest.mark.parametrize("name, precision", SELECTED_CASES)
 def test_config_differs_from_the_handwritten_loop_only_where_documented(differences, name, precision):
     undocumented = {
         path: values for path, values in differences(name, precision).items() if not parity.is_documented(path)
@@ -70,6 +73,7 @@ def test_config_differs_from_the_handwritten_loop_only_where_documented(differen
     )
 
 
+@pytest.mark.extended  # it needs every case's run
 def test_every_documented_difference_is_one_that_occurs(differences):
     """A documented difference that no run shows any more is stale: remove it."""
     seen = {path for case in CASES for path in differences(*case)}
@@ -81,25 +85,25 @@ def test_every_documented_difference_is_one_that_occurs(differences):
     assert not stale, f"documented but never seen: {stale}"
 
 
-def test_the_step_shaping_settings_agree(differences):
+@pytest.mark.parametrize("name, precision", SELECTED_CASES)
+def test_the_step_shaping_settings_agree(differences, name, precision):
     """Precision, clipping, batch and stage are never among the differences (documented or not)."""
-    for case in CASES:
-        shaping = [
-            path
-            for path in differences(*case)
-            if path.split(".")[0]
-            in (
-                "bf16",
-                "fp16",
-                "gradient_clipping",
-                "train_batch_size",
-                "train_micro_batch_size_per_gpu",
-                "gradient_accumulation_steps",
-                "communication_data_type",
-            )
-            or path == "zero_optimization.stage"
-        ]
-        assert not shaping, f"{case}: {shaping}"
+    shaping = [
+        path
+        for path in differences(name, precision)
+        if path.split(".")[0]
+        in (
+            "bf16",
+            "fp16",
+            "gradient_clipping",
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+            "communication_data_type",
+        )
+        or path == "zero_optimization.stage"
+    ]
+    assert not shaping, f"{(name, precision)}: {shaping}"
 
 
 def test_the_benchmarks_page_shows_every_documented_difference():

@@ -19,7 +19,7 @@ from harness.compare.compare_cli import _skip_reason
 from models.zoo import build_model
 from strategies.base import ModelUnsupported, StrategyError
 from strategies.registry import default_registry
-from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli, succeeded
+from tests.helpers import NANO, OnFirstUse, env_for_tests, max_rel_diff, read_run, run_cli, succeeded
 from tests.strategies.constructed import constructed
 
 pytestmark = pytest.mark.timeout(900)
@@ -45,22 +45,31 @@ def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC):
     return run_cli(args, env=env_for_tests(), timeout=300)
 
 
+# name -> (strategy, extra, nproc).
+RUNS = {
+    "gpt": ("fsdp-cp", CP, NPROC),
+    "llama": ("fsdp-cp", [*CP, *LLAMA], NPROC),
+    "llama-single": ("single", LLAMA, 1),
+}
+# The GPT on every change; the Llama's two runs under --all (tests/models/test_context_parallel.py
+# holds its attention's split to the whole model on every change).
+MODELS = ["gpt", pytest.param("llama", marks=pytest.mark.extended)]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """name -> (summary, rows, stdout)."""
-    out = {}
-    for name, strategy, extra, nproc in (
-        ("gpt", "fsdp-cp", CP, NPROC),
-        ("llama", "fsdp-cp", [*CP, *LLAMA], NPROC),
-        ("llama-single", "single", LLAMA, 1),
-    ):
+def runs(tmp_path_factory) -> OnFirstUse[str, tuple[dict, list[dict], str]]:
+    """name -> (summary, rows, stdout), each trained when a test first reads it."""
+
+    def trained(name: str) -> tuple[dict, list[dict], str]:
+        strategy, extra, nproc = RUNS[name]
         out_dir = tmp_path_factory.mktemp(name)
         stdout = succeeded(_launch(strategy, out_dir, extra, nproc))
-        out[name] = (*read_run(out_dir), stdout)
-    return out
+        return (*read_run(out_dir), stdout)
+
+    return OnFirstUse(RUNS, trained)
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("name", MODELS)
 def test_loss_matches_single_at_every_step(runs, reference_run, name, record_property):
     summary, rows, _ = runs[name]
     reference = runs["llama-single"][1] if name == "llama" else reference_run[1]
@@ -71,7 +80,7 @@ def test_loss_matches_single_at_every_step(runs, reference_run, name, record_pro
     assert summary["world_size"] == NPROC
 
 
-@pytest.mark.parametrize("name", ["gpt", "llama"])
+@pytest.mark.parametrize("name", MODELS)
 def test_the_header_and_summary_give_the_mesh(runs, name):
     summary, _, stdout = runs[name]
     assert summary["mesh"]["shape"] == [2, 2] and summary["mesh"]["dims"] == ["shard", "cp"]
@@ -82,11 +91,13 @@ def test_the_header_and_summary_give_the_mesh(runs, name):
     assert "mesh 2 x 2: shard x cp" in header and "global batch 8 = 2 data-parallel ranks x" in header
 
 
-def test_each_rank_holds_a_quarter_of_the_model(runs, reference_run):
+@pytest.mark.parametrize("name", MODELS)
+def test_each_rank_holds_a_quarter_of_the_model(runs, reference_run, name):
     """FSDP shards over all four ranks: context parallel splits the activations, not the parameters."""
-    for single, split in ((reference_run[0], runs["gpt"][0]), (runs["llama-single"][0], runs["llama"][0])):
-        for key in ("mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"):
-            assert split[key] == pytest.approx(single[key] / 4, rel=0.05), key
+    single = runs["llama-single"][0] if name == "llama" else reference_run[0]
+    split = runs[name][0]
+    for key in ("mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"):
+        assert split[key] == pytest.approx(single[key] / 4, rel=0.05), key
 
 
 def _strategy(cp_size: int, seq_len: int, **options):

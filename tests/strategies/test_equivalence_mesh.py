@@ -18,7 +18,7 @@ import pytest
 
 from harness.common.testing_hooks import FAULT_ENV
 from strategies.registry import default_registry
-from tests.helpers import NANO, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
+from tests.helpers import NANO, OnFirstUse, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -54,26 +54,37 @@ def _launch(strategy: str, out_dir: Path, extra: list[str], nproc: int = NPROC, 
     return run_cli(args, env=env, timeout=300)
 
 
+def _unavailable(name: str) -> str | None:
+    return None if name == "llama-single" else default_registry().get(RUNS[name][0]).unavailable_reason
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, reference_run):
-    """name -> (summary, rows, stdout, out_dir)."""
-    out = {}
-    single_dir = tmp_path_factory.mktemp("llama-single")
-    stdout = succeeded(_launch("single", single_dir, LLAMA, nproc=1))
-    out["llama-single"] = (*read_run(single_dir), stdout, single_dir)
-    for name, (strategy, extra) in RUNS.items():
-        if default_registry().get(strategy).unavailable_reason:
-            continue
+def runs(tmp_path_factory) -> OnFirstUse[str, tuple[dict, list[dict], str, Path]]:
+    """name -> (summary, rows, stdout, out_dir), each trained when a test first reads it (a test of a
+    strategy unavailable here skips)."""
+
+    def trained(name: str) -> tuple[dict, list[dict], str, Path]:
+        if reason := _unavailable(name):
+            pytest.skip(f"{RUNS[name][0]} is unavailable here: {reason}")
         out_dir = tmp_path_factory.mktemp(name)
-        stdout = succeeded(_launch(strategy, out_dir, extra))
-        out[name] = (*read_run(out_dir), stdout, out_dir)
-    return out
+        if name == "llama-single":
+            stdout = succeeded(_launch("single", out_dir, LLAMA, nproc=1))
+        else:
+            strategy, extra = RUNS[name]
+            stdout = succeeded(_launch(strategy, out_dir, extra))
+        return (*read_run(out_dir), stdout, out_dir)
+
+    return OnFirstUse(["llama-single", *RUNS], trained)
 
 
-@pytest.mark.parametrize("name", ["hsdp", "fsdp-tp", "zero3-hpz", "llama-fsdp-tp", "llama-accelerate-fsdp-tp"])
+# hsdp and fsdp-tp on every change; zero3-hpz (ZeRO-3, whose own run is every change's, with a
+# secondary partition) and the Llama under each plan of its own, under --all.
+EXTENDED = pytest.mark.extended
+EXTENDED_RUNS = ("zero3-hpz", "llama-fsdp-tp", "llama-accelerate-fsdp-tp")
+
+
+@pytest.mark.parametrize("name", ["hsdp", "fsdp-tp", *(pytest.param(name, marks=EXTENDED) for name in EXTENDED_RUNS)])
 def test_loss_matches_single_at_every_step(runs, reference_run, name, record_property):
-    if name not in runs:
-        pytest.skip(f"{RUNS[name][0]} is unavailable here: {default_registry().get(RUNS[name][0]).unavailable_reason}")
     summary, rows, _, _ = runs[name]
     reference = runs["llama-single"][1] if name.startswith("llama") else reference_run[1]
     deviation = max_rel_diff(rows, reference)
@@ -88,13 +99,11 @@ def test_loss_matches_single_at_every_step(runs, reference_run, name, record_pro
     [
         ("hsdp", [2, 2], ["replicate", "shard"], 4),
         ("fsdp-tp", [2, 2], ["shard", "tp"], 2),
-        ("zero3-hpz", [2, 2], ["groups", "hpz"], 4),
-        ("llama-accelerate-fsdp-tp", [2, 2], ["shard", "tp"], 2),
+        pytest.param("zero3-hpz", [2, 2], ["groups", "hpz"], 4, marks=EXTENDED),
+        pytest.param("llama-accelerate-fsdp-tp", [2, 2], ["shard", "tp"], 2, marks=EXTENDED),
     ],
 )
 def test_the_header_and_summary_give_the_mesh(runs, name, shape, dims, data_parallel):
-    if name not in runs:
-        pytest.skip(f"{RUNS[name][0]} is unavailable here")
     summary, _, stdout, _ = runs[name]
     assert summary["mesh"]["shape"] == shape and summary["mesh"]["dims"] == dims
     assert summary["data_parallel_size"] == data_parallel
@@ -108,6 +117,10 @@ def test_tensor_parallel_splits_the_batch_over_the_data_parallel_ranks_only(runs
     # 8 sequences over 2 data-parallel ranks: 4 each, as 2 micro-steps of 2.
     assert (summary["micro_batch"], summary["grad_accum"]) == (2, 2)
     assert "sequence parallel" in summary["blocks"]["units"]
+
+
+@EXTENDED
+def test_the_llamas_own_plan_has_no_sequence_parallel(runs):
     assert "no sequence parallel" in runs["llama-fsdp-tp"][0]["blocks"]["units"]
 
 
@@ -118,20 +131,29 @@ def test_what_each_rank_holds(runs, reference_run):
         assert runs["hsdp"][0][key] == pytest.approx(single[key] / 2, rel=0.05), key
         # fsdp-tp: the blocks split 4 ways (2 tensor-parallel x 2 FSDP), the tied embeddings 2 ways.
         assert single[key] / 4 < runs["fsdp-tp"][0][key] < single[key] / 2, key
+
+
+@EXTENDED
+def test_what_each_rank_holds_under_hpz(runs, reference_run):
+    # ZeRO-3's quarter of the parameters plus hpZ's secondary half.
+    held = runs["zero3-hpz"][0]["mem_params_bytes"]
+    assert held == pytest.approx(reference_run[0]["mem_params_bytes"] * 3 / 4, rel=0.05)
+
+
+@EXTENDED
+def test_what_each_rank_of_the_llama_holds(runs):
+    for key in ("mem_params_bytes", "mem_grads_bytes", "mem_optimizer_bytes"):
         # The Llama under its own plan: under FSDP's half; Accelerate, on its own mesh, splits it as
         # fsdp-tp does, byte for byte.
         llama = runs["llama-single"][0][key]
         assert llama / 4 < runs["llama-fsdp-tp"][0][key] < llama / 2, key
-        if "llama-accelerate-fsdp-tp" in runs:
+        if not _unavailable("llama-accelerate-fsdp-tp"):
             assert runs["llama-accelerate-fsdp-tp"][0][key] == runs["llama-fsdp-tp"][0][key], key
-    if "zero3-hpz" in runs:
-        # ZeRO-3's quarter of the parameters plus hpZ's secondary half.
-        assert runs["zero3-hpz"][0]["mem_params_bytes"] == pytest.approx(single["mem_params_bytes"] * 3 / 4, rel=0.05)
 
 
 # fsdp-tp's 2D mesh of DTensors; hsdp's checkpoint is fsdp's DCP format, whose kill and resume
-# tests/train/test_faults.py runs.
-@pytest.mark.parametrize("name", ["fsdp-tp"])
+# tests/train/test_faults.py runs on every change (and fsdp loads fsdp-tp's checkpoint below): under --all.
+@pytest.mark.parametrize("name", [pytest.param("fsdp-tp", marks=EXTENDED)])
 def test_a_killed_rank_resumes_to_the_uninterrupted_curve_bit_for_bit(runs, name, tmp_path):
     strategy, extra = RUNS[name]
     out = tmp_path / "killed"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness.common.testing_hooks import FAULT_ENV
-from tests.helpers import env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
+from tests.helpers import OnFirstUse, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -60,18 +60,30 @@ def _args(model: str, strategy: str, out_dir: Path, extra: list[str]) -> list[st
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[dict, list[dict], str, Path]]:
-    """name -> (summary, rows, stdout, out_dir)."""
-    out = {}
-    for name, (model, strategy, extra) in CASES.items():
+def runs(tmp_path_factory) -> OnFirstUse[str, tuple[dict, list[dict], str, Path]]:
+    """name -> (summary, rows, stdout, out_dir), each trained when a test first reads it."""
+
+    def trained(name: str) -> tuple[dict, list[dict], str, Path]:
+        model, strategy, extra = CASES[name]
         out_dir = tmp_path_factory.mktemp(name.replace("/", "-"))
         stdout = succeeded(run_cli(_args(model, strategy, out_dir, extra), env=env_for_tests(), timeout=400))
-        out[name] = (*read_run(out_dir), stdout, out_dir)
-    return out
+        return (*read_run(out_dir), stdout, out_dir)
+
+    return OnFirstUse(CASES, trained)
+
+
+EXTENDED = pytest.mark.extended
 
 
 @pytest.mark.parametrize(
-    "name", ["moe-nano/ddp-ep", "moe-nano/zero2-ep", "mixtral/ddp-ep", "mixtral/zero2-ep", "capacity/ddp-ep"]
+    "name",
+    [
+        "moe-nano/ddp-ep",
+        "moe-nano/zero2-ep",
+        pytest.param("mixtral/ddp-ep", marks=EXTENDED),
+        pytest.param("mixtral/zero2-ep", marks=EXTENDED),
+        pytest.param("capacity/ddp-ep", marks=EXTENDED),
+    ],
 )
 def test_loss_matches_single_at_every_step(runs, name, record_property):
     summary, rows, _, _ = runs[name]
@@ -99,13 +111,18 @@ def test_experts_are_sharded_over_the_expert_parallel_ranks(runs):
     assert single["mem_params_bytes"] / 2 < ddp_ep["mem_params_bytes"] < single["mem_params_bytes"]
 
 
-def test_the_router_figures_are_in_the_summary(runs):
-    for name in ("moe-nano/single", "moe-nano/ddp-ep", "mixtral/zero2-ep"):
-        router = runs[name][0]["router"]
-        counts = router["router_tokens_per_expert"]
-        # Every token of every step goes to 2 of 4 experts in each of the 2 layers.
-        assert [sum(layer) for layer in counts] == [10 * 8 * 32 * 2] * 2, name
-        assert router["router_max_imbalance"] >= 1.0 and router["router_dropped_fraction"] == 0.0
+@pytest.mark.parametrize(
+    "name", ["moe-nano/single", "moe-nano/ddp-ep", pytest.param("mixtral/zero2-ep", marks=EXTENDED)]
+)
+def test_the_router_figures_are_in_the_summary(runs, name):
+    router = runs[name][0]["router"]
+    counts = router["router_tokens_per_expert"]
+    # Every token of every step goes to 2 of 4 experts in each of the 2 layers.
+    assert [sum(layer) for layer in counts] == [10 * 8 * 32 * 2] * 2, name
+    assert router["router_max_imbalance"] >= 1.0 and router["router_dropped_fraction"] == 0.0
+
+
+def test_expert_parallel_routes_as_single_does_and_times_its_all_to_all(runs):
     assert (
         runs["moe-nano/single"][0]["router"]["router_tokens_per_expert"]
         == (runs["moe-nano/ddp-ep"][0]["router"]["router_tokens_per_expert"])
@@ -115,6 +132,7 @@ def test_the_router_figures_are_in_the_summary(runs):
     assert runs["moe-nano/zero2-ep"][0]["router"]["all_to_all_ms_per_step"] > 0
 
 
+@EXTENDED  # tests/models/test_expert_parallel.py holds a capacity layer to one process on every change
 def test_a_capacity_run_drops_what_single_drops(runs):
     single, ddp_ep = runs["capacity/single"][0]["router"], runs["capacity/ddp-ep"][0]["router"]
     assert single["capacity_factor"] == ddp_ep["capacity_factor"] == 1.0
@@ -122,7 +140,7 @@ def test_a_capacity_run_drops_what_single_drops(runs):
     assert "capacity factor 1.0 per sequence: tokens over it dropped" in runs["capacity/ddp-ep"][2]
 
 
-@pytest.mark.parametrize("name", ["moe-nano/ddp-ep", "moe-nano/zero2-ep"])
+@pytest.mark.parametrize("name", ["moe-nano/ddp-ep", pytest.param("moe-nano/zero2-ep", marks=EXTENDED)])
 def test_a_killed_rank_resumes_bit_for_bit(runs, tmp_path, name):
     model, strategy, extra = CASES[name]
     reference = losses_by_step(runs[name][3])
@@ -134,6 +152,7 @@ def test_a_killed_rank_resumes_bit_for_bit(runs, tmp_path, name):
     assert losses_by_step(out) == reference
 
 
+@EXTENDED
 def test_zero2_ep_takes_the_weights_of_another_strategys_checkpoint(runs, tmp_path):
     """Resumed from single's step-5 weights, its step 6 (whose loss the forward computes before the
     optimizer's first step) is single's step 6; the optimizer then starts afresh, so later steps differ."""
@@ -153,7 +172,12 @@ def test_zero2_ep_takes_the_weights_of_another_strategys_checkpoint(runs, tmp_pa
             ["strategy_options.ep_size=4", "model_kwargs.n_experts=6"],
             "ep_size=4 does not divide the model's 6",
         ),
-        ("zero2-ep", ["strategy_options.ep_size=3"], "strategy_options.ep_size=3 does not divide the world size 4"),
+        pytest.param(
+            "zero2-ep",
+            ["strategy_options.ep_size=3"],
+            "strategy_options.ep_size=3 does not divide the world size 4",
+            marks=EXTENDED,
+        ),
     ],
 )
 def test_a_bad_ep_size_is_one_line_before_any_worker_starts(tmp_path, strategy, extra, says):

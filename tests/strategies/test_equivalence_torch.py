@@ -8,36 +8,48 @@ import sys
 import pytest
 
 from harness.train.distributed import free_port
-from tests.helpers import ROOT, env_for_tests, max_rel_diff, run_bounded, train
+from tests.helpers import ROOT, OnFirstUse, env_for_tests, max_rel_diff, run_bounded, train
 
 TOLERANCE = 1e-4  # relative, every step: only the order of floating-point sums differs
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory, reference_run):
-    out = {"single": reference_run}
-    for strategy in ("ddp", "fsdp"):
-        out[strategy] = train(tmp_path_factory.mktemp(strategy), strategy, nproc=2)
+# name -> (strategy, extra) of the 2-rank runs, each held to single.
+RUNS = {
+    "ddp": ("ddp", []),
+    "fsdp": ("fsdp", []),
     # Same global batch of 8: 2 ranks x micro-batch 2 x 2 accumulation steps.
-    out["ddp-accum"] = train(tmp_path_factory.mktemp("accum"), "ddp", nproc=2, extra=["micro_batch=2"])
+    "ddp-accum": ("ddp", ["micro_batch=2"]),
     # Explicit prefetch, and accumulation with a reduce-scatter on every micro-step (the default).
-    out["fsdp-prefetch-accum"] = train(
-        tmp_path_factory.mktemp("prefetch"),
-        "fsdp",
-        nproc=2,
-        extra=["micro_batch=2", "strategy_options.prefetch_blocks=1"],
-    )
+    "fsdp-prefetch-accum": ("fsdp", ["micro_batch=2", "strategy_options.prefetch_blocks=1"]),
     # Accumulation with FSDP2's gradient sync off until the last micro-step.
-    out["fsdp-accum-sync-once"] = train(
-        tmp_path_factory.mktemp("sync-once"),
+    "fsdp-accum-sync-once": ("fsdp", ["micro_batch=2", "strategy_options.sync_each_micro_step=false"]),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, reference_run) -> OnFirstUse[str, tuple[dict, list[dict]]]:
+    """name -> (summary, rows), each trained when a test first reads it; "single" is the reference."""
+
+    def trained(name: str) -> tuple[dict, list[dict]]:
+        if name == "single":
+            return reference_run
+        strategy, extra = RUNS[name]
+        return train(tmp_path_factory.mktemp(name), strategy, nproc=2, extra=extra)
+
+    return OnFirstUse(["single", *RUNS], trained)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ddp",
         "fsdp",
-        nproc=2,
-        extra=["micro_batch=2", "strategy_options.sync_each_micro_step=false"],
-    )
-    return out
-
-
-@pytest.mark.parametrize("name", ["ddp", "fsdp", "ddp-accum", "fsdp-prefetch-accum", "fsdp-accum-sync-once"])
+        "ddp-accum",
+        # FSDP's accumulation options, each a run of its own: under --all.
+        pytest.param("fsdp-prefetch-accum", marks=pytest.mark.extended),
+        pytest.param("fsdp-accum-sync-once", marks=pytest.mark.extended),
+    ],
+)
 def test_loss_matches_single(runs, name, record_property):
     summary, rows = runs[name]
     _, reference = runs["single"]

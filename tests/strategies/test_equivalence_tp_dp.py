@@ -90,6 +90,9 @@ def test_the_plan_predicts_what_each_rank_holds_to_the_byte(runs, name):
         assert predicted[key] == summary[key], key
 
 
+# The DCP format's exact resume runs on every change under fsdp (tests/train/test_faults.py); this
+# mesh's own, under --all.
+@pytest.mark.extended
 def test_ddp_tp_carries_on_from_its_checkpoint_bit_for_bit(runs, tmp_path):
     source = runs["ddp-tp"][3]
     out = tmp_path / "resumed"

@@ -58,6 +58,7 @@ def llama_run(tmp_path_factory):
     return (*read_run(out_dir), stdout, out_dir)
 
 
+@pytest.mark.extended  # another model through the same engine: the GPT's run below is every change's
 def test_a_hugging_face_model_matches_single_at_every_step(llama_run, llama_reference_run, record_property):
     summary, rows, stdout, _ = llama_run
     deviation = max_rel_diff(rows, llama_reference_run[1])

@@ -105,6 +105,7 @@ def fsdp_fp8(tmp_path_factory):
     return out, train(out, "fsdp", nproc=2, extra=["precision=fp8", "checkpoint_every=5", "keep_last=5"])
 
 
+@pytest.mark.extended  # two runs beside bf16's; fp8 trains on every change in the FSDP run below
 def test_fp8_trains_what_bf16_trains_with_other_numbers(tmp_path):
     summary, _ = train(tmp_path / "fp8", "single", extra=["precision=fp8"])
     assert summary["fp8"] == f"{len(_block_linears(build_model('gpt-nano', {})))} linear layers in float8 (tensorwise)"

@@ -1,6 +1,6 @@
 """DeepSpeed ZeRO checkpoints: exact resume after a SIGKILL, export, a resume under `ddp`,
-and a world-size change refused in one line. The resume and export checks also run for two
-Accelerate modes (test_checkpoint_accelerate has the rest of Accelerate's).
+and a world-size change refused in one line. The resume, export and refusal checks also run for
+Accelerate's modes (test_checkpoint_accelerate has the rest of Accelerate's).
 
 Each 2-rank run costs ~10 s on two cores, mostly start-up: one straight 20-step run per
 strategy serves every check that needs a checkpoint or a reference curve.
@@ -26,12 +26,20 @@ from strategies.deepspeed import DeepSpeedStrategy
 from strategies.registry import default_registry
 from tests.train.test_checkpoint import SUM_ORDER_RTOL, _loss_on_step, launch, log, losses
 
-STAGES = ("zero1", "zero2", "zero3")
 _NEEDS_ACCELERATE = pytest.mark.skipif(
     any(importlib.util.find_spec(m) is None for m in ("accelerate", "transformers")),
     reason="needs accelerate and transformers",
 )
-RESUMABLE = (*STAGES, *(pytest.param(name, marks=_NEEDS_ACCELERATE) for name in ("accelerate-ddp", "accelerate-zero2")))
+_EXTENDED = pytest.mark.extended
+# Exported on every change: the two checkpoints the kills below train anyway; zero1's, zero2's and
+# accelerate-ddp's, each a straight run of its own, under --all.
+RESUMABLE = (
+    pytest.param("zero1", marks=_EXTENDED),
+    pytest.param("zero2", marks=_EXTENDED),
+    "zero3",
+    pytest.param("accelerate-ddp", marks=[_NEEDS_ACCELERATE, _EXTENDED]),
+    pytest.param("accelerate-zero2", marks=_NEEDS_ACCELERATE),
+)
 # A kill and resume=auto once per checkpoint path: ZeRO-3's partitioned parameters, and ZeRO-1/2's
 # optimizer partitions (one class in DeepSpeed, saved and loaded alike) through Accelerate, which
 # drives the same engine's save_checkpoint and load_checkpoint. Every name's checkpoint, zero1's,
@@ -123,6 +131,14 @@ def test_a_world_size_change_is_refused_in_one_line(tmp_path_factory):
         "under a strategy of another checkpoint format to carry the weights over"
     )
     verify(checkpoint)
+
+
+@_NEEDS_ACCELERATE
+def test_a_world_size_change_is_refused_in_one_line_for_the_accelerate_zero_modes(tmp_path_factory):
+    checkpoint = straight_run("accelerate-zero2", tmp_path_factory.getbasetemp()) / "checkpoints" / "step_10"
+    assert "saved by 2 ranks and accelerate-zero2 cannot reshard it to 1: resume with nproc=2" in refuse_one_rank(
+        "accelerate-zero2", checkpoint
+    )
 
 
 def refuse_one_rank(strategy: str, checkpoint: Path) -> str:

@@ -18,16 +18,20 @@ TOLERANCE = 1e-4
 DDP_SPLIT = "DDPOptimizer used bucket cap"
 
 
+# Every change: the whole model compiled under DDP's split and per block under FSDP; the other
+# backends' ways of the same two are `extended`.
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "strategy, nproc, compiled",
     [
-        ("single", 1, "whole model"),
-        ("ddp", 1, "whole model, one graph (one rank: no all-reduce to overlap)"),
+        pytest.param("single", 1, "whole model", marks=pytest.mark.extended),
+        pytest.param(
+            "ddp", 1, "whole model, one graph (one rank: no all-reduce to overlap)", marks=pytest.mark.extended
+        ),
         ("ddp", 2, "whole model, split at DDP's 25 MB buckets"),
-        ("accelerate-zero2", 2, "whole model"),
+        pytest.param("accelerate-zero2", 2, "whole model", marks=pytest.mark.extended),
         ("fsdp", 2, "per block (2 Block)"),
-        ("zero3", 2, "per block (2 Block)"),
+        pytest.param("zero3", 2, "per block (2 Block)", marks=pytest.mark.extended),
     ],
 )
 def test_compiled_run_matches_eager_single(tmp_path, strategy, nproc, compiled, reference_run):

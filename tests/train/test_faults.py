@@ -29,8 +29,10 @@ def _last_rank(strategy: str) -> int:
 
 # Each path once where a second strategy adds no new one: a kill then resume=auto under fsdp (its DCP
 # checkpoint; ddp's is single's format, which single's own run covers), torchrun's restart under ddp.
-KILLED = [s for s in STRATEGIES if s != "ddp"]
-RESTARTED = [s for s in STRATEGIES if s != "fsdp"]
+# On every change: fsdp's kill (DCP) and ddp's restart (the torch format, resumed by torchrun's
+# restart); single's kill and restart, the same format under one process, are `extended`.
+KILLED = [pytest.param(s, marks=pytest.mark.extended) if s == "single" else s for s in STRATEGIES if s != "ddp"]
+RESTARTED = [pytest.param(s, marks=pytest.mark.extended) if s == "single" else s for s in STRATEGIES if s != "fsdp"]
 
 
 @pytest.mark.parametrize("strategy", KILLED)

@@ -102,14 +102,17 @@ def _two_node_run(out_dir: Path, strategy: str, launcher: Callable[..., list[str
         assert agent.returncode == 0, log[-3000:]
 
 
+# Two nodes once on every change, through torchrun's rendezvous; the other strategies and the other two
+# launchers' multi-node modes are `extended` (each launcher starts one node's processes on every change:
+# tests/strategies/test_deepspeed.py and test_accelerate.py).
 @pytest.mark.parametrize(
     "strategy, launcher",
     [
         ("ddp", torchrun_node),
-        ("fsdp", torchrun_node),
-        ("zero3", torchrun_node),
-        ("zero2", deepspeed_node),
-        ("accelerate-zero3", accelerate_node),
+        pytest.param("fsdp", torchrun_node, marks=pytest.mark.extended),
+        pytest.param("zero3", torchrun_node, marks=pytest.mark.extended),
+        pytest.param("zero2", deepspeed_node, marks=pytest.mark.extended),
+        pytest.param("accelerate-zero3", accelerate_node, marks=pytest.mark.extended),
     ],
     ids=lambda x: x if isinstance(x, str) else x.__name__.removesuffix("_node"),
 )
