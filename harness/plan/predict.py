@@ -35,7 +35,7 @@ from harness.plan.speed.compute import compute_work, kernel_launches, memory_byt
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import HostIssue, host_issue
 from harness.plan.speed.kernel_table import kernel_table
-from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time
+from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
 
@@ -163,6 +163,7 @@ class StrategyPlan:
                 "overhead_s": t.overhead_s,
                 "bubble_s": t.bubble_s,
                 "contention_s": t.contention_s,
+                "straggler_s": t.straggler_s,
                 "overhead_what": t.overhead_what,
                 "host_wait_s": t.host_wait_s,
                 "comm_s": t.comm_s,
@@ -251,7 +252,8 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     if layout.pp > 1 or layout.cp > 1:
         from harness.plan.parallel.pipeline_context import plan_split_model  # it plans each stage through here
 
-        return plan_split_model(backend, q, layout)
+        plan = plan_split_model(backend, q, layout)
+        return plan if plan.time is None else replace(plan, time=waiting_on(plan.time, q.gpus))
     held = storage_precision(q.precision)
     backend = with_recipe(backend, q.recipe)
     states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz, q.recipe)
@@ -412,6 +414,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         memory_bytes_per_s=memory_bytes_per_s(q.gpu),
         pipelined=_async_tp(q, layout, backend) if pipelined else None,
         host=_host(backend, q, comms),
+        gpus=layout.gpus,
     )
 
 

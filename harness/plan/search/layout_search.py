@@ -242,6 +242,7 @@ TERMS = {
     "overhead": "backend's own work",
     "host wait": "the GPU waiting on its host to issue kernels",
     "bubble": "the pipeline's bubble",
+    "stragglers": "waiting on the slowest GPU's compute",
     "compute": "compute",
 }
 
@@ -263,6 +264,7 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
         "overhead": t.overhead_s,
         "host wait": t.host_wait_s,
         "bubble": t.bubble_s,
+        "stragglers": t.straggler_s,
         "compute": t.compute_s - recompute - optimizer,
     }
 
