@@ -1,5 +1,5 @@
 """Stragglers: a synchronous step computes as long as the slowest of its GPUs, each a normal draw of
-SPREAD about the median card's (Sinha et al.'s 8% whisker span), so the step grows with the expected
+SPREAD about the median card's (Sinha et al.'s 8% over four interquartile ranges), so the step grows with the expected
 maximum of N draws; a pipeline's step waits on every stage's GPUs, a fixed MFU on none."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def test_the_expected_maximum_of_n_standard_normals(n: int, expected: float) -> 
     assert expected_max_of_normals(n) == pytest.approx(expected, abs=2e-3)
 
 
-def test_the_spread_is_sinha_et_als_variation_over_a_normals_whisker_span() -> None:
+def test_the_spread_is_sinha_et_als_variation_over_four_interquartile_ranges_of_a_normal() -> None:
     assert SPREAD == pytest.approx(0.08 / 5.396, rel=1e-3)
     assert straggler_share(1) == 0.0
     assert straggler_share(1024) == pytest.approx(1 / (1 - SPREAD * 3.247) - 1, rel=2e-3)
