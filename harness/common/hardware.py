@@ -11,6 +11,8 @@ Sources:
                    the best square matmul of zzc0721/torch-performance-test-data database.md
                    @ 9d828276; fp8_efficiency likewise for float8_e4m3fn (H100 SXM 70.9%, H200
                    73.4%, B200 76.3%); fp4_efficiency the NVFP4 matmul measured on a GB200
+  long_run_matmul  the largest square matmul after 10,000 warm-up iterations (Azure's AI benchmarking
+                   guide, cuBLASLt) over the card's MAMF: H100 98.2%, H200 94.0%, A100 94.6%, GB200 80.4%
   capacity_gib     the total torch reports (cudaMemGetInfo: OOM messages' "total capacity"),
                    GiB: ml-engineering training/performance/README.md and debug/pytorch.md
                    @ 744d01e1, nvidia-smi totals less about 0.5 GiB where torch's is not published
@@ -64,6 +66,11 @@ class GPUSpec:
     # Exponentials the special-function units compute per dense 16-bit tensor-core FLOP, both per SM and
     # clock (attention.py's softmax term); None: as its attention family's measured card.
     exp_per_tensor_flop: float | None = None
+    # The largest square matmul's rate after 10,000 warm-up iterations (Azure's cuBLASLt benchmark, _AZURE)
+    # over the card's MAMF in the same precision: what the card sustains once its clocks settle under a
+    # long load (a card without its own: its die's measured one); None: the H100's assumed (gemm.py's
+    # sustained_share).
+    long_run_matmul: float | None = None
 
     @property
     def capacity_bytes(self) -> float:
@@ -102,6 +109,14 @@ _MLPERF = "mlcommons/training_results_v5.1 @ 441d65f4 systems/"
 # The best fp4 matmul measured on a Blackwell card: cuBLASLt NVFP4 at 16384^3 on an Azure ND GB200 v6,
 # 7627.6 of 10000 TFLOP/s (Azure/AI-benchmarking-guide Azure_Results/ND_GB200_v6_results.md @ 2a370be6).
 _FP4_BLACKWELL = 0.763
+# Azure's AI benchmarking guide runs cuBLASLt on random data after 10,000 warm-up iterations; its 16384^3
+# rate over the card's MAMF in that precision (Azure_Results/ND_*_results.md): H100 fp8 1377.3 of 1402.6
+# (samuel-bohman/AI-benchmarking-guide @ 26d18e94, ND H100 v5), H200 fp8 1366.3 of 1453.4 (Azure/AI-benchmarking-guide
+# @ 7f20e5fa, ND H200 v5), A100 fp16 256.5 of 271.1 (@ 3bb66cac, ND A100 v4), GB200 fp8 2906.9 of 3615.6
+# (@ 2a370be6, ND GB200 v6). The benchmark (Benchmarks/NVIDIA/GEMMCublasLt.py) times 1,000 iterations after
+# the 10,000 warm-ups: 30-60 s of the largest matmul back to back, as a training run keeps its cards busy.
+_AZURE = "Azure's cuBLASLt after 10,000 warm-up iterations (Azure_Results/ND_*_results.md)"
+_LONG_RUN = {"H100": 1377.3 / 1402.6, "H200": 1366.3 / 1453.4, "A100": 256.5 / 271.1, "GB200": 2906.9 / 3615.6}
 # MI300X's fp8 against its bf16: hipBLASLt fp8 at 6144x12288x12288 on an Azure ND MI300X v5, 1159.5 of
 # 2610 TFLOP/s (samuel-bohman/AI-benchmarking-guide Azure_Results/ND_MI300X_v5_results.md @ 3de0c294),
 # over its bf16 MAMF (0.514).
@@ -138,7 +153,8 @@ GPUS = {
         132,
         0.709,
         power_w=700,
-        sources=f"{_ML_ENG} (peaks, memory, MAMF 80.3% bf16, 70.9% fp8, 700 W)",
+        long_run_matmul=_LONG_RUN["H100"],
+        sources=f"{_ML_ENG} (peaks, memory, MAMF 80.3% bf16, 70.9% fp8, 700 W); {_AZURE} (98.2% of MAMF)",
     ),
     # torchtitan's Grand Teton part: SXM H100 with 96GB HBM2e at 2.4 TB/s and a 500 W limit. Its
     # peak is "between SXM and NVL" (benchmarks/llama3_h100_202412_torchtitan.md, footnote 2):
@@ -199,7 +215,8 @@ GPUS = {
         132,
         0.734,
         power_w=700,
-        sources=f"{_ML_ENG} (peaks, memory, MAMF 73.4% fp8, 700 W); {_ZZC} (bf16 79.9%)",
+        long_run_matmul=_LONG_RUN["H200"],
+        sources=f"{_ML_ENG} (peaks, memory, MAMF 73.4% fp8, 700 W); {_ZZC} (bf16 79.9%); {_AZURE} (94.0% of MAMF)",
     ),
     # H800: the H100 SXM's die with NVLink cut to 8 of its 18 links (400 GB/s duplex). Its peak
     # (volcengine/verl verl/utils/flops_counter.py @ b178a3cd: 989e12) is the H100's; fp8, memory
@@ -259,9 +276,10 @@ GPUS = {
         fp4_efficiency=_FP4_BLACKWELL,
         generation="blackwell",
         power_w=1000,
+        long_run_matmul=_LONG_RUN["GB200"],
         sources=(
             f"{_ML_ENG} (peaks 2250/4500 TF and NVFP4 10000, 8 TB/s, MAMF 77.6% bf16 and 76.3% fp8, 1000 W); fp4's "
-            "efficiency the GB200's measured one"
+            "efficiency and the long-run matmul the GB200's measured ones (the same die, assumed)"
         ),
         attention_assumed=_BLACKWELL_ATTENTION,
         exp_per_tensor_flop=BLACKWELL_EXP,
@@ -309,8 +327,10 @@ GPUS = {
         host_copy_bytes_per_s=201e9,
         host_link="NVLink-C2C to a Grace CPU",
         power_w=1200,
+        long_run_matmul=_LONG_RUN["GB200"],
         sources=(
             f"{_ML_ENG} (peaks 2500/5000/10000 TF, 8 TB/s, MAMF 72.9% bf16 and 72.3% fp8, 1200 W); "
+            f"{_AZURE} (80.4% of MAMF); "
             f"{_MLPERF}tyche_ngpu72_ngc25.09_nemo.json (189471 MiB, 4 GPUs a tray); Azure/AI-benchmarking-guide "
             "Azure_Results/ND_GB200_v6_results.md @ 2a370be6 (NVFP4 matmul 76.3%, host copies 201 GB/s); SMs "
             "not published: the B200's 148 assumed"
@@ -361,7 +381,8 @@ GPUS = {
         nvlink_links=12,
         nic_gbps=200,
         power_w=400,
-        sources=f"{_ML_ENG} (peaks, memory, MAMF 86.9%)",
+        long_run_matmul=_LONG_RUN["A100"],
+        sources=f"{_ML_ENG} (peaks, memory, MAMF 86.9%); {_AZURE} (94.6% of MAMF)",
     ),
     "A100-40": GPUSpec(
         "A100 SXM 40GB",
@@ -377,7 +398,8 @@ GPUS = {
         nvlink_links=12,
         nic_gbps=200,
         power_w=400,
-        sources=f"{_ML_ENG} (peaks, memory, MAMF 86.9%)",
+        long_run_matmul=_LONG_RUN["A100"],
+        sources=f"{_ML_ENG} (peaks, memory, MAMF 86.9%); the A100 SXM 80GB's long-run matmul (the same die at 400 W)",
     ),
     # A800: the A100 SXM with NVLink cut to 400 GB/s duplex (8 of its 12 links), for export.
     "A800": GPUSpec(
@@ -397,8 +419,9 @@ GPUS = {
         sources=(
             "volcengine/verl verl/utils/flops_counter.py @ b178a3cd (312 TF bf16); "
             f"{_ZZC} (A800 SXM4 80GB best square matmul 266.48 TF: 85.4%); NVLink 400 GB/s duplex (NVIDIA's "
-            "A800 data sheet); memory and bandwidth the A100 SXM 80GB's"
+            "A800 data sheet); memory, bandwidth and long-run matmul the A100 SXM 80GB's"
         ),
+        long_run_matmul=_LONG_RUN["A100"],
     ),
     "A100 PCIe": GPUSpec(
         "A100 PCIe 80GB",

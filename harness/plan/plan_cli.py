@@ -33,6 +33,8 @@ from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_options import PlanConfig, check, gpu_counts, models_asked, question, shape_for
 from harness.plan.predict import Question, StrategyPlan, batching, plan_all, storage_precision
 from harness.plan.recommendation import Recommendation, recommend
+from harness.plan.speed.gemm import sustained_share
+from harness.plan.speed.stragglers import SPREAD, straggler_share
 from harness.plan.what_if import skipped, skipped_lines
 
 __all__ = ["PlanConfig", "main", "question", "strategy_names"]
@@ -244,10 +246,17 @@ def basis_lines(q: Question) -> list[str]:
             if efficiency
             else ""
         )
+        slowest = (
+            f"; the slowest of {q.gpus} GPUs +{straggler_share(q.gpus):.1%} (stragglers: each GPU's speed "
+            f"{SPREAD:.1%} about the median's)"
+            if q.gpus > 1
+            else ""
+        )
         compute = (
             f"compute by shape: matmuls up to {gpu.matmul_efficiency:.0%} of {_mfu_peak(q) / 1e12:.0f} TFLOP/s"
-            f"{fp8}, attention ({q.attention}) by its published rate, memory-bound work at "
-            f"{gpu.hbm_bytes_per_s / 1e12:.2g} TB/s; x {f.compute_scale:.2f} ({where})"
+            f"{fp8}, {sustained_share(gpu, q.precision):.0%} of that sustained under load, attention "
+            f"({q.attention}) by its published rate, memory-bound work at {gpu.hbm_bytes_per_s / 1e12:.2g} TB/s"
+            f"{slowest}; x {f.compute_scale:.2f} ({where})"
         )
     t = q.topology
     inside = "the NVLink domain" if t.per_domain > t.per_node else "a node"

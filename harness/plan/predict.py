@@ -50,7 +50,7 @@ from harness.plan.speed.expert_compute import expert_kernels, expert_long_forwar
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import HostIssue, host_issue
 from harness.plan.speed.kernel_table import kernel_table
-from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time
+from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
 
@@ -181,6 +181,7 @@ class StrategyPlan:
                 "overhead_s": t.overhead_s,
                 "bubble_s": t.bubble_s,
                 "contention_s": t.contention_s,
+                "straggler_s": t.straggler_s,
                 "overhead_what": t.overhead_what,
                 "host_wait_s": t.host_wait_s,
                 "comm_s": t.comm_s,
@@ -269,7 +270,8 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     if layout.pp > 1 or layout.cp > 1:
         from harness.plan.parallel.pipeline_context import plan_split_model  # it plans each stage through here
 
-        return plan_split_model(backend, q, layout)
+        plan = plan_split_model(backend, q, layout)
+        return plan if plan.time is None else replace(plan, time=waiting_on(plan.time, q.gpus))
     held = storage_precision(q.precision)
     backend = with_recipe(backend, q.recipe)
     if not backend.expert_parallel:  # its experts held, reduced and stepped among the rest (expert_memory.py)
@@ -489,6 +491,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         memory_bytes_per_s=memory_bytes_per_s(q.gpu),
         pipelined=_async_tp(q, layout, backend) if pipelined else None,
         host=_host(backend, q, layout, comms),
+        gpus=layout.gpus,
     )
 
 

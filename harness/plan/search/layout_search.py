@@ -248,6 +248,7 @@ TERMS = {
     "host wait": "the GPU waiting on its host to issue kernels",
     "bubble": "the pipeline's bubble",
     "imbalance": "the busiest GPU's expert tokens beyond an even share (moe_imbalance)",
+    "stragglers": "waiting on the slowest GPU's compute",
     "compute": "compute",
 }
 
@@ -271,6 +272,7 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
         "host wait": t.host_wait_s,
         "bubble": t.bubble_s,
         "imbalance": imbalance,
+        "stragglers": t.straggler_s,
         "compute": t.compute_s - recompute - optimizer - imbalance,
     }
 

@@ -1,7 +1,8 @@
 """How long one matrix multiply takes on a GPU, from its shape: a roofline with a launch cost.
 
-    t = LAUNCH_S + max(flops x (1 + INNER_OVERHEAD / k) / (SUSTAINED x matmul_efficiency x peak),
+    t = LAUNCH_S + max(flops x (1 + INNER_OVERHEAD / k) / (sustained x matmul_efficiency x peak),
                        OPERAND_TRAFFIC x bytes / HBM bandwidth)
+    sustained = SUSTAINED x the card's long-run matmul over the H100's (sustained_share)
 
 flops = 2·m·n·k; bytes = the operands and the result once each, (m·k + k·n + m·n) elements. A
 large GEMM runs at the best rate a shape search measured on the card (its MAMF,
@@ -23,7 +24,7 @@ measured fp4 rate, its operands 9/16 of a byte.
 
 from __future__ import annotations
 
-from harness.common.hardware import GPUSpec
+from harness.common.hardware import GPUS, GPUSpec
 from harness.plan.speed.kernel_table import kernel_table
 
 LAUNCH_S = 6.0e-6  # a kernel's fixed cost: 2^25-flop matmuls take 5.2 us in the table
@@ -35,6 +36,10 @@ INNER_OVERHEAD = 96  # elements of k each output tile's prologue and epilogue co
 # against 797.5 at 8192^3, issue 79), 0.95 (H100 PCIe, issue 95) and 0.90 (A100 PCIe 40GB,
 # issue 108) of the sweep's best. The mean scales every matmul of a step.
 SUSTAINED = 0.92
+# The card SUSTAINED stands for (its sweeps: the H100 SXM's, with the H100 PCIe's and A100 PCIe's within
+# 5%): another card's long-run matmul (hardware.py's long_run_matmul, one benchmark run alike on every card)
+# is taken relative to this one's, so the settling both measure is counted once.
+REFERENCE_CARD = "H100"
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5 + 1 / 16}
 # Precisions the blocks' projections run in below the 16-bit one the rest of the model keeps.
@@ -49,13 +54,27 @@ def low_precision_efficiency(gpu: GPUSpec, precision: str) -> float:
     return efficiency
 
 
+def sustained_share(gpu: GPUSpec, precision: str) -> float:
+    """The share of its best short-benchmark matmul rate the card keeps through a training step:
+    SUSTAINED (the reference card's clocks under its power limit) times the card's long-run matmul
+    over the reference card's. A card without a long-run measurement keeps the reference's; an fp4
+    matmul's rate (hardware.py's fp4_efficiency) was itself measured after Azure's long warm-up,
+    so the card's long-run share is not applied to it again."""
+    reference = GPUS[REFERENCE_CARD].long_run_matmul
+    if gpu.long_run_matmul is None or reference is None or precision == "fp4":
+        return SUSTAINED
+    return SUSTAINED * gpu.long_run_matmul / reference
+
+
 def gemm_seconds(
-    m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float = 1, sustained: float = SUSTAINED
+    m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float = 1, sustained: float | None = None
 ) -> float:
-    """Seconds of `batch` matmuls of (m x k) by (k x n) at `precision` in a training step (a lone
-    kernel, as a benchmark times it: sustained=1). Where the card has a measured kernel table
-    (kernel_table.py), a 16-bit matmul is the model's time scaled by the measured over the modelled
-    time of the nearest shape the table holds."""
+    """Seconds of `batch` matmuls of (m x k) by (k x n) at `precision` in a training step (at the
+    card's sustained_share; a lone kernel, as a benchmark times it: sustained=1). Where the card has
+    a measured kernel table (kernel_table.py), a 16-bit matmul is the model's time scaled by the
+    measured over the modelled time of the nearest shape the table holds."""
+    if sustained is None:
+        sustained = sustained_share(gpu, precision)
     seconds = _modelled(m, n, k, gpu, precision, batch, sustained)
     table = kernel_table(gpu) if precision in ("bf16", "fp16") and seconds else None
     nearest = table.nearest_matmul(m, n, k) if table else None
@@ -84,7 +103,7 @@ def _modelled(m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch:
 
 
 def gemm_tflops(
-    m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float = 1, sustained: float = SUSTAINED
+    m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float = 1, sustained: float | None = None
 ) -> float:
     """The rate the model gives that matmul, TFLOP/s (for tests and the docs' tables)."""
     return 2.0 * batch * m * n * k / gemm_seconds(m, n, k, gpu, precision, batch, sustained) / 1e12

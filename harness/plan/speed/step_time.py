@@ -31,13 +31,15 @@ Host issue: a micro-step takes at least the host's time to issue its kernels and
 is the time the GPU waits on its host. torch.nn.DataParallel drives every replica from one Python
 process: its kernel launches are serialised by the GIL (HOST_S_PER_LAUNCH each, per replica), and
 GPU 0 runs the loss over every replica's logits and the optimizer over the whole model.
+Stragglers: the step's compute is the slowest GPU's, each chip running its own speed about the
+median card's (stragglers.py); with a fixed MFU, which stands for all of a run's compute, none is added.
 Efficiency is compute time over step time.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from harness.common.hardware import GPUSpec
 from harness.plan.memory.memory_correction import MemoryCorrection
@@ -47,6 +49,7 @@ from harness.plan.parallel.async_tp_cost import AsyncTensorParallel
 from harness.plan.parallel.backends import Backend, planner_models
 from harness.plan.speed.compute import ComputeWork
 from harness.plan.speed.host_issue import HOST_S_PER_KERNEL, HostIssue
+from harness.plan.speed.stragglers import straggler_share
 
 HOST_ADAM_S_PER_PARAM = 1e-9  # DeepSpeed CPUAdam on one node's CPUs (AVX-512), where nothing is measured
 HOST_S_PER_LAUNCH = HOST_S_PER_KERNEL["eager"]  # eager PyTorch's, where no dataparallel run is measured
@@ -103,11 +106,19 @@ class StepTime:
     # Of compute_s, what a pipeline's fullest stage computes beyond an even share (its head and loss,
     # blocks that do not divide evenly), which every other stage waits out.
     imbalance_s: float = 0.0
+    # The share of compute_s the step waits beyond the median GPU's for the slowest of its GPUs (stragglers.py).
+    straggle: float = 0.0
+    straggle_gpus: int = 1  # the GPUs it waits on
+
+    @property
+    def straggler_s(self) -> float:
+        return self.straggle * self.compute_s
 
     @property
     def step_s(self) -> float:
         return (
             self.compute_s
+            + self.straggler_s
             + self.contention_s
             + self.exposed_comm_s
             + self.offload_step_s
@@ -119,6 +130,16 @@ class StepTime:
     @property
     def efficiency(self) -> float:
         return self.compute_s / self.step_s
+
+
+def waiting_on(t: StepTime, gpus: int) -> StepTime:
+    """`t` with the slowest of `gpus` GPUs waited on: a pipeline's step, planned on one stage's GPUs,
+    waits on every stage's."""
+    if t.work is None or gpus == t.straggle_gpus:
+        return t
+    tokens = t.tokens_per_s * t.step_s
+    waited = replace(t, straggle=straggler_share(gpus), straggle_gpus=gpus)
+    return replace(waited, tokens_per_s=tokens / waited.step_s)
 
 
 @dataclass(frozen=True)
@@ -201,10 +222,12 @@ def step_time(
     memory_bytes_per_s: float,
     pipelined: AsyncTensorParallel | None = None,
     host: HostIssue | None = None,
+    gpus: int = 1,
 ) -> StepTime:
     """Predicted time of one optimizer step on every GPU, and what it buys. `work` is the compute
     model's micro-step (scaled here); `fixed_compute_s` a micro-step's compute at a fixed MFU (which
-    stands for all compute: async TP's pieces then add only the copies they leave exposed)."""
+    stands for all compute: async TP's pieces then add only the copies they leave exposed, and no
+    straggler is added); `gpus`: the job's, whose slowest every step waits on."""
     if work is not None:
         micro_compute = work.micro_step_s * factors.compute_scale
         forward_s = work.forward_s * factors.compute_scale
@@ -249,7 +272,8 @@ def step_time(
     if host is not None and backend.replicas != "threads":  # DataParallel's host is priced above
         long_share = (work.matmul_s + work.attention_s) / work.micro_step_s if work and work.micro_step_s else 1.0
         host_wait = grad_accum * host.wait(forward_s, forward_s * long_share, micro_compute, recurring / grad_accum)
-    step_s = step_compute + contended + exposed + offload_s + overhead + host_wait
+    straggle = straggler_share(gpus) if work is not None else 0.0
+    step_s = step_compute * (1 + straggle) + contended + exposed + offload_s + overhead + host_wait
     tokens = data_parallel * grad_accum * micro_tokens
     return StepTime(
         step_compute,
@@ -265,4 +289,6 @@ def step_time(
         recurring,
         host_wait,
         host,
+        straggle=straggle,
+        straggle_gpus=gpus,
     )
