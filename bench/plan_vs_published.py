@@ -99,7 +99,8 @@ CHECKPOINTING = {
 
 
 def _checkpointing(value: str) -> str:
-    """A row's activation checkpointing as the plan's mode (selective: torchtitan's op-level policy)."""
+    """A row's activation checkpointing as the plan's mode (selective: torchtitan's op-level policy;
+    a Megatron row's selective is its core attention's recomputation instead, `question`)."""
     key = value.strip().lower()
     return "selective" if "selective" in key else CHECKPOINTING.get(key, "full")
 
@@ -212,8 +213,6 @@ def _not_modelled(row: dict[str, str]) -> str | None:
         return "ZeRO over a subgroup of the data-parallel GPUs (zero_group=): not modelled"
     if checkpointing == "partial":
         return "recomputing some of the layers (partial): not modelled"
-    if checkpointing == "selective" and sharding.startswith("megatron"):
-        return "Megatron-LM's selective recomputation (the core attention only): not modelled"
     return None
 
 
@@ -501,6 +500,9 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         micro_batch, grad_accum = micro_batch * grad_accum, 1
     shape = shape_of_row(row)
     gpus, nodes = int(row["gpus"]), int(row["nodes"] or 1)
+    # Megatron-LM's `selective` recomputes the core attention alone (core_attention_recompute.py).
+    selective = _checkpointing(row["activation_checkpointing"]) == "selective"
+    core_recompute = selective and row["sharding"].lower().startswith("megatron")
     topology = topology_of(gpu, gpus, nodes, _fabric(row, gpu))
     q = Question(
         shape=shape,
@@ -512,7 +514,8 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         precision=precision,
         gpu=gpu,
         factors=default_factors(),
-        checkpointing=_checkpointing(row["activation_checkpointing"]),
+        checkpointing="none" if core_recompute else _checkpointing(row["activation_checkpointing"]),
+        core_attention_recompute=core_recompute,
         fused_loss=_fused_loss(row),
         fused_norm=_fused_norm(row),
         complex_rope=row["source"].startswith("pytorch/torchtitan"),  # its apply_rotary_emb: view_as_complex
