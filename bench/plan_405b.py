@@ -122,7 +122,7 @@ def search_lines() -> list[str]:
     lines += [
         "",
         "Each family's fastest layout, its step by term (seconds; the imbalance is part of the compute: what the "
-        "fullest pipeline stage computes beyond an even share, which the others wait out):",
+        "slowest pipeline stage computes beyond an even share, which the others wait out):",
         "",
         "| family | step | " + " | ".join(terms) + " | of the compute, imbalance |",
         "|---|---:|" + "---:|" * (len(terms) + 1),

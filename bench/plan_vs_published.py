@@ -108,7 +108,8 @@ CHECKPOINTING = {
 
 
 def _checkpointing(value: str) -> str:
-    """A row's activation checkpointing as the plan's mode (selective: torchtitan's op-level policy)."""
+    """A row's activation checkpointing as the plan's mode (selective: torchtitan's op-level policy;
+    a Megatron row's selective is its core attention's recomputation instead, `question`)."""
     key = value.strip().lower()
     return "selective" if "selective" in key else CHECKPOINTING.get(key, "full")
 
@@ -207,11 +208,15 @@ def _megatron_sharding(sharding: str) -> str:
     return " ".join("distributed_optimizer" if token == "zero=1" else token for token in sharding.split())
 
 
+DENSE_ARCHS = ("gpt", "llama", "mpt")  # the archs shape_of_row plans; the others are mixtures of experts
+
+
 def _not_modelled(row: dict[str, str]) -> str | None:
     """Why a row's run is one the planner has no model for (its model, layout or recomputation), or None."""
     sharding, checkpointing = row["sharding"].lower(), row["activation_checkpointing"].strip().lower()
     tokens = sharding.split()
-    if moe_head(row) is None and (row["arch"] == "moe" or degrees(sharding).ep > 1):
+    if moe_head(row) is None and (row["arch"] not in DENSE_ARCHS or degrees(sharding).ep > 1):
+        # moe_runs.csv's rows carry their shape in the notes' moe head; the others name only their family.
         return "mixture of experts without the notes' moe head (moe_runs.csv holds the planned runs): not planned"
     if "megatron_fsdp" in tokens:
         return "Megatron-FSDP: not modelled"
@@ -221,8 +226,6 @@ def _not_modelled(row: dict[str, str]) -> str | None:
         return "ZeRO over a subgroup of the data-parallel GPUs (zero_group=): not modelled"
     if checkpointing == "partial":
         return "recomputing some of the layers (partial): not modelled"
-    if checkpointing == "selective" and sharding.startswith("megatron") and recompute_modules(row) is None:
-        return "Megatron-LM's selective recomputation (the core attention only): not modelled"
     return None
 
 
@@ -529,6 +532,11 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         micro_batch, grad_accum = micro_batch * grad_accum, 1
     shape = shape_of_row(row)
     gpus, nodes = int(row["gpus"]), int(row["nodes"] or 1)
+    # Megatron-LM's `selective` recomputes the core attention alone (core_attention_recompute.py).
+    checkpointing = _checkpointing(row["activation_checkpointing"])
+    selective = checkpointing == "selective"
+    modules = recompute_modules(row)
+    core_recompute = selective and modules is None and row["sharding"].lower().startswith("megatron")
     topology = topology_of(gpu, gpus, nodes, _fabric(row, gpu))
     q = Question(
         shape=shape,
@@ -540,8 +548,12 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         precision=precision,
         gpu=gpu,
         factors=default_factors(),
-        # Megatron-core's recompute_modules stand for its selective recomputation (recipe_of_row).
-        checkpointing="none" if recompute_modules(row) is not None else _checkpointing(row["activation_checkpointing"]),
+        # Megatron-core's recompute_modules stand for its selective recomputation (recipe_of_row, the
+        # experts' own core_attn); else Megatron's selective is the core attention alone.
+        checkpointing="none"
+        if modules is not None or core_recompute
+        else _checkpointing(row["activation_checkpointing"]),
+        core_attention_recompute=core_recompute,
         fused_loss=_fused_loss(row),
         fused_norm=_fused_norm(row),
         complex_rope=row["source"].startswith("pytorch/torchtitan"),  # its apply_rotary_emb: view_as_complex

@@ -32,7 +32,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 
-CP_ATTENTIONS = ("all-to-all", "ring")
+from models.sequence_split import CP_ATTENTIONS, sequence_split_error
 
 
 class ContextParallelError(ValueError):
@@ -63,10 +63,9 @@ def check_context_parallel(
             f"causal LMs (model=hf:...), not {type(model).__name__}'s, which it does not know: "
             "use one of those, or fsdp / fsdp-tp for this model"
         )
-    chunks = 2 * cp_size if attention == "ring" else cp_size
-    if seq_len is not None and seq_len % chunks:
-        what = f"2 x {cp_size} head-and-tail chunks" if attention == "ring" else f"cp_size={cp_size} slices"
-        raise ContextParallelError(f"seq_len={seq_len} does not split into {what}: use a seq_len that {chunks} divides")
+    unsplit = None if seq_len is None else sequence_split_error(seq_len, cp_size, attention)
+    if unsplit is not None:
+        raise ContextParallelError(unsplit)
     if family == "gpt":
         from models.gpt_context_parallel import check_gpt
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
+from models.stage_split import blocks_per_stage
 from models.stage_trace import BEFORE_BLOCKS, Trace, TraceFailed, run_traced
 
 DEFAULT_SEQ_LEN = 16  # the traced sequence length where the run gives none
@@ -60,17 +61,6 @@ class CutPlan:
     def span_text(self, stage: int) -> str:
         span = self.spans[stage]
         return str(span.start) if len(span) == 1 else f"{span.start}-{span.stop - 1}"
-
-
-def blocks_per_stage(n_blocks: int, stages: int) -> list[range]:
-    """The blocks of each stage, in order: as even as they go, the earlier stages one more."""
-    base, extra = divmod(n_blocks, stages)
-    out, start = [], 0
-    for stage in range(stages):
-        size = base + (1 if stage < extra else 0)
-        out.append(range(start, start + size))
-        start += size
-    return out
 
 
 def cut_plan(

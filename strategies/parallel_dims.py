@@ -331,6 +331,23 @@ def shares_heads(cp: int, facts: ModelFacts, tp: int, attention: str) -> bool:
     return heads % cp == 0 and (kv_heads % cp == 0 or cp % kv_heads == 0)
 
 
+def context_heads_error(cp: int, facts: ModelFacts, tp: int, attention: str) -> str | None:
+    """Why cp ranks cannot share out the heads each tensor-parallel rank holds under `attention`
+    (shares_heads), in one line; None where they can. The planner refuses with the same words."""
+    if shares_heads(cp, facts, tp, attention):
+        return None
+    assert facts.heads is not None
+    heads = facts.heads // tp
+    fits = [d for d in divisors(heads) if shares_heads(d, facts, tp, attention)]
+    whose = "each tensor-parallel rank's" if tp > 1 else "the model's"
+    kv = f" and {max(1, facts.kv_heads // tp)} key/value heads" if "key/value heads" in facts.head_counts() else ""
+    return (
+        f"strategy_options.cp_size={cp} does not share out {whose} {heads} attention heads{kv} "
+        f"(the all-to-all gives each rank whole heads): use strategy_options.cp_size={' or '.join(map(str, fits))}"
+        ", or strategy_options.cp_attention=ring"
+    )
+
+
 def _check_product(given: dict[str, int], world_size: int) -> None:
     if len(given) < 2 or world_size % math.prod(given.values()) == 0:
         return
@@ -354,17 +371,9 @@ def check_model_fits(dims: ParallelDims, facts: ModelFacts, virtual: int = 1, at
             f"strategy_options.tp_size={dims.tp} does not divide the model's {what}: use strategy_options.tp_size="
             f"{' or '.join(map(str, fits))} (each rank of a tensor-parallel group computes whole heads)"
         )
-    if not shares_heads(dims.cp, facts, dims.tp, attention):
-        assert facts.heads is not None
-        heads = facts.heads // dims.tp
-        fits = [d for d in divisors(heads) if shares_heads(d, facts, dims.tp, attention)]
-        whose = "each tensor-parallel rank's" if dims.tp > 1 else "the model's"
-        kv = f" and {max(1, facts.kv_heads // dims.tp)} key/value heads" if "key/value heads" in counts else ""
-        raise MeshError(
-            f"strategy_options.cp_size={dims.cp} does not share out {whose} {heads} attention heads{kv} "
-            f"(the all-to-all gives each rank whole heads): use strategy_options.cp_size={' or '.join(map(str, fits))}"
-            ", or strategy_options.cp_attention=ring"
-        )
+    unshared = context_heads_error(dims.cp, facts, dims.tp, attention)
+    if unshared is not None:
+        raise MeshError(unshared)
     stages = dims.pp * virtual
     if facts.blocks is not None and stages > facts.blocks:
         each = f" ({dims.pp} ranks x {virtual} virtual stages)" if virtual > 1 else ""

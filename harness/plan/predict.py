@@ -46,6 +46,7 @@ from harness.plan.speed.compute import (
     memory_bytes_per_s,
     micro_step_kernels,
 )
+from harness.plan.speed.core_attention_recompute import recomputed_attention_flops, with_core_attention_recomputed
 from harness.plan.speed.expert_compute import expert_kernels, expert_long_forward, expert_work
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import HostIssue, host_issue
@@ -84,6 +85,9 @@ class Question:
     # largest micro-batch up to the asked one that divides its ranks' share.
     nearest_split: bool = False
     recipe: Recipe = PLAIN  # pure bf16, the optimizer, QK-norm, offload... (recipe.py)
+    # Megatron-LM's selective recomputation beside checkpointing=none: each layer's core attention
+    # run again in the backward (core_attention_recompute.py).
+    core_attention_recompute: bool = False
 
     @property
     def gpus(self) -> int:
@@ -323,6 +327,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         fp8_inputs=q.recipe.fp8_saved_inputs,
         megatron=bool(backend.options.get(MEGATRON_ENGINE)),
         sequence_parallel=backend.sequence_parallel,
+        core_attention_recompute=q.core_attention_recompute,
     )
     acts = _with_experts(acts, backend, q, layout)
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
@@ -420,6 +425,8 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     if q.factors.fixed_mfu is not None:
         again = 4 / 3 if q.checkpointing != "none" else 1.0
         flops = q.shape.flops_per_token(q.seq_len) * q.micro_batch * q.seq_len * again / layout.tp
+        if q.core_attention_recompute and q.shape.dims is not None:
+            flops += recomputed_attention_flops(q.shape.dims, q.micro_batch, q.seq_len, layout.tp)
         fixed = flops / (q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu)
     else:
         work = compute_work(
@@ -474,6 +481,18 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             held_apart=backend.expert_parallel,
         )
         work = ffn.added_to(work) if ffn is not None else work
+        if q.core_attention_recompute and q.shape.dims is not None:
+            work = with_core_attention_recomputed(
+                work,
+                q.shape.dims,
+                q.gpu,
+                q.attention,
+                storage_precision(q.precision),
+                micro_batch=q.micro_batch,
+                seq_len=q.seq_len,
+                tp=layout.tp,
+                fp8_attention=q.recipe.fp8_attention,
+            )
     return step_time(
         work=work,
         fixed_compute_s=fixed,

@@ -89,7 +89,7 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
         where += f"; {across}" if across else ""
         return f"{t.exposed_comm_s * 1e3:.0f} ms per step of communication no compute hides{where}"
     uneven = (
-        f", {t.imbalance_s * 1e3:.0f} ms of it the fullest pipeline stage's beyond an even share (the head and "
+        f", {t.imbalance_s * 1e3:.0f} ms of it the slowest pipeline stage's beyond an even share (the head and "
         "loss, blocks that do not divide evenly), which the other stages wait out"
         if t.imbalance_s > (t.compute_s - b.compute_s) / 4
         else ""

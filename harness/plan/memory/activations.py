@@ -27,6 +27,9 @@ low precision.
 Checkpointing: `full` keeps each block's input and rebuilds one block at a time in the backward;
 `selective` (torchtitan's op-level policy) keeps each block's input, the outputs of every second
 matmul (the 1st, 3rd, ...) and attention's output, and rebuilds the rest of one block at a time.
+Megatron-LM's selective recomputation (`core_attention_recompute`, beside no checkpointing) keeps
+everything but the attention kernel's own tensors beyond q, k, v (its log-sum-exp; the unfused
+kernel's softmax), which it rebuilds one layer at a time.
 Tensor parallelism with sequence parallelism divides every activation by tp except the
 gathered inputs of the column-parallel projections, which each GPU keeps whole, as torch's
 DTensor plans save them. Megatron-LM's engine (`megatron`) keeps only this GPU's shard of them and
@@ -112,11 +115,14 @@ def block_bytes_per_token(
     fp8_inputs: bool = False,
     megatron: bool = False,
     sequence_parallel: bool = True,
+    core_attention_kept: bool = True,
 ) -> float:
     """What one block saves for backward, per token, on one of `tp` GPUs. `fp8_inputs`: the
     projections keep their inputs as the fp8 cast (recipe.py fp8_saved_inputs); `megatron`:
     Megatron-LM's engine (the module's account); without `sequence_parallel` the norms keep the
-    whole sequence's input on every tensor-parallel GPU (Korthikanti et al. 2022, section 4.1)."""
+    whole sequence's input on every tensor-parallel GPU (Korthikanti et al. 2022, section 4.1);
+    without `core_attention_kept` the attention kernel's own tensors beyond q, k, v (its
+    log-sum-exp, the unfused kernel's softmax) are not kept (core_attention_bytes_per_token)."""
     residual, matmul = _dtypes(precision, mixed_precision)
     h, f = dims.width, dims.ffn_width
     q, kv = dims.q_width, dims.kv_width
@@ -128,15 +134,22 @@ def block_bytes_per_token(
     mlp = (3 if megatron else 4) if dims.gated_mlp else 2
     if megatron and sequence_parallel:
         gathered /= tp
-    split = (q + 2 * kv + q + mlp * f) * matmul + dims.heads * LOGSUMEXP_BYTES
+    split = (q + 2 * kv + q + mlp * f) * matmul
     if fp8_inputs:  # the down projection's input in fp8; the output projection's an fp8 copy beside attention's
         split += -f * (matmul - FP8_BYTES) + q * FP8_BYTES
-    if attention == "math":  # the unfused kernel keeps its softmax: heads x T per token
-        split += dims.heads * seq_len * matmul
+    if core_attention_kept:
+        split += core_attention_bytes_per_token(dims, matmul, attention, seq_len)
     if qk_norm:
         split += qk_norm_bytes_per_token(dims, matmul, fused_norm)
     norms = 2 * norm_bytes_per_token(dims, residual, fused_norm)
     return norms / (tp if sequence_parallel else 1) + split / tp + gathered
+
+
+def core_attention_bytes_per_token(dims: TransformerDims, matmul: int, attention: str, seq_len: int) -> int:
+    """What the attention kernel keeps beyond q, k, v and its output, per token over every head
+    (before tensor parallelism): the log-sum-exp, and the unfused kernel's softmax (heads x T)."""
+    softmax = dims.heads * seq_len * matmul if attention == "math" else 0
+    return dims.heads * LOGSUMEXP_BYTES + softmax
 
 
 def selective_bytes_per_token(
@@ -187,11 +200,19 @@ def activations(
     fp8_inputs: bool = False,
     megatron: bool = False,
     sequence_parallel: bool = True,
+    core_attention_recompute: bool = False,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
     the blocks keep goes to host memory but for the OFFLOAD_BLOCKS_ON_GPU blocks in flight;
-    `sequence_parallel`: tensor parallel splits the residual stream along the sequence too."""
+    `sequence_parallel`: tensor parallel splits the residual stream along the sequence too;
+    `core_attention_recompute`: Megatron-LM's selective recomputation beside checkpointing=none
+    (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time."""
+    if core_attention_recompute and checkpointing != "none":
+        raise PlanError(
+            f"Megatron-LM's selective recomputation of the core attention is its own granularity: it does not "
+            f"combine with activation_checkpointing={checkpointing}; use none beside it"
+        )
     dims = shape.dims
     if dims is None:
         if checkpointing == "selective":
@@ -222,6 +243,7 @@ def activations(
         fp8_inputs,
         megatron,
         sequence_parallel,
+        core_attention_kept=not core_attention_recompute,
     )
     block = per_token * tokens
     head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm, sequence_parallel)
@@ -229,6 +251,9 @@ def activations(
     residual_split = tp if sequence_parallel else 1  # the residual stream between blocks, on one GPU
     if checkpointing == "none":
         kept, rebuilt = block, 0.0
+        if core_attention_recompute:  # one layer's kernel tensors, made again in its backward
+            rebuilt = core_attention_bytes_per_token(dims, _dtypes(precision, mixed_precision)[1], attention, seq_len)
+            rebuilt *= tokens / tp
     elif checkpointing == "full":
         residual, _ = _dtypes(precision, mixed_precision)
         # The head's loss buffers are freed before the first block is rebuilt.

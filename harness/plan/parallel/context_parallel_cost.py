@@ -42,6 +42,8 @@ from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import TransformerDims
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.speed.attention import attention_seconds
+from models.sequence_split import sequence_split_error
+from strategies.parallel_dims import ModelFacts, context_heads_error
 
 CP_ATTENTION = ("all-to-all", "ring")
 # How a ring's k and v shards reach each GPU: torch's rotate methods (`cp_rotate`, torchtitan's
@@ -79,16 +81,11 @@ def context_parallel_of(
         return cp
     if dims is None:
         raise LayoutError("context parallelism needs a transformer the planner knows the attention of")
-    if seq_len % (2 * size):
-        raise LayoutError(
-            f"cp_size={size} does not split seq_len={seq_len} into 2 x {size} load-balanced chunks: "
-            f"use a seq_len divisible by {2 * size}"
-        )
-    if attention == "all-to-all" and (dims.heads // tp) % size:
-        raise LayoutError(
-            f"cp_size={size} does not divide the {dims.heads // tp} heads on each tensor-parallel rank "
-            "(all-to-all splits attention by heads): use a divisor of them, or cp_attention=ring"
-        )
+    # The runtime's rules and words: strategies/parallel_dims.py's heads, models/sequence_split.py's sequence.
+    why = context_heads_error(size, ModelFacts(dims.layers, dims.heads, dims.kv_heads), tp, attention)
+    why = why or sequence_split_error(seq_len, size, attention)
+    if why is not None:
+        raise LayoutError(why)
     return cp
 
 

@@ -21,7 +21,7 @@ from harness.plan.memory.model_states import BYTES
 from harness.plan.network.comm import Collective
 from harness.plan.network.fabric import Group, Topology, collective_seconds
 from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE, TP_COMM_OVERLAP
-from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.backends import Backend, model_of
 from harness.plan.parallel.context_parallel_cost import (
     ULYSSES_EXCHANGES,
     ContextParallel,
@@ -37,11 +37,17 @@ from harness.plan.parallel.deepspeed_pipeline import (
 )
 from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.parallel.pipeline_cost import (
+    EMBEDDING_IN_SPLIT,
+    FIRST_STAGE_BLOCKS,
+    LAST_STAGE_BLOCKS,
+    LOSS_IN_SPLIT,
+    MEGATRON_SPLIT_OPTIONS,
     Pipeline,
+    StageSplit,
     boundary_bytes,
     pipeline_of,
-    stage_layers,
     stage_shape,
+    stage_split,
     tied_head,
 )
 from harness.plan.predict import Question, StrategyPlan, communicators, plan_backend, storage_precision
@@ -50,7 +56,15 @@ from harness.plan.speed.step_time import StepTime
 from strategies.plan_model import PlanModel
 
 # The options that make a layout pipelined or context parallel; the stage's own plan runs without them.
-SPLIT_OPTIONS = ("pp_size", "microbatches", "schedule", "virtual_stages", "cp_size", "cp_attention")
+SPLIT_OPTIONS = (
+    "pp_size",
+    "microbatches",
+    "schedule",
+    "virtual_stages",
+    "cp_size",
+    "cp_attention",
+    *MEGATRON_SPLIT_OPTIONS,
+)
 NO_PIPELINE = Pipeline(1, 1, "1f1b")
 # torchtitan's schedule names (its --parallelism.pipeline_parallel_schedule) as the planner's.
 TORCHTITAN_SCHEDULES = {
@@ -86,7 +100,10 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     # torch's context parallel gathers k and v by default; Megatron-LM's TransformerEngine passes them.
     rotate = "passes" if backend.context_parallel_engine else "all-gather"
     cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp, rotate)
-    shape = stage_shape(q.shape, stage_layers(dims.layers, pipe)) if layout.pp > 1 else q.shape
+    # parabench's strategies cut the blocks as its runtime does; a published Megatron run as it names.
+    runtime_cut = model_of(backend.name) is not None and not backend.pipeline_engine
+    split = stage_split(dims.layers, pipe, backend.options, runtime_cut) if layout.pp > 1 else None
+    shape = stage_shape(q.shape, split.fullest) if split is not None else q.shape
     # The stage is laid out with the whole layout's tensor-parallel and sharding sizes, unsplit.
     sizes = {"pp_size": 1, "cp_size": 1, "tp_size": layout.tp}
     if backend.hybrid_shard:
@@ -116,7 +133,7 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     room = headroom(q.capacity_bytes, communicators(stage.layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
     fits = None if peak is None else room.fits(peak)
     traffic = _traffic(q, stage_q, layout, pipe, cp, backend, timed=stage.time is not None)
-    timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, cp, traffic)
+    timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, split, cp, traffic)
     return StrategyPlan(
         backend.name,
         backend,
@@ -285,10 +302,12 @@ def _time(
     stage_q: Question,
     layout: Layout,
     pipe: Pipeline,
+    split: StageSplit | None,
     cp: ContextParallel,
     traffic: list[tuple[Collective, float, float]],
 ) -> StepTime:
-    """The stage's step with the bubble, context parallel's attention and the exposed transfers added."""
+    """The stage's step with the bubble, context parallel's attention and the exposed transfers added,
+    its compute the slowest GPU's (`_stage_work`)."""
     assert q.gpu is not None and stage_q.shape.dims is not None
     dims = stage_q.shape.dims
     scale = q.factors.compute_scale
@@ -315,9 +334,10 @@ def _time(
             again = 4 / 3 if full else 1.0
             peak = q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu
             attention_extra = flops * tokens * again / layout.tp / peak
-    compute = t.compute_s + attention_extra
+    overplanned, uneven = _stage_work(t, q, stage_q, layout, split)
+    compute = t.compute_s + attention_extra - overplanned * scale
     optimizer = t.work.step_s * scale if t.work is not None else 0.0
-    uneven = _imbalance(t, q, stage_q, layout, pipe) * scale
+    uneven *= scale
     exposed = recurring = 0.0
     attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
     for c, seconds, every_micro_batch in traffic:
@@ -354,14 +374,19 @@ def _time(
     return replace(timed, tokens_per_s=tokens / timed.step_s)
 
 
-def _imbalance(t: StepTime, q: Question, stage_q: Question, layout: Layout, pipe: Pipeline) -> float:
-    """Unscaled seconds a step of the stage planned (the fullest: its blocks, the head and the loss)
-    computes beyond an even share of the model's work: each micro-batch waits on the slowest stage,
-    so the others idle that long. The head's matmuls and the loss, less their share over the stages,
-    and the blocks the fullest stage holds beyond the mean."""
+def _stage_work(
+    t: StepTime, q: Question, stage_q: Question, layout: Layout, split: StageSplit | None
+) -> tuple[float, float]:
+    """Unscaled seconds a step: what the stage planned (the fullest GPU's blocks with the head and
+    the loss) computes beyond the slowest GPU, and what the slowest computes beyond an even share of
+    the model's work, which the others idle. Each micro-batch waits on the slowest GPU: of the first
+    (its blocks; the embedding's lookup is negligible), those between (their blocks) and the last
+    (its blocks, the head's matmuls and the loss). Under an even split the last is the slowest and
+    the planned stage is it; under Megatron-LM's counted embedding and loss, or the runtime's cut
+    with fewer blocks on the last stages, a GPU between may be, without the head."""
     dims, whole = stage_q.shape.dims, q.shape.dims
-    if layout.pp <= 1 or t.work is None or q.gpu is None or dims is None or whole is None:
-        return 0.0
+    if split is None or t.work is None or q.gpu is None or dims is None or whole is None:
+        return 0.0, 0.0
     tokens = stage_q.micro_batch * stage_q.seq_len
     out = dims.vocab // dims.head_split(layout.tp)
     held = storage_precision(q.precision)
@@ -370,8 +395,10 @@ def _imbalance(t: StepTime, q: Question, stage_q: Question, layout: Layout, pipe
         for m, n, k in ((tokens, out, dims.width), (tokens, dims.width, out), (out, dims.width, tokens))
     )
     block = max(0.0, t.work.micro_step_s - head) / dims.layers
-    extra_blocks = dims.layers - whole.layers / pipe.stages
-    return stage_q.grad_accum * (head * (1 - 1 / pipe.stages) + block * extra_blocks)
+    planned = split.fullest * block + head
+    slowest = max(split.first * block, split.middle * block, split.last * block + head)
+    even = (whole.layers * block + head) / layout.pp
+    return stage_q.grad_accum * max(0.0, planned - slowest), stage_q.grad_accum * max(0.0, slowest - even)
 
 
 def published_layout(
@@ -446,8 +473,10 @@ def megatron_pipeline_layout(sharding: str, overlap_dp: bool | None = None) -> t
     stages a GPU (Narayanan et al. 2021, section 2.2.2), its micro-batches the step's accumulation
     (`microbatches` is set from the run's batch); each sequence split over cp_size GPUs, attention
     made whole by TransformerEngine's ring of k, v passes (its default `p2p` exchange), the
-    gradients reduced over the data-parallel and context-parallel ranks together. None with
-    neither."""
+    gradients reduced over the data-parallel and context-parallel ranks together. Its uneven splits
+    (pipeline_cost.py's megatron_split) where the layout names them: `embedding_in_pipeline_split`,
+    `loss_in_pipeline_split`, `first_pipeline_layers=N`, `last_pipeline_layers=N`. None with
+    neither pipeline nor context parallelism."""
     sizes = {key: int(value) for key, value in re.findall(r"\b(pp|cp|vp)=(\d+)", sharding)}
     pp, cp = sizes.get("pp", 1), sizes.get("cp", 1)
     if pp <= 1 and cp <= 1:
@@ -460,7 +489,13 @@ def megatron_pipeline_layout(sharding: str, overlap_dp: bool | None = None) -> t
         return model, options
     virtual = sizes.get("vp", 1)
     schedule = {"schedule": "interleaved-1f1b", "virtual_stages": virtual} if virtual > 1 else {"schedule": "1f1b"}
-    return replace(model, pipeline_engine=True), {**options, "pp_size": pp, **schedule}
+    words = sharding.split()
+    split: dict[str, Any] = {flag: True for flag in (EMBEDDING_IN_SPLIT, LOSS_IN_SPLIT) if flag in words}
+    for key in (FIRST_STAGE_BLOCKS, LAST_STAGE_BLOCKS):
+        given = re.search(rf"\b{key}=(\d+)", sharding)
+        if given:
+            split[key] = int(given.group(1))
+    return replace(model, pipeline_engine=True), {**options, "pp_size": pp, **schedule, **split}
 
 
 def published_options(sharding: str) -> dict[str, Any] | None:

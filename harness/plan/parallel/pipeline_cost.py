@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 
 from harness.plan.model.model_shape import ModelShape, ParamTensor
 from harness.plan.parallel.layout import LayoutError
+from models.stage_split import blocks_per_stage
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 # torchtitan's looped schedules run two stages a GPU unless told otherwise.
@@ -111,13 +112,105 @@ def pipeline_of(options: dict, micro_batch: int, stages: int) -> Pipeline:
 
 
 def stage_layers(layers: int, pipe: Pipeline) -> int:
-    """Blocks on the fullest stage: the blocks cut as evenly as the stages allow."""
-    chunks = pipe.stages * pipe.virtual
-    if layers < chunks:
+    """Blocks on the fullest stage where the split is not known: the blocks cut as evenly as the
+    stages allow, the fullest GPU taking one more on each of its virtual stages."""
+    _check_chunks(layers, pipe)
+    return math.ceil(layers / (pipe.stages * pipe.virtual)) * pipe.virtual
+
+
+def _check_chunks(layers: int, pipe: Pipeline) -> None:
+    if layers < pipe.stages * pipe.virtual:
         raise LayoutError(
             f"pp_size={pipe.stages} x {pipe.virtual} virtual stages is more stages than the {layers} blocks"
         )
-    return math.ceil(layers / chunks) * pipe.virtual
+
+
+# Megatron-LM's uneven pipeline splits (megatron/core/transformer/transformer_block.py
+# get_num_layers_to_build): the embedding and the loss each counted as a layer of the split
+# (--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split), or the first and
+# the last stage given their own number of blocks (--decoder-first-pipeline-num-layers,
+# --decoder-last-pipeline-num-layers). The options a published Megatron run's layout sets.
+EMBEDDING_IN_SPLIT = "embedding_in_pipeline_split"
+LOSS_IN_SPLIT = "loss_in_pipeline_split"
+FIRST_STAGE_BLOCKS = "first_pipeline_layers"
+LAST_STAGE_BLOCKS = "last_pipeline_layers"
+MEGATRON_SPLIT_OPTIONS = (EMBEDDING_IN_SPLIT, LOSS_IN_SPLIT, FIRST_STAGE_BLOCKS, LAST_STAGE_BLOCKS)
+
+
+@dataclass(frozen=True)
+class StageSplit:
+    """Blocks each kind of GPU of a pipeline holds over its virtual stages: the first (beside the
+    embedding), the fullest of those between (0 with two stages), the last (beside the head and loss)."""
+
+    first: int
+    middle: int
+    last: int
+
+    @property
+    def fullest(self) -> int:
+        return max(self.first, self.middle, self.last)
+
+    @classmethod
+    def of(cls, per_gpu: list[int]) -> StageSplit:
+        return cls(per_gpu[0], max(per_gpu[1:-1], default=0), per_gpu[-1])
+
+
+def stage_split(layers: int, pipe: Pipeline, options: dict, runtime_cut: bool) -> StageSplit:
+    """The blocks on each GPU: Megatron-LM's split where the options name one of its uneven splits
+    (MEGATRON_SPLIT_OPTIONS); parabench's runtime's (`runtime_cut`: models/stage_split.py's cut of
+    the blocks into pp x v stages, rank r holding stages r, r + pp, ...); else, the split not known,
+    every GPU planned as the fullest (stage_layers)."""
+    if any(options.get(k) for k in MEGATRON_SPLIT_OPTIONS):
+        return megatron_split(layers, pipe, options)
+    if runtime_cut:
+        _check_chunks(layers, pipe)
+        counts = [len(r) for r in blocks_per_stage(layers, pipe.stages * pipe.virtual)]
+        return StageSplit.of([sum(counts[rank :: pipe.stages]) for rank in range(pipe.stages)])
+    fullest = stage_layers(layers, pipe)
+    return StageSplit(fullest, fullest, fullest)
+
+
+def megatron_split(layers: int, pipe: Pipeline, options: dict) -> StageSplit:
+    """Megatron-LM's get_num_layers_to_build, its assertions as one-line errors: with the embedding
+    and loss counted, (blocks + 1 + 1) / pp a GPU, each GPU's share cut into v equal virtual stages,
+    the first GPU's first virtual stage one block short (the embedding), the last GPU's last one
+    block short (the loss); with the first or last stage's blocks given, the rest cut evenly over
+    the stages between."""
+    p, v = pipe.stages, pipe.virtual
+    embedding, loss = bool(options.get(EMBEDDING_IN_SPLIT)), bool(options.get(LOSS_IN_SPLIT))
+    first, last = options.get(FIRST_STAGE_BLOCKS), options.get(LAST_STAGE_BLOCKS)
+    if first is not None or last is not None:
+        if embedding or loss:
+            raise LayoutError(
+                f"{FIRST_STAGE_BLOCKS}/{LAST_STAGE_BLOCKS} with the embedding or loss in the pipeline split: "
+                "Megatron-LM takes one or the other"
+            )
+        given = [int(n) for n in (first, last) if n is not None]
+        rest, between = layers - sum(given), p - len(given)
+        if rest < 0 or (between > 0 and rest % between):
+            raise LayoutError(
+                f"{rest} blocks left by the first and last stages do not divide over the {between} stages between: "
+                "Megatron-LM needs them to"
+            )
+        per_gpu = [rest // between if between > 0 else 0] * p
+        if first is not None:
+            per_gpu[0] = int(first)
+        if last is not None:
+            per_gpu[-1] = int(last)
+        if v > 1 and any(n % v for n in per_gpu):
+            raise LayoutError(f"blocks a GPU {per_gpu} do not divide into {v} virtual stages: Megatron-LM needs it")
+        return StageSplit.of(per_gpu)
+    units = layers + embedding + loss
+    counted = " and ".join(w for w, on in (("the embedding", embedding), ("the loss", loss)) if on)
+    if units < p * v or units % p or (units // p) % v:
+        raise LayoutError(
+            f"{layers} blocks with {counted} counted as layers ({units}) do not divide into pp_size={p} x {v} "
+            "virtual stages: Megatron-LM needs them to"
+        )
+    per_gpu = [units // p] * p
+    per_gpu[0] -= embedding
+    per_gpu[-1] -= loss
+    return StageSplit.of(per_gpu)
 
 
 _STAGES: dict[tuple[int, int], tuple[ModelShape, ModelShape]] = {}

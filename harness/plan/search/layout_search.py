@@ -338,7 +338,7 @@ def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
         detail = f" ({_shape(s)} against {_shape(best)})"
         if s.plan.time and s.plan.time.imbalance_s > extra[term] / 4:
             detail = (
-                f" ({s.plan.time.imbalance_s * 1e3:.0f} ms of it the fullest pipeline stage's beyond an even share: "
+                f" ({s.plan.time.imbalance_s * 1e3:.0f} ms of it the slowest pipeline stage's beyond an even share: "
                 "the head and loss, uneven blocks)"
             )
         if s.micro_batch < best.micro_batch and s.plan.layout.tp == best.plan.layout.tp:

@@ -18,6 +18,8 @@ from typing import Any
 from harness.plan.model.model_shape import PlanError
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.layout import pipelines, splits_model
+from models.sequence_split import sequence_split_error
+from strategies.parallel_dims import DEFAULT_CP_ATTENTION
 
 # Pipeline stages searched at most (deeper pipelines need more micro-batches than a batch gives), and
 # the sequence length from which context parallelism is searched (below it, a sequence's activations
@@ -88,7 +90,12 @@ def _split_sizes(
     stages = _sizes(fixed, "pp_size", divisors(ranks)) if "pp_size" in takes else []
     pps = [1] + [p for p in stages if p <= min(layers, MAX_PIPELINE_STAGES)]
     long = seq_len >= LONG_SEQUENCE and splits_model(backend) and "cp_size" in takes
-    cps = [1] + [c for c in _sizes(fixed, "cp_size", divisors(ranks) if long else []) if seq_len % (2 * c) == 0]
+    attention = str(fixed.get("cp_attention") or DEFAULT_CP_ATTENTION)
+    cps = [1] + [
+        c
+        for c in _sizes(fixed, "cp_size", divisors(ranks) if long else [])
+        if sequence_split_error(seq_len, c, attention) is None
+    ]
     schedules = [fixed["schedule"]] if fixed.get("schedule") else list(SEARCHED_SCHEDULES)
     out: list[dict[str, Any]] = []
     for pp in pps:

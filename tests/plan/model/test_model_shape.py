@@ -76,16 +76,16 @@ def test_described_transformers():
         shape_of_description(params=None, layers=2, width=64, heads=4, kv_heads=3, vocab=10, seq_len=8)
 
 
-def test_a_plan_imports_no_torch_and_answers_in_under_a_second():
+def test_a_plan_imports_no_torch():
+    """plan runs where torch is not installed (a laptop asking about a cluster): nothing it imports
+    pulls torch in. How fast it answers is bench/plan_search.py's to measure, not a unit test's."""
     code = (
-        "import sys, time; t = time.perf_counter(); import runner; "
+        "import sys; import runner; "
         "runner.main(['plan', 'model=hf:LlamaConfig', 'model_kwargs.num_hidden_layers=80', 'gpus=[8,64]', "
         "'activation_checkpointing=selective']); "
-        "assert 'torch' not in sys.modules, 'torch imported'; print('took', time.perf_counter() - t, file=sys.stderr)"
+        "assert 'torch' not in sys.modules, 'torch imported'"
     )
     proc = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT, env=env_for_tests()
     )
     assert proc.returncode == 0, proc.stderr
-    took = float(proc.stderr.split("took")[1])
-    assert took < 1.0, took

@@ -172,8 +172,8 @@ def test_pp_and_cp_only_for_fsdp2_and_must_divide() -> None:
     # The run's own words (strategies/parallel_dims.py), from the planner as from preflight.
     with pytest.raises(LayoutError, match="fsdp: strategy_options.pp_size=3 does not divide the world size 16"):
         _plan("fsdp", pp_size=3)
-    with pytest.raises(LayoutError, match="does not split seq_len"):
-        _plan("fsdp", cp_size=4, seq_len=4100)
+    with pytest.raises(LayoutError, match="seq_len=4098 does not split into cp_size=4 slices"):
+        _plan("fsdp", cp_size=4, seq_len=4098)
 
 
 def test_published_layouts_read_as_options() -> None:
