@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 from harness.plan.memory.model_states import BYTES, compute_bytes
 from harness.plan.memory.recipe import OFFLOAD_BLOCKS_ON_GPU
+from harness.plan.model.mla_shape import attention_kept_per_token, latent_kept_per_token
 from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDims
 from harness.plan.speed.compute import block_projections
 
@@ -126,9 +127,15 @@ def block_bytes_per_token(
     projection_input = FP8_BYTES if fp8_inputs else matmul
     gathered = (attention_inputs + mlp_inputs) * h * projection_input  # whole on every tensor-parallel GPU
     mlp = (3 if megatron else 4) if dims.gated_mlp else 2
+    split = (q + 2 * kv + q + mlp * f) * matmul + dims.heads * LOGSUMEXP_BYTES
+    if dims.mla is not None:  # its own attention account (mla_shape.py); the latents whole as the inputs are
+        attention_inputs = len(dims.mla.latents) if autocast_copies else 1
+        gathered = (attention_inputs + mlp_inputs) * h * projection_input
+        eager_norm = not (fused_norm or megatron)
+        gathered += latent_kept_per_token(dims.mla, matmul, projection_input, eager_norm, NORM_STATS_BYTES[True])
+        split = attention_kept_per_token(dims.heads, dims.mla, matmul, LOGSUMEXP_BYTES) + mlp * f * matmul
     if megatron and sequence_parallel:
         gathered /= tp
-    split = (q + 2 * kv + q + mlp * f) * matmul + dims.heads * LOGSUMEXP_BYTES
     if fp8_inputs:  # the down projection's input in fp8; the output projection's an fp8 copy beside attention's
         split += -f * (matmul - FP8_BYTES) + q * FP8_BYTES
     if attention == "math":  # the unfused kernel keeps its softmax: heads x T per token

@@ -23,6 +23,7 @@ scatter that a dense block runs are not run (comm.py's `tensor_parallel_sublayer
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from harness.plan.memory.expert_memory import expert_shape, expert_states_layout
@@ -42,19 +43,45 @@ A2A_OVERLAP = "a2a_overlap"  # a published layout's option: the all-to-alls besi
 DISPATCHER, NODE_FORWARDING = "moe_dispatcher", "node-forwarding"
 
 
-def forwarded_copies(top_k: int, experts: ExpertLayout) -> float:
+def forwarded_copies(top_k: int, experts: ExpertLayout, groups: int = 1, topk_groups: int = 1) -> float:
     """Copies of a token an all-to-all priced per pair must move for the network to carry what a
     node-forwarding dispatcher sends: DeepEP's normal kernels send a token once to each node holding any
     of its experts and fan it out over NVLink there ("asymmetric-domain bandwidth forwarding",
     deepseek-ai/DeepEP docs/legacy.md @ 0297fc80). Over n nodes, experts spread evenly and chosen
-    independently, a token reaches (n - 1)(1 - (1 - 1/n)^k) other nodes on average, where a per-pair
-    all-to-all sends k (n - 1)/n of its copies across: the copies that carry the same network bytes
-    (all_to_all.py prices the per-pair exchange). Inside one node nothing is forwarded."""
+    independently, a token reaches each other node with probability p = 1 - (1 - 1/n)^k, (n - 1) p
+    nodes in all, where a per-pair all-to-all sends k (n - 1)/n of its copies across: n p copies carry
+    the same network bytes (all_to_all.py prices the per-pair exchange). Inside one node nothing is
+    forwarded. Group-limited routing (`topk_groups` of `groups`) caps the nodes a token reaches
+    (node_reached)."""
     nodes = experts.ep_group.nodes
     if nodes <= 1:
         return float(top_k)
-    remote = (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k)
-    return remote * nodes / (nodes - 1)
+    return nodes * node_reached(top_k, nodes, groups, topk_groups)
+
+
+def node_reached(top_k: int, nodes: int, groups: int, topk_groups: int) -> float:
+    """The chance a token reaches a given node of `nodes` holding the experts in order, its top_k
+    experts chosen among those of `topk_groups` of the `groups` equal groups (each group's experts
+    consecutive, as the ranks hold them). DeepSeek-V3 places each of its 8 groups on one of its 8 nodes
+    and so sends each token to at most 4 nodes (arXiv 2412.19437, Sections 2.1.2 and 3.2.2). With g
+    groups a node (groups a multiple of nodes), c of them among the M chosen, hypergeometric over the
+    choice: p = 1 - sum_c P(c) (1 - c/M)^k; with a group over s nodes (nodes a multiple of groups):
+    p = M/G (1 - (1 - 1/(M s))^k). Groups that straddle nodes otherwise are not capped here: the
+    unlimited 1 - (1 - 1/n)^k, the most it can be."""
+    unlimited = 1 - (1 - 1 / nodes) ** top_k
+    if topk_groups >= groups:
+        return unlimited
+    if groups % nodes == 0:
+        mine = groups // nodes
+        draws = [
+            math.comb(mine, c) * math.comb(groups - mine, topk_groups - c) / math.comb(groups, topk_groups)
+            for c in range(min(mine, topk_groups) + 1)
+        ]
+        return 1 - sum(chance * (1 - c / topk_groups) ** top_k for c, chance in enumerate(draws))
+    if nodes % groups == 0:
+        spread = nodes // groups
+        return topk_groups / groups * (1 - (1 - 1 / (topk_groups * spread)) ** top_k)
+    return unlimited
 
 
 def all_to_alls(
@@ -78,7 +105,7 @@ def all_to_alls(
     again = checkpointing == "full" or "moe" in recipe.recompute_modules
     copies = moe.top_k
     if backend.options.get(DISPATCHER) == NODE_FORWARDING:
-        copies = forwarded_copies(moe.top_k, experts)
+        copies = forwarded_copies(moe.top_k, experts, moe.groups, moe.topk_groups)
     sent = tokens / tp * copies * dims.width * BYTES[precision] * recipe.moe_imbalance
     forward, backward = moe.moe_layers * (2 + (2 if again else 0)), moe.moe_layers * 2
     group = experts.ep_group
