@@ -60,27 +60,25 @@ def forwarded_copies(top_k: int, experts: ExpertLayout, groups: int = 1, topk_gr
 
 
 def node_reached(top_k: int, nodes: int, groups: int, topk_groups: int) -> float:
-    """The chance a token reaches a given node of `nodes` holding the experts in order, its top_k
-    experts chosen among those of `topk_groups` of the `groups` equal groups (each group's experts
-    consecutive, as the ranks hold them). DeepSeek-V3 places each of its 8 groups on one of its 8 nodes
-    and so sends each token to at most 4 nodes (arXiv 2412.19437, Sections 2.1.2 and 3.2.2). With g
-    groups a node (groups a multiple of nodes), c of them among the M chosen, hypergeometric over the
-    choice: p = 1 - sum_c P(c) (1 - c/M)^k; with a group over s nodes (nodes a multiple of groups):
-    p = M/G (1 - (1 - 1/(M s))^k). Groups that straddle nodes otherwise are not capped here: the
-    unlimited 1 - (1 - 1/n)^k, the most it can be."""
+    """The chance a token reaches a given node of `nodes` holding the experts in order, its top_k experts
+    chosen among those of its best `topk_groups` (M) of `groups` (G) equal groups, each group's experts
+    consecutive as the ranks hold them. DeepSeek-V3 lays its 8 groups on its 8 nodes and so sends each
+    token to at most 4 (arXiv 2412.19437, Sections 2.1.2 and 3.2.2). A group's score is the sum of its
+    best top_k / M experts' (DeepSeek-V3's inference/model.py Gate, Megatron-core's group_limited_topk),
+    so the token's top_k fall on its chosen groups about evenly, top_k / M each, and every chosen group
+    is reached. With g = G / n groups a node, a node is reached when any of its groups is chosen:
+    p = 1 - C(G - g, M) / C(G, M); with a group over s = n / G nodes, when its group is chosen and one of
+    that group's top_k / M experts is on it: p = M / G (1 - (1 - 1/s)^(top_k / M)). Groups that straddle
+    nodes otherwise are not capped here: the unlimited 1 - (1 - 1/n)^k, the most it can be."""
     unlimited = 1 - (1 - 1 / nodes) ** top_k
     if topk_groups >= groups:
         return unlimited
     if groups % nodes == 0:
         mine = groups // nodes
-        draws = [
-            math.comb(mine, c) * math.comb(groups - mine, topk_groups - c) / math.comb(groups, topk_groups)
-            for c in range(min(mine, topk_groups) + 1)
-        ]
-        return 1 - sum(chance * (1 - c / topk_groups) ** top_k for c, chance in enumerate(draws))
+        return 1 - math.comb(groups - mine, topk_groups) / math.comb(groups, topk_groups)
     if nodes % groups == 0:
         spread = nodes // groups
-        return topk_groups / groups * (1 - (1 - 1 / (topk_groups * spread)) ** top_k)
+        return topk_groups / groups * (1 - (1 - 1 / spread) ** (top_k / topk_groups))
     return unlimited
 
 
