@@ -220,8 +220,9 @@ def attention_seconds(
 ) -> tuple[float, float]:
     """(forward, backward) seconds of one layer's causal attention over a micro-batch. `v_head_dim`:
     values narrower than the queries and keys (latent attention: 192 and 128), the flops those of two
-    equal heads of their mean width, the rate the kernel's at `head_dim`, the query-key width its tiles
-    are built for (FlashAttention-3's and cuDNN's kernels for DeepSeek's 192/128 heads)."""
+    equal heads of their mean width, the rate the kernel's at `head_dim`, the query-key width it is
+    built for (Megatron-core's MLA calls TransformerEngine's attention with k_channels 192 and
+    v_channels 128, multi_latent_attention.py @ d98e8a64); above 128 the tables take 128's rate."""
     flops_dim = head_dim if v_head_dim is None else (head_dim + v_head_dim) / 2
     total_flops = 3.5 * causal_attention_flops(batch, seq, heads, flops_dim)
     table = kernel_table(gpu)
