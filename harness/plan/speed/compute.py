@@ -232,7 +232,8 @@ def fp8_attention_cast_bytes(
 ) -> tuple[float, float, float]:
     """Bytes fp8 attention's casts move in one micro-step (forward, backward, again), per GPU of a
     `tp`-way group: q, k and v cast before the forward, the output's gradient before the backward."""
-    forward = dims.layers * FP8_CAST_BYTES * tokens * (dims.q_width + 2 * dims.kv_width) / tp
+    qkv = dims.heads * dims.qk_head_dim + dims.kv_heads * (dims.qk_head_dim + dims.v_head_dim)
+    forward = dims.layers * FP8_CAST_BYTES * tokens * qkv / tp
     backward = dims.layers * FP8_CAST_BYTES * tokens * dims.q_width / tp
     return forward, backward, forward if checkpointing == "full" else 0.0
 
