@@ -122,6 +122,13 @@ def up_projections(width: int, heads: int, mla: MLADims, tp: int) -> list[tuple[
     return [p for p in mla_projections(width, heads, mla, tp) if p[1] in mla.latents]
 
 
+def tp_gathered_width(mla: MLADims) -> int:
+    """What Megatron-core's sequence parallel gathers a token for the up-projections: the query's and
+    the keys' latents and the shared rotary key (multi_latent_attention.py `_qkv_down_projection`,
+    `gather_from_sequence_parallel_region(k_pos_emb)`), where a GQA block gathers the hidden state."""
+    return sum(mla.latents) + mla.qk_rope
+
+
 def attention_kept_per_token(heads: int, mla: MLADims, matmul: int, lse_bytes: int) -> int:
     """Bytes per token the attention kernel keeps over all heads: q and k at nope + rope, v, the
     output at v, and the fp32 log-sum-exp per head."""

@@ -95,6 +95,30 @@ def test_tensor_parallel_splits_what_megatron_splits():
     assert split[-1] == (h, heads * mla.v_head // 4)  # wo reads its heads' values, writes the whole width
 
 
+def test_tensor_parallel_gathers_the_latents_into_the_up_projections():
+    from harness.plan.network.comm import _tensor_parallel
+    from harness.plan.parallel.layout import Layout
+
+    shape = summary("deepseek-v3").shape
+    gqa = dataclasses.replace(shape, dims=dataclasses.replace(shape.dims, mla=None))  # as if it gathered H
+    one = Group(1, 1)
+    layout = Layout(2, 1, 1, 1, one, one, Group(2, 2), one)
+
+    def payload(s, kind: str) -> float:
+        collectives = _tensor_parallel(s, layout, 4096, "bf16", "none", megatron=True)
+        return sum(c.payload_bytes for c in collectives if c.kind == kind)
+
+    h, layers, latent = 7168, 61, 1536 + 512 + 64
+    element = 4096 * 2  # a token's element in bf16, per H
+    # Megatron's gathers: the forward's and the weight gradients' on the input's side, the backward's on the output's.
+    assert payload(gqa, "all-gather") - payload(shape, "all-gather") == pytest.approx(
+        2 * layers * (h - latent) * element
+    )
+    assert payload(gqa, "reduce-scatter") - payload(shape, "reduce-scatter") == pytest.approx(
+        layers * (h - latent) * element
+    )
+
+
 def test_the_attention_runs_queries_and_keys_at_192_and_values_at_128():
     shape = summary("deepseek-v3").shape
     d = shape.dims
