@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from harness.plan.memory.buffers import Buffers, backend_buffers
 from harness.plan.memory.model_states import BYTES, model_states
 from harness.plan.memory.recipe import Recipe
-from harness.plan.model.mla_shape import UP_PROJ_MODULE, up_proj_freed_per_token
-from harness.plan.model.model_shape import ModelShape, ParamTensor, PlanError, TransformerDims
+from harness.plan.model.mla_shape import UP_PROJ_MODULE, check_recomputed, up_proj_freed_per_token
+from harness.plan.model.model_shape import ModelShape, ParamTensor, TransformerDims
 from harness.plan.model.moe_shape import MoEDims
 from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import Backend
@@ -269,12 +269,8 @@ def expert_activations(
         a = _matmul_bytes(precision)
         split = tp if (megatron and sequence_parallel) else 1
         dropped = int(dims.layers * 2 * dims.width * a * tokens / split)
+    check_recomputed(shape.name, dims, recompute)
     if UP_PROJ_MODULE in recompute:  # q, k and v freed once the attention has run (mla_shape.py)
-        if dims.mla is None:
-            raise PlanError(
-                f"recompute_modules={UP_PROJ_MODULE} recomputes latent attention's up-projections, and {shape.name} "
-                "has none: leave it out"
-            )
         freed = up_proj_freed_per_token(dims.heads, dims.mla, _matmul_bytes(precision))
         dropped += int(dims.layers * freed * tokens / tp)
     if checkpointing == "full":

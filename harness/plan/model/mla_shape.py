@@ -163,6 +163,17 @@ def assembled_elements(heads: int, mla: MLADims) -> int:
     return 2 * heads * mla.qk_head
 
 
+def check_recomputed(name: str, dims: TransformerDims | None, modules: tuple[str, ...] | frozenset[str]) -> None:
+    """`mla_up_proj` asked of a model without latent attention: one line, as Megatron-core refuses it."""
+    from harness.plan.model.model_shape import PlanError
+
+    if UP_PROJ_MODULE in modules and (dims is None or dims.mla is None):
+        raise PlanError(
+            f"recompute_modules={UP_PROJ_MODULE} recomputes latent attention's up-projections, and {name} has none: "
+            "leave it out"
+        )
+
+
 def mla_of(fields: dict, spec: str) -> MLADims:
     """The latent attention a config's `fields` describe (transformers' names)."""
     from harness.plan.model.model_shape import PlanError

@@ -215,6 +215,8 @@ def test_mla_up_proj_frees_q_k_and_v_and_is_refused_without_latent_attention():
     assert dropped(Recipe(recompute_modules=("mla_up_proj",))) - dropped(Recipe()) == freed
     with pytest.raises(PlanError, match="mla_up_proj recomputes latent attention's up-projections"):
         dropped(Recipe(recompute_modules=("mla_up_proj",)), shape_of_spec("hf:MixtralConfig", {"num_hidden_layers": 2}))
+    with pytest.raises(PlanError, match="llama3.1-8b has none"):  # a dense model's plan too
+        question(PlanConfig(model="llama3.1-8b", gpus=8, recompute_modules=["mla_up_proj"]))
 
 
 def _deepseek_rows() -> list[dict[str, str]]:
