@@ -16,6 +16,9 @@ width k = kv_heads·head_dim (GPT-2: f = 4h, q = k = h):
                          output) or 4f (SwiGLU: gate, up, SiLU output, product)
   fp32:                  SDPA's log-sum-exp (4 bytes per head), each norm's statistics
                          (LayerNorm: mean and 1/std, 8 bytes; RMSNorm: 1/rms, 4 bytes)
+Latent attention (DeepSeek-V3's, mla_shape.py) keeps its own account in place of q + 2k + q: its
+latents' norms and up-projection inputs beside the attention input, then q and k at their query-key
+width, v and the output at the value width.
 SDPA's flash and memory-efficient kernels keep no T x T scores (the unfused `math` kernel keeps
 its softmax, heads x T per token). The loss adds 12 bytes per token per vocabulary entry at the
 start of backward: the fp32 log-softmax output, its incoming gradient and the gradient it makes;
