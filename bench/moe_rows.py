@@ -1,7 +1,8 @@
 """A published mixture-of-experts run (bench/data/moe_runs.csv) in the planner's terms, for
 bench/plan_vs_published.py: its shape from the shape columns and the fixed head of its notes
 (`moe experts=E top_k=K shared=S expert_ffn=F dense_layers=D capacity=... router=...;`, read by
-moe_shape.py's architecture for the row's `arch`, the Hugging Face model type), its expert layout
+moe_shape.py's architecture for the row's `arch`, the Hugging Face model type; a DeepSeek-V3-family
+row, `attention=mla ...`, by deepseek_shape.py with its groups), its expert layout
 from its sharding (`ep=`, `etp=`, checked against the `edp=` it states: edp = GPUs / (ep x etp x pp),
 Megatron-core's parallel folding), and the plan tokens of its sharding that say how it ran:
 `recompute=<modules joined by +>` (Megatron-core's `--recompute-modules` under selective
@@ -20,6 +21,7 @@ import re
 from dataclasses import replace
 from typing import Any
 
+from harness.plan.model.deepseek_shape import deepseek_shape, is_deepseek
 from harness.plan.model.model_shape import ModelShape, PlanError
 from harness.plan.model.moe_shape import hf_moe_shape, moe_architecture, refuse_unmodelled
 from harness.plan.network.expert_comm import A2A_OVERLAP, DISPATCHER, NODE_FORWARDING
@@ -58,8 +60,19 @@ def moe_shape_of_row(row: dict[str, str]) -> ModelShape:
     chunked attention refused in the planner's words."""
     head = moe_head(row)
     assert head is not None
-    if head.get("attention") == "mla":
-        refuse_unmodelled(row["model"], "deepseek_v3")
+    if head.get("attention") == "mla" or is_deepseek(row["arch"]):
+        shape = deepseek_shape(row["model"], _deepseek_fields(row, head))
+    else:
+        shape = _hf_moe_shape(row, head)
+    capacity = head.get("capacity", "dropless")
+    if capacity != "dropless":
+        assert shape.dims is not None and shape.dims.moe is not None
+        dims = replace(shape.dims, moe=replace(shape.dims.moe, capacity=float(capacity)))
+        shape = replace(shape, dims=dims)
+    return shape
+
+
+def _hf_moe_shape(row: dict[str, str], head: dict[str, str]) -> ModelShape:
     refuse_unmodelled(row["model"], row["arch"])
     arch = moe_architecture(row["arch"])
     if arch is None:
@@ -80,13 +93,44 @@ def moe_shape_of_row(row: dict[str, str]) -> ModelShape:
     }
     if "head_dim" in head:
         fields["head_dim"] = int(head["head_dim"])
-    shape = hf_moe_shape(row["model"], arch, fields)
-    capacity = head.get("capacity", "dropless")
-    if capacity != "dropless":
-        assert shape.dims is not None and shape.dims.moe is not None
-        dims = replace(shape.dims, moe=replace(shape.dims.moe, capacity=float(capacity)))
-        shape = replace(shape, dims=dims)
-    return shape
+    return hf_moe_shape(row["model"], arch, fields)
+
+
+def _deepseek_fields(row: dict[str, str], head: dict[str, str]) -> dict[str, Any]:
+    """DeepseekV3Config's fields from the row's shape columns and its head (`attention=mla q_lora=..
+    kv_lora=.. qk_nope=.. qk_rope=.. v_head=..`, `groups=.. topk_groups=..`, `mtp_layers=..`)."""
+    if head.get("attention") != "mla":
+        raise MoERowError(f"{row['model']}: a {row['arch']} row's head gives attention=mla and its sizes")
+    names = {
+        "q_lora": "q_lora_rank",
+        "kv_lora": "kv_lora_rank",
+        "qk_nope": "qk_nope_head_dim",
+        "qk_rope": "qk_rope_head_dim",
+        "v_head": "v_head_dim",
+        "experts": "n_routed_experts",
+        "top_k": "num_experts_per_tok",
+        "expert_ffn": "moe_intermediate_size",
+        "shared_ffn": "moe_intermediate_size",
+        "dense_ffn": "intermediate_size",
+        "dense_layers": "first_k_dense_replace",
+        "groups": "n_group",
+        "topk_groups": "topk_group",
+    }
+    fields: dict[str, Any] = {field: _int(head, key, row) for key, field in names.items() if key != "shared_ffn"}
+    shared = _int(head, "shared", row)
+    if shared and _int(head, "shared_ffn", row) != shared * fields["moe_intermediate_size"]:
+        raise MoERowError(f"{row['model']}: shared_ffn is not shared x expert_ffn, as DeepseekV3Config builds it")
+    fields.update(
+        n_shared_experts=shared,
+        num_hidden_layers=int(row["n_layers"]),
+        hidden_size=int(row["d_model"]),
+        num_attention_heads=int(row["n_heads"]),
+        num_key_value_heads=int(row["kv_heads"] or row["n_heads"]),
+        vocab_size=int(row["vocab"]),
+        scoring_func=head.get("router", "sigmoid"),
+        num_nextn_predict_layers=int(head.get("mtp_layers", 0)),
+    )
+    return fields
 
 
 def qk_norm(row: dict[str, str]) -> bool:

@@ -142,6 +142,8 @@ def aligned(rows: list[tuple[str, ...]], left: int = 1) -> list[str]:
 
 
 def _count(n: float) -> str:
+    if n >= 1e12:
+        return f"{n / 1e12:.3g}T"
     return f"{n / 1e9:.3g}B" if n >= 1e9 else f"{n / 1e6:.3g}M"
 
 

@@ -11,6 +11,7 @@ from configs.schema import PRECISIONS
 from harness.common.hardware import GPUS, GPUSpec, gpu_spec, known_gpus
 from harness.common.units import GB
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings
+from harness.plan.model.mla_shape import check_recomputed
 from harness.plan.model.model_shape import ARCHS, ModelShape, PlanError, shape_of_description, shape_of_spec
 from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, topology_of
 from harness.plan.parallel.batch_split import widest_split
@@ -303,6 +304,8 @@ def question(
     topology = topology_for(cfg, count, gpu)
     micro_batch, grad_accum = batching(cfg, count)
     shape = shape or shape_for(cfg, model if model is not None else models_asked(cfg)[0])
+    recipe = recipe_of(cfg)
+    check_recomputed(shape.name, shape.dims, recipe.recompute_modules)
     return Question(
         shape=with_tied_embeddings(shape, cfg.tied_embeddings),
         topology=topology,
@@ -322,5 +325,5 @@ def question(
         strategy_options=dict(cfg.strategy_options),
         global_batch=cfg.batch_size,
         split_global_batch=cfg.micro_batch is None,
-        recipe=recipe_of(cfg),
+        recipe=recipe,
     )

@@ -16,6 +16,9 @@ width k = kv_heads·head_dim (GPT-2: f = 4h, q = k = h):
                          output) or 4f (SwiGLU: gate, up, SiLU output, product)
   fp32:                  SDPA's log-sum-exp (4 bytes per head), each norm's statistics
                          (LayerNorm: mean and 1/std, 8 bytes; RMSNorm: 1/rms, 4 bytes)
+Latent attention (DeepSeek-V3's, mla_shape.py) keeps its own account in place of q + 2k + q: its
+latents' norms and up-projection inputs beside the attention input, then q and k at their query-key
+width, v and the output at the value width.
 SDPA's flash and memory-efficient kernels keep no T x T scores (the unfused `math` kernel keeps
 its softmax, heads x T per token). The loss adds 12 bytes per token per vocabulary entry at the
 start of backward: the fp32 log-softmax output, its incoming gradient and the gradient it makes;
@@ -53,6 +56,7 @@ from dataclasses import dataclass
 
 from harness.plan.memory.model_states import BYTES, compute_bytes
 from harness.plan.memory.recipe import OFFLOAD_BLOCKS_ON_GPU
+from harness.plan.model.mla_shape import attention_kept_per_token, latent_kept_per_token
 from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDims
 from harness.plan.speed.compute import block_projections
 
@@ -132,9 +136,16 @@ def block_bytes_per_token(
     projection_input = FP8_BYTES if fp8_inputs else matmul
     gathered = (attention_inputs + mlp_inputs) * h * projection_input  # whole on every tensor-parallel GPU
     mlp = (3 if megatron else 4) if dims.gated_mlp else 2
+    split = (q + 2 * kv + q + mlp * f) * matmul
+    if dims.mla is not None:  # its own attention account (mla_shape.py); the latents whole as the inputs are
+        attention_inputs = len(dims.mla.latents) if autocast_copies else 1
+        gathered = (attention_inputs + mlp_inputs) * h * projection_input
+        eager_norm = not (fused_norm or megatron)
+        gathered += latent_kept_per_token(dims.mla, matmul, projection_input, eager_norm, NORM_STATS_BYTES[True])
+        # The log-sum-exp is the kernel's own, counted with it below (core_attention_bytes_per_token).
+        split = attention_kept_per_token(dims.heads, dims.mla, matmul, 0) + mlp * f * matmul
     if megatron and sequence_parallel:
         gathered /= tp
-    split = (q + 2 * kv + q + mlp * f) * matmul
     if fp8_inputs:  # the down projection's input in fp8; the output projection's an fp8 copy beside attention's
         split += -f * (matmul - FP8_BYTES) + q * FP8_BYTES
     if core_attention_kept:

@@ -23,7 +23,8 @@ dense part's account) and rebuilds the heaviest block, experts included; `select
 experts' gate and up outputs and recomputes the SwiGLU (torchtitan's policy saves the matmuls'
 outputs); Megatron-core's `recompute_modules` (recipe.py) drop what each recomputes: `moe_act` the
 SwiGLU's output, `moe` the whole MoE layer's activations but its input, `mlp` the dense and shared
-FFNs', `layernorm` the norms' outputs (the projections' inputs the dense part counts).
+FFNs', `layernorm` the norms' outputs (the projections' inputs the dense part counts), `mla_up_proj`
+latent attention's q, k and v (mla_shape.py).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from harness.plan.memory.buffers import Buffers, backend_buffers
 from harness.plan.memory.model_states import BYTES, model_states
 from harness.plan.memory.recipe import Recipe
+from harness.plan.model.mla_shape import UP_PROJ_MODULE, check_recomputed, up_proj_freed_per_token
 from harness.plan.model.model_shape import ModelShape, ParamTensor, TransformerDims
 from harness.plan.model.moe_shape import MoEDims
 from harness.plan.network.fabric import Group
@@ -267,6 +269,10 @@ def expert_activations(
         a = _matmul_bytes(precision)
         split = tp if (megatron and sequence_parallel) else 1
         dropped = int(dims.layers * 2 * dims.width * a * tokens / split)
+    check_recomputed(shape.name, dims, recompute)
+    if UP_PROJ_MODULE in recompute:  # q, k and v freed once the attention has run (mla_shape.py)
+        freed = up_proj_freed_per_token(dims.heads, dims.mla, _matmul_bytes(precision))
+        dropped += int(dims.layers * freed * tokens / tp)
     if checkpointing == "full":
         return ExpertActivations(0, int(heaviest))
     if checkpointing == "selective":

@@ -65,8 +65,9 @@ def _dim0_shard(t: ParamTensor, world: int) -> int:
 
 
 def tp_slice(t: ParamTensor, tp: int) -> ParamTensor:
-    """What one of `tp` tensor-parallel GPUs holds of a tensor: a matrix split, a vector whole."""
-    if tp <= 1 or len(t.shape) < 2:
+    """What one of `tp` tensor-parallel GPUs holds of a tensor: a matrix split, a vector (or a matrix
+    every GPU holds whole, ParamTensor.tp_whole) whole."""
+    if tp <= 1 or len(t.shape) < 2 or t.tp_whole:
         return t
     return ParamTensor((max(1, t.shape[0] // tp), *t.shape[1:]), t.block)
 

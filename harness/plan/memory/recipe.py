@@ -72,9 +72,9 @@ OFFLOAD_BLOCKS_ON_GPU = 2  # the block being computed and the one in flight to o
 FRAGMENTATION_LIMIT = 1.0
 # Megatron-core's `--recompute-modules` (recompute_granularity selective): what each recomputes in the
 # backward instead of keeping (megatron/core/transformer/transformer_config.py): the core attention,
-# the norms' outputs, the experts' SwiGLU, the whole MoE layer, the dense and shared FFNs, MLA's up
-# projections (planned only where the model has MLA: none here).
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "moe", "mlp")
+# the norms' outputs, the experts' SwiGLU, the whole MoE layer, the dense and shared FFNs, latent
+# attention's up-projections (a model with latent attention only: mla_shape.py).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "moe", "mlp", "mla_up_proj")
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from models.moe_config import MOE_PRESETS
 
 if TYPE_CHECKING:
     from harness.plan.memory.activation_trace import ActivationTracer
+    from harness.plan.model.mla_shape import MLADims
     from harness.plan.model.moe_shape import MoEDims
 
 ARCHS = ("gpt", "llama")
@@ -39,6 +40,7 @@ class ParamTensor:
 
     shape: tuple[int, ...]
     block: int | None  # index of the block holding it (models/blocks.py); None: the root (embeddings, final norm, head)
+    tp_whole: bool = False  # a matrix tensor parallel leaves whole on every GPU (latent attention's down-projections)
 
     @property
     def numel(self) -> int:
@@ -63,6 +65,8 @@ class TransformerDims:
     tp_splits_head: bool = True
     # A mixture of experts: its routed experts (moe_shape.py), the MLP width above then 0.
     moe: MoEDims | None = None
+    # Multi-head latent attention (mla_shape.py): heads and kv_heads its n heads, head_dim its value width.
+    mla: MLADims | None = None
 
     def head_split(self, tp: int) -> int:
         """How many ways tensor parallel splits the embedding, the head and the loss."""
@@ -75,6 +79,21 @@ class TransformerDims:
     @property
     def kv_width(self) -> int:
         return self.kv_heads * self.head_dim
+
+    @property
+    def qk_head_dim(self) -> int:
+        """A head's query and key width: the head dim the attention kernel is built for."""
+        return self.mla.qk_head if self.mla else self.head_dim
+
+    @property
+    def v_head_dim(self) -> int:
+        return self.mla.v_head if self.mla else self.head_dim
+
+    @property
+    def attention_dim(self) -> float:
+        """The head width whose 4·T·d per head and token counts the attention's forward flops: the
+        mean of the query-key and the value widths."""
+        return (self.qk_head_dim + self.v_head_dim) / 2
 
 
 @dataclass(frozen=True)
@@ -97,10 +116,11 @@ class ModelShape:
         return dims.most_common(1)[0][0] if dims else None
 
     def flops_per_token(self, seq_len: int) -> float:
-        """6N + 12·L·H·Q·T (PaLM appendix B), the same count the training loop uses for MFU."""
-        attention = 0
+        """6N + 12·L·H·Q·T (PaLM appendix B), the same count the training loop uses for MFU (Q: latent
+        attention's mean of its query-key and value head widths, mla_shape.py)."""
+        attention = 0.0
         if self.dims is not None:
-            attention = 12 * self.dims.layers * self.dims.heads * self.dims.head_dim * seq_len
+            attention = 12 * self.dims.layers * self.dims.heads * self.dims.attention_dim * seq_len
         return 6.0 * self.flops_params + attention
 
     def block_params(self) -> list[int]:
@@ -271,8 +291,11 @@ def shape_of_spec(
     if ":" not in spec:
         model_catalogue.check_known(spec)
     if spec.startswith("hf:") and not block_names:
+        from harness.plan.model.deepseek_shape import deepseek_shape, is_deepseek
         from harness.plan.model.moe_shape import hf_moe_shape, moe_architecture
 
+        if is_deepseek(spec[3:]):
+            return deepseek_shape(spec, kwargs)
         moe = moe_architecture(spec[3:])
         if moe is not None:
             return hf_moe_shape(spec, moe, kwargs)

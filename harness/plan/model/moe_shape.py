@@ -8,8 +8,9 @@ models price on their own (memory/expert_memory.py, speed/expert_compute.py, net
 Read without torch from the sizes: the zoo's MoE GPT presets (models/moe_config.py), the `hf:`
 MoE configs of MOE_ARCHITECTURES (transformers 5's Mixtral, Qwen3-MoE, Qwen2-MoE, OLMoE, gpt-oss:
 stacked experts, `gate_up_proj` (E, 2F, H) and `down_proj` (E, H, F)), and the catalogue's MoE
-models (bench/data/moe_models.csv). Multi-head latent attention (DeepSeek-V3, Kimi-K2) and Llama
-4's chunked attention are refused in one line.
+models (bench/data/moe_models.csv); DeepSeek-V3's family (DeepSeek-V3, Kimi-K2: latent attention,
+group-limited routing) by deepseek_shape.py. DeepSeek-V2's routing and Llama 4's chunked attention
+are refused in one line.
 
 Parameters: `ModelShape.params` is the dense part; `total_params` adds every routed expert;
 `flops_params` (N of 6N) counts the experts a token goes through (top_k of each MoE block), as
@@ -47,10 +48,24 @@ class MoEDims:
     # gpt-oss's SwiGLU: its gate and up clamped, the gate through sigmoid(1.702 x), the up offset by 1,
     # which no fused SwiGLU kernel runs (expert_compute.py prices its eager operators)
     clamped_swiglu: bool = False
+    # Group-limited routing (DeepSeek-V3's node-limited routing): the experts in `groups` equal groups,
+    # each token's top_k chosen among the experts of its best `topk_groups` groups (1 of 1: no limit).
+    groups: int = 1
+    topk_groups: int = 1
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.experts:
             raise PlanError(f"top_k={self.top_k} must be between 1 and the {self.experts} experts")
+        if self.groups < 1 or self.experts % self.groups or not 1 <= self.topk_groups <= self.groups:
+            raise PlanError(
+                f"{self.groups} expert groups, {self.topk_groups} of them a token: the groups must divide the "
+                f"{self.experts} experts and topk_group be between 1 and n_group"
+            )
+        if self.top_k > self.topk_groups * self.experts // self.groups:
+            raise PlanError(
+                f"top_k={self.top_k} is more than the {self.topk_groups} groups a token reaches hold "
+                f"({self.topk_groups * self.experts // self.groups} experts)"
+            )
         if self.router not in ROUTERS:
             raise PlanError(f"router={self.router!r} is not one of {', '.join(ROUTERS)}")
         if self.capacity is not None and self.capacity <= 0:
@@ -89,6 +104,8 @@ class MoEDims:
         shared = f", shared experts {self.shared_ffn} wide" if self.shared_ffn else ""
         dense = f", {self.dense_layers} dense blocks (FFN {self.dense_ffn})" if self.dense_layers else ""
         routing = "dropless" if self.capacity is None else f"capacity {self.capacity:g}"
+        if self.topk_groups < self.groups:
+            routing += f", within {self.topk_groups} of {self.groups} expert groups"
         return (
             f"{self.experts} experts {self.expert_ffn} wide, top-{self.top_k} ({self.router}, {routing}) "
             f"on {self.moe_layers} blocks{shared}{dense}"
@@ -299,9 +316,8 @@ MOE_ARCHITECTURES = (
 )
 # What the planner does not model of other MoE families, said in one line where one is asked for.
 REFUSED_MOE = {
-    "deepseek_v3": "multi-head latent attention (q_lora_rank, kv_lora_rank) and DeepSeek's group-limited routing",
-    "deepseek_v2": "multi-head latent attention (q_lora_rank, kv_lora_rank) and DeepSeek's group-limited routing",
-    "kimi_k2": "multi-head latent attention (q_lora_rank, kv_lora_rank) and DeepSeek's group-limited routing",
+    "deepseek_v2": "DeepSeek-V2's routing (its group-limited greedy top-k, softmax scores and device-limited "
+    "balancing losses)",
     "llama4": "Llama 4's chunked attention, its layers without rotary embedding and its multimodal config",
     "llama4_text": "Llama 4's chunked attention and its layers without rotary embedding",
 }
@@ -313,13 +329,17 @@ def moe_architecture(name: str) -> MoEArchitecture | None:
 
 
 def refuse_unmodelled(spec: str, model_type: str) -> None:
+    from harness.plan.model.deepseek_shape import is_deepseek
+
+    if is_deepseek(model_type):
+        return
     what = REFUSED_MOE.get(model_type) or next(
         (why for key, why in REFUSED_MOE.items() if model_type.lower().startswith(key.split("_")[0] + "_v")), None
     )
     if what:
         raise PlanError(
             f"model {spec}: a mixture of experts with {what}: not modelled by the planner; plan "
-            f"{', '.join(a.config_class for a in MOE_ARCHITECTURES)} or a zoo MoE preset"
+            f"{', '.join(a.config_class for a in MOE_ARCHITECTURES)}, DeepseekV3Config or a zoo MoE preset"
         )
 
 
@@ -426,8 +446,13 @@ def catalogue_moe_shape(spec: str, fields: dict[str, Any]) -> ModelShape | None:
     """A config.json's MoE model read offline, or None where its model_type is not a MoE architecture here."""
     model_type = str(fields.get("model_type"))
     refuse_unmodelled(spec, model_type)
+    metadata = {"_name_or_path", "architectures", "auto_map", "model_type", "torch_dtype", "transformers_version"}
+    given = {k: v for k, v in fields.items() if k not in metadata}
+    from harness.plan.model.deepseek_shape import deepseek_shape, is_deepseek
+
+    if is_deepseek(model_type):
+        return deepseek_shape(spec, given)
     arch = moe_architecture(model_type)
     if arch is None:
         return None
-    metadata = {"_name_or_path", "architectures", "auto_map", "model_type", "torch_dtype", "transformers_version"}
-    return hf_moe_shape(spec, arch, {k: v for k, v in fields.items() if k not in metadata})
+    return hf_moe_shape(spec, arch, given)

@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 from harness.plan.memory.model_states import BYTES, compute_bytes
+from harness.plan.model.mla_shape import tp_gathered_width
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.network.fabric import Group, Topology, collective_seconds
 from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE, fused_collectives
@@ -175,7 +176,10 @@ def _tensor_parallel(
     bulk overlaps): those hide behind the backward; the head's and the embedding's, outside the
     blocks, stay exposed. Without `sequence_parallel`: the row-parallel outputs all-reduced forward
     and the column-parallel inputs' gradients backward, two a block each way, and once each for the
-    embedding's output and the head's input."""
+    embedding's output and the head's input. Latent attention (mla_shape.py) gathers its latents and
+    the shared rotary key into its up-projections where a GQA block gathers H: the passes on the
+    attention input's side (the forward's gathers, the backward's reduce-scatter of their gradient)
+    carry q_lora + kv_lora + rope a token."""
     if layout.tp <= 1 or shape.dims is None:
         return []
     element = tokens * shape.dims.width
@@ -189,13 +193,17 @@ def _tensor_parallel(
         ]
     fused = fused_collectives(shape.dims, layout.tp, checkpointing) if async_tp else []
     sublayers = tensor_parallel_sublayers(shape, layout)
+    mla = shape.dims.mla
     out = []
     for kind in ("all-gather", "reduce-scatter"):
-        blocks = sublayers * (2 + TP_RECOMPUTED[checkpointing][kind])
-        if megatron and kind == "all-gather":
-            blocks += sublayers  # the saved shards gathered again for the weight gradients
+        passes = 2 + TP_RECOMPUTED[checkpointing][kind] + (1 if megatron and kind == "all-gather" else 0)
+        blocks = sublayers * passes  # Megatron's third gather: the saved shards again for the weight gradients
+        widths = float(blocks)  # in H-wide passes
+        if mla is not None:  # latent attention gathers its latents, not H, into its up-projections
+            inputs = passes - 1 if kind == "all-gather" else 1  # the passes on the input's side
+            widths -= layers * inputs * (1 - tp_gathered_width(mla) / shape.dims.width)
         block_bytes = 1 if fp8 and kind == "all-gather" else held
-        payload = element * (blocks * block_bytes + 2 * held)
+        payload = element * (widths * block_bytes + 2 * held)
         mine = [f for f in fused if f.kind == kind]
         pipelined = element * layers * sum(f.element_bytes(held, fp8) for f in mine)
         calls = layers * len(mine)

@@ -23,6 +23,7 @@ scatter that a dense block runs are not run (comm.py's `tensor_parallel_sublayer
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 from harness.plan.memory.expert_memory import expert_shape, expert_states_layout
@@ -42,19 +43,43 @@ A2A_OVERLAP = "a2a_overlap"  # a published layout's option: the all-to-alls besi
 DISPATCHER, NODE_FORWARDING = "moe_dispatcher", "node-forwarding"
 
 
-def forwarded_copies(top_k: int, experts: ExpertLayout) -> float:
+def forwarded_copies(top_k: int, experts: ExpertLayout, groups: int = 1, topk_groups: int = 1) -> float:
     """Copies of a token an all-to-all priced per pair must move for the network to carry what a
     node-forwarding dispatcher sends: DeepEP's normal kernels send a token once to each node holding any
     of its experts and fan it out over NVLink there ("asymmetric-domain bandwidth forwarding",
     deepseek-ai/DeepEP docs/legacy.md @ 0297fc80). Over n nodes, experts spread evenly and chosen
-    independently, a token reaches (n - 1)(1 - (1 - 1/n)^k) other nodes on average, where a per-pair
-    all-to-all sends k (n - 1)/n of its copies across: the copies that carry the same network bytes
-    (all_to_all.py prices the per-pair exchange). Inside one node nothing is forwarded."""
+    independently, a token reaches each other node with probability p = 1 - (1 - 1/n)^k, (n - 1) p
+    nodes in all, where a per-pair all-to-all sends k (n - 1)/n of its copies across: n p copies carry
+    the same network bytes (all_to_all.py prices the per-pair exchange). Inside one node nothing is
+    forwarded. Group-limited routing (`topk_groups` of `groups`) caps the nodes a token reaches
+    (node_reached)."""
     nodes = experts.ep_group.nodes
     if nodes <= 1:
         return float(top_k)
-    remote = (nodes - 1) * (1 - (1 - 1 / nodes) ** top_k)
-    return remote * nodes / (nodes - 1)
+    return nodes * node_reached(top_k, nodes, groups, topk_groups)
+
+
+def node_reached(top_k: int, nodes: int, groups: int, topk_groups: int) -> float:
+    """The chance a token reaches a given node of `nodes` holding the experts in order, its top_k experts
+    chosen among those of its best `topk_groups` (M) of `groups` (G) equal groups, each group's experts
+    consecutive as the ranks hold them. DeepSeek-V3 lays its 8 groups on its 8 nodes and so sends each
+    token to at most 4 (arXiv 2412.19437, Sections 2.1.2 and 3.2.2). A group's score is the sum of its
+    best top_k / M experts' (DeepSeek-V3's inference/model.py Gate, Megatron-core's group_limited_topk),
+    so the token's top_k fall on its chosen groups about evenly, top_k / M each, and every chosen group
+    is reached. With g = G / n groups a node, a node is reached when any of its groups is chosen:
+    p = 1 - C(G - g, M) / C(G, M); with a group over s = n / G nodes, when its group is chosen and one of
+    that group's top_k / M experts is on it: p = M / G (1 - (1 - 1/s)^(top_k / M)). Groups that straddle
+    nodes otherwise are not capped here: the unlimited 1 - (1 - 1/n)^k, the most it can be."""
+    unlimited = 1 - (1 - 1 / nodes) ** top_k
+    if topk_groups >= groups:
+        return unlimited
+    if groups % nodes == 0:
+        mine = groups // nodes
+        return 1 - math.comb(groups - mine, topk_groups) / math.comb(groups, topk_groups)
+    if nodes % groups == 0:
+        spread = nodes // groups
+        return topk_groups / groups * (1 - (1 - 1 / spread) ** (top_k / topk_groups))
+    return unlimited
 
 
 def all_to_alls(
@@ -78,7 +103,7 @@ def all_to_alls(
     again = checkpointing == "full" or "moe" in recipe.recompute_modules
     copies = moe.top_k
     if backend.options.get(DISPATCHER) == NODE_FORWARDING:
-        copies = forwarded_copies(moe.top_k, experts)
+        copies = forwarded_copies(moe.top_k, experts, moe.groups, moe.topk_groups)
     sent = tokens / tp * copies * dims.width * BYTES[precision] * recipe.moe_imbalance
     forward, backward = moe.moe_layers * (2 + (2 if again else 0)), moe.moe_layers * 2
     group = experts.ep_group

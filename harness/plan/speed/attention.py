@@ -202,16 +202,29 @@ def carried(rate: float, family: str, gpu: GPUSpec, kernel: str, dim: int) -> fl
     return 1e-12 / (rest * peak / gpu.tensor_flops + exps_per_flop / (own_ratio * gpu.tensor_flops))
 
 
-def causal_attention_flops(batch: float, seq: float, heads: int, head_dim: int) -> float:
+def causal_attention_flops(batch: float, seq: float, heads: int, head_dim: float) -> float:
     """Forward flops of causal attention as the benchmark counts them: half of 4·b·s²·h·d."""
     return 2.0 * batch * seq * seq * heads * head_dim
 
 
 def attention_seconds(
-    gpu: GPUSpec, kernel: str, precision: str, *, batch: float, seq: float, heads: int, head_dim: int
+    gpu: GPUSpec,
+    kernel: str,
+    precision: str,
+    *,
+    batch: float,
+    seq: float,
+    heads: int,
+    head_dim: int,
+    v_head_dim: int | None = None,
 ) -> tuple[float, float]:
-    """(forward, backward) seconds of one layer's causal attention over a micro-batch."""
-    total_flops = 3.5 * causal_attention_flops(batch, seq, heads, head_dim)
+    """(forward, backward) seconds of one layer's causal attention over a micro-batch. `v_head_dim`:
+    values narrower than the queries and keys (latent attention: 192 and 128), the flops those of two
+    equal heads of their mean width, the rate the kernel's at `head_dim`, the query-key width it is
+    built for (Megatron-core's MLA calls TransformerEngine's attention with k_channels 192 and
+    v_channels 128, multi_latent_attention.py @ d98e8a64); above 128 the tables take 128's rate."""
+    flops_dim = head_dim if v_head_dim is None else (head_dim + v_head_dim) / 2
+    total_flops = 3.5 * causal_attention_flops(batch, seq, heads, flops_dim)
     table = kernel_table(gpu)
     measured = table.attention_tflops(kernel, seq, head_dim) if table and precision != "fp32" else None
     if precision == "fp32":

@@ -58,6 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.common.hardware import GPUSpec
+from harness.plan.model.mla_shape import assembled_elements, latent_width, mla_projections, rotary_elements
 from harness.plan.model.model_shape import ModelShape, TransformerDims
 from harness.plan.speed.attention import FP8_KERNELS, attention_seconds
 from harness.plan.speed.gemm import BYTES, LOW_PRECISION, gemm_seconds
@@ -174,8 +175,11 @@ def block_projections(dims: TransformerDims, tp: int) -> list[tuple[int, int]]:
     """(out, in) of a block's matmuls in forward order, as one of `tp` GPUs holds them."""
     h, f, q, kv = dims.width, dims.ffn_width, dims.q_width, dims.kv_width
     attention = [((q + 2 * kv) // tp, h)] if dims.fused_qkv else [(q // tp, h), (kv // tp, h), (kv // tp, h)]
+    attention += [(h, q // tp)]
+    if dims.mla is not None:
+        attention = mla_projections(h, dims.heads, dims.mla, tp)
     mlp = [(f // tp, h), (f // tp, h), (h, f // tp)] if dims.gated_mlp else [(f // tp, h), (h, f // tp)]
-    return attention + [(h, q // tp)] + mlp
+    return attention + mlp
 
 
 def fp8_cast_bytes(
@@ -196,7 +200,7 @@ def fp8_cast_bytes(
         cast = weight = recast = MXFP8_CAST_BYTES
     h, q, f = dims.width, dims.q_width, dims.ffn_width
     column_outputs = sum(out for out, into in block_projections(dims, tp) if into == h)
-    inputs = tokens * (2 * h / tp + (q + f) / tp)  # attention and MLP inputs, then o's and down's
+    inputs = tokens * (2 * h / tp + (q + f + latent_width(dims)) / tp)  # attention and MLP inputs, then o's and down's
     grads = tokens * (column_outputs + 2 * h / tp)
     weights = sum(out * into for out, into in block_projections(dims, tp))
     forward = dims.layers * (cast * inputs + weight * weights)
@@ -215,7 +219,7 @@ def te_fp8_cast_bytes(
     input and each output's gradient cast on their own."""
     h, q, f = dims.width, dims.q_width, dims.ffn_width
     column_outputs = sum(out for out, into in block_projections(dims, tp) if into == h)
-    fused = tokens * (2 * h / tp + f / tp)  # the norms' outputs, the activation's
+    fused = tokens * (2 * h / tp + (f + latent_width(dims)) / tp)  # the norms' outputs, the activation's
     forward = dims.layers * (TE_FUSED_CAST_BYTES * fused + TE_CAST_BYTES * tokens * q / tp)
     backward = dims.layers * TE_CAST_BYTES * tokens * (column_outputs + 2 * h / tp)
     weights = TE_CAST_BYTES * dims.layers * sum(out * into for out, into in block_projections(dims, tp))
@@ -228,7 +232,8 @@ def fp8_attention_cast_bytes(
 ) -> tuple[float, float, float]:
     """Bytes fp8 attention's casts move in one micro-step (forward, backward, again), per GPU of a
     `tp`-way group: q, k and v cast before the forward, the output's gradient before the backward."""
-    forward = dims.layers * FP8_CAST_BYTES * tokens * (dims.q_width + 2 * dims.kv_width) / tp
+    qkv = dims.heads * dims.qk_head_dim + dims.kv_heads * (dims.qk_head_dim + dims.v_head_dim)
+    forward = dims.layers * FP8_CAST_BYTES * tokens * qkv / tp
     backward = dims.layers * FP8_CAST_BYTES * tokens * dims.q_width / tp
     return forward, backward, forward if checkpointing == "full" else 0.0
 
@@ -291,13 +296,18 @@ def elementwise_bytes_per_token(
     qk = q + kv
     expand = 2 * (q + kv) * a if dims.kv_heads < dims.heads else 0.0
     residual_split = tp if sequence_parallel else 1
+    latent_f = latent_b = 0.0
+    if dims.mla is not None:  # the latents' norms; rotary on the rope parts; q and k assembled from their parts
+        qk = rotary_elements(dims.heads, dims.mla)
+        latent_f, latent_b = norm_f * latent_width(dims), norm_b * latent_width(dims)
+        expand = 0.0 if compiled else 2 * a * assembled_elements(dims.heads, dims.mla)
     if compiled:
         junction_f, junction_b = (2 * res + 2 * a) * h, (3 * res + a) * h
         act_f, act_b = (3 * f * a, 5 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
         rotary = (10 if complex_rope else 2) * a * qk if dims.rotary else 0.0
         return (
-            2 * junction_f / residual_split + (act_f + rotary + expand) / tp,
-            2 * junction_b / residual_split + (act_b + rotary + expand) / tp,
+            (2 * junction_f + latent_f) / residual_split + (act_f + rotary + expand) / tp,
+            (2 * junction_b + latent_b) / residual_split + (act_b + rotary + expand) / tp,
         )
     casts = 0.0
     if r.autocast:
@@ -306,8 +316,8 @@ def elementwise_bytes_per_token(
     act_f, act_b = (5 * f * a, 9 * f * a) if dims.gated_mlp else (2 * f * a, 3 * f * a)
     rotary = 10 * a * qk if dims.rotary else 0.0
     cast_back = 2 * (res + a) * h if r.autocast else 0.0
-    stream_f = 2 * norm_f * h + casts + 2 * (2 * res + a) * h
-    stream_b = 2 * norm_b * h + casts + 2 * 3 * res * h + cast_back
+    stream_f = 2 * norm_f * h + casts + 2 * (2 * res + a) * h + latent_f
+    stream_b = 2 * norm_b * h + casts + 2 * 3 * res * h + cast_back + latent_b
     return (
         stream_f / residual_split + (act_f + rotary + expand) / tp,
         stream_b / residual_split + (act_b + rotary + expand) / tp,
@@ -347,7 +357,14 @@ def _attention(
     tp: int,
 ) -> Kernels:
     forward, backward = attention_seconds(
-        gpu, kernel, precision, batch=micro_batch, seq=seq_len, heads=dims.heads // tp, head_dim=dims.head_dim
+        gpu,
+        kernel,
+        precision,
+        batch=micro_batch,
+        seq=seq_len,
+        heads=dims.heads // tp,
+        head_dim=dims.qk_head_dim,
+        v_head_dim=dims.v_head_dim,
     )
     return Kernels(
         forward * dims.layers, backward * dims.layers, forward * dims.layers if checkpointing == "full" else 0
@@ -484,6 +501,9 @@ def block_kernels(
         parts.append(ROTARY_KERNELS)
     if dims.kv_heads < dims.heads:
         parts.append(REPEAT_KV_KERNELS)
+    if dims.mla is not None:  # the latents' norms, q and k assembled from their parts
+        latents = len(dims.mla.latents)
+        parts.append((norm[0] * latents + 2, norm[1] * latents + 2))
     if autocast:
         parts.append((CAST_KERNELS * projections, CAST_KERNELS * projections))
     return Kernels(forward + sum(f for f, _ in parts), backward + sum(b for _, b in parts))

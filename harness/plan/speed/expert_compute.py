@@ -23,7 +23,8 @@ shared experts and the dense FFN run as a dense MLP split over tensor parallel.
 Recomputation: full checkpointing runs every FFN's forward again; torchtitan's selective policy the
 experts' SwiGLU; Megatron-core's recompute_modules what each names (`moe_act` the SwiGLU, `moe` the
 MoE layer's forward, its all-to-alls included: expert_comm.py, `mlp` the dense and shared FFNs,
-`layernorm` the norms, `core_attn` the attention kernel's forward).
+`layernorm` the norms, `core_attn` the attention kernel's forward, `mla_up_proj` latent attention's
+up-projections and rotary embedding).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from harness.common.hardware import GPUSpec
 from harness.plan.memory.expert_memory import expert_shape, routed_pairs
 from harness.plan.memory.model_states import BYTES
 from harness.plan.memory.recipe import Recipe
+from harness.plan.model.mla_shape import UP_PROJ_MODULE, assembled_elements, rotary_elements, up_projections
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.parallel.expert_layout import ExpertLayout
 from harness.plan.speed.attention import attention_seconds
@@ -201,9 +203,22 @@ def expert_work(
     attention_again = 0.0
     if "core_attn" in modules and not full:
         forward, _ = attention_seconds(
-            gpu, attention, precision, batch=micro_batch, seq=seq_len, heads=dims.heads // tp, head_dim=dims.head_dim
+            gpu,
+            attention,
+            precision,
+            batch=micro_batch,
+            seq=seq_len,
+            heads=dims.heads // tp,
+            head_dim=dims.qk_head_dim,
+            v_head_dim=dims.v_head_dim,
         )
         attention_again = forward * dims.layers
+    if UP_PROJ_MODULE in modules and dims.mla is not None and not full:
+        # the up-projections' forward again, and q and k assembled and turned again (mla_shape.py)
+        ups = up_projections(h, dims.heads, dims.mla, tp)
+        matmul += Kernels(0.0, 0.0, dims.layers * sum(gemm_seconds(tokens, o, i, gpu, projections) for o, i in ups))
+        assembled = 2 * a * assembled_elements(dims.heads, dims.mla) + 10 * a * rotary_elements(dims.heads, dims.mla)
+        seconds += Kernels(0.0, 0.0, dims.layers * tokens * assembled / tp / bandwidth)
     # An expert-parallel strategy steps its experts apart; one without steps them with the rest (compute.py).
     stepped = expert_shape(moe, h, experts.ep, experts.etp).params / (experts.edp if stage else 1) if held_apart else 0
     optimizer = OPTIMIZER_BYTES[engine] * stepped / bandwidth

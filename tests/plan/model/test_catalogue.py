@@ -204,7 +204,7 @@ def test_a_plan_of_a_catalogue_name_or_a_config_file_imports_no_torch(tmp_path):
 @pytest.mark.parametrize(
     "fields,fragment",
     [
-        ({"model_type": "deepseek_v3", "n_routed_experts": 256}, "multi-head latent attention"),
+        ({"model_type": "deepseek_v2", "n_routed_experts": 160}, "DeepSeek-V2's routing"),
         ({"model_type": "dbrx", "ffn_config": {"moe_num_experts": 16}}, "(ffn_config.moe_num_experts=16)"),
     ],
 )
@@ -224,9 +224,19 @@ def test_a_mixture_of_experts_config_file_is_read_as_its_config_class():
     assert from_file.tensors == from_class.tensors and from_file.dims == from_class.dims
 
 
-def test_a_mixture_of_experts_config_class_with_multi_head_latent_attention_is_refused():
-    with pytest.raises(PlanError, match=r"multi-head latent attention .* not modelled by the planner"):
-        shape_of_spec("hf:DeepseekV3Config")
+def test_a_deepseek_v3_config_file_is_read_as_its_config_class(tmp_path):
+    fields = {
+        "model_type": "deepseek_v3",
+        "n_routed_experts": 16,
+        "n_group": 4,
+        "topk_group": 2,
+        "num_hidden_layers": 4,
+    }
+    (tmp_path / "config.json").write_text(json.dumps(fields))
+    from_file = shape_of_spec(f"hf:{tmp_path}")
+    from_class = shape_of_spec("hf:DeepseekV3Config", {k: v for k, v in fields.items() if k != "model_type"})
+    assert from_file.tensors == from_class.tensors and from_file.dims == from_class.dims
+    assert from_file.dims is not None and from_file.dims.mla is not None
 
 
 def _cli(capsys, *args: str) -> tuple[int, str, str]:
