@@ -331,6 +331,9 @@ def _distributed_optimizer(
     ]
 
 
+# A plan option of DeepSpeed's ZeRO-3: as 0.3.12 to 0.5.x ran it, each parameter's gather and each
+# gradient's reduce-scatter a list collective of its own (speed/list_collectives.py prices their host).
+ZERO3_LIST_COLLECTIVES = "zero3_list_collectives"
 # A plan option: InternEvo's HybridZeroOptimizer (InternLM/InternEvo
 # internlm/solver/optimizer/hybrid_zero_optim.py @ c18bec93) reduces and shares the gradients and
 # parameters of a Megatron-style layout: `_hybrid_zero` says how.
@@ -502,6 +505,8 @@ def collectives(
         if fetches is not None:  # DeepSpeed reduce-scatters its gradient bucket each time it fills
             bucket = backend.option("reduce_bucket_size")
             reduces, tail = max(1, math.ceil(params / bucket)), min(bucket, params) * grad_bytes
+            if backend.options.get(ZERO3_LIST_COLLECTIVES):  # a reduce-scatter a parameter, in its bucket's turn
+                reduces = len(shape.tensors or ())
         out.append(
             Collective(
                 "reduce-scatter gradients",
