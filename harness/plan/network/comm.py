@@ -502,18 +502,23 @@ def collectives(
                     )
                 )
         reduces, tail = calls, largest_block * grad_bytes
+        reduce_what, reduce_window = "reduce-scatter gradients", "backward"
         if fetches is not None:  # DeepSpeed reduce-scatters its gradient bucket each time it fills
             bucket = backend.option("reduce_bucket_size")
             reduces, tail = max(1, math.ceil(params / bucket)), min(bucket, params) * grad_bytes
-            if backend.options.get(ZERO3_LIST_COLLECTIVES):  # a reduce-scatter a parameter, in its bucket's turn
-                reduces = len(shape.tensors or ())
+            if backend.options.get(ZERO3_LIST_COLLECTIVES):
+                # A reduce-scatter a parameter, issued from its gradient's hook, which autograd runs
+                # before the next module's pre-backward hook (AccumulateGrad first); that hook's fetch
+                # then drains the GPU (torch.cuda.synchronize), so no compute runs beside it.
+                reduces, reduce_window = len(shape.tensors or ()), None
+                reduce_what += ", each waited on by the next module's fetch"
         out.append(
             Collective(
-                "reduce-scatter gradients",
+                reduce_what,
                 "reduce-scatter",
                 params * grad_bytes,
                 reduces,
-                "backward",
+                reduce_window,
                 shards,
                 tail_bytes=tail,
                 per_micro_step=backend.sharded_grads_every_micro_step,

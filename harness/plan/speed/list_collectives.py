@@ -17,7 +17,9 @@ kernel dispatched and launched from C++ (host_issue.py's compiled figure, which 
 None of it hides: stage3.py's `fetch_sub_module` ends each module's fetch with
 `_synchronize_communication()`, whose `torch.cuda.synchronize()` (0.3.12 to 0.5.x; gone in 0.6.0)
 drains the GPU before the host issues the next prefetch and the module's kernels, so the GPU waits
-while the host splits, launches and copies.
+while the host splits, launches and copies; and a gradient's reduce-scatter, issued from its hook
+before the next module's pre-backward hook, is waited on there with nothing beside it
+(comm.py puts it outside the backward's window).
 """
 
 from __future__ import annotations

@@ -54,4 +54,8 @@ def test_narayanans_zero3_rows_are_planned_with_2021s_collectives_and_slower_for
         # A reduce-scatter a parameter tensor, not a bucket's.
         [scatter] = [c for c in listed.collectives if c.kind == "reduce-scatter"]
         assert scatter.calls == len(published.shape_of_row(row).tensors)
+        # Waited on by the next module's fetch, which drains the GPU: beside no compute.
+        assert scatter.window is None
+        [today_scatter] = [c for c in today.collectives if c.kind == "reduce-scatter"]
+        assert today_scatter.window == "backward" and listed.time.exposed_comm_s > today.time.exposed_comm_s
         assert host > 0.1 * listed.time.step_s
