@@ -7,8 +7,10 @@ planned beside published, and the algorithm and protocol the model picks.
     python bench/nccl_vs_published.py              # written to bench/results/nccl_vs_published.md
     python bench/nccl_vs_published.py --out -      # printed only
 
-No torch, on the CPU, in well under a second. No constant of the network model was set from
-these rows (docs/planner.md says where each comes from).
+No torch, on the CPU, in well under a second. One constant of the network model is fitted to
+rows of it, the fat tree's span loss (fabric.RING_SPAN_LOSS) to the NDR cluster's reduce-scatter
+from 4 to 128 nodes: those rows check its shape, not its size; no other constant was set from
+them (docs/planner.md says where each comes from).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from harness.common.hardware import GPUSpec, gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings  # noqa: E402
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
-from harness.plan.network.comm import HYBRID_ZERO  # noqa: E402
+from harness.plan.network.comm import HYBRID_ZERO, ZERO3_LIST_COLLECTIVES  # noqa: E402
 from harness.plan.network.fabric import FABRICS, Fabric, default_fabric, parse_fabric, topology_of  # noqa: E402
 from harness.plan.parallel.backends import backend_of, filled_in  # noqa: E402
 from harness.plan.parallel.deepspeed_pipeline import DEEPSPEED_PIPELINE  # noqa: E402
@@ -250,7 +250,15 @@ FP8_ATTENTION = "fp8_attention"
 CP_ROTATE_TOKEN = "cp_rotate="
 CP_ROTATE_METHODS = ("allgather", "alltoall")
 # A mixture of experts' (bench/moe_rows.py): Megatron-core's recomputed modules, the all-to-all overlap.
-PLAN_FLAGS = (TRANSFORMER_ENGINE, FUSED_LOSS, DEEPSPEED_PIPELINE, HYBRID_ZERO, FP8_ATTENTION, "a2a_overlap")
+PLAN_FLAGS = (
+    TRANSFORMER_ENGINE,
+    FUSED_LOSS,
+    DEEPSPEED_PIPELINE,
+    HYBRID_ZERO,
+    FP8_ATTENTION,
+    "a2a_overlap",
+    ZERO3_LIST_COLLECTIVES,
+)
 PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN, RECOMPUTE_TOKEN)
 
 
@@ -315,9 +323,10 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
         return _experts(row, _hybrid_zero_layout(sharding))
     if lowered.startswith("megatron"):
         return _experts(row, megatron_layout(sharding, overlap_dp=False))
-    if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3
+    if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3 (as 2021's DeepSpeed ran it where the row says so)
         stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
-        return PlanModel("deepspeed", stage, "low_precision"), {}
+        listed = stage == 3 and ZERO3_LIST_COLLECTIVES in _plan_tokens(row)
+        return PlanModel("deepspeed", stage, "low_precision"), {ZERO3_LIST_COLLECTIVES: True} if listed else {}
     if lowered.startswith("ddp") or "distributeddataparallel" in lowered:
         return PlanModel("torch", 0, data_parallel=True), {}
     common = dict(engine="torch", stage=3, mixed_precision="low_precision", reduce_in_fp32=reduce_fp32)

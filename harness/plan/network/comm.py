@@ -24,6 +24,7 @@ onto it, none of it hidden.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -111,32 +112,71 @@ class Fetches:
     prefetched beside its compute, but only while the parameters gathered stay under
     stage3_max_live_parameters (`min(max_live - available, prefetch_bucket)`: nothing where the
     module just gathered holds that many alone). Modules are the matrices above the persistence
-    threshold, in the model's order (backward: reversed)."""
+    threshold, in the model's order (backward: reversed).
+
+    Where every block is recomputed (full checkpointing), a block's backward runs its forward again,
+    fetching each module (its hooks fire in the recomputation), then its backward, last module first;
+    the trace DeepSpeed records holds both. After a module's recomputed forward DeepSpeed keeps its
+    parameters for the backward only if they recur within stage3_max_reuse_distance elements of
+    the trace (`__params_to_release`: the modules after it in the trace, counted until that many
+    have passed): module i of a block's k is released, and gathered again for its backward, where the
+    modules after it, forward and back, hold 2 x (m_i+1 + ... + m_k) >= max_reuse elements; the
+    block's last module always stays (the norms' and biases' few elements aside)."""
 
     numels: tuple[float, ...]  # each gathered matrix's elements on this GPU's tensor-parallel share
+    blocks: tuple[int | None, ...]  # the block of each (None: the root's)
     max_live: float
+    max_reuse: float | None = None  # stage3_max_reuse_distance where every block is recomputed; None: none is
+
+    def order(self, window: str) -> list[float]:
+        """The elements of each fetch of one pass, in the order they are fetched."""
+        if window == "forward":
+            return list(self.numels)
+        if self.max_reuse is None:
+            return list(self.numels[::-1])
+        out: list[float] = []
+        for block, group in itertools.groupby(zip(self.numels[::-1], self.blocks[::-1], strict=True), lambda e: e[1]):
+            backward = [numel for numel, _ in group]  # the block's modules, last first
+            if block is None:
+                out += backward
+                continue
+            after = list(itertools.accumulate(backward, initial=0.0))[:-1]  # each module's later ones
+            out += backward[::-1] + [m for m, later in zip(backward, after, strict=True) if 2 * later >= self.max_reuse]
+        return out
 
     def _waited(self, window: str) -> list[float]:
-        order = self.numels if window == "forward" else self.numels[::-1]
+        order = self.order(window)
         return [after for before, after in zip(order, order[1:], strict=False) if before >= self.max_live]
 
     def of(self, window: str) -> tuple[int, float]:
         """(calls, elements not prefetched) of the gathers of one pass."""
         waited = self._waited(window)
-        return max(1, len(self.numels) - len(waited)), sum(waited)
+        return max(1, len(self.order(window)) - len(waited)), sum(waited)
+
+    def regathered(self, window: str) -> float:
+        """Elements one pass gathers beyond each module once: those gathered again for the backward."""
+        return sum(self.order(window)) - sum(self.numels)
 
     def unprefetched(self, window: str) -> int:
         return len(self._waited(window))
 
 
-def _deepspeed_fetches(shape: ModelShape, backend: Backend, tp: int) -> Fetches | None:
+def _deepspeed_fetches(shape: ModelShape, backend: Backend, tp: int, checkpointing: str) -> Fetches | None:
     """ZeRO-3's fetches as DeepSpeed runs them; None for FSDP (a unit a block) or a model known by its
     parameter count alone."""
     if backend.engine != "deepspeed" or shape.tensors is None:
         return None
     threshold = backend.option("stage3_param_persistence_threshold")
-    numels = tuple(t.numel / tp for t in shape.tensors if t.numel >= threshold and len(t.shape) == 2)
-    return Fetches(numels, backend.option("stage3_max_live_parameters")) if numels else None
+    gathered = [t for t in shape.tensors if t.numel >= threshold and len(t.shape) == 2]
+    if not gathered:
+        return None
+    max_reuse = backend.option("stage3_max_reuse_distance") / tp if checkpointing == "full" else None
+    return Fetches(
+        tuple(t.numel / tp for t in gathered),
+        tuple(t.block for t in gathered),
+        backend.option("stage3_max_live_parameters"),
+        max_reuse,
+    )
 
 
 # Of a block's tensor-parallel collectives in the forward, those checkpointing runs again in the
@@ -299,6 +339,9 @@ def _distributed_optimizer(
     ]
 
 
+# A plan option of DeepSpeed's ZeRO-3: as 0.3.12 to 0.5.x ran it, each parameter's gather and each
+# gradient's reduce-scatter a list collective of its own (speed/list_collectives.py prices their host).
+ZERO3_LIST_COLLECTIVES = "zero3_list_collectives"
 # A plan option: InternEvo's HybridZeroOptimizer (InternLM/InternEvo
 # internlm/solver/optimizer/hybrid_zero_optim.py @ c18bec93) reduces and shares the gradients and
 # parameters of a Megatron-style layout: `_hybrid_zero` says how.
@@ -433,17 +476,20 @@ def collectives(
         passes = [("forward", shards, largest_block * gather_bytes)]
         if backend.reshard_after_forward:
             passes.append(("backward", layout.hpz_group if layout.hpz > 1 else shards, 0.0))
-        fetches = _deepspeed_fetches(shape, backend, layout.tp)
+        fetches = _deepspeed_fetches(shape, backend, layout.tp, checkpointing)
         for window, group, tail in passes:
             what = f"all-gather parameters ({window})" + (
                 ", from hpZ's copy in the node" if window == "backward" and layout.hpz > 1 else ""
             )
             gather_calls, waited = (calls, 0.0) if fetches is None else fetches.of(window)
+            again = 0.0 if fetches is None else fetches.regathered(window)
+            if again:
+                what += ", each recomputed module's again where stage3_max_reuse_distance lets it go"
             out.append(
                 Collective(
                     what,
                     "all-gather",
-                    (gathered - waited) * gather_bytes,
+                    (gathered + again - waited) * gather_bytes,
                     gather_calls,
                     window,
                     group,
@@ -464,16 +510,23 @@ def collectives(
                     )
                 )
         reduces, tail = calls, largest_block * grad_bytes
+        reduce_what, reduce_window = "reduce-scatter gradients", "backward"
         if fetches is not None:  # DeepSpeed reduce-scatters its gradient bucket each time it fills
             bucket = backend.option("reduce_bucket_size")
             reduces, tail = max(1, math.ceil(params / bucket)), min(bucket, params) * grad_bytes
+            if backend.options.get(ZERO3_LIST_COLLECTIVES):
+                # A reduce-scatter a parameter, issued from its gradient's hook, which autograd runs
+                # before the next module's pre-backward hook (AccumulateGrad first); that hook's fetch
+                # then drains the GPU (torch.cuda.synchronize), so no compute runs beside it.
+                reduces, reduce_window = len(shape.tensors or ()), None
+                reduce_what += ", each waited on by the next module's fetch"
         out.append(
             Collective(
-                "reduce-scatter gradients",
+                reduce_what,
                 "reduce-scatter",
                 params * grad_bytes,
                 reduces,
-                "backward",
+                reduce_window,
                 shards,
                 tail_bytes=tail,
                 per_micro_step=backend.sharded_grads_every_micro_step,

@@ -13,7 +13,9 @@ the topologies of a clique's hosts into one (NVIDIA/nccl src/graph/topo.cc @ 506
 ncclTopoGetSystem's "MNNVL clique support"): a domain is one node to its graph search, its tuning
 and NVLS. The Simple ring sustains
 
-    busbw = min(ring efficiency x link, fabric efficiency x nics x gbps / 8)   (k > 1 domains)
+    busbw = min(ring efficiency x link, fabric efficiency x nics x gbps / 8 x span(k))   (k > 1 domains)
+
+(span(k): what a ring over k domains keeps of the fabric's rate on a fat tree, below 1 past 4)
 
 and a group of g GPUs of each domain (one of several side by side: HSDP's replicas, FSDP beside
 tensor parallelism) has g of its GPUs' cards. Ring efficiencies are measured busbw over the
@@ -48,6 +50,15 @@ EFA_V1_EFFICIENCY = 0.85  # AWS p4d: "effective 340Gbps for all_reduce tests" of
 # What aws-ofi-nccl reports to NCCL as EFA's latency (platform-aws.cpp): 75 us on p4d and p5/p5e,
 # 35 us from p5en on; InfiniBand's plugin reports none.
 EFA_LATENCY_US = {"v1": 75.0, "v2": 75.0, "v3": 35.0, "v4": 35.0}
+# A ring across a fat tree sustains less of its cards' rate the more nodes it spans: its long-lived
+# flows share more switch uplinks, where static ECMP hashing collides some of them on one link, and
+# the ring runs at its slowest link. nccl-tests' reduce-scatter at 8 GiB on one H100 cluster of 8 x
+# 400G NDR per node (NVIDIA/nccl#1229: 360, 345, 320, 300, 280 and 260 GB/s busbw on 4 to 128
+# nodes) loses RING_SPAN_LOSS of the fabric's rate per doubling of the nodes past RING_SPAN_NODES: the
+# least-squares fit of NCCL's model, with that loss, to those six measurements of the link (no
+# training run sets it). Past 128 nodes the line is extrapolated.
+RING_SPAN_NODES = 4
+RING_SPAN_LOSS = 0.0414
 # NCCL's model of NVLS (NVIDIA/nccl @ 5067397c): its graph search gives each of c = min(32, GPUs)
 # channels the largest speed of its array that every GPU's NVLinks carry c + 1 times over
 # (search.cc ncclTopoSearchTryNvls; links x topo.h's SM90/SM100_NVLINK_BW), and tuning.cc prices the
@@ -59,6 +70,14 @@ NVLS_SPEEDS = {  # GB/s per channel, search.cc sm90SpeedArrayIntra and sm100Spee
     "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
     "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),
 }
+
+
+def span_efficiency(nodes: int) -> float:
+    """The share of the fabric's measured rate a collective over `nodes` nodes (NVLink domains) keeps
+    on a fat tree (RING_SPAN_LOSS)."""
+    if nodes <= RING_SPAN_NODES:
+        return 1.0
+    return 1.0 - RING_SPAN_LOSS * math.log2(nodes / RING_SPAN_NODES)
 
 
 def nvls_busbw(generation: str, links: int, gpus: int) -> float | None:
@@ -324,7 +343,7 @@ class Topology:
         if group.nodes <= 1:
             return 0.0
         per_gpu = self.fabric.node_bytes_per_s / self.per_node
-        return per_gpu * self.fabric.efficiency * min(group.per_node, self.per_domain)
+        return per_gpu * self.fabric.efficiency * min(group.per_node, self.per_domain) * span_efficiency(group.nodes)
 
     def busbw(self, group: Group, kind: str) -> float:
         """Bus bandwidth a Simple ring of `kind` sustains over `group`, bytes/s (NVLink SHARP's

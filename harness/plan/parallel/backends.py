@@ -25,6 +25,7 @@ DEEPSPEED_DEFAULTS = {
     "stage3_prefetch_bucket_size": 5e7,  # elements fetched ahead of use
     "stage3_param_persistence_threshold": 1e5,  # smaller parameters stay gathered on every rank
     "stage3_max_live_parameters": 1e9,
+    "stage3_max_reuse_distance": 1e9,  # a released parameter recurring within this many elements is kept
     "sub_group_size": 1e9,  # elements per optimizer sub-group (one flat fp32 tensor each)
 }
 

@@ -43,12 +43,13 @@ from dataclasses import dataclass, field, replace
 
 from harness.common.hardware import GPUSpec
 from harness.plan.memory.memory_correction import MemoryCorrection
-from harness.plan.network.comm import PIPELINED, Collective
+from harness.plan.network.comm import PIPELINED, ZERO3_LIST_COLLECTIVES, Collective
 from harness.plan.network.fabric import Topology
 from harness.plan.parallel.async_tp_cost import AsyncTensorParallel
 from harness.plan.parallel.backends import Backend, planner_models
 from harness.plan.speed.compute import ComputeWork
 from harness.plan.speed.host_issue import HOST_S_PER_KERNEL, HostIssue
+from harness.plan.speed.list_collectives import list_collectives_host_s
 from harness.plan.speed.stragglers import straggler_share
 
 HOST_ADAM_S_PER_PARAM = 1e-9  # DeepSpeed CPUAdam on one node's CPUs (AVX-512), where nothing is measured
@@ -255,6 +256,9 @@ def step_time(
         offload_s = shard_params * topology.per_node * rate  # a node's CPUs step all its GPUs' shards
     overhead = grad_accum * overhead_per_micro_step(backend, factors)
     what = "the backend's own work, as measured" if overhead else ""
+    if backend.options.get(ZERO3_LIST_COLLECTIVES):
+        overhead += grad_accum * list_collectives_host_s(collectives)
+        what = "DeepSpeed's ZeRO-3 of 2021: each collective's list split and copied rank by rank, the GPU waiting"
     if backend.replicas == "threads" and data_parallel > 1:
         overhead += grad_accum * launches * (data_parallel - 1) * factors.launch_s
         if work is not None:  # GPU 0: the loss over every replica's logits

@@ -1,0 +1,61 @@
+"""ZeRO-3 as DeepSpeed ran it in 2021: each list collective split and copied rank by rank on the
+host, with the GPU waiting (speed/list_collectives.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import plan_vs_published as published
+from harness.plan.network.comm import ZERO3_LIST_COLLECTIVES, Collective
+from harness.plan.network.fabric import Group
+from harness.plan.speed.host_issue import HOST_S_PER_KERNEL
+from harness.plan.speed.list_collectives import HOST_S_PER_RANK, list_collectives_host_s
+
+
+def test_each_rank_of_each_call_costs_a_python_view_and_a_copy_launched_from_cpp():
+    assert HOST_S_PER_RANK == pytest.approx(2e-6 + HOST_S_PER_KERNEL["compiled"])
+    world = Group(1536, 192)
+    gathers = Collective(
+        "all-gather parameters (forward)", "all-gather", 1e9, 400, "forward", world, per_micro_step=True
+    )
+    scatters = Collective(
+        "reduce-scatter gradients", "reduce-scatter", 1e9, 600, "backward", world, per_micro_step=True
+    )
+    # Neither an all-reduce (not a list collective here) nor a host copy.
+    others = [
+        Collective("all-reduce", "all-reduce", 1e9, 50, "backward", world, per_micro_step=True),
+        Collective("parameter shards to GPU", "host-copy", 1e9, 1, None, per_micro_step=True),
+    ]
+    assert list_collectives_host_s([gathers, scatters, *others]) == pytest.approx((400 + 600) * 1536 * HOST_S_PER_RANK)
+    # Twice the ranks, twice the host's work: what makes ZeRO-3 of 2021 slower per GPU as it grows.
+    half = [
+        Collective(c.what, c.kind, c.payload_bytes, c.calls, c.window, Group(768, 96), per_micro_step=True)
+        for c in (gathers, scatters)
+    ]
+    assert list_collectives_host_s(half) == pytest.approx(list_collectives_host_s([gathers, scatters]) / 2)
+
+
+@pytest.fixture(scope="module")
+def table2():
+    rows = published.read_rows(Path(published.DATA) / "public_runs.csv")
+    return [r for r in rows if r["source"].startswith("Narayanan et al. 2021 (arXiv 2104.04473) Table 2")]
+
+
+def test_narayanans_zero3_rows_are_planned_with_2021s_collectives_and_slower_for_it(table2):
+    assert len(table2) == 6 and all(ZERO3_LIST_COLLECTIVES in r["sharding"].split() for r in table2)
+    for row in table2[1:3]:  # the 175B on 768 and 1,536 GPUs
+        _, listed, _ = published.question(row)
+        _, today, _ = published.question({**row, "sharding": row["sharding"].replace(ZERO3_LIST_COLLECTIVES, "")})
+        host = list_collectives_host_s(listed.collectives)
+        assert listed.time.overhead_s - today.time.overhead_s == pytest.approx(host, rel=1e-6)
+        assert "2021" in listed.time.overhead_what
+        # A reduce-scatter a parameter tensor, not a bucket's.
+        [scatter] = [c for c in listed.collectives if c.kind == "reduce-scatter"]
+        assert scatter.calls == len(published.shape_of_row(row).tensors)
+        # Waited on by the next module's fetch, which drains the GPU: beside no compute.
+        assert scatter.window is None
+        [today_scatter] = [c for c in today.collectives if c.kind == "reduce-scatter"]
+        assert today_scatter.window == "backward" and listed.time.exposed_comm_s > today.time.exposed_comm_s
+        assert host > 0.1 * listed.time.step_s
