@@ -224,13 +224,20 @@ def plugin_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+# Two ways into a process per probe, each a compare of its own: a strategy whose model outlives its
+# teardown (caught after the first probe, on every change) and one that says it cannot recover in one
+# process (its out-of-memory ends the job and compare reads the kind from its log; under --all).
+FALLBACKS = ["leaks", pytest.param("no-recovery", marks=pytest.mark.extended)]
+
+
 @pytest.mark.slow
-def test_compare_falls_back_to_a_process_per_probe_and_reports_the_search(tmp_path, plugin_env):
+@pytest.mark.parametrize("name", FALLBACKS)
+def test_compare_falls_back_to_a_process_per_probe_and_reports_the_search(tmp_path, plugin_env, name):
     out = tmp_path / "compare"
     proc = run_cli(
         [
             "compare",
-            "strategies=[leaks,no-recovery]",
+            f"strategies=[{name}]",
             "nproc=1",
             "noise_runs=0",
             "batch_search=true",
@@ -243,20 +250,20 @@ def test_compare_falls_back_to_a_process_per_probe_and_reports_the_search(tmp_pa
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
-    found = {s["strategy"]: s for s in doc["batch_search"]["results"]}
-    for name in ("leaks", "no-recovery"):  # from the compare's micro-batch 8, against the faked limit 7
-        assert [(p["micro_batch"], p["result"], p["new_process"]) for p in found[name]["probes"]] == [
-            (8, OOM, True),
-            (7, FITS, True),
-        ], name
-        assert found[name]["largest_micro_batch"] == 7 and found[name]["next_size_failed"] == 8
-        assert found[name]["jobs"] == 2 and found[name]["wall_time_s"] > 0
-    # The leak was caught after the first probe, which ran in one process and recorded its own OOM ...
-    assert found["leaks"]["note"] == "the model of the last probe outlived its teardown: a process per probe from there"
-    # ... while without recovery the OOM ended the job, and compare read the kind from its log.
-    assert "does not recover" in found["no-recovery"]["note"]
-    assert "OutOfMemoryError" in found["no-recovery"]["probes"][0]["error"]
-    assert (out / "batch_search" / "no-recovery" / "job_1.log").is_file()
-    assert doc["batch_search"]["wall_time_s"] >= found["leaks"]["wall_time_s"] + found["no-recovery"]["wall_time_s"]
+    found = {s["strategy"]: s for s in doc["batch_search"]["results"]}[name]
+    # From the compare's micro-batch 8, against the faked limit 7.
+    assert [(p["micro_batch"], p["result"], p["new_process"]) for p in found["probes"]] == [
+        (8, OOM, True),
+        (7, FITS, True),
+    ]
+    assert found["largest_micro_batch"] == 7 and found["next_size_failed"] == 8
+    assert found["jobs"] == 2 and found["wall_time_s"] > 0
+    if name == "leaks":  # caught after the first probe, which ran in one process and recorded its own OOM
+        assert found["note"] == "the model of the last probe outlived its teardown: a process per probe from there"
+    else:  # without recovery the OOM ended the job, and compare read the kind from its log
+        assert "does not recover" in found["note"]
+        assert "OutOfMemoryError" in found["probes"][0]["error"]
+    assert (out / "batch_search" / name / "job_1.log").is_file()
+    assert doc["batch_search"]["wall_time_s"] >= found["wall_time_s"]
     report = (out / "report.md").read_text().split("## Largest micro-batch per strategy")[1].split("## ")[0]
-    assert "| `no-recovery` | n/a | 7 | 8 ✗ | [8 ✗] [7 ✓] |" in report
+    assert f"| `{name}` | n/a | 7 | 8 ✗ | [8 ✗] [7 ✓] |" in report
