@@ -277,12 +277,8 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
         plan = plan_split_model(backend, q, layout)
         return plan if plan.time is None else replace(plan, time=waiting_on(plan.time, q.gpus))
     held = storage_precision(q.precision)
-    backend = with_recipe(backend, q.recipe)
-    if not backend.expert_parallel:  # its experts held, reduced and stepped among the rest (expert_memory.py)
-        q = replace(q, shape=with_experts_held(q.shape))
-    states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz, q.recipe)
-    states = added(states, expert_states(q.shape, backend, held, layout.experts, q.recipe))
-    memory = memory_at(backend, q, layout, states)
+    backend, q = prepared(backend, q)
+    states, memory = held_memory(backend, q, layout)
     room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
     fits = None if memory.peak is None else room.fits(memory.peak)
     fp8 = q.precision in LOW_PRECISION
@@ -299,6 +295,23 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing)
 
 
+def prepared(backend: Backend, q: Question) -> tuple[Backend, Question]:
+    """`backend` with the recipe's buffers and `q` with the experts as this backend holds them."""
+    backend = with_recipe(backend, q.recipe)
+    if not backend.expert_parallel:  # its experts held, reduced and stepped among the rest (expert_memory.py)
+        q = replace(q, shape=with_experts_held(q.shape))
+    return backend, q
+
+
+def held_memory(backend: Backend, q: Question, layout: Layout, head: bool = True) -> tuple[MemoryBreakdown, Memory]:
+    """The model states one GPU holds and what a micro-batch adds to them (`prepared`'s backend and
+    q); `head`: whether this GPU runs the head and the loss (a pipeline's last stage alone does)."""
+    held = storage_precision(q.precision)
+    states = model_states(q.shape, backend, held, layout.shard, layout.tp, layout.hpz, q.recipe)
+    states = added(states, expert_states(q.shape, backend, held, layout.experts, q.recipe))
+    return states, memory_at(backend, q, layout, states, head)
+
+
 @dataclass(frozen=True)
 class Memory:
     """What a micro-batch adds to the model states: its activations, the backend's buffers, the peak."""
@@ -308,8 +321,9 @@ class Memory:
     peak: int | None  # None where the activations are unknown
 
 
-def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreakdown) -> Memory:
-    """Activations, buffers and peak of `q`'s micro-batch and accumulation beside `states`."""
+def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreakdown, head: bool = True) -> Memory:
+    """Activations, buffers and peak of `q`'s micro-batch and accumulation beside `states`; without
+    `head`, none of the final norm's, the head's and the loss's (a pipeline's stages before the last)."""
     held = storage_precision(q.precision)
     acts = activations(
         q.shape,
@@ -330,6 +344,8 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         core_attention_recompute=q.core_attention_recompute,
     )
     acts = _with_experts(acts, backend, q, layout)
+    if acts is not None and not head:
+        acts = replace(acts, head=0)
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
     tokens = q.micro_batch * q.seq_len / layout.tp
     ffn_buffers = expert_buffers(q.shape, backend, held, layout.experts, q.grad_accum, q.recipe, tokens)

@@ -393,3 +393,18 @@ def test_megatrons_ddp_reduces_its_low_precision_gradients_as_they_are():
     reduce = [next(c for c in p.collectives if c.what == "all-reduce gradients") for p in (as_they_are, fp32)]
     assert reduce[0].payload_bytes == 2 * shape_params  # megatron/model/distributed.py: param.grad, bf16
     assert reduce[1].payload_bytes == 4 * shape_params  # its fp32 main_grad
+
+
+def test_a_pipeline_gpu_is_charged_its_own_tables_and_micro_batches():
+    # Megatron-Bridge's Llama 3.1 405B on 256 GB200 at PP 16 x VP 4, the embedding and the loss
+    # counted in the split: 8 blocks on each GPU between, 7 beside the embedding or the head. Planned
+    # as 8 blocks beside a table with the first GPU's micro-batches in flight it sat 4% past the
+    # card (189.5 GiB, 181.6 usable); each GPU as it is held, it fits, as it ran.
+    rows = [
+        r
+        for r in published.read_rows(published.DATA / "model_parallel_nvidia.csv")
+        if r["model"] == "llama3.1-405b" and r["gpu"] == "GB200" and "pp=16 vp=4" in r["sharding"]
+    ]
+    planned = [o for o in published.plan_rows(rows) if o.plan is not None]
+    assert planned and all("embedding_in_pipeline_split" in o.row["sharding"] for o in planned)
+    assert all(o.plan.fits for o in planned)

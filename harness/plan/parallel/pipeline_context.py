@@ -1,9 +1,10 @@
 """The plan of a layout that splits the model over pipeline stages or its sequences over
-context-parallel GPUs (`pp_size=`, `cp_size=` on fsdp and fsdp-tp): the fullest stage is planned
-as a model of its own on its share of the GPUs (pipeline.py), at seq_len / cp_size, with the
-pipeline's micro-batches as its micro-steps, then the schedule's bubble, the activations of the
-micro-batches in flight, the traffic between stages and context parallel's attention (its work
-and its all-to-all or ring traffic, context_parallel.py) are added.
+context-parallel GPUs (`pp_size=`, `cp_size=` on fsdp and fsdp-tp): the fullest stage is timed
+as a model of its own on its share of the GPUs (pipeline_cost.py), at seq_len / cp_size, with the
+pipeline's micro-batches as its micro-steps, then the schedule's bubble, the traffic between stages
+and context parallel's attention (its work and its all-to-all or ring traffic,
+context_parallel_cost.py) are added. Its memory is each GPU's own (the first, the fullest between,
+the last: its blocks, its tables, the micro-batches it holds in flight), the peak the largest.
 
 `published_options` reads a published run's layout (torchtitan's `FSDP2 dp_shard=8 tp=8 pp=8
 schedule=1F1B`) as these options, for bench/plan_vs_published.py.
@@ -16,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from harness.plan.memory.activations import Activations
+from harness.plan.memory.buffers import Buffers
 from harness.plan.memory.capacity import headroom
 from harness.plan.memory.model_states import BYTES
 from harness.plan.network.comm import Collective
@@ -50,9 +52,18 @@ from harness.plan.parallel.pipeline_cost import (
     stage_split,
     tied_head,
 )
-from harness.plan.predict import Question, StrategyPlan, communicators, plan_backend, storage_precision
+from harness.plan.predict import (
+    Question,
+    StrategyPlan,
+    communicators,
+    held_memory,
+    plan_backend,
+    prepared,
+    storage_precision,
+)
 from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.step_time import StepTime
+from strategies.memory import CATEGORIES, MemoryBreakdown
 from strategies.plan_model import PlanModel
 
 # The options that make a layout pipelined or context parallel; the stage's own plan runs without them.
@@ -126,10 +137,12 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         nearest_split=False,
     )
     stage = plan_backend(inner, stage_q)
-    acts = stage.activations
-    extra = 0 if acts is None else int((pipe.in_flight - 1) * acts.blocks)
-    held: Activations | None = None if acts is None else replace(acts, blocks=acts.blocks + extra)
-    peak = None if stage.peak_bytes is None else stage.peak_bytes + extra
+    states, held, buffers, peak = stage.states, stage.activations, stage.buffers, stage.peak_bytes
+    if split is not None and held is not None:
+        states, held, buffers, peak = _fullest_gpu(inner, replace(stage_q, shape=q.shape), stage.layout, pipe, split)
+    elif held is not None and peak is not None:  # context parallel alone
+        extra = int((pipe.in_flight - 1) * held.blocks)
+        held, peak = replace(held, blocks=held.blocks + extra), peak + extra
     room = headroom(q.capacity_bytes, communicators(stage.layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
     fits = None if peak is None else room.fits(peak)
     traffic = _traffic(q, stage_q, layout, pipe, cp, backend, timed=stage.time is not None)
@@ -138,15 +151,42 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         backend.name,
         backend,
         replace(layout, hpz_group=stage.layout.hpz_group, shard_group=stage.layout.shard_group),
-        stage.states,
+        states,
         held,
-        stage.buffers,
+        buffers,
         peak,
         room,
         fits,
         stage.collectives + [c for c, _, _ in traffic],
         timing,
     )
+
+
+def _fullest_gpu(
+    backend: Backend, stage_q: Question, layout: Layout, pipe: Pipeline, split: StageSplit
+) -> tuple[MemoryBreakdown, Activations, Buffers, int | None]:
+    """Each GPU of the pipeline planned as Megatron-LM's and torch's schedules hold it: the first
+    (its blocks and the embedding, the most micro-batches in flight), the fullest between (its
+    blocks, the second rank's micro-batches) and the last (its blocks, the final norm, the head and
+    the loss, the fewest micro-batches; Pipeline.in_flight_at). Returns the model states of the GPU
+    that holds the most (what a breakdown over ranks shows at its largest), and the activations
+    (those in flight with them), buffers and peak of the GPU whose peak is highest, the peak the
+    plan's. `stage_q` is a stage's question with the whole model's shape."""
+    ranks = {"first": (split.first, 0), "last": (split.last, pipe.stages - 1)}
+    if pipe.stages > 2 and split.middle > 0:
+        ranks["middle"] = (split.middle, 1)
+    held: list[tuple[MemoryBreakdown, Activations, Buffers, int | None]] = []
+    for position, (blocks, rank) in ranks.items():
+        held_by, q = prepared(backend, replace(stage_q, shape=stage_shape(stage_q.shape, blocks, position)))
+        states, memory = held_memory(held_by, q, layout, head=position == "last")
+        acts = memory.activations
+        assert acts is not None
+        extra = int((pipe.in_flight_at(rank) - 1) * acts.blocks)
+        peak = None if memory.peak is None else memory.peak + extra
+        held.append((states, replace(acts, blocks=acts.blocks + extra), memory.buffers, peak))
+    most = max(held, key=lambda h: sum(sum(getattr(h[0], c).values()) for c in CATEGORIES))
+    highest = max(held, key=lambda h: h[3] or 0)
+    return most[0], highest[1], highest[2], highest[3]
 
 
 def _traffic(

@@ -69,14 +69,24 @@ class Pipeline:
     @property
     def in_flight(self) -> float:
         """Micro-batches whose activations the first stage holds at once, in whole stages' worth."""
+        return self.in_flight_at(0)
+
+    def in_flight_at(self, rank: int) -> float:
+        """Micro-batches whose activations pipeline rank `rank` holds at once, in whole stages'
+        worth: the forwards it runs before its first backward, and the one that backward is of.
+        1F1B: p - rank warm-up forwards at most (Megatron-LM's get_forward_backward_func,
+        `num_warmup_microbatches = pipeline_parallel_size - rank - 1`, plus the one in steady
+        state); interleaved: (p - rank - 1) 2 + (v - 1) p chunks of 1/v, plus one (Megatron-LM's
+        interleaved schedule); GPipe: every micro-batch on every rank. ZB-H2's peak of 2p - 1
+        is the first rank's; the others are planned at it too, their warm-up not being stated."""
         p, m, v = self.stages, self.microbatches, self.virtual
         if self.schedule == "gpipe":
             return float(m)
         if self.schedule == "interleaved-1f1b":
-            return min(m * v, 2 * (p - 1) + (v - 1) * p + 1) / v
+            return min(m * v, 2 * (p - rank - 1) + (v - 1) * p + 1) / v
         if self.schedule == "zero-bubble":
             return float(min(m, 2 * p - 1))
-        return float(min(p, m))
+        return float(min(p - rank, m))
 
     @property
     def steady_state_exposed(self) -> bool:
@@ -213,20 +223,64 @@ def megatron_split(layers: int, pipe: Pipeline, options: dict) -> StageSplit:
     return StageSplit.of(per_gpu)
 
 
-_STAGES: dict[tuple[int, int], tuple[ModelShape, ModelShape]] = {}
-STAGES_KEPT = 64  # stage shapes a process keeps: a search plans one per pp for each of a few models
+_STAGES: dict[tuple[int, int, str], tuple[ModelShape, ModelShape]] = {}
+STAGES_KEPT = 64  # stage shapes a process keeps: a search plans a few per pp for each of a few models
+POSITIONS = ("first", "middle", "last")
 
 
-def stage_shape(shape: ModelShape, layers: int) -> ModelShape:
-    """_stage_shape, kept: a search plans each stage for every split and checkpointing."""
-    key = (id(shape), layers)
+def stage_shape(shape: ModelShape, layers: int, position: str = "") -> ModelShape:
+    """_stage_shape (`position` empty) or _held_stage_shape, kept: a search plans each stage for
+    every split and checkpointing."""
+    key = (id(shape), layers, position)
     if key in _STAGES and _STAGES[key][0] is shape:
         return _STAGES[key][1]
     if len(_STAGES) >= STAGES_KEPT:
         _STAGES.clear()
-    stage = _stage_shape(shape, layers)
+    stage = _held_stage_shape(shape, layers, position) if position else _stage_shape(shape, layers)
     _STAGES[key] = (shape, stage)
     return stage
+
+
+def _held_stage_shape(shape: ModelShape, layers: int, position: str) -> ModelShape:
+    """What one GPU of a pipeline holds as a model of its own, for its memory: `layers` blocks and,
+    on the first GPU, the tensors model.parameters() lists before the first block (the embedding,
+    position embeddings), on the last those after the last block (the final norm, the head), with a
+    copy of the embedding's table where the head is tied to it (Megatron-LM's
+    `shared_embedding_or_output_weight` on the last stage, DeepSpeed's TiedLayerSpec); a GPU
+    between holds blocks alone."""
+    if position not in POSITIONS:
+        raise ValueError(f"pipeline position {position!r}: one of {', '.join(POSITIONS)}")
+    stage = _stage_shape(shape, layers)
+    assert shape.dims is not None and stage.dims is not None
+    table = shape.dims.vocab * shape.dims.width
+    tied = tied_head(shape)
+    if shape.tensors is None:
+        blocks = stage.params - (shape.root_params() - (0 if tied else table))
+        root = {"first": table, "middle": 0, "last": shape.root_params() - (0 if tied else table)}[position]
+        params, tensors = blocks + root, None
+    else:
+        placed = [i for i, t in enumerate(shape.tensors) if t.block is not None]
+        before, after = (placed[0], placed[-1]) if placed else (len(shape.tensors), -1)
+        kept = []
+        for i, t in enumerate(shape.tensors):
+            if t.block is not None:
+                if t.block < layers:
+                    kept.append(t)
+            elif (position == "first" and i < before) or (position == "last" and i > after):
+                kept.append(t)
+        if position == "last" and tied:
+            kept += [t for t in shape.tensors if t.block is None and t.numel == table]
+        tensors = tuple(kept)
+        params = sum(t.numel for t in tensors)
+    modules = None if shape.param_modules is None else max(1, round(shape.param_modules * params / shape.params))
+    return replace(
+        stage,
+        name=f"{shape.name} ({position} stage of {layers} blocks)",
+        params=params,
+        flops_params=min(stage.flops_params, params),
+        tensors=tensors,
+        param_modules=modules,
+    )
 
 
 def _stage_shape(shape: ModelShape, layers: int) -> ModelShape:

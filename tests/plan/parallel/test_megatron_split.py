@@ -84,7 +84,8 @@ def _planned(sharding: str, **extra: str):
 def test_a_gpu_between_without_the_head_sets_the_pace() -> None:
     """62 blocks over 4 stages: split evenly as far as known, the fullest GPU holds 16 blocks with the
     head; with the embedding and loss counted (64 / 4) the GPUs between hold 16 and the last 15 with
-    the head, so the slowest computes 16 blocks and no head: less compute, the same memory bound."""
+    the head, so the slowest computes 16 blocks and no head: less compute, and a lower peak, the
+    first GPU holding 15 blocks beside the embedding where it held 16."""
     plain = _planned("megatron tp=8 pp=4 dp=1 distributed_optimizer")
     counted = _planned(
         "megatron tp=8 pp=4 dp=1 embedding_in_pipeline_split loss_in_pipeline_split distributed_optimizer"
@@ -92,7 +93,7 @@ def test_a_gpu_between_without_the_head_sets_the_pace() -> None:
     assert counted.time.compute_s < plain.time.compute_s
     assert counted.time.imbalance_s < plain.time.imbalance_s
     assert counted.time.tokens_per_s > plain.time.tokens_per_s
-    assert counted.peak_bytes == plain.peak_bytes  # the stage planned for memory: 16 blocks and a table either way
+    assert counted.peak_bytes < plain.peak_bytes  # the first GPU's peak: one block fewer beside its table
     # The head's share: what the plain plan computes beyond the counted one is its head, a step's micro-batches.
     head_share = (plain.time.compute_s - counted.time.compute_s) / plain.time.compute_s
     assert 0.0 < head_share < 1 / 16
