@@ -13,7 +13,17 @@ import contextlib
 
 import torch
 import torch.distributed as dist
-from _common import Batches, build_model, local_device, lr_at, param_groups, parse_args, report, timed_loop
+from _common import (
+    Batches,
+    build_model,
+    exit_without_teardown,
+    local_device,
+    lr_at,
+    param_groups,
+    parse_args,
+    report,
+    timed_loop,
+)
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -60,3 +70,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

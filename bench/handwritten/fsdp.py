@@ -12,7 +12,17 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from _common import Batches, build_model, local_device, lr_at, param_groups, parse_args, report, timed_loop
+from _common import (
+    Batches,
+    build_model,
+    exit_without_teardown,
+    local_device,
+    lr_at,
+    param_groups,
+    parse_args,
+    report,
+    timed_loop,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -85,3 +95,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()

@@ -15,7 +15,17 @@ from __future__ import annotations
 import json
 
 import torch
-from _common import Batches, build_model, local_device, lr_at, param_groups, parse_args, report, timed_loop
+from _common import (
+    Batches,
+    build_model,
+    exit_without_teardown,
+    local_device,
+    lr_at,
+    param_groups,
+    parse_args,
+    report,
+    timed_loop,
+)
 
 
 def extra(p) -> None:
@@ -89,3 +99,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    exit_without_teardown()
