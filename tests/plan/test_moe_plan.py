@@ -244,6 +244,24 @@ def test_published_moe_runs_are_planned_with_their_expert_layout():
         with_experts(wrong, model, options)
 
 
+def test_published_moe_runs_carry_the_overlaps_their_quoted_configs_set():
+    from bench import plan_vs_published as published
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    for row in rows:
+        tokens = row["sharding"].split()
+        notes = row["notes"]
+        if "fp8_dot_product_attention=True" in notes:
+            assert "fp8_attention" in tokens, row["source"]
+        if any(s in notes for s in ("overlap_moe_expert_parallel_comm=True", "moe_a2a_overlap=True")):
+            assert "a2a_overlap" in tokens, row["source"]
+    # Megatron-Bridge's perf_recipes (26.06.01 on) end every GB200 and GB300 MXFP8 MoE function with a helper
+    # that turns the all-to-all overlap on (qwen/common.py, gpt_oss/common.py, deepseek/common.py).
+    recipes = [r for r in rows if "src/megatron/bridge/perf_recipes/" in r["notes"] and r["precision"] == "mxfp8"]
+    assert len(recipes) == 16
+    assert all("a2a_overlap" in r["sharding"].split() for r in recipes)
+
+
 def test_a_node_forwarding_dispatcher_sends_fewer_bytes_across_nodes():
     from harness.plan.network.expert_comm import forwarded_copies
     from harness.plan.parallel.expert_layout import ExpertLayout
