@@ -260,6 +260,13 @@ def test_published_moe_runs_carry_the_overlaps_their_quoted_configs_set():
     recipes = [r for r in rows if "src/megatron/bridge/perf_recipes/" in r["notes"] and r["precision"] == "mxfp8"]
     assert len(recipes) == 16
     assert all("a2a_overlap" in r["sharding"].split() for r in recipes)
+    # The Model Zoo's yamls run Megatron-core on TransformerEngine's layers, its attention TE's choice (cuDNN).
+    zoo = [r for r in rows if r["source"].startswith("yanring/Megatron-MoE-ModelZoo")]
+    assert len(zoo) == 22
+    for row in zoo:
+        tokens = row["sharding"].split()
+        assert "transformer_engine" in tokens and "attention=cudnn" in tokens, row["source"]
+        assert ("fused_loss" in tokens) == ("--cross-entropy-loss-fusion true" in row["notes"]), row["source"]
 
 
 def test_a_node_forwarding_dispatcher_sends_fewer_bytes_across_nodes():
