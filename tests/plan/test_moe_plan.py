@@ -260,7 +260,11 @@ def test_published_moe_runs_carry_the_overlaps_their_quoted_configs_set():
     recipes = [r for r in rows if "src/megatron/bridge/perf_recipes/" in r["notes"] and r["precision"] == "mxfp8"]
     assert len(recipes) == 16
     assert all("a2a_overlap" in r["sharding"].split() for r in recipes)
-    # The Model Zoo's yamls run Megatron-core on TransformerEngine's layers, its attention TE's choice (cuDNN).
+    # Every Megatron-core run but DeepSeek's own (its HAI-LLM) is on TransformerEngine's layers: the Model Zoo's
+    # yamls and FlagPerf's script say so, Megatron-LM's README runs its default, Megatron-Bridge its providers.
+    megatron = [r for r in rows if r["sharding"].startswith("megatron") and not r["source"].startswith("arXiv")]
+    assert all("transformer_engine" in r["sharding"].split() for r in megatron)
+    # The Model Zoo's attention is TransformerEngine's choice (cuDNN), its loss fused where the yaml says so.
     zoo = [r for r in rows if r["source"].startswith("yanring/Megatron-MoE-ModelZoo")]
     assert len(zoo) == 22
     for row in zoo:
