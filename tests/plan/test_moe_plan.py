@@ -273,6 +273,23 @@ def test_published_moe_runs_carry_the_overlaps_their_quoted_configs_set():
         assert ("fused_loss" in tokens) == ("--cross-entropy-loss-fusion true" in row["notes"]), row["source"]
 
 
+def test_automodels_moe_layer_is_planned_as_megatron_cores_with_fused_norms():
+    from bench import plan_vs_published as published
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    automodel = [r for r in rows if r["source"].startswith("NVIDIA-NeMo/Automodel")]
+    assert len(automodel) == 4
+    assert all({"megatron_moe_layer", "fused_norm"} <= set(r["sharding"].split()) for r in automodel)
+    row = next(r for r in automodel if r["model"] == "qwen3-30b-a3b")
+    plain = {**row, "sharding": row["sharding"].replace(" fused_norm megatron_moe_layer", "")}
+    ran, eager = published.question(row)[1].time, published.question(plain)[1].time
+    # Megatron-core's fused permutation and weighted SwiGLU, TransformerEngine's RMSNorm: fewer bytes moved,
+    # one grouped matmul a projection where the zoo's layer loops over the 16 local experts.
+    assert ran.work.elementwise_s < 0.6 * eager.work.elementwise_s
+    assert ran.host.kernels < eager.host.kernels / 2
+    assert ran.tokens_per_s > 1.2 * eager.tokens_per_s
+
+
 def test_a_node_forwarding_dispatcher_sends_fewer_bytes_across_nodes():
     from harness.plan.network.expert_comm import forwarded_copies
     from harness.plan.parallel.expert_layout import ExpertLayout
