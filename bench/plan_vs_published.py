@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.layout_kinds import KINDS, SCALES, degrees, kinds_of, scale_of  # noqa: E402
 from bench.moe_rows import (  # noqa: E402
+    CUDA_GRAPH_TOKEN,
     RECOMPUTE_TOKEN,
     MoERowError,
     moe_head,
@@ -262,7 +263,7 @@ PLAN_FLAGS = (
     "a2a_overlap",
     "megatron_moe_layer",
 )
-PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN, RECOMPUTE_TOKEN)
+PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN, RECOMPUTE_TOKEN, CUDA_GRAPH_TOKEN)
 
 
 def _plan_tokens(row: dict[str, str]) -> list[str]:

@@ -273,6 +273,27 @@ def test_published_moe_runs_carry_the_overlaps_their_quoted_configs_set():
         assert ("fused_loss" in tokens) == ("--cross-entropy-loss-fusion true" in row["notes"]), row["source"]
 
 
+def test_a_step_replayed_from_one_cuda_graph_issues_at_the_replays_rate_without_a_sync():
+    import re
+
+    from bench import plan_vs_published as published
+    from harness.plan.speed.host_issue import GRAPH_REPLAY_S_PER_KERNEL
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    for row in rows:
+        impls = re.findall(r"cuda_graph_impl=?'?(\w+)", row["notes"])
+        graphed = bool(impls) and impls[-1] == "full_iteration"
+        assert graphed == ("cuda_graph=full_iteration" in row["sharding"].split()), row["source"]
+    row = next(r for r in rows if "cuda_graph=full_iteration" in r["sharding"] and r["model"] == "qwen3-235b-a22b")
+    eager = {**row, "sharding": row["sharding"].replace(" cuda_graph=full_iteration", "")}
+    graphed_host, eager_host = published.question(row)[1].time.host, published.question(eager)[1].time.host
+    assert graphed_host.synced_forward_short_s is None and eager_host.synced_forward_short_s is not None
+    assert graphed_host.seconds < eager_host.seconds * GRAPH_REPLAY_S_PER_KERNEL / 4.7e-6 * 1.01
+    wrong = {**row, "sharding": row["sharding"].replace("cuda_graph=full_iteration", "cuda_graph=attn")}
+    with pytest.raises(published.PublishedError, match="cuda_graph=attn is not one the planner models"):
+        published.question(wrong)
+
+
 def test_automodels_moe_layer_is_planned_as_megatron_cores_with_fused_norms():
     from bench import plan_vs_published as published
 
