@@ -8,7 +8,8 @@ Megatron-core's parallel folding), and the plan tokens of its sharding that say 
 `recompute=<modules joined by +>` (Megatron-core's `--recompute-modules` under selective
 recomputation; `none` where the list is empty) and `a2a_overlap` (the dispatch and combine
 overlapped with the other micro-batch's compute: Megatron-core's
-`--overlap-moe-expert-parallel-comm`, Megatron-Bridge's `moe_a2a_overlap`); the head's `dispatcher=`
+`--overlap-moe-expert-parallel-comm`, Megatron-Bridge's `moe_a2a_overlap`) and `megatron_moe_layer`
+(Megatron-core's MoE layer on another engine: AutoModel's; expert_compute.py); the head's `dispatcher=`
 says whether its all-to-all forwards a token once per node (deepep, hybridep, flex) or sends every
 copy (alltoall; expert_comm.py). Every run is planned
 balanced (`moe_imbalance` 1.0): Megatron-Bridge's and AutoModel's benchmarks force balanced routing
@@ -25,6 +26,8 @@ from harness.plan.model.deepseek_shape import deepseek_shape, is_deepseek
 from harness.plan.model.model_shape import ModelShape, PlanError
 from harness.plan.model.moe_shape import hf_moe_shape, moe_architecture, refuse_unmodelled
 from harness.plan.network.expert_comm import A2A_OVERLAP, DISPATCHER, NODE_FORWARDING
+from harness.plan.speed.expert_compute import MEGATRON_MOE_LAYER
+from harness.plan.speed.host_issue import FULL_ITERATION_GRAPH
 from strategies.plan_model import PlanModel
 
 MOE_HEAD = re.compile(r"^moe ([^;]*);")
@@ -32,6 +35,9 @@ MOE_HEAD = re.compile(r"^moe ([^;]*);")
 # HybridEP's, and Megatron-core's flex dispatcher, which runs one of them.
 FORWARDING_DISPATCHERS = ("deepep", "hybridep", "flex")
 RECOMPUTE_TOKEN = "recompute="
+# Megatron-core's cuda_graph_impl='full_iteration': the whole step captured and replayed (host_issue.py).
+CUDA_GRAPH_TOKEN = "cuda_graph="
+CUDA_GRAPH_MODELLED = "full_iteration"
 
 
 class MoERowError(ValueError):
@@ -147,8 +153,9 @@ def recompute_modules(row: dict[str, str]) -> tuple[str, ...] | None:
 
 
 def with_experts(row: dict[str, str], model: PlanModel, options: dict[str, Any]) -> tuple[PlanModel, dict[str, Any]]:
-    """The layout with the row's expert parallel (`ep=`, `etp=`), its stated `edp=` checked, and its
-    all-to-all overlap (`a2a_overlap`)."""
+    """The layout with the row's expert parallel (`ep=`, `etp=`), its stated `edp=` checked, its all-to-all
+    overlap (`a2a_overlap`), Megatron-core's MoE layer where another engine runs it (`megatron_moe_layer`) and a
+    step replayed from one CUDA graph (`cuda_graph=full_iteration`)."""
     sizes = {key: int(value) for key, value in re.findall(r"\b(ep|etp|edp|pp)=(\d+)", row["sharding"])}
     ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
     edp = int(row["gpus"]) // (ep * etp * sizes.get("pp", 1))
@@ -157,8 +164,16 @@ def with_experts(row: dict[str, str], model: PlanModel, options: dict[str, Any])
             f"{row['model']}: edp={sizes['edp']} is not GPUs / (ep x etp x pp) = {edp}: give the row's own degrees"
         )
     extra: dict[str, Any] = {"ep_size": ep, "etp_size": etp}
-    if A2A_OVERLAP in row["sharding"].split():
-        extra[A2A_OVERLAP] = True
+    for flag in (A2A_OVERLAP, MEGATRON_MOE_LAYER):
+        if flag in row["sharding"].split():
+            extra[flag] = True
+    for graph in (w[len(CUDA_GRAPH_TOKEN) :] for w in row["sharding"].split() if w.startswith(CUDA_GRAPH_TOKEN)):
+        if graph != CUDA_GRAPH_MODELLED:
+            raise MoERowError(
+                f"{row['model']}: cuda_graph={graph} is not one the planner models: only {CUDA_GRAPH_MODELLED} "
+                "(bench/data/README.md)"
+            )
+        extra[FULL_ITERATION_GRAPH] = True
     if (moe_head(row) or {}).get("dispatcher") in FORWARDING_DISPATCHERS:
         extra[DISPATCHER] = NODE_FORWARDING
     return replace(model, expert_parallel=True), {**options, **extra}

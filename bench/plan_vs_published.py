@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.layout_kinds import KINDS, SCALES, degrees, kinds_of, scale_of  # noqa: E402
 from bench.moe_rows import (  # noqa: E402
+    CUDA_GRAPH_TOKEN,
     RECOMPUTE_TOKEN,
     MoERowError,
     moe_head,
@@ -245,21 +246,25 @@ TRANSFORMER_ENGINE = "transformer_engine"
 FUSED_LOSS = "fused_loss"
 TIED_TOKEN = "tied_embeddings="
 FP8_ATTENTION = "fp8_attention"
+FUSED_NORM = "fused_norm"  # the norms' own fused kernels beside unfused blocks (AutoModel's TransformerEngine RMSNorm)
 # torch's context parallel (torchtitan's experimental.context_parallel_rotate_method): `allgather`
 # gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
 CP_ROTATE_TOKEN = "cp_rotate="
 CP_ROTATE_METHODS = ("allgather", "alltoall")
-# A mixture of experts' (bench/moe_rows.py): Megatron-core's recomputed modules, the all-to-all overlap.
+# A mixture of experts' (bench/moe_rows.py): Megatron-core's recomputed modules, the all-to-all overlap, its MoE
+# layer on another engine.
 PLAN_FLAGS = (
     TRANSFORMER_ENGINE,
     FUSED_LOSS,
+    FUSED_NORM,
     DEEPSPEED_PIPELINE,
     HYBRID_ZERO,
     FP8_ATTENTION,
     "a2a_overlap",
     ZERO3_LIST_COLLECTIVES,
+    "megatron_moe_layer",
 )
-PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN, RECOMPUTE_TOKEN)
+PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN, RECOMPUTE_TOKEN, CUDA_GRAPH_TOKEN)
 
 
 def _plan_tokens(row: dict[str, str]) -> list[str]:
@@ -415,10 +420,14 @@ def _fused_elementwise(row: dict[str, str]) -> bool:
 
 
 def _fused_norm(row: dict[str, str]) -> bool:
-    """torchtitan's Triton RMSNorm where its config chose it; Megatron-LM's norms are always fused
-    kernels (TransformerEngine's, or Apex's FusedLayerNorm without it), saving the input and its
-    statistics only."""
-    return "norm_type fused_rmsnorm" in row["notes"] or row["sharding"].lower().startswith("megatron")
+    """torchtitan's Triton RMSNorm where its config chose it, a row's `fused_norm` token (TransformerEngine's
+    RMSNorm beside otherwise unfused blocks); Megatron-LM's norms are always fused kernels
+    (TransformerEngine's, or Apex's FusedLayerNorm without it), saving the input and its statistics only."""
+    return (
+        "norm_type fused_rmsnorm" in row["notes"]
+        or FUSED_NORM in _plan_tokens(row)
+        or row["sharding"].lower().startswith("megatron")
+    )
 
 
 def _precision(row: dict[str, str]) -> str:

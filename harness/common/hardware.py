@@ -299,10 +299,12 @@ GPUS = {
         generation="blackwell",
         nic_gbps=800,
         power_w=1000,
+        long_run_matmul=_LONG_RUN["GB200"],
         sources=(
             f"{_ML_ENG} (peaks 2250/4500 TF and NVFP4 15000, 288 GB, 8 TB/s, MAMF 78.6% bf16 and 74.5% fp8, 1000 W; "
             f"148 and 152 SMs measured on two SKUs: 148 taken); {_MLPERF}nebius_b300_n1.json (275040 MiB); fp4's "
-            "efficiency the GB200's measured one"
+            "efficiency and the long-run matmul the GB200's measured ones (a Blackwell die held to no more power "
+            "than the GB200's, as the B200 is, assumed)"
         ),
         attention_assumed=_BLACKWELL_ULTRA_ATTENTION,
         exp_per_tensor_flop=BLACKWELL_ULTRA_EXP,

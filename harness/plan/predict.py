@@ -47,9 +47,9 @@ from harness.plan.speed.compute import (
     micro_step_kernels,
 )
 from harness.plan.speed.core_attention_recompute import recomputed_attention_flops, with_core_attention_recomputed
-from harness.plan.speed.expert_compute import expert_kernels, expert_long_forward, expert_work
+from harness.plan.speed.expert_compute import MEGATRON_MOE_LAYER, expert_kernels, expert_long_forward, expert_work
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
-from harness.plan.speed.host_issue import HostIssue, host_issue
+from harness.plan.speed.host_issue import FULL_ITERATION_GRAPH, GRAPH_REPLAY_S_PER_KERNEL, HostIssue, host_issue
 from harness.plan.speed.kernel_table import kernel_table
 from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
@@ -379,7 +379,7 @@ def _with_experts(acts: Activations | None, backend: Backend, q: Question, layou
         precision=storage_precision(q.precision),
         mixed_precision=backend.mixed_precision,
         checkpointing=q.checkpointing,
-        megatron=bool(backend.options.get(MEGATRON_ENGINE)),
+        megatron=_megatron_moe_layer(backend),
         sequence_parallel=backend.sequence_parallel,
         recipe=q.recipe,
     )
@@ -493,7 +493,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             engine=backend.engine,
             stage=backend.stage,
             recipe=q.recipe,
-            megatron=bool(backend.options.get(MEGATRON_ENGINE)),
+            megatron=_megatron_moe_layer(backend),
             held_apart=backend.expert_parallel,
         )
         work = ffn.added_to(work) if ffn is not None else work
@@ -542,12 +542,21 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         fused_norm=q.fused_norm,
         complex_rope=q.complex_rope,
     )
-    grouped = bool(backend.options.get(MEGATRON_ENGINE))  # TransformerEngine's GroupedLinear, not a Python loop
+    grouped = _megatron_moe_layer(backend)  # grouped matmuls, not a Python loop
     kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing)
     table = kernel_table(q.gpu) if q.gpu is not None else None
     compiled = q.compiled and not q.eager_launches
     measured = table.host_s_per_kernel if table else None
+    if backend.options.get(FULL_ITERATION_GRAPH):  # the step replayed from one graph, nothing read back mid-way
+        replay = {"eager": GRAPH_REPLAY_S_PER_KERNEL, "compiled": GRAPH_REPLAY_S_PER_KERNEL}
+        return host_issue(kernels, comms, compiled, q.grad_accum, replay)
     return host_issue(kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped))
+
+
+def _megatron_moe_layer(backend: Backend) -> bool:
+    """Whether a mixture's layer is Megatron-core's: on Megatron-LM's engine, or a published run's
+    (expert_compute.py's MEGATRON_MOE_LAYER)."""
+    return bool(backend.options.get(MEGATRON_ENGINE) or backend.options.get(MEGATRON_MOE_LAYER))
 
 
 def _synced_long_forward(q: Question, layout: Layout, grouped: bool) -> float | None:

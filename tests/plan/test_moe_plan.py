@@ -244,6 +244,73 @@ def test_published_moe_runs_are_planned_with_their_expert_layout():
         with_experts(wrong, model, options)
 
 
+def test_published_moe_runs_carry_the_overlaps_their_quoted_configs_set():
+    from bench import plan_vs_published as published
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    for row in rows:
+        tokens = row["sharding"].split()
+        notes = row["notes"]
+        if "fp8_dot_product_attention=True" in notes:
+            assert "fp8_attention" in tokens, row["source"]
+        if any(s in notes for s in ("overlap_moe_expert_parallel_comm=True", "moe_a2a_overlap=True")):
+            assert "a2a_overlap" in tokens, row["source"]
+    # Megatron-Bridge's perf_recipes (26.06.01 on) end every GB200 and GB300 MXFP8 MoE function with a helper
+    # that turns the all-to-all overlap on (qwen/common.py, gpt_oss/common.py, deepseek/common.py).
+    recipes = [r for r in rows if "src/megatron/bridge/perf_recipes/" in r["notes"] and r["precision"] == "mxfp8"]
+    assert len(recipes) == 16
+    assert all("a2a_overlap" in r["sharding"].split() for r in recipes)
+    # Every Megatron-core run but DeepSeek's own (its HAI-LLM) is on TransformerEngine's layers: the Model Zoo's
+    # yamls and FlagPerf's script say so, Megatron-LM's README runs its default, Megatron-Bridge its providers.
+    megatron = [r for r in rows if r["sharding"].startswith("megatron") and not r["source"].startswith("arXiv")]
+    assert all("transformer_engine" in r["sharding"].split() for r in megatron)
+    # The Model Zoo's attention is TransformerEngine's choice (cuDNN), its loss fused where the yaml says so.
+    zoo = [r for r in rows if r["source"].startswith("yanring/Megatron-MoE-ModelZoo")]
+    assert len(zoo) == 22
+    for row in zoo:
+        tokens = row["sharding"].split()
+        assert "transformer_engine" in tokens and "attention=cudnn" in tokens, row["source"]
+        assert ("fused_loss" in tokens) == ("--cross-entropy-loss-fusion true" in row["notes"]), row["source"]
+
+
+def test_a_step_replayed_from_one_cuda_graph_issues_at_the_replays_rate_without_a_sync():
+    import re
+
+    from bench import plan_vs_published as published
+    from harness.plan.speed.host_issue import GRAPH_REPLAY_S_PER_KERNEL
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    for row in rows:
+        impls = re.findall(r"cuda_graph_impl=?'?(\w+)", row["notes"])
+        graphed = bool(impls) and impls[-1] == "full_iteration"
+        assert graphed == ("cuda_graph=full_iteration" in row["sharding"].split()), row["source"]
+    row = next(r for r in rows if "cuda_graph=full_iteration" in r["sharding"] and r["model"] == "qwen3-235b-a22b")
+    eager = {**row, "sharding": row["sharding"].replace(" cuda_graph=full_iteration", "")}
+    graphed_host, eager_host = published.question(row)[1].time.host, published.question(eager)[1].time.host
+    assert graphed_host.synced_forward_short_s is None and eager_host.synced_forward_short_s is not None
+    assert graphed_host.seconds < eager_host.seconds * GRAPH_REPLAY_S_PER_KERNEL / 4.7e-6 * 1.01
+    wrong = {**row, "sharding": row["sharding"].replace("cuda_graph=full_iteration", "cuda_graph=attn")}
+    with pytest.raises(published.PublishedError, match="cuda_graph=attn is not one the planner models"):
+        published.question(wrong)
+
+
+def test_automodels_moe_layer_is_planned_as_megatron_cores_with_fused_norms():
+    from bench import plan_vs_published as published
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    automodel = [r for r in rows if r["source"].startswith("NVIDIA-NeMo/Automodel")]
+    assert len(automodel) == 4
+    assert all({"megatron_moe_layer", "fused_norm"} <= set(r["sharding"].split()) for r in automodel)
+    row = next(r for r in automodel if r["model"] == "qwen3-30b-a3b")
+    plain = {**row, "sharding": row["sharding"].replace(" fused_norm megatron_moe_layer", "")}
+    ran, eager = published.question(row)[1].time, published.question(plain)[1].time
+    # Megatron-core's fused permutation and weighted SwiGLU, TransformerEngine's RMSNorm: fewer bytes moved,
+    # one grouped matmul a projection where the zoo's layer loops over the 16 local experts.
+    assert ran.work.elementwise_s < 0.6 * eager.work.elementwise_s
+    assert ran.host.kernels < eager.host.kernels / 2
+    assert ran.tokens_per_s > 1.2 * eager.tokens_per_s
+
+
 def test_a_node_forwarding_dispatcher_sends_fewer_bytes_across_nodes():
     from harness.plan.network.expert_comm import forwarded_copies
     from harness.plan.parallel.expert_layout import ExpertLayout

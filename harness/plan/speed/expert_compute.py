@@ -59,6 +59,11 @@ from harness.plan.speed.host_issue import HOST_S_PER_KERNEL
 # and index-added back; expert parallel (models/expert_parallel.py) gathers them for the exchange and
 # weights and index-adds the returned ones besides.
 PERMUTATION_PASSES = {"megatron": 2, "megatron-local-sort": 4, "loop": 4, "loop-dispatched": 6}
+# A published run whose MoE layer is Megatron-core's on another engine: NeMo AutoModel's GroupedExpertsDeepEP
+# (nemo_automodel/components/moe/layers.py @ 89e3a9fd) runs Megatron-core's flex token dispatcher with
+# moe_permute_fusion, its fused weighted SwiGLU (weighted_bias_swiglu_impl) and one grouped matmul a projection
+# (grouped_gemm's gmm), so its copies, kernels and activations are planned as that layer's (`megatron`).
+MEGATRON_MOE_LAYER = "megatron_moe_layer"
 ROUTER_BYTES_PER_LOGIT = (
     4 + 4 + 4 + 4,
     4 + 4 + 4,
@@ -151,7 +156,8 @@ def expert_work(
 ) -> ExpertWork | None:
     """The FFNs' work of one micro-step on one GPU (the module's account); None for a dense model.
     `fused`: elementwise chains fused (compiled, or TransformerEngine's and Megatron's kernels);
-    `megatron`: Megatron-core's MoE layer (its dispatcher's copies, TransformerEngine's GroupedLinear)."""
+    `megatron`: Megatron-core's MoE layer (its dispatcher's copies, TransformerEngine's GroupedLinear, its fused
+    weighted SwiGLU: Megatron-LM's --bias-swiglu-fusion default, Megatron-Bridge's bias_activation_fusion)."""
     dims = shape.dims
     if dims is None or dims.moe is None:
         return None
@@ -179,7 +185,7 @@ def expert_work(
     matmul = _times(moe.moe_layers, _again(routed + router, layer_again) + _again(shared, layer_again or mlp_again))
     matmul += _times(moe.dense_layers, _again(dense, mlp_again))
 
-    act_f, act_b = _activation_bytes(f, True, fused, a, moe.clamped_swiglu)
+    act_f, act_b = _activation_bytes(f, True, fused or megatron, a, moe.clamped_swiglu)
     swiglu = Kernels(pairs * act_f, pairs * act_b)
     passes = PERMUTATION_PASSES[_permutation(megatron, local, experts.ep)]
     permute = Kernels(passes * a * h * (local_tokens + pairs), passes * a * h * (local_tokens + pairs))

@@ -43,8 +43,12 @@ overlaps the two:
 and the backward, issued without a sync, takes the longer of its host and GPU time as before.
 
 CUDA graphs (TransformerEngine's and Megatron's graphed layers, torch.compile's reduce-overhead)
-replay a captured step at about 0.6 us a kernel (ahrefs/ocannl#488, 0.58 us per node): no floor the
-planner applies (its plans run eager or torch.compile's default mode).
+replay a captured step at about 0.6 us a kernel (ahrefs/ocannl#488, 0.58 us per node,
+GRAPH_REPLAY_S_PER_KERNEL). The planner's own plans run eager or torch.compile's default mode; a
+published run whose whole step replays one graph (Megatron-core's `cuda_graph_impl='full_iteration'`,
+its MoE layers made capturable by static per-rank token budgets: FULL_ITERATION_GRAPH) issues its
+kernels and collectives at that rate, and no forward waits on the host for token counts. Graphs of
+parts of a layer (`cuda_graph_scope`) are not modelled.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ from harness.plan.network.comm import PIPELINED, Collective
 from harness.plan.speed.compute import Kernels
 
 HOST_S_PER_KERNEL = {"eager": 24e-6, "compiled": 4.7e-6}
+GRAPH_REPLAY_S_PER_KERNEL = 0.58e-6
+FULL_ITERATION_GRAPH = "full_iteration_graph"  # a published layout's option: every micro-step one graph's replay
 COLLECTIVE_KERNELS = 2  # a collective and the stream's events around it, priced as two eager kernels
 HOST_S_PER_COLLECTIVE = COLLECTIVE_KERNELS * HOST_S_PER_KERNEL["eager"]
 

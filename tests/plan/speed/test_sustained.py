@@ -22,7 +22,7 @@ def test_the_long_run_shares_are_azures_figures_over_each_cards_mamf():
 
 def test_the_reference_card_keeps_sustained_and_a_card_without_a_measurement_too():
     assert sustained_share(GPUS["H100"], "bf16") == pytest.approx(SUSTAINED)
-    for card in ("B300", "GB300", "MI300X", "V100-32", "H100 PCIe"):
+    for card in ("GB300", "MI300X", "V100-32", "H100 PCIe"):
         assert GPUS[card].long_run_matmul is None
         assert sustained_share(GPUS[card], "bf16") == SUSTAINED
 
@@ -34,8 +34,10 @@ def test_a_gb200_sustains_its_long_run_share_of_the_h100s_setting_once():
     lone = gemm_tflops(SIZE, SIZE, SIZE, gb200, "fp8", sustained=1.0)
     in_a_step = gemm_tflops(SIZE, SIZE, SIZE, gb200, "fp8")
     assert in_a_step / lone == pytest.approx(share, rel=1e-3)  # once, not squared
-    # the same die: the B200 carries the GB200's measurement
+    # the same die: the B200 carries the GB200's measurement, and so does the B300 (Blackwell Ultra's die at
+    # the B200's power, not the GB300's 1400 W)
     assert sustained_share(GPUS["B200"], "bf16") == pytest.approx(share)
+    assert sustained_share(GPUS["B300"], "bf16") == pytest.approx(share)
 
 
 def test_fp4s_rate_was_measured_after_the_long_warm_up_so_the_share_is_not_applied_again():
