@@ -47,9 +47,13 @@ README's "Triton" bars are another kernel, triton.ops.flash_attention
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from harness.common.hardware import BLACKWELL_EXP, GPUSpec
 from harness.plan.speed.kernel_table import kernel_table
+
+if TYPE_CHECKING:
+    from harness.plan.model.model_shape import TransformerDims
 
 SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
 
@@ -205,6 +209,24 @@ def carried(rate: float, family: str, gpu: GPUSpec, kernel: str, dim: int) -> fl
 def causal_attention_flops(batch: float, seq: float, heads: int, head_dim: float) -> float:
     """Forward flops of causal attention as the benchmark counts them: half of 4·b·s²·h·d."""
     return 2.0 * batch * seq * seq * heads * head_dim
+
+
+def every_layer_attention_seconds(
+    dims: TransformerDims, gpu: GPUSpec, kernel: str, precision: str, *, micro_batch: int, seq_len: int, tp: int
+) -> tuple[float, float]:
+    """(forward, backward) seconds of every layer's attention over a micro-batch on one of `tp` GPUs,
+    at the model's query-key and value head dims (latent attention's differ)."""
+    forward, backward = attention_seconds(
+        gpu,
+        kernel,
+        precision,
+        batch=micro_batch,
+        seq=seq_len,
+        heads=dims.heads // tp,
+        head_dim=dims.qk_head_dim,
+        v_head_dim=dims.v_head_dim,
+    )
+    return forward * dims.layers, backward * dims.layers
 
 
 def attention_seconds(

@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from harness.common.hardware import GPUSpec
 from harness.plan.model.mla_shape import assembled_elements, latent_width, mla_projections, rotary_elements
 from harness.plan.model.model_shape import ModelShape, TransformerDims
-from harness.plan.speed.attention import FP8_KERNELS, attention_seconds
+from harness.plan.speed.attention import FP8_KERNELS, every_layer_attention_seconds
 from harness.plan.speed.gemm import BYTES, LOW_PRECISION, gemm_seconds
 from harness.plan.speed.kernel_table import kernel_table
 
@@ -356,19 +356,10 @@ def _attention(
     checkpointing: str,
     tp: int,
 ) -> Kernels:
-    forward, backward = attention_seconds(
-        gpu,
-        kernel,
-        precision,
-        batch=micro_batch,
-        seq=seq_len,
-        heads=dims.heads // tp,
-        head_dim=dims.qk_head_dim,
-        v_head_dim=dims.v_head_dim,
+    forward, backward = every_layer_attention_seconds(
+        dims, gpu, kernel, precision, micro_batch=micro_batch, seq_len=seq_len, tp=tp
     )
-    return Kernels(
-        forward * dims.layers, backward * dims.layers, forward * dims.layers if checkpointing == "full" else 0
-    )
+    return Kernels(forward, backward, forward if checkpointing == "full" else 0)
 
 
 def compute_work(

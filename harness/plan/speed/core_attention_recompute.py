@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import TransformerDims
-from harness.plan.speed.attention import FP8_KERNELS, attention_seconds, causal_attention_flops
+from harness.plan.speed.attention import FP8_KERNELS, causal_attention_flops, every_layer_attention_seconds
 from harness.plan.speed.compute import ComputeWork
 
 
@@ -36,19 +36,18 @@ def with_core_attention_recomputed(
     fp8_attention: bool = False,
 ) -> ComputeWork:
     """`work` (planned without checkpointing) with each layer's attention forward run again."""
-    forward, _ = attention_seconds(
+    again, _ = every_layer_attention_seconds(
+        dims,
         gpu,
         FP8_KERNELS[kernel] if fp8_attention else kernel,
         precision,
-        batch=micro_batch,
-        seq=seq_len,
-        heads=dims.heads // tp,
-        head_dim=dims.head_dim,
+        micro_batch=micro_batch,
+        seq_len=seq_len,
+        tp=tp,
     )
-    again = forward * dims.layers
     return replace(work, attention_s=work.attention_s + again, recompute_s=work.recompute_s + again)
 
 
 def recomputed_attention_flops(dims: TransformerDims, micro_batch: int, seq_len: int, tp: int) -> float:
     """FLOPs of the attention forwards run again in one micro-step on one GPU (a fixed-MFU plan)."""
-    return dims.layers * causal_attention_flops(micro_batch, seq_len, dims.heads // tp, dims.head_dim)
+    return dims.layers * causal_attention_flops(micro_batch, seq_len, dims.heads // tp, dims.attention_dim)

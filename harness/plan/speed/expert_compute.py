@@ -38,7 +38,7 @@ from harness.plan.memory.recipe import Recipe
 from harness.plan.model.mla_shape import UP_PROJ_MODULE, assembled_elements, rotary_elements, up_projections
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.parallel.expert_layout import ExpertLayout
-from harness.plan.speed.attention import attention_seconds
+from harness.plan.speed.attention import every_layer_attention_seconds
 from harness.plan.speed.compute import (
     FP8_CAST_BYTES,
     FP8_WEIGHT_BYTES,
@@ -208,17 +208,9 @@ def expert_work(
     seconds = Kernels(elementwise.forward / bandwidth, elementwise.backward / bandwidth, elementwise.again / bandwidth)
     attention_again = 0.0
     if "core_attn" in modules and not full:
-        forward, _ = attention_seconds(
-            gpu,
-            attention,
-            precision,
-            batch=micro_batch,
-            seq=seq_len,
-            heads=dims.heads // tp,
-            head_dim=dims.qk_head_dim,
-            v_head_dim=dims.v_head_dim,
+        attention_again, _ = every_layer_attention_seconds(
+            dims, gpu, attention, precision, micro_batch=micro_batch, seq_len=seq_len, tp=tp
         )
-        attention_again = forward * dims.layers
     if UP_PROJ_MODULE in modules and dims.mla is not None and not full:
         # the up-projections' forward again, and q and k assembled and turned again (mla_shape.py)
         ups = up_projections(h, dims.heads, dims.mla, tp)
