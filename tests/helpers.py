@@ -15,6 +15,20 @@ ROOT = Path(__file__).resolve().parent.parent
 RUNNER = str(ROOT / "runner.py")
 # Small and quick, yet long enough for the curves to mean something.
 NANO = ["device=cpu", "model=gpt-nano", "steps=10", "batch_size=8", "seq_len=32", "data_samples=256", "log_every=5"]
+# A transformers Mixtral small enough for the CPU: 4 experts, top-2, its balance loss on.
+TINY_MIXTRAL = [
+    "model=hf:MixtralConfig",
+    "model_kwargs.hidden_size=64",
+    "model_kwargs.intermediate_size=128",
+    "model_kwargs.num_hidden_layers=2",
+    "model_kwargs.num_attention_heads=4",
+    "model_kwargs.num_key_value_heads=2",
+    "model_kwargs.num_local_experts=4",
+    "model_kwargs.num_experts_per_tok=2",
+    "model_kwargs.vocab_size=128",
+    "model_kwargs.output_router_logits=true",
+    "model_kwargs.router_aux_loss_coef=0.02",
+]
 # After NANO: a small Hugging Face Llama (RoPE, grouped-query attention, an untied head) of four
 # layers, for four steps: the pipeline tests' model that is not the zoo's.
 LLAMA_4 = [

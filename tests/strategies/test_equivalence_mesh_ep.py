@@ -17,26 +17,14 @@ from pathlib import Path
 import pytest
 
 from harness.common.testing_hooks import FAULT_ENV
-from tests.helpers import env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
+from tests.helpers import TINY_MIXTRAL, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
 
 pytestmark = pytest.mark.timeout(900)
 
 TOLERANCE = 1e-5  # the compare's fp32 "matches": only the order of floating-point sums differs
 RUN = ["device=cpu", "steps=6", "batch_size=8", "seq_len=32", "data_samples=128", "log_every=3"]
 MOE_NANO = ["model=moe-nano"]
-MIXTRAL = [
-    "model=hf:MixtralConfig",
-    "model_kwargs.hidden_size=64",
-    "model_kwargs.intermediate_size=128",
-    "model_kwargs.num_hidden_layers=2",
-    "model_kwargs.num_attention_heads=4",
-    "model_kwargs.num_key_value_heads=2",
-    "model_kwargs.num_local_experts=4",
-    "model_kwargs.num_experts_per_tok=2",
-    "model_kwargs.vocab_size=128",
-    "model_kwargs.output_router_logits=true",
-    "model_kwargs.router_aux_loss_coef=0.02",
-]
+MIXTRAL = TINY_MIXTRAL
 # A pipeline carries no balance loss between its stages: the MoE GPT without one, and its reference.
 NO_BALANCE_LOSS = [*MOE_NANO, "model_kwargs.aux_loss_coef=0"]
 EP2 = ["strategy_options.ep_size=2"]

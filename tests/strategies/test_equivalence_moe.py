@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from harness.common.testing_hooks import FAULT_ENV
-from tests.helpers import OnFirstUse, env_for_tests, losses_by_step, max_rel_diff, read_run, run_cli, succeeded
+from tests.helpers import (
+    TINY_MIXTRAL,
+    OnFirstUse,
+    env_for_tests,
+    losses_by_step,
+    max_rel_diff,
+    read_run,
+    run_cli,
+    succeeded,
+)
 
 pytestmark = pytest.mark.timeout(1500)
 
@@ -24,19 +33,7 @@ NPROC = 4
 RUN = ["device=cpu", "steps=10", "batch_size=8", "seq_len=32", "data_samples=256", "log_every=5"]
 MODELS = {
     "moe-nano": ["model=moe-nano"],
-    "mixtral": [
-        "model=hf:MixtralConfig",
-        "model_kwargs.hidden_size=64",
-        "model_kwargs.intermediate_size=128",
-        "model_kwargs.num_hidden_layers=2",
-        "model_kwargs.num_attention_heads=4",
-        "model_kwargs.num_key_value_heads=2",
-        "model_kwargs.num_local_experts=4",
-        "model_kwargs.num_experts_per_tok=2",
-        "model_kwargs.vocab_size=128",
-        "model_kwargs.output_router_logits=true",
-        "model_kwargs.router_aux_loss_coef=0.02",
-    ],
+    "mixtral": TINY_MIXTRAL,
 }
 CAPACITY = ["model_kwargs.capacity_factor=1.0"]
 EP = ["strategy_options.ep_size=2"]
