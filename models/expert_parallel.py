@@ -99,17 +99,26 @@ def shard_experts(model: nn.Module, group: dist.ProcessGroup) -> list[str]:
     size, rank = dist.get_world_size(group), dist.get_rank(group)
     names = []
     for name, experts in _experts_of(model):
-        check_divides_experts(experts.num_experts, size)
         local = experts.num_experts // size
-        for pname, p in list(experts.named_parameters(recurse=False)):
-            if p.dim() == 0 or p.size(0) != experts.num_experts:
-                continue  # not per expert: replicated like the rest of the model
-            experts.register_parameter(pname, nn.Parameter(p.detach()[rank * local : (rank + 1) * local].clone()))
+        for pname, _, mine in _this_ranks_experts(experts, size, rank):
+            experts.register_parameter(pname, nn.Parameter(mine))
             names.append(f"{name}.{pname}" if name else pname)
         experts.expert_parallel = ExpertShard(group, experts.num_experts, local, rank * local)
         experts.num_experts = local
         experts.forward = _dispatching(experts, experts.forward)
     return names
+
+
+def _this_ranks_experts(experts: nn.Module, size: int, rank: int) -> Iterator[tuple[str, nn.Parameter, torch.Tensor]]:
+    """Each per-expert parameter of a stacked experts module with a copy of this rank's E/size of
+    its experts, [r E/size, (r+1) E/size); parameters not per expert are left out (replicated like
+    the rest of the model). `size` must divide the experts (one line that says what would)."""
+    check_divides_experts(experts.num_experts, size)
+    local = experts.num_experts // size
+    for pname, p in list(experts.named_parameters(recurse=False)):
+        if p.dim() == 0 or p.size(0) != experts.num_experts:
+            continue
+        yield pname, p, p.detach()[rank * local : (rank + 1) * local].clone()
 
 
 def distribute_experts(model: nn.Module, mesh: DeviceMesh) -> list[str]:
@@ -125,12 +134,8 @@ def distribute_experts(model: nn.Module, mesh: DeviceMesh) -> list[str]:
     size, rank = mesh.size(), mesh.get_local_rank()
     names = []
     for name, experts in experts_modules(model):
-        check_divides_experts(experts.num_experts, size)
         local = experts.num_experts // size
-        for pname, p in list(experts.named_parameters(recurse=False)):
-            if p.dim() == 0 or p.size(0) != experts.num_experts:
-                continue  # not per expert: replicated like the rest of the model
-            mine = p.detach()[rank * local : (rank + 1) * local].clone()
+        for pname, p, mine in _this_ranks_experts(experts, size, rank):
             whole = DTensor.from_local(mine, mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride())
             experts.register_parameter(pname, nn.Parameter(whole, requires_grad=p.requires_grad))
             names.append(f"{name}.{pname}" if name else pname)
