@@ -269,6 +269,11 @@ def params_held(shape: ModelShape, backend: Backend, layout: Layout) -> float:
 def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     """The plan of one strategy (its Backend: a registered PlanModel, options filled in)."""
     layout = layout_of(backend, q.shape, q.topology)
+    if layout.pp > 1 and q.recipe.activation_offload_layers:  # as Megatron-core's TransformerConfig refuses it
+        raise LayoutError(
+            f"{backend.name}: activation_offload_layers= (Megatron-core's CPU offloading) does not run beside a "
+            f"pipeline: give pp_size=1 or leave the offload out"
+        )
     micro_batch, grad_accum = batching(q, layout)
     q = replace(q, micro_batch=micro_batch, grad_accum=grad_accum)
     if layout.pp > 1 or layout.cp > 1:
@@ -338,6 +343,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         fused_norm=q.fused_norm,
         qk_norm=q.recipe.qk_norm,
         offload=q.recipe.activation_offload,
+        offload_layers=q.recipe.activation_offload_layers,
         fp8_inputs=q.recipe.fp8_saved_inputs,
         megatron=bool(backend.options.get(MEGATRON_ENGINE)),
         sequence_parallel=backend.sequence_parallel,

@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.plan.memory.model_states import BYTES, compute_bytes
-from harness.plan.memory.recipe import OFFLOAD_BLOCKS_ON_GPU
+from harness.plan.memory.recipe import OFFLOAD_BLOCKS_ON_GPU, OFFLOAD_LAYERS_IN_FLIGHT
 from harness.plan.model.mla_shape import attention_kept_per_token, latent_kept_per_token
 from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDims
 from harness.plan.speed.compute import block_projections
@@ -208,6 +208,7 @@ def activations(
     fused_norm: bool = False,
     qk_norm: bool = False,
     offload: bool = False,
+    offload_layers: int = 0,
     fp8_inputs: bool = False,
     megatron: bool = False,
     sequence_parallel: bool = True,
@@ -216,6 +217,7 @@ def activations(
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
     the blocks keep goes to host memory but for the OFFLOAD_BLOCKS_ON_GPU blocks in flight;
+    `offload_layers`: that many blocks' go there, OFFLOAD_LAYERS_IN_FLIGHT of them still on the GPU;
     `sequence_parallel`: tensor parallel splits the residual stream along the sequence too;
     `core_attention_recompute`: Megatron-LM's selective recomputation beside checkpointing=none
     (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time."""
@@ -272,7 +274,27 @@ def activations(
     else:
         kept = selective_bytes_per_token(dims, precision, mixed_precision, tp, sequence_parallel) * tokens
         rebuilt = max(0, block - kept - head)
-    on_gpu = min(dims.layers, OFFLOAD_BLOCKS_ON_GPU) if offload else dims.layers
-    return Activations(
-        blocks=int(on_gpu * kept), head=int(head), rebuilt=int(rebuilt), host=int((dims.layers - on_gpu) * kept)
-    )
+    on_gpu, on_host = _offloaded(dims.layers, offload, offload_layers, checkpointing)
+    return Activations(blocks=int(on_gpu * kept), head=int(head), rebuilt=int(rebuilt), host=int(on_host * kept))
+
+
+def _offloaded(layers: int, offload: bool, offload_layers: int, checkpointing: str) -> tuple[int, int]:
+    """Blocks whose saved activations the GPU holds at the peak, and those in host memory."""
+    if offload:
+        on_gpu = min(layers, OFFLOAD_BLOCKS_ON_GPU)
+        return on_gpu, layers - on_gpu
+    if not offload_layers:
+        return layers, 0
+    # Megatron-core's TransformerConfig refuses both (megatron/core/transformer/transformer_config.py).
+    if checkpointing != "none":
+        raise PlanError(
+            f"activation_offload_layers= sends blocks' saved activations to the host, which Megatron-core does not do "
+            f"beside recomputation: give activation_checkpointing=none, not {checkpointing}"
+        )
+    if offload_layers >= layers:
+        raise PlanError(
+            f"activation_offload_layers={offload_layers} must be fewer than the {layers} blocks each GPU holds "
+            "(Megatron-core's cpu_offloading_num_layers): give at most "
+            f"{layers - 1}"
+        )
+    return layers - offload_layers + OFFLOAD_LAYERS_IN_FLIGHT, offload_layers

@@ -51,6 +51,13 @@ offers it does it (docs/planner.md cites each):
                      the backward (torchtune's `enable_activation_offloading`, its OffloadActivations
                      on a side stream): the GPU keeps two blocks' worth, the copies hide behind the
                      compute where PCIe keeps up.
+  activation_offload_layers  Megatron-core's `cpu_offloading_num_layers` (TransformerEngine's CPU
+                     offload context, as Megatron-Bridge's Grace-Blackwell recipes set it): that many
+                     blocks' saved activations go to host memory and come back for their backward,
+                     the others stay; one offloaded block's copy is in flight on the GPU besides
+                     (TransformerEngine's double-buffered handler). Megatron refuses it beside
+                     activation recomputation, beside a pipeline and at the model's whole depth, and
+                     so does the plan.
   fragmentation      the share of the activations the caching allocator cannot hand out again at
                      large micro-batches (freed blocks of one size that the next allocation cannot
                      reuse): measured as a run's max reserved over max allocated, it is counted as
@@ -69,6 +76,7 @@ OPTIMIZERS = ("adamw", "adamw8bit")
 EIGHT_BIT_BLOCK = 256  # elements per quantization block (bitsandbytes, torchao)
 EIGHT_BIT_MIN_ELEMENTS = 4096  # smaller tensors keep 32-bit moments (bitsandbytes min_8bit_size, torchao alike)
 OFFLOAD_BLOCKS_ON_GPU = 2  # the block being computed and the one in flight to or from the host
+OFFLOAD_LAYERS_IN_FLIGHT = 1  # TransformerEngine's double buffer: one offloaded block's copy still on the GPU
 FRAGMENTATION_LIMIT = 1.0
 # Megatron-core's `--recompute-modules` (recompute_granularity selective): what each recomputes in the
 # backward instead of keeping (megatron/core/transformer/transformer_config.py): the core attention,
@@ -91,6 +99,7 @@ class Recipe:
     fp8_block_scaling: bool = False
     fp8_attention: bool = False
     activation_offload: bool = False
+    activation_offload_layers: int = 0
     fragmentation: float = 0.0
     # A mixture of experts: the busiest GPU's expert load over the mean (1.0: balanced, as published
     # Megatron-Bridge benchmarks force it), and Megatron-core's recomputed modules.
@@ -136,6 +145,16 @@ class Recipe:
                 f"recompute_modules: {', '.join(unknown)} is not a module the planner recomputes: give some of "
                 f"{', '.join(RECOMPUTE_MODULES)} (Megatron-core's names)"
             )
+        if self.activation_offload_layers < 0:
+            raise PlanError(
+                f"activation_offload_layers={self.activation_offload_layers} is a count of blocks whose activations go "
+                "to host memory: give 0 or more"
+            )
+        if self.activation_offload and self.activation_offload_layers:
+            raise PlanError(
+                "activation_offload=true sends every block's activations to host memory, activation_offload_layers= "
+                "that many blocks': give one of them"
+            )
         if self.fp8_block_scaling and precision != "fp8":
             raise PlanError(
                 "fp8_block_scaling=true is MXFP8's scaling of the fp8 projections: give precision=fp8 as well"
@@ -173,6 +192,8 @@ class Recipe:
             said.append("fp8 attention")
         if self.activation_offload:
             said.append("activations offloaded")
+        if self.activation_offload_layers:
+            said.append(f"{self.activation_offload_layers} blocks' activations offloaded")
         if self.fragmentation:
             said.append(f"{self.fragmentation:.0%} fragmentation")
         if self.moe_imbalance != 1.0:

@@ -49,8 +49,8 @@ def recipe_collectives(
             else c
             for c in out
         ]
-    if recipe.activation_offload and acts is not None and acts.host:
-        calls = shape.dims.layers if shape.dims else 1
+    if acts is not None and acts.host:
+        calls = recipe.activation_offload_layers or (shape.dims.layers if shape.dims else 1)
         out += [
             Collective("activations to host memory", "host-copy", acts.host, calls, "forward", per_micro_step=True),
             Collective("activations back to the GPU", "host-copy", acts.host, calls, "backward", per_micro_step=True),

@@ -152,6 +152,38 @@ def test_activation_offload_keeps_two_blocks_and_pays_for_what_pcie_cannot_hide(
     assert offloaded.time.step_s > kept.time.step_s  # 30 blocks over PCIe outrun the forward's compute
 
 
+def test_offloaded_layers_leave_the_others_and_one_copy_in_flight_on_the_gpu():
+    """Megatron-core's cpu_offloading_num_layers: that many blocks' activations in host memory, the
+    rest on the GPU beside the one offloaded block TransformerEngine's double buffer still holds."""
+    kept, _ = _plan("fsdp", micro_batch=4)
+    offloaded, _ = _plan("fsdp", Recipe(activation_offload_layers=10), micro_batch=4)
+    per_block = kept.activations.blocks / 32
+    assert offloaded.activations.blocks == pytest.approx(23 * per_block, rel=1e-6)
+    assert offloaded.activations.host == pytest.approx(10 * per_block, rel=1e-6)
+    copies = [c for c in offloaded.collectives if c.kind == "host-copy"]
+    assert [(c.window, c.calls) for c in copies] == [("forward", 10), ("backward", 10)]
+    assert kept.peak_bytes - offloaded.peak_bytes == pytest.approx(9 * per_block, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["activation_offload_layers=12", "strategies=[fsdp]"], "must be fewer than the 12 blocks each GPU holds"),
+        (
+            ["activation_offload_layers=4", "activation_checkpointing=full", "strategies=[fsdp]"],
+            "give activation_checkpointing=none",
+        ),
+        (["activation_offload_layers=4", "activation_offload=true"], "give one of them"),
+        (["activation_offload_layers=-1"], "give 0 or more"),
+        (["activation_offload_layers=4", "strategies=[fsdp-pp]", "gpus=16"], "does not run beside a pipeline"),
+    ],
+)
+def test_offloaded_layers_megatron_refuses_are_one_line_errors(capsys, args, fragment):
+    assert runner.main(["plan", "model=gpt2-124m", *args]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and err.count("\n") == 1
+
+
 def test_fragmentation_is_a_share_of_the_activations_at_the_peak():
     plain, _ = _plan("fsdp", micro_batch=4)
     fragmented, _ = _plan("fsdp", Recipe(fragmentation=0.1), micro_batch=4)
