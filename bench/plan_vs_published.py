@@ -219,8 +219,8 @@ def _not_modelled(row: dict[str, str]) -> str | None:
     if moe_head(row) is None and (row["arch"] not in DENSE_ARCHS or degrees(sharding).ep > 1):
         # moe_runs.csv's rows carry their shape in the notes' moe head; the others name only their family.
         return "mixture of experts without the notes' moe head (moe_runs.csv holds the planned runs): not planned"
-    if "megatron_fsdp" in tokens:
-        return "Megatron-FSDP: not modelled"
+    if MEGATRON_FSDP in tokens and moe_head(row) is not None:
+        return "Megatron-FSDP beside expert parallel: not modelled"
     if "offload" in tokens:
         return "offloading to the host: not modelled"
     if any(t.startswith("zero_group=") for t in tokens) and HYBRID_ZERO not in tokens:
@@ -242,6 +242,9 @@ def _card(row: dict[str, str]) -> GPUSpec | str:
 # cross-entropy, whether the head is tied to the embedding, DeepSpeed's pipeline engine, and the attention
 # in fp8 (TransformerEngine's fp8 DotProductAttention).
 ATTENTION_TOKEN = "attention="
+MEGATRON_FSDP = "megatron_fsdp"
+# Megatron-core's cpu_offloading_num_layers: that many blocks' activations in host memory (recipe.py).
+OFFLOAD_TOKEN = "activation_offload_layers="
 TRANSFORMER_ENGINE = "transformer_engine"
 FUSED_LOSS = "fused_loss"
 TIED_TOKEN = "tied_embeddings="
@@ -264,7 +267,7 @@ PLAN_FLAGS = (
     ZERO3_LIST_COLLECTIVES,
     "megatron_moe_layer",
 )
-PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN, RECOMPUTE_TOKEN, CUDA_GRAPH_TOKEN)
+PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN, RECOMPUTE_TOKEN, CUDA_GRAPH_TOKEN, OFFLOAD_TOKEN)
 
 
 def _plan_tokens(row: dict[str, str]) -> list[str]:
@@ -324,6 +327,8 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     if row["activation_checkpointing"] == "selective" and "fraction p of blocks" in row["notes"]:
         return "checkpointing an unstated fraction of the blocks: not modelled"
     lowered = sharding.lower()
+    if lowered.startswith("megatron") and MEGATRON_FSDP in lowered.split():
+        return _experts(row, _megatron_fsdp_layout(sharding))
     if lowered.startswith("megatron") and HYBRID_ZERO in _plan_tokens(row):
         return _experts(row, _hybrid_zero_layout(sharding))
     if lowered.startswith("megatron"):
@@ -347,6 +352,17 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
         async_tp = {"async_tp": True} if "async_tp" in sharding.split() else {}
         return _experts(row, (PlanModel(**common, tensor_parallel=True), {**options, "tp_size": tp, **async_tp}))
     return _experts(row, (PlanModel(**common), options))
+
+
+def _megatron_fsdp_layout(sharding: str) -> tuple[PlanModel, dict]:
+    """Megatron-FSDP as Megatron-Bridge's performance recipes run it (`use_megatron_fsdp`, its default
+    `data_parallel_sharding_strategy='optim_grads_params'`): Megatron's layers and tensor parallel, the
+    parameters, gradients and optimizer state sharded over the data-parallel GPUs, each layer's
+    parameters gathered for its forward and again for its backward, the gradients reduce-scattered
+    on every micro-step (megatron/core/distributed/fsdp)."""
+    model, options = megatron_layout(sharding)
+    options = {**options, "distributed_optimizer": False, "sync_each_micro_step": True}
+    return replace(model, stage=3, reshard_after_forward=True), options
 
 
 def _experts(row: dict[str, str], layout: tuple[PlanModel, dict] | str) -> tuple[PlanModel, dict] | str:
@@ -497,6 +513,7 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         tied_embeddings=_tied_embeddings(row),
         qk_norm=qk_norm(row),
         recompute_modules=recompute_modules(row) or (),
+        activation_offload_layers=int(_token_value(row, OFFLOAD_TOKEN) or 0),
     )
 
 

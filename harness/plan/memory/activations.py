@@ -55,7 +55,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.plan.memory.model_states import BYTES, compute_bytes
-from harness.plan.memory.recipe import OFFLOAD_BLOCKS_ON_GPU, OFFLOAD_LAYERS_IN_FLIGHT
+from harness.plan.memory.recipe import OFFLOAD_BLOCKS_ON_GPU
 from harness.plan.model.mla_shape import attention_kept_per_token, latent_kept_per_token
 from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDims
 from harness.plan.speed.compute import block_projections
@@ -217,7 +217,7 @@ def activations(
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
     the blocks keep goes to host memory but for the OFFLOAD_BLOCKS_ON_GPU blocks in flight;
-    `offload_layers`: that many blocks' go there, OFFLOAD_LAYERS_IN_FLIGHT of them still on the GPU;
+    `offload_layers`: that many blocks' go there, the others' stay;
     `sequence_parallel`: tensor parallel splits the residual stream along the sequence too;
     `core_attention_recompute`: Megatron-LM's selective recomputation beside checkpointing=none
     (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time."""
@@ -297,4 +297,6 @@ def _offloaded(layers: int, offload: bool, offload_layers: int, checkpointing: s
             "(Megatron-core's cpu_offloading_num_layers): give at most "
             f"{layers - 1}"
         )
-    return layers - offload_layers + OFFLOAD_LAYERS_IN_FLIGHT, offload_layers
+    # The peak is the forward's end, every offloaded copy long done, unless so few blocks stay that the
+    # last copy out, beside the block computed meanwhile, holds more.
+    return max(layers - offload_layers, OFFLOAD_BLOCKS_ON_GPU), offload_layers

@@ -54,8 +54,10 @@ offers it does it (docs/planner.md cites each):
   activation_offload_layers  Megatron-core's `cpu_offloading_num_layers` (TransformerEngine's CPU
                      offload context, as Megatron-Bridge's Grace-Blackwell recipes set it): that many
                      blocks' saved activations go to host memory and come back for their backward,
-                     the others stay; one offloaded block's copy is in flight on the GPU besides
-                     (TransformerEngine's double-buffered handler). Megatron refuses it beside
+                     the others stay. The copies run on a side stream (TransformerEngine's
+                     double-buffered handler), the last one out done before the forward ends, so
+                     the peak holds the other blocks' alone (two at least: the last copy out and
+                     the block computed meanwhile). Megatron refuses it beside
                      activation recomputation, beside a pipeline and at the model's whole depth, and
                      so does the plan.
   fragmentation      the share of the activations the caching allocator cannot hand out again at
@@ -76,7 +78,6 @@ OPTIMIZERS = ("adamw", "adamw8bit")
 EIGHT_BIT_BLOCK = 256  # elements per quantization block (bitsandbytes, torchao)
 EIGHT_BIT_MIN_ELEMENTS = 4096  # smaller tensors keep 32-bit moments (bitsandbytes min_8bit_size, torchao alike)
 OFFLOAD_BLOCKS_ON_GPU = 2  # the block being computed and the one in flight to or from the host
-OFFLOAD_LAYERS_IN_FLIGHT = 1  # TransformerEngine's double buffer: one offloaded block's copy still on the GPU
 FRAGMENTATION_LIMIT = 1.0
 # Megatron-core's `--recompute-modules` (recompute_granularity selective): what each recomputes in the
 # backward instead of keeping (megatron/core/transformer/transformer_config.py): the core attention,
