@@ -49,7 +49,13 @@ from harness.plan.speed.compute import (
 from harness.plan.speed.core_attention_recompute import recomputed_attention_flops, with_core_attention_recomputed
 from harness.plan.speed.expert_compute import MEGATRON_MOE_LAYER, expert_kernels, expert_long_forward, expert_work
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
-from harness.plan.speed.host_issue import FULL_ITERATION_GRAPH, GRAPH_REPLAY_S_PER_KERNEL, HostIssue, host_issue
+from harness.plan.speed.host_issue import (
+    FULL_ITERATION_GRAPH,
+    GRAPH_REPLAY_S_PER_KERNEL,
+    HostIssue,
+    host_issue,
+    host_rates,
+)
 from harness.plan.speed.kernel_table import kernel_table
 from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
@@ -552,7 +558,7 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing)
     table = kernel_table(q.gpu) if q.gpu is not None else None
     compiled = q.compiled and not q.eager_launches
-    measured = table.host_s_per_kernel if table else None
+    measured = table.host_s_per_kernel if table else host_rates(q.gpu.host_link) if q.gpu is not None else None
     if backend.options.get(FULL_ITERATION_GRAPH):  # the step replayed from one graph, nothing read back mid-way
         replay = {"eager": GRAPH_REPLAY_S_PER_KERNEL, "compiled": GRAPH_REPLAY_S_PER_KERNEL}
         return host_issue(kernels, comms, compiled, q.grad_accum, replay)

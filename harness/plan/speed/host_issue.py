@@ -42,6 +42,12 @@ overlaps the two:
 
 and the backward, issued without a sync, takes the longer of its host and GPU time as before.
 
+A Grace CPU (GB200's and GB300's host, over NVLink-C2C) issues each operator slower than the
+x86 hosts the rates above were measured on: PyTorch's nn.Linear forward takes 37.08 us of host
+time on GB200 against 13.48 us on a DGX H100's Xeon Platinum 8480C, the same script and library
+(NVIDIA/TransformerEngine#2053: GH200 33.17 us). GRACE_HOST_SLOWDOWN, their ratio, scales every
+rate of a card whose host is a Grace CPU, where no kernel table of its own was measured.
+
 CUDA graphs (TransformerEngine's and Megatron's graphed layers, torch.compile's reduce-overhead)
 replay a captured step at about 0.6 us a kernel (ahrefs/ocannl#488, 0.58 us per node,
 GRAPH_REPLAY_S_PER_KERNEL). The planner's own plans run eager or torch.compile's default mode; a
@@ -59,10 +65,20 @@ from harness.plan.network.comm import PIPELINED, Collective
 from harness.plan.speed.compute import Kernels
 
 HOST_S_PER_KERNEL = {"eager": 24e-6, "compiled": 4.7e-6}
+GRACE_HOST_SLOWDOWN = 37.08 / 13.48  # a torch operator's host time, GB200's Grace over DGX H100's Xeon
+GRACE_HOST = "Grace"  # in a card's host_link (harness/common/hardware.py): its host is a Grace CPU
 GRAPH_REPLAY_S_PER_KERNEL = 0.58e-6
 FULL_ITERATION_GRAPH = "full_iteration_graph"  # a published layout's option: every micro-step one graph's replay
 COLLECTIVE_KERNELS = 2  # a collective and the stream's events around it, priced as two eager kernels
 HOST_S_PER_COLLECTIVE = COLLECTIVE_KERNELS * HOST_S_PER_KERNEL["eager"]
+
+
+def host_rates(host_link: str) -> dict[str, float]:
+    """Host seconds per kernel, eager and compiled, for a card reached over `host_link`: the x86
+    figures, or a Grace CPU's (GRACE_HOST_SLOWDOWN times them)."""
+    if GRACE_HOST not in host_link:
+        return dict(HOST_S_PER_KERNEL)
+    return {kind: rate * GRACE_HOST_SLOWDOWN for kind, rate in HOST_S_PER_KERNEL.items()}
 
 
 @dataclass(frozen=True)

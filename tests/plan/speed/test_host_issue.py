@@ -12,7 +12,7 @@ from harness.plan.model.model_shape import shape_of_spec
 from harness.plan.plan_cli import PlanConfig, question
 from harness.plan.predict import plan_strategy
 from harness.plan.speed.compute import ROOT_KERNELS, micro_step_kernels
-from harness.plan.speed.host_issue import HOST_S_PER_COLLECTIVE, HOST_S_PER_KERNEL
+from harness.plan.speed.host_issue import GRACE_HOST_SLOWDOWN, HOST_S_PER_COLLECTIVE, HOST_S_PER_KERNEL, host_rates
 
 # A GPT of 1,024 wide on one node: at tensor parallel 8 and one sequence, each GPU's share of a
 # block is tens of microseconds of GPU work against the block's ~100 kernels to issue.
@@ -82,3 +82,13 @@ def test_fused_kernels_issued_from_python_pay_eagers_rate():
     assert te.kernels == compiled.kernels
     rates = HOST_S_PER_KERNEL["eager"] - HOST_S_PER_KERNEL["compiled"]
     assert te.seconds - compiled.seconds == pytest.approx(te.kernels * rates)  # the collectives' alike
+
+
+def test_a_grace_host_issues_each_kernel_slower_than_an_x86_one():
+    x86, grace = host_rates("PCIe Gen5 x16"), host_rates("NVLink-C2C to a Grace CPU")
+    assert x86 == HOST_S_PER_KERNEL
+    assert grace["eager"] == pytest.approx(x86["eager"] * GRACE_HOST_SLOWDOWN) and GRACE_HOST_SLOWDOWN > 2
+    on_b200 = _plan("ddp-tp", micro_batch=1, tp=4, **{**SMALL, "gpu": "B200"}).time.host
+    on_gb200 = _plan("ddp-tp", micro_batch=1, tp=4, **{**SMALL, "gpu": "GB200"}).time.host
+    assert on_gb200.kernels == on_b200.kernels
+    assert on_gb200.seconds == pytest.approx(on_b200.seconds * GRACE_HOST_SLOWDOWN)
