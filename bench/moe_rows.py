@@ -152,6 +152,19 @@ def recompute_modules(row: dict[str, str]) -> tuple[str, ...] | None:
     return () if named[-1] == "none" else tuple(named[-1].split("+"))
 
 
+def graph_options(row: dict[str, str]) -> dict[str, Any]:
+    """The plan option of a step replayed from one CUDA graph where the row's `cuda_graph=` says so."""
+    options: dict[str, Any] = {}
+    for graph in (w[len(CUDA_GRAPH_TOKEN) :] for w in row["sharding"].split() if w.startswith(CUDA_GRAPH_TOKEN)):
+        if graph != CUDA_GRAPH_MODELLED:
+            raise MoERowError(
+                f"{row['model']}: cuda_graph={graph} is not one the planner models: only {CUDA_GRAPH_MODELLED} "
+                "(bench/data/README.md)"
+            )
+        options[FULL_ITERATION_GRAPH] = True
+    return options
+
+
 def with_experts(row: dict[str, str], model: PlanModel, options: dict[str, Any]) -> tuple[PlanModel, dict[str, Any]]:
     """The layout with the row's expert parallel (`ep=`, `etp=`), its stated `edp=` checked, its all-to-all
     overlap (`a2a_overlap`), Megatron-core's MoE layer where another engine runs it (`megatron_moe_layer`) and a
@@ -167,13 +180,7 @@ def with_experts(row: dict[str, str], model: PlanModel, options: dict[str, Any])
     for flag in (A2A_OVERLAP, MEGATRON_MOE_LAYER):
         if flag in row["sharding"].split():
             extra[flag] = True
-    for graph in (w[len(CUDA_GRAPH_TOKEN) :] for w in row["sharding"].split() if w.startswith(CUDA_GRAPH_TOKEN)):
-        if graph != CUDA_GRAPH_MODELLED:
-            raise MoERowError(
-                f"{row['model']}: cuda_graph={graph} is not one the planner models: only {CUDA_GRAPH_MODELLED} "
-                "(bench/data/README.md)"
-            )
-        extra[FULL_ITERATION_GRAPH] = True
+    extra.update(graph_options(row))
     if (moe_head(row) or {}).get("dispatcher") in FORWARDING_DISPATCHERS:
         extra[DISPATCHER] = NODE_FORWARDING
     return replace(model, expert_parallel=True), {**options, **extra}

@@ -41,13 +41,20 @@ from bench.moe_rows import (  # noqa: E402
     CUDA_GRAPH_TOKEN,
     RECOMPUTE_TOKEN,
     MoERowError,
+    graph_options,
     moe_head,
     moe_shape_of_row,
     qk_norm,
     recompute_modules,
     with_experts,
 )
-from bench.published_breakdown import Pick, breakdown_lines, choice_by_kind_lines, goal_lines  # noqa: E402
+from bench.published_breakdown import (  # noqa: E402
+    Pick,
+    breakdown_lines,
+    choice_by_kind_lines,
+    goal_lines,
+    work_bucket,
+)
 from harness.common.hardware import GPUSpec, gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings  # noqa: E402
@@ -70,6 +77,8 @@ DATA = ROOT / "bench" / "data"
 # other CSV of bench/data with the same columns (the model-parallel runs) follows them.
 FIRST_CSVS = (DATA / "torchtitan_llama_fsdp.csv", DATA / "public_runs.csv")
 OOM_CSV = DATA / "published_oom.csv"
+# Runs that are not performance publications (bench/data/README.md): reported on their own, outside the goals.
+CI_BASELINES = DATA / "ci_baselines" / "megatron_functional_tests.csv"
 COLUMNS = (
     "source",
     "model",
@@ -366,10 +375,13 @@ def _megatron_fsdp_layout(sharding: str) -> tuple[PlanModel, dict]:
 
 
 def _experts(row: dict[str, str], layout: tuple[PlanModel, dict] | str) -> tuple[PlanModel, dict] | str:
-    """A mixture of experts' layout with its expert parallel (bench/moe_rows.py); a dense row's as it is."""
-    if isinstance(layout, str) or moe_head(row) is None:
+    """A mixture of experts' layout with its expert parallel (bench/moe_rows.py); a dense row's with its
+    step replayed from one CUDA graph where the row says so."""
+    if isinstance(layout, str):
         return layout
     try:
+        if moe_head(row) is None:
+            return layout[0], {**layout[1], **graph_options(row)}
         return with_experts(row, *layout)
     except MoERowError as exc:
         raise PublishedError(str(exc)) from None
@@ -964,6 +976,25 @@ def oom_lines(outcomes: list[Outcome]) -> list[str]:
     return lines + [""]
 
 
+def ci_baseline_lines(outcomes: list[Outcome]) -> list[str]:
+    """The CI baselines' section: how far the plan is from them, by card and by work per GPU per op."""
+    planned = [o for o in outcomes if o.error is not None]
+    if not planned:
+        return []
+    return [
+        "### CI baselines, outside the goals",
+        "",
+        f"{CI_BASELINES.relative_to(ROOT)}: Megatron-LM's functional tests' iteration times (bench/data/README.md "
+        "says why they are not held to the goals). Tokens/s per GPU: "
+        f"{_summary([o.error for o in planned])}.",
+        "",
+        *_bias(planned, lambda r: r["gpu"], "GPU"),
+        "",
+        *_bias(planned, work_bucket, "work per GPU per layer op"),
+        "",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -986,6 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
         lines += per_token_lines([o for _, outcomes in sections for o in outcomes])
         if ran_out:
             lines += oom_lines(ran_out)
+        if not args.csv:
+            lines += ci_baseline_lines(plan_rows(read_rows(CI_BASELINES)))
     except PublishedError as exc:
         print(f"plan_vs_published: error: {exc}", file=sys.stderr)
         return 2

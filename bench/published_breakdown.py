@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.layout_kinds import KINDS, SCALES, kinds_of, scale_of
+from bench.layout_kinds import KINDS, SCALES, degrees, kinds_of, scale_of
 from harness.common.hardware import gpu_spec
 
 WITHIN = 0.15
@@ -78,6 +78,28 @@ def by_scale(outcomes: list) -> dict[str, list]:
     return {scale: [o for o in outcomes if scale_of(o.row) == scale] for scale in SCALES}
 
 
+# Elements one GPU moves per layer op, micro-batch x sequence x width / tp: what a fixed cost per
+# kernel or collective is measured against (small w: the host, latencies; large w: rates).
+WORK_BUCKETS = ((0, 20, "w < 2^20"), (20, 22, "2^20 <= w < 2^22"), (22, 24, "2^22 <= w < 2^24"), (24, 99, "w >= 2^24"))
+
+
+def work_per_op(row: dict[str, str]) -> float:
+    """A row's micro-batch x sequence x width / tp."""
+    tp = degrees(row["sharding"]).tp
+    return int(row["micro_batch"]) * int(row["seq_len"]) * int(row["d_model"]) / tp
+
+
+def work_bucket(row: dict[str, str]) -> str:
+    """The WORK_BUCKETS name of a row's work per GPU per layer op."""
+    w = work_per_op(row)
+    return next(name for low, high, name in WORK_BUCKETS if 2**low <= w < 2**high)
+
+
+def by_work(outcomes: list) -> dict[str, list]:
+    """The runs by work per GPU per layer op (WORK_BUCKETS)."""
+    return {name: [o for o in outcomes if work_bucket(o.row) == name] for _, _, name in WORK_BUCKETS}
+
+
 def by_card(outcomes: list) -> dict[str, list]:
     cards: dict[str, list] = {}
     for o in outcomes:
@@ -125,6 +147,7 @@ def breakdown_lines(outcomes: list, strategy_of: Callable[[dict[str, str]], str]
         *_table("runs of", {"every CSV": outcomes}),
         *_table("layout kind", by_kind(outcomes)),
         *_table("scale", by_scale(outcomes)),
+        *_table("work per GPU per layer op (w = micro-batch x sequence x width / tp)", by_work(outcomes)),
         *_table("card family", by_family(outcomes)),
         *_table("card", by_card(outcomes)),
         *_table("strategy", dict(sorted(strategies.items()))),
