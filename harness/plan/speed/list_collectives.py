@@ -19,8 +19,8 @@ After each step the persistent parameters (those under stage3_param_persistence_
 backward's end partitions with the rest) are gathered again by `_allgather_params` (0.3.12 to
 0.5.4): one list all-gather, then for each tensor and each rank holding a slice of it, three torch
 calls from Python (`partitions[i].narrow`, `replicated_tensor.view(-1).narrow`) and a `copy_` that
-launches a kernel from Python (host_issue.py's compiled figure again: one torch function's dispatch
-and one launch). Tens of thousands of tiny copies a step on a thousand GPUs, issued one by one.
+issues one asynchronous device copy (host_issue.py's compiled figure again: one torch function's
+dispatch and one launch). Tens of thousands of tiny copies a step on a thousand GPUs, issued one by one.
 
 None of it hides: stage3.py's `fetch_sub_module` ends each module's fetch with
 `_synchronize_communication()`, whose `torch.cuda.synchronize()` (0.3.12 to 0.5.x; gone in 0.6.0)
