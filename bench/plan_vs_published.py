@@ -259,6 +259,7 @@ FUSED_LOSS = "fused_loss"
 TIED_TOKEN = "tied_embeddings="
 FP8_ATTENTION = "fp8_attention"
 FUSED_NORM = "fused_norm"  # the norms' own fused kernels beside unfused blocks (AutoModel's TransformerEngine RMSNorm)
+BIASES = "biases"  # a GPT with a bias in every linear layer and norm (Megatron-LM's), each a tensor of its own
 # torch's context parallel (torchtitan's experimental.context_parallel_rotate_method): `allgather`
 # gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
 CP_ROTATE_TOKEN = "cp_rotate="
@@ -272,6 +273,7 @@ PLAN_FLAGS = (
     DEEPSPEED_PIPELINE,
     HYBRID_ZERO,
     FP8_ATTENTION,
+    BIASES,
     "a2a_overlap",
     ZERO3_LIST_COLLECTIVES,
     "megatron_moe_layer",
@@ -552,6 +554,7 @@ def _described(row: dict[str, str]) -> ModelShape:
         kv_heads=int(row["kv_heads"]) if row["kv_heads"] else None,
         ffn=int(row["ffn"]) if row["ffn"] else None,
         arch="llama" if row["arch"] == "llama" else "gpt",
+        biases=BIASES in _plan_tokens(row),
     )
 
 

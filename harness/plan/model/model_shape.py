@@ -331,11 +331,13 @@ def shape_of_description(
     kv_heads: int | None = None,
     ffn: int | None = None,
     arch: str = "gpt",
+    biases: bool = False,
 ) -> ModelShape:
     """A transformer from its sizes: `arch=gpt` a GPT-2 block (LayerNorm, GELU MLP, fused qkv,
     learned positions, tied head), `arch=llama` a Llama block (RMSNorm, SwiGLU, q/k/v with
     kv_heads, rotary, untied head). From a parameter count alone: the model states exactly and a
-    GPT-3-proportioned shape for the rest, said so in `note`."""
+    GPT-3-proportioned shape for the rest, said so in `note`. `biases`: a GPT whose every linear
+    layer and norm carries a bias (Megatron-LM's GPT), a tensor of its own each."""
     for key, value in (
         ("params", params),
         ("layers", layers),
@@ -348,6 +350,8 @@ def shape_of_description(
         _positive(key, value)
     if arch not in ARCHS:
         raise PlanError(f"arch={arch!r} is not one of {', '.join(ARCHS)}")
+    if biases and arch != "gpt":
+        raise PlanError(f"biases are described for arch=gpt only, not arch={arch!r}")
     vocab = int(vocab or GPT2_VOCAB)
     if layers is None and width is None:
         if params is None:
@@ -381,8 +385,11 @@ def shape_of_description(
         name = f"llama(layers={layers}, width={width}, heads={heads}, kv_heads={kv}, ffn={f}, vocab={vocab})"
         shape = _shape(name, hf_configs.llama_tensors(sizes, False), _llama_dims(sizes))
     else:
-        cfg = GPTConfig(n_layer=int(layers), n_head=heads, n_embd=int(width), vocab_size=vocab, block_size=seq_len)
+        cfg = GPTConfig(
+            n_layer=int(layers), n_head=heads, n_embd=int(width), vocab_size=vocab, block_size=seq_len, bias=biases
+        )
         extra = "".join(f", {k}={v}" for k, v in (("kv_heads", kv_heads), ("ffn", ffn)) if v)
+        extra += ", biases" if biases else ""
         shape = _gpt_shape(f"gpt(layers={layers}, width={width}, heads={heads}{extra}, vocab={vocab})", cfg, kv, ffn)
     if params is None:
         return shape

@@ -56,6 +56,9 @@ class Collective:
     group: Group = Group(1, 1)
     tail_bytes: float = 0.0  # payload that cannot overlap (the last bucket, the first block)
     per_micro_step: bool = False  # runs on every micro-step, not once per step
+    # Copies the host issues from Python after the call, one a tensor and rank (DeepSpeed 2021's
+    # gather of its persistent parameters: speed/list_collectives.py prices them).
+    host_copies: int = 0
 
     def wire_bytes(self) -> float:
         """Bytes each GPU sends (ring algorithms); a host copy or a gather moves its payload once."""
@@ -342,6 +345,41 @@ def _distributed_optimizer(
 # A plan option of DeepSpeed's ZeRO-3: as 0.3.12 to 0.5.x ran it, each parameter's gather and each
 # gradient's reduce-scatter a list collective of its own (speed/list_collectives.py prices their host).
 ZERO3_LIST_COLLECTIVES = "zero3_list_collectives"
+
+
+def ranks_holding(numel: int, ranks: int) -> int:
+    """The ranks whose ZeRO-3 slice of a tensor holds any of it: each holds ceil(numel / ranks)
+    elements, and those past its end hold padding only."""
+    return min(ranks, math.ceil(numel / math.ceil(numel / ranks)))
+
+
+def _persistent_regather(shape: ModelShape, backend: Backend, gather_bytes: float, group: Group) -> list[Collective]:
+    """DeepSpeed's ZeRO-3 of 2021 partitions every parameter as its backward ends, the persistent ones
+    (under stage3_param_persistence_threshold) too (stage3.py's `backward` ends in
+    `_partition_all_parameters()`), and gathers those back after the optimizer's step (`_post_step`).
+    That gather (partition_parameters.py's `_allgather_params`, 0.3.12 to 0.5.4) is one list all-gather
+    of their concatenated shards, then a Python loop over each tensor and each rank whose slice holds
+    any of it, copying that slice into the tensor: `host_copies` such copies, nothing beside them."""
+    if shape.tensors is None or group.size <= 1:
+        return []
+    threshold = backend.option("stage3_param_persistence_threshold")
+    kept = [t.numel for t in shape.tensors if t.numel < threshold]
+    if not kept:
+        return []
+    copies = sum(ranks_holding(n, group.size) for n in kept)
+    return [
+        Collective(
+            "all-gather persistent parameters after the step, copied out tensor by tensor and rank by rank",
+            "all-gather",
+            sum(kept) * gather_bytes,
+            1,
+            None,
+            group,
+            host_copies=copies,
+        )
+    ]
+
+
 # A plan option: InternEvo's HybridZeroOptimizer (InternLM/InternEvo
 # internlm/solver/optimizer/hybrid_zero_optim.py @ c18bec93) reduces and shares the gradients and
 # parameters of a Megatron-style layout: `_hybrid_zero` says how.
@@ -532,6 +570,8 @@ def collectives(
                 per_micro_step=backend.sharded_grads_every_micro_step,
             )
         )
+        if backend.options.get(ZERO3_LIST_COLLECTIVES):
+            out += _persistent_regather(shape, backend, gather_bytes, shards)
     if layout.replicas > 1 and backend.stage > 0 and backend.replicas != "threads" and not hybrid_zero:
         shard_grads = params / layout.shard * grad_bytes
         out.append(

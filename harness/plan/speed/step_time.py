@@ -257,7 +257,7 @@ def step_time(
     overhead = grad_accum * overhead_per_micro_step(backend, factors)
     what = "the backend's own work, as measured" if overhead else ""
     if backend.options.get(ZERO3_LIST_COLLECTIVES):
-        overhead += grad_accum * list_collectives_host_s(collectives)
+        overhead += list_collectives_host_s(collectives, grad_accum)
         what = "DeepSpeed's ZeRO-3 of 2021: each collective's list split and copied rank by rank, the GPU waiting"
     if backend.replicas == "threads" and data_parallel > 1:
         overhead += grad_accum * launches * (data_parallel - 1) * factors.launch_s

@@ -76,6 +76,17 @@ def test_described_transformers():
         shape_of_description(params=None, layers=2, width=64, heads=4, kv_heads=3, vocab=10, seq_len=8)
 
 
+def test_a_described_gpt_with_biases_has_one_tensor_more_for_each_linear_and_norm():
+    plain = shape_of_description(params=None, layers=12, width=768, heads=12, vocab=50304, seq_len=1024)
+    biased = shape_of_description(params=None, layers=12, width=768, heads=12, vocab=50304, seq_len=1024, biases=True)
+    # Per block: two norms and four linear layers; and the final norm.
+    assert len(biased.tensors) == len(plain.tensors) + 12 * 6 + 1
+    assert biased.params - plain.params == 12 * (2 * 768 + 3 * 768 + 768 + 4 * 768 + 768) + 768
+    assert biased.dims == plain.dims and "biases" in biased.name
+    with pytest.raises(PlanError, match="biases are described for arch=gpt only"):
+        shape_of_description(params=None, layers=2, width=64, heads=4, vocab=10, seq_len=8, arch="llama", biases=True)
+
+
 def test_a_plan_imports_no_torch():
     """plan runs where torch is not installed (a laptop asking about a cluster): nothing it imports
     pulls torch in. How fast it answers is bench/plan_search.py's to measure, not a unit test's."""
