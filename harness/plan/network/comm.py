@@ -374,7 +374,7 @@ def tensor_parallel_across_nodes(collectives: list[Collective]) -> str | None:
     if crossing is None:
         return None
     shared = (
-        " and share its cards with the data-parallel collectives"
+        " and share their nodes' cards with the data-parallel collectives"
         if any(isinstance(c, SharedCards) for c in collectives)
         else ""
     )
