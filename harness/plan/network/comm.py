@@ -304,11 +304,12 @@ class SharedCards(Collective):
 
 
 def shared_cards(collectives: list[Collective]) -> list[Collective]:
-    """SharedCards for a step whose tensor-parallel group spans nodes: one for the data-parallel
-    collectives every micro-step runs beside its compute (FSDP's gathers and reductions), one for
-    those only the last micro-step runs (a replica's gradient reduction), which share the rest of
-    the tensor-parallel time. Nothing where the group stays inside a node: its collectives run on
-    NVLink, the data-parallel ones on the cards."""
+    """SharedCards for a step's whole list of collectives (the recipe's and the experts' among them)
+    where its tensor-parallel group spans nodes: one for the data-parallel collectives every
+    micro-step runs beside its compute (FSDP's gathers and reductions), one for those only the last
+    micro-step runs (a replica's gradient reduction), which share the rest of the tensor-parallel
+    time. Nothing where the group stays inside a node: its collectives run on NVLink, the
+    data-parallel ones on the cards."""
     tensor = tuple(
         c
         for c in collectives
@@ -317,7 +318,12 @@ def shared_cards(collectives: list[Collective]) -> list[Collective]:
     if not tensor:
         return []
     beside = [
-        c for c in collectives if c.window in ("forward", "backward") and c.group.nodes > 1 and c.kind not in HOST_KINDS
+        c
+        for c in collectives
+        if c.window in ("forward", "backward")
+        and c.group.nodes > 1
+        and c.kind not in HOST_KINDS
+        and not c.what.startswith("tensor-parallel")
     ]
     every = tuple(c for c in beside if c.per_micro_step)
     last = tuple(c for c in beside if not c.per_micro_step)
@@ -636,7 +642,6 @@ def collectives(
     out += _tensor_parallel(
         shape, layout, tokens, precision, checkpointing, fp8, async_tp, megatron, backend.sequence_parallel
     )
-    out += shared_cards(out)
     out += _offload_copies(shape, backend, precision, layout.shard)
     return out
 

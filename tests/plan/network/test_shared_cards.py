@@ -36,6 +36,8 @@ def test_a_group_across_nodes_waits_for_the_data_parallel_share_of_its_cards(str
         assert all(t.group.nodes == 2 for t in c.tensor_parallel)
         assert all(d.window in ("forward", "backward") and d.group.nodes > 1 for d in c.data_parallel)
         assert c.seconds(topology, 1e10, tail=True) == 0.0
+        # Priced from the step's final list (the recipe's fp8 gathers, the experts' reductions), not an earlier one.
+        assert all(any(d is mine for mine in plan.collectives) for d in c.data_parallel + c.tensor_parallel)
 
 
 def test_the_share_is_the_smaller_of_the_two():
@@ -49,3 +51,20 @@ def test_the_share_is_the_smaller_of_the_two():
 def test_inside_a_node_nothing_is_shared():
     plan, _ = _plan("fsdp-tp", 8)
     assert not [c for c in plan.collectives if isinstance(c, SharedCards)]
+
+
+def test_the_share_is_priced_from_the_recipes_fp8_gathers():
+    config = PlanConfig(
+        **SHAPE,
+        gpus=32,
+        gpu="H100",
+        micro_batch=1,
+        precision="fp8",
+        fp8_all_gather=True,
+        strategies=["fsdp-tp"],
+        strategy_options={"tp_size": 16},
+    )
+    plan = plan_strategy("fsdp-tp", question(config))
+    [every] = [c for c in plan.collectives if isinstance(c, SharedCards) and c.per_micro_step]
+    gathers = [c for c in every.data_parallel if c.what.startswith("all-gather parameters")]
+    assert gathers and all(any(g is mine for mine in plan.collectives) for g in gathers)
