@@ -25,7 +25,7 @@ from harness.plan.memory.model_states import GPU, compute_bytes, model_states
 from harness.plan.memory.recipe import PLAIN, Recipe
 from harness.plan.memory.recipe_plan import FRAGMENTATION, recipe_collectives, with_recipe
 from harness.plan.model.model_shape import ModelShape
-from harness.plan.network.comm import Collective, collectives, local_copy_bytes
+from harness.plan.network.comm import Collective, collectives, local_copy_bytes, shared_cards
 from harness.plan.network.expert_comm import all_to_alls, expert_gradient_collectives
 from harness.plan.network.fabric import Topology
 from harness.plan.parallel.async_tp_cost import (
@@ -301,6 +301,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     comms = recipe_collectives(comms, q.shape, backend, q.recipe, memory.activations)
     comms += all_to_alls(q.shape, backend, layout.experts, tokens, layout.tp, held, q.checkpointing, q.recipe)
     comms += expert_gradient_collectives(q.shape, backend, layout.experts, held, q.gpus, q.topology.world())
+    comms += shared_cards(comms)
     timing = _time(backend, q, layout, comms, pipelined) if q.gpu is not None else None
     acts, buffers, peak = memory.activations, memory.buffers, memory.peak
     return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing)

@@ -277,6 +277,93 @@ def _tensor_parallel(
     return out
 
 
+@dataclass(frozen=True)
+class SharedCards(Collective):
+    """The wait tensor parallelism wider than a node adds where the data-parallel collectives of the
+    same micro-step cross the network on the same cards. A group of whole nodes drives every card
+    of its nodes (NCCL's rings over the rails), and each of its GPUs' data-parallel ring runs over
+    that GPU's own card: two communicators on one card share its rate while both have work on it
+    (NCCL's network proxy posts each one's sends as they come, and the card serves its queues in
+    turn). A collective hidden behind the compute issues its buckets as they are ready and runs
+    while the compute does, so while both run each gets half the card: the critical-path tensor-
+    parallel collectives take longer by the data-parallel traffic that shares the card with them,
+    at most by their own time (all of theirs shared) and at most by the data-parallel time (all of
+    it beside theirs). No bytes and no calls of its own: those are the collectives named."""
+
+    tensor_parallel: tuple[Collective, ...] = ()
+    data_parallel: tuple[Collective, ...] = ()
+    before: tuple[Collective, ...] = ()  # data-parallel collectives already sharing it (every micro-step's)
+
+    def wire_bytes(self) -> float:
+        return 0.0
+
+    def seconds(self, topology: Topology, host_bytes_per_s: float, tail: bool = False) -> float:
+        if tail:
+            return 0.0
+        exposed = sum(c.seconds(topology, host_bytes_per_s) for c in self.tensor_parallel)
+        taken = sum(c.seconds(topology, host_bytes_per_s) for c in self.before)
+        beside = sum(c.seconds(topology, host_bytes_per_s) for c in self.data_parallel)
+        return min(beside, max(0.0, exposed - taken))
+
+
+def shared_cards(collectives: list[Collective]) -> list[Collective]:
+    """SharedCards for a step's whole list of collectives (the recipe's and the experts' among them)
+    where its tensor-parallel group spans nodes: one for the data-parallel collectives every
+    micro-step runs beside its compute (FSDP's gathers and reductions), one for those only the last
+    micro-step runs (a replica's gradient reduction), which share the rest of the tensor-parallel
+    time. Nothing where the group stays inside a node: its collectives run on NVLink, the
+    data-parallel ones on the cards."""
+    tensor = tuple(
+        c
+        for c in collectives
+        if c.what.startswith("tensor-parallel") and c.window is None and c.group.nodes > 1 and c.group.size > 1
+    )
+    if not tensor:
+        return []
+    beside = [
+        c
+        for c in collectives
+        if c.window in ("forward", "backward")
+        and c.group.nodes > 1
+        and c.kind not in HOST_KINDS
+        and not c.what.startswith("tensor-parallel")
+    ]
+    every = tuple(c for c in beside if c.per_micro_step)
+    last = tuple(c for c in beside if not c.per_micro_step)
+    group = tensor[0].group
+    what = "tensor-parallel collectives slowed by the data-parallel traffic sharing their nodes' cards"
+    out: list[Collective] = []
+    if every:
+        out.append(
+            SharedCards(
+                what,
+                "all-reduce",
+                0.0,
+                0,
+                None,
+                group,
+                per_micro_step=True,
+                tensor_parallel=tensor,
+                data_parallel=every,
+            )
+        )
+    if last:
+        out.append(
+            SharedCards(
+                f"{what} (the last micro-step's)",
+                "all-reduce",
+                0.0,
+                0,
+                None,
+                group,
+                tensor_parallel=tensor,
+                data_parallel=last,
+                before=every,
+            )
+        )
+    return out
+
+
 def tensor_parallel_sublayers(shape: ModelShape, layout: Layout) -> int:
     """The sub-layers whose input tensor parallelism gathers and whose output it scatters: every
     block's attention and MLP, but a mixture of experts' MoE block whose experts it does not split
@@ -295,9 +382,14 @@ def tensor_parallel_across_nodes(collectives: list[Collective]) -> str | None:
     crossing = next((c for c in collectives if c.what.startswith("tensor-parallel") and c.group.nodes > 1), None)
     if crossing is None:
         return None
+    shared = (
+        " and share their nodes' cards with the data-parallel collectives"
+        if any(isinstance(c, SharedCards) for c in collectives)
+        else ""
+    )
     return (
         f"tensor parallelism over {crossing.group.size} GPUs spans {crossing.group.nodes} nodes: the all-gathers and "
-        "reduce-scatters of every block's activations cross the network, in the block's critical path"
+        f"reduce-scatters of every block's activations cross the network, in the block's critical path{shared}"
     )
 
 

@@ -281,16 +281,27 @@ def _slowest_collective(s: Searched, best: Searched) -> str:
     t, b = s.plan.time, best.plan.time
     assert t is not None and b is not None
     every = t.recurring_comm_s - b.recurring_comm_s
+    across = tensor_parallel_across_nodes(s.plan.collectives)
     if every > (t.exposed_comm_s - b.exposed_comm_s) / 2:  # mostly what each micro-step waits on
         names = [c.what for c in s.plan.collectives if c.per_micro_step and (c.window is None or "pipeline" in c.what)]
-        return f" ({t.recurring_comm_s * 1e3:.0f} ms in every micro-batch's path: {'; '.join(dict.fromkeys(names))})"
+        return (
+            f" ({t.recurring_comm_s * 1e3:.0f} ms in every micro-batch's path: {'; '.join(dict.fromkeys(names))}"
+            f"{'; ' + across if across else ''})"
+        )
     comms = [c for c in s.plan.collectives if c.kind != "host-copy"]
     if not comms:
         return ""
     c = max(comms, key=lambda c: (c.group.nodes, c.wire_bytes()))
     nodes = f"{c.group.nodes} node{'s' if c.group.nodes != 1 else ''}"
-    across = tensor_parallel_across_nodes(s.plan.collectives)
     return f" ({c.what} over {c.group.size} GPUs on {nodes}{'; ' + across if across else ''})"
+
+
+def fastest_tp_across_nodes(ranked: list[Searched], shown: list[Searched]) -> Searched | None:
+    """The fastest layout that fits with a tensor-parallel group wider than an NVLink domain, where
+    none of those shown has one: what tensor parallelism across nodes would give."""
+    if any(s.plan.layout.tp_group.nodes > 1 for s in shown):
+        return None
+    return next((s for s in ranked if s.plan.layout.tp_group.nodes > 1), None)
 
 
 def _shape(s: Searched) -> str:

@@ -25,6 +25,7 @@ from harness.plan.search.layout_search import (
     Searched,
     SearchResult,
     distinct,
+    fastest_tp_across_nodes,
     gib,
     largest_part,
     search,
@@ -182,6 +183,12 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     ]
     if shown[0][1]:
         lines.append(f"  #1 is planned alike by {', '.join(shown[0][1])}.")
+    across = fastest_tp_across_nodes(result.ranked, [found for found, _ in shown])
+    if across is not None:
+        lines.append(
+            f"  Fastest with tensor parallelism across nodes: {across.describe()}, "
+            f"{across.tokens_per_s_per_gpu:,.0f} tokens/s per GPU: {why_slower(across, best, scale).describe()}."
+        )
     frontier = result.frontier()
     lines.append(
         "Frontier (no layout both faster and leaner): "
@@ -199,6 +206,8 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
     q = result.question
     best = result.ranked[0] if result.ranked else None
     scale = q.factors.compute_scale
+    shown = distinct(result.ranked, TOP)
+    across = fastest_tp_across_nodes(result.ranked, [found for found, _ in shown]) if best is not None else None
     return {
         "question": asdict(cfg)
         | {
@@ -226,9 +235,12 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
                 "planned_alike_by": twins,
                 "against_first": None if found is best else why_slower(found, best, scale).describe(),
             }
-            for found, twins in distinct(result.ranked, TOP)
+            for found, twins in shown
         ],
         "frontier": [found.as_dict() for found in result.frontier()],
+        "fastest_tp_across_nodes": None
+        if across is None
+        else across.as_dict() | {"against_first": why_slower(across, best, scale).describe()},
         "nothing_fits": nothing_fits(result) if best is None and result.too_large else None,
     }
 

@@ -11,7 +11,7 @@ import runner
 from harness.plan.model.model_shape import PlanError
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import plan_all
-from harness.plan.search.layout_search import SearchResult, search, why_slower
+from harness.plan.search.layout_search import SearchResult, fastest_tp_across_nodes, search, why_slower
 from harness.plan.search.search_cli import search_question
 from harness.plan.search.search_space import parse_tokens, sequences_in
 
@@ -159,3 +159,26 @@ def test_bad_search_input_is_a_one_line_error(capsys, args, fragment):
     code, out, err = _cli(capsys, *args)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and fragment in err, err
+
+
+def test_tensor_parallelism_across_nodes_is_searched_and_says_what_makes_it_lose():
+    cfg = PlanConfig(**(SMALL | {"kv_heads": 16}))  # tp 8, over both nodes, divides every head
+    q, global_batch = search_question(cfg)
+    result = search(q, strategy_names(cfg, q.gpus), global_batch)
+    across = [s for s in result.ranked if s.plan.layout.tp_group.nodes > 1]
+    best = result.ranked[0]
+    assert across and {s.plan.layout.tp for s in across} == {8} and best.plan.layout.tp_group.nodes == 1
+    fastest = fastest_tp_across_nodes(result.ranked, [best])
+    assert fastest is across[0]
+    assert fastest_tp_across_nodes(result.ranked, [best, fastest]) is None  # shown already
+    loss = why_slower(fastest, best, result.question.factors.compute_scale)
+    assert loss.term == "exposed comm" and "tensor parallelism over 8 GPUs spans 2 nodes" in loss.describe()
+
+
+def test_the_cli_names_the_fastest_layout_across_nodes_and_why_it_loses(capsys):
+    code, out, _ = _cli(capsys, *_args(**(SMALL | {"kv_heads": 16})))
+    [line] = [x for x in out.splitlines() if "Fastest with tensor parallelism across nodes" in x]
+    assert code == 0 and "tp_size=8" in line and "spans 2 nodes" in line
+    code, out, _ = _cli(capsys, *_args(**(SMALL | {"kv_heads": 16})), "format=json")
+    across = json.loads(out)["fastest_tp_across_nodes"]
+    assert across["strategy_options"]["tp_size"] == 8 and "spans 2 nodes" in across["against_first"]
