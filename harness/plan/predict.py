@@ -49,7 +49,13 @@ from harness.plan.speed.compute import (
 from harness.plan.speed.core_attention_recompute import recomputed_attention_flops, with_core_attention_recomputed
 from harness.plan.speed.expert_compute import MEGATRON_MOE_LAYER, expert_kernels, expert_long_forward, expert_work
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
-from harness.plan.speed.host_issue import FULL_ITERATION_GRAPH, GRAPH_REPLAY_S_PER_KERNEL, HostIssue, host_issue
+from harness.plan.speed.host_issue import (
+    FULL_ITERATION_GRAPH,
+    GRAPH_REPLAY_S_PER_KERNEL,
+    LAUNCH_BLOCKING,
+    HostIssue,
+    host_issue,
+)
 from harness.plan.speed.kernel_table import kernel_table
 from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
@@ -550,7 +556,10 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     if backend.options.get(FULL_ITERATION_GRAPH):  # the step replayed from one graph, nothing read back mid-way
         replay = {"eager": GRAPH_REPLAY_S_PER_KERNEL, "compiled": GRAPH_REPLAY_S_PER_KERNEL}
         return host_issue(kernels, comms, compiled, q.grad_accum, replay)
-    return host_issue(kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped))
+    blocking = bool(backend.options.get(LAUNCH_BLOCKING))
+    return host_issue(
+        kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped), blocking
+    )
 
 
 def _megatron_moe_layer(backend: Backend) -> bool:

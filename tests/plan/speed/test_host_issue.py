@@ -10,9 +10,9 @@ import pytest
 
 from harness.plan.model.model_shape import shape_of_spec
 from harness.plan.plan_cli import PlanConfig, question
-from harness.plan.predict import plan_strategy
+from harness.plan.predict import plan_backend, plan_strategy
 from harness.plan.speed.compute import ROOT_KERNELS, micro_step_kernels
-from harness.plan.speed.host_issue import HOST_S_PER_COLLECTIVE, HOST_S_PER_KERNEL
+from harness.plan.speed.host_issue import HOST_S_PER_COLLECTIVE, HOST_S_PER_KERNEL, LAUNCH_BLOCKING
 
 # A GPT of 1,024 wide on one node: at tensor parallel 8 and one sequence, each GPU's share of a
 # block is tens of microseconds of GPU work against the block's ~100 kernels to issue.
@@ -82,3 +82,15 @@ def test_fused_kernels_issued_from_python_pay_eagers_rate():
     assert te.kernels == compiled.kernels
     rates = HOST_S_PER_KERNEL["eager"] - HOST_S_PER_KERNEL["compiled"]
     assert te.seconds - compiled.seconds == pytest.approx(te.kernels * rates)  # the collectives' alike
+
+
+def test_blocking_launches_add_the_hosts_whole_issue_time_to_every_micro_step():
+    # A large micro-step hides its host entirely; with CUDA_LAUNCH_BLOCKING=1 (a published run's
+    # option) none of it is hidden.
+    config = PlanConfig(**SMALL, gpus=8, micro_batch=8, strategies=["ddp"])
+    asynchronous = plan_strategy("ddp", question(config))
+    blocked = replace(asynchronous.backend, options={**asynchronous.backend.options, LAUNCH_BLOCKING: True})
+    blocking = plan_backend(blocked, question(config)).time
+    assert asynchronous.time.host_wait_s == 0.0
+    assert blocking.host_wait_s == pytest.approx(blocking.host.seconds)
+    assert blocking.step_s == pytest.approx(asynchronous.time.step_s + blocking.host.seconds)
