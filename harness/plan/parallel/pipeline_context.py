@@ -34,8 +34,8 @@ from harness.plan.parallel.context_parallel_cost import (
 )
 from harness.plan.parallel.deepspeed_pipeline import (
     GATHERS_PER_MICRO_BATCH,
-    SENDS_PER_MICRO_BATCH,
     runs_deepspeed_pipeline,
+    transfers_per_micro_batch,
 )
 from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.parallel.pipeline_cost import (
@@ -213,13 +213,13 @@ def _traffic(
         sent = boundary_bytes(stage_q.micro_batch, stage_q.seq_len, dims.width, layout.tp, element)
         group = Group(2, 2 if across else 1)
         deepspeed = runs_deepspeed_pipeline(backend)
-        per_micro = SENDS_PER_MICRO_BATCH if deepspeed else 2
+        per_micro = transfers_per_micro_batch(layout.pp) if deepspeed else 2
         payload = per_micro * sent * micro_steps  # activations forward, their gradients back
         one = collective_seconds(q.topology, group, "broadcast", sent) if timed else 0.0
         # The fill and the drain cross every boundary one after another; in the steady state a
         # schedule that waits on each exchange before its next micro-batch (steady_state_exposed)
-        # adds one send each way to every micro-batch (DeepSpeed's engine two, one after the other:
-        # deepspeed_pipeline.py), the others hide them.
+        # adds one send each way to every micro-batch (DeepSpeed's engine two each way, one after the
+        # other, where a GPU sits between two others: deepspeed_pipeline.py), the others hide them.
         critical = 2 * pipe.boundaries * one * q.grad_accum
         steady = per_micro * one * micro_steps if pipe.steady_state_exposed else 0.0
         how = "each micro-batch waits on them" if pipe.steady_state_exposed else "hidden but the fill and drain"
@@ -390,9 +390,10 @@ def _time(
         else:  # the ring's passes hide behind the attention they run beside
             exposed += max(0.0, seconds - attention)
             recurring += max(0.0, seconds - attention)
-    # The bubble idles a stage for the length of its micro-batches' work: their compute and the
-    # communication in each one's critical path (tensor parallelism's, context parallelism's).
-    bubble = pipe.bubble * (compute - optimizer + t.recurring_comm_s + recurring)
+    # The bubble idles a stage for the length of its micro-batches' work: their compute, the
+    # communication in each one's critical path (tensor parallelism's, context parallelism's) and
+    # the wait on the host to issue them (host_issue.py).
+    bubble = pipe.bubble * (compute - optimizer + t.recurring_comm_s + recurring + t.host_wait_s)
     tokens = t.tokens_per_s * t.step_s
     bubble_what = (
         f"{pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "
