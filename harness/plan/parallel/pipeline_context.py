@@ -33,6 +33,7 @@ from harness.plan.parallel.context_parallel_cost import (
     ring_pass_bytes,
 )
 from harness.plan.parallel.deepspeed_pipeline import (
+    DEEPSPEED_PIPELINE,
     GATHERS_PER_MICRO_BATCH,
     runs_deepspeed_pipeline,
     transfers_per_micro_batch,
@@ -111,9 +112,11 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     # torch's context parallel gathers k and v by default; Megatron-LM's TransformerEngine passes them.
     rotate = "passes" if backend.context_parallel_engine else "all-gather"
     cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp, rotate)
-    # parabench's strategies cut the blocks as its runtime does; a published Megatron run as it names.
+    # parabench's strategies cut the blocks as its runtime does; a published Megatron run as it names,
+    # a published Megatron-DeepSpeed one as DeepSpeed's PipelineModule balances its GPTModelPipe.
     runtime_cut = model_of(backend.name) is not None and not backend.pipeline_engine
-    split = stage_split(dims.layers, pipe, backend.options, runtime_cut) if layout.pp > 1 else None
+    deepspeed_cut = bool(backend.options.get(DEEPSPEED_PIPELINE))
+    split = stage_split(dims.layers, pipe, backend.options, runtime_cut, deepspeed_cut) if layout.pp > 1 else None
     shape = stage_shape(q.shape, split.fullest) if split is not None else q.shape
     # The stage is laid out with the whole layout's tensor-parallel and sharding sizes, unsplit.
     sizes = {"pp_size": 1, "cp_size": 1, "tp_size": layout.tp}
