@@ -69,6 +69,7 @@ from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_p
 from harness.plan.speed.attention import KERNELS as ATTENTION_KERNELS  # noqa: E402
 from harness.plan.speed.calibration import default_factors  # noqa: E402
 from harness.plan.speed.compute import kernel_launches  # noqa: E402
+from harness.plan.speed.host_issue import LAUNCH_BLOCKING  # noqa: E402
 from harness.plan.speed.step_time import HOST_S_PER_LAUNCH  # noqa: E402
 from strategies.plan_model import PlanModel  # noqa: E402
 
@@ -271,6 +272,7 @@ PLAN_FLAGS = (
     FUSED_LOSS,
     FUSED_NORM,
     DEEPSPEED_PIPELINE,
+    LAUNCH_BLOCKING,
     HYBRID_ZERO,
     FP8_ATTENTION,
     BIASES,
@@ -571,6 +573,8 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
     if isinstance(layout, str):
         return None, None, layout  # type: ignore[return-value]
     model, options = layout
+    if LAUNCH_BLOCKING in _plan_tokens(row):
+        options = {**options, LAUNCH_BLOCKING: True}  # host_issue.py: every launch waits for its kernel
     try:
         check_precision(gpu, precision)
     except PlanError as exc:

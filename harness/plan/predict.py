@@ -52,6 +52,7 @@ from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import (
     FULL_ITERATION_GRAPH,
     GRAPH_REPLAY_S_PER_KERNEL,
+    LAUNCH_BLOCKING,
     HostIssue,
     host_issue,
     host_rates,
@@ -563,7 +564,10 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     if backend.options.get(FULL_ITERATION_GRAPH):  # the step replayed from one graph, nothing read back mid-way
         replay = {"eager": GRAPH_REPLAY_S_PER_KERNEL, "compiled": GRAPH_REPLAY_S_PER_KERNEL}
         return host_issue(kernels, comms, compiled, q.grad_accum, replay)
-    return host_issue(kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped))
+    blocking = bool(backend.options.get(LAUNCH_BLOCKING))
+    return host_issue(
+        kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped), blocking
+    )
 
 
 def _megatron_moe_layer(backend: Backend) -> bool:

@@ -334,14 +334,28 @@ def test_deepspeeds_pipeline_engine_waits_on_its_transfers_and_gathers_them_whol
     )
     plain = _megatron_row("megatron tp=2 pp=2 dp=2 ddp zero=1", grad_accum="8")
     engine, megatron = published.question(row)[1], published.question(plain)[1]
-    sends = [next(c for c in p.collectives if "between pipeline stages" in c.what) for p in (engine, megatron)]
-    assert sends[0].calls == 2 * sends[1].calls  # four transfers a micro-batch, not two
+    deeper = [
+        published.question(_megatron_row(f"megatron tp=2 pp=4 dp=1 ddp zero=1{token}", grad_accum="8"))[1]
+        for token in (" deepspeed_pipeline", "")
+    ]
+    sends = [next(c for c in p.collectives if "between pipeline stages" in c.what) for p in (*deeper, engine, megatron)]
+    assert sends[0].calls == 2 * sends[1].calls  # four transfers a micro-batch, not two, with a GPU between two
+    assert sends[2].calls == sends[3].calls  # two stages: each exchanges every other step, two a micro-batch
     gathers = [c for c in engine.collectives if "PartitionedTensor" in c.what]
     assert len(gathers) == 1 and gathers[0].calls == 3 * 8 and gathers[0].group.size == 2
     assert not any("PartitionedTensor" in c.what for c in megatron.collectives)
     assert engine.time.tokens_per_s < megatron.time.tokens_per_s
     tied = [c for c in engine.collectives if "tied embedding" in c.what]
     assert len(tied) == 1 and tied[0].window is None  # gpt ties its head: reduced after the flush
+
+
+def test_a_run_with_blocking_launches_waits_on_its_host_every_micro_batch():
+    plain = _megatron_row("megatron tp=2 pp=2 dp=2 ddp zero=1 deepspeed_pipeline", grad_accum="8")
+    row = _megatron_row("megatron tp=2 pp=2 dp=2 ddp zero=1 deepspeed_pipeline launch_blocking", grad_accum="8")
+    assert published._layout_sharding(row) == published._layout_sharding(plain)
+    asynchronous, blocking = published.question(plain)[1], published.question(row)[1]
+    assert blocking.time.host_wait_s == pytest.approx(8 * blocking.time.host.seconds)  # each micro-batch's issue
+    assert blocking.time.tokens_per_s < asynchronous.time.tokens_per_s
 
 
 @pytest.mark.parametrize(

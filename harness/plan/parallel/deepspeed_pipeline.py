@@ -8,8 +8,12 @@ deepspeedai/DeepSpeed `deepspeed/runtime/pipe/` at v0.5.10 (3293cf72, January 20
   runs before it, one transfer after the other: a forward step receives its activation
   (RecvActivation) and then sends the previous backward's gradient (SendGrad), a backward step sends
   the previous forward's activation (SendActivation) and then receives its gradient (RecvGrad).
-  Four transfers a micro-batch in the steady state, each in the critical path, where Megatron-LM's
-  1F1B pairs a send with a receive (`send_forward_recv_backward`): two.
+  Neighbours run opposite steps (`_step_to_micro_batch`: a forward where the step and the stage
+  have the same parity), so a GPU between two others exchanges with one neighbour on every step and
+  the pipeline moves at its pace: four transfers a micro-batch in the steady state, each in the
+  critical path, where Megatron-LM's 1F1B pairs a send with a receive (`send_forward_recv_backward`):
+  two. With two stages each GPU exchanges every other step only (its forward step has no previous
+  stage, its partner's backward step no next one): two transfers a micro-batch.
 - `p2p.py` send and recv are `dist.send` and `dist.recv`, which return only once NCCL's transfer is
   queued on the compute stream (`async_op` is refused): nothing of a stage's compute runs beside
   them.
@@ -35,6 +39,12 @@ from harness.plan.parallel.backends import Backend
 DEEPSPEED_PIPELINE = "deepspeed_pipeline"
 SENDS_PER_MICRO_BATCH = 4  # TrainSchedule: RecvActivation, SendGrad; SendActivation, RecvGrad
 GATHERS_PER_MICRO_BATCH = 3  # PartitionedTensor.full(): the input, the restored output, the received gradient
+
+
+def transfers_per_micro_batch(stages: int) -> int:
+    """Transfers a micro-batch waits on in TrainSchedule's steady state, one after the other (the
+    module's account): four with a GPU between two others, two with two stages."""
+    return SENDS_PER_MICRO_BATCH if stages > 2 else SENDS_PER_MICRO_BATCH // 2
 
 
 def runs_deepspeed_pipeline(backend: Backend) -> bool:

@@ -33,9 +33,10 @@ from harness.plan.parallel.context_parallel_cost import (
     ring_pass_bytes,
 )
 from harness.plan.parallel.deepspeed_pipeline import (
+    DEEPSPEED_PIPELINE,
     GATHERS_PER_MICRO_BATCH,
-    SENDS_PER_MICRO_BATCH,
     runs_deepspeed_pipeline,
+    transfers_per_micro_batch,
 )
 from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.parallel.pipeline_cost import (
@@ -111,9 +112,11 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     # torch's context parallel gathers k and v by default; Megatron-LM's TransformerEngine passes them.
     rotate = "passes" if backend.context_parallel_engine else "all-gather"
     cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp, rotate)
-    # parabench's strategies cut the blocks as its runtime does; a published Megatron run as it names.
+    # parabench's strategies cut the blocks as its runtime does; a published Megatron run as it names,
+    # a published Megatron-DeepSpeed one as DeepSpeed's PipelineModule balances its GPTModelPipe.
     runtime_cut = model_of(backend.name) is not None and not backend.pipeline_engine
-    split = stage_split(dims.layers, pipe, backend.options, runtime_cut) if layout.pp > 1 else None
+    deepspeed_cut = bool(backend.options.get(DEEPSPEED_PIPELINE))
+    split = stage_split(dims.layers, pipe, backend.options, runtime_cut, deepspeed_cut) if layout.pp > 1 else None
     shape = stage_shape(q.shape, split.fullest) if split is not None else q.shape
     # The stage is laid out with the whole layout's tensor-parallel and sharding sizes, unsplit.
     sizes = {"pp_size": 1, "cp_size": 1, "tp_size": layout.tp}
@@ -213,13 +216,13 @@ def _traffic(
         sent = boundary_bytes(stage_q.micro_batch, stage_q.seq_len, dims.width, layout.tp, element)
         group = Group(2, 2 if across else 1)
         deepspeed = runs_deepspeed_pipeline(backend)
-        per_micro = SENDS_PER_MICRO_BATCH if deepspeed else 2
+        per_micro = transfers_per_micro_batch(layout.pp) if deepspeed else 2
         payload = per_micro * sent * micro_steps  # activations forward, their gradients back
         one = collective_seconds(q.topology, group, "broadcast", sent) if timed else 0.0
         # The fill and the drain cross every boundary one after another; in the steady state a
         # schedule that waits on each exchange before its next micro-batch (steady_state_exposed)
-        # adds one send each way to every micro-batch (DeepSpeed's engine two, one after the other:
-        # deepspeed_pipeline.py), the others hide them.
+        # adds one send each way to every micro-batch (DeepSpeed's engine two each way, one after the
+        # other, where a GPU sits between two others: deepspeed_pipeline.py), the others hide them.
         critical = 2 * pipe.boundaries * one * q.grad_accum
         steady = per_micro * one * micro_steps if pipe.steady_state_exposed else 0.0
         how = "each micro-batch waits on them" if pipe.steady_state_exposed else "hidden but the fill and drain"
@@ -390,9 +393,10 @@ def _time(
         else:  # the ring's passes hide behind the attention they run beside
             exposed += max(0.0, seconds - attention)
             recurring += max(0.0, seconds - attention)
-    # The bubble idles a stage for the length of its micro-batches' work: their compute and the
-    # communication in each one's critical path (tensor parallelism's, context parallelism's).
-    bubble = pipe.bubble * (compute - optimizer + t.recurring_comm_s + recurring)
+    # The bubble idles a stage for the length of its micro-batches' work: their compute, the
+    # communication in each one's critical path (tensor parallelism's, context parallelism's) and
+    # the wait on the host to issue them (host_issue.py).
+    bubble = pipe.bubble * (compute - optimizer + t.recurring_comm_s + recurring + t.host_wait_s)
     tokens = t.tokens_per_s * t.step_s
     bubble_what = (
         f"{pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "

@@ -21,6 +21,8 @@ p v - 1 boundaries one after another, in the critical path.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from dataclasses import dataclass, replace
 
@@ -165,11 +167,16 @@ class StageSplit:
         return cls(per_gpu[0], max(per_gpu[1:-1], default=0), per_gpu[-1])
 
 
-def stage_split(layers: int, pipe: Pipeline, options: dict, runtime_cut: bool) -> StageSplit:
-    """The blocks on each GPU: Megatron-LM's split where the options name one of its uneven splits
-    (MEGATRON_SPLIT_OPTIONS); parabench's runtime's (`runtime_cut`: models/stage_split.py's cut of
-    the blocks into pp x v stages, rank r holding stages r, r + pp, ...); else, the split not known,
-    every GPU planned as the fullest (stage_layers)."""
+def stage_split(
+    layers: int, pipe: Pipeline, options: dict, runtime_cut: bool, deepspeed_cut: bool = False
+) -> StageSplit:
+    """The blocks on each GPU: DeepSpeed's PipelineModule's cut (`deepspeed_cut`: deepspeed_split);
+    Megatron-LM's split where the options name one of its uneven splits (MEGATRON_SPLIT_OPTIONS);
+    parabench's runtime's (`runtime_cut`: models/stage_split.py's cut of the blocks into pp x v
+    stages, rank r holding stages r, r + pp, ...); else, the split not known, every GPU planned as
+    the fullest (stage_layers)."""
+    if deepspeed_cut:
+        return deepspeed_split(layers, pipe, counted=bool(options.get(EMBEDDING_IN_SPLIT)))
     if any(options.get(k) for k in MEGATRON_SPLIT_OPTIONS):
         return megatron_split(layers, pipe, options)
     if runtime_cut:
@@ -221,6 +228,55 @@ def megatron_split(layers: int, pipe: Pipeline, options: dict) -> StageSplit:
     per_gpu[0] -= embedding
     per_gpu[-1] -= loss
     return StageSplit.of(per_gpu)
+
+
+BALANCE_EPS = 1e-3  # partition_balanced's default tolerance on the heaviest part's weight
+
+
+def deepspeed_split(layers: int, pipe: Pipeline, counted: bool) -> StageSplit:
+    """DeepSpeed's PipelineModule cut of a Megatron-DeepSpeed GPT (GPTModelPipe's partition_method
+    `type:transformer`, deepspeed/runtime/pipe/module.py `_partition_layers` and
+    deepspeed/runtime/utils.py `partition_balanced` @ v0.5.10): each block weighs one, the
+    embedding and the tied head nothing, or one each where the run counts them (`counted`:
+    `--pp-partition-method 'type:transformer|embedding'`, written as the embedding and the loss in
+    the split). The smallest heaviest part is searched, then the parts are filled in order up to it,
+    the last taking what is left: 78 blocks over 12 stages are eleven of 7 and a last of 1."""
+    if pipe.virtual > 1:
+        raise LayoutError("DeepSpeed's pipeline engine runs one stage a GPU: no virtual stages")
+    _check_chunks(layers, pipe)
+    end = float(counted)
+    prefix = list(itertools.accumulate([end] + [1.0] * layers + [end]))
+    lower, upper = prefix[-1] / pipe.stages, prefix[-1]
+    while upper > lower + BALANCE_EPS:
+        mid = lower + (upper - lower) / 2
+        if _balanced_parts(prefix, pipe.stages, mid)[1]:
+            upper = mid
+        else:
+            lower = mid + BALANCE_EPS
+    parts, fits = _balanced_parts(prefix, pipe.stages, upper)
+    assert fits
+    # unit i (0: the embedding, 1..layers: the blocks, layers + 1: the head) sits on part p where
+    # parts[p] <= i < parts[p + 1]
+    per_gpu = [sum(1 for i in range(lo, hi) if 1 <= i <= layers) for lo, hi in itertools.pairwise(parts)]
+    return StageSplit.of(per_gpu)
+
+
+def _balanced_parts(prefix: list[float], parts: int, bottleneck: float) -> tuple[list[int], bool]:
+    """DeepSpeed's `_lprobe`: the parts' first units filled in order up to `bottleneck` each, and
+    whether the last part fits under it too."""
+    items, total = len(prefix), prefix[-1]
+    bounds = [0] + [items] * parts
+    target = bottleneck
+    chunk = items // parts
+    step = chunk
+    for p in range(1, parts):
+        while step < items and prefix[step] < target:
+            step += chunk
+        bounds[p] = bisect.bisect_left(prefix, target, lo=step - chunk, hi=min(step, items))
+        if bounds[p] == items:
+            return bounds, total - prefix[bounds[p - 1]] < bottleneck
+        target = prefix[bounds[p] - 1] + bottleneck
+    return bounds, target >= total
 
 
 _STAGES: dict[tuple[int, int, str], tuple[ModelShape, ModelShape]] = {}

@@ -55,6 +55,12 @@ published run whose whole step replays one graph (Megatron-core's `cuda_graph_im
 its MoE layers made capturable by static per-rank token budgets: FULL_ITERATION_GRAPH) issues its
 kernels and collectives at that rate, and no forward waits on the host for token counts. Graphs of
 parts of a layer (`cuda_graph_scope`) are not modelled.
+
+Under CUDA_LAUNCH_BLOCKING=1 (LAUNCH_BLOCKING, a published run's option) every launch returns only
+once its kernel has finished, so the host issues the next kernel only then: the GPU waits out the
+host's whole issue time on every micro-step, beside none of its own work (CUDA's programming guide,
+"Concurrent Execution between Host and Device": the variable disables asynchronous launches), and
+a micro-step of many kernels pays it on each, as one of few large ones does not.
 """
 
 from __future__ import annotations
@@ -69,6 +75,7 @@ GRACE_HOST_SLOWDOWN = 37.08 / 13.48  # a torch operator's host time, GB200's Gra
 GRACE_HOST = "Grace"  # in a card's host_link (harness/common/hardware.py): its host is a Grace CPU
 GRAPH_REPLAY_S_PER_KERNEL = 0.58e-6
 FULL_ITERATION_GRAPH = "full_iteration_graph"  # a published layout's option: every micro-step one graph's replay
+LAUNCH_BLOCKING = "launch_blocking"  # a published layout's option: the run set CUDA_LAUNCH_BLOCKING=1
 COLLECTIVE_KERNELS = 2  # a collective and the stream's events around it, priced as two eager kernels
 HOST_S_PER_COLLECTIVE = COLLECTIVE_KERNELS * HOST_S_PER_KERNEL["eager"]
 
@@ -92,10 +99,14 @@ class HostIssue:
     # issue its short kernels, which the GPU then waits out in series with its long ones; None: no sync.
     synced_forward_short_s: float | None = None
     backward_s: float = 0.0  # of `seconds`, the backward's and what checkpointing runs again
+    blocking: bool = False  # every launch waits for its kernel (LAUNCH_BLOCKING): nothing overlaps
 
     def wait(self, forward_s: float, forward_long_s: float, micro_compute_s: float, recurring_s: float) -> float:
         """Seconds a micro-step's GPU waits on this host: the longer of the two over the step, or, with a
-        synchronised forward, its short kernels' issue beside the long kernels' run, then the backward."""
+        synchronised forward, its short kernels' issue beside the long kernels' run, then the backward;
+        with blocking launches, the whole issue time."""
+        if self.blocking:
+            return self.seconds
         overall = max(0.0, self.seconds - micro_compute_s - recurring_s)
         if self.synced_forward_short_s is None:
             return overall
@@ -117,12 +128,13 @@ def host_issue(
     grad_accum: int,
     measured: dict[str, float] | None = None,
     synced_long_forward: float | None = None,
+    blocking: bool = False,
 ) -> HostIssue:
     """The host's time for one micro-step of `kernels`, beside the collectives each micro-step issues
     (those issued once a step are spread over its `grad_accum` micro-steps); `measured`: the card's
     own host times per kernel (kernel_table.py), in place of HOST_S_PER_KERNEL; `synced_long_forward`:
     where the forward synchronises with the host, how many of its kernels are long ones (matmuls,
-    attention), the rest short."""
+    attention), the rest short; `blocking`: every launch waits for its kernel (LAUNCH_BLOCKING)."""
     issued = 0.0
     for c in collectives:
         if c.kind == "host-copy" or c.window == PIPELINED:
@@ -134,4 +146,4 @@ def host_issue(
     seconds = kernels.total * rate + collective_s
     backward = (kernels.backward + kernels.again) * rate + collective_s / 2
     short = None if synced_long_forward is None else max(0.0, kernels.forward - synced_long_forward) * rate
-    return HostIssue(kernels.total, issued, seconds, short, backward)
+    return HostIssue(kernels.total, issued, seconds, short, backward, blocking)

@@ -166,7 +166,8 @@ def test_the_bubble_idles_each_micro_batchs_tensor_parallel_collectives_with_its
     assert t.recurring_comm_s == pytest.approx(per_step + 2 * 8 * one_send) and per_step > 0
     # The stage runs FSDP without resharding (pipeline_context.py), its backend's work each micro-batch.
     backend = overhead_per_micro_step(replace(one_f.backend, reshard_after_forward=False), q.factors) * 8
-    work = t.compute_s - t.work.optimizer_s * q.factors.compute_scale + t.recurring_comm_s
+    # Each micro-batch's length: its compute, its critical-path collectives, its wait on the host.
+    work = t.compute_s - t.work.optimizer_s * q.factors.compute_scale + t.recurring_comm_s + t.host_wait_s
     assert t.overhead_s == pytest.approx(backend)
     assert t.bubble_s == pytest.approx(Pipeline(4, 8, "1f1b").bubble * work)
 

@@ -10,9 +10,15 @@ import pytest
 
 from harness.plan.model.model_shape import shape_of_spec
 from harness.plan.plan_cli import PlanConfig, question
-from harness.plan.predict import plan_strategy
+from harness.plan.predict import plan_backend, plan_strategy
 from harness.plan.speed.compute import ROOT_KERNELS, micro_step_kernels
-from harness.plan.speed.host_issue import GRACE_HOST_SLOWDOWN, HOST_S_PER_COLLECTIVE, HOST_S_PER_KERNEL, host_rates
+from harness.plan.speed.host_issue import (
+    GRACE_HOST_SLOWDOWN,
+    HOST_S_PER_COLLECTIVE,
+    HOST_S_PER_KERNEL,
+    LAUNCH_BLOCKING,
+    host_rates,
+)
 
 # A GPT of 1,024 wide on one node: at tensor parallel 8 and one sequence, each GPU's share of a
 # block is tens of microseconds of GPU work against the block's ~100 kernels to issue.
@@ -92,3 +98,15 @@ def test_a_grace_host_issues_each_kernel_slower_than_an_x86_one():
     on_gb200 = _plan("ddp-tp", micro_batch=1, tp=4, **{**SMALL, "gpu": "GB200"}).time.host
     assert on_gb200.kernels == on_b200.kernels
     assert on_gb200.seconds == pytest.approx(on_b200.seconds * GRACE_HOST_SLOWDOWN)
+
+
+def test_blocking_launches_add_the_hosts_whole_issue_time_to_every_micro_step():
+    # A large micro-step hides its host entirely; with CUDA_LAUNCH_BLOCKING=1 (a published run's
+    # option) none of it is hidden.
+    config = PlanConfig(**SMALL, gpus=8, micro_batch=8, strategies=["ddp"])
+    asynchronous = plan_strategy("ddp", question(config))
+    blocked = replace(asynchronous.backend, options={**asynchronous.backend.options, LAUNCH_BLOCKING: True})
+    blocking = plan_backend(blocked, question(config)).time
+    assert asynchronous.time.host_wait_s == 0.0
+    assert blocking.host_wait_s == pytest.approx(blocking.host.seconds)
+    assert blocking.step_s == pytest.approx(asynchronous.time.step_s + blocking.host.seconds)
