@@ -9,10 +9,11 @@ NCCL cannot run on these GPUs. Two nodes or fewer, or a point in no region, leav
 NCCL's model (nccl_tuning.py). The time of the way it picks is still NCCL's model's (nccl_tuning.py):
 the tuner chooses, it does not time.
 
-Transcribed: P6-B200's regions (`region_init_internal_p6`), both of its shapes, a group of 8 GPUs of
-each node and one GPU of each, for all-reduce, all-gather and reduce-scatter. Not transcribed (NCCL's
-model picks there): P5, P5en and P6-B300's own tables. Not modelled: the channel counts it sets for
-tree/LL128 all-reduces of 4-32 MiB and PAT below 32 MiB, and its chunk sizes.
+Transcribed: P6-B200's and P6-B300's regions (`region_init_internal_p6`, `region_init_internal_p6_b300`),
+both of their shapes, a group of 8 GPUs of each node and one GPU of each, for all-reduce, all-gather and
+reduce-scatter. Not transcribed (NCCL's model picks there): P5's and P5en's tables. Not modelled: the
+channel counts it sets for P6-B200's tree/LL128 all-reduces of 4-32 MiB and PAT below 32 MiB, and its
+chunk sizes.
 """
 
 from __future__ import annotations
@@ -336,8 +337,288 @@ def _p6_per_node_1() -> dict[str, tuple[Region, ...]]:
     return {"all-reduce": all_reduce, "all-gather": all_gather, "reduce-scatter": reduce_scatter}
 
 
+def _p6_b300_per_node_8() -> dict[str, tuple[Region, ...]]:
+    top = MAX_SIZE
+    ar = {
+        "tree_ll": _extend((360448, 1024), (360448, 2048)),
+        "tree_ll128": _extend((218103808, 1024), (251658240, 2048)),
+        "nvlstree_simple": _extend((9663676416, 256), (19327352832, 512)),
+    }
+    ll_edge = ((720896, 16), (491520, 32), (425984, 64), (425984, 128), (425984, 256), (360448, 512))
+    all_reduce = (
+        _region(
+            "tree", "LL", (0, 16), *ll_edge, (360448, 1024), (360448, 2048), "tree_ll", (0, MAX_RANKS), extended=ar
+        ),
+        _region(
+            "tree",
+            "LL128",
+            "tree_ll",
+            (360448, 2048),
+            (360448, 1024),
+            *reversed(ll_edge),
+            (31457280, 16),
+            (54525952, 32),
+            (109051904, 64),
+            (125829120, 128),
+            (125829120, 256),
+            (184549376, 512),
+            (218103808, 1024),
+            (251658240, 2048),
+            "tree_ll128",
+            extended=ar,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            (369098752, 128),
+            (109051904, 64),
+            (54525952, 32),
+            (31457280, 16),
+            (62914560, 16),
+            (603979776, 32),
+            (1006632960, 64),
+            (1006632960, 128),
+            extended=ar,
+        ),
+        _region(
+            "nvls-tree",
+            "Simple",
+            "tree_ll128",
+            (251658240, 2048),
+            (218103808, 1024),
+            (184549376, 512),
+            (125829120, 256),
+            (125829120, 128),
+            (109051904, 64),
+            (369098752, 128),
+            (1006632960, 128),
+            (1006632960, 64),
+            (603979776, 32),
+            (62914560, 16),
+            (top, 16),
+            (603979776, 32),
+            (2013265920, 64),
+            (4026531840, 128),
+            (9663676416, 256),
+            (19327352832, 512),
+            "nvlstree_simple",
+            extended=ar,
+        ),
+        _region(
+            "ring",
+            "Simple",
+            "nvlstree_simple",
+            (19327352832, 512),
+            (9663676416, 256),
+            (4026531840, 128),
+            (2013265920, 64),
+            (603979776, 32),
+            (top, 16),
+            extended=ar,
+        ),
+    )
+    gathers = {
+        "ring_ll": _extend((109051904, 1024), (218103808, 2048)),
+        "ring_ll128": _extend((13958643712, 512), (27917287424, 1024)),
+    }
+    ladder = (
+        (1703936, 16),
+        (3407872, 32),
+        (6815744, 64),
+        (13631488, 128),
+        (27262976, 256),
+        (54525952, 512),
+        (109051904, 1024),
+        (218103808, 2048),
+    )
+    top_edge = ((6979321856, 256), (13958643712, 512), (27917287424, 1024))
+
+    def ring_regions(ll128_edge: tuple[Point, ...]) -> tuple[Region, ...]:
+        return (
+            _region("ring", "LL", (0, 16), *ladder, "ring_ll", (0, MAX_RANKS), extended=gathers),
+            _region(
+                "ring", "LL128", "ring_ll", *reversed(ladder), *ll128_edge, *top_edge, "ring_ll128", extended=gathers
+            ),
+            _region(
+                "ring", "Simple", "ring_ll128", *reversed(top_edge), *reversed(ll128_edge), (top, 16), extended=gathers
+            ),
+        )
+
+    # The rings' LL128 edge from 16 to 128 ranks, all-gather's then reduce-scatter's.
+    all_gather = ring_regions(((436207616, 16), (872415232, 32), (1744830464, 64), (3489660928, 128)))
+    reduce_scatter = ring_regions(((301989888, 16), (738197504, 32), (1207959552, 64), (3489660928, 128)))
+    return {"all-reduce": all_reduce, "all-gather": all_gather, "reduce-scatter": reduce_scatter}
+
+
+def _p6_b300_per_node_1() -> dict[str, tuple[Region, ...]]:
+    top = MAX_SIZE
+    ar = {
+        "tree_ll128": _extend((1441792, 16), (1441792, 256)),
+        "tree_simple": _extend((503316480, 128), (1476395008, 256)),
+    }
+    all_reduce = (
+        _region("tree", "LL", (0, 2), (65536, 2), (65536, 64), (65536, MAX_RANKS), (0, MAX_RANKS), extended=ar),
+        _region(
+            "tree",
+            "LL128",
+            (65536, MAX_RANKS),
+            (65536, 64),
+            (65536, 2),
+            (294912, 2),
+            (720896, 4),
+            (1179648, 8),
+            (1441792, 16),
+            (1441792, 128),
+            (1441792, 256),
+            "tree_ll128",
+            extended=ar,
+        ),
+        _region(
+            "tree",
+            "Simple",
+            "tree_ll128",
+            (1441792, 256),
+            (1441792, 128),
+            (1441792, 16),
+            (1179648, 8),
+            (2359296, 8),
+            (4718592, 16),
+            (75497472, 32),
+            (218103808, 64),
+            (503316480, 128),
+            (1476395008, 256),
+            "tree_simple",
+            extended=ar,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            (1476395008, 256),
+            (503316480, 128),
+            (218103808, 64),
+            (75497472, 32),
+            (4718592, 16),
+            (2359296, 8),
+            (1179648, 8),
+            (720896, 4),
+            (294912, 2),
+            (3407872, 2),
+            (13631488, 4),
+            (31457280, 8),
+            (75497472, 16),
+            (150994944, 32),
+            (301989888, 64),
+            (603979776, 128),
+            extended=ar,
+        ),
+        _region(
+            "ring",
+            "Simple",
+            "tree_simple",
+            (1476395008, 256),
+            (603979776, 128),
+            (301989888, 64),
+            (150994944, 32),
+            (75497472, 16),
+            (31457280, 8),
+            (13631488, 4),
+            (3407872, 2),
+            (top, 2),
+            extended=ar,
+        ),
+    )
+    ag = {
+        "pat_simple": _extend((369098752, 128), (738197504, 256)),
+        "ring_ll128": _extend((603979776, 128), (1207959552, 256)),
+    }
+    ag_ll = ((0, 2), (147456, 2), (131072, 12), (106496, 8), (65536, 4), (57344, 8), (36864, 4), (32768, 3), (4608, 4))
+    ag_pat = ((294912, 4), (4718592, 8), (9437184, 16), (75497472, 32), (218103808, 64), (369098752, 128))
+    ag_ring = (
+        (5767168, 2),
+        (15728640, 4),
+        (37748736, 8),
+        (75497472, 16),
+        (150994944, 32),
+        (301989888, 64),
+        (603979776, 128),
+        (1207959552, 256),
+    )
+    all_gather = (
+        _region("ring", "LL", *ag_ll, (0, 8), extended=ag),
+        _region(
+            "pat",
+            "Simple",
+            (0, MAX_RANKS),
+            (0, 8),
+            *reversed(ag_ll[1:]),
+            *ag_pat,
+            (738197504, 256),
+            "pat_simple",
+            extended=ag,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            "pat_simple",
+            (738197504, 256),
+            *reversed(ag_pat),
+            (147456, 2),
+            *ag_ring,
+            "ring_ll128",
+            extended=ag,
+        ),
+        _region("ring", "Simple", "ring_ll128", *reversed(ag_ring), (34359738368, 2), extended=ag),
+    )
+    rs = {
+        "pat_simple": _extend((503316480, 128), (1006632960, 256)),
+        "ring_ll128": _extend((603979776, 128), (1207959552, 256)),
+    }
+    rs_ll = ((0, 2), (45056, 2), (147456, 4), (131072, 8), (36864, 4), (4608, 4), (4096, 6))
+    rs_pat = ((2359296, 4), (4718592, 8), (67108864, 16), (92274688, 32), (218103808, 64), (503316480, 128))
+    rs_ring = (
+        (3932160, 2),
+        (11534336, 4),
+        (31457280, 8),
+        (75497472, 16),
+        (150994944, 32),
+        (301989888, 64),
+        (603979776, 128),
+        (1207959552, 256),
+    )
+    reduce_scatter = (
+        _region("ring", "LL", *rs_ll, (0, 8), extended=rs),
+        _region(
+            "pat",
+            "Simple",
+            (0, MAX_RANKS),
+            (0, 8),
+            *reversed(rs_ll[1:]),
+            *rs_pat,
+            (1006632960, 256),
+            "pat_simple",
+            extended=rs,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            "pat_simple",
+            (1006632960, 256),
+            *reversed(rs_pat),
+            (45056, 2),
+            *rs_ring,
+            "ring_ll128",
+            extended=rs,
+        ),
+        _region("ring", "Simple", "ring_ll128", *reversed(rs_ring), (top, 2), extended=rs),
+    )
+    return {"all-reduce": all_reduce, "all-gather": all_gather, "reduce-scatter": reduce_scatter}
+
+
 # Per platform (a fabric's name), per GPUs of each node in the group: the regions of each collective.
-REGIONS = {"p6-b200": {8: _p6_per_node_8(), 1: _p6_per_node_1()}}
+REGIONS = {
+    "p6-b200": {8: _p6_per_node_8(), 1: _p6_per_node_1()},
+    "p6-b300": {8: _p6_b300_per_node_8(), 1: _p6_b300_per_node_1()},
+}
 
 
 def _cross(a: Point, b: Point) -> float:
