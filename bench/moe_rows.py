@@ -13,7 +13,8 @@ overlapped with the other micro-batch's compute: Megatron-core's
 says whether its all-to-all forwards a token once per node (deepep, hybridep, flex) or sends every
 copy (alltoall; expert_comm.py). Every run is planned
 balanced (`moe_imbalance` 1.0): Megatron-Bridge's and AutoModel's benchmarks force balanced routing
-(bench/data/README.md); the others do not say.
+(bench/data/README.md); the others do not say. `repeats_a_moe_run` says which shapeless MoE rows of the
+other CSVs are runs this one holds, so each run is counted once.
 """
 
 from __future__ import annotations
