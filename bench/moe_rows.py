@@ -13,7 +13,8 @@ overlapped with the other micro-batch's compute: Megatron-core's
 says whether its all-to-all forwards a token once per node (deepep, hybridep, flex) or sends every
 copy (alltoall; expert_comm.py). Every run is planned
 balanced (`moe_imbalance` 1.0): Megatron-Bridge's and AutoModel's benchmarks force balanced routing
-(bench/data/README.md); the others do not say.
+(bench/data/README.md); the others do not say. `repeats_a_moe_run` says which shapeless MoE rows of the
+other CSVs are runs this one holds, so each run is counted once.
 """
 
 from __future__ import annotations
@@ -184,3 +185,25 @@ def with_experts(row: dict[str, str], model: PlanModel, options: dict[str, Any])
     if (moe_head(row) or {}).get("dispatcher") in FORWARDING_DISPATCHERS:
         extra[DISPATCHER] = NODE_FORWARDING
     return replace(model, expert_parallel=True), {**options, **extra}
+
+
+# What names one published run: its repository (the source before its path: Megatron-Bridge's current and archive
+# pages carry one container's table each in turn), the card and GPUs, the sequence, the batch sizes and the figure.
+# model_parallel_nvidia.csv records Megatron-Bridge's MoE runs without their shape, moe_runs.csv again with it.
+SAME_RUN_COLUMNS = ("gpu", "gpus", "seq_len", "micro_batch", "global_batch", "published_tok_s_gpu")
+
+
+def _repository(row: dict[str, str]) -> str:
+    return row["source"].split(":")[0].split("@")[0].strip()
+
+
+def repeats_a_moe_run(row: dict[str, str], moe_rows: list[dict[str, str]]) -> bool:
+    """Whether `row`, a mixture of experts without its notes' moe head, is a run one of `moe_rows` (moe_runs.csv's,
+    with their heads) holds: counted once, there, where runs are counted."""
+    if moe_head(row) is not None:
+        return False
+    key = (_repository(row), *(row[c].strip() for c in SAME_RUN_COLUMNS))
+    return any(
+        moe_head(other) is not None and (_repository(other), *(other[c].strip() for c in SAME_RUN_COLUMNS)) == key
+        for other in moe_rows
+    )

@@ -46,6 +46,7 @@ from bench.moe_rows import (  # noqa: E402
     moe_shape_of_row,
     qk_norm,
     recompute_modules,
+    repeats_a_moe_run,
     with_experts,
 )
 from bench.published_breakdown import (  # noqa: E402
@@ -80,6 +81,7 @@ FIRST_CSVS = (DATA / "torchtitan_llama_fsdp.csv", DATA / "public_runs.csv")
 OOM_CSV = DATA / "published_oom.csv"
 # Runs that are not performance publications (bench/data/README.md): reported on their own, outside the goals.
 CI_BASELINES = DATA / "ci_baselines" / "megatron_functional_tests.csv"
+MOE_CSV = "moe_runs.csv"  # the mixtures of experts with their shape (bench/moe_rows.py)
 COLUMNS = (
     "source",
     "model",
@@ -1013,7 +1015,9 @@ def main(argv: list[str] | None = None) -> int:
         paths = args.csv or runs_csvs()
         sections = [(path, plan_rows(read_rows(path))) for path in paths]
         ran_out = [] if args.csv else plan_rows(read_rows(OOM_CSV))
-        every = [o for _, outcomes in sections for o in outcomes]
+        # A run two CSVs hold (model_parallel_nvidia.csv's MoE rows, moe_runs.csv's with their shape) counts once.
+        moe_rows = [o.row for path, outcomes in sections if path.name == MOE_CSV for o in outcomes]
+        every = [o for _, outcomes in sections for o in outcomes if not repeats_a_moe_run(o.row, moe_rows)]
         lines = goal_lines(every, picks_of(every))
         lines += accuracy_lines(every)
         lines += fit_lines([o for _, outcomes in sections for o in outcomes], ran_out)

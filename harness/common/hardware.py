@@ -10,7 +10,8 @@ Sources:
                    "Maximum Achievable Matmul FLOPS"), over the peak; where no MAMF is published,
                    the best square matmul of zzc0721/torch-performance-test-data database.md
                    @ 9d828276; fp8_efficiency likewise for float8_e4m3fn (H100 SXM 70.9%, H200
-                   73.4%, B200 76.3%); fp4_efficiency the NVFP4 matmul measured on a GB200
+                   73.4%, B200 76.3%); fp4_efficiency the largest fp4 matmul measured on the card
+                   (B200: cuBLASLt's MXFP4 at 8192^3), else on a GB200 (NVFP4 at 16384^3)
   long_run_matmul  the largest square matmul after 10,000 warm-up iterations (Azure's AI benchmarking
                    guide, cuBLASLt) over the card's MAMF: H100 98.2%, H200 94.0%, A100 94.6%, GB200 80.4%
   capacity_gib     the total torch reports (cudaMemGetInfo: OOM messages' "total capacity"),
@@ -109,6 +110,11 @@ _MLPERF = "mlcommons/training_results_v5.1 @ 441d65f4 systems/"
 # The best fp4 matmul measured on a Blackwell card: cuBLASLt NVFP4 at 16384^3 on an Azure ND GB200 v6,
 # 7627.6 of 10000 TFLOP/s (Azure/AI-benchmarking-guide Azure_Results/ND_GB200_v6_results.md @ 2a370be6).
 _FP4_BLACKWELL = 0.763
+# The B200's own: cuBLASLt's fp4 x fp4 (MXFP4) matmul at 8192^3 on a B200, 5239 TFLOP/s ("cublasTest 13.3
+# direct binary", CUDA 12.9: deepseek-ai/DeepGEMM pull request 348, its dense table), over the B200's dense
+# fp4 peak of 9000 (DGX B200 data sheet, ml-engineering's fp4 column): the share of its format's peak, as
+# every efficiency here, taken for NVFP4 at its 10000. A card's own measurement before its die-mate's.
+_FP4_B200 = 5239.0 / 9000
 # Azure's AI benchmarking guide runs cuBLASLt on random data after 10,000 warm-up iterations; its 16384^3
 # rate over the card's MAMF in that precision (Azure_Results/ND_*_results.md): H100 fp8 1377.3 of 1402.6
 # (samuel-bohman/AI-benchmarking-guide @ 26d18e94, ND H100 v5), H200 fp8 1366.3 of 1453.4 (Azure/AI-benchmarking-guide
@@ -273,13 +279,14 @@ GPUS = {
         PCIE5,
         148,
         0.763,
-        fp4_efficiency=_FP4_BLACKWELL,
+        fp4_efficiency=_FP4_B200,
         generation="blackwell",
         power_w=1000,
         long_run_matmul=_LONG_RUN["GB200"],
         sources=(
-            f"{_ML_ENG} (peaks 2250/4500 TF and NVFP4 10000, 8 TB/s, MAMF 77.6% bf16 and 76.3% fp8, 1000 W); fp4's "
-            "efficiency and the long-run matmul the GB200's measured ones (the same die, assumed)"
+            f"{_ML_ENG} (peaks 2250/4500 TF and NVFP4 10000, 8 TB/s, MAMF 77.6% bf16 and 76.3% fp8, 1000 W); fp4: "
+            "cuBLASLt's MXFP4 at 8192^3 on a B200, 5239 of 9000 TF (deepseek-ai/DeepGEMM pull request 348); the "
+            "long-run matmul the GB200's measured one (the same die, assumed)"
         ),
         attention_assumed=_BLACKWELL_ATTENTION,
         exp_per_tensor_flop=BLACKWELL_EXP,

@@ -24,6 +24,7 @@ from bench.layout_kinds import (
     kinds_of,
     scale_of,
 )
+from bench.moe_rows import repeats_a_moe_run
 from harness.common.hardware import GPUS
 from harness.plan.network.comm import PIPELINED
 from harness.plan.network.fabric import FABRICS
@@ -422,3 +423,15 @@ def test_a_pipeline_gpu_is_charged_its_own_tables_and_micro_batches():
     planned = [o for o in published.plan_rows(rows) if o.plan is not None]
     assert planned and all("embedding_in_pipeline_split" in o.row["sharding"] for o in planned)
     assert all(o.plan.fits for o in planned)
+
+
+def test_a_moe_run_both_csvs_hold_counts_once():
+    """model_parallel_nvidia.csv records Megatron-Bridge's MoE runs without their shape, moe_runs.csv with it:
+    every one but the layout that does not divide (bench/data/README.md) is the same run, counted there."""
+    moe_rows = published.read_rows(published.DATA / published.MOE_CSV)
+    nvidia = published.read_rows(published.DATA / "model_parallel_nvidia.csv")
+    shapeless = [r for r in nvidia if r["arch"] == "moe"]
+    repeated = [r for r in shapeless if repeats_a_moe_run(r, moe_rows)]
+    assert len(repeated) == len(shapeless) - 1
+    assert not any(repeats_a_moe_run(r, moe_rows) for r in nvidia if r["arch"] != "moe")
+    assert not any(repeats_a_moe_run(r, moe_rows) for r in moe_rows)  # a row with its shape is the one counted

@@ -376,6 +376,7 @@ class Topology:
             intra="pcie" if self.intra.name == "pcie" else "nvlink",
             generation=self.tuning_generation,
             net_latency_us=self.fabric.latency_us,
+            platform=self.fabric.name,
         )
 
     def choice(self, group: Group, kind: str, payload: float) -> Choice:

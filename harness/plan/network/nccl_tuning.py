@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.plan.network.ofi_tuner import region_choice
+
 PROTOCOLS = ("LL", "LL128", "Simple")
 LL, LL128, SIMPLE = range(3)
 
@@ -172,6 +174,7 @@ class Links:
     intra: str  # "nvlink" | "pcie"
     generation: str  # "volta" | "ampere" | "hopper" | "blackwell" (NCCL's tables); AMD's in rccl_tuning.py
     net_latency_us: float = 0.0  # what the network plugin reports
+    platform: str = ""  # the fabric's name, where the network plugin's tuner has regions for it (ofi_tuner.py)
 
     @property
     def per_node(self) -> int:
@@ -301,10 +304,16 @@ def candidates(kind: str, payload: float, links: Links) -> list[Choice]:
 
 
 def choose(kind: str, payload: float, links: Links) -> Choice:
-    """What NCCL runs: the way its model says is fastest."""
+    """What NCCL runs: the way its tuner plugin sets where it sets one (ofi_tuner.py), else the way
+    its model says is fastest."""
     if links.ranks <= 1 or payload <= 0:
         raise ValueError("a collective needs two ranks and a payload")
-    return min(candidates(kind, payload, links), key=lambda c: c.seconds)
+    ways = candidates(kind, payload, links)
+    runnable = {(c.algorithm, c.protocol) for c in ways}
+    tuned = region_choice(links.platform, kind, payload, links.ranks, links.nodes, runnable)
+    if tuned is not None:
+        return next(c for c in ways if (c.algorithm, c.protocol) == tuned)
+    return min(ways, key=lambda c: c.seconds)
 
 
 def bus_bandwidth(kind: str, payload: float, seconds: float, ranks: int) -> float:

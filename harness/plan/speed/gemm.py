@@ -58,8 +58,9 @@ def sustained_share(gpu: GPUSpec, precision: str) -> float:
     """The share of its best short-benchmark matmul rate the card keeps through a training step:
     SUSTAINED (the reference card's clocks under its power limit) times the card's long-run matmul
     over the reference card's. A card without a long-run measurement keeps the reference's; an fp4
-    matmul's rate (hardware.py's fp4_efficiency) was itself measured after Azure's long warm-up,
-    so the card's long-run share is not applied to it again."""
+    matmul's rate (hardware.py's fp4_efficiency) is taken as measured: the GB200's after Azure's long
+    warm-up, so the card's long-run share is not applied to it again, and the B200's own (a short
+    benchmark's) likewise, none measured long on that card."""
     reference = GPUS[REFERENCE_CARD].long_run_matmul
     if gpu.long_run_matmul is None or reference is None or precision == "fp4":
         return SUSTAINED
