@@ -163,6 +163,7 @@ class StrategyPlan:
                 "blocks": self.activations.blocks,
                 "head_and_loss": self.activations.head,
                 "rebuilt_block": self.activations.rebuilt,
+                "logits_block_cached": self.activations.logits_cached,
             },
             "buffers_bytes": {
                 "backward": self.buffers.backward,
