@@ -30,9 +30,9 @@ the loss is one function, torch/distributed/tensor/parallel/loss.py
 fp32 tensors of this GPU's logits at once (the saved log-softmax output, the zeros it scatters
 into, the exponential and the sum, then the product in the exponential's place): 16 bytes a logit.
 Megatron-LM's vocab-parallel cross-entropy keeps its own account (12).
-The logits themselves (compute dtype) are freed before the backward (torchtitan's `del pred`), but
-the caching allocator keeps their block: each of the loss's fp32 tensors in the backward is twice
-its size, and a request takes a cached block only as large or larger, else new memory, the cache
+The logits themselves (in a 16-bit compute dtype) are freed before the backward (torchtitan's
+`del pred`), but the caching allocator keeps their block: each of the loss's fp32 tensors in the
+backward is twice its size, and a request takes a cached block only as large or larger, else new memory, the cache
 freed only when that fails (c10/cuda/CUDACachingAllocator.cpp, its header comment; under
 `expandable_segments` too, the freed block lying below the saved log-softmax output). That block
 is `logits_cached`: in torch's max reserved beside the peak, not in the fit. Under autocast the
@@ -201,8 +201,10 @@ def loss_bytes_per_logit(precision: str, fused: bool, vocab_parallel: bool = Fal
 
 def logits_cached_per_token(dims: TransformerDims, precision: str, fused_loss: bool, tp: int = 1) -> float:
     """The logits' block (compute dtype, this GPU's share of the vocabulary) the caching allocator
-    holds through an unfused loss's backward; a fused loss never makes the whole logits."""
-    return 0.0 if fused_loss else dims.vocab / dims.head_split(tp) * compute_bytes(precision)
+    holds through an unfused loss's backward; a fused loss never makes the whole logits, and fp32
+    logits are the loss's own input, whose freed block the backward's fp32 tensors reuse."""
+    element = compute_bytes(precision)
+    return 0.0 if fused_loss or element >= 4 else dims.vocab / dims.head_split(tp) * element
 
 
 def head_bytes_per_token(

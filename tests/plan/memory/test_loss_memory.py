@@ -3,6 +3,8 @@ backward of torch's cross-entropy, plain and under DTensor's loss_parallel (the 
 over a one-GPU mesh: the same code runs whatever the mesh's size). Each fp32 tensor of the logits
 is 64 MiB, past glibc's largest mmap threshold (32 MiB), so each is its own mapping: resident while
 alive, returned when freed, and the kernel's high-water mark (VmHWM) is the peak of live tensors.
+Beside them, what the plan holds around the loss: the logits' block the caching allocator keeps
+(counted in the reserved figure), and the block a pipeline stage without the head rebuilds.
 """
 
 from __future__ import annotations
@@ -18,7 +20,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.distributed.tensor.parallel import loss_parallel
 
-from harness.plan.memory.activations import LOSS_BYTES_PER_LOGIT, LOSS_PARALLEL_BYTES_PER_LOGIT, loss_bytes_per_logit
+from harness.plan.memory.activations import (
+    LOSS_BYTES_PER_LOGIT,
+    LOSS_PARALLEL_BYTES_PER_LOGIT,
+    activations,
+    loss_bytes_per_logit,
+)
+from harness.plan.model.model_shape import shape_of_description
 
 ROWS, VOCAB = 2048, 8192  # 64 MiB per fp32 tensor of the logits
 STATUS, CLEAR_REFS = Path("/proc/self/status"), Path("/proc/self/clear_refs")
@@ -66,3 +74,33 @@ def test_the_loss_holds_what_the_plan_counts_at_its_peak(one_gpu_mesh, vocab_par
     assert planned == (LOSS_PARALLEL_BYTES_PER_LOGIT if vocab_parallel else LOSS_BYTES_PER_LOGIT)
     # Within a quarter of a byte: a 64 MiB tensor is 4 bytes a logit, so one more or fewer fails.
     assert measured == pytest.approx(planned, abs=0.25)
+
+
+LLAMA_8B = dict(params=None, layers=32, width=4096, heads=32, vocab=128256, kv_heads=8, ffn=14336, arch="llama")
+
+
+def _llama_8b_activations(**kwargs):
+    shape = shape_of_description(seq_len=8192, **LLAMA_8B)
+    asked = dict(micro_batch=2, seq_len=8192, precision="bf16", mixed_precision="low_precision")
+    return activations(shape, **(asked | kwargs))
+
+
+def test_the_allocator_keeps_16_bit_logits_beside_the_loss_only():
+    tokens = 2 * 8192
+    whole = _llama_8b_activations(checkpointing="full")
+    assert whole.logits_cached == tokens * LLAMA_8B["vocab"] * 2
+    assert _llama_8b_activations(checkpointing="full", tp=8).logits_cached == whole.logits_cached // 8
+    # A fused loss never makes the whole logits; fp32 logits are the loss's input, their block reused.
+    assert _llama_8b_activations(checkpointing="full", fused_loss=True).logits_cached == 0
+    assert _llama_8b_activations(checkpointing="full", precision="fp32", mixed_precision="autocast").logits_cached == 0
+
+
+def test_a_stage_without_the_head_rebuilds_its_block_beside_all_it_holds():
+    last = _llama_8b_activations(checkpointing="full")
+    before_last = _llama_8b_activations(checkpointing="full", with_head=False)
+    assert last.head > 0 and last.rebuilt == 0  # the loss's buffers, freed first, outweigh the block
+    assert before_last.head == before_last.logits_cached == 0
+    assert before_last.blocks == last.blocks
+    # The whole block rebuilt: what a block keeps without checkpointing.
+    block = _llama_8b_activations(checkpointing="none", with_head=False).blocks // 32
+    assert before_last.rebuilt == pytest.approx(block, rel=1e-6)
