@@ -131,8 +131,12 @@ class StrategyPlan:
 
     @property
     def reserved_bytes(self) -> float | None:
-        """What the caching allocator is predicted to hold at the peak (torch's max reserved)."""
-        return None if self.peak_bytes is None else self.headroom.reserved(self.peak_bytes)
+        """What the caching allocator is predicted to hold at the peak (torch's max reserved): the peak
+        with its reserve, and the logits' freed block it holds beside the loss (activations.py)."""
+        if self.peak_bytes is None:
+            return None
+        cached = self.activations.logits_cached if self.activations is not None else 0
+        return self.headroom.reserved(self.peak_bytes) + cached
 
     def states_on(self, device: str = GPU) -> dict[str, int]:
         return on_device(self.states, device)
@@ -159,6 +163,7 @@ class StrategyPlan:
                 "blocks": self.activations.blocks,
                 "head_and_loss": self.activations.head,
                 "rebuilt_block": self.activations.rebuilt,
+                "logits_block_cached": self.activations.logits_cached,
             },
             "buffers_bytes": {
                 "backward": self.buffers.backward,
@@ -356,10 +361,9 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         megatron=bool(backend.options.get(MEGATRON_ENGINE)),
         sequence_parallel=backend.sequence_parallel,
         core_attention_recompute=q.core_attention_recompute,
+        with_head=head,
     )
     acts = _with_experts(acts, backend, q, layout)
-    if acts is not None and not head:
-        acts = replace(acts, head=0)
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
     tokens = q.micro_batch * q.seq_len / layout.tp
     ffn_buffers = expert_buffers(q.shape, backend, held, layout.experts, q.grad_accum, q.recipe, tokens)

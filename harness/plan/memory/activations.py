@@ -23,9 +23,21 @@ SDPA's flash and memory-efficient kernels keep no T x T scores (the unfused `mat
 its softmax, heads x T per token). The loss adds 12 bytes per token per vocabulary entry at the
 start of backward: the fp32 log-softmax output, its incoming gradient and the gradient it makes;
 a fused or chunked cross-entropy (fused_loss=true, or compiled) keeps the logits and their
-gradient in the compute dtype instead. Under autocast the residual stream stays fp32 (the
-embeddings' dtype) and matmuls run in bf16; FSDP's policy and DeepSpeed run everything in the
-low precision.
+gradient in the compute dtype instead. Under torch's loss parallelism (the head split over the
+vocabulary by tensor parallelism, DTensor's `loss_parallel`) the backward of the log-softmax and
+the loss is one function, torch/distributed/tensor/parallel/loss.py
+`_nll_loss_and_log_softmax_backward`, whose `(grad_input + torch.exp(x)) * grad_output` holds four
+fp32 tensors of this GPU's logits at once (the saved log-softmax output, the zeros it scatters
+into, the exponential and the sum, then the product in the exponential's place): 16 bytes a logit.
+Megatron-LM's vocab-parallel cross-entropy keeps its own account (12).
+The logits themselves (in a 16-bit compute dtype) are freed before the backward (torchtitan's
+`del pred`), but the caching allocator keeps their block: each of the loss's fp32 tensors in the
+backward is twice its size, and a request takes a cached block only as large or larger, else new memory, the cache
+freed only when that fails (c10/cuda/CUDACachingAllocator.cpp, its header comment; under
+`expandable_segments` too, the freed block lying below the saved log-softmax output). That block
+is `logits_cached`: in torch's max reserved beside the peak, not in the fit. Under autocast the
+residual stream stays fp32 (the embeddings' dtype) and matmuls run in bf16; FSDP's policy and
+DeepSpeed run everything in the low precision.
 
 Checkpointing: `full` keeps each block's input and rebuilds one block at a time in the backward;
 `selective` (torchtitan's op-level policy) keeps each block's input, the outputs of every second
@@ -61,6 +73,8 @@ from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDim
 from harness.plan.speed.compute import block_projections
 
 LOSS_BYTES_PER_LOGIT = 12
+# torch's loss_parallel backward: four fp32 tensors of the local logits at once (module docstring).
+LOSS_PARALLEL_BYTES_PER_LOGIT = 16
 # Of those, the log-softmax's incoming gradient and the one it makes (fp32): made in backward,
 # never saved, so a trace of the forward does not see them.
 LOSS_GRADIENT_BYTES_PER_LOGIT = 8
@@ -77,6 +91,9 @@ class Activations:
     head: int  # final norm, head input and the loss's buffers over the vocabulary
     rebuilt: int = 0  # checkpointed: one block rebuilt in backward, less the loss buffers freed by then
     host: int = 0  # offloaded to host memory: copied out in the forward and back in the backward
+    # The logits' freed block the caching allocator holds beside the loss's backward (module docstring):
+    # reserved, not allocated, so in torch's max reserved but not in the fit.
+    logits_cached: int = 0
 
     @property
     def total(self) -> int:
@@ -175,8 +192,19 @@ def selective_bytes_per_token(
     return block_input + ((kept_outputs + dims.q_width) * matmul + dims.heads * LOGSUMEXP_BYTES) / tp
 
 
-def loss_bytes_per_logit(precision: str, fused: bool) -> int:
-    return 2 * compute_bytes(precision) if fused else LOSS_BYTES_PER_LOGIT
+def loss_bytes_per_logit(precision: str, fused: bool, vocab_parallel: bool = False) -> int:
+    """The loss's bytes per logit at its peak; `vocab_parallel`: torch's loss_parallel over a split head."""
+    if fused:
+        return 2 * compute_bytes(precision)
+    return LOSS_PARALLEL_BYTES_PER_LOGIT if vocab_parallel else LOSS_BYTES_PER_LOGIT
+
+
+def logits_cached_per_token(dims: TransformerDims, precision: str, fused_loss: bool, tp: int = 1) -> float:
+    """The logits' block (compute dtype, this GPU's share of the vocabulary) the caching allocator
+    holds through an unfused loss's backward; a fused loss never makes the whole logits, and fp32
+    logits are the loss's own input, whose freed block the backward's fp32 tensors reuse."""
+    element = compute_bytes(precision)
+    return 0.0 if fused_loss or element >= 4 else dims.vocab / dims.head_split(tp) * element
 
 
 def head_bytes_per_token(
@@ -187,9 +215,11 @@ def head_bytes_per_token(
     tp: int = 1,
     fused_norm: bool = False,
     sequence_parallel: bool = True,
+    megatron: bool = False,
 ) -> float:
     residual, matmul = _dtypes(precision, mixed_precision)
-    loss = loss_bytes_per_logit(precision, fused_loss) * dims.vocab
+    vocab_parallel = dims.head_split(tp) > 1 and not megatron
+    loss = loss_bytes_per_logit(precision, fused_loss, vocab_parallel) * dims.vocab
     norm = norm_bytes_per_token(dims, residual, fused_norm) / (tp if sequence_parallel else 1)
     return norm + loss / dims.head_split(tp) + dims.width * matmul
 
@@ -213,6 +243,7 @@ def activations(
     megatron: bool = False,
     sequence_parallel: bool = True,
     core_attention_recompute: bool = False,
+    with_head: bool = True,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
@@ -220,7 +251,9 @@ def activations(
     `offload_layers`: that many blocks' go there, the others' stay;
     `sequence_parallel`: tensor parallel splits the residual stream along the sequence too;
     `core_attention_recompute`: Megatron-LM's selective recomputation beside checkpointing=none
-    (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time."""
+    (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time;
+    without `with_head` (a pipeline's stages before the last) no final norm, head or loss, so nothing of
+    theirs is freed before a block is rebuilt."""
     if core_attention_recompute and checkpointing != "none":
         raise PlanError(
             f"Megatron-LM's selective recomputation of the core attention is its own granularity: it does not "
@@ -259,8 +292,14 @@ def activations(
         core_attention_kept=not core_attention_recompute,
     )
     block = per_token * tokens
-    head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm, sequence_parallel)
-    head *= tokens
+    head = 0.0
+    cached = 0.0
+    if with_head:
+        head = head_bytes_per_token(
+            dims, precision, mixed_precision, fused_loss, tp, fused_norm, sequence_parallel, megatron
+        )
+        head *= tokens
+        cached = logits_cached_per_token(dims, precision, fused_loss, tp) * tokens
     residual_split = tp if sequence_parallel else 1  # the residual stream between blocks, on one GPU
     if checkpointing == "none":
         kept, rebuilt = block, 0.0
@@ -275,7 +314,13 @@ def activations(
         kept = selective_bytes_per_token(dims, precision, mixed_precision, tp, sequence_parallel) * tokens
         rebuilt = max(0, block - kept - head)
     on_gpu, on_host = _offloaded(dims.layers, offload, offload_layers, checkpointing)
-    return Activations(blocks=int(on_gpu * kept), head=int(head), rebuilt=int(rebuilt), host=int(on_host * kept))
+    return Activations(
+        blocks=int(on_gpu * kept),
+        head=int(head),
+        rebuilt=int(rebuilt),
+        host=int(on_host * kept),
+        logits_cached=int(cached),
+    )
 
 
 def _offloaded(layers: int, offload: bool, offload_layers: int, checkpointing: str) -> tuple[int, int]:

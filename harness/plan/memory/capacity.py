@@ -17,6 +17,10 @@ allowance.
                 sharding's buffers of changing sizes are cached beside the model; under pressure
                 the allocator frees its cache before it gives up, so the larger gaps sharded
                 strategies show at rest (up to 27%) are not lost to a run that needs them
+  logits' block torch's max reserved also holds the freed block of an unfused loss's logits beside
+                the loss's larger fp32 tensors (activations.py `logits_cached`): StrategyPlan's
+                reserved figure adds it, the fit does not, as the allocator frees it before it
+                gives up
 """
 
 from __future__ import annotations
