@@ -356,6 +356,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         megatron=bool(backend.options.get(MEGATRON_ENGINE)),
         sequence_parallel=backend.sequence_parallel,
         core_attention_recompute=q.core_attention_recompute,
+        loss_in_place=q.recipe.loss_in_place,
     )
     acts = _with_experts(acts, backend, q, layout)
     if acts is not None and not head:

@@ -23,7 +23,10 @@ SDPA's flash and memory-efficient kernels keep no T x T scores (the unfused `mat
 its softmax, heads x T per token). The loss adds 12 bytes per token per vocabulary entry at the
 start of backward: the fp32 log-softmax output, its incoming gradient and the gradient it makes;
 a fused or chunked cross-entropy (fused_loss=true, or compiled) keeps the logits and their
-gradient in the compute dtype instead. Under autocast the residual stream stays fp32 (the
+gradient in the compute dtype instead; one that writes the gradient over the logits in its forward
+(loss_in_place=true: TransformerEngine's parallel cross-entropy, its Triton kernel storing the
+gradient into the logits, transformer_engine/common/triton/cross_entropy.py @ 42d22740) keeps the
+logits alone. Under autocast the residual stream stays fp32 (the
 embeddings' dtype) and matmuls run in bf16; FSDP's policy and DeepSpeed run everything in the
 low precision.
 
@@ -175,7 +178,9 @@ def selective_bytes_per_token(
     return block_input + ((kept_outputs + dims.q_width) * matmul + dims.heads * LOGSUMEXP_BYTES) / tp
 
 
-def loss_bytes_per_logit(precision: str, fused: bool) -> int:
+def loss_bytes_per_logit(precision: str, fused: bool, in_place: bool = False) -> int:
+    if in_place:
+        return compute_bytes(precision)
     return 2 * compute_bytes(precision) if fused else LOSS_BYTES_PER_LOGIT
 
 
@@ -187,9 +192,10 @@ def head_bytes_per_token(
     tp: int = 1,
     fused_norm: bool = False,
     sequence_parallel: bool = True,
+    loss_in_place: bool = False,
 ) -> float:
     residual, matmul = _dtypes(precision, mixed_precision)
-    loss = loss_bytes_per_logit(precision, fused_loss) * dims.vocab
+    loss = loss_bytes_per_logit(precision, fused_loss, loss_in_place) * dims.vocab
     norm = norm_bytes_per_token(dims, residual, fused_norm) / (tp if sequence_parallel else 1)
     return norm + loss / dims.head_split(tp) + dims.width * matmul
 
@@ -213,6 +219,7 @@ def activations(
     megatron: bool = False,
     sequence_parallel: bool = True,
     core_attention_recompute: bool = False,
+    loss_in_place: bool = False,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
@@ -220,7 +227,13 @@ def activations(
     `offload_layers`: that many blocks' go there, the others' stay;
     `sequence_parallel`: tensor parallel splits the residual stream along the sequence too;
     `core_attention_recompute`: Megatron-LM's selective recomputation beside checkpointing=none
-    (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time."""
+    (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time;
+    `loss_in_place`: the fused cross-entropy writes the logits' gradient over them."""
+    if loss_in_place and not fused_loss:
+        raise PlanError(
+            "loss_in_place=true is a fused cross-entropy that writes the logits' gradient over them: give "
+            "fused_loss=true as well"
+        )
     if core_attention_recompute and checkpointing != "none":
         raise PlanError(
             f"Megatron-LM's selective recomputation of the core attention is its own granularity: it does not "
@@ -259,7 +272,9 @@ def activations(
         core_attention_kept=not core_attention_recompute,
     )
     block = per_token * tokens
-    head = head_bytes_per_token(dims, precision, mixed_precision, fused_loss, tp, fused_norm, sequence_parallel)
+    head = head_bytes_per_token(
+        dims, precision, mixed_precision, fused_loss, tp, fused_norm, sequence_parallel, loss_in_place
+    )
     head *= tokens
     residual_split = tp if sequence_parallel else 1  # the residual stream between blocks, on one GPU
     if checkpointing == "none":
