@@ -746,18 +746,22 @@ def publication(row: dict[str, str]) -> str:
 
 
 def jobs_of(outcomes: list[Outcome]) -> dict[tuple, list[Outcome]]:
-    """One job's published settings: rows of one publication and table, model, card, GPU count,
+    """One job's published settings: rows of one publication and table, model (its shape), card, GPU count,
     sequence and precision that differ in layout (strategy, micro-batch, accumulation,
     checkpointing), each planned, by job. The same setting published by two documents (torchtitan's
     70B float8 2D runs of December 2024 and of June 2025: another torch, 829 and 809.8 tokens/s) is
     two jobs, not a choice between identical layouts; so are two tables of one document (each of
-    Megatron-Bridge's summary sections is another container release)."""
+    Megatron-Bridge's summary sections is another container release), and two shapes under one name
+    (BigScience's trials publish 64, 96 and 128 heads of one width as "182B" in one table: another
+    model, not another layout)."""
     jobs: dict[tuple, list[Outcome]] = {}
     for o in outcomes:
         if o.error is None:
             continue
         r = o.row
-        key = (publication(r), r["model"], r["gpu"], r["gpus"], r["seq_len"], r["precision"], r["table"])
+        # The vocabulary is left out: Megatron pads it to a multiple of 128 x tp, another size a layout.
+        shape = tuple(r[c] for c in ("n_layers", "d_model", "n_heads", "ffn", "kv_heads"))
+        key = (publication(r), r["model"], r["gpu"], r["gpus"], r["seq_len"], r["precision"], r["table"], shape)
         jobs.setdefault(key, []).append(o)
     return {
         key: rows
@@ -797,7 +801,7 @@ def choice_lines(outcomes: list[Outcome]) -> list[str]:
         "| model | GPUs | GPU | seq | precision | setting | published tok/s/GPU | planned | planned order |",
         "|---|---:|---|---:|---|---|---:|---:|---:|",
     ]
-    for (_, model, gpu, gpus, seq, precision, _), rows in jobs.items():
+    for (_, model, gpu, gpus, seq, precision, _, _), rows in jobs.items():
         order = {id(o): rank for rank, o in enumerate(sorted(rows, key=lambda o: -o.predicted), 1)}
         for o in sorted(rows, key=lambda o: -o.published):
             lines.append(
@@ -836,8 +840,9 @@ def accuracy_lines(outcomes: list[Outcome]) -> list[str]:
         regrets = [p.regret for p in picks]
         lines += [
             "",
-            f"Choosing among one job's published settings ({len(picks)} jobs: one publication and table, model, "
-            "card, GPU count, sequence and precision, two or more layouts; each listed below): the plan's pick is the "
+            f"Choosing among one job's published settings ({len(picks)} jobs: one publication and table, model "
+            "(its shape), card, GPU count, sequence and precision, two or more layouts; each listed below): the plan's "
+            "pick is the "
             f"fastest published in {sum(r <= 0 for r in regrets) / len(regrets):.0%}; regret (published tokens/s of "
             f"the fastest / of the pick - 1) median {statistics.median(regrets):.1%}, "
             f"worst {worst.regret:.1%}{example}.",
