@@ -62,6 +62,7 @@ from harness.plan.memory.recipe import Recipe, with_tied_embeddings  # noqa: E40
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_description  # noqa: E402
 from harness.plan.network.comm import HYBRID_ZERO, ZERO3_LIST_COLLECTIVES  # noqa: E402
 from harness.plan.network.fabric import FABRICS, Fabric, default_fabric, parse_fabric, topology_of  # noqa: E402
+from harness.plan.parallel.backends import MEGATRON_FSDP as MEGATRON_FSDP_UNITS  # noqa: E402
 from harness.plan.parallel.backends import backend_of, filled_in  # noqa: E402
 from harness.plan.parallel.deepspeed_pipeline import DEEPSPEED_PIPELINE  # noqa: E402
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout  # noqa: E402
@@ -233,6 +234,8 @@ def _not_modelled(row: dict[str, str]) -> str | None:
         return "mixture of experts without the notes' moe head (moe_runs.csv holds the planned runs): not planned"
     if MEGATRON_FSDP in tokens and moe_head(row) is not None:
         return "Megatron-FSDP beside expert parallel: not modelled"
+    if FP8_PARAM_GATHER in tokens and MEGATRON_FSDP not in tokens:
+        return "fp8 parameters beside Megatron's DDP or distributed optimizer: not modelled"
     if "offload" in tokens:
         return "offloading to the host: not modelled"
     if any(t.startswith("zero_group=") for t in tokens) and HYBRID_ZERO not in tokens:
@@ -255,6 +258,11 @@ def _card(row: dict[str, str]) -> GPUSpec | str:
 # in fp8 (TransformerEngine's fp8 DotProductAttention).
 ATTENTION_TOKEN = "attention="
 MEGATRON_FSDP = "megatron_fsdp"
+# Megatron-core's fp8 parameters (`fp8_param_gather`): Megatron-FSDP holds and gathers the blocks' weights
+# in fp8 (recipe.py's fp8_all_gather). TransformerEngine's cross-entropy writes the logits' gradient
+# over them (Megatron-core's cross_entropy_fusion_impl='te': recipe.py's loss_in_place).
+FP8_PARAM_GATHER = "fp8_param_gather"
+LOSS_IN_PLACE = "loss_in_place"
 # Megatron-core's cpu_offloading_num_layers: that many blocks' activations in host memory (recipe.py).
 OFFLOAD_TOKEN = "activation_offload_layers="
 TRANSFORMER_ENGINE = "transformer_engine"
@@ -272,6 +280,8 @@ CP_ROTATE_METHODS = ("allgather", "alltoall")
 PLAN_FLAGS = (
     TRANSFORMER_ENGINE,
     FUSED_LOSS,
+    LOSS_IN_PLACE,
+    FP8_PARAM_GATHER,
     FUSED_NORM,
     DEEPSPEED_PIPELINE,
     LAUNCH_BLOCKING,
@@ -374,9 +384,10 @@ def _megatron_fsdp_layout(sharding: str) -> tuple[PlanModel, dict]:
     `data_parallel_sharding_strategy='optim_grads_params'`): Megatron's layers and tensor parallel, the
     parameters, gradients and optimizer state sharded over the data-parallel GPUs, each layer's
     parameters gathered for its forward and again for its backward, the gradients reduce-scattered
-    on every micro-step (megatron/core/distributed/fsdp)."""
+    on every micro-step (megatron/core/distributed/fsdp); its units and buffers as memory/buffers.py
+    says (MEGATRON_FSDP)."""
     model, options = megatron_layout(sharding)
-    options = {**options, "distributed_optimizer": False, "sync_each_micro_step": True}
+    options = {**options, "distributed_optimizer": False, "sync_each_micro_step": True, MEGATRON_FSDP_UNITS: True}
     return replace(model, stage=3, reshard_after_forward=True), options
 
 
@@ -522,7 +533,7 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         pure_bf16="model.bfloat16()" in row["notes"] or row["source"].startswith("VectorInstitute"),
         megatron_mixed_precision=megatron,
         fp32_grad_accum=megatron and "fp32 main parameters and gradient reduction" in row["mp_mode"],
-        fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"],
+        fp8_all_gather="enable_fsdp_float8_all_gather" in row["notes"] or FP8_PARAM_GATHER in _plan_tokens(row),
         fp8_saved_inputs=(_precision(row) == "fp8" and _transformer_engine(row))
         or (_precision(row) == "fp4" and ("NVFP4" in row["notes"] or row["precision"] == "nvfp4")),
         te_fp8=_precision(row) == "fp8" and _transformer_engine(row),
@@ -532,6 +543,7 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         qk_norm=qk_norm(row),
         recompute_modules=recompute_modules(row) or (),
         activation_offload_layers=int(_token_value(row, OFFLOAD_TOKEN) or 0),
+        loss_in_place=LOSS_IN_PLACE in _plan_tokens(row),
     )
 
 
@@ -734,18 +746,22 @@ def publication(row: dict[str, str]) -> str:
 
 
 def jobs_of(outcomes: list[Outcome]) -> dict[tuple, list[Outcome]]:
-    """One job's published settings: rows of one publication and table, model, card, GPU count,
+    """One job's published settings: rows of one publication and table, model (its shape), card, GPU count,
     sequence and precision that differ in layout (strategy, micro-batch, accumulation,
     checkpointing), each planned, by job. The same setting published by two documents (torchtitan's
     70B float8 2D runs of December 2024 and of June 2025: another torch, 829 and 809.8 tokens/s) is
     two jobs, not a choice between identical layouts; so are two tables of one document (each of
-    Megatron-Bridge's summary sections is another container release)."""
+    Megatron-Bridge's summary sections is another container release), and two shapes under one name
+    (BigScience's trials publish 64, 96 and 128 heads of one width as "182B" in one table: another
+    model, not another layout)."""
     jobs: dict[tuple, list[Outcome]] = {}
     for o in outcomes:
         if o.error is None:
             continue
         r = o.row
-        key = (publication(r), r["model"], r["gpu"], r["gpus"], r["seq_len"], r["precision"], r["table"])
+        # The vocabulary is left out: Megatron pads it to a multiple of 128 x tp, another size a layout.
+        shape = tuple(r[c] for c in ("n_layers", "d_model", "n_heads", "ffn", "kv_heads"))
+        key = (publication(r), r["model"], r["gpu"], r["gpus"], r["seq_len"], r["precision"], r["table"], shape)
         jobs.setdefault(key, []).append(o)
     return {
         key: rows
@@ -785,7 +801,7 @@ def choice_lines(outcomes: list[Outcome]) -> list[str]:
         "| model | GPUs | GPU | seq | precision | setting | published tok/s/GPU | planned | planned order |",
         "|---|---:|---|---:|---|---|---:|---:|---:|",
     ]
-    for (_, model, gpu, gpus, seq, precision, _), rows in jobs.items():
+    for (_, model, gpu, gpus, seq, precision, _, _), rows in jobs.items():
         order = {id(o): rank for rank, o in enumerate(sorted(rows, key=lambda o: -o.predicted), 1)}
         for o in sorted(rows, key=lambda o: -o.published):
             lines.append(
@@ -824,8 +840,9 @@ def accuracy_lines(outcomes: list[Outcome]) -> list[str]:
         regrets = [p.regret for p in picks]
         lines += [
             "",
-            f"Choosing among one job's published settings ({len(picks)} jobs: one publication and table, model, "
-            "card, GPU count, sequence and precision, two or more layouts; each listed below): the plan's pick is the "
+            f"Choosing among one job's published settings ({len(picks)} jobs: one publication and table, model "
+            "(its shape), card, GPU count, sequence and precision, two or more layouts; each listed below): the plan's "
+            "pick is the "
             f"fastest published in {sum(r <= 0 for r in regrets) / len(regrets):.0%}; regret (published tokens/s of "
             f"the fastest / of the pick - 1) median {statistics.median(regrets):.1%}, "
             f"worst {worst.regret:.1%}{example}.",

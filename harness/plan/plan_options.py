@@ -91,6 +91,7 @@ class PlanConfig:
     fp8_attention: bool = False  # TransformerEngine's fp8 attention (cuDNN's fp8 kernel), with attention=cudnn
     activation_offload: bool = False  # saved activations in host memory (torchtune)
     activation_offload_layers: int = 0  # that many blocks' activations in host memory (Megatron-core)
+    loss_in_place: bool = False  # the fused cross-entropy writes the logits' gradient over them (TransformerEngine's)
     fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse
     # A mixture of experts: the busiest expert GPU's tokens over the mean (1.0: balanced), and
     # Megatron-core's recomputed modules (core_attn, layernorm, moe_act, moe, mlp).

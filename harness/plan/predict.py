@@ -362,6 +362,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         sequence_parallel=backend.sequence_parallel,
         core_attention_recompute=q.core_attention_recompute,
         with_head=head,
+        loss_in_place=q.recipe.loss_in_place,
     )
     acts = _with_experts(acts, backend, q, layout)
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)

@@ -435,3 +435,24 @@ def test_a_moe_run_both_csvs_hold_counts_once():
     assert len(repeated) == len(shapeless) - 1
     assert not any(repeats_a_moe_run(r, moe_rows) for r in nvidia if r["arch"] != "moe")
     assert not any(repeats_a_moe_run(r, moe_rows) for r in moe_rows)  # a row with its shape is the one counted
+
+
+def test_megatron_fsdp_holds_its_root_its_head_gradient_and_fp8_weights_as_its_source_says():
+    """Megatron-FSDP's units are its transformer layers: the embedding and the output layer stay
+    gathered for the step, and the output layer's weight gradient is made beside the logits' gradient;
+    with fp8 parameters the blocks' matrices are held and gathered as fp8 (a uint8 weight buffer)."""
+    row = next(
+        r
+        for r in published.read_rows(published.DATA / "model_parallel_nvidia.csv")
+        if r["gpu"] == "GB200" and "megatron_fsdp" in r["sharding"] and "fp8_param_gather" in r["sharding"]
+    )
+    shape = published.shape_of_row(row)
+    fp8 = published.question(row)[1]
+    bf16 = published.question({**row, "sharding": row["sharding"].replace(" fp8_param_gather", "")})[1]
+    head = shape.dims.vocab * shape.dims.width
+    assert fp8.buffers.backward["root parameters gathered for the step"] == 2 * shape.root_params()
+    assert fp8.buffers.backward["the output layer's weight gradient, beside the logits' gradient"] == 2 * head
+    gathered = "blocks gathered (in use + prefetched)"
+    assert fp8.buffers.backward[gathered] == pytest.approx(bf16.buffers.backward[gathered] / 2, rel=0.01)
+    # The embedding and the output layer keep their bf16 weights: 3% of the 70B.
+    assert fp8.states_on()["params"] == pytest.approx(bf16.states_on()["params"] / 2, rel=0.05)

@@ -23,7 +23,10 @@ SDPA's flash and memory-efficient kernels keep no T x T scores (the unfused `mat
 its softmax, heads x T per token). The loss adds 12 bytes per token per vocabulary entry at the
 start of backward: the fp32 log-softmax output, its incoming gradient and the gradient it makes;
 a fused or chunked cross-entropy (fused_loss=true, or compiled) keeps the logits and their
-gradient in the compute dtype instead. Under torch's loss parallelism (the head split over the
+gradient in the compute dtype instead; one that writes the gradient over the logits in its forward
+(loss_in_place=true: TransformerEngine's parallel cross-entropy, its Triton kernel storing the
+gradient into the logits, transformer_engine/common/triton/cross_entropy.py @ 42d22740) keeps the
+logits alone. Under torch's loss parallelism (the head split over the
 vocabulary by tensor parallelism, DTensor's `loss_parallel`) the backward of the log-softmax and
 the loss is one function, torch/distributed/tensor/parallel/loss.py
 `_nll_loss_and_log_softmax_backward`, whose `(grad_input + torch.exp(x)) * grad_output` holds four
@@ -192,8 +195,11 @@ def selective_bytes_per_token(
     return block_input + ((kept_outputs + dims.q_width) * matmul + dims.heads * LOGSUMEXP_BYTES) / tp
 
 
-def loss_bytes_per_logit(precision: str, fused: bool, vocab_parallel: bool = False) -> int:
-    """The loss's bytes per logit at its peak; `vocab_parallel`: torch's loss_parallel over a split head."""
+def loss_bytes_per_logit(precision: str, fused: bool, vocab_parallel: bool = False, in_place: bool = False) -> int:
+    """The loss's bytes per logit at its peak; `vocab_parallel`: torch's loss_parallel over a split
+    head; `in_place`: a fused loss that writes the gradient over the logits."""
+    if in_place:
+        return compute_bytes(precision)
     if fused:
         return 2 * compute_bytes(precision)
     return LOSS_PARALLEL_BYTES_PER_LOGIT if vocab_parallel else LOSS_BYTES_PER_LOGIT
@@ -216,10 +222,11 @@ def head_bytes_per_token(
     fused_norm: bool = False,
     sequence_parallel: bool = True,
     megatron: bool = False,
+    loss_in_place: bool = False,
 ) -> float:
     residual, matmul = _dtypes(precision, mixed_precision)
     vocab_parallel = dims.head_split(tp) > 1 and not megatron
-    loss = loss_bytes_per_logit(precision, fused_loss, vocab_parallel) * dims.vocab
+    loss = loss_bytes_per_logit(precision, fused_loss, vocab_parallel, loss_in_place) * dims.vocab
     norm = norm_bytes_per_token(dims, residual, fused_norm) / (tp if sequence_parallel else 1)
     return norm + loss / dims.head_split(tp) + dims.width * matmul
 
@@ -244,6 +251,7 @@ def activations(
     sequence_parallel: bool = True,
     core_attention_recompute: bool = False,
     with_head: bool = True,
+    loss_in_place: bool = False,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
@@ -253,7 +261,13 @@ def activations(
     `core_attention_recompute`: Megatron-LM's selective recomputation beside checkpointing=none
     (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time;
     without `with_head` (a pipeline's stages before the last) no final norm, head or loss, so nothing of
-    theirs is freed before a block is rebuilt."""
+    theirs is freed before a block is rebuilt; `loss_in_place`: the fused cross-entropy writes the
+    logits' gradient over them."""
+    if loss_in_place and not fused_loss:
+        raise PlanError(
+            "loss_in_place=true is a fused cross-entropy that writes the logits' gradient over them: give "
+            "fused_loss=true as well"
+        )
     if core_attention_recompute and checkpointing != "none":
         raise PlanError(
             f"Megatron-LM's selective recomputation of the core attention is its own granularity: it does not "
@@ -296,7 +310,15 @@ def activations(
     cached = 0.0
     if with_head:
         head = head_bytes_per_token(
-            dims, precision, mixed_precision, fused_loss, tp, fused_norm, sequence_parallel, megatron
+            dims,
+            precision,
+            mixed_precision,
+            fused_loss,
+            tp,
+            fused_norm,
+            sequence_parallel,
+            megatron=megatron,
+            loss_in_place=loss_in_place,
         )
         head *= tokens
         cached = logits_cached_per_token(dims, precision, fused_loss, tp) * tokens

@@ -6,6 +6,16 @@ each layer's backward); DDP's gradient buckets when .grad is not a view into the
 gathered parameters (the root for the whole step, a block in use plus one prefetched, or
 every block when it does not reshard after forward) and one block's reduce-scatter; FSDP2's
 replicate (ddp-tp, zero1-tp) alike, its units copied on one rank and kept until their backward.
+Megatron-FSDP (megatron/core/distributed/fsdp @ 41eecc45): its units are the transformer layers
+alone (mcore_fsdp_adapter.py: fsdp_unit_modules=[TransformerLayer] under optim_grads_params), so the
+embedding, the final norm and the output layer are gathered in their forward and released by no hook
+(megatron_fsdp.py registers the release after forward and backward on the units only): gathered for
+the step, as FSDP2's root. The units' gathered weights and their gradients for the reduce-scatter
+each take two units' buffers (the one in use and the next; `fsdp_double_buffer`'s FixedPoolAllocator
+holds exactly two, param_and_grad_buffer.py), gathered in fp8 where the model's weights are fp8
+(`fp8_param_gather`: a uint8 weight buffer). The output layer's weight gradient (its own tensor, or
+its gradient bucket under gradient accumulation fusion) is made beside the logits' gradient at the
+start of the backward.
 DeepSpeed: ZeRO-1/2's reduction bucket(s) (two with overlap_comm; allocated by the first
 gradient hook, once the loss's buffers are freed), ZeRO-1's whole
 gradients while accumulating, the fp32 gradient built for the optimizer step; ZeRO-3's
@@ -27,7 +37,7 @@ from harness.plan.memory.activations import LOSS_BYTES_PER_LOGIT
 from harness.plan.memory.model_states import BYTES, compute_bytes
 from harness.plan.memory.recipe import PLAIN, Recipe
 from harness.plan.model.model_shape import ModelShape
-from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.backends import MEGATRON_FSDP, Backend
 from harness.plan.parallel.layout import Layout
 
 
@@ -70,8 +80,11 @@ def _torch_buffers(
         return Buffers(backward=backward, grads_resident=ddp)
     unsharded = compute_bytes(precision)
     backward["root parameters gathered for the step"] = shape.root_params() // tp * unsharded
+    if backend.options.get(MEGATRON_FSDP) and shape.dims is not None:
+        head = shape.dims.vocab * shape.dims.width // tp
+        backward["the output layer's weight gradient, beside the logits' gradient"] = head * unsharded
     largest = max(blocks) if blocks else 0
-    # torchao's fp8 all-gather: a block's matrices arrive as fp8, one byte an element.
+    # torchao's fp8 all-gather, Megatron-FSDP's fp8 weights: a block's matrices arrive as fp8, one byte an element.
     share = fp8_block_share(shape) if recipe.fp8_all_gather else 0.0
     per_element = share * 1 + (1 - share) * unsharded
     if backend.reshard_after_forward:

@@ -27,7 +27,7 @@ from typing import TypeVar
 
 from harness.plan.memory.recipe import PLAIN, Recipe, moment_bytes
 from harness.plan.model.model_shape import ModelShape, ParamTensor
-from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.backends import MEGATRON_FSDP, Backend
 from strategies.memory import MemoryBreakdown
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -144,7 +144,8 @@ def _torch_states(shape: ModelShape, backend: Backend, shards: int, tp: int, rec
     elements = sum(sizes)
     element = 2 if recipe.low_precision_params else 4
     held_bytes = _Holdings()
-    held_bytes.add("params", elements * element, backend.offload_params)
+    fp8_saving = _fp8_weight_saving(shape, backend, tp, shards, recipe, element)
+    held_bytes.add("params", elements * element - fp8_saving, backend.offload_params)
     held_bytes.add("grads", elements * (4 if recipe.fp32_grad_accum else element), backend.offload_params)
     if backend.stage == 1 and shards > 1 and recipe.megatron_mixed_precision:
         # Megatron's distributed optimizer: an even range of the flat gradient buffer per rank
@@ -156,6 +157,16 @@ def _torch_states(shape: ModelShape, backend: Backend, shards: int, tp: int, rec
         held_bytes.add("optimizer", sum(sizes) * 4, backend.offload_optimizer)
     _adam(held_bytes, sizes, tensors, backend.offload_optimizer, recipe, 2 if recipe.pure_bf16 else 4)
     return held_bytes
+
+
+def _fp8_weight_saving(shape: ModelShape, backend: Backend, tp: int, shards: int, recipe: Recipe, element: int) -> int:
+    """Bytes Megatron-FSDP saves holding the blocks' matrices as fp8 (`fp8_param_gather`: its sharded
+    weight buffer is uint8, megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py
+    @ 41eecc45), one byte an element where the other weights keep `element`."""
+    if not (recipe.fp8_all_gather and backend.options.get(MEGATRON_FSDP)) or shape.tensors is None:
+        return 0
+    matrices = sum(t.numel for t in shape.tensors if t.block is not None and len(t.shape) >= 2)
+    return matrices // (tp * max(shards, 1)) * (element - 1)
 
 
 @_per_model

@@ -27,7 +27,9 @@ offers it does it (docs/planner.md cites each):
   fp8_all_gather     FSDP2 gathers the blocks' fp8-cast weights, not bf16 (torchao's
                      `Float8LinearConfig(enable_fsdp_float8_all_gather=True)`): one byte a gathered
                      block-matrix element, in memory and on the wire. With precision=fp8 under a
-                     torch-engine sharding strategy.
+                     torch-engine sharding strategy. Megatron-FSDP alike where Megatron-core's
+                     weights are fp8 (`fp8_param_gather`: its weight buffer is uint8,
+                     megatron/core/distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py @ 41eecc45).
   fp8_saved_inputs   with precision=fp8, the fp8 projections keep their inputs for the backward as
                      the fp8 cast (TransformerEngine's Linear and LayerNormLinear save it for the
                      weight gradient): one byte an element of each projection's input, where bf16
@@ -60,6 +62,12 @@ offers it does it (docs/planner.md cites each):
                      the block computed meanwhile). Megatron refuses it beside
                      activation recomputation, beside a pipeline and at the model's whole depth, and
                      so does the plan.
+  loss_in_place      with fused_loss=true, a cross-entropy that writes the logits' gradient over the
+                     logits in its forward, so the head keeps them once, in the compute dtype
+                     (TransformerEngine's parallel cross-entropy, Megatron-core's
+                     cross_entropy_fusion_impl='te': transformer_engine/common/triton/cross_entropy.py
+                     @ 42d22740 stores the gradient into its input; Megatron-Bridge's performance
+                     recipes use it).
   fragmentation      the share of the activations the caching allocator cannot hand out again at
                      large micro-batches (freed blocks of one size that the next allocation cannot
                      reuse): measured as a run's max reserved over max allocated, it is counted as
@@ -101,6 +109,7 @@ class Recipe:
     fp8_attention: bool = False
     activation_offload: bool = False
     activation_offload_layers: int = 0
+    loss_in_place: bool = False
     fragmentation: float = 0.0
     # A mixture of experts: the busiest GPU's expert load over the mean (1.0: balanced, as published
     # Megatron-Bridge benchmarks force it), and Megatron-core's recomputed modules.
@@ -195,6 +204,8 @@ class Recipe:
             said.append("activations offloaded")
         if self.activation_offload_layers:
             said.append(f"{self.activation_offload_layers} blocks' activations offloaded")
+        if self.loss_in_place:
+            said.append("cross-entropy in place")
         if self.fragmentation:
             said.append(f"{self.fragmentation:.0%} fragmentation")
         if self.moe_imbalance != 1.0:

@@ -105,6 +105,8 @@ def planner_models() -> dict[str, Backend]:
 
 # DDP's own default bucket (torch.nn.parallel.DistributedDataParallel), used where a plugin sets none.
 DDP_BUCKET_CAP_MB = 25.0
+# Megatron-core's own FSDP (megatron/core/distributed/fsdp): its units and buffers (memory/buffers.py).
+MEGATRON_FSDP = "megatron_fsdp"
 
 
 def counterpart(backend: Backend, *, offload: bool, via_accelerate: bool) -> str | None:

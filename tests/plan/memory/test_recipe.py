@@ -186,6 +186,22 @@ def test_offloaded_layers_megatron_refuses_are_one_line_errors(capsys, args, fra
     assert fragment in err and err.count("\n") == 1
 
 
+def test_loss_in_place_keeps_the_logits_once():
+    """TransformerEngine's cross-entropy writes the logits' gradient over them: the head keeps one bf16
+    logit where a fused loss keeps the logits and their gradient."""
+    fused, q = _plan("fsdp", fused_loss=True)
+    in_place, _ = _plan("fsdp", Recipe(loss_in_place=True), fused_loss=True)
+    logits = q.micro_batch * q.seq_len * LLAMA_8B["vocab"]
+    assert fused.activations.head - in_place.activations.head == 2 * logits
+    assert fused.peak_bytes - in_place.peak_bytes == 2 * logits
+
+
+def test_loss_in_place_without_a_fused_loss_is_a_one_line_error(capsys):
+    assert runner.main(["plan", "model=gpt2-124m", "loss_in_place=true", "strategies=[fsdp]"]) == 2
+    err = capsys.readouterr().err
+    assert "give fused_loss=true as well" in err and err.count("\n") == 1
+
+
 def test_fragmentation_is_a_share_of_the_activations_at_the_peak():
     plain, _ = _plan("fsdp", micro_batch=4)
     fragmented, _ = _plan("fsdp", Recipe(fragmentation=0.1), micro_batch=4)
