@@ -72,6 +72,7 @@ from harness.plan.speed.attention import KERNELS as ATTENTION_KERNELS  # noqa: E
 from harness.plan.speed.calibration import default_factors  # noqa: E402
 from harness.plan.speed.compute import kernel_launches  # noqa: E402
 from harness.plan.speed.host_issue import LAUNCH_BLOCKING  # noqa: E402
+from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK  # noqa: E402
 from harness.plan.speed.step_time import HOST_S_PER_LAUNCH  # noqa: E402
 from strategies.plan_model import PlanModel  # noqa: E402
 
@@ -285,6 +286,7 @@ PLAN_FLAGS = (
     FUSED_NORM,
     DEEPSPEED_PIPELINE,
     LAUNCH_BLOCKING,
+    SWAPPED_SOFTMAX_CHECK,
     HYBRID_ZERO,
     FP8_ATTENTION,
     BIASES,
@@ -589,6 +591,8 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
     model, options = layout
     if LAUNCH_BLOCKING in _plan_tokens(row):
         options = {**options, LAUNCH_BLOCKING: True}  # host_issue.py: every launch waits for its kernel
+    if SWAPPED_SOFTMAX_CHECK in _plan_tokens(row):
+        options = {**options, SWAPPED_SOFTMAX_CHECK: True}  # masked_softmax.py: the fused kernel refused or not
     try:
         check_precision(gpu, precision)
     except PlanError as exc:

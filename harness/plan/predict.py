@@ -58,6 +58,7 @@ from harness.plan.speed.host_issue import (
     host_rates,
 )
 from harness.plan.speed.kernel_table import kernel_table
+from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK, with_torch_softmax
 from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
@@ -527,6 +528,16 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 seq_len=q.seq_len,
                 tp=layout.tp,
                 fp8_attention=q.recipe.fp8_attention,
+            )
+        if backend.options.get(SWAPPED_SOFTMAX_CHECK) and q.attention == "math" and q.shape.dims is not None:
+            work = with_torch_softmax(
+                work,
+                q.shape.dims,
+                q.gpu,
+                micro_batch=q.micro_batch,
+                seq_len=q.seq_len,
+                tp=layout.tp,
+                checkpointing=q.checkpointing,
             )
     return step_time(
         work=work,
