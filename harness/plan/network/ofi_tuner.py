@@ -11,9 +11,10 @@ the tuner chooses, it does not time.
 
 Transcribed: P6-B200's and P6-B300's regions (`region_init_internal_p6`, `region_init_internal_p6_b300`),
 both of their shapes, a group of 8 GPUs of each node and one GPU of each, for all-reduce, all-gather and
-reduce-scatter. Not transcribed (NCCL's model picks there): P5's and P5en's tables. Not modelled: the
-channel counts it sets for P6-B200's tree/LL128 all-reduces of 4-32 MiB and PAT below 32 MiB, and its
-chunk sizes.
+reduce-scatter; P5's and P5e's (`region_init_internal_p5_p5e`): the all-reduce with 8, 2 or 1 GPUs of each
+node, all-gather and reduce-scatter with one (with 8 a node the source has none for them). Not
+transcribed (NCCL's model picks there): P5en's tables. Not modelled: the channel counts it sets for
+P6-B200's tree/LL128 all-reduces of 4-32 MiB and PAT below 32 MiB, and its chunk sizes.
 """
 
 from __future__ import annotations
@@ -614,8 +615,231 @@ def _p6_b300_per_node_1() -> dict[str, tuple[Region, ...]]:
     return {"all-reduce": all_reduce, "all-gather": all_gather, "reduce-scatter": reduce_scatter}
 
 
+def _p5_per_node_8() -> dict[str, tuple[Region, ...]]:
+    ar = {
+        "tree_ll128": _extend((402653184, 2048), (402653184, 4096)),
+        "nvlstree_simple_1": _extend((8053063680, 160), (9663676416, 192)),
+        "nvlstree_simple_2": _extend((402653184, 2048), (402653184, 4096)),
+        "ring_simple": _extend((8053063680, 160), (9663676416, 192)),
+    }
+    all_reduce = (
+        _region(
+            "tree",
+            "LL128",
+            (0, 16),
+            (31457280, 16),
+            (37748736, 32),
+            (117440512, 64),
+            (301989888, 128),
+            (301989888, 256),
+            (335544320, 512),
+            (536870912, 1024),
+            (402653184, 2048),
+            (402653184, 4096),
+            "tree_ll128",
+            (0, 2 ** ar["tree_ll128"][1]),
+            extended=ar,
+        ),
+        _region("nvls-tree", "Simple", (31457281, 16), (MAX_SIZE, 16), (31457281, 16), extended=ar),
+        _region(
+            "ring",
+            "LL128",
+            (31457280, 17),
+            (1073741824, 17),
+            (2147483648, 64),
+            (2147483648, 128),
+            (1342177280, 160),
+            (2147483648, 256),
+            (1074790400, 256),
+            (444596224, 160),
+            (301989888, 128),
+            (117440512, 64),
+            (37748736, 32),
+            extended=ar,
+        ),
+        _region(
+            "nvls-tree",
+            "Simple",
+            (2147483648, 128),
+            (6442450944, 128),
+            (8053063680, 160),
+            (9663676416, 192),
+            "nvlstree_simple_1",
+            "nvlstree_simple_2",
+            (402653184, 4096),
+            (402653184, 2048),
+            (536870912, 1024),
+            (335544320, 512),
+            (301989888, 256),
+            (310378496, 160),
+            (444596224, 160),
+            (1074790400, 256),
+            (2684354560, 256),
+            (2147483648, 224),
+            (1342177280, 160),
+            extended=ar,
+        ),
+        _region(
+            "ring",
+            "Simple",
+            (1073741824, 17),
+            (2 ** ar["ring_simple"][0], 17),
+            "ring_simple",
+            (9663676416, 192),
+            (8053063680, 160),
+            (2684354560, 64),
+            (1610612736, 32),
+            extended=ar,
+        ),
+    )
+    return {"all-reduce": all_reduce}
+
+
+def _p5_per_node_2() -> dict[str, tuple[Region, ...]]:
+    ar = {
+        "tree_ll128": _extend((88160256, 128), (178163712, 256)),
+        "tree_simple_1": _extend((787480576, 128), (1073741824, 256)),
+        "tree_simple_2": _extend((257114112, 128), (269484032, 256)),
+        "nvlstree_simple": _extend((787480576, 128), (1073741824, 256)),
+    }
+    all_reduce = (
+        _region(
+            "tree",
+            "LL128",
+            (0, 4),
+            (1314816, 4),
+            (1051648, 8),
+            (1051648, 12),
+            (2367488, 16),
+            (5525504, 32),
+            (9473024, 64),
+            (88160256, 128),
+            (178163712, 256),
+            "tree_ll128",
+            (0, 2 ** ar["tree_ll128"][1]),
+            extended=ar,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            (1314816, 4),
+            (19736576, 4),
+            (41842688, 8),
+            (296747008, 64),
+            (257114112, 128),
+            (269484032, 256),
+            (178163712, 256),
+            (88160256, 128),
+            (9473024, 64),
+            (5525504, 32),
+            (2367488, 16),
+            (1051648, 12),
+            (1051648, 8),
+            (1314816, 4),
+            extended=ar,
+        ),
+        _region(
+            "nvls-tree",
+            "Simple",
+            (19736576, 4),
+            (81844224, 4),
+            (275775488, 8),
+            (275775488, 48),
+            (296747008, 64),
+            (41842688, 8),
+            extended=ar,
+        ),
+        _region("tree", "LL128", (81844224, 4), (269484032, 4), (81844224, 4), extended=ar),
+        _region("tree", "Simple", (269484032, 4), (MAX_SIZE, 4), (269484032, 4), extended=ar),
+        _region(
+            "ring",
+            "Simple",
+            (81844224, 5),
+            (MAX_SIZE, 5),
+            (MAX_SIZE, 32),
+            (1073741824, 40),
+            (1073741824, 128),
+            (787480576, 128),
+            (296747008, 64),
+            (275775488, 48),
+            (275775488, 8),
+            (81844224, 5),
+            extended=ar,
+        ),
+        _region(
+            "tree",
+            "Simple",
+            (296747008, 64),
+            (787480576, 128),
+            (1073741824, 256),
+            "tree_simple_1",
+            "tree_simple_2",
+            (269484032, 256),
+            (257114112, 128),
+            extended=ar,
+        ),
+        _region(
+            "nvls-tree",
+            "Simple",
+            "nvlstree_simple",
+            (1073741824, 256),
+            (787480576, 128),
+            (1073741824, 128),
+            (1073741824, 40),
+            (MAX_SIZE, 32),
+            extended=ar,
+        ),
+    )
+    return {"all-reduce": all_reduce}
+
+
+def _p5_per_node_1() -> dict[str, tuple[Region, ...]]:
+    ext = {
+        "ar_tree_ll128": _extend((9999360, 64), (119477248, 128)),
+        "ar_ring_ll128": _extend((4736000, 2), (269484032, 128)),
+        "ag_ring_simple": _extend((4194304, 2), (8589934592, 2048)),
+        "rs_ring_simple": _extend((8388608, 2), (4294967296, 1024)),
+    }
+    all_reduce = (
+        _region(
+            "tree",
+            "LL128",
+            (0, 16),
+            (2367488, 16),
+            (9999360, 64),
+            (119477248, 128),
+            "ar_tree_ll128",
+            (0, MAX_RANKS),
+            extended=ext,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            (0, 2),
+            (4736000, 2),
+            (269484032, 128),
+            "ar_ring_ll128",
+            "ar_tree_ll128",
+            (119477248, 128),
+            (9999360, 64),
+            (2367488, 16),
+            (0, 16),
+            extended=ext,
+        ),
+        _region("ring", "Simple", (4736000, 2), (MAX_SIZE, 2), "ar_ring_ll128", (269484032, 128), extended=ext),
+    )
+    all_gather = (
+        _region("ring", "Simple", (4194304, 2), (MAX_SIZE, 2), "ag_ring_simple", (8589934592, 2048), extended=ext),
+    )
+    reduce_scatter = (
+        _region("ring", "Simple", (8388608, 2), (MAX_SIZE, 2), "rs_ring_simple", (4294967296, 1024), extended=ext),
+    )
+    return {"all-reduce": all_reduce, "all-gather": all_gather, "reduce-scatter": reduce_scatter}
+
+
 # Per platform (a fabric's name), per GPUs of each node in the group: the regions of each collective.
 REGIONS = {
+    "p5": {8: _p5_per_node_8(), 2: _p5_per_node_2(), 1: _p5_per_node_1()},
     "p6-b200": {8: _p6_per_node_8(), 1: _p6_per_node_1()},
     "p6-b300": {8: _p6_b300_per_node_8(), 1: _p6_b300_per_node_1()},
 }

@@ -47,10 +47,28 @@ def test_p6_b300_regions_pick_as_the_source_draws_them(kind, size, ranks, nodes,
     assert region_choice("p6-b300", kind, size, ranks, nodes, EVERY) == expected
 
 
+@pytest.mark.parametrize(
+    ("kind", "size", "ranks", "nodes", "expected"),
+    [
+        ("all-reduce", 16 * 2**20, 32, 4, ("tree", "LL128")),  # below (37748736, 32)
+        ("all-reduce", 256 * 2**20, 32, 4, ("ring", "LL128")),
+        ("all-reduce", 256 * 2**20, 64, 8, ("ring", "LL128")),  # past (117440512, 64)
+        ("all-reduce", 200 * 2**20, 128, 16, ("tree", "LL128")),  # below (301989888, 128)
+        ("all-reduce", 8 * 2**30, 32, 4, ("ring", "Simple")),  # past ring/LL128's (1073741824, 17)-(2147483648, 64)
+        ("all-reduce", 4 * 2**30, 128, 16, ("nvls-tree", "Simple")),  # on (2147483648, 128)-(6442450944, 128)
+        ("all-reduce", 2**20, 16, 16, ("tree", "LL128")),  # one GPU a node
+        ("all-gather", 2**30, 16, 16, ("ring", "Simple")),
+    ],
+)
+def test_p5_regions_pick_as_the_source_draws_them(kind, size, ranks, nodes, expected):
+    assert region_choice("p5", kind, size, ranks, nodes, EVERY) == expected
+
+
 def test_the_tuner_leaves_two_nodes_other_platforms_and_what_cannot_run_to_nccl():
     assert region_choice("p6-b200", "all-reduce", 8, 16, 2, EVERY) is None  # two nodes or fewer
     assert region_choice("ndr", "all-reduce", 8, 32, 4, EVERY) is None
-    assert region_choice("p5", "all-reduce", 8, 32, 4, EVERY) is None  # its tables are not transcribed
+    assert region_choice("p5en", "all-reduce", 8, 32, 4, EVERY) is None  # its tables are not transcribed
+    assert region_choice("p5", "all-gather", 2**20, 32, 4, EVERY) is None  # P5 has all-reduce regions alone at 8 a node
     # A region NCCL cannot run (no NVLS here) is skipped for the next one that holds the point.
     without_nvls = EVERY - {("nvls-tree", "Simple")}
     assert region_choice("p6-b200", "all-reduce", 128 * 2**20, 32, 4, without_nvls) is None
