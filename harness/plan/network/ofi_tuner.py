@@ -12,9 +12,9 @@ the tuner chooses, it does not time.
 Transcribed: P6-B200's and P6-B300's regions (`region_init_internal_p6`, `region_init_internal_p6_b300`),
 both of their shapes, a group of 8 GPUs of each node and one GPU of each, for all-reduce, all-gather and
 reduce-scatter; P5's and P5e's (`region_init_internal_p5_p5e`): the all-reduce with 8, 2 or 1 GPUs of each
-node, all-gather and reduce-scatter with one (with 8 a node the source has none for them). Not
-transcribed (NCCL's model picks there): P5en's tables. Not modelled: the channel counts it sets for
-P6-B200's tree/LL128 all-reduces of 4-32 MiB and PAT below 32 MiB, and its chunk sizes.
+node, all-gather and reduce-scatter with one (with 8 a node the source has none for them); P5en's
+(`region_init_internal_p5en`), both shapes, all three collectives. Not modelled: the channel counts it
+sets for P6-B200's tree/LL128 all-reduces of 4-32 MiB and PAT below 32 MiB, and its chunk sizes.
 """
 
 from __future__ import annotations
@@ -837,9 +837,294 @@ def _p5_per_node_1() -> dict[str, tuple[Region, ...]]:
     return {"all-reduce": all_reduce, "all-gather": all_gather, "reduce-scatter": reduce_scatter}
 
 
+def _p5en_per_node_8() -> dict[str, tuple[Region, ...]]:
+    top, ranks = MAX_SIZE, MAX_RANKS
+    ar = {
+        "tree_ll": _extend((196608, 192), (196608, 1024)),
+        "tree_ll128": _extend((129499136, 127), (218103808, 1024)),
+        "nvlstree_simple": _extend((7516192768, 256), (17179869184, 448)),
+    }
+    all_reduce = (
+        _region("tree", "LL", (0, 16), (196608, 16), (196608, 1024), "tree_ll", (0, ranks), extended=ar),
+        _region(
+            "tree",
+            "LL128",
+            "tree_ll",
+            (196608, 1024),
+            (196608, 16),
+            (13107200, 16),
+            (129499136, 127),
+            (218103808, 1024),
+            "tree_ll128",
+            extended=ar,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            (129499136, 127),
+            (13107200, 16),
+            (29884416, 16),
+            (293601280, 32),
+            (589299712, 64),
+            (549453824, 128),
+            extended=ar,
+        ),
+        _region(
+            "nvls-tree",
+            "Simple",
+            "tree_ll128",
+            (218103808, 1024),
+            (129499136, 127),
+            (549453824, 128),
+            (589299712, 64),
+            (293601280, 32),
+            (29884416, 16),
+            (top, 16),
+            (509607936, 32),
+            (7516192768, 256),
+            (17179869184, 448),
+            "nvlstree_simple",
+            extended=ar,
+        ),
+        _region(
+            "ring",
+            "Simple",
+            "nvlstree_simple",
+            (17179869184, 448),
+            (7516192768, 256),
+            (509607936, 32),
+            (top, 16),
+            extended=ar,
+        ),
+    )
+    ag = {
+        "ring_ll": _extend((28305408, 768), (33554432, 1024)),
+        "ring_ll128": _extend((7247754240, 384), (17179865088, 896)),
+    }
+    all_gather = (
+        _region(
+            "ring",
+            "LL",
+            (0, 16),
+            (786432, 16),
+            (4718592, 128),
+            (13630464, 384),
+            (19922944, 512),
+            (28305408, 768),
+            (33554432, 1024),
+            "ring_ll",
+            (0, ranks),
+            extended=ag,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            "ring_ll",
+            (33554432, 1024),
+            (28305408, 768),
+            (19922944, 512),
+            (13630464, 384),
+            (4718592, 128),
+            (786432, 16),
+            (236978176, 16),
+            (956301312, 64),
+            (7247754240, 384),
+            (17179865088, 896),
+            "ring_ll128",
+            extended=ag,
+        ),
+        _region(
+            "ring",
+            "Simple",
+            "ring_ll128",
+            (17179865088, 896),
+            (7247754240, 384),
+            (956301312, 64),
+            (494927872, 32),
+            (236978176, 16),
+            (top, 16),
+            extended=ag,
+        ),
+    )
+    rs = {
+        "ring_ll": _extend((7340032, 256), (18874368, 512)),
+        "ring_ll128": _extend((7247757312, 256), (17179869184, 640)),
+    }
+    reduce_scatter = (
+        _region(
+            "ring",
+            "LL",
+            (0, 16),
+            (786432, 16),
+            (4718592, 128),
+            (7340032, 256),
+            (18874368, 512),
+            "ring_ll",
+            (0, ranks),
+            extended=rs,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            "ring_ll",
+            (18874368, 512),
+            (7340032, 256),
+            (4718592, 128),
+            (786432, 16),
+            (291504128, 16),
+            (589299712, 32),
+            (2415919104, 128),
+            (7247757312, 256),
+            (17179869184, 640),
+            "ring_ll128",
+            extended=rs,
+        ),
+        _region(
+            "ring",
+            "Simple",
+            "ring_ll128",
+            (17179869184, 640),
+            (7247757312, 256),
+            (2415919104, 128),
+            (589299712, 32),
+            (291504128, 16),
+            (top, 16),
+            extended=rs,
+        ),
+    )
+    return {"all-reduce": all_reduce, "all-gather": all_gather, "reduce-scatter": reduce_scatter}
+
+
+def _p5en_per_node_1() -> dict[str, tuple[Region, ...]]:
+    top, ranks = MAX_SIZE, MAX_RANKS
+    ext = {
+        "tree_ll128": _extend((524288, 8), (1048576, 96)),
+        "tree_simple": _extend((8388608, 32), (33554432, 128)),
+        "ring_ll128": _extend((50331648, 16), (301989888, 128)),
+        "pat_simple": _extend((50331648, 64), (117440512, 128)),
+    }
+    all_reduce = (
+        _region("tree", "LL", (0, 2), (65536, 2), (65536, 64), (65536, ranks), extended=ext),
+        _region(
+            "tree",
+            "LL128",
+            (65536, ranks),
+            (65536, 64),
+            (65536, 2),
+            (262144, 2),
+            (1048576, 4),
+            (4194304, 8),
+            (16777216, 16),
+            (33554432, 32),
+            (1048576, 32),
+            (1048576, 96),
+            "tree_ll128",
+            extended=ext,
+        ),
+        _region(
+            "tree",
+            "Simple",
+            "tree_ll128",
+            (1048576, 96),
+            (1048577, 32),
+            (33554431, 32),
+            (33554432, 128),
+            "tree_simple",
+            extended=ext,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            "tree_simple",
+            (33554432, 128),
+            (33554433, 32),
+            (16777217, 16),
+            (4194305, 8),
+            (1048577, 4),
+            (262144, 2),
+            (6291456, 2),
+            (50331648, 16),
+            (301989888, 128),
+            "ring_ll128",
+            extended=ext,
+        ),
+        _region("ring", "Simple", "ring_ll128", (301989888, 128), (50331648, 16), (6291456, 2), (top, 2), extended=ext),
+    )
+    all_gather = (
+        _region(
+            "pat",
+            "Simple",
+            (0, 2),
+            (65536, 2),
+            (1048576, 2),
+            (8388608, 8),
+            (16777216, 16),
+            (16777216, 32),
+            (50331648, 64),
+            (117440512, 128),
+            "pat_simple",
+            (top, ranks),
+            (65536, ranks),
+            (0, ranks),
+            extended=ext,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            "pat_simple",
+            (117440512, 128),
+            (50331648, 64),
+            (16777216, 32),
+            (16777217, 16),
+            (8388609, 8),
+            (1048576, 2),
+            (4194304, 2),
+            (50331648, 16),
+            (301989888, 128),
+            "ring_ll128",
+            extended=ext,
+        ),
+        _region("ring", "Simple", "ring_ll128", (301989888, 128), (50331648, 16), (4194304, 2), (top, 2), extended=ext),
+    )
+    reduce_scatter = (
+        _region(
+            "pat",
+            "Simple",
+            (0, 2),
+            (65536, 2),
+            (1048576, 2),
+            (16777216, 32),
+            (50331648, 64),
+            (117440512, 128),
+            "pat_simple",
+            (top, ranks),
+            (65536, ranks),
+            (0, ranks),
+            extended=ext,
+        ),
+        _region(
+            "ring",
+            "LL128",
+            "pat_simple",
+            (117440512, 128),
+            (50331648, 64),
+            (16777216, 32),
+            (1048576, 2),
+            (4194304, 2),
+            (50331648, 16),
+            (301989888, 128),
+            "ring_ll128",
+            extended=ext,
+        ),
+        _region("ring", "Simple", "ring_ll128", (301989888, 128), (50331648, 16), (4194304, 2), (top, 2), extended=ext),
+    )
+    return {"all-reduce": all_reduce, "all-gather": all_gather, "reduce-scatter": reduce_scatter}
+
+
 # Per platform (a fabric's name), per GPUs of each node in the group: the regions of each collective.
 REGIONS = {
     "p5": {8: _p5_per_node_8(), 2: _p5_per_node_2(), 1: _p5_per_node_1()},
+    "p5en": {8: _p5en_per_node_8(), 1: _p5en_per_node_1()},
     "p6-b200": {8: _p6_per_node_8(), 1: _p6_per_node_1()},
     "p6-b300": {8: _p6_b300_per_node_8(), 1: _p6_b300_per_node_1()},
 }

@@ -64,10 +64,28 @@ def test_p5_regions_pick_as_the_source_draws_them(kind, size, ranks, nodes, expe
     assert region_choice("p5", kind, size, ranks, nodes, EVERY) == expected
 
 
+@pytest.mark.parametrize(
+    ("kind", "size", "ranks", "nodes", "expected"),
+    [
+        ("all-reduce", 64 * 2**10, 32, 4, ("tree", "LL")),  # below (196608, 16)-(196608, 1024)
+        ("all-reduce", 8 * 2**20, 32, 4, ("tree", "LL128")),  # below (13107200, 16)-(129499136, 127)
+        ("all-reduce", 128 * 2**20, 32, 4, ("ring", "LL128")),  # below (293601280, 32)
+        ("all-reduce", 400 * 2**20, 32, 4, ("nvls-tree", "Simple")),  # below (509607936, 32)
+        ("all-reduce", 8 * 2**30, 32, 4, ("ring", "Simple")),
+        ("all-gather", 2**20, 32, 4, ("ring", "LL")),
+        ("reduce-scatter", 100 * 2**20, 32, 4, ("ring", "LL128")),
+        ("all-gather", 2**20, 16, 16, ("pat", "Simple")),  # one GPU a node
+        ("all-reduce", 2**30, 16, 16, ("ring", "Simple")),  # past (50331648, 16)
+    ],
+)
+def test_p5en_regions_pick_as_the_source_draws_them(kind, size, ranks, nodes, expected):
+    assert region_choice("p5en", kind, size, ranks, nodes, EVERY) == expected
+
+
 def test_the_tuner_leaves_two_nodes_other_platforms_and_what_cannot_run_to_nccl():
     assert region_choice("p6-b200", "all-reduce", 8, 16, 2, EVERY) is None  # two nodes or fewer
     assert region_choice("ndr", "all-reduce", 8, 32, 4, EVERY) is None
-    assert region_choice("p5en", "all-reduce", 8, 32, 4, EVERY) is None  # its tables are not transcribed
+    assert region_choice("p4d", "all-reduce", 8, 32, 4, EVERY) is None  # the tuner has no regions for it
     assert region_choice("p5", "all-gather", 2**20, 32, 4, EVERY) is None  # P5 has all-reduce regions alone at 8 a node
     # A region NCCL cannot run (no NVLS here) is skipped for the next one that holds the point.
     without_nvls = EVERY - {("nvls-tree", "Simple")}
