@@ -361,8 +361,7 @@ def _offloaded(layers: int, offload: bool, offload_layers: int, checkpointing: s
     if offload_layers >= layers:
         raise PlanError(
             f"activation_offload_layers={offload_layers} must be fewer than the {layers} blocks each GPU holds "
-            "(Megatron-core's cpu_offloading_num_layers): give at most "
-            f"{layers - 1}"
+            f"(Megatron-core's cpu_offloading_num_layers): give at most {layers - 1}"
         )
     # The peak is the forward's end, every offloaded copy long done, unless so few blocks stay that the
     # last copy out, beside the block computed meanwhile, holds more.
