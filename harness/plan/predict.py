@@ -538,6 +538,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 tp=layout.tp,
                 params=params,
                 optimizer_params=optimizer_params,
+                data_parallel=layout.data_parallel,
                 bandwidth=memory_bytes_per_s(q.gpu),
             )
         if backend.options.get(SWAPPED_SOFTMAX_CHECK) and q.attention == "math" and q.shape.dims is not None:

@@ -10,6 +10,8 @@ from harness.plan.speed.compute import LOSS_BYTES_PER_LOGIT, memory_bytes_per_s
 from harness.plan.speed.nanotron_step import (
     ACCUMULATE_BYTES_PER_PARAM,
     COPY_BACK_BYTES_PER_PARAM,
+    DDP_BUCKET_BYTES_PER_PARAM,
+    GLU_SPLIT_BACKWARD_BYTES,
     LOSS_BACKWARD_BYTES_PER_LOGIT,
     LOSS_FORWARD_BYTES_PER_LOGIT,
     ZERO_BYTES_PER_PARAM,
@@ -44,7 +46,23 @@ def test_nanotron_adds_its_loss_and_its_fp32_accumulation_to_megatrons_step():
     assert nanotron.loss_s == pytest.approx(loss_forward + LOSS_BACKWARD_BYTES_PER_LOGIT * logits / bandwidth)
     assert nanotron.forward_s - plain.forward_s == pytest.approx(loss_forward - plain.loss_s / 3)
     accumulate = ACCUMULATE_BYTES_PER_PARAM * params / bandwidth
+    assert not dims.gated_mlp  # a GPT: no gate to split
     assert nanotron.elementwise_s - plain.elementwise_s == pytest.approx(accumulate)
-    step = (ZERO_BYTES_PER_PARAM + COPY_BACK_BYTES_PER_PARAM) * params / bandwidth  # dp 4, no ZeRO: all of them
+    # dp 4, no ZeRO: every parameter stepped, and copied into DDP's bucket
+    step = (ZERO_BYTES_PER_PARAM + COPY_BACK_BYTES_PER_PARAM + DDP_BUCKET_BYTES_PER_PARAM) * params / bandwidth
     assert nanotron.optimizer_s - plain.optimizer_s == pytest.approx(step)
     assert (nanotron.matmul_s, nanotron.attention_s) == (plain.matmul_s, plain.attention_s)
+
+
+def test_a_gated_mlps_split_gradients_are_concatenated_in_the_backward():
+    row = published.read_rows(published.DATA / "nanotron_playbook_tp.csv")[0]  # the 3B Llama at TP 2
+    plain_row = {**row, "sharding": row["sharding"].replace(" nanotron", "")}
+    q, plan, _ = published.question(row)
+    _, plain, _ = published.question(plain_row)
+    dims, tp, tokens = q.shape.dims, 2, q.micro_batch * q.seq_len
+    bandwidth = memory_bytes_per_s(q.gpu)
+    split = GLU_SPLIT_BACKWARD_BYTES * tokens * dims.layers * 2 * dims.ffn_width / tp / bandwidth
+    accumulate = ACCUMULATE_BYTES_PER_PARAM * q.shape.params / tp / bandwidth
+    assert plan.time.work.elementwise_s - plain.time.work.elementwise_s == pytest.approx(split + accumulate)
+    step = (ZERO_BYTES_PER_PARAM + COPY_BACK_BYTES_PER_PARAM) * q.shape.params / tp / bandwidth  # dp 1: no DDP
+    assert plan.time.work.optimizer_s - plain.time.work.optimizer_s == pytest.approx(step)
