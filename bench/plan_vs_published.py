@@ -599,6 +599,10 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
     if SWAPPED_SOFTMAX_CHECK in _plan_tokens(row):
         options = {**options, SWAPPED_SOFTMAX_CHECK: True}  # masked_softmax.py: the fused kernel refused or not
     if NANOTRON in _plan_tokens(row):
+        if not row["sharding"].lower().startswith("megatron"):
+            raise PublishedError(
+                f"{row['model']}: nanotron: give it beside a `megatron tp=...` layout (its layers' split)"
+            )
         options = {**options, NANOTRON_ENGINE: True}  # nanotron_step.py: its loss and fp32 gradient accumulator
     try:
         check_precision(gpu, precision)

@@ -66,3 +66,9 @@ def test_a_gated_mlps_split_gradients_are_concatenated_in_the_backward():
     assert plan.time.work.elementwise_s - plain.time.work.elementwise_s == pytest.approx(split + accumulate)
     step = (ZERO_BYTES_PER_PARAM + COPY_BACK_BYTES_PER_PARAM) * q.shape.params / tp / bandwidth  # dp 1: no DDP
     assert plan.time.work.optimizer_s - plain.time.work.optimizer_s == pytest.approx(step)
+
+
+def test_nanotron_beside_another_layout_is_refused():
+    row = _megatron_row("FSDP tp=2 nanotron attention=flash")
+    with pytest.raises(published.PublishedError, match="nanotron"):
+        published.question(row)
