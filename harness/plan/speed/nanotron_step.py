@@ -26,16 +26,16 @@ benchmarks ran (nouamane/bench2 @ 67c5ebb6a925; the same code at e24d2483a4e5):
   (`trainer.py` init_model; `gradient_as_bucket_view` unset), which copies each bf16 gradient into
   its bucket (read 2, write 2) on the micro-step that synchronises, whose hook adds the bucket into
   the fp32 buffers and all-reduces them, bucket by bucket during the backward (`get_fp32_accum_hook`).
-  The fused AdamW over the fp32 parameters and the gradient
-  norm's clipping (`clip_grads.py`) are compute.py's OPTIMIZER_BYTES already.
+  The fused AdamW over the fp32 parameters and the gradient norm's clipping (`clip_grads.py`) are
+  compute.py's OPTIMIZER_BYTES already.
 
 What nanotron runs as compute.py counts it, so not changed here: FlashAttention-2
 (`flash_attn_varlen_func`), the Triton RMSNorm, SiLU and the product as two kernels, two residual
 adds a block, and around the attention of a model without grouped queries (the rows' MHA) the qkv
 output permuted into q, k and v (`.contiguous()`), k and v stacked and permuted for flash-attn's
 Triton rotary (in place on q and on k), the attention's output copied for the output projection:
-40 bytes a token per width element of q forward and 44 backward, where compute.py's rotary counts
-20 for each element of q and of k each way (40).
+40 bytes for each element of q's width a token forward and 44 backward, where compute.py's rotary
+counts 20 for each element of q and of k each way (40).
 """
 
 from __future__ import annotations
