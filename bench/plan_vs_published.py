@@ -73,6 +73,7 @@ from harness.plan.speed.calibration import default_factors  # noqa: E402
 from harness.plan.speed.compute import kernel_launches  # noqa: E402
 from harness.plan.speed.host_issue import LAUNCH_BLOCKING  # noqa: E402
 from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK  # noqa: E402
+from harness.plan.speed.nanotron_step import NANOTRON_ENGINE  # noqa: E402
 from harness.plan.speed.step_time import HOST_S_PER_LAUNCH  # noqa: E402
 from strategies.plan_model import PlanModel  # noqa: E402
 
@@ -272,6 +273,9 @@ TIED_TOKEN = "tied_embeddings="
 FP8_ATTENTION = "fp8_attention"
 FUSED_NORM = "fused_norm"  # the norms' own fused kernels beside unfused blocks (AutoModel's TransformerEngine RMSNorm)
 BIASES = "biases"  # a GPT with a bias in every linear layer and norm (Megatron-LM's), each a tensor of its own
+# nanotron's engine beside its Megatron-style layers: its fp32 cast of the logits and its cross-entropy, its
+# FP32GradientAccumulator (speed/nanotron_step.py).
+NANOTRON = "nanotron"
 # torch's context parallel (torchtitan's experimental.context_parallel_rotate_method): `allgather`
 # gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
 CP_ROTATE_TOKEN = "cp_rotate="
@@ -290,6 +294,7 @@ PLAN_FLAGS = (
     HYBRID_ZERO,
     FP8_ATTENTION,
     BIASES,
+    NANOTRON,
     "a2a_overlap",
     ZERO3_LIST_COLLECTIVES,
     "megatron_moe_layer",
@@ -593,6 +598,12 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         options = {**options, LAUNCH_BLOCKING: True}  # host_issue.py: every launch waits for its kernel
     if SWAPPED_SOFTMAX_CHECK in _plan_tokens(row):
         options = {**options, SWAPPED_SOFTMAX_CHECK: True}  # masked_softmax.py: the fused kernel refused or not
+    if NANOTRON in _plan_tokens(row):
+        if not row["sharding"].lower().startswith("megatron"):
+            raise PublishedError(
+                f"{row['model']}: nanotron: give it beside a `megatron tp=...` layout (its layers' split)"
+            )
+        options = {**options, NANOTRON_ENGINE: True}  # nanotron_step.py: its loss and fp32 gradient accumulator
     try:
         check_precision(gpu, precision)
     except PlanError as exc:
@@ -1077,9 +1088,8 @@ def main(argv: list[str] | None = None) -> int:
             "layout is read from its source too (`recipe_of_row`, `_fused_loss`): VectorLM's model and AdamW state "
             "in bf16, Megatron-LM's and NeMo's bf16 (fp16) parameters beside an fp32 master in the optimizer "
             "(with fp32 gradients where they reduce in fp32), torchtitan's fp8 all-gathers, its async tensor "
-            "parallelism where a run names it and, from the commit that compiles it, its compiled loss.\n\n"
-            + text
-            + "\n"
+            "parallelism where a run names it and, from the commit that compiles it, its compiled loss; "
+            "nanotron's fp32 cast of the logits, its cross-entropy and its fp32 gradient accumulator.\n\n" + text + "\n"
         )
     return 0
 

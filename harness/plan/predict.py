@@ -59,6 +59,7 @@ from harness.plan.speed.host_issue import (
 )
 from harness.plan.speed.kernel_table import kernel_table
 from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK, with_torch_softmax
+from harness.plan.speed.nanotron_step import NANOTRON_ENGINE, with_nanotron_step
 from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
@@ -528,6 +529,17 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 seq_len=q.seq_len,
                 tp=layout.tp,
                 fp8_attention=q.recipe.fp8_attention,
+            )
+        if backend.options.get(NANOTRON_ENGINE) and q.shape.dims is not None:
+            work = with_nanotron_step(
+                work,
+                q.shape.dims,
+                tokens=q.micro_batch * q.seq_len,
+                tp=layout.tp,
+                params=params,
+                optimizer_params=optimizer_params,
+                data_parallel=layout.data_parallel,
+                bandwidth=memory_bytes_per_s(q.gpu),
             )
         if backend.options.get(SWAPPED_SOFTMAX_CHECK) and q.attention == "math" and q.shape.dims is not None:
             work = with_torch_softmax(
