@@ -50,6 +50,13 @@ EFA_V1_EFFICIENCY = 0.85  # AWS p4d: "effective 340Gbps for all_reduce tests" of
 # What aws-ofi-nccl reports to NCCL as EFA's latency (platform-aws.cpp): 75 us on p4d and p5/p5e,
 # 35 us from p5en on; InfiniBand's plugin reports none.
 EFA_LATENCY_US = {"v1": 75.0, "v2": 75.0, "v3": 35.0, "v4": 35.0}
+# What an EFA network hop takes by protocol (LL, LL128, Simple), in aws-ofi-nccl's own cost model
+# of its network (`src/tuner/nccl_ofi_model.cpp` @ 2daf7d30: `net_lat` 20 us on P5/P5e, 18 on P5en,
+# plus `TUNER_NET_COMP_OVERHEAD`'s 3 us for Simple's completions, nccl_ofi_param.h). The plan times
+# the chosen way with it; the report above still steers NCCL's choice, as it does on the machine.
+# P6-B200 and P6-B300 have no figures of their own there: they take P5en's, the EFA generation
+# whose platform entry (and reported 35 us) P6-B200 shares. p4d has none and keeps the report.
+EFA_WIRE_HOP_US = {"v2": (20.0, 20.0, 23.0), "v3": (18.0, 18.0, 21.0), "v4": (18.0, 18.0, 21.0)}
 # A ring across a fat tree sustains less of its cards' rate the more nodes it spans: its long-lived
 # flows share more switch uplinks, where static ECMP hashing collides some of them on one link, and
 # the ring runs at its slowest link. nccl-tests' reduce-scatter at 8 GiB on one H100 cluster of 8 x
@@ -105,6 +112,7 @@ class Fabric:
     source: str = ""
     kind: str = "infiniband"  # infiniband | roce | efa | tcpx | ethernet
     latency_us: float = 0.0  # what the network plugin reports to NCCL's model per network hop
+    wire_hop_us: tuple[float, float, float] | None = None  # what a hop takes where the report is a tuning figure
 
     @property
     def node_bytes_per_s(self) -> float:
@@ -124,13 +132,31 @@ FABRICS = {
         "mosaicml-a100", 8, 200, source="llm-foundry's A100 tables: 1600 Gbps node-node RoCE", kind="roce"
     ),
     "p5": Fabric(
-        "p5", 32, 100, source="AWS p5/p5e: EFA v2, 32 x 100 Gb/s", kind="efa", latency_us=EFA_LATENCY_US["v2"]
+        "p5",
+        32,
+        100,
+        source="AWS p5/p5e: EFA v2, 32 x 100 Gb/s",
+        kind="efa",
+        latency_us=EFA_LATENCY_US["v2"],
+        wire_hop_us=EFA_WIRE_HOP_US["v2"],
     ),
     "p5en": Fabric(
-        "p5en", 16, 200, source="AWS p5en: EFA v3, 16 x 200 Gb/s", kind="efa", latency_us=EFA_LATENCY_US["v3"]
+        "p5en",
+        16,
+        200,
+        source="AWS p5en: EFA v3, 16 x 200 Gb/s",
+        kind="efa",
+        latency_us=EFA_LATENCY_US["v3"],
+        wire_hop_us=EFA_WIRE_HOP_US["v3"],
     ),
     "p6-b200": Fabric(
-        "p6-b200", 8, 400, source="AWS P6-B200: EFA v4, 8 x 400 Gb/s", kind="efa", latency_us=EFA_LATENCY_US["v4"]
+        "p6-b200",
+        8,
+        400,
+        source="AWS P6-B200: EFA v4, 8 x 400 Gb/s",
+        kind="efa",
+        latency_us=EFA_LATENCY_US["v4"],
+        wire_hop_us=EFA_WIRE_HOP_US["v4"],
     ),
     "p4d": Fabric(
         "p4d",
@@ -146,7 +172,13 @@ FABRICS = {
     "ethernet": Fabric("ethernet", 1, 100, source="one 100 GbE card per node", kind="ethernet"),
     "xdr": Fabric("xdr", 8, 800, source="DGX B300: 8 ConnectX-8 XDR 800G (ml-engineering network/README.md)"),
     "p6-b300": Fabric(
-        "p6-b300", 16, 400, source="AWS P6-B300: EFA v4, 16 x 400 Gb/s", kind="efa", latency_us=EFA_LATENCY_US["v4"]
+        "p6-b300",
+        16,
+        400,
+        source="AWS P6-B300: EFA v4, 16 x 400 Gb/s",
+        kind="efa",
+        latency_us=EFA_LATENCY_US["v4"],
+        wire_hop_us=EFA_WIRE_HOP_US["v4"],
     ),
     "spectrum-x": Fabric(
         "spectrum-x", 8, 400, source="NVIDIA Spectrum-X: a 400G SuperNIC per GPU, RoCE (none measured)", kind="roce"
@@ -376,6 +408,7 @@ class Topology:
             intra="pcie" if self.intra.name == "pcie" else "nvlink",
             generation=self.tuning_generation,
             net_latency_us=self.fabric.latency_us,
+            wire_hop_us=self.fabric.wire_hop_us,
             platform=self.fabric.name,
         )
 

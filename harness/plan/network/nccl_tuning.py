@@ -18,12 +18,14 @@ protocols scale it by NCCL's factors and cap it by NCCL's per-channel and per-no
 latency counts each step of the algorithm on its link: NVLink or PCIe hops inside a node,
 network hops between nodes (with what the network plugin reports as its own latency: 0 for
 InfiniBand, 35-75 us for AWS's EFA in aws-ofi-nccl's `platform-aws.cpp`, added once per network
-hop, twice for Simple, as NCCL adds its flush).
+hop, twice for Simple, as NCCL adds its flush). On EFA that report is a figure that steers NCCL's
+choice, not the wire's latency: the way chosen with it is timed with what a hop takes there
+(`Links.wire_hop_us`, fabric.py).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.plan.network.ofi_tuner import region_choice
 
@@ -174,7 +176,11 @@ class Links:
     intra: str  # "nvlink" | "pcie"
     generation: str  # "volta" | "ampere" | "hopper" | "blackwell" (NCCL's tables); AMD's in rccl_tuning.py
     net_latency_us: float = 0.0  # what the network plugin reports
+    # What a network hop takes, by protocol, where the plugin's report is a figure that steers
+    # NCCL's choice rather than the wire's latency (EFA): the chosen way is timed with it.
+    wire_hop_us: tuple[float, float, float] | None = None
     platform: str = ""  # the fabric's name, where the network plugin's tuner has regions for it (ofi_tuner.py)
+    timing: bool = False  # price network hops at wire_hop_us (the time), not at the report (the choice)
 
     @property
     def per_node(self) -> int:
@@ -233,6 +239,8 @@ def _ring(kind: str, p: int, links: Links, payload: float) -> tuple[float, float
 
 
 def _net_hop(links: Links, algorithm: str, p: int) -> float:
+    if links.timing and links.wire_hop_us is not None:
+        return links.wire_hop_us[p]
     # With one GPU per node nothing hides a network hop: NCCL takes the tree's figure.
     base = HOP_LATENCY_US["network"]["tree" if links.per_node == 1 else algorithm][p]
     return base + links.net_latency_us * (2 if p == SIMPLE else 1)
@@ -311,9 +319,12 @@ def choose(kind: str, payload: float, links: Links) -> Choice:
     ways = candidates(kind, payload, links)
     runnable = {(c.algorithm, c.protocol) for c in ways}
     tuned = region_choice(links.platform, kind, payload, links.ranks, links.nodes, runnable)
-    if tuned is not None:
-        return next(c for c in ways if (c.algorithm, c.protocol) == tuned)
-    return min(ways, key=lambda c: c.seconds)
+    if tuned is None:
+        best = min(ways, key=lambda c: c.seconds)
+        tuned = (best.algorithm, best.protocol)
+    if links.wire_hop_us is not None:  # chosen with the plugin's report, timed with the wire's hop
+        ways = candidates(kind, payload, replace(links, timing=True))
+    return next(c for c in ways if (c.algorithm, c.protocol) == tuned)
 
 
 def bus_bandwidth(kind: str, payload: float, seconds: float, ranks: int) -> float:
