@@ -290,6 +290,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
     env = distributed.init_distributed(cfg.device, cfg.pg_timeout_s)
     # DeepSpeed, wherever a backend imports it, then need not detect the device (and warn it found none).
     os.environ.setdefault("DS_ACCELERATOR", env.device.type)
+    finished = False
     try:
         with built(cfg, env) as training, tracking(cfg, env) as trackers:
             strategy = training.strategy
@@ -351,9 +352,15 @@ def run(cfg: RunConfig) -> dict[str, Any]:
             }
             if env.is_main:
                 (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+            finished = True
             return summary
     finally:
-        distributed.shutdown_distributed()
+        # A finished worker of a launched multi-process run ends without teardown (train_cli's
+        # os._exit, or multiprocessing's for a forked one), so its process group is left to that end:
+        # destroyed here, the group's last reference could go with the wrapped model while a gloo
+        # thread still releases a finished collective's tensors, and the two deadlock on the GIL.
+        if not (finished and env.world_size > 1 and distributed.launched_by_launcher()):
+            distributed.shutdown_distributed()
 
 
 def _header(training: Training, metrics: StepMetrics) -> str:
