@@ -18,14 +18,13 @@ On a GPU machine: python bench/zero3_host_loops.py --out bench/results/zero3_hos
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.gpu_timing import gpu_command, write_table  # noqa: E402
+from bench.gpu_timing import best_seconds, gpu_command, write_table  # noqa: E402
 from harness.plan.speed.list_collectives import (  # noqa: E402
     HOST_S_PER_PERSISTENT_COPY,
     TORCH_DISPATCH_S,
@@ -39,14 +38,7 @@ REPEATS = 5
 def per_rank_s(loop, repeats: int = REPEATS) -> float:
     """The shortest of `repeats` runs of `loop` (a pass over every rank), per rank, the GPU drained after."""
     loop()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        loop()
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return best / WORLD
+    return best_seconds(loop, repeats) / WORLD
 
 
 def main() -> None:
