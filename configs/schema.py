@@ -245,6 +245,8 @@ def _quoted_names(arg: str) -> str:
     key, _, value = arg.partition("=")
     if key not in NAME_KEYS or not value or value == "null":
         return arg
+    if key == "strategies" and not value.startswith("["):  # `strategies=a,b` as well as `strategies=[a,b]`
+        value = f"[{value}]"
     if value.startswith("[") and value.endswith("]"):
         names = [name.strip().strip(QUOTES) for name in value[1:-1].split(",")]
         return f"{key}=[{', '.join(json.dumps(name) for name in names if name)}]"

@@ -104,9 +104,8 @@ def _check_launcher(cfg: CompareConfig) -> None:
 
 
 def _check_key(arg: str) -> str:
-    """Name compare's own keys in the error (the shared loader only knows train's), and
-    accept `strategies=a,b` as well as `strategies=[a,b]`."""
-    key, _, value = arg.partition("=")
+    """Name compare's own keys in the error (the shared loader only knows train's)."""
+    key = arg.partition("=")[0]
     if key == "strategy":
         raise ConfigError("compare runs several strategies: use strategies=[a,b] instead of strategy=")
     known = [f.name for f in fields(CompareConfig) if f.name != "strategy"]
@@ -114,8 +113,6 @@ def _check_key(arg: str) -> str:
         close = difflib.get_close_matches(key, known, n=1)
         hint = f"did you mean {close[0]!r}? " if close else ""
         raise ConfigError(f"unknown compare option {key!r}: {hint}options are {', '.join(known)}")
-    if key == "strategies" and value and not value.startswith("["):
-        return f"strategies=[{value}]"
     return arg
 
 

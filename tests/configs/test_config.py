@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from configs.schema import ConfigError, RunConfig, load_config
+from harness.compare.compare_config import load_compare_config
+from harness.plan.plan_options import PlanConfig
 from tests.helpers import run_cli
 
 
@@ -32,6 +34,20 @@ def test_layers_apply_in_order(tmp_path):
     preset.write_text("steps: 7\nlr: 0.5\n")
     cfg = load_config([f"config={preset}", "lr=0.25", "strategy_options.bucket_cap_mb=5"])
     assert (cfg.steps, cfg.lr, cfg.strategy_options) == (7, 0.25, {"bucket_cap_mb": 5})
+
+
+@pytest.mark.parametrize("load", [lambda args: load_config(args, schema=PlanConfig), load_compare_config])
+@pytest.mark.parametrize(
+    "value, names",
+    [
+        ("ddp", ["ddp"]),
+        ("ddp,fsdp", ["ddp", "fsdp"]),
+        ("[ddp, fsdp]", ["ddp", "fsdp"]),
+        ("deepspeed:a.json", ["deepspeed:a.json"]),
+    ],
+)
+def test_strategies_take_a_bare_list_in_every_command(load, value, names):
+    assert load([f"strategies={value}"]).strategies == names
 
 
 def test_bundled_preset_by_name():
