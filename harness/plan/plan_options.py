@@ -16,7 +16,7 @@ from harness.plan.model.model_shape import ARCHS, ModelShape, PlanError, shape_o
 from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, topology_of
 from harness.plan.parallel.batch_split import widest_split
 from harness.plan.predict import Question
-from harness.plan.speed.attention import KERNELS
+from harness.plan.speed.attention import KERNELS, UNFUSED
 from harness.plan.speed.calibration import calibrate_from, default_factors
 from harness.plan.speed.compute import CHECKPOINTING
 from harness.plan.speed.step_time import SpeedFactors
@@ -75,7 +75,8 @@ class PlanConfig:
     fused_loss: bool = False  # a fused or chunked cross-entropy that never holds the whole fp32 logits
     fused_norm: bool = False  # a fused RMSNorm kernel (torchtitan's Triton one, Apex's, Liger's)
     complex_rope: bool = False  # rotary embedding in complex numbers (torchtitan's): compile runs it eager
-    attention: str = "flash"  # flash (SDPA's FlashAttention-2) | flash3 | cudnn | flash1 | triton | math
+    # flash (SDPA's FlashAttention-2) | flash3 | cudnn | flash1 | triton | math | fused_softmax (Megatron's unfused)
+    attention: str = "flash"
     compile: bool = False  # plan for compile=true runs (elementwise chains fused)
     # How the run trains beyond the strategy (harness/plan/memory/recipe.py says what each changes).
     pure_bf16: bool = False  # bf16 parameters, gradients and AdamW state, no fp32 master (torchtune)
@@ -92,6 +93,8 @@ class PlanConfig:
     activation_offload: bool = False  # saved activations in host memory (torchtune)
     activation_offload_layers: int = 0  # that many blocks' activations in host memory (Megatron-core)
     loss_in_place: bool = False  # the fused cross-entropy writes the logits' gradient over them (TransformerEngine's)
+    attention_dropout: float = 0.0  # dropout on the attention's probabilities (Megatron-LM's default: 0.1)
+    hidden_dropout: float = 0.0  # dropout on each block's branch outputs (Megatron-LM's default: 0.1)
     fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse
     # A mixture of experts: the busiest expert GPU's tokens over the mean (1.0: balanced), and
     # Megatron-core's recomputed modules (core_attn, layernorm, moe_act, moe, mlp).
@@ -216,13 +219,13 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
     if spec.generation == "volta" and cfg.attention not in VOLTA_ATTENTION:
         raise PlanError(
             f"attention={cfg.attention}: FlashAttention and cuDNN's fused attention do not run on the {spec.name} "
-            "(Volta): use attention=math"
+            "(Volta): use attention=math (or fused_softmax, Megatron-LM's)"
         )
     return spec
 
 
 BLOCK_SCALED = ("blackwell", "cdna4")  # tensor cores that take MXFP8's block scales at the fp8 rate
-VOLTA_ATTENTION = ("math",)  # the unfused softmax between two batched matmuls (Megatron-LM's on V100)
+VOLTA_ATTENTION = UNFUSED  # the softmax between two batched matmuls (Megatron-LM's on V100)
 
 
 LOW_PRECISION_SPEEDUP = {"fp8": 2, "fp4": 4}  # over bf16, where the options give one peak

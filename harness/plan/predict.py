@@ -47,6 +47,7 @@ from harness.plan.speed.compute import (
     micro_step_kernels,
 )
 from harness.plan.speed.core_attention_recompute import recomputed_attention_flops, with_core_attention_recomputed
+from harness.plan.speed.dropout import SOFTMAX_DROPOUT_FUSION, Dropout, dropout_kernels, with_dropout
 from harness.plan.speed.expert_compute import MEGATRON_MOE_LAYER, expert_kernels, expert_long_forward, expert_work
 from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import (
@@ -58,7 +59,7 @@ from harness.plan.speed.host_issue import (
     host_rates,
 )
 from harness.plan.speed.kernel_table import kernel_table
-from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK, with_torch_softmax
+from harness.plan.speed.masked_softmax import FUSED_SOFTMAX, SWAPPED_SOFTMAX_CHECK, with_fused_softmax
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE, with_nanotron_step
 from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
@@ -365,6 +366,8 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         core_attention_recompute=q.core_attention_recompute,
         with_head=head,
         loss_in_place=q.recipe.loss_in_place,
+        attention_dropout=q.recipe.attention_dropout > 0,
+        hidden_dropout=q.recipe.hidden_dropout > 0,
     )
     acts = _with_experts(acts, backend, q, layout)
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)
@@ -541,8 +544,8 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 data_parallel=layout.data_parallel,
                 bandwidth=memory_bytes_per_s(q.gpu),
             )
-        if backend.options.get(SWAPPED_SOFTMAX_CHECK) and q.attention == "math" and q.shape.dims is not None:
-            work = with_torch_softmax(
+        if q.attention == FUSED_SOFTMAX and q.shape.dims is not None:
+            work = with_fused_softmax(
                 work,
                 q.shape.dims,
                 q.gpu,
@@ -550,6 +553,22 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 seq_len=q.seq_len,
                 tp=layout.tp,
                 checkpointing=q.checkpointing,
+                swapped=bool(backend.options.get(SWAPPED_SOFTMAX_CHECK)),
+            )
+        if q.shape.dims is not None:
+            work = with_dropout(
+                work,
+                q.shape.dims,
+                q.gpu,
+                _dropout(backend, q),
+                kernel=q.attention,
+                element_bytes=4 if storage_precision(q.precision) == "fp32" else 2,
+                micro_batch=q.micro_batch,
+                seq_len=q.seq_len,
+                tp=layout.tp,
+                sequence_parallel=backend.sequence_parallel,
+                recompute_block=q.checkpointing == "full",
+                recompute_attention=q.core_attention_recompute,
             )
     return step_time(
         work=work,
@@ -584,6 +603,8 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         fused_norm=q.fused_norm,
         complex_rope=q.complex_rope,
     )
+    if q.shape.dims is not None:
+        kernels += dropout_kernels(q.shape.dims, _dropout(backend, q), q.attention, q.checkpointing)
     grouped = _megatron_moe_layer(backend)  # grouped matmuls, not a Python loop
     kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing)
     table = kernel_table(q.gpu) if q.gpu is not None else None
@@ -595,6 +616,19 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     blocking = bool(backend.options.get(LAUNCH_BLOCKING))
     return host_issue(
         kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped), blocking
+    )
+
+
+def _dropout(backend: Backend, q: Question) -> Dropout:
+    """The run's dropouts, and where its kernels fuse them (speed/dropout.py): into the add under
+    Megatron-LM's engine, OneFlow's and a compiled model, into the softmax under OneFlow's and a
+    compiled model."""
+    softmax_fused = q.compiled or bool(backend.options.get(SOFTMAX_DROPOUT_FUSION))
+    return Dropout(
+        attention=q.recipe.attention_dropout > 0,
+        hidden=q.recipe.hidden_dropout > 0,
+        hidden_fused=softmax_fused or bool(backend.options.get(MEGATRON_ENGINE)),
+        attention_fused=softmax_fused,
     )
 
 

@@ -57,8 +57,12 @@ and the up projection, recomputing the SiLU in the backward: 3f where eager keep
 parallelism (sequence_parallel=false) the residual stream between the blocks' matmuls is whole on
 every GPU of the group: the norms keep their whole inputs and statistics, and checkpointing keeps
 each block's whole input (Korthikanti et al. 2022, section 4.2.2 and table 2:
-sbh(10 + 24/t + 5as/(ht)) per layer without it, sbh/t (34 + 5as/h) with it; the models here have no
-dropout, so none of its masks are counted).
+sbh(10 + 24/t + 5as/(ht)) per layer without it, sbh/t (34 + 5as/h) with it, their 5as/h with dropout).
+Dropout (attention_dropout, hidden_dropout: speed/dropout.py) keeps each mask as a bool tensor, a
+byte an element: the hidden dropout's two a block over the residual stream (on the sequence shard
+under sequence parallelism); the unfused kernel's attention dropout its mask and the dropped
+probabilities the second batched matmul saves, heads x T per token each, beside the softmax's
+output. The fused kernels keep no mask: they draw it again from a seed in the backward.
 tests/plan/test_plan.py checks the saved-tensor part against autograd's own saved tensors.
 
 A model with no transformer sizes (a user's model) has its activations traced instead
@@ -73,7 +77,9 @@ from harness.plan.memory.model_states import BYTES, compute_bytes
 from harness.plan.memory.recipe import OFFLOAD_BLOCKS_ON_GPU
 from harness.plan.model.mla_shape import attention_kept_per_token, latent_kept_per_token
 from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDims
+from harness.plan.speed.attention import UNFUSED
 from harness.plan.speed.compute import block_projections
+from harness.plan.speed.dropout import HIDDEN_SITES, MASK_BYTES
 
 LOSS_BYTES_PER_LOGIT = 12
 # torch's loss_parallel backward: four fp32 tensors of the local logits at once (module docstring).
@@ -140,13 +146,16 @@ def block_bytes_per_token(
     megatron: bool = False,
     sequence_parallel: bool = True,
     core_attention_kept: bool = True,
+    attention_dropout: bool = False,
+    hidden_dropout: bool = False,
 ) -> float:
     """What one block saves for backward, per token, on one of `tp` GPUs. `fp8_inputs`: the
     projections keep their inputs as the fp8 cast (recipe.py fp8_saved_inputs); `megatron`:
     Megatron-LM's engine (the module's account); without `sequence_parallel` the norms keep the
     whole sequence's input on every tensor-parallel GPU (Korthikanti et al. 2022, section 4.1);
     without `core_attention_kept` the attention kernel's own tensors beyond q, k, v (its
-    log-sum-exp, the unfused kernel's softmax) are not kept (core_attention_bytes_per_token)."""
+    log-sum-exp, the unfused kernel's softmax) are not kept (core_attention_bytes_per_token);
+    `attention_dropout`, `hidden_dropout`: their masks (the module's account)."""
     residual, matmul = _dtypes(precision, mixed_precision)
     h, f = dims.width, dims.ffn_width
     q, kv = dims.q_width, dims.kv_width
@@ -169,17 +178,23 @@ def block_bytes_per_token(
     if fp8_inputs:  # the down projection's input in fp8; the output projection's an fp8 copy beside attention's
         split += -f * (matmul - FP8_BYTES) + q * FP8_BYTES
     if core_attention_kept:
-        split += core_attention_bytes_per_token(dims, matmul, attention, seq_len)
+        split += core_attention_bytes_per_token(dims, matmul, attention, seq_len, attention_dropout)
     if qk_norm:
         split += qk_norm_bytes_per_token(dims, matmul, fused_norm)
     norms = 2 * norm_bytes_per_token(dims, residual, fused_norm)
+    if hidden_dropout:
+        norms += HIDDEN_SITES * dims.width * MASK_BYTES
     return norms / (tp if sequence_parallel else 1) + split / tp + gathered
 
 
-def core_attention_bytes_per_token(dims: TransformerDims, matmul: int, attention: str, seq_len: int) -> int:
+def core_attention_bytes_per_token(
+    dims: TransformerDims, matmul: int, attention: str, seq_len: int, dropout: bool = False
+) -> int:
     """What the attention kernel keeps beyond q, k, v and its output, per token over every head
-    (before tensor parallelism): the log-sum-exp, and the unfused kernel's softmax (heads x T)."""
-    softmax = dims.heads * seq_len * matmul if attention == "math" else 0
+    (before tensor parallelism): the log-sum-exp, and the unfused kernel's softmax (heads x T), with
+    `dropout` its mask and the dropped probabilities too."""
+    kept = matmul + (MASK_BYTES + matmul if dropout else 0)
+    softmax = dims.heads * seq_len * kept if attention in UNFUSED else 0
     return dims.heads * LOGSUMEXP_BYTES + softmax
 
 
@@ -252,6 +267,8 @@ def activations(
     core_attention_recompute: bool = False,
     with_head: bool = True,
     loss_in_place: bool = False,
+    attention_dropout: bool = False,
+    hidden_dropout: bool = False,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
@@ -262,7 +279,7 @@ def activations(
     (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time;
     without `with_head` (a pipeline's stages before the last) no final norm, head or loss, so nothing of
     theirs is freed before a block is rebuilt; `loss_in_place`: the fused cross-entropy writes the
-    logits' gradient over them."""
+    logits' gradient over them; `attention_dropout`, `hidden_dropout`: their masks kept."""
     if loss_in_place and not fused_loss:
         raise PlanError(
             "loss_in_place=true is a fused cross-entropy that writes the logits' gradient over them: give "
@@ -304,6 +321,8 @@ def activations(
         megatron,
         sequence_parallel,
         core_attention_kept=not core_attention_recompute,
+        attention_dropout=attention_dropout,
+        hidden_dropout=hidden_dropout,
     )
     block = per_token * tokens
     head = 0.0
@@ -326,7 +345,8 @@ def activations(
     if checkpointing == "none":
         kept, rebuilt = block, 0.0
         if core_attention_recompute:  # one layer's kernel tensors, made again in its backward
-            rebuilt = core_attention_bytes_per_token(dims, _dtypes(precision, mixed_precision)[1], attention, seq_len)
+            matmul = _dtypes(precision, mixed_precision)[1]
+            rebuilt = core_attention_bytes_per_token(dims, matmul, attention, seq_len, attention_dropout)
             rebuilt *= tokens / tp
     elif checkpointing == "full":
         residual, _ = _dtypes(precision, mixed_precision)

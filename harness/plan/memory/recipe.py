@@ -68,6 +68,10 @@ offers it does it (docs/planner.md cites each):
                      cross_entropy_fusion_impl='te': transformer_engine/common/triton/cross_entropy.py
                      @ 42d22740 stores the gradient into its input; Megatron-Bridge's performance
                      recipes use it).
+  attention_dropout  dropout on the attention's probabilities, hidden_dropout on each block's two
+                     branch outputs, each a probability (Megatron-LM's defaults are 0.1 each, GPT-2's
+                     configs alike; 0: none, as Llama-style recipes train): their masks in memory
+                     (activations.py) and the bytes and kernels they add (speed/dropout.py).
   fragmentation      the share of the activations the caching allocator cannot hand out again at
                      large micro-batches (freed blocks of one size that the next allocation cannot
                      reuse): measured as a run's max reserved over max allocated, it is counted as
@@ -110,6 +114,8 @@ class Recipe:
     activation_offload: bool = False
     activation_offload_layers: int = 0
     loss_in_place: bool = False
+    attention_dropout: float = 0.0
+    hidden_dropout: float = 0.0
     fragmentation: float = 0.0
     # A mixture of experts: the busiest GPU's expert load over the mean (1.0: balanced, as published
     # Megatron-Bridge benchmarks force it), and Megatron-core's recomputed modules.
@@ -165,6 +171,9 @@ class Recipe:
                 "activation_offload=true sends every block's activations to host memory, activation_offload_layers= "
                 "that many blocks': give one of them"
             )
+        for name in ("attention_dropout", "hidden_dropout"):
+            if not 0 <= getattr(self, name) < 1:
+                raise PlanError(f"{name}={getattr(self, name)} is a dropout probability: give 0 (none) up to below 1")
         if self.fp8_block_scaling and precision != "fp8":
             raise PlanError(
                 "fp8_block_scaling=true is MXFP8's scaling of the fp8 projections: give precision=fp8 as well"
@@ -206,6 +215,10 @@ class Recipe:
             said.append(f"{self.activation_offload_layers} blocks' activations offloaded")
         if self.loss_in_place:
             said.append("cross-entropy in place")
+        if self.attention_dropout or self.hidden_dropout:
+            said.append(
+                f"dropout {self.attention_dropout:g} on attention, {self.hidden_dropout:g} on the blocks' outputs"
+            )
         if self.fragmentation:
             said.append(f"{self.fragmentation:.0%} fragmentation")
         if self.moe_imbalance != 1.0:

@@ -22,7 +22,10 @@ card's power limit, so its clocks do not settle lower.
 
 Kernels: flash (FlashAttention-2, what torch's SDPA ran in bf16/fp16 before it took cuDNN's kernel
 on Hopper), flash3, cudnn (Hopper and Blackwell, below), flash1, triton, math (the unfused softmax
-attention, PyTorch's "standard" in the same figures).
+attention, PyTorch's "standard" in the same figures: the mask added, then a softmax), fused_softmax
+(the same two batched matmuls around one fused scale-mask-softmax kernel: Megatron-LM's
+FusedScaleMaskSoftmax and OneFlow's fused softmax; math's rates, its softmax's bytes set right by
+masked_softmax.py).
 
 cuDNN on Hopper, as published: TransformerEngine's own timing of its fused attention (TE 1.10, cuDNN
 9.3, H100 SXM, 32 query over 4 key-value heads, head dim 128, 8k causal: 7.4875 ms forward and backward,
@@ -124,7 +127,12 @@ for _dim in (64, 128):
         r * f for r, f in zip(FWD_BWD[("hopper", "cudnn", _dim)], _H200_FP8_OVER_BF16, strict=True)
     )
 
-KERNELS = ("flash", "flash3", "cudnn", "flash1", "triton", "math")
+# The unfused kernels: every score made and kept (T x T a head), their softmax a pass over memory of its own.
+UNFUSED = ("math", "fused_softmax")
+for (_family, _kernel, _dim), _rates in list(FWD_BWD.items()):
+    if _kernel == "math":  # the same matmuls; masked_softmax.py adds the difference of the softmaxes' bytes
+        FWD_BWD[(_family, "fused_softmax", _dim)] = _rates
+KERNELS = ("flash", "flash3", "cudnn", "flash1", "triton", "math", "fused_softmax")
 FP8_KERNELS = {"cudnn": "cudnn-fp8"}  # the kernel each runs in fp8 attention (TransformerEngine's fp8 DPA)
 # The card each family's tables were measured on: its dense 16-bit tensor peak and the exponentials its
 # SFUs compute per tensor FLOP, both per SM and clock (16 MUFU.EX2 a clock on every one; 2,048 dense

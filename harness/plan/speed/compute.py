@@ -60,7 +60,7 @@ from dataclasses import dataclass, replace
 from harness.common.hardware import GPUSpec
 from harness.plan.model.mla_shape import assembled_elements, latent_width, mla_projections, rotary_elements
 from harness.plan.model.model_shape import ModelShape, TransformerDims
-from harness.plan.speed.attention import FP8_KERNELS, every_layer_attention_seconds
+from harness.plan.speed.attention import FP8_KERNELS, UNFUSED, every_layer_attention_seconds
 from harness.plan.speed.gemm import BYTES, LOW_PRECISION, gemm_seconds
 from harness.plan.speed.kernel_table import kernel_table
 
@@ -477,7 +477,7 @@ def block_kernels(
     """Kernels one block of `params` parameter tensors launches, forward and backward (what
     checkpointing runs again is the caller's): the same on every GPU of a tensor-parallel group."""
     projections = len(block_projections(dims, 1))
-    attention_k = MATH_ATTENTION_KERNELS if attention == "math" else FUSED_ATTENTION_KERNELS
+    attention_k = MATH_ATTENTION_KERNELS if attention in UNFUSED else FUSED_ATTENTION_KERNELS
     forward, backward = projections + attention_k[0], 2 * projections + attention_k[1] + ACCUMULATE_KERNELS * params
     if compiled:
         chains = COMPILED_CHAINS

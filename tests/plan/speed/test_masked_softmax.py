@@ -1,6 +1,7 @@
-"""Megatron-DeepSpeed's fused softmax of 2021-10 to 2022-03 (masked_softmax.py): its kernel taken
-or refused as `is_kernel_available` decides with the batches a block asked for in swapped order,
-and the fp32 op-by-op softmax's traffic added to the attention where it is refused."""
+"""Megatron's fused softmax (masked_softmax.py): its kernel taken or refused as `is_kernel_available`
+decides (with the batches a block asked for in swapped order in Megatron-DeepSpeed of 2021-10 to
+2022-03), the kernel's single pass taken off the `math` rate's two, and the fp32 op-by-op softmax's
+traffic added where the kernel is refused."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from harness.plan.speed.compute import memory_bytes_per_s
 from harness.plan.speed.masked_softmax import (
     BENCHMARK_BACKWARD_BYTES,
     BENCHMARK_FORWARD_BYTES,
+    FUSED_FORWARD_BYTES,
     TORCH_BACKWARD_BYTES,
     TORCH_FORWARD_BYTES,
     batches_per_block,
@@ -24,36 +26,66 @@ def test_the_kernels_batches_a_block_follow_the_row_length():
     assert [batches_per_block(n) for n in (4, 8, 12, 16, 24, 32, 2048)] == [64, 32, 16, 16, 8, 8, 4]
 
 
-def test_the_kernel_is_refused_where_the_heads_a_gpu_set_the_block():
+def test_the_swapped_check_refuses_where_the_heads_a_gpu_set_the_block():
     # 64 heads over TP 8: 8 a GPU, 32 batches a block: micro-batches 1 and 2 fall back, 4 and 8 fuse.
-    assert [fused_softmax_runs(b, 8, 2048) for b in (1, 2, 4, 8)] == [False, False, True, True]
+    assert [fused_softmax_runs(b, 8, 2048, swapped=True) for b in (1, 2, 4, 8)] == [False, False, True, True]
     # 96 over TP 8: 12 a GPU, 16 a block; 64 over TP 4: 16 a GPU, every micro-batch fuses.
-    assert [fused_softmax_runs(b, 12, 2048) for b in (1, 2, 4)] == [False, False, True]
-    assert all(fused_softmax_runs(b, 16, 2048) for b in (1, 2, 4))
-    assert not fused_softmax_runs(4, 16, 4096)  # longer than the kernel's 2048
+    assert [fused_softmax_runs(b, 12, 2048, swapped=True) for b in (1, 2, 4)] == [False, False, True]
+    assert all(fused_softmax_runs(b, 16, 2048, swapped=True) for b in (1, 2, 4))
+    assert not fused_softmax_runs(4, 16, 4096, swapped=True)  # longer than that version's 2048
 
 
-def _planned(micro_batch: int, token: bool):
-    sharding = "megatron tp=2 pp=1 dp=4 ddp attention=math" + (" swapped_softmax_check" if token else "")
-    row = _megatron_row(sharding, activation_checkpointing="true", micro_batch=str(micro_batch), grad_accum="1")
+def test_megatrons_own_check_asks_only_for_batches_in_fours_up_to_4096_keys():
+    # A row of 2,048 or 4,096 keys: 4 batches a block, so every micro-batch x heads divisible by 4 fuses.
+    assert all(fused_softmax_runs(b, 8, 2048) for b in (1, 2, 4))
+    assert fused_softmax_runs(1, 4, 4096) and not fused_softmax_runs(1, 2, 2048)  # 2 batches: not by 4
+    assert not fused_softmax_runs(1, 8, 8192)  # past the kernel's 4096: the fp32 path
+
+
+def _planned(micro_batch: int, sharding_tail: str, seq_len: str = "2048"):
+    row = _megatron_row(
+        f"megatron tp=2 pp=1 dp=4 ddp {sharding_tail}",
+        activation_checkpointing="true",
+        micro_batch=str(micro_batch),
+        grad_accum="1",
+        seq_len=seq_len,
+    )
     q, plan, skipped = published.question(row)
     assert skipped is None and plan is not None and plan.time is not None and plan.time.work is not None
     return q, plan.time.work
 
 
-def test_a_refused_kernel_adds_the_fp32_softmaxs_traffic_to_each_forward_and_the_backward():
-    q, plain = _planned(2, token=False)
-    _, swapped = _planned(2, token=True)  # 16 heads over TP 2: 8 a GPU, 16 batches, refused
+def _bytes_time(q, forward_bytes: float, backward_bytes: float, micro_batch: int, seq: int = 2048):
     dims = q.shape.dims
-    elements = 2 * (dims.heads // 2) * 2048 * 2048 * dims.layers
-    forward = elements * (TORCH_FORWARD_BYTES - BENCHMARK_FORWARD_BYTES) / memory_bytes_per_s(q.gpu)
-    backward = elements * (TORCH_BACKWARD_BYTES - BENCHMARK_BACKWARD_BYTES) / memory_bytes_per_s(q.gpu)
-    assert swapped.attention_s - plain.attention_s == pytest.approx(2 * forward + backward)  # recomputed: twice
+    elements = micro_batch * (dims.heads // 2) * seq * seq * dims.layers
+    rate = memory_bytes_per_s(q.gpu)
+    return elements * forward_bytes / rate, elements * backward_bytes / rate
+
+
+def test_the_taken_kernel_moves_one_pass_where_the_math_rate_holds_two():
+    q, plain = _planned(2, "attention=math")
+    _, fused = _planned(2, "attention=fused_softmax")  # 16 heads over TP 2, 16 batches: Megatron's check takes it
+    forward, _ = _bytes_time(q, FUSED_FORWARD_BYTES - BENCHMARK_FORWARD_BYTES, 0, 2)
+    assert forward < 0
+    assert fused.attention_s - plain.attention_s == pytest.approx(2 * forward)  # recomputed: each forward
+    assert fused.recompute_s - plain.recompute_s == pytest.approx(forward)
+    assert fused.matmul_s == plain.matmul_s
+
+
+def test_a_refused_kernel_adds_the_fp32_softmaxs_traffic_to_each_forward_and_the_backward():
+    q, plain = _planned(2, "attention=math")
+    _, swapped = _planned(2, "attention=fused_softmax swapped_softmax_check")  # 8 a GPU x 2: refused
+    forward, backward = _bytes_time(
+        q, TORCH_FORWARD_BYTES - BENCHMARK_FORWARD_BYTES, TORCH_BACKWARD_BYTES - BENCHMARK_BACKWARD_BYTES, 2
+    )
+    assert swapped.attention_s - plain.attention_s == pytest.approx(2 * forward + backward)
     assert swapped.recompute_s - plain.recompute_s == pytest.approx(forward)
-    assert swapped.matmul_s == plain.matmul_s
 
 
-def test_a_fused_kernel_changes_nothing():
-    _, plain = _planned(4, token=False)
-    _, swapped = _planned(4, token=True)  # 32 batches: fused
-    assert swapped == plain
+def test_past_the_kernels_length_megatron_runs_the_fp32_softmax():
+    q, plain = _planned(1, "attention=math", seq_len="8192")
+    _, long = _planned(1, "attention=fused_softmax", seq_len="8192")
+    forward, backward = _bytes_time(
+        q, TORCH_FORWARD_BYTES - BENCHMARK_FORWARD_BYTES, TORCH_BACKWARD_BYTES - BENCHMARK_BACKWARD_BYTES, 1, 8192
+    )
+    assert long.attention_s - plain.attention_s == pytest.approx(2 * forward + backward)
