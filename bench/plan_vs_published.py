@@ -71,6 +71,7 @@ from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_p
 from harness.plan.speed.attention import KERNELS as ATTENTION_KERNELS  # noqa: E402
 from harness.plan.speed.calibration import default_factors  # noqa: E402
 from harness.plan.speed.compute import kernel_launches  # noqa: E402
+from harness.plan.speed.dropout import SOFTMAX_DROPOUT_FUSION  # noqa: E402
 from harness.plan.speed.host_issue import LAUNCH_BLOCKING  # noqa: E402
 from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK  # noqa: E402
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE  # noqa: E402
@@ -280,6 +281,9 @@ NANOTRON = "nanotron"
 # gathers every k, v shard after the first chunk's attention, `alltoall` passes them round the ring.
 CP_ROTATE_TOKEN = "cp_rotate="
 CP_ROTATE_METHODS = ("allgather", "alltoall")
+# The run's dropout probability, on the attention's probabilities and on each block's outputs alike (recipe.py's
+# attention_dropout and hidden_dropout: Megatron-LM's defaults of 0.1 where its scripts set neither).
+DROPOUT_TOKEN = "dropout="
 # A mixture of experts' (bench/moe_rows.py): Megatron-core's recomputed modules, the all-to-all overlap, its MoE
 # layer on another engine.
 PLAN_FLAGS = (
@@ -291,6 +295,7 @@ PLAN_FLAGS = (
     DEEPSPEED_PIPELINE,
     LAUNCH_BLOCKING,
     SWAPPED_SOFTMAX_CHECK,
+    SOFTMAX_DROPOUT_FUSION,
     HYBRID_ZERO,
     FP8_ATTENTION,
     BIASES,
@@ -299,7 +304,15 @@ PLAN_FLAGS = (
     ZERO3_LIST_COLLECTIVES,
     "megatron_moe_layer",
 )
-PLAN_KEYS = (ATTENTION_TOKEN, TIED_TOKEN, CP_ROTATE_TOKEN, RECOMPUTE_TOKEN, CUDA_GRAPH_TOKEN, OFFLOAD_TOKEN)
+PLAN_KEYS = (
+    ATTENTION_TOKEN,
+    TIED_TOKEN,
+    CP_ROTATE_TOKEN,
+    RECOMPUTE_TOKEN,
+    CUDA_GRAPH_TOKEN,
+    OFFLOAD_TOKEN,
+    DROPOUT_TOKEN,
+)
 
 
 def _plan_tokens(row: dict[str, str]) -> list[str]:
@@ -534,8 +547,9 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
     optimizer state (VectorLM: `model.bfloat16()`), Megatron's low-precision parameters beside an
     fp32 master (its Float16Module, NeMo's megatron_amp_O2) with fp32 gradients where it reduces
     them in fp32, torchao's fp8 all-gathers, TransformerEngine's fp8 (its casts, its fp8 saved inputs),
-    the head tied or not as the row says."""
+    the head tied or not as the row says, its dropout where its configs draw one."""
     megatron = row["sharding"].lower().startswith("megatron") and "fp32 main parameters" in row["mp_mode"]
+    dropout = float(_token_value(row, DROPOUT_TOKEN) or 0)
     return Recipe(
         pure_bf16="model.bfloat16()" in row["notes"] or row["source"].startswith("VectorInstitute"),
         megatron_mixed_precision=megatron,
@@ -551,6 +565,8 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         recompute_modules=recompute_modules(row) or (),
         activation_offload_layers=int(_token_value(row, OFFLOAD_TOKEN) or 0),
         loss_in_place=LOSS_IN_PLACE in _plan_tokens(row),
+        attention_dropout=dropout,
+        hidden_dropout=dropout,
     )
 
 
@@ -598,6 +614,8 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         options = {**options, LAUNCH_BLOCKING: True}  # host_issue.py: every launch waits for its kernel
     if SWAPPED_SOFTMAX_CHECK in _plan_tokens(row):
         options = {**options, SWAPPED_SOFTMAX_CHECK: True}  # masked_softmax.py: the fused kernel refused or not
+    if SOFTMAX_DROPOUT_FUSION in _plan_tokens(row):
+        options = {**options, SOFTMAX_DROPOUT_FUSION: True}  # dropout.py: OneFlow's softmax draws the dropout
     if NANOTRON in _plan_tokens(row):
         if not row["sharding"].lower().startswith("megatron"):
             raise PublishedError(
