@@ -68,6 +68,7 @@ from harness.plan.parallel.deepspeed_pipeline import DEEPSPEED_PIPELINE  # noqa:
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS, check_precision  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
+from harness.plan.speed.alibi_scores import ALIBI  # noqa: E402
 from harness.plan.speed.attention import KERNELS as ATTENTION_KERNELS  # noqa: E402
 from harness.plan.speed.calibration import default_factors  # noqa: E402
 from harness.plan.speed.compute import kernel_launches  # noqa: E402
@@ -296,6 +297,7 @@ PLAN_FLAGS = (
     LAUNCH_BLOCKING,
     SWAPPED_SOFTMAX_CHECK,
     SOFTMAX_DROPOUT_FUSION,
+    ALIBI,
     HYBRID_ZERO,
     FP8_ATTENTION,
     BIASES,
@@ -614,6 +616,8 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         options = {**options, LAUNCH_BLOCKING: True}  # host_issue.py: every launch waits for its kernel
     if SWAPPED_SOFTMAX_CHECK in _plan_tokens(row):
         options = {**options, SWAPPED_SOFTMAX_CHECK: True}  # masked_softmax.py: the fused kernel refused or not
+    if ALIBI in _plan_tokens(row):
+        options = {**options, ALIBI: True}  # alibi_scores.py: the bias copied into the scores and read back
     if SOFTMAX_DROPOUT_FUSION in _plan_tokens(row):
         options = {**options, SOFTMAX_DROPOUT_FUSION: True}  # dropout.py: OneFlow's softmax draws the dropout
     if NANOTRON in _plan_tokens(row):

@@ -39,6 +39,8 @@ from harness.plan.parallel.backends import Backend, backend_for, model_of
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.parallel.planned_options import check_priced, options_of
+from harness.plan.speed.alibi_scores import ALIBI, with_alibi_scores
+from harness.plan.speed.attention import UNFUSED
 from harness.plan.speed.compute import (
     block_projections,
     compute_work,
@@ -554,6 +556,16 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 tp=layout.tp,
                 checkpointing=q.checkpointing,
                 swapped=bool(backend.options.get(SWAPPED_SOFTMAX_CHECK)),
+            )
+        if backend.options.get(ALIBI) and q.attention in UNFUSED and q.shape.dims is not None:
+            work = with_alibi_scores(
+                work,
+                q.shape.dims,
+                q.gpu,
+                micro_batch=q.micro_batch,
+                seq_len=q.seq_len,
+                tp=layout.tp,
+                checkpointing=q.checkpointing,
             )
         if q.shape.dims is not None:
             work = with_dropout(
