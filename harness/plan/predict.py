@@ -39,7 +39,7 @@ from harness.plan.parallel.backends import Backend, backend_for, model_of
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.parallel.planned_options import check_priced, options_of
-from harness.plan.speed.alibi_scores import ALIBI, with_alibi_scores
+from harness.plan.speed.alibi_scores import ALIBI, ALIBI_SCORE_BYTES
 from harness.plan.speed.attention import UNFUSED
 from harness.plan.speed.compute import (
     block_projections,
@@ -61,8 +61,9 @@ from harness.plan.speed.host_issue import (
     host_rates,
 )
 from harness.plan.speed.kernel_table import kernel_table
-from harness.plan.speed.masked_softmax import FUSED_SOFTMAX, SWAPPED_SOFTMAX_CHECK, with_fused_softmax
+from harness.plan.speed.masked_softmax import FUSED_SOFTMAX, SWAPPED_SOFTMAX_CHECK, fused_softmax_bytes
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE, with_nanotron_step
+from harness.plan.speed.score_traffic import with_score_traffic
 from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
 
@@ -546,26 +547,18 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 data_parallel=layout.data_parallel,
                 bandwidth=memory_bytes_per_s(q.gpu),
             )
-        if q.attention == FUSED_SOFTMAX and q.shape.dims is not None:
-            work = with_fused_softmax(
+        if q.attention in UNFUSED and q.shape.dims is not None:
+            forward_bytes, backward_bytes = _unfused_score_bytes(backend, q, layout.tp)
+            work = with_score_traffic(
                 work,
                 q.shape.dims,
                 q.gpu,
+                forward_bytes=forward_bytes,
+                backward_bytes=backward_bytes,
                 micro_batch=q.micro_batch,
                 seq_len=q.seq_len,
                 tp=layout.tp,
-                checkpointing=q.checkpointing,
-                swapped=bool(backend.options.get(SWAPPED_SOFTMAX_CHECK)),
-            )
-        if backend.options.get(ALIBI) and q.attention in UNFUSED and q.shape.dims is not None:
-            work = with_alibi_scores(
-                work,
-                q.shape.dims,
-                q.gpu,
-                micro_batch=q.micro_batch,
-                seq_len=q.seq_len,
-                tp=layout.tp,
-                checkpointing=q.checkpointing,
+                recomputed=q.checkpointing == "full",
             )
         if q.shape.dims is not None:
             work = with_dropout(
@@ -629,6 +622,19 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     return host_issue(
         kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped), blocking
     )
+
+
+def _unfused_score_bytes(backend: Backend, q: Question, tp: int) -> tuple[float, float]:
+    """(forward, backward) bytes a score element the unfused attention moves beyond its rate: Megatron's
+    softmax as its kernel runs (masked_softmax.py), ALiBi's bias through the scores' matmul (alibi_scores.py)."""
+    forward, backward = 0.0, 0.0
+    if q.attention == FUSED_SOFTMAX:
+        heads = q.shape.dims.heads // tp
+        swapped = bool(backend.options.get(SWAPPED_SOFTMAX_CHECK))
+        forward, backward = fused_softmax_bytes(q.micro_batch, heads, q.seq_len, swapped)
+    if backend.options.get(ALIBI):
+        forward += ALIBI_SCORE_BYTES
+    return forward, backward
 
 
 def _dropout(backend: Backend, q: Question) -> Dropout:

@@ -27,6 +27,7 @@ from strategies.fsdp import tied_outside
 from strategies.registry import default_registry
 from strategies.torch_mesh import MeshStrategy
 from tests.helpers import NANO, env_for_tests, max_rel_diff, read_run, run_cli
+from tests.saved_tensors import saved_bytes
 
 TOLERANCE = 1e-4  # fp32, relative, every step
 RECURRENT, DECODER, NESTED = (f"tests.user_models:build_{name}" for name in ("recurrent", "decoder", "nested"))
@@ -345,17 +346,7 @@ def test_an_option_of_the_wrong_type_names_the_key_the_type_and_an_example():
 
 def _saved_bytes(model: nn.Module, tokens: torch.Tensor) -> int:
     """What autograd saves in a real forward: each storage once, parameters left out."""
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in params:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        model(tokens, tokens)
-    return sum(saved.values())
+    return saved_bytes(lambda: model(tokens, tokens), model.parameters())
 
 
 def _plan(strategy: str = "fsdp", **options):

@@ -300,6 +300,13 @@ def _megatron_row(sharding: str, **extra: str) -> dict[str, str]:
     return row
 
 
+def _planned_row(sharding: str, **extra: str):
+    """The question and the plan of `_megatron_row(sharding, **extra)`, which the plan must lay out."""
+    q, plan, skipped = published.question(_megatron_row(sharding, **extra))
+    assert skipped is None and plan is not None and plan.time is not None and plan.activations is not None
+    return q, plan
+
+
 def test_plan_tokens_name_the_kernel_engine_loss_and_head_and_leave_the_layout_alone():
     plain = _megatron_row("megatron tp=2 pp=1 dp=4 distributed_optimizer")
     tokens = "attention=math transformer_engine fused_loss tied_embeddings=false"

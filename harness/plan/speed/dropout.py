@@ -45,6 +45,7 @@ from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import TransformerDims
 from harness.plan.speed.attention import UNFUSED
 from harness.plan.speed.compute import ComputeWork, Kernels, memory_bytes_per_s
+from harness.plan.speed.score_traffic import score_elements
 
 MASK_BYTES = 1  # torch's dropout mask is a bool tensor
 
@@ -85,10 +86,6 @@ class Dropout:
         return self.attention and kernel in UNFUSED
 
 
-def _attention_elements(dims: TransformerDims, micro_batch: int, seq_len: int, tp: int) -> float:
-    return micro_batch * (dims.heads // tp) * seq_len * seq_len * dims.layers
-
-
 def _hidden_elements(dims: TransformerDims, tokens: int, tp: int, sequence_parallel: bool) -> float:
     return HIDDEN_SITES * tokens * dims.width * dims.layers / (tp if sequence_parallel else 1)
 
@@ -119,7 +116,7 @@ def with_dropout(
     if dropout.attention_drawn(kernel):
         drawn = softmax_fused_dropout_bytes if dropout.attention_fused else eager_dropout_bytes
         forward, backward = drawn(element_bytes)
-        elements = _attention_elements(dims, micro_batch, seq_len, tp) / rate
+        elements = score_elements(dims, micro_batch, seq_len, tp) / rate
         again = forward if recompute_block or recompute_attention else 0
         attention = Kernels(forward * elements, backward * elements, again * elements)
     if dropout.hidden:

@@ -35,18 +35,11 @@ TP 8) a micro-batch of 1 or 2 falls back, 4 takes the kernel. Megatron's start-u
 so such a run neither aborts (`--abort-on-unmet-fused-kernel-constraints`) nor warns. 1cb76a64
 ("sync the whole Meg-LM fused_kernels sub-tree") declares the method in the order it is called.
 
-Every score element of micro-batch x heads a GPU x seq x seq is counted (the kernel and the
-fallback both pass over the masked half), at the card's memory-bound rate (compute.py
-`memory_bytes_per_s`).
+Every score element is counted, the kernel and the fallback both passing over the masked half
+(score_traffic.py).
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
-
-from harness.common.hardware import GPUSpec
-from harness.plan.model.model_shape import TransformerDims
-from harness.plan.speed.compute import ComputeWork, memory_bytes_per_s
 
 FUSED_SOFTMAX = "fused_softmax"  # the attention kernel this module prices (attention.py)
 # A plan option: the run's attention is Megatron-DeepSpeed's FusedScaleMaskSoftmax of 9f5f5d4c to
@@ -87,33 +80,12 @@ def fused_softmax_runs(micro_batch: int, heads: int, seq_len: int, swapped: bool
     return batches % batches_per_block(heads if swapped else seq_len) == 0
 
 
-def with_fused_softmax(
-    work: ComputeWork,
-    dims: TransformerDims,
-    gpu: GPUSpec,
-    *,
-    micro_batch: int,
-    seq_len: int,
-    tp: int,
-    checkpointing: str,
-    swapped: bool = False,
-) -> ComputeWork:
-    """`work` (timed at the `math` rate) with every layer's softmax as Megatron's FusedScaleMaskSoftmax
-    runs it: its kernel's bytes where it is taken, the fp32 op-by-op softmax's where it is refused
-    (the module's account)."""
-    heads = dims.heads // tp
+def fused_softmax_bytes(micro_batch: int, heads: int, seq_len: int, swapped: bool = False) -> tuple[int, int]:
+    """(forward, backward) bytes a score element Megatron's FusedScaleMaskSoftmax moves beyond the `math`
+    rate's softmax over `micro_batch` x `heads` (a GPU's) batches of `seq_len`: its kernel's where
+    `is_kernel_available` takes it, the fp32 op-by-op softmax's where it refuses (the module's account)."""
     if fused_softmax_runs(micro_batch, heads, seq_len, swapped):
-        forward_bytes, backward_bytes = FUSED_FORWARD_BYTES, BENCHMARK_BACKWARD_BYTES
+        forward, backward = FUSED_FORWARD_BYTES, BENCHMARK_BACKWARD_BYTES
     else:
-        forward_bytes, backward_bytes = TORCH_FORWARD_BYTES, TORCH_BACKWARD_BYTES
-    elements = micro_batch * heads * seq_len * seq_len * dims.layers
-    rate = memory_bytes_per_s(gpu)
-    forward = elements * (forward_bytes - BENCHMARK_FORWARD_BYTES) / rate
-    backward = elements * (backward_bytes - BENCHMARK_BACKWARD_BYTES) / rate
-    again = forward if checkpointing == "full" else 0.0
-    return replace(
-        work,
-        attention_s=work.attention_s + forward + again + backward,
-        recompute_s=work.recompute_s + again,
-        forward_s=work.forward_s + forward,
-    )
+        forward, backward = TORCH_FORWARD_BYTES, TORCH_BACKWARD_BYTES
+    return forward - BENCHMARK_FORWARD_BYTES, backward - BENCHMARK_BACKWARD_BYTES

@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from bench import plan_vs_published as published
 from harness.plan.speed.alibi_scores import ALIBI_SCORE_BYTES
 from harness.plan.speed.compute import memory_bytes_per_s
-from tests.plan.test_published import _megatron_row
+from tests.plan.test_published import _planned_row
 
 
 def _work(tail: str):
-    row = _megatron_row(
+    q, plan = _planned_row(
         f"megatron tp=2 pp=1 dp=4 ddp {tail}", activation_checkpointing="true", micro_batch="2", grad_accum="1"
     )
-    q, plan, skipped = published.question(row)
-    assert skipped is None and plan is not None and plan.time is not None
     return q, plan.time.work
 
 

@@ -6,24 +6,20 @@ from __future__ import annotations
 
 import pytest
 
-from bench import plan_vs_published as published
 from harness.common.hardware import gpu_spec
 from harness.plan.memory.activations import LOGSUMEXP_BYTES, activations
 from harness.plan.model.model_shape import PlanError
 from harness.plan.speed.attention import attention_seconds
-from tests.plan.test_published import _megatron_row
+from tests.plan.test_published import _planned_row
 
 
 def _planned(checkpointing: str, attention: str = "flash"):
-    row = _megatron_row(
+    return _planned_row(
         f"megatron tp=2 pp=1 dp=4 distributed_optimizer attention={attention}",
         activation_checkpointing=checkpointing,
         micro_batch="1",
         grad_accum="1",
     )
-    q, plan, skipped = published.question(row)
-    assert skipped is None and plan is not None and plan.time is not None and plan.activations is not None
-    return q, plan
 
 
 def test_megatron_selective_runs_each_layers_attention_forward_again() -> None:

@@ -20,22 +20,8 @@ from harness.plan.speed.dropout import (
     eager_dropout_bytes,
     softmax_fused_dropout_bytes,
 )
-from tests.plan.test_published import _megatron_row
-
-
-def _saved_bytes(fn, *inputs: torch.Tensor) -> int:
-    """Bytes of what autograd saves running `fn`, the inputs themselves left out."""
-    given = {t.untyped_storage().data_ptr() for t in inputs}
-    saved: dict[int, int] = {}
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        if t.untyped_storage().data_ptr() not in given:
-            saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        fn(*inputs)
-    return sum(saved.values())
+from tests.plan.test_published import _megatron_row, _planned_row
+from tests.saved_tensors import saved_bytes
 
 
 def _dropout(t: torch.Tensor, p: float) -> torch.Tensor:
@@ -47,7 +33,7 @@ def _dropout(t: torch.Tensor, p: float) -> torch.Tensor:
 
 def test_torchs_dropout_keeps_a_bool_mask_a_byte_an_element():
     x = torch.randn(6, 50, dtype=torch.bfloat16, requires_grad=True)
-    assert _saved_bytes(lambda t: _dropout(t, 0.1), x) == x.numel() * MASK_BYTES
+    assert saved_bytes(lambda: _dropout(x, 0.1), [x]) == x.numel() * MASK_BYTES
 
 
 def test_the_unfused_attentions_dropout_keeps_what_the_plan_counts():
@@ -60,7 +46,7 @@ def test_the_unfused_attentions_dropout_keeps_what_the_plan_counts():
     def attention(p: float):
         return lambda q, v: torch.bmm(_dropout(torch.softmax(q @ q.transpose(1, 2), -1), p), v)
 
-    extra = _saved_bytes(attention(0.1), q, v) - _saved_bytes(attention(0.0), q, v)
+    extra = saved_bytes(lambda: attention(0.1)(q, v), [q, v]) - saved_bytes(lambda: attention(0.0)(q, v), [q, v])
     dims = published.shape_of_row(_megatron_row("megatron tp=1 dp=8 ddp")).dims
     per_score = (
         core_attention_bytes_per_token(dims, 2, "fused_softmax", seq, dropout=True)
@@ -73,15 +59,12 @@ def test_the_unfused_attentions_dropout_keeps_what_the_plan_counts():
 
 
 def _work(sharding_tail: str, checkpointing: str = "true"):
-    row = _megatron_row(
+    return _planned_row(
         f"megatron tp=2 pp=1 dp=4 ddp {sharding_tail}",
         activation_checkpointing=checkpointing,
         micro_batch="2",
         grad_accum="1",
     )
-    q, plan, skipped = published.question(row)
-    assert skipped is None and plan is not None and plan.time is not None
-    return q, plan
 
 
 def _per_element(q) -> tuple[float, float]:

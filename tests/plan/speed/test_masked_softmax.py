@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from bench import plan_vs_published as published
 from harness.plan.speed.compute import memory_bytes_per_s
 from harness.plan.speed.masked_softmax import (
     BENCHMARK_BACKWARD_BYTES,
@@ -18,7 +17,7 @@ from harness.plan.speed.masked_softmax import (
     batches_per_block,
     fused_softmax_runs,
 )
-from tests.plan.test_published import _megatron_row
+from tests.plan.test_published import _planned_row
 
 
 def test_the_kernels_batches_a_block_follow_the_row_length():
@@ -43,15 +42,13 @@ def test_megatrons_own_check_asks_only_for_batches_in_fours_up_to_4096_keys():
 
 
 def _planned(micro_batch: int, sharding_tail: str, seq_len: str = "2048"):
-    row = _megatron_row(
+    q, plan = _planned_row(
         f"megatron tp=2 pp=1 dp=4 ddp {sharding_tail}",
         activation_checkpointing="true",
         micro_batch=str(micro_batch),
         grad_accum="1",
         seq_len=seq_len,
     )
-    q, plan, skipped = published.question(row)
-    assert skipped is None and plan is not None and plan.time is not None and plan.time.work is not None
     return q, plan.time.work
 
 
