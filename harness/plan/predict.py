@@ -42,6 +42,7 @@ from harness.plan.parallel.planned_options import check_priced, options_of
 from harness.plan.speed.alibi_scores import ALIBI, ALIBI_SCORE_BYTES
 from harness.plan.speed.attention import UNFUSED
 from harness.plan.speed.compute import (
+    Regime,
     block_projections,
     compute_work,
     kernel_launches,
@@ -567,7 +568,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 q.gpu,
                 _dropout(backend, q),
                 kernel=q.attention,
-                element_bytes=4 if storage_precision(q.precision) == "fp32" else 2,
+                element_bytes=Regime.of(storage_precision(q.precision), backend.mixed_precision).matmul,
                 micro_batch=q.micro_batch,
                 seq_len=q.seq_len,
                 tp=layout.tp,

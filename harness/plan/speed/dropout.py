@@ -45,7 +45,7 @@ from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import TransformerDims
 from harness.plan.speed.attention import UNFUSED
 from harness.plan.speed.compute import ComputeWork, Kernels, memory_bytes_per_s
-from harness.plan.speed.score_traffic import score_elements
+from harness.plan.speed.score_traffic import with_score_traffic
 
 MASK_BYTES = 1  # torch's dropout mask is a bool tensor
 
@@ -109,26 +109,30 @@ def with_dropout(
     the attention's to the attention, the hidden ones' to the elementwise work; `recompute_block`:
     full checkpointing draws every block's again, `recompute_attention`: the core attention's is drawn
     again (Megatron-LM's selective recomputation)."""
-    if not dropout.any:
-        return work
-    rate = memory_bytes_per_s(gpu)
-    attention, elementwise = Kernels(), Kernels()
     if dropout.attention_drawn(kernel):
         drawn = softmax_fused_dropout_bytes if dropout.attention_fused else eager_dropout_bytes
         forward, backward = drawn(element_bytes)
-        elements = score_elements(dims, micro_batch, seq_len, tp) / rate
-        again = forward if recompute_block or recompute_attention else 0
-        attention = Kernels(forward * elements, backward * elements, again * elements)
-    if dropout.hidden:
-        forward, backward = FUSED_DROPOUT_BYTES if dropout.hidden_fused else eager_dropout_bytes(element_bytes)
-        elements = _hidden_elements(dims, micro_batch * seq_len, tp, sequence_parallel) / rate
-        elementwise = Kernels(forward * elements, backward * elements, forward * elements if recompute_block else 0)
+        work = with_score_traffic(
+            work,
+            dims,
+            gpu,
+            forward_bytes=forward,
+            backward_bytes=backward,
+            micro_batch=micro_batch,
+            seq_len=seq_len,
+            tp=tp,
+            recomputed=recompute_block or recompute_attention,
+        )
+    if not dropout.hidden:
+        return work
+    forward, backward = FUSED_DROPOUT_BYTES if dropout.hidden_fused else eager_dropout_bytes(element_bytes)
+    seconds = _hidden_elements(dims, micro_batch * seq_len, tp, sequence_parallel) / memory_bytes_per_s(gpu)
+    again = forward * seconds if recompute_block else 0.0
     return replace(
         work,
-        attention_s=work.attention_s + attention.total,
-        elementwise_s=work.elementwise_s + elementwise.total,
-        recompute_s=work.recompute_s + attention.again + elementwise.again,
-        forward_s=work.forward_s + attention.forward + elementwise.forward,
+        elementwise_s=work.elementwise_s + (forward + backward) * seconds + again,
+        recompute_s=work.recompute_s + again,
+        forward_s=work.forward_s + forward * seconds,
     )
 
 
