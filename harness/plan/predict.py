@@ -378,7 +378,10 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
     tokens = q.micro_batch * q.seq_len / layout.tp
     ffn_buffers = expert_buffers(q.shape, backend, held, layout.experts, q.grad_accum, q.recipe, tokens)
     buffers = replace(
-        buffers, backward={**buffers.backward, **ffn_buffers.backward}, step={**buffers.step, **ffn_buffers.step}
+        buffers,
+        backward={**buffers.backward, **ffn_buffers.backward},
+        hooks={**buffers.hooks, **ffn_buffers.hooks},
+        step={**buffers.step, **ffn_buffers.step},
     )
     if acts is not None and q.recipe.fragmentation:
         lost = {FRAGMENTATION: int(q.recipe.fragmentation * acts.total)}

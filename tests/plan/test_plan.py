@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from harness.plan.model.model_build import shape_of_module
 from harness.plan.model.model_shape import shape_of_description, shape_of_spec
 from harness.plan.parallel.backends import planner_models
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
-from harness.plan.predict import plan_all, plan_strategy
+from harness.plan.predict import on_device, peak_allocated, plan_all, plan_strategy
 from harness.plan.recommendation import recommend
 from models.zoo import build_model
 from strategies.registry import default_registry
@@ -343,6 +344,23 @@ def test_fsdp_accumulation_trades_reduce_scatters_for_unsharded_gradients():
     assert each["fsdp"].time.wire_bytes - once["fsdp"].time.wire_bytes == pytest.approx(
         3 * reduce_scatter.wire_bytes(), rel=1e-9
     )
+
+
+def test_a_blocks_gradients_come_after_the_heads_backward():
+    """FSDP2's unsharded gradients of a block and its reduce-scatter input are made by that block's
+    backward, once the head's has freed the loss's buffers: the peak is the larger of the two moments,
+    not their sum."""
+    _, plans = plan(model="gpt2-124m", gpus=8, micro_batch=2, precision="bf16", strategies=["fsdp"])
+    fsdp = plans["fsdp"]
+    grads = "one block's unsharded gradients and reduce-scatter input"
+    assert grads in fsdp.buffers.hooks and grads not in fsdp.buffers.backward
+    on_gpu = on_device(fsdp.states)
+    held = on_gpu["params"] + on_gpu["optimizer"] + sum(fsdp.buffers.backward.values())
+    acts = fsdp.activations
+    assert acts.head > fsdp.buffers.hooks[grads]  # GPT-2's logits outweigh a block's gradients
+    assert peak_allocated(on_gpu, acts, fsdp.buffers, False) == held + acts.total
+    larger = replace(fsdp.buffers, hooks={grads: 2 * acts.head})  # a block's gradients outweighing the head's
+    assert peak_allocated(on_gpu, acts, larger, False) == held + acts.total + acts.head
 
 
 def test_step_time_is_compute_plus_what_cannot_hide():

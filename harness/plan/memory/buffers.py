@@ -4,7 +4,8 @@ after the buffer, with the phase in which it is alive.
 torch engine: autocast's bf16 copies of every matmul weight (cached from forward until
 each layer's backward); DDP's gradient buckets when .grad is not a view into them; FSDP2's
 gathered parameters (the root for the whole step, a block in use plus one prefetched, or
-every block when it does not reshard after forward) and one block's reduce-scatter; FSDP2's
+every block when it does not reshard after forward) and one block's reduce-scatter (made by that
+block's backward, so alive once the head's backward has freed the loss's buffers); FSDP2's
 replicate (ddp-tp, zero1-tp) alike, its units copied on one rank and kept until their backward.
 Megatron-FSDP (megatron/core/distributed/fsdp @ 41eecc45): its units are the transformer layers
 alone (mcore_fsdp_adapter.py: fsdp_unit_modules=[TransformerLayer] under optim_grads_params), so the
@@ -94,11 +95,12 @@ def _torch_buffers(
     else:
         backward["every block kept gathered until backward"] = int(sum(blocks) * per_element)
     reduce_bytes = 4 if backend.reduce_in_fp32 or precision == "fp32" else BYTES[precision]
-    backward["one block's unsharded gradients and reduce-scatter input"] = largest * (unsharded + reduce_bytes)
+    # A block's gradients come with its own backward, after the head's: the first gradient hook's buffer.
+    hooks = {"one block's unsharded gradients and reduce-scatter input": largest * (unsharded + reduce_bytes)}
     if grad_accum > 1 and not backend.sharded_grads_every_micro_step:
         # Without gradient sync FSDP2 keeps each block's unsharded gradient until the last micro-step.
         backward["unsharded gradients kept while accumulating"] = shape.params // tp * reduce_bytes
-    return Buffers(backward=backward)
+    return Buffers(backward=backward, hooks=hooks)
 
 
 def fp8_block_share(shape: ModelShape) -> float:
@@ -167,5 +169,6 @@ def backend_buffers(
         return _deepspeed_buffers(shape, backend, precision, layout, grad_accum, recipe)
     buffers = _torch_buffers(shape, backend, precision, layout, grad_accum, recipe)
     if backend.replicas == "threads":
-        return Buffers({**buffers.backward, **_gathered_logits(shape, precision, layout, tokens)}, grads_resident=True)
+        gathered = _gathered_logits(shape, precision, layout, tokens)
+        return Buffers({**buffers.backward, **gathered}, hooks=buffers.hooks, grads_resident=True)
     return buffers

@@ -157,11 +157,14 @@ def expert_buffers(
     mine = expert_shape(dims.moe, dims.width, experts.ep, experts.etp)
     own = backend_buffers(mine, backend, precision, expert_states_layout(experts), grad_accum, 0, recipe)
     backward = {f"experts: {k}": v for k, v in own.backward.items()}
+    # DeepSpeed's reduction bucket is the one the rest of the model fills; a torch engine's block
+    # gradients are the experts' own, made in the same block's backward as the rest's.
+    hooks = {} if backend.engine == "deepspeed" else {f"experts: {k}": v for k, v in own.hooks.items()}
     step = {f"experts: {k}": v for k, v in own.step.items()}
     if experts.ep > 1:  # one block's exchange in flight: what it sends and what it receives
         sent = tokens * dims.moe.top_k * dims.width * BYTES[precision]
         backward["all-to-all send and receive buffers of one block"] = int(2 * sent * recipe.moe_imbalance)
-    return Buffers(backward=backward, step=step)
+    return Buffers(backward=backward, hooks=hooks, step=step)
 
 
 @dataclass(frozen=True)
