@@ -148,7 +148,8 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         held, peak = replace(held, blocks=held.blocks + extra), peak + extra
     room = headroom(q.capacity_bytes, communicators(stage.layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
     fits = None if peak is None else room.fits(peak)
-    traffic = _traffic(q, stage_q, layout, pipe, cp, backend, timed=stage.time is not None)
+    seconds = None if stage.time is None else _stage_seconds(stage.time, q, stage_q, layout, split)
+    traffic = _traffic(q, stage_q, layout, pipe, cp, backend, stage.time is not None, seconds)
     timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, split, cp, traffic)
     return StrategyPlan(
         backend.name,
@@ -200,10 +201,12 @@ def _traffic(
     cp: ContextParallel,
     backend: Backend,
     timed: bool,
+    stage_seconds: tuple[float, float, float] | None = None,
 ) -> list[tuple[Collective, float, float]]:
     """The pipeline's and context parallel's transfers of one step, each with its seconds per step
     and, of those, what every micro-batch runs (0 where the plan is not timed: a question without a
-    GPU's links, as a CPU run's is)."""
+    GPU's links, as a CPU run's is); `stage_seconds` a micro-batch's compute on the first GPU, those
+    between and the last (`_stage_seconds`), where the split is known."""
     assert stage_q.shape.dims is not None
     dims = stage_q.shape.dims
     element = BYTES[storage_precision(q.precision)]
@@ -221,10 +224,16 @@ def _traffic(
         one = collective_seconds(q.topology, group, "broadcast", sent) if timed else 0.0
         # The fill and the drain cross every boundary one after another; in the steady state a
         # schedule that waits on each exchange before its next micro-batch (steady_state_exposed)
-        # adds one send each way to every micro-batch (DeepSpeed's engine two each way, one after the
-        # other, where a GPU sits between two others: deepspeed_pipeline.py), the others hide them.
+        # adds the slowest GPU's exchanges to every micro-batch (Pipeline.steady_exchange_wait;
+        # DeepSpeed's engine two each way, one after the other, where a GPU sits between two others:
+        # deepspeed_pipeline.py), the others hide them.
         critical = 2 * pipe.boundaries * one * q.grad_accum
-        steady = per_micro * one * micro_steps if pipe.steady_state_exposed else 0.0
+        if not pipe.steady_state_exposed:
+            steady = 0.0
+        elif deepspeed:
+            steady = per_micro * one * micro_steps
+        else:
+            steady = pipe.steady_exchange_wait(stage_seconds, one) * micro_steps
         how = "each micro-batch waits on them" if pipe.steady_state_exposed else "hidden but the fill and drain"
         what = f"send activations and gradients between pipeline stages ({'network' if across else 'NVLink'}; {how})"
         sends = Collective(
@@ -418,19 +427,12 @@ def _time(
     return replace(timed, tokens_per_s=tokens / timed.step_s)
 
 
-def _stage_work(
-    t: StepTime, q: Question, stage_q: Question, layout: Layout, split: StageSplit | None
-) -> tuple[float, float]:
-    """Unscaled seconds a step: what the stage planned (the fullest GPU's blocks with the head and
-    the loss) computes beyond the slowest GPU, and what the slowest computes beyond an even share of
-    the model's work, which the others idle. Each micro-batch waits on the slowest GPU: of the first
-    (its blocks; the embedding's lookup is negligible), those between (their blocks) and the last
-    (its blocks, the head's matmuls and the loss). Under an even split the last is the slowest and
-    the planned stage is it; under Megatron-LM's counted embedding and loss, or the runtime's cut
-    with fewer blocks on the last stages, a GPU between may be, without the head."""
-    dims, whole = stage_q.shape.dims, q.shape.dims
-    if split is None or t.work is None or q.gpu is None or dims is None or whole is None:
-        return 0.0, 0.0
+def _head_and_block(t: StepTime, q: Question, stage_q: Question, layout: Layout) -> tuple[float, float] | None:
+    """Unscaled seconds of a micro-batch's head (its matmuls and the loss) and of one block, from
+    the planned stage's work (the fullest GPU's blocks with the head and the loss)."""
+    dims = stage_q.shape.dims
+    if t.work is None or q.gpu is None or dims is None:
+        return None
     tokens = stage_q.micro_batch * stage_q.seq_len
     out = dims.vocab // dims.head_split(layout.tp)
     held = storage_precision(q.precision)
@@ -438,7 +440,37 @@ def _stage_work(
         gemm_seconds(m, n, k, q.gpu, held)
         for m, n, k in ((tokens, out, dims.width), (tokens, dims.width, out), (out, dims.width, tokens))
     )
-    block = max(0.0, t.work.micro_step_s - head) / dims.layers
+    return head, max(0.0, t.work.micro_step_s - head) / dims.layers
+
+
+def _stage_seconds(
+    t: StepTime, q: Question, stage_q: Question, layout: Layout, split: StageSplit | None
+) -> tuple[float, float, float] | None:
+    """A micro-batch's compute, scaled, on the first GPU (its blocks; the embedding's lookup is
+    negligible), the fullest between (their blocks) and the last (its blocks, the head's matmuls
+    and the loss); None where the split is not known."""
+    parts = _head_and_block(t, q, stage_q, layout)
+    if split is None or parts is None:
+        return None
+    head, block = parts
+    scale = q.factors.compute_scale
+    return split.first * block * scale, split.middle * block * scale, (split.last * block + head) * scale
+
+
+def _stage_work(
+    t: StepTime, q: Question, stage_q: Question, layout: Layout, split: StageSplit | None
+) -> tuple[float, float]:
+    """Unscaled seconds a step: what the stage planned (the fullest GPU's blocks with the head and
+    the loss) computes beyond the slowest GPU, and what the slowest computes beyond an even share of
+    the model's work, which the others idle. Each micro-batch waits on the slowest GPU
+    (`_stage_seconds`). Under an even split the last is the slowest and the planned stage is it;
+    under Megatron-LM's counted embedding and loss, or the runtime's cut with fewer blocks on the
+    last stages, a GPU between may be, without the head."""
+    parts = _head_and_block(t, q, stage_q, layout)
+    whole = q.shape.dims
+    if split is None or parts is None or whole is None:
+        return 0.0, 0.0
+    head, block = parts
     planned = split.fullest * block + head
     slowest = max(split.first * block, split.middle * block, split.last * block + head)
     even = (whole.layers * block + head) / layout.pp

@@ -15,8 +15,9 @@ Per schedule, with p stages, m micro-batches and v virtual stages a GPU:
 Between stages each micro-batch sends its activations forward and their gradients back: micro-batch
 x sequence x width elements in the compute dtype, split over the tensor-parallel ranks (sequence
 parallel), on NVLink where the two stages share a node and on the network where they do not.
-Schedules send asynchronously, so the steady state hides them; the fill and the drain cross the
-p v - 1 boundaries one after another, in the critical path.
+GPipe and the looped schedules send asynchronously, so their steady state hides them; 1F1B waits
+on its exchanges every micro-batch (`Pipeline.steady_exchange_wait`); the fill and the drain cross
+the p v - 1 boundaries one after another, in the critical path.
 """
 
 from __future__ import annotations
@@ -99,6 +100,23 @@ class Pipeline:
         and the looped schedules post them asynchronously and run the next chunk beside them
         (Megatron-LM's interleaved schedule with `overlap_p2p_comm`, its default)."""
         return self.stages > 1 and self.schedule == "1f1b"
+
+    def steady_exchange_wait(self, stage_seconds: tuple[float, float, float] | None, exchange_s: float) -> float:
+        """Seconds each steady-state 1F1B micro-batch adds to the slowest stage's compute for its
+        exchanges (`steady_state_exposed`), `exchange_s` one send each way between two neighbours.
+        Megatron-LM's `send_forward_recv_backward` and `send_backward_recv_forward`
+        (megatron/core/pipeline_parallel/p2p_communication.py) each batch a send and a receive with
+        one neighbour (`batch_isend_irecv`), opposite ways on a full-duplex link: one exchange. The
+        first stage has no previous neighbour and the last no next, so each of them waits on one
+        exchange a micro-batch and a GPU between two others on two (torch's Schedule1F1B batches its
+        forward sends with its backward receives alike). The steady state moves at the slowest GPU's
+        pace, its compute and its exchanges: `stage_seconds` (first, between, last; a micro-batch's
+        compute on each) where the split is known, else every GPU as the fullest."""
+        exchanges = (1, 2 if self.stages > 2 else 0, 1)
+        if stage_seconds is None:
+            return max(exchanges) * exchange_s
+        paced = max(c + n * exchange_s for c, n in zip(stage_seconds, exchanges, strict=True))
+        return paced - max(stage_seconds)
 
     @property
     def boundaries(self) -> int:
