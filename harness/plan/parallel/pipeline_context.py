@@ -150,7 +150,7 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     fits = None if peak is None else room.fits(peak)
     seconds = None if stage.time is None else _stage_seconds(stage.time, q, stage_q, layout, split)
     traffic = _traffic(q, stage_q, layout, pipe, cp, backend, stage.time is not None, seconds)
-    timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, split, cp, traffic)
+    timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, split, cp, traffic, seconds)
     return StrategyPlan(
         backend.name,
         backend,
@@ -357,9 +357,10 @@ def _time(
     split: StageSplit | None,
     cp: ContextParallel,
     traffic: list[tuple[Collective, float, float]],
+    stage_seconds: tuple[float, float, float] | None = None,
 ) -> StepTime:
     """The stage's step with the bubble, context parallel's attention and the exposed transfers added,
-    its compute the slowest GPU's (`_stage_work`)."""
+    its compute the slowest GPU's (`_stage_work`); `stage_seconds` each GPU's (`_stage_seconds`)."""
     assert q.gpu is not None and stage_q.shape.dims is not None
     dims = stage_q.shape.dims
     scale = q.factors.compute_scale
@@ -404,12 +405,13 @@ def _time(
             recurring += max(0.0, seconds - attention)
     # The bubble idles a stage for the length of its micro-batches' work: their compute, the
     # communication in each one's critical path (tensor parallelism's, context parallelism's) and
-    # the wait on the host to issue them (host_issue.py).
-    bubble = pipe.bubble * (compute - optimizer + t.recurring_comm_s + recurring + t.host_wait_s)
+    # the wait on the host to issue them (host_issue.py); the slowest GPU idles for the others'.
+    idle = pipe.idle_share(stage_seconds)
+    bubble = pipe.bubble * idle * (compute - optimizer + t.recurring_comm_s + recurring + t.host_wait_s)
     tokens = t.tokens_per_s * t.step_s
     bubble_what = (
         f"{pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "
-        f"{pipe.bubble:.0%} of the micro-batches' work idle"
+        f"{pipe.bubble * idle:.0%} of the slowest GPU's micro-batch work idle"
         if layout.pp > 1
         else ""
     )

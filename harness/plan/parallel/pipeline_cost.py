@@ -101,6 +101,20 @@ class Pipeline:
         (Megatron-LM's interleaved schedule with `overlap_p2p_comm`, its default)."""
         return self.stages > 1 and self.schedule == "1f1b"
 
+    def idle_share(self, stage_seconds: tuple[float, float, float] | None) -> float:
+        """The share of `bubble` the slowest GPU idles where the stages' work differs (`stage_seconds`:
+        a micro-batch's compute on the first GPU, each between and the last). The first micro-batch
+        reaches it after the forwards of the GPUs before it and the last leaves after the forwards
+        and backwards of those after it and the backwards of those before: the fill and the drain
+        are the other GPUs' work of one micro-batch, which `bubble` counts as p - 1 of the slowest's.
+        1 where the split is not known."""
+        if stage_seconds is None or self.stages <= 1:
+            return 1.0
+        first, middle, last = stage_seconds
+        work = [first, *[middle] * (self.stages - 2), last]
+        slowest = max(work)
+        return (sum(work) - slowest) / ((self.stages - 1) * slowest) if slowest > 0 else 1.0
+
     def steady_exchange_wait(self, stage_seconds: tuple[float, float, float] | None, exchange_s: float) -> float:
         """Seconds each steady-state 1F1B micro-batch adds to the slowest stage's compute for its
         exchanges (`steady_state_exposed`), `exchange_s` one send each way between two neighbours.
