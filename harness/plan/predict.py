@@ -562,7 +562,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
                 micro_batch=q.micro_batch,
                 seq_len=q.seq_len,
                 tp=layout.tp,
-                recomputed=q.checkpointing == "full",
+                recomputed=q.checkpointing == "full" or q.core_attention_recompute,
             )
         if q.shape.dims is not None:
             work = with_dropout(

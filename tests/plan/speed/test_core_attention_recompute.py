@@ -10,6 +10,9 @@ from harness.common.hardware import gpu_spec
 from harness.plan.memory.activations import LOGSUMEXP_BYTES, activations
 from harness.plan.model.model_shape import PlanError
 from harness.plan.speed.attention import attention_seconds
+from harness.plan.speed.compute import memory_bytes_per_s
+from harness.plan.speed.masked_softmax import fused_softmax_bytes
+from harness.plan.speed.score_traffic import score_elements
 from tests.plan.test_published import _planned_row
 
 
@@ -68,3 +71,18 @@ def test_core_attention_recompute_is_its_own_granularity() -> None:
             checkpointing="full",
             core_attention_recompute=True,
         )
+
+
+def test_megatrons_softmax_runs_again_with_the_core_attention() -> None:
+    """The recomputed core attention runs Megatron's fused softmax again: its score traffic beside the
+    `math` rate's (masked_softmax.py) is in the recomputed forward as in the first."""
+    q, none = _planned("false", attention="fused_softmax")
+    _, selective = _planned("selective", attention="fused_softmax")
+    _, math_none = _planned("false", attention="math")
+    _, math_selective = _planned("selective", attention="math")
+    dims = q.shape.dims
+    forward_bytes, _ = fused_softmax_bytes(1, dims.heads // 2, 2048)
+    softmax_again = forward_bytes * score_elements(dims, 1, 2048, 2) / memory_bytes_per_s(gpu_spec("H100-80"))
+    again = selective.time.work.recompute_s - none.time.work.recompute_s
+    math_again = math_selective.time.work.recompute_s - math_none.time.work.recompute_s
+    assert forward_bytes < 0 and again == pytest.approx(math_again + softmax_again)
