@@ -132,6 +132,9 @@ def main() -> None:
                 results[case] = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
         results["registry"] = registry_left()
         results["ring shares"] = ring_shares()
+        # gloo closes a rank's connections when it leaves: a rank still setting up the last mesh's
+        # groups reads "Connection closed by peer" from one that left first.
+        dist.barrier()
     finally:
         Path(f"{out}.rank{env.rank}").write_text(json.dumps(results, indent=1))
         distributed.shutdown_distributed()
