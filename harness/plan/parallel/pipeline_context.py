@@ -48,6 +48,8 @@ from harness.plan.parallel.pipeline_cost import (
     Pipeline,
     StageSplit,
     boundary_bytes,
+    idle_words,
+    micro_batches,
     pipeline_of,
     stage_shape,
     stage_split,
@@ -410,8 +412,7 @@ def _time(
     bubble = pipe.bubble * idle * (compute - optimizer + t.recurring_comm_s + recurring + t.host_wait_s)
     tokens = t.tokens_per_s * t.step_s
     bubble_what = (
-        f"{pipe.schedule}, {pipe.stages} stages, {pipe.microbatches} micro-batches: "
-        f"{pipe.bubble * idle:.0%} of the slowest GPU's micro-batch work idle"
+        f"{pipe.schedule}, {pipe.stages} stages, {micro_batches(pipe.microbatches)}: {idle_words(pipe.bubble * idle)}"
         if layout.pp > 1
         else ""
     )

@@ -427,3 +427,16 @@ def boundary_bytes(micro_batch: int, seq_len: int, width: int, tp: int, element_
     """Bytes one GPU sends across one stage boundary for one micro-batch, one way: the residual
     stream, split over the tensor-parallel ranks."""
     return micro_batch * seq_len * width * element_bytes / tp
+
+
+def micro_batches(count: int) -> str:
+    """'1 micro-batch', '8 micro-batches'."""
+    return f"{count} micro-batch" if count == 1 else f"{count} micro-batches"
+
+
+def idle_words(share: float) -> str:
+    """How long the slowest GPU idles in the fill and drain against its own micro-batches' work:
+    a share below once that work, a multiple past it (1 micro-batch on 64 stages idles 52x)."""
+    if share < 1:
+        return f"{share:.0%} of the slowest GPU's micro-batch work idle"
+    return f"idle {share:.1f}x as long as the slowest GPU's micro-batch work"

@@ -19,7 +19,7 @@ from dataclasses import replace
 
 from harness.plan.parallel.backends import backend_for
 from harness.plan.parallel.layout import LayoutError, layout_of, pipelines
-from harness.plan.parallel.pipeline_cost import LOOPED
+from harness.plan.parallel.pipeline_cost import LOOPED, micro_batches
 from harness.plan.parallel.planned_options import options_of, takes
 from harness.plan.predict import Question, StrategyPlan, batching, plan_backend, storage_precision
 
@@ -99,8 +99,8 @@ def pipeline_line(plan: StrategyPlan, q: Question) -> str | None:
     virtual = f" x {options['virtual_stages']} virtual stages" if schedule in LOOPED else ""
     why = "it does not fit without one, and this is" if plan.backend.tensor_parallel else "its stages are"
     return (
-        f"{plan.name} as a pipeline of {plan.layout.pp} stages{virtual} ({schedule}, {options.get('microbatches')} "
-        f"micro-batches a step): {why} the fewest with which it fits (tensor parallel inside a node, then "
-        "pipeline stages until the model fits: Narayanan et al. 2021, takeaways 1 and 2); "
+        f"{plan.name} as a pipeline of {plan.layout.pp} stages{virtual} ({schedule}, "
+        f"{micro_batches(options['microbatches'])} a step): {why} the fewest with which it fits (tensor parallel "
+        "inside a node, then pipeline stages until the model fits: Narayanan et al. 2021, takeaways 1 and 2); "
         "strategy_options.pp_size= and microbatches= set them."
     )

@@ -13,7 +13,15 @@ from harness.plan.network.fabric import collective_seconds
 from harness.plan.parallel.backends import backend_for, backend_of, filled_in
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout, published_options
-from harness.plan.parallel.pipeline_cost import Pipeline, boundary_bytes, pipeline_of, stage_layers, stage_shape
+from harness.plan.parallel.pipeline_cost import (
+    Pipeline,
+    boundary_bytes,
+    idle_words,
+    micro_batches,
+    pipeline_of,
+    stage_layers,
+    stage_shape,
+)
 from harness.plan.parallel.pipeline_default import pipeline_line
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import Question, plan_all, plan_backend, plan_strategy
@@ -156,6 +164,13 @@ def test_the_slowest_gpu_idles_for_the_others_work() -> None:
     # The head doubles the last GPU's work: it idles for three of the others', (p - 1) halves of its own.
     assert four.idle_share((1.0, 1.0, 2.0)) == pytest.approx(3 / 6)
     assert Pipeline(2, 8, "1f1b").idle_share((0.5, 0.0, 1.0)) == pytest.approx(0.5)
+
+
+def test_the_bubble_is_said_as_a_share_or_as_a_multiple_past_the_work() -> None:
+    assert micro_batches(1) == "1 micro-batch" and micro_batches(8) == "8 micro-batches"
+    assert idle_words(0.09) == "9% of the slowest GPU's micro-batch work idle"
+    # One micro-batch over 64 stages: the fill and drain are 63 micro-batches of the others' work.
+    assert idle_words(Pipeline(64, 1, "1f1b").bubble) == "idle 63.0x as long as the slowest GPU's micro-batch work"
 
 
 def test_boundary_traffic_on_the_right_link() -> None:
