@@ -7,6 +7,7 @@ batch, as a table, a JSON document (format=json) and a chart of speed against me
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -15,6 +16,7 @@ from typing import Any
 from harness.common.units import GIB
 from harness.plan.model.model_shape import PlanError
 from harness.plan.model.moe_shape import total_params
+from harness.plan.parallel.pipeline_cost import pipeline_of
 from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_cli import aligned, basis_lines, strategy_names
 from harness.plan.plan_options import PlanConfig, gpu_counts, models_asked, question
@@ -46,6 +48,7 @@ HEADER = (
     "hpz",
     "mb",
     "accum",
+    "schedule",
     "ckpt",
     "tok/s/GPU",
     "MFU",
@@ -75,8 +78,25 @@ def search_question(cfg: PlanConfig) -> tuple[Question, int]:
     return question(replace(cfg, batch_size=global_batch, micro_batch=None)), global_batch
 
 
+def _forwards(s: Searched) -> tuple[int, int]:
+    """(sequences in one forward, forwards per step) of a GPU: a pipeline splits its local batch
+    (the runner's micro_batch) into its micro-batches, the others accumulate whole micro-batches."""
+    if s.plan.layout.pp == 1:
+        return s.micro_batch, s.grad_accum
+    pipe = pipeline_of(s.plan.backend.options, s.micro_batch, s.plan.layout.pp)
+    return s.micro_batch // pipe.microbatches, pipe.microbatches * s.grad_accum
+
+
+def _schedule(s: Searched) -> str:
+    if s.plan.layout.pp == 1:
+        return "-"
+    pipe = pipeline_of(s.plan.backend.options, s.micro_batch, s.plan.layout.pp)
+    return pipe.schedule + (f" x{pipe.virtual}" if pipe.virtual > 1 else "")
+
+
 def _row(rank: int, s: Searched, against: str) -> tuple[str, ...]:
     layout = s.plan.layout
+    sequences, forwards = _forwards(s)
     return (
         str(rank),
         s.strategy,
@@ -85,8 +105,9 @@ def _row(rank: int, s: Searched, against: str) -> tuple[str, ...]:
         str(layout.cp) if layout.cp > 1 else "-",
         str(layout.shard) if layout.replicas > 1 else "-",
         str(layout.hpz) if layout.hpz > 1 else "-",
-        str(s.micro_batch),
-        str(s.grad_accum),
+        str(sequences),
+        str(forwards),
+        _schedule(s),
         s.checkpointing,
         f"{s.tokens_per_s_per_gpu:,.0f}",
         f"{s.mfu:.0%}",
@@ -115,16 +136,33 @@ def nothing_fits(result: SearchResult) -> list[str]:
     return lines
 
 
+# The first `option=value` of a reason: reasons that differ only in that value are said once.
+_FIRST_VALUE = re.compile(r"(\w+=)(\d+)")
+
+
 def _not_laid_out(result: SearchResult) -> list[str]:
-    """Why layouts could not be planned: each reason once, with the strategies it stopped."""
-    reasons: dict[str, list[str]] = {}
+    """Why layouts could not be planned: each reason once, with the strategies it stopped and, where
+    it recurs for several values of one option, those values."""
+    reasons: dict[str, tuple[list[str], list[str]]] = {}
     for why in result.not_laid_out:
         name, _, rest = why.partition(": ")
-        reasons.setdefault(rest if rest else why, []).append(name if rest else "")
-    return [
-        f"  not laid out ({', '.join(dict.fromkeys(n for n in names if n)) or 'every strategy'}): {why}"
-        for why, names in reasons.items()
-    ]
+        text = rest if rest else why
+        value = _FIRST_VALUE.search(text)
+        key = text if value is None else text[: value.start(2)] + "{}" + text[value.end(2) :]
+        names, values = reasons.setdefault(key, ([], []))
+        names.append(name if rest else "")
+        if value is not None and value.group(2) not in values:
+            values.append(value.group(2))
+    lines = []
+    for key, (names, values) in reasons.items():
+        said = key.replace("{}", _either(values), 1) if values else key
+        lines.append(f"  not laid out ({', '.join(dict.fromkeys(n for n in names if n)) or 'every strategy'}): {said}")
+    return lines
+
+
+def _either(values: list[str]) -> str:
+    """'16', '16 or 32', '16, 32 or 64'."""
+    return values[0] if len(values) == 1 else f"{', '.join(values[:-1])} or {values[-1]}"
 
 
 def _named(s: Searched, twins: list[str]) -> str:
@@ -148,10 +186,11 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     lines = [
         f"parabench plan search | {s.name} ({total_params(s) / 1e9:.3g}B params)",
         f"  {q.topology.describe()} | {gpu} | {q.precision} | global batch {tokens:,} tokens = {result.global_batch} "
-        f"x {q.seq_len} | strategy x tp x pp x cp x shard x micro-batch x accumulation x checkpointing",
+        f"x {q.seq_len} | strategy x tp x pp x cp x shard x micro-batch x accumulation x schedule x checkpointing",
         *(f"  {line}" for line in basis_lines(q)),
         f"  fits: {result.ranked[0].plan.headroom.describe()}" if result.ranked else "",
-        "  peak = predicted peak allocated per GPU (GiB); against #1: the share of #1's tokens/s it lacks and the "
+        "  mb = sequences a GPU runs in one forward; accum = forwards a step (a pipeline's micro-batches); "
+        "peak = predicted peak allocated per GPU (GiB); against #1: the share of #1's tokens/s it lacks and the "
         "term of its step that costs it most",
         f"Planned {result.planned:,} layouts in {seconds:.1f} s: {len(result.ranked):,} fit, "
         f"{len(result.too_large):,} do not; {sum(result.not_laid_out.values()):,} more could not be laid out.",
@@ -193,8 +232,8 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     lines.append(
         "Frontier (no layout both faster and leaner): "
         + "; ".join(
-            f"{f.strategy} tp {f.plan.layout.tp} mb {f.micro_batch} {f.checkpointing} {gib(f.peak_bytes)} "
-            f"{f.tokens_per_s_per_gpu:,.0f} tok/s"
+            f"{f.strategy} tp {f.plan.layout.tp}{f' pp {f.plan.layout.pp}' if f.plan.layout.pp > 1 else ''} "
+            f"mb {_forwards(f)[0]} {f.checkpointing} {gib(f.peak_bytes)} {f.tokens_per_s_per_gpu:,.0f} tok/s"
             for f in frontier
         )
         + "."
@@ -249,9 +288,14 @@ def option_lines(result: SearchResult, routed: RoutedOptions) -> list[str]:
     """Which strategies each compare-wide option reached, the what-ifs priced, and the layouts listed
     under another strategy's name."""
     reaches = [f"  {line}." for line in routed.reaches()] if len(routed.by_strategy) > 1 else []
+    sizes: dict[tuple[str, str], list[str]] = {}
+    for what, first in result.listed_as.items():
+        name, _, dims = what.partition(" at ")
+        sizes.setdefault((name, first), []).append(dims)
     alike = [
-        f"  listed once: {what} is the layout of {first}, listed under {first}."
-        for what, first in result.listed_as.items()
+        f"  listed once: {name} at {_either(dims).replace(' or ', ' and ')} lays out as {first} does, listed under "
+        f"{first}."
+        for (name, first), dims in sizes.items()
     ]
     return reaches + [f"  {line}" for line in what_if_lines(routed)] + alike
 

@@ -4,6 +4,8 @@ among those that fit, each as `runner.py plan` plans that layout when asked for 
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 
 import pytest
 
@@ -11,8 +13,15 @@ import runner
 from harness.plan.model.model_shape import PlanError
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import plan_all
-from harness.plan.search.layout_search import SearchResult, fastest_tp_across_nodes, search, why_slower
-from harness.plan.search.search_cli import search_question
+from harness.plan.search.layout_search import (
+    TOP,
+    SearchResult,
+    distinct,
+    fastest_tp_across_nodes,
+    search,
+    why_slower,
+)
+from harness.plan.search.search_cli import HEADER, search_question, text_lines
 from harness.plan.search.search_space import parse_tokens, sequences_in
 
 # A small Llama on two nodes of four GPUs: tp 2 and 4 divide its heads and kv heads, tp 8 spans nodes.
@@ -98,6 +107,38 @@ def test_each_loser_names_the_term_that_costs_it_most(result):
     assert frontier[-1] is best or frontier[-1].tokens_per_s_per_gpu == best.tokens_per_s_per_gpu
     peaks = [f.peak_bytes for f in frontier]
     assert peaks == sorted(peaks)
+
+
+def test_a_pipeline_row_shows_one_forward_its_micro_batches_and_its_schedule(result):
+    """The runner's micro_batch is a pipeline's local batch, which it splits into its micro-batches:
+    the table shows what one forward runs and how many forwards make the step, as for the others."""
+    piped = [s for s in result.ranked if s.plan.layout.pp > 1]
+    assert piped
+    only = replace(result, ranked=piped, too_large=[], not_laid_out={}, listed_as={})
+    table = [re.split(r"\s{2,}", line.strip()) for line in text_lines(only, 0.1) if line[:1].isdigit()]
+    shown = [s for s, _ in distinct(piped, TOP)]
+    assert len(table) == len(shown) > 0
+    columns = HEADER.index("mb"), HEADER.index("accum"), HEADER.index("schedule")
+    for row, s in zip(table, shown, strict=True):
+        mb, forwards, schedule = (row[i] for i in columns)
+        microbatches = s.options.get("microbatches") or s.plan.layout.pp
+        assert int(mb) * int(forwards) * s.plan.layout.data_parallel == result.global_batch
+        assert int(forwards) == microbatches * s.grad_accum
+        assert schedule == s.options.get("schedule", "1f1b") + (" x2" if "interleaved" in schedule else "")
+
+
+def test_reasons_that_differ_in_one_value_are_said_once(result):
+    stopped = {
+        "fsdp-tp: strategy_options.tp_size=16 does not divide the model's 8 heads": 1,
+        "ddp-tp: strategy_options.tp_size=32 does not divide the model's 8 heads": 2,
+        "hsdp: shard=3 does not divide 8 GPUs": 1,
+    }
+    lines = text_lines(replace(result, not_laid_out=stopped), 0.1)
+    folded = [line for line in lines if "not laid out" in line]
+    assert folded == [
+        "  not laid out (fsdp-tp, ddp-tp): strategy_options.tp_size=16 or 32 does not divide the model's 8 heads",
+        "  not laid out (hsdp): shard=3 does not divide 8 GPUs",
+    ]
 
 
 def _cli(capsys, *args: str) -> tuple[int, str, str]:
