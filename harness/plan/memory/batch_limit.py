@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from harness.plan.parallel.backends import model_of
-from harness.plan.predict import Question, StrategyPlan, batching, memory_at, plan_strategy
+from harness.plan.parallel.layout import LayoutError
+from harness.plan.predict import Question, StrategyPlan, batching, memory_at, plan_backend, plan_strategy
 
 SEARCH_FRACTION = 0.95
 PLAN_LIMIT = 4096  # sequences: the table's column says "4096+" beyond
@@ -72,7 +73,13 @@ def fitting_micro_batch(plan: StrategyPlan, question: Question, limit: int = PLA
     asked = replace(question, grad_accum=grad_accum, global_batch=None)
 
     def fits(micro_batch: int) -> bool:
-        peak = memory_at(plan.backend, replace(asked, micro_batch=micro_batch), plan.layout, plan.states).peak
+        at = replace(asked, micro_batch=micro_batch)
+        if plan.layout.pp > 1 or plan.layout.cp > 1:  # each stage's or sequence shard's own peak
+            try:
+                return plan_backend(plan.backend, at).fits is True
+            except LayoutError:  # the strategy's microbatches= does not divide this local batch
+                return False
+        peak = memory_at(plan.backend, at, plan.layout, plan.states).peak
         return peak is not None and plan.headroom.fits(peak)
 
     return _largest(fits, limit)

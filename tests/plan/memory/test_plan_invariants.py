@@ -15,7 +15,7 @@ from harness.common.units import GIB
 from harness.plan.memory.batch_limit import PLAN_LIMIT, fitting_micro_batch
 from harness.plan.memory.invariants import memory_violations
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
-from harness.plan.predict import plan_all, plan_strategy
+from harness.plan.predict import plan_all, plan_backend, plan_strategy
 from harness.plan.recommendation import recommend
 from harness.plan.speed.calibration import REFERENCE, calibrate_from, default_factors, question_for, read_measurements
 from tests.helpers import ROOT
@@ -126,3 +126,15 @@ def test_the_largest_micro_batch_is_the_last_that_fits_and_the_answer_names_it(c
     header = next(line.split() for line in table if line.startswith("strategy"))
     fsdp = next(line.split() for line in table if line.startswith("fsdp "))
     assert int(fsdp[header.index("max")]) == fitting_micro_batch(next(p for p in plans if p.name == "fsdp"), q)
+
+
+@pytest.mark.parametrize(("name", "options"), [("fsdp-pp", {"pp_size": 2}), ("fsdp", {"cp_size": 2})])
+def test_a_split_models_largest_micro_batch_is_its_stages_or_shards_own(name, options):
+    """A pipeline's stage and a context-parallel shard hold less than the whole model's activations:
+    the largest micro-batch is the last at which the split plan itself fits."""
+    q = question(PlanConfig(model="llama3.1-8b", gpus=8, seq_len=8192, strategy_options={name: options}))
+    plan = plan_strategy(name, q)
+    largest = fitting_micro_batch(plan, q)
+    assert plan.fits and largest >= 1
+    assert plan_backend(plan.backend, replace(q, micro_batch=largest)).fits
+    assert not plan_backend(plan.backend, replace(q, micro_batch=largest + 1)).fits
