@@ -16,6 +16,7 @@ from harness.plan.model.model_shape import ARCHS, ModelShape, PlanError, shape_o
 from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, topology_of
 from harness.plan.parallel.batch_split import widest_split
 from harness.plan.predict import Question
+from harness.plan.search.search_space import parse_tokens, sequences_in
 from harness.plan.speed.attention import KERNELS, UNFUSED
 from harness.plan.speed.calibration import calibrate_from, default_factors
 from harness.plan.speed.compute import CHECKPOINTING
@@ -279,13 +280,23 @@ def shape_for(cfg: PlanConfig, model: str | None) -> ModelShape:
     )
 
 
+def global_batch_of(cfg: PlanConfig) -> int | None:
+    """The global batch in sequences, where one is given: global_batch_tokens= over seq_len, or batch_size=."""
+    if cfg.global_batch_tokens is None:
+        return cfg.batch_size
+    if cfg.batch_size is not None:
+        raise PlanError("give global_batch_tokens= or batch_size= (sequences), not both")
+    return sequences_in(parse_tokens(cfg.global_batch_tokens), cfg.seq_len)
+
+
 def batching(cfg: PlanConfig, gpus: int) -> tuple[int, int]:
     """(micro-batch, accumulation) the question starts from: as asked, or the global batch over
     the most data-parallel ranks it divides over (every GPU where it can); each layout then splits
     it over its own ranks (predict.batching)."""
-    if cfg.batch_size is None:
+    sequences = global_batch_of(cfg)
+    if sequences is None:
         return cfg.micro_batch or 1, 1
-    return widest_split(cfg.batch_size, gpus, cfg.micro_batch)
+    return widest_split(sequences, gpus, cfg.micro_batch)
 
 
 def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
@@ -328,7 +339,7 @@ def question(
         attention=cfg.attention,
         compiled=cfg.compile,
         strategy_options=dict(cfg.strategy_options),
-        global_batch=cfg.batch_size,
+        global_batch=global_batch_of(cfg),
         split_global_batch=cfg.micro_batch is None,
         recipe=recipe,
     )

@@ -19,7 +19,7 @@ from harness.plan.model.moe_shape import total_params
 from harness.plan.parallel.pipeline_cost import pipeline_of
 from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_cli import aligned, basis_lines, strategy_names
-from harness.plan.plan_options import PlanConfig, gpu_counts, models_asked, question
+from harness.plan.plan_options import PlanConfig, global_batch_of, gpu_counts, models_asked, question
 from harness.plan.predict import Question
 from harness.plan.recommendation import CHECKPOINTING_ORDER, domain_lines
 from harness.plan.search.layout_search import (
@@ -33,7 +33,6 @@ from harness.plan.search.layout_search import (
     search,
     why_slower,
 )
-from harness.plan.search.search_space import parse_tokens, sequences_in
 from harness.plan.search.what_fits import what_fits
 from strategies.option_routing import RoutedOptions
 
@@ -57,17 +56,6 @@ HEADER = (
 )
 
 
-def global_batch_of(cfg: PlanConfig) -> int:
-    """The global batch in sequences: global_batch_tokens= over seq_len, or batch_size=."""
-    if cfg.global_batch_tokens is not None:
-        if cfg.batch_size is not None:
-            raise PlanError("give global_batch_tokens= or batch_size= (sequences), not both")
-        return sequences_in(parse_tokens(cfg.global_batch_tokens), cfg.seq_len)
-    if cfg.batch_size is not None:
-        return cfg.batch_size
-    raise PlanError("search=true needs the global batch: global_batch_tokens= (e.g. 4M) or batch_size= (sequences)")
-
-
 def search_question(cfg: PlanConfig) -> tuple[Question, int]:
     """The question every layout shares, and its global batch in sequences."""
     if len(models_asked(cfg)) > 1 or len(gpu_counts(cfg)) > 1:
@@ -75,7 +63,10 @@ def search_question(cfg: PlanConfig) -> tuple[Question, int]:
     if cfg.micro_batch is not None:
         raise PlanError("search=true chooses the micro-batch and accumulation itself: drop micro_batch=")
     global_batch = global_batch_of(cfg)
-    return question(replace(cfg, batch_size=global_batch, micro_batch=None)), global_batch
+    if global_batch is None:
+        raise PlanError("search=true needs the global batch: global_batch_tokens= (e.g. 4M) or batch_size= (sequences)")
+    asked = replace(cfg, batch_size=global_batch, global_batch_tokens=None, micro_batch=None)
+    return question(asked), global_batch
 
 
 def _forwards(s: Searched) -> tuple[int, int]:

@@ -76,7 +76,8 @@ def test_the_plan_states_each_layouts_split(capsys):
     "args,fragment",
     [
         (["model=gpt2-124m", "gpus=4", "batch_size=7", "micro_batch=2"], "micro_batch=2 does not divide the 7"),
-        (["model=gpt2-1.5b", "gpus=16", "batch_size=9"], "gpt2-1.5b on 16 GPUs: no strategy can lay it out: "),
+        # 64 GPUs: a pipeline of 48 blocks has at most 32 stages, so 9 sequences split over no layout's ranks.
+        (["model=gpt2-1.5b", "gpus=64", "batch_size=9"], "gpt2-1.5b on 64 GPUs: no strategy can lay it out: "),
     ],
 )
 def test_a_batch_no_layout_can_split_is_one_line(capsys, args, fragment):
@@ -122,3 +123,14 @@ def test_dataparallel_is_planned_inside_one_node_only():
     with pytest.raises(PlanError, match="runs inside one node") as err:
         _plans(model="gpt2-124m", gpus=16, micro_batch=4, strategies=["dataparallel"])
     assert "\n" not in str(err.value)
+
+
+def test_the_global_batch_in_tokens_is_the_plans_batch_too(capsys):
+    """global_batch_tokens= is the plain plan's batch as it is the search's: the same question as
+    batch_size= in sequences; both at once is one line."""
+    tokens = question(PlanConfig(**LLAMA_SMALL, gpus=8, global_batch_tokens="64K"))
+    sequences = question(PlanConfig(**LLAMA_SMALL, gpus=8, batch_size=32))
+    assert tokens.global_batch == sequences.global_batch == 32
+    assert (tokens.micro_batch, tokens.grad_accum) == (sequences.micro_batch, sequences.grad_accum) == (4, 1)
+    code, out, err = _cli(capsys, "model=gpt2-124m", "gpus=8", "batch_size=32", "global_batch_tokens=32K")
+    assert code == 2 and out == "" and "give global_batch_tokens= or batch_size= (sequences), not both" in err
