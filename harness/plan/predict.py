@@ -684,7 +684,7 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
     """The plans of `names`, and the strategies that cannot lay this question out, with why (a
     tp_size that does not divide the heads, a global batch that does not split): a strategy the
     user asked for raises that one-line error; one planned by default is left out and listed."""
-    from harness.plan.parallel.pipeline_default import fewest_stages, takes_default_pipeline
+    from harness.plan.parallel.pipeline_default import fewest_stages, staged_instead, takes_default_pipeline
 
     plans: list[StrategyPlan] = []
     not_planned: dict[str, str] = {}
@@ -695,6 +695,10 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
         try:
             plan = plan_strategy(name, q)
         except LayoutError as exc:
+            staged = staged_instead(name, q)
+            if staged is not None:
+                plans.append(staged)
+                continue
             if asked:
                 raise
             not_planned[name] = str(exc)

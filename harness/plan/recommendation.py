@@ -17,6 +17,7 @@ from harness.plan.what_if import fewest_gpus
 MAX_GPUS = 1024
 TIE = 0.02  # speeds this close are a tie within the model's accuracy: the one with more headroom wins
 CHECKPOINTING_ORDER = ("none", "selective", "full")  # less memory, more recomputation
+REMEDY_TRIES = 30
 
 
 @dataclass(frozen=True)
@@ -160,8 +161,10 @@ def _numerics(p: StrategyPlan, q: Question) -> list[str]:
 def _why_best(best: StrategyPlan, plans: list[StrategyPlan], q: Question) -> str:
     """Why the chosen strategy wins, against what it beats."""
     lost = [p for p in plans if p.fits is False]
-    if best.layout.tp > 1 and lost and best.activations and all(p.activations for p in lost):
-        others = min(lost, key=lambda p: p.peak_bytes or 0)
+    # Only a strategy that holds more activations than the winner shows what tensor parallelism saved.
+    heavier = [p for p in lost if p.activations and best.activations and p.activations.total > best.activations.total]
+    if best.layout.tp > 1 and heavier and all(p.activations for p in lost):
+        others = min(heavier, key=lambda p: p.peak_bytes or 0)
         return (
             f"tensor parallelism over {best.layout.tp} GPUs keeps the per-GPU activations of seq {q.seq_len} within "
             f"the card ({_gib(best.activations.total)} against {_gib(others.activations.total)} for {others.name})"
@@ -204,6 +207,17 @@ def _planned(name: str, q: Question) -> StrategyPlan | None:
 
 def _more_checkpointing(q: Question) -> list[str]:
     return list(CHECKPOINTING_ORDER[CHECKPOINTING_ORDER.index(q.checkpointing) + 1 :])
+
+
+def _remedy(plans: list[StrategyPlan], best: StrategyPlan, q: Question) -> tuple[StrategyPlan, list[str]] | None:
+    """The fastest strategy faster than `best` that does not fit but would, with what would make it fit;
+    the REMEDY_TRIES fastest are tried in turn (one may fit no way, the next with checkpointing)."""
+    faster = sorted((p for p in plans if p.fits is False and _speed_key(p) < _speed_key(best)), key=_speed_key)
+    for p in faster[:REMEDY_TRIES]:
+        ways = _fits_with(p.name, q)
+        if ways:
+            return p, ways
+    return None
 
 
 def _fits_with(name: str, q: Question) -> list[str]:
@@ -363,12 +377,11 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
             continue
         reason = _why_not(p) if p.fits is False else _why_slower(p, best)
         lines.append(f"  {p.name}: {reason}.")
-    fastest = min(plans, key=_speed_key)
-    if fastest.fits is False:
-        ways = _fits_with(fastest.name, q)
-        if ways:
-            lines.append(f"What would change the answer: {fastest.name} is faster and fits with {' or '.join(ways)}.")
-            lines += _numerics(fastest, q)
+    remedy = _remedy(plans, best, q)
+    if remedy is not None:
+        faster, ways = remedy
+        lines.append(f"What would change the answer: {faster.name} is faster and fits with {' or '.join(ways)}.")
+        lines += _numerics(faster, q)
     elif best.time and best.time.efficiency < 0.8:
         lines.append(
             f"What would change the answer: communication costs {best.name} {1 - best.time.efficiency:.0%} of its step "

@@ -176,6 +176,7 @@ def _check_states(result: dict, name: str, options: dict, precision: str, world:
         model=WORKER_MODEL[0],
         model_kwargs=WORKER_MODEL[1],
         gpus=world,
+        micro_batch=2,  # plan_worker.py's: a pipeline's default micro-batches, one a stage, divide it
         precision=precision,
         strategies=[name] if name != "single" or world == 1 else [],
         strategy_options=options,

@@ -59,7 +59,8 @@ def test_the_plan_and_train_refuse_an_option_from_the_same_code():
 
 
 def test_a_compare_wide_option_reaches_the_strategies_that_take_it_and_the_plan_says_which(capsys):
-    assert runner.main([*GPT_350M, "strategy_options.pp_size=2", "format=json"]) == 0
+    # micro_batch=2: the pipelines' default micro-batches, one a stage, divide it (as `train` requires).
+    assert runner.main([*GPT_350M, "micro_batch=2", "strategy_options.pp_size=2", "format=json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     # Every name of the torch mesh takes pp_size (ddp-tp + pp_size is Megatron-LM's 3D), and zero1-pp.
     pipelined = ["fsdp", "fsdp-grad-op", "fsdp-offload", "hsdp", "fsdp-tp", "ddp-tp", "zero1-tp", "fsdp-pp", "fsdp-cp"]
@@ -68,7 +69,7 @@ def test_a_compare_wide_option_reaches_the_strategies_that_take_it_and_the_plan_
     layouts = {s["strategy"]: s["layout"] for s in doc["strategies"]}
     assert {s for s, layout in layouts.items() if layout["pp"] > 1} == {*pipelined, "zero1-pp"}
     assert all(layouts[s]["pp"] == 2 for s in (*pipelined, "zero1-pp"))
-    assert runner.main([*GPT_350M, "strategy_options.pp_size=2"]) == 0
+    assert runner.main([*GPT_350M, "micro_batch=2", "strategy_options.pp_size=2"]) == 0
     reached = ", ".join([*pipelined, "fsdp-ep", "ddp-ep", "zero1-pp"])
     assert f"strategy_options.pp_size reaches {reached}." in capsys.readouterr().out
 

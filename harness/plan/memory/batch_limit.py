@@ -21,6 +21,7 @@ from dataclasses import replace
 
 from harness.plan.parallel.backends import model_of
 from harness.plan.parallel.layout import LayoutError
+from harness.plan.parallel.pipeline_context import runtime_of
 from harness.plan.predict import Question, StrategyPlan, batching, memory_at, plan_backend, plan_strategy
 
 SEARCH_FRACTION = 0.95
@@ -72,14 +73,22 @@ def fitting_micro_batch(plan: StrategyPlan, question: Question, limit: int = PLA
     _, grad_accum = batching(question, plan.layout)
     asked = replace(question, grad_accum=grad_accum, global_batch=None)
 
-    def fits(micro_batch: int) -> bool:
-        at = replace(asked, micro_batch=micro_batch)
-        if plan.layout.pp > 1 or plan.layout.cp > 1:  # each stage's or sequence shard's own peak
+    if plan.layout.pp > 1 or plan.layout.cp > 1:  # each stage's or sequence shard's own peak
+        # A pipeline's local batch is whole rounds of its micro-batches: microbatches=, or by default one a
+        # stage for parabench's own strategies (pipeline_of).
+        runs = plan.backend.options.get("microbatches") or (plan.layout.pp if runtime_of(plan.backend) else 1)
+        unit = int(runs) if plan.layout.pp > 1 else 1
+
+        def split_fits(rounds: int) -> bool:
             try:
-                return plan_backend(plan.backend, at).fits is True
-            except LayoutError:  # the strategy's microbatches= does not divide this local batch
+                return plan_backend(plan.backend, replace(asked, micro_batch=rounds * unit)).fits is True
+            except LayoutError:  # a local batch the pipeline's schedule cannot run
                 return False
-        peak = memory_at(plan.backend, at, plan.layout, plan.states).peak
+
+        return _largest(split_fits, max(1, limit // unit)) * unit
+
+    def fits(micro_batch: int) -> bool:
+        peak = memory_at(plan.backend, replace(asked, micro_batch=micro_batch), plan.layout, plan.states).peak
         return peak is not None and plan.headroom.fits(peak)
 
     return _largest(fits, limit)

@@ -40,11 +40,13 @@ from harness.plan.parallel.deepspeed_pipeline import (
 )
 from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.parallel.pipeline_cost import (
+    DEEPSPEED_RUNTIME,
     EMBEDDING_IN_SPLIT,
     FIRST_STAGE_BLOCKS,
     LAST_STAGE_BLOCKS,
     LOSS_IN_SPLIT,
     MEGATRON_SPLIT_OPTIONS,
+    TORCH_RUNTIME,
     Pipeline,
     StageSplit,
     boundary_bytes,
@@ -104,13 +106,21 @@ def _cp_group(topology: Topology, cp: int, tp: int) -> Group:
     return Group(cp, max(1, -(-(cp * tp) // topology.per_domain)))
 
 
+def runtime_of(backend: Backend) -> str | None:
+    """Whose pipeline `backend` runs where it is one of parabench's strategies (pipeline_of's
+    `runtime`); None for a published run's engine."""
+    if model_of(backend.name) is None:
+        return None
+    return DEEPSPEED_RUNTIME if runs_deepspeed_pipeline(backend) else TORCH_RUNTIME
+
+
 def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyPlan:
     """The plan of `backend` with `layout`'s pipeline stages and context-parallel GPUs; q's micro-batch
     and accumulation are already those of each data-parallel rank."""
     dims = q.shape.dims
     if dims is None:
         raise LayoutError(f"{backend.name}: pipeline and context parallelism need a transformer the planner knows")
-    pipe = pipeline_of(backend.options, q.micro_batch, layout.pp) if layout.pp > 1 else NO_PIPELINE
+    pipe = pipeline_of(backend.options, q.micro_batch, layout.pp, runtime_of(backend)) if layout.pp > 1 else NO_PIPELINE
     # torch's context parallel gathers k and v by default; Megatron-LM's TransformerEngine passes them.
     rotate = "passes" if backend.context_parallel_engine else "all-gather"
     cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp, rotate)

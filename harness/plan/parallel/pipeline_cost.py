@@ -138,13 +138,28 @@ class Pipeline:
         return self.stages * self.virtual - 1
 
 
-def pipeline_of(options: dict, micro_batch: int, stages: int) -> Pipeline:
+# Whose pipeline a layout runs, where it is one of parabench's strategies: its runtime's rules hold.
+TORCH_RUNTIME, DEEPSPEED_RUNTIME = "torch", "deepspeed"
+
+
+def pipeline_of(options: dict, micro_batch: int, stages: int, runtime: str | None = None) -> Pipeline:
     """A pipeline of `stages` (the layout's pp) as the strategy's options run it (microbatches,
-    schedule, virtual_stages). Without microbatches, torchtitan's default: as many as stages where
-    they divide the local batch, else one sequence each."""
+    schedule, virtual_stages). Without microbatches, a published run's: torchtitan's default, as
+    many as stages where they divide the local batch, else one sequence each. `runtime`: one of
+    parabench's strategies, held to what its runtime runs (strategies/torch_mesh.py, zero1_pp.py):
+    as many micro-batches as stages by default, which must divide the local batch, and under torch's
+    schedules (torch.distributed.pipelining) at least one a stage for 1F1B, a multiple of the stages
+    for the looped ones; DeepSpeed's engine runs fewer."""
     schedule = str(options.get("schedule") or "1f1b").lower()
-    microbatches = int(options.get("microbatches") or (stages if micro_batch % stages == 0 else micro_batch))
+    given = options.get("microbatches")
+    default = stages if runtime is not None or micro_batch % stages == 0 else micro_batch
+    microbatches = int(given or default)
     if microbatches < 1 or micro_batch % microbatches:
+        if not given:
+            raise LayoutError(
+                f"pp_size={stages} micro-batches (the default: one a stage) do not divide the local batch of "
+                f"{micro_batch} sequences: give micro_batch= a multiple of {stages}, or strategy_options.microbatches="
+            )
         raise LayoutError(
             f"microbatches={microbatches} does not divide the local batch of {micro_batch} sequences: "
             f"use a divisor of {micro_batch}"
@@ -152,6 +167,16 @@ def pipeline_of(options: dict, micro_batch: int, stages: int) -> Pipeline:
     virtual = int(options.get("virtual_stages") or DEFAULT_VIRTUAL_STAGES.get(schedule, 1))
     if virtual < 1 or (virtual > 1 and schedule not in LOOPED):
         raise LayoutError(f"virtual_stages={virtual}: only {' and '.join(LOOPED)} run more than one stage a GPU")
+    if runtime == TORCH_RUNTIME and schedule == "1f1b" and microbatches < stages:
+        raise LayoutError(
+            f"schedule 1f1b runs at least a micro-batch a stage: give strategy_options.microbatches >= "
+            f"pp_size={stages}, or schedule=gpipe"
+        )
+    if runtime == TORCH_RUNTIME and schedule in LOOPED and microbatches % stages:
+        raise LayoutError(
+            f"schedule {schedule} runs micro-batches in rounds of pp_size={stages}: give strategy_options.microbatches "
+            f"a multiple of {stages}"
+        )
     return Pipeline(stages, microbatches, schedule, virtual)
 
 

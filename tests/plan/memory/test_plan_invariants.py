@@ -132,9 +132,21 @@ def test_the_largest_micro_batch_is_the_last_that_fits_and_the_answer_names_it(c
 def test_a_split_models_largest_micro_batch_is_its_stages_or_shards_own(name, options):
     """A pipeline's stage and a context-parallel shard hold less than the whole model's activations:
     the largest micro-batch is the last at which the split plan itself fits."""
-    q = question(PlanConfig(model="llama3.1-8b", gpus=8, seq_len=8192, strategy_options={name: options}))
+    q = question(PlanConfig(model="llama3.1-8b", gpus=8, seq_len=4096, micro_batch=2, strategy_options={name: options}))
     plan = plan_strategy(name, q)
     largest = fitting_micro_batch(plan, q)
     assert plan.fits and largest >= 1
     assert plan_backend(plan.backend, replace(q, micro_batch=largest)).fits
-    assert not plan_backend(plan.backend, replace(q, micro_batch=largest + 1)).fits
+    # A pipeline's local batch grows by whole rounds of its micro-batches, one a stage by default.
+    assert largest % plan.layout.pp == 0
+    assert not plan_backend(plan.backend, replace(q, micro_batch=largest + plan.layout.pp)).fits
+
+
+def test_what_would_change_the_answer_names_a_faster_strategy_that_some_remedy_makes_fit():
+    """405B on 1,024 H100s at seq 8192 without checkpointing: the fastest strategies fit no way; the
+    line names the fastest that checkpointing makes fit, with its speed."""
+    q = question(PlanConfig(model="llama3.1-405b", gpus=1024, seq_len=8192))
+    plans, _ = plan_all(strategy_names(PlanConfig(model="llama3.1-405b", gpus=1024)), q, asked=False)
+    answer = recommend(plans, q)
+    remedy = next(line for line in answer.lines if line.startswith("What would change the answer"))
+    assert "is faster and fits with activation_checkpointing=" in remedy and "tokens/s per GPU" in remedy

@@ -14,6 +14,8 @@ from harness.plan.parallel.backends import backend_for, backend_of, filled_in
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout, published_options
 from harness.plan.parallel.pipeline_cost import (
+    DEEPSPEED_RUNTIME,
+    TORCH_RUNTIME,
     Pipeline,
     boundary_bytes,
     idle_words,
@@ -76,6 +78,55 @@ def test_micro_batches_in_flight_by_schedule() -> None:
     # Megatron's warm-up: 2(p-1) + (v-1)p + 1 = 11 chunks of half a stage.
     assert Pipeline(4, 16, "interleaved-1f1b", 2).in_flight == pytest.approx(5.5)
     assert Pipeline(4, 16, "zero-bubble").in_flight == 7
+
+
+def test_parabench_pipelines_are_held_to_what_their_runtime_runs() -> None:
+    """strategies/torch_mesh.py and zero1_pp.py: a micro-batch a stage by default, which must divide
+    the local batch; torch's 1F1B at least one a stage, its looped schedules whole rounds of them;
+    DeepSpeed's engine fewer. A published run's pipeline keeps torchtitan's older default."""
+    assert pipeline_of({}, 8, 4, TORCH_RUNTIME).microbatches == 4
+    with pytest.raises(LayoutError, match=r"pp_size=4 micro-batches \(the default: one a stage\) do not divide"):
+        pipeline_of({}, 2, 4, TORCH_RUNTIME)
+    with pytest.raises(LayoutError, match="schedule 1f1b runs at least a micro-batch a stage"):
+        pipeline_of({"microbatches": 2}, 2, 4, TORCH_RUNTIME)
+    with pytest.raises(LayoutError, match="in rounds of pp_size=4"):
+        pipeline_of({"microbatches": 6, "schedule": "interleaved-1f1b"}, 6, 4, TORCH_RUNTIME)
+    assert pipeline_of({"microbatches": 2}, 2, 4, DEEPSPEED_RUNTIME).microbatches == 2
+    assert pipeline_of({"microbatches": 2, "schedule": "gpipe"}, 2, 4, TORCH_RUNTIME).microbatches == 2
+    assert pipeline_of({}, 2, 4).microbatches == 2  # one sequence each
+
+
+def test_the_default_plan_feeds_a_torch_pipeline_a_micro_batch_a_stage_and_says_so() -> None:
+    """Without a global batch, a pipeline given one sequence a data-parallel rank runs one for each
+    stage (torch's 1F1B refuses fewer), and the plan says its step takes more; with a global batch
+    given, that batch holds."""
+    cfg = PlanConfig(model="llama3.1-70b", gpus=64, seq_len=8192, strategies=["zero1-tp"])
+    q = question(cfg)
+    (plan,), _ = plan_all(["zero1-tp"], q)
+    options = plan.backend.options
+    assert plan.layout.pp > 1 and options["microbatches"] >= plan.layout.pp
+    line = pipeline_line(plan, q)
+    assert (
+        f"it takes {options['microbatches']} sequences a data-parallel rank a step where the question gives 1" in line
+    )
+    assert "No global batch given" in line
+    given = question(replace(cfg, batch_size=8, micro_batch=None))  # one sequence for each of 8 data-parallel ranks
+    (held,), _ = plan_all(["zero1-tp"], given)
+    assert held.layout.pp == 1 or held.backend.options["microbatches"] * held.layout.data_parallel == 8
+
+
+def test_a_pipeline_strategy_whose_own_default_cannot_take_the_batch_gets_the_fewest_stages_that_do() -> None:
+    """zero1-pp's default (a stage per node, a micro-batch a stage) does not divide 9 sequences; the
+    default plan lays it over the fewest stages that fit and take them (DeepSpeed runs fewer
+    micro-batches than stages)."""
+    q = question(PlanConfig(model="gpt2-1.5b", gpus=16, batch_size=9))
+    with pytest.raises(LayoutError):
+        plan_strategy("zero1-pp", q)
+    plans, not_planned = plan_all(["zero1-pp", "fsdp-pp"], q, asked=False)
+    (plan,) = plans
+    assert plan.name == "zero1-pp" and plan.fits and plan.backend.options["microbatches"] == 9
+    assert plan.layout.data_parallel * plan.backend.options["microbatches"] == 9
+    assert "fsdp-pp" in not_planned
 
 
 def test_bad_pipeline_options_are_one_line_errors() -> None:
@@ -426,8 +477,10 @@ def test_the_default_plan_gives_a_layout_too_large_without_stages_the_fewest_tha
     assert options["microbatches"] == 2048 // plan.layout.data_parallel  # one sequence each, one schedule a step
     fewer = [d for d in range(2, plan.layout.pp) if (1024 // 8) % d == 0]
     for stages in fewer:
-        smaller = plan_strategy(name, replace(q, strategy_options={"tp_size": 8, "pp_size": stages}))
-        assert smaller.fits is False
+        local = 2048 // (1024 // (8 * stages))  # the data-parallel rank's share, one schedule a step
+        staged = {"tp_size": 8, "pp_size": stages, "microbatches": local}
+        smaller = plan_strategy(name, replace(q, micro_batch=local, grad_accum=1, strategy_options=staged))
+        assert smaller.layout.pp == stages and smaller.fits is False
     line = pipeline_line(plan, q)
     assert line and f"{plan.layout.pp} stages" in line
     assert plan_all([name], replace(q, strategy_options={"tp_size": 8, "pp_size": 1}))[0][0].layout.pp == 1
