@@ -283,6 +283,32 @@ def expert_parallel_size(
     return ep
 
 
+def pipeline_microbatches(pp: int, schedule: str, microbatches: Any, micro_batch: int) -> int:
+    """The micro-batches one run of torch's `schedule` takes over `pp` stages: `microbatches`, or one
+    a stage; refused in one line where they do not divide the `micro_batch` sequences a pipeline step
+    runs, or the schedule cannot run them (1F1B fewer than the stages, the looped schedules a count
+    that is not whole rounds of them: torch.distributed.pipelining refuses both)."""
+    count = pp if microbatches is None else microbatches
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise MeshError(f"strategy_options.microbatches={microbatches} must be a whole number >= 1")
+    if micro_batch % count:
+        raise MeshError(
+            f"strategy_options.microbatches={count} does not divide the micro-batch of {micro_batch} sequences each "
+            "pipeline step runs: set micro_batch= to a multiple of it"
+        )
+    if schedule == "1f1b" and count < pp:
+        raise MeshError(
+            f"schedule 1f1b needs at least one micro-batch per stage: set strategy_options.microbatches >= "
+            f"pp_size={pp}, or schedule=gpipe"
+        )
+    if SCHEDULES[schedule][1] > 1 and count % pp:
+        raise MeshError(
+            f"schedule {schedule} runs micro-batches in rounds of pp_size={pp}: set strategy_options.microbatches "
+            f"to a multiple of {pp}"
+        )
+    return count
+
+
 def check_options(dims: ParallelDims, options: dict[str, Any]) -> None:
     """Refuse, in one line, an option the layout has nothing to apply to (a schedule without a
     pipeline) or that contradicts it (no gradient sync on a micro-step under a pipeline, whose

@@ -35,6 +35,7 @@ from strategies.parallel_dims import (
     ParallelDims,
     check_model_fits,
     mesh_layout,
+    pipeline_microbatches,
     syncs_each_micro_step,
 )
 from strategies.plan_model import PlanModel
@@ -279,25 +280,10 @@ class MeshStrategy(FSDPStrategy):
                 "a pipeline runs fp32 or bf16: fp16 loss scaling would have to agree across the stages; use "
                 "precision=bf16"
             )
-        count = pp if microbatches is None else microbatches
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise StrategyError(f"strategy_options.microbatches={microbatches} must be a whole number >= 1")
-        if self.ctx.micro_batch % count:
-            raise StrategyError(
-                f"strategy_options.microbatches={count} does not divide the micro-batch of {self.ctx.micro_batch} "
-                "sequences each pipeline step runs: set micro_batch= to a multiple of it"
-            )
-        if self.schedule_name == "1f1b" and count < pp:
-            raise StrategyError(
-                f"schedule 1f1b needs at least one micro-batch per stage: set strategy_options.microbatches >= "
-                f"pp_size={pp}, or schedule=gpipe"
-            )
-        if SCHEDULES[self.schedule_name][1] > 1 and count % pp:
-            raise StrategyError(
-                f"schedule {self.schedule_name} runs micro-batches in rounds of pp_size={pp}: set "
-                f"strategy_options.microbatches to a multiple of {pp}"
-            )
-        return count
+        try:
+            return pipeline_microbatches(pp, self.schedule_name, microbatches, self.ctx.micro_batch)
+        except MeshError as exc:
+            raise StrategyError(str(exc)) from None
 
     # ---- the model: checked in preflight on the meta device, then laid out ----------------------
 

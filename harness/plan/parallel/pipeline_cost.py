@@ -30,6 +30,8 @@ from dataclasses import dataclass, replace
 from harness.plan.model.model_shape import ModelShape, ParamTensor
 from harness.plan.parallel.layout import LayoutError
 from models.stage_split import blocks_per_stage
+from strategies.mesh_layout import MeshError
+from strategies.parallel_dims import pipeline_microbatches
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 # torchtitan's looped schedules run two stages a GPU unless told otherwise.
@@ -146,37 +148,28 @@ def pipeline_of(options: dict, micro_batch: int, stages: int, runtime: str | Non
     """A pipeline of `stages` (the layout's pp) as the strategy's options run it (microbatches,
     schedule, virtual_stages). Without microbatches, a published run's: torchtitan's default, as
     many as stages where they divide the local batch, else one sequence each. `runtime`: one of
-    parabench's strategies, held to what its runtime runs (strategies/torch_mesh.py, zero1_pp.py):
-    as many micro-batches as stages by default, which must divide the local batch, and under torch's
-    schedules (torch.distributed.pipelining) at least one a stage for 1F1B, a multiple of the stages
-    for the looped ones; DeepSpeed's engine runs fewer."""
+    parabench's strategies, held to what its runtime runs: as many micro-batches as stages by
+    default, which must divide the local batch; under torch's schedules the check `train` runs
+    (parallel_dims.pipeline_microbatches: 1F1B at least one a stage, the looped schedules whole
+    rounds of them); DeepSpeed's engine (zero1_pp.py) runs fewer."""
     schedule = str(options.get("schedule") or "1f1b").lower()
     given = options.get("microbatches")
-    default = stages if runtime is not None or micro_batch % stages == 0 else micro_batch
-    microbatches = int(given or default)
+    if runtime == TORCH_RUNTIME and schedule in SCHEDULES:  # the very check train runs
+        try:
+            microbatches = pipeline_microbatches(stages, schedule, given, micro_batch)
+        except MeshError as exc:
+            raise LayoutError(str(exc)) from None
+    else:
+        default = stages if runtime is not None or micro_batch % stages == 0 else micro_batch
+        microbatches = int(given or default)
     if microbatches < 1 or micro_batch % microbatches:
-        if not given:
-            raise LayoutError(
-                f"pp_size={stages} micro-batches (the default: one a stage) do not divide the local batch of "
-                f"{micro_batch} sequences: give micro_batch= a multiple of {stages}, or strategy_options.microbatches="
-            )
         raise LayoutError(
-            f"microbatches={microbatches} does not divide the local batch of {micro_batch} sequences: "
-            f"use a divisor of {micro_batch}"
+            f"strategy_options.microbatches={microbatches} does not divide the micro-batch of {micro_batch} sequences "
+            "each pipeline step runs: set micro_batch= to a multiple of it"
         )
     virtual = int(options.get("virtual_stages") or DEFAULT_VIRTUAL_STAGES.get(schedule, 1))
     if virtual < 1 or (virtual > 1 and schedule not in LOOPED):
         raise LayoutError(f"virtual_stages={virtual}: only {' and '.join(LOOPED)} run more than one stage a GPU")
-    if runtime == TORCH_RUNTIME and schedule == "1f1b" and microbatches < stages:
-        raise LayoutError(
-            f"schedule 1f1b runs at least a micro-batch a stage: give strategy_options.microbatches >= "
-            f"pp_size={stages}, or schedule=gpipe"
-        )
-    if runtime == TORCH_RUNTIME and schedule in LOOPED and microbatches % stages:
-        raise LayoutError(
-            f"schedule {schedule} runs micro-batches in rounds of pp_size={stages}: give strategy_options.microbatches "
-            f"a multiple of {stages}"
-        )
     return Pipeline(stages, microbatches, schedule, virtual)
 
 

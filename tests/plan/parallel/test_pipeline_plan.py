@@ -85,12 +85,14 @@ def test_parabench_pipelines_are_held_to_what_their_runtime_runs() -> None:
     the local batch; torch's 1F1B at least one a stage, its looped schedules whole rounds of them;
     DeepSpeed's engine fewer. A published run's pipeline keeps torchtitan's older default."""
     assert pipeline_of({}, 8, 4, TORCH_RUNTIME).microbatches == 4
-    with pytest.raises(LayoutError, match=r"pp_size=4 micro-batches \(the default: one a stage\) do not divide"):
+    with pytest.raises(LayoutError, match="microbatches=4 does not divide the micro-batch of 2 sequences"):
         pipeline_of({}, 2, 4, TORCH_RUNTIME)
-    with pytest.raises(LayoutError, match="schedule 1f1b runs at least a micro-batch a stage"):
+    with pytest.raises(LayoutError, match="schedule 1f1b needs at least one micro-batch per stage"):
         pipeline_of({"microbatches": 2}, 2, 4, TORCH_RUNTIME)
     with pytest.raises(LayoutError, match="in rounds of pp_size=4"):
         pipeline_of({"microbatches": 6, "schedule": "interleaved-1f1b"}, 6, 4, TORCH_RUNTIME)
+    with pytest.raises(LayoutError, match="microbatches=4 does not divide the micro-batch of 2 sequences"):
+        pipeline_of({}, 2, 4, DEEPSPEED_RUNTIME)
     assert pipeline_of({"microbatches": 2}, 2, 4, DEEPSPEED_RUNTIME).microbatches == 2
     assert pipeline_of({"microbatches": 2, "schedule": "gpipe"}, 2, 4, TORCH_RUNTIME).microbatches == 2
     assert pipeline_of({}, 2, 4).microbatches == 2  # one sequence each
@@ -134,7 +136,7 @@ def test_bad_pipeline_options_are_one_line_errors() -> None:
         Pipeline(4, 6, "interleaved-1f1b", 2)
     with pytest.raises(LayoutError, match="not a pipeline schedule"):
         Pipeline(4, 8, "pipedream")
-    with pytest.raises(LayoutError, match="does not divide the local batch"):
+    with pytest.raises(LayoutError, match="microbatches=3 does not divide the micro-batch of 8 sequences"):
         pipeline_of({"microbatches": 3}, 8, 4)
     assert pipeline_of({}, 8, 4).microbatches == 4  # torchtitan's default: one per stage
     assert pipeline_of({}, 6, 4).microbatches == 6
