@@ -176,7 +176,8 @@ def heading(q: Question) -> list[str]:
         lines.append(f"  note: {s.note}")
     lines.append(
         "  GiB per GPU; peak = predicted peak allocated; max mb = the largest micro-batch per data-parallel rank "
-        "that fits; tok/s/GPU and MFU (6N + 12LHQT) per GPU"
+        "that fits (a pipeline's: the sequences of its step, whole rounds of its micro-batches); tok/s/GPU and MFU "
+        "(6N + 12LHQT) per GPU"
     )
     return lines
 
