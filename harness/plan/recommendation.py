@@ -17,7 +17,6 @@ from harness.plan.what_if import fewest_gpus
 MAX_GPUS = 1024
 TIE = 0.02  # speeds this close are a tie within the model's accuracy: the one with more headroom wins
 CHECKPOINTING_ORDER = ("none", "selective", "full")  # less memory, more recomputation
-REMEDY_TRIES = 30
 
 
 @dataclass(frozen=True)
@@ -210,10 +209,10 @@ def _more_checkpointing(q: Question) -> list[str]:
 
 
 def _remedy(plans: list[StrategyPlan], best: StrategyPlan, q: Question) -> tuple[StrategyPlan, list[str]] | None:
-    """The fastest strategy faster than `best` that does not fit but would, with what would make it fit;
-    the REMEDY_TRIES fastest are tried in turn (one may fit no way, the next with checkpointing)."""
+    """The fastest strategy faster than `best` that does not fit but would, with what would make it fit:
+    each is tried in turn, fastest first (one may fit no way, the next with checkpointing)."""
     faster = sorted((p for p in plans if p.fits is False and _speed_key(p) < _speed_key(best)), key=_speed_key)
-    for p in faster[:REMEDY_TRIES]:
+    for p in faster:
         ways = _fits_with(p.name, q)
         if ways:
             return p, ways

@@ -454,7 +454,7 @@ def micro_batches(count: int) -> str:
 
 def idle_words(share: float) -> str:
     """How long the slowest GPU idles in the fill and drain against its own micro-batches' work:
-    a share below once that work, a multiple past it (1 micro-batch on 64 stages idles 52x)."""
+    a share below once that work, a multiple past it (1 micro-batch on 64 even stages idles 63x)."""
     if share < 1:
         return f"{share:.0%} of the slowest GPU's micro-batch work idle"
     return f"idle {share:.1f}x as long as the slowest GPU's micro-batch work"
