@@ -684,8 +684,6 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
     """The plans of `names`, and the strategies that cannot lay this question out, with why (a
     tp_size that does not divide the heads, a global batch that does not split): a strategy the
     user asked for raises that one-line error; one planned by default is left out and listed."""
-    from harness.plan.parallel.pipeline_default import fewest_stages, staged_instead, takes_default_pipeline
-
     plans: list[StrategyPlan] = []
     not_planned: dict[str, str] = {}
     dense = q.shape.dims is None or q.shape.dims.moe is None
@@ -693,16 +691,25 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
         if dense and not asked and model_of(name) is not None and model_of(name).expert_parallel:
             continue  # an expert-parallel strategy is planned by default for a mixture of experts only
         try:
-            plan = plan_strategy(name, q)
+            plans.append(plan_default(name, q))
         except LayoutError as exc:
-            staged = staged_instead(name, q)
-            if staged is not None:
-                plans.append(staged)
-                continue
             if asked:
                 raise
             not_planned[name] = str(exc)
-            continue
-        # A pipeline strategy, or a tensor-parallel layout too large without one, takes the fewest stages that fit.
-        plans.append((fewest_stages(plan, q) or plan) if takes_default_pipeline(plan, q) else plan)
     return plans, not_planned
+
+
+def plan_default(name: str, q: Question) -> StrategyPlan:
+    """`name` as the default plan lays it out: a pipeline strategy, or a tensor-parallel layout too
+    large without one, over the fewest stages that fit (pipeline_default.py); a LayoutError where it
+    cannot be laid out."""
+    from harness.plan.parallel.pipeline_default import fewest_stages, staged_instead, takes_default_pipeline
+
+    try:
+        plan = plan_strategy(name, q)
+    except LayoutError:
+        staged = staged_instead(name, q)
+        if staged is None:
+            raise
+        return staged
+    return (fewest_stages(plan, q) or plan) if takes_default_pipeline(plan, q) else plan

@@ -6,7 +6,7 @@ strategy that stays inside one node) ends the search with the reason, never the 
 from __future__ import annotations
 
 from harness.plan.parallel.layout import LayoutError
-from harness.plan.predict import Question, StrategyPlan, plan_strategy
+from harness.plan.predict import Question, StrategyPlan, plan_default
 
 MAX_GPUS = 1024
 
@@ -17,7 +17,7 @@ def fewest_gpus(name: str, q: Question, limit: int = MAX_GPUS) -> tuple[int, Str
     gpus = q.gpus * 2
     while gpus <= limit:
         try:
-            p = plan_strategy(name, q.with_gpus(gpus))
+            p = plan_default(name, q.with_gpus(gpus))
         except LayoutError as exc:
             return f"not planned on {gpus} GPUs: {exc}"
         if p.fits:

@@ -408,15 +408,24 @@ def test_recommendation_when_nothing_fits_says_what_would():
 
 
 def test_when_no_remedy_of_the_asked_strategy_fits_the_plan_names_layouts_that_do():
-    """A 70B under ddp-tp on 8 GPUs at 32K tokens: context parallelism beside FSDP's offload fits on the
-    same GPUs (every FSDP2 name of the mesh takes cp_size), and the plan names it with its size and
-    peak, from the search."""
-    q, plans = plan(model="llama3.1-70b", gpus=8, seq_len=32768, micro_batch=1, strategies=["ddp-tp"])
+    """A 70B under ddp on 8 GPUs at 32K tokens, which no GPU count, checkpointing or offload makes fit:
+    context parallelism beside FSDP's offload fits on the same GPUs (every FSDP2 name of the mesh takes
+    cp_size), and the plan names it with its size and peak, from the search."""
+    q, plans = plan(model="llama3.1-70b", gpus=8, seq_len=32768, micro_batch=1, strategies=["ddp"])
     rec = recommend(list(plans.values()), q)
     text = "\n".join(rec.lines)
     assert rec.best is None and "does not model" not in text
-    assert "Layouts that fit on these GPUs: fsdp-offload cp_size=8 micro_batch=1" in text
+    assert "Neither more GPUs, full checkpointing, offload nor a smaller micro-batch makes ddp fit" in text
+    assert "Layouts that fit on these GPUs: fsdp-offload cp_size=2 micro_batch=1" in text
     assert " GiB per GPU, " in text
+
+
+def test_a_tensor_parallel_layout_too_large_anywhere_flat_is_offered_more_gpus_with_its_pipeline():
+    """ddp-tp for a 70B at 32K tokens fits on no count of 8-GPU nodes without a pipeline; the what-if
+    on more GPUs plans it as the default plan would there, with the fewest stages that fit."""
+    q, plans = plan(model="llama3.1-70b", gpus=8, seq_len=32768, micro_batch=1, strategies=["ddp-tp"])
+    text = "\n".join(recommend(list(plans.values()), q).lines)
+    assert "It would fit with ddp-tp with activation_checkpointing=full on 32 GPUs" in text
 
 
 def test_checkpointing_that_would_let_the_faster_strategy_fit_is_suggested():
