@@ -160,9 +160,10 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         held, peak = replace(held, blocks=held.blocks + extra), peak + extra
     room = headroom(q.capacity_bytes, communicators(stage.layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
     fits = None if peak is None else room.fits(peak)
-    seconds = None if stage.time is None else _stage_seconds(stage.time, q, stage_q, layout, split)
+    parts = None if stage.time is None else _head_and_block(stage.time, q, stage_q, layout)
+    seconds = _stage_seconds(parts, q, split)
     traffic = _traffic(q, stage_q, layout, pipe, cp, backend, stage.time is not None, seconds)
-    timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, split, cp, traffic, seconds)
+    timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, split, cp, traffic, parts)
     return StrategyPlan(
         backend.name,
         backend,
@@ -369,10 +370,11 @@ def _time(
     split: StageSplit | None,
     cp: ContextParallel,
     traffic: list[tuple[Collective, float, float]],
-    stage_seconds: tuple[float, float, float] | None = None,
+    parts: tuple[float, float] | None = None,
 ) -> StepTime:
     """The stage's step with the bubble, context parallel's attention and the exposed transfers added,
-    its compute the slowest GPU's (`_stage_work`); `stage_seconds` each GPU's (`_stage_seconds`)."""
+    its compute the slowest GPU's (`_stage_work`, `_stage_seconds`); `parts` the head's and a block's
+    seconds (`_head_and_block`)."""
     assert q.gpu is not None and stage_q.shape.dims is not None
     dims = stage_q.shape.dims
     scale = q.factors.compute_scale
@@ -399,7 +401,7 @@ def _time(
             again = 4 / 3 if full else 1.0
             peak = q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu
             attention_extra = flops * tokens * again / layout.tp / peak
-    overplanned, uneven = _stage_work(t, q, stage_q, layout, split)
+    overplanned, uneven = _stage_work(parts, q, stage_q, layout, split)
     compute = t.compute_s + attention_extra - overplanned * scale
     optimizer = t.work.step_s * scale if t.work is not None else 0.0
     uneven *= scale
@@ -418,7 +420,7 @@ def _time(
     # The bubble idles a stage for the length of its micro-batches' work: their compute, the
     # communication in each one's critical path (tensor parallelism's, context parallelism's) and
     # the wait on the host to issue them (host_issue.py); the slowest GPU idles for the others'.
-    idle = pipe.idle_share(stage_seconds)
+    idle = pipe.idle_share(_stage_seconds(parts, q, split))
     bubble = pipe.bubble * idle * (compute - optimizer + t.recurring_comm_s + recurring + t.host_wait_s)
     tokens = t.tokens_per_s * t.step_s
     bubble_what = (
@@ -457,12 +459,11 @@ def _head_and_block(t: StepTime, q: Question, stage_q: Question, layout: Layout)
 
 
 def _stage_seconds(
-    t: StepTime, q: Question, stage_q: Question, layout: Layout, split: StageSplit | None
+    parts: tuple[float, float] | None, q: Question, split: StageSplit | None
 ) -> tuple[float, float, float] | None:
     """A micro-batch's compute, scaled, on the first GPU (its blocks; the embedding's lookup is
     negligible), the fullest between (their blocks) and the last (its blocks, the head's matmuls
-    and the loss); None where the split is not known."""
-    parts = _head_and_block(t, q, stage_q, layout)
+    and the loss), from `parts` (`_head_and_block`); None where the split is not known."""
     if split is None or parts is None:
         return None
     head, block = parts
@@ -471,7 +472,7 @@ def _stage_seconds(
 
 
 def _stage_work(
-    t: StepTime, q: Question, stage_q: Question, layout: Layout, split: StageSplit | None
+    parts: tuple[float, float] | None, q: Question, stage_q: Question, layout: Layout, split: StageSplit | None
 ) -> tuple[float, float]:
     """Unscaled seconds a step: what the stage planned (the fullest GPU's blocks with the head and
     the loss) computes beyond the slowest GPU, and what the slowest computes beyond an even share of
@@ -479,7 +480,6 @@ def _stage_work(
     (`_stage_seconds`). Under an even split the last is the slowest and the planned stage is it;
     under Megatron-LM's counted embedding and loss, or the runtime's cut with fewer blocks on the
     last stages, a GPU between may be, without the head."""
-    parts = _head_and_block(t, q, stage_q, layout)
     whole = q.shape.dims
     if split is None or parts is None or whole is None:
         return 0.0, 0.0
