@@ -69,25 +69,19 @@ def search_question(cfg: PlanConfig) -> tuple[Question, int]:
     return question(asked), global_batch
 
 
-def _forwards(s: Searched) -> tuple[int, int]:
-    """(sequences in one forward, forwards per step) of a GPU: a pipeline splits its local batch
-    (the runner's micro_batch) into its micro-batches, the others accumulate whole micro-batches."""
+def _forwards(s: Searched) -> tuple[int, int, str]:
+    """(sequences in one forward, forwards per step, schedule) of a GPU: a pipeline splits its local
+    batch (the runner's micro_batch) into its micro-batches, the others accumulate whole micro-batches."""
     if s.plan.layout.pp == 1:
-        return s.micro_batch, s.grad_accum
+        return s.micro_batch, s.grad_accum, "-"
     pipe = pipeline_of(s.plan.backend.options, s.micro_batch, s.plan.layout.pp)
-    return s.micro_batch // pipe.microbatches, pipe.microbatches * s.grad_accum
-
-
-def _schedule(s: Searched) -> str:
-    if s.plan.layout.pp == 1:
-        return "-"
-    pipe = pipeline_of(s.plan.backend.options, s.micro_batch, s.plan.layout.pp)
-    return pipe.schedule + (f" x{pipe.virtual}" if pipe.virtual > 1 else "")
+    schedule = pipe.schedule + (f" x{pipe.virtual}" if pipe.virtual > 1 else "")
+    return s.micro_batch // pipe.microbatches, pipe.microbatches * s.grad_accum, schedule
 
 
 def _row(rank: int, s: Searched, against: str) -> tuple[str, ...]:
     layout = s.plan.layout
-    sequences, forwards = _forwards(s)
+    sequences, forwards, schedule = _forwards(s)
     return (
         str(rank),
         s.strategy,
@@ -98,7 +92,7 @@ def _row(rank: int, s: Searched, against: str) -> tuple[str, ...]:
         str(layout.hpz) if layout.hpz > 1 else "-",
         str(sequences),
         str(forwards),
-        _schedule(s),
+        schedule,
         s.checkpointing,
         f"{s.tokens_per_s_per_gpu:,.0f}",
         f"{s.mfu:.0%}",
