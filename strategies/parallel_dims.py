@@ -283,11 +283,10 @@ def expert_parallel_size(
     return ep
 
 
-def pipeline_microbatches(pp: int, schedule: str, microbatches: Any, micro_batch: int) -> int:
-    """The micro-batches one run of torch's `schedule` takes over `pp` stages: `microbatches`, or one
-    a stage; refused in one line where they do not divide the `micro_batch` sequences a pipeline step
-    runs, or the schedule cannot run them (1F1B fewer than the stages, the looped schedules a count
-    that is not whole rounds of them: torch.distributed.pipelining refuses both)."""
+def microbatch_count(pp: int, microbatches: Any, micro_batch: int) -> int:
+    """The micro-batches one run of a pipeline's schedule takes over `pp` stages: `microbatches`, or
+    one a stage; refused in one line where they do not divide the `micro_batch` sequences a pipeline
+    step runs (torch's schedules and DeepSpeed's engine alike)."""
     count = pp if microbatches is None else microbatches
     if isinstance(count, bool) or not isinstance(count, int) or count < 1:
         raise MeshError(f"strategy_options.microbatches={microbatches} must be a whole number >= 1")
@@ -296,6 +295,14 @@ def pipeline_microbatches(pp: int, schedule: str, microbatches: Any, micro_batch
             f"strategy_options.microbatches={count} does not divide the micro-batch of {micro_batch} sequences each "
             "pipeline step runs: set micro_batch= to a multiple of it"
         )
+    return count
+
+
+def pipeline_microbatches(pp: int, schedule: str, microbatches: Any, micro_batch: int) -> int:
+    """`microbatch_count` under torch's `schedule`, refused where the schedule cannot run them (1F1B
+    fewer than the stages, the looped schedules a count that is not whole rounds of them:
+    torch.distributed.pipelining refuses both)."""
+    count = microbatch_count(pp, microbatches, micro_batch)
     if schedule == "1f1b" and count < pp:
         raise MeshError(
             f"schedule 1f1b needs at least one micro-batch per stage: set strategy_options.microbatches >= "

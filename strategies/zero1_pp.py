@@ -63,7 +63,8 @@ from strategies.deepspeed_config import (
     run_config,
     sizing_config,
 )
-from strategies.mesh_layout import DATA, MeshLayout, pipeline_layout
+from strategies.mesh_layout import DATA, MeshError, MeshLayout, pipeline_layout
+from strategies.parallel_dims import microbatch_count
 from strategies.plan_model import PlanModel
 
 if TYPE_CHECKING:
@@ -109,14 +110,10 @@ class ZeroPipelineStrategy(Strategy):
             )
         self.mesh = ctx.mesh or self.mesh_layout(ctx.world_size, ctx.world_size, {"pp_size": pp_size})
         self.pp_size, self.dp_size = self.mesh.shape
-        self.microbatches = self.pp_size if microbatches is None else microbatches
-        if isinstance(self.microbatches, bool) or not isinstance(self.microbatches, int) or self.microbatches < 1:
-            raise StrategyError(f"strategy_options.microbatches={microbatches} must be a whole number >= 1")
-        if ctx.micro_batch % self.microbatches:
-            raise StrategyError(
-                f"strategy_options.microbatches={self.microbatches} does not divide the micro-batch of "
-                f"{ctx.micro_batch} sequences each pipeline step runs: set micro_batch= to a multiple of it"
-            )
+        try:  # DeepSpeed's engine runs fewer micro-batches than stages too
+            self.microbatches = microbatch_count(self.pp_size, microbatches, ctx.micro_batch)
+        except MeshError as exc:
+            raise StrategyError(str(exc)) from None
         # Another pp_size lays the layers and the optimizer partitions out otherwise: its checkpoint
         # carries the weights over, not the optimizer state.
         self.checkpoint_format = f"deepspeed-zero1-pp{self.pp_size}"

@@ -31,7 +31,7 @@ from harness.plan.model.model_shape import ModelShape, ParamTensor
 from harness.plan.parallel.layout import LayoutError
 from models.stage_split import blocks_per_stage
 from strategies.mesh_layout import MeshError
-from strategies.parallel_dims import pipeline_microbatches
+from strategies.parallel_dims import microbatch_count, pipeline_microbatches
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 # torchtitan's looped schedules run two stages a GPU unless told otherwise.
@@ -154,19 +154,21 @@ def pipeline_of(options: dict, micro_batch: int, stages: int, runtime: str | Non
     rounds of them); DeepSpeed's engine (zero1_pp.py) runs fewer."""
     schedule = str(options.get("schedule") or "1f1b").lower()
     given = options.get("microbatches")
-    if runtime == TORCH_RUNTIME and schedule in SCHEDULES:  # the very check train runs
+    if runtime is not None:  # the very check train runs
         try:
-            microbatches = pipeline_microbatches(stages, schedule, given, micro_batch)
+            if runtime == TORCH_RUNTIME and schedule in SCHEDULES:
+                microbatches = pipeline_microbatches(stages, schedule, given, micro_batch)
+            else:  # DeepSpeed's engine runs fewer than the stages too
+                microbatches = microbatch_count(stages, given, micro_batch)
         except MeshError as exc:
             raise LayoutError(str(exc)) from None
     else:
-        default = stages if runtime is not None or micro_batch % stages == 0 else micro_batch
-        microbatches = int(given or default)
-    if microbatches < 1 or micro_batch % microbatches:
-        raise LayoutError(
-            f"strategy_options.microbatches={microbatches} does not divide the micro-batch of {micro_batch} sequences "
-            "each pipeline step runs: set micro_batch= to a multiple of it"
-        )
+        microbatches = int(given or (stages if micro_batch % stages == 0 else micro_batch))
+        if microbatches < 1 or micro_batch % microbatches:
+            raise LayoutError(
+                f"strategy_options.microbatches={microbatches} does not divide the micro-batch of {micro_batch} "
+                "sequences each pipeline step runs: set micro_batch= to a multiple of it"
+            )
     virtual = int(options.get("virtual_stages") or DEFAULT_VIRTUAL_STAGES.get(schedule, 1))
     if virtual < 1 or (virtual > 1 and schedule not in LOOPED):
         raise LayoutError(f"virtual_stages={virtual}: only {' and '.join(LOOPED)} run more than one stage a GPU")
