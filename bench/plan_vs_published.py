@@ -240,8 +240,11 @@ def _not_modelled(row: dict[str, str]) -> str | None:
         return "Megatron-FSDP beside expert parallel: not modelled"
     if FP8_PARAM_GATHER in tokens and MEGATRON_FSDP not in tokens:
         return "fp8 parameters beside Megatron's DDP or distributed optimizer: not modelled"
-    if "offload" in tokens:
+    if "offload" in tokens and not sharding.startswith("deepspeed"):  # DeepSpeed's is its optimizer offload
         return "offloading to the host: not modelled"
+    named = _token_value(row, ATTENTION_TOKEN)
+    if named in UNPRICED_ATTENTION:
+        return f"attention={named}: {UNPRICED_ATTENTION[named]}, whose rate the planner does not hold: not modelled"
     if any(t.startswith("zero_group=") for t in tokens) and HYBRID_ZERO not in tokens:
         return "ZeRO over a subgroup of the data-parallel GPUs (zero_group=): not modelled"
     if checkpointing == "partial":
@@ -261,6 +264,9 @@ def _card(row: dict[str, str]) -> GPUSpec | str:
 # cross-entropy, whether the head is tied to the embedding, DeepSpeed's pipeline engine, and the attention
 # in fp8 (TransformerEngine's fp8 DotProductAttention).
 ATTENTION_TOKEN = "attention="
+# Kernels published runs name that harness/plan/speed/attention.py holds no rate of: their rows are listed,
+# not planned with another kernel's rate.
+UNPRICED_ATTENTION = {"flash4": "FlashAttention-4 (Blackwell)"}
 MEGATRON_FSDP = "megatron_fsdp"
 # Megatron-core's fp8 parameters (`fp8_param_gather`): Megatron-FSDP holds and gathers the blocks' weights
 # in fp8 (recipe.py's fp8_all_gather). TransformerEngine's cross-entropy writes the logits' gradient
@@ -383,7 +389,9 @@ def _layout(row: dict[str, str]) -> tuple[PlanModel, dict] | str:
     if "zero" in lowered:  # DeepSpeed: ZeRO-1, ZeRO-2, ZeRO-3 (as 2021's DeepSpeed ran it where the row says so)
         stage = next((int(c) for c in lowered.split("zero")[1] if c in "123"), 3)
         listed = stage == 3 and ZERO3_LIST_COLLECTIVES in _plan_tokens(row)
-        return PlanModel("deepspeed", stage, "low_precision"), {ZERO3_LIST_COLLECTIVES: True} if listed else {}
+        # `offload`: the optimizer state and its step on the host (DeepSpeedCPUAdam), the parameters on the GPU.
+        model = PlanModel("deepspeed", stage, "low_precision", offload_optimizer="offload" in lowered.split())
+        return model, {ZERO3_LIST_COLLECTIVES: True} if listed else {}
     if lowered.startswith("ddp") or "distributeddataparallel" in lowered:
         return PlanModel("torch", 0, data_parallel=True), {}
     common = dict(engine="torch", stage=3, mixed_precision="low_precision", reduce_in_fp32=reduce_fp32)

@@ -463,3 +463,19 @@ def test_megatron_fsdp_holds_its_root_its_head_gradient_and_fp8_weights_as_its_s
     assert fp8.buffers.backward[gathered] == pytest.approx(bf16.buffers.backward[gathered] / 2, rel=0.01)
     # The embedding and the output layer keep their bf16 weights: 3% of the 70B.
     assert fp8.states_on()["params"] == pytest.approx(bf16.states_on()["params"] / 2, rel=0.05)
+
+
+def test_deepspeeds_optimizer_offload_is_planned_on_the_host_and_flash4_is_listed():
+    """A `deepspeed zero=N ... offload` row is planned with its optimizer state and step on the host
+    (the parameters on the GPU), each GPU stepping its own shard; a kernel the planner holds no rate
+    of (FlashAttention-4) is listed with its reason, not planned with another kernel's."""
+    rows = published.read_rows(published.DATA / "model_parallel_other.csv")
+    offloaded = [o for o in published.plan_rows(rows) if "offload" in o.row["sharding"].split()]
+    planned = [o for o in offloaded if o.plan is not None]
+    assert {o.row["model"] for o in planned} >= {"gpt-175b", "gpt-1t", "gpt-2t", "llama3.1-8b"}
+    for o in planned:
+        assert o.plan.backend.offload_optimizer and not o.plan.backend.offload_params
+        shard = o.plan.backend.stage == 3 and o.plan.time.offload_step_s > 0
+        assert shard, o.row["model"]
+    unplanned = [o.skipped for o in offloaded if o.plan is None]
+    assert unplanned and all("attention=flash4" in why for why in unplanned)

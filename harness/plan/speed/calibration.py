@@ -282,7 +282,7 @@ def fit(
             sibling = counterpart(backend, offload=False, via_accelerate=backend.via_accelerate)
             price = factors.overhead_s.get(sibling, 0.0) if sibling else 0.0
             rate = factors.host_s_per_param.get(m.strategy, HOST_ADAM_S_PER_PARAM)
-            stepped = t.offload_step_s / rate  # parameters a node's host steps
+            stepped = t.offload_step_s / rate  # parameters of one GPU's shard
             host_work = m.step_s - (t.step_s - t.offload_step_s) - accum * price
             factors = replace(
                 factors,

@@ -25,7 +25,12 @@ was measured (calibration.py), carried as time per micro-step: it is the backend
 work (hooks, flat buffers, bookkeeping, synchronisations), which does not grow with the width
 and which a larger model's compute hides. At gpt2-124m and gpt2-350m on one H100, DeepSpeed
 ZeRO-3 took 119 and 144 ms per step beyond its compute for twice the layers.
-Offload's host optimizer step costs SpeedFactors.host_s_per_param per parameter a node steps.
+Offload's host optimizer step costs SpeedFactors.host_s_per_param per parameter of one GPU's
+shard: each rank steps its shard on the host at once, on its share of the host's CPUs and memory.
+Hosts are built with their GPUs' count (a DGX H100's 112 cores and p5's 96 for 8 GPUs, DGX A100's
+128: 12-16 cores a GPU), so a rate measured on a host of one GPU's share (parabench's reference
+H100, 16 cores) holds per GPU; charged to a whole node's shards it would price an 8-GPU host as if
+it had one GPU's cores.
 Host issue: a micro-step takes at least the host's time to issue its kernels and collectives
 (host_issue.py); what it takes beyond the micro-step's compute and its critical-path collectives
 is the time the GPU waits on its host. torch.nn.DataParallel drives every replica from one Python
@@ -52,7 +57,7 @@ from harness.plan.speed.host_issue import HOST_S_PER_KERNEL, HostIssue
 from harness.plan.speed.list_collectives import list_collectives_host_s
 from harness.plan.speed.stragglers import straggler_share
 
-HOST_ADAM_S_PER_PARAM = 1e-9  # DeepSpeed CPUAdam on one node's CPUs (AVX-512), where nothing is measured
+HOST_ADAM_S_PER_PARAM = 1e-9  # DeepSpeed CPUAdam on one GPU's share of its host (AVX-512), where nothing is measured
 HOST_S_PER_LAUNCH = HOST_S_PER_KERNEL["eager"]  # eager PyTorch's, where no dataparallel run is measured
 HOST_LINK_EFFICIENCY = 0.8  # pinned host <-> GPU copies reach about this share of the PCIe link
 
@@ -253,7 +258,7 @@ def step_time(
     offload_s = 0.0
     if backend.offload_optimizer:
         rate = factors.host_s_per_param.get(backend.measured_as, HOST_ADAM_S_PER_PARAM)
-        offload_s = shard_params * topology.per_node * rate  # a node's CPUs step all its GPUs' shards
+        offload_s = shard_params * rate  # every rank steps its own shard at once, on its share of the host
     overhead = grad_accum * overhead_per_micro_step(backend, factors)
     what = "the backend's own work, as measured" if overhead else ""
     if backend.options.get(ZERO3_LIST_COLLECTIVES):

@@ -305,3 +305,17 @@ def test_a_7b_and_a_70b_planned_from_a_124m_calibration_hold_their_model_states(
             transient = plain.peak_bytes - resident
             assert fitted.peak_bytes >= resident >= 0, (name, params)
             assert fitted.peak_bytes - plain.peak_bytes == pytest.approx(max(-1.2e9, -0.25 * transient), abs=2), name
+
+
+def test_each_gpu_steps_its_offloaded_shard_on_its_share_of_the_host():
+    """The host step of optimizer offload is one GPU's shard at the per-GPU rate: a host is built
+    with its GPUs' count of cores, so 8 GPUs on one host step their shards at once, as 8 GPUs on
+    8 hosts do, not one after another on one GPU's worth of cores."""
+    factors = default_factors()
+    rate = factors.host_s_per_param["zero3-offload"]
+    steps = {}
+    for per_node in (1, 8):
+        q = question(PlanConfig(model="gpt2-1.5b", gpus=8, gpus_per_node=per_node, micro_batch=2))
+        steps[per_node] = plan_strategy("zero3-offload", q).time.offload_step_s
+    assert steps[8] == pytest.approx(steps[1])
+    assert steps[8] == pytest.approx(q.shape.params / 8 * rate, rel=0.01)
