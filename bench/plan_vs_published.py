@@ -273,6 +273,9 @@ MEGATRON_FSDP = "megatron_fsdp"
 # over them (Megatron-core's cross_entropy_fusion_impl='te': recipe.py's loss_in_place).
 FP8_PARAM_GATHER = "fp8_param_gather"
 LOSS_IN_PLACE = "loss_in_place"
+# The head's matmul and the cross-entropy fused a chunk of tokens at a time (Liger-Kernel's fused linear
+# cross-entropy: recipe.py's fused_linear_loss), beside `fused_loss`.
+FUSED_LINEAR_LOSS = "fused_linear_loss"
 # Megatron-core's cpu_offloading_num_layers: that many blocks' activations in host memory (recipe.py).
 OFFLOAD_TOKEN = "activation_offload_layers="
 TRANSFORMER_ENGINE = "transformer_engine"
@@ -297,6 +300,7 @@ PLAN_FLAGS = (
     TRANSFORMER_ENGINE,
     FUSED_LOSS,
     LOSS_IN_PLACE,
+    FUSED_LINEAR_LOSS,
     FP8_PARAM_GATHER,
     FUSED_NORM,
     DEEPSPEED_PIPELINE,
@@ -575,6 +579,7 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         recompute_modules=recompute_modules(row) or (),
         activation_offload_layers=int(_token_value(row, OFFLOAD_TOKEN) or 0),
         loss_in_place=LOSS_IN_PLACE in _plan_tokens(row),
+        fused_linear_loss=FUSED_LINEAR_LOSS in _plan_tokens(row),
         attention_dropout=dropout,
         hidden_dropout=dropout,
     )

@@ -94,6 +94,7 @@ class PlanConfig:
     activation_offload: bool = False  # saved activations in host memory (torchtune)
     activation_offload_layers: int = 0  # that many blocks' activations in host memory (Megatron-core)
     loss_in_place: bool = False  # the fused cross-entropy writes the logits' gradient over them (TransformerEngine's)
+    fused_linear_loss: bool = False  # the head's matmul and the loss fused in chunks, no whole logits (Liger's)
     attention_dropout: float = 0.0  # dropout on the attention's probabilities (Megatron-LM's default: 0.1)
     hidden_dropout: float = 0.0  # dropout on each block's branch outputs (Megatron-LM's default: 0.1)
     fragmentation: float = 0.0  # share of the activations the caching allocator cannot reuse

@@ -370,6 +370,7 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         core_attention_recompute=q.core_attention_recompute,
         with_head=head,
         loss_in_place=q.recipe.loss_in_place,
+        linear_loss=q.recipe.fused_linear_loss,
         attention_dropout=q.recipe.attention_dropout > 0,
         hidden_dropout=q.recipe.hidden_dropout > 0,
     )

@@ -26,7 +26,11 @@ a fused or chunked cross-entropy (fused_loss=true, or compiled) keeps the logits
 gradient in the compute dtype instead; one that writes the gradient over the logits in its forward
 (loss_in_place=true: TransformerEngine's parallel cross-entropy, its Triton kernel storing the
 gradient into the logits, transformer_engine/common/triton/cross_entropy.py @ 42d22740) keeps the
-logits alone. Under torch's loss parallelism (the head split over the
+logits alone; one fused with the head's matmul, a chunk of tokens at a time (linear_loss=true:
+Liger-Kernel's fused linear cross-entropy, recipe.py's fused_linear_loss) keeps no logits: the
+hidden states' gradient it makes in its forward and one chunk's logits, as many as the hidden
+states have elements, each in the compute dtype (LINEAR_LOSS_WIDTHS widths a token), and the
+fp32 loss of each token. Under torch's loss parallelism (the head split over the
 vocabulary by tensor parallelism, DTensor's `loss_parallel`) the backward of the log-softmax and
 the loss is one function, torch/distributed/tensor/parallel/loss.py
 `_nll_loss_and_log_softmax_backward`, whose `(grad_input + torch.exp(x)) * grad_output` holds four
@@ -210,6 +214,10 @@ def selective_bytes_per_token(
     return block_input + ((kept_outputs + dims.q_width) * matmul + dims.heads * LOGSUMEXP_BYTES) / tp
 
 
+LINEAR_LOSS_WIDTHS = 2  # the hidden states' gradient and a chunk's logits, a width each, per token
+LOSS_PER_TOKEN_BYTES = 4  # the fp32 loss of each token, kept for the mean
+
+
 def loss_bytes_per_logit(precision: str, fused: bool, vocab_parallel: bool = False, in_place: bool = False) -> int:
     """The loss's bytes per logit at its peak; `vocab_parallel`: torch's loss_parallel over a split
     head; `in_place`: a fused loss that writes the gradient over the logits."""
@@ -238,11 +246,15 @@ def head_bytes_per_token(
     sequence_parallel: bool = True,
     megatron: bool = False,
     loss_in_place: bool = False,
+    linear_loss: bool = False,
 ) -> float:
     residual, matmul = _dtypes(precision, mixed_precision)
     vocab_parallel = dims.head_split(tp) > 1 and not megatron
-    loss = loss_bytes_per_logit(precision, fused_loss, vocab_parallel, loss_in_place) * dims.vocab
     norm = norm_bytes_per_token(dims, residual, fused_norm) / (tp if sequence_parallel else 1)
+    if linear_loss:  # no whole logits: the hidden states' gradient, a chunk's logits, the loss
+        loss = LINEAR_LOSS_WIDTHS * dims.width * compute_bytes(precision) + LOSS_PER_TOKEN_BYTES
+        return norm + loss + dims.width * matmul
+    loss = loss_bytes_per_logit(precision, fused_loss, vocab_parallel, loss_in_place) * dims.vocab
     return norm + loss / dims.head_split(tp) + dims.width * matmul
 
 
@@ -267,6 +279,7 @@ def activations(
     core_attention_recompute: bool = False,
     with_head: bool = True,
     loss_in_place: bool = False,
+    linear_loss: bool = False,
     attention_dropout: bool = False,
     hidden_dropout: bool = False,
 ) -> Activations | None:
@@ -279,10 +292,16 @@ def activations(
     (speed/core_attention_recompute.py), the kernel's own tensors rebuilt a layer at a time;
     without `with_head` (a pipeline's stages before the last) no final norm, head or loss, so nothing of
     theirs is freed before a block is rebuilt; `loss_in_place`: the fused cross-entropy writes the
-    logits' gradient over them; `attention_dropout`, `hidden_dropout`: their masks kept."""
+    logits' gradient over them; `linear_loss`: it runs with the head's matmul a chunk at a time, no
+    whole logits held; `attention_dropout`, `hidden_dropout`: their masks kept."""
     if loss_in_place and not fused_loss:
         raise PlanError(
             "loss_in_place=true is a fused cross-entropy that writes the logits' gradient over them: give "
+            "fused_loss=true as well"
+        )
+    if linear_loss and not fused_loss:
+        raise PlanError(
+            "fused_linear_loss=true is a fused cross-entropy run with the head's matmul a chunk at a time: give "
             "fused_loss=true as well"
         )
     if core_attention_recompute and checkpointing != "none":
@@ -338,6 +357,7 @@ def activations(
             sequence_parallel,
             megatron=megatron,
             loss_in_place=loss_in_place,
+            linear_loss=linear_loss,
         )
         head *= tokens
         cached = logits_cached_per_token(dims, precision, fused_loss, tp) * tokens

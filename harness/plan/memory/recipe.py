@@ -68,6 +68,13 @@ offers it does it (docs/planner.md cites each):
                      cross_entropy_fusion_impl='te': transformer_engine/common/triton/cross_entropy.py
                      @ 42d22740 stores the gradient into its input; Megatron-Bridge's performance
                      recipes use it).
+  fused_linear_loss  with fused_loss=true, the head's matmul and the cross-entropy run together a chunk
+                     of tokens at a time, the logits' gradient turned into the hidden states' and the
+                     head weight's gradients in the forward, so no whole logits are ever held: the
+                     hidden states' gradient (a token's width) and one chunk's logits, Liger-Kernel's
+                     chunk holding as many logits as the hidden states have elements (its chunk size
+                     tokens x hidden / vocabulary: src/liger_kernel/ops/fused_linear_cross_entropy.py
+                     @ ead96b61 `inc_factor`; Cut Cross-Entropy keeps less).
   attention_dropout  dropout on the attention's probabilities, hidden_dropout on each block's two
                      branch outputs, each a probability (Megatron-LM's defaults are 0.1 each, GPT-2's
                      configs alike; 0: none, as Llama-style recipes train): their masks in memory
@@ -114,6 +121,7 @@ class Recipe:
     activation_offload: bool = False
     activation_offload_layers: int = 0
     loss_in_place: bool = False
+    fused_linear_loss: bool = False
     attention_dropout: float = 0.0
     hidden_dropout: float = 0.0
     fragmentation: float = 0.0
@@ -215,6 +223,8 @@ class Recipe:
             said.append(f"{self.activation_offload_layers} blocks' activations offloaded")
         if self.loss_in_place:
             said.append("cross-entropy in place")
+        if self.fused_linear_loss:
+            said.append("head and cross-entropy fused in chunks")
         if self.attention_dropout or self.hidden_dropout:
             said.append(
                 f"dropout {self.attention_dropout:g} on attention, {self.hidden_dropout:g} on the blocks' outputs"

@@ -203,6 +203,24 @@ def test_loss_in_place_without_a_fused_loss_is_a_one_line_error(capsys):
     assert "give fused_loss=true as well" in err and err.count("\n") == 1
 
 
+def test_a_fused_linear_loss_holds_no_logits():
+    """Liger's fused linear cross-entropy runs the head's matmul and the loss a chunk of tokens at a
+    time: the head keeps the hidden states' gradient and one chunk's logits (a width each, bf16) and
+    each token's fp32 loss, where a fused loss keeps the logits and their gradient (2 x 2 bytes a logit)."""
+    fused, q = _plan("fsdp", fused_loss=True, micro_batch=4)
+    linear, _ = _plan("fsdp", Recipe(fused_linear_loss=True), fused_loss=True, micro_batch=4)
+    tokens = q.micro_batch * q.seq_len
+    kept = 2 * 2 * LLAMA_8B["vocab"] - (2 * 2 * LLAMA_8B["width"] + 4)
+    assert fused.activations.head - linear.activations.head == kept * tokens
+    assert linear.peak_bytes < fused.peak_bytes
+
+
+def test_a_fused_linear_loss_without_a_fused_loss_is_a_one_line_error(capsys):
+    assert runner.main(["plan", "model=gpt2-124m", "fused_linear_loss=true", "strategies=[fsdp]"]) == 2
+    err = capsys.readouterr().err
+    assert "give fused_loss=true as well" in err and err.count("\n") == 1
+
+
 def test_fragmentation_is_a_share_of_the_activations_at_the_peak():
     plain, _ = _plan("fsdp", micro_batch=4)
     fragmented, _ = _plan("fsdp", Recipe(fragmentation=0.1), micro_batch=4)
