@@ -31,7 +31,7 @@ from harness.plan.parallel.engines import engine_differences
 from harness.plan.parallel.pipeline_default import pipeline_line
 from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_options import PlanConfig, check, gpu_counts, models_asked, question, shape_for
-from harness.plan.predict import Question, StrategyPlan, batching, plan_all, storage_precision
+from harness.plan.predict import Question, StrategyPlan, plan_all, storage_precision
 from harness.plan.recommendation import Recommendation, recommend
 from harness.plan.speed.gemm import sustained_share
 from harness.plan.speed.stragglers import SPREAD, straggler_share
@@ -185,7 +185,11 @@ def heading(q: Question) -> list[str]:
 def _batch(q: Question) -> str:
     if q.global_batch is None:
         return f"micro-batch {q.micro_batch} x {q.seq_len} tokens x {q.grad_accum} accumulation"
-    micro = "" if q.split_global_batch else f" in micro-batches of {q.micro_batch}"
+    micro = (
+        " (each rank's share at once, or the largest micro-batch of it that fits)"
+        if q.split_global_batch
+        else f" in micro-batches of {q.micro_batch}"
+    )
     return f"batch {q.global_batch} x {q.seq_len} tokens over each layout's data-parallel ranks{micro}"
 
 
@@ -195,8 +199,7 @@ def batch_splits(q: Question, plans: list[StrategyPlan]) -> dict[str, dict[str, 
         return {}
     out = {}
     for p in plans:
-        micro, accumulation = batching(q, p.layout)
-        out[p.name] = {"ranks": p.layout.data_parallel, "micro_batch": micro, "grad_accum": accumulation}
+        out[p.name] = {"ranks": p.layout.data_parallel, "micro_batch": p.micro_batch, "grad_accum": p.grad_accum}
     return out
 
 

@@ -132,6 +132,10 @@ class StrategyPlan:
     fits: bool | None
     collectives: list[Collective]
     time: StepTime | None
+    # The split of the batch this plan runs: sequences per micro-step on each data-parallel rank (a
+    # pipeline's: its whole local batch) and micro-steps per step.
+    micro_batch: int = 1
+    grad_accum: int = 1
 
     def __post_init__(self) -> None:
         check_memory(self.name, self.states, self.activations, self.buffers, self.peak_bytes)
@@ -177,6 +181,8 @@ class StrategyPlan:
                 "hooks": self.buffers.hooks,
                 "step": self.buffers.step,
             },
+            "micro_batch": self.micro_batch,
+            "grad_accum": self.grad_accum,
             "peak_allocated_bytes": self.peak_bytes,
             "peak_reserved_bytes": self.reserved_bytes,
             "usable_bytes": self.headroom.usable,
@@ -317,7 +323,8 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     comms += shared_cards(comms)
     timing = _time(backend, q, layout, comms, pipelined) if q.gpu is not None else None
     acts, buffers, peak = memory.activations, memory.buffers, memory.peak
-    return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing)
+    split = (q.micro_batch, q.grad_accum)
+    return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing, *split)
 
 
 def prepared(backend: Backend, q: Question) -> tuple[Backend, Question]:
@@ -701,9 +708,12 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
 
 
 def plan_default(name: str, q: Question) -> StrategyPlan:
-    """`name` as the default plan lays it out: a pipeline strategy, or a tensor-parallel layout too
-    large without one, over the fewest stages that fit (pipeline_default.py); a LayoutError where it
-    cannot be laid out."""
+    """`name` as the default plan lays it out: where a global batch is given without micro_batch=, each
+    data-parallel rank's share at once, or where that does not fit the largest micro-batch dividing it
+    that does, the rest accumulated (batch_limit.accumulated); a pipeline strategy, or a tensor-parallel
+    layout too large even so, over the fewest stages that fit (pipeline_default.py); a LayoutError where
+    it cannot be laid out."""
+    from harness.plan.memory.batch_limit import accumulated
     from harness.plan.parallel.pipeline_default import fewest_stages, staged_instead, takes_default_pipeline
 
     try:
@@ -713,4 +723,6 @@ def plan_default(name: str, q: Question) -> StrategyPlan:
         if staged is None:
             raise
         return staged
+    if q.split_global_batch and plan.fits is False and plan.layout.pp == 1:
+        plan = accumulated(name, q, plan) or plan
     return (fewest_stages(plan, q) or plan) if takes_default_pipeline(plan, q) else plan

@@ -22,7 +22,7 @@ from dataclasses import replace
 from harness.plan.parallel.backends import model_of
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import runtime_of
-from harness.plan.predict import Question, StrategyPlan, batching, memory_at, plan_backend, plan_strategy
+from harness.plan.predict import Question, StrategyPlan, memory_at, plan_backend, plan_strategy
 
 SEARCH_FRACTION = 0.95
 PLAN_LIMIT = 4096  # sequences: the table's column says "4096+" beyond
@@ -70,8 +70,7 @@ def fitting_micro_batch(plan: StrategyPlan, question: Question, limit: int = PLA
     at the question's accumulation; 0: not even one sequence; None: its activations are unknown."""
     if plan.peak_bytes is None:
         return None
-    _, grad_accum = batching(question, plan.layout)
-    asked = replace(question, grad_accum=grad_accum, global_batch=None)
+    asked = replace(question, grad_accum=plan.grad_accum, global_batch=None)
 
     if plan.layout.pp > 1 or plan.layout.cp > 1:  # each stage's or sequence shard's own peak
         # A pipeline's local batch is whole rounds of its micro-batches: microbatches=, or by default one a
@@ -92,6 +91,21 @@ def fitting_micro_batch(plan: StrategyPlan, question: Question, limit: int = PLA
         return peak is not None and plan.headroom.fits(peak)
 
     return _largest(fits, limit)
+
+
+def accumulated(name: str, q: Question, plan: StrategyPlan) -> StrategyPlan | None:
+    """`plan` (its data-parallel rank's whole share of the global batch at once, which does not fit)
+    at the largest micro-batch that divides the share and fits, accumulating the rest, as a run whose
+    batch is given sets its micro-batch and gradient accumulation; None where not even one sequence
+    a micro-step fits, or its activations are unknown. Memory grows with the micro-batch alone, so
+    the sizes above the largest that fits at one micro-step are not tried."""
+    largest = fitting_micro_batch(plan, q)
+    share = plan.micro_batch
+    for micro_batch in sorted((m for m in range(1, min(largest or 0, share - 1) + 1) if share % m == 0), reverse=True):
+        smaller = plan_strategy(name, replace(q, micro_batch=micro_batch, split_global_batch=False))
+        if smaller.fits:
+            return smaller
+    return None
 
 
 def micro_batch_limit(largest: int) -> str:

@@ -176,6 +176,8 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         fits,
         stage.collectives + [c for c, _, _ in traffic],
         timing,
+        q.micro_batch,
+        q.grad_accum,
     )
 
 

@@ -134,3 +134,21 @@ def test_the_global_batch_in_tokens_is_the_plans_batch_too(capsys):
     assert (tokens.micro_batch, tokens.grad_accum) == (sequences.micro_batch, sequences.grad_accum) == (4, 1)
     code, out, err = _cli(capsys, "model=gpt2-124m", "gpus=8", "batch_size=32", "global_batch_tokens=32K")
     assert code == 2 and out == "" and "give global_batch_tokens= or batch_size= (sequences), not both" in err
+
+
+def test_a_share_that_does_not_fit_at_once_is_accumulated_in_the_largest_micro_batch_that_fits(capsys):
+    """Without micro_batch=, a layout takes its ranks' share at once where it fits; where it does not,
+    the largest micro-batch that divides the share and fits, the rest accumulated, as a run whose
+    global batch is given would set it. Llama 3.1 405B on 1,024 H100s at 16M tokens: ZeRO-3's two
+    sequences a rank do not fit at once, one a micro-step does."""
+    base = dict(model="llama3.1-405b", gpus=1024, seq_len=8192, activation_checkpointing="full")
+    q = question(PlanConfig(**base, global_batch_tokens="16M", strategies=["zero3"]))
+    plans, _ = plan_all(["zero3"], q)
+    (zero3,) = plans
+    assert (zero3.micro_batch, zero3.grad_accum) == (1, 2) and zero3.fits
+    whole = plan_strategy("zero3", q)
+    assert (whole.micro_batch, whole.grad_accum) == (2, 1) and whole.fits is False
+    code, out, _ = _cli(capsys, *(f"{k}={v}" for k, v in base.items()), "global_batch_tokens=16M", "strategies=[zero3]")
+    assert code == 0
+    assert "Batch 2048 over 1024 data-parallel ranks: micro-batch 1 x 2 accumulation (zero3)." in out
+    assert "Use zero3" in out
