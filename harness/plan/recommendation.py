@@ -351,6 +351,11 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     peak = {p.name: p.peak_bytes if p.peak_bytes is not None else float("inf") for p in tied}
     least = min(peak.values())
     choice = next((p for p in plans if p.name in peak and peak[p.name] <= (1 + TIE) * least), tied[0])
+    lead = (
+        "the fastest that fits"
+        if peak.get(choice.name, 0) >= peak[tied[0].name]
+        else f"as fast as the fastest that fits (within {TIE:.0%}) and leaner"
+    )
     ranked.remove(choice)
     ranked.insert(0, choice)
     best = ranked[0]
@@ -363,8 +368,7 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     largest = fitting_micro_batch(best, q)
     room = "" if largest is None else f"; micro-batches up to {micro_batch_limit(largest)} fit"
     lines = [
-        f"Use {best.name}: the fastest that fits, {_gib(best.peak_bytes)} per GPU{speed}{unknown}{room}; "
-        f"{_why_best(best, plans, q)}.",
+        f"Use {best.name}: {lead}, {_gib(best.peak_bytes)} per GPU{speed}{unknown}{room}; {_why_best(best, plans, q)}.",
         *domain_lines(best.layout, q.topology),
         *_numerics(best, q),
     ]

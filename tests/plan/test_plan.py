@@ -398,6 +398,27 @@ def test_recommendation_names_the_fastest_that_fits_and_why_the_others_lose():
     assert "ddp: does not fit" in text and "What would change the answer" in text
 
 
+def test_a_leaner_strategy_tied_for_the_fastest_is_said_to_be_tied_not_the_fastest():
+    """Among strategies within 2% of the fastest, the leanest is recommended: said as tied and
+    leaner where it is not itself the fastest (Llama 3.1 405B on 1,024 H100s: ZeRO-3 with its
+    optimizer and parameters on the host a hair slower than ZeRO-3, 5.7 GiB lighter)."""
+    cfg = PlanConfig(
+        model="llama3.1-405b",
+        gpus=1024,
+        seq_len=8192,
+        batch_size=2048,
+        micro_batch=1,
+        activation_checkpointing="full",
+        strategies=["zero3", "zero3-offload"],
+    )
+    q = question(cfg)
+    plans, _ = plan_all(["zero3", "zero3-offload"], q)
+    speed = {p.name: p.time.tokens_per_s for p in plans}
+    assert speed["zero3"] > speed["zero3-offload"] > 0.98 * speed["zero3"]
+    rec = recommend(plans, q)
+    assert rec.lines[0].startswith("Use zero3-offload: as fast as the fastest that fits (within 2%) and leaner")
+
+
 def test_recommendation_when_nothing_fits_says_what_would():
     q, plans = plan(model="gpt2-1.5b", gpus=1, gpu="L4", micro_batch=8, strategies=["ddp", "fsdp", "zero3"])
     rec = recommend(list(plans.values()), q)
