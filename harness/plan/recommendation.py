@@ -103,6 +103,11 @@ def _per_micro_step_collectives(p: StrategyPlan) -> str:
     return "; ".join(dict.fromkeys(names)) or "the per-micro-step collectives"
 
 
+def _offloads(p: StrategyPlan) -> bool:
+    """Whether the strategy keeps its optimizer state or parameters in host memory."""
+    return p.backend.offload_optimizer or p.backend.offload_params
+
+
 def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:
     if not (p.time and best.time):
         return "moves more bytes per step"
@@ -110,7 +115,8 @@ def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:
         more = (p.peak_bytes or 0) - (best.peak_bytes or 0)
         if abs(more) < 0.05 * GIB:
             return f"as fast (within {TIE:.0%}) and as large: no reason to prefer it"
-        return f"as fast (within {TIE:.0%}) but needs {_gib(abs(more))} {'more' if more >= 0 else 'less'} per GPU"
+        held = ", its state in host memory" if _offloads(p) and not _offloads(best) else ""
+        return f"as fast (within {TIE:.0%}) but needs {_gib(abs(more))} {'more' if more >= 0 else 'less'} per GPU{held}"
     slower = best.time.tokens_per_s / p.time.tokens_per_s - 1
     return f"{slower:.0%} slower: {_cause(p, best)}"
 
@@ -177,6 +183,8 @@ def _why_best(best: StrategyPlan, plans: list[StrategyPlan], q: Question) -> str
         return "the only one that fits"
     runner = min(fitting, key=_speed_key)
     if _tied(runner, best):
+        if (runner.peak_bytes or 0) < (best.peak_bytes or 0) and _offloads(runner) and not _offloads(best):
+            return f"as fast as {runner.name} within {TIE:.0%}, which keeps its state on the host"
         return f"as fast as {runner.name} within {TIE:.0%}, with the most memory to spare"
     t, r = best.time, runner.time
     assert t and r
@@ -345,17 +353,21 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     ranked = sorted([p for p in plans if p.fits is not False], key=_speed_key)
     if not ranked:
         return _nothing_fits(plans, q)
-    # Among the strategies tied for fastest, the one that leaves the most memory free; among
-    # those as lean (within 2%), the first listed: the registry lists simpler ones first.
+    # Among the strategies tied for fastest, those that keep their state on the GPU where one does
+    # (offload's tie hides what it takes of the host: its pinned memory and its CPUs' step); of
+    # those, the one that leaves the most memory free; among those as lean (within 2%), the first
+    # listed: the registry lists simpler ones first.
     tied = [p for p in ranked if p is ranked[0] or _tied(p, ranked[0])]
+    pool = [p for p in tied if not _offloads(p)] or tied
     peak = {p.name: p.peak_bytes if p.peak_bytes is not None else float("inf") for p in tied}
-    least = min(peak.values())
-    choice = next((p for p in plans if p.name in peak and peak[p.name] <= (1 + TIE) * least), tied[0])
-    lead = (
-        "the fastest that fits"
-        if peak.get(choice.name, 0) >= peak[tied[0].name]
-        else f"as fast as the fastest that fits (within {TIE:.0%}) and leaner"
-    )
+    least = min(peak[p.name] for p in pool)
+    choice = next((p for p in plans if p in pool and peak[p.name] <= (1 + TIE) * least), pool[0])
+    if choice is tied[0]:
+        lead = "the fastest that fits"
+    elif peak[choice.name] < peak[tied[0].name]:
+        lead = f"as fast as the fastest that fits (within {TIE:.0%}) and leaner"
+    else:  # the fastest offloads to the host
+        lead = f"as fast as the fastest that fits (within {TIE:.0%}), its state kept on the GPU"
     ranked.remove(choice)
     ranked.insert(0, choice)
     best = ranked[0]
