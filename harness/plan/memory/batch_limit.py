@@ -97,8 +97,8 @@ def accumulated(name: str, q: Question, plan: StrategyPlan) -> StrategyPlan | No
     """`plan` (its data-parallel rank's whole share of the global batch at once, which does not fit)
     at the largest micro-batch that divides the share and fits, accumulating the rest, as a run whose
     batch is given sets its micro-batch and gradient accumulation; None where not even one sequence
-    a micro-step fits, or its activations are unknown. Memory grows with the micro-batch alone, so
-    the sizes above the largest that fits at one micro-step are not tried."""
+    a micro-step fits, or its activations are unknown. A micro-batch that does not fit in a step of
+    its own does not fit beside accumulation either, so only those up to that size are tried."""
     largest = fitting_micro_batch(plan, q)
     share = plan.micro_batch
     for micro_batch in sorted((m for m in range(1, min(largest or 0, share - 1) + 1) if share % m == 0), reverse=True):
