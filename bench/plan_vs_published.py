@@ -276,6 +276,9 @@ LOSS_IN_PLACE = "loss_in_place"
 # The head's matmul and the cross-entropy fused a chunk of tokens at a time (Liger-Kernel's fused linear
 # cross-entropy: recipe.py's fused_linear_loss), beside `fused_loss`.
 FUSED_LINEAR_LOSS = "fused_linear_loss"
+# The blocks' saved activations in host memory, but for those in flight (DeepSpeed's cpu_checkpointing, the
+# checkpoints of its activation checkpointing kept on the CPU: recipe.py's activation_offload).
+ACTIVATION_OFFLOAD = "activation_offload"
 # Megatron-core's cpu_offloading_num_layers: that many blocks' activations in host memory (recipe.py).
 OFFLOAD_TOKEN = "activation_offload_layers="
 TRANSFORMER_ENGINE = "transformer_engine"
@@ -301,6 +304,7 @@ PLAN_FLAGS = (
     FUSED_LOSS,
     LOSS_IN_PLACE,
     FUSED_LINEAR_LOSS,
+    ACTIVATION_OFFLOAD,
     FP8_PARAM_GATHER,
     FUSED_NORM,
     DEEPSPEED_PIPELINE,
@@ -580,6 +584,7 @@ def recipe_of_row(row: dict[str, str]) -> Recipe:
         activation_offload_layers=int(_token_value(row, OFFLOAD_TOKEN) or 0),
         loss_in_place=LOSS_IN_PLACE in _plan_tokens(row),
         fused_linear_loss=FUSED_LINEAR_LOSS in _plan_tokens(row),
+        activation_offload=ACTIVATION_OFFLOAD in _plan_tokens(row),
         attention_dropout=dropout,
         hidden_dropout=dropout,
     )
