@@ -11,6 +11,7 @@ from harness.plan.network.fabric import FABRICS, IntraNode, Topology, default_fa
 from harness.plan.parallel.backends import model_of
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.predict import Question, plan_strategy, storage_precision
+from harness.plan.speed.attention import sdpa_kernel
 from harness.plan.speed.calibration import default_factors
 from harness.plan.speed.step_time import SpeedFactors
 from strategies.memory import CATEGORIES
@@ -52,6 +53,7 @@ def question_for_run(
         checkpointing=checkpointing_mode(cfg.activation_checkpointing),
         compiled=cfg.compile,
         strategy_options=dict(cfg.strategy_options),
+        attention=sdpa_kernel(spec),  # parabench's models call torch's SDPA
     )
 
 

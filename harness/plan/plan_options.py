@@ -17,7 +17,7 @@ from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, 
 from harness.plan.parallel.batch_split import widest_split
 from harness.plan.predict import Question
 from harness.plan.search.search_space import parse_tokens, sequences_in
-from harness.plan.speed.attention import KERNELS, UNFUSED
+from harness.plan.speed.attention import KERNELS, UNFUSED, sdpa_kernel
 from harness.plan.speed.calibration import calibrate_from, default_factors
 from harness.plan.speed.compute import CHECKPOINTING
 from harness.plan.speed.step_time import SpeedFactors
@@ -77,7 +77,7 @@ class PlanConfig:
     fused_norm: bool = False  # a fused RMSNorm kernel (torchtitan's Triton one, Apex's, Liger's)
     complex_rope: bool = False  # rotary embedding in complex numbers (torchtitan's): compile runs it eager
     # flash (SDPA's FlashAttention-2) | flash3 | cudnn | flash1 | triton | math | fused_softmax (Megatron's unfused)
-    attention: str = "flash"
+    attention: Optional[str] = None  # default: the kernel torch's SDPA runs on the card (attention.sdpa_kernel)
     compile: bool = False  # plan for compile=true runs (elementwise chains fused)
     # How the run trains beyond the strategy (harness/plan/memory/recipe.py says what each changes).
     pure_bf16: bool = False  # bf16 parameters, gradients and AdamW state, no fp32 master (torchtune)
@@ -174,7 +174,7 @@ def check(cfg: PlanConfig) -> None:
         raise PlanError(f"precision={cfg.precision!r} is not one of {', '.join(PLAN_PRECISIONS)}")
     if cfg.format not in FORMATS:
         raise PlanError(f"format={cfg.format!r} is not one of {', '.join(FORMATS)}")
-    if cfg.attention not in KERNELS:
+    if cfg.attention is not None and cfg.attention not in KERNELS:
         raise PlanError(f"attention={cfg.attention!r} is not one of {', '.join(KERNELS)}")
     if cfg.fp8_attention and cfg.attention != "cudnn":
         raise PlanError("fp8_attention=true is cuDNN's fp8 attention kernel: give attention=cudnn as well")
@@ -218,7 +218,7 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
             f"fp8_block_scaling=true: the {spec.name}'s tensor cores do not apply MXFP8's block scales: use a "
             "Blackwell or MI350/MI355 card, or leave it out (tensorwise fp8)"
         )
-    if spec.generation == "volta" and cfg.attention not in VOLTA_ATTENTION:
+    if spec.generation == "volta" and cfg.attention is not None and cfg.attention not in VOLTA_ATTENTION:
         raise PlanError(
             f"attention={cfg.attention}: FlashAttention and cuDNN's fused attention do not run on the {spec.name} "
             "(Volta): use attention=math (or fused_softmax, Megatron-LM's)"
@@ -337,7 +337,7 @@ def question(
         fused_loss=cfg.fused_loss,
         fused_norm=cfg.fused_norm,
         complex_rope=cfg.complex_rope,
-        attention=cfg.attention,
+        attention=cfg.attention or sdpa_kernel(gpu),
         compiled=cfg.compile,
         strategy_options=dict(cfg.strategy_options),
         global_batch=global_batch_of(cfg),

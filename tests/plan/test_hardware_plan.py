@@ -85,11 +85,16 @@ def test_a_precision_the_card_cannot_run_is_one_line(card, precision, says, caps
     assert code != 0 and says in err and len(err.strip().splitlines()) == 1
 
 
-def test_flash_attention_is_refused_on_volta(capsys):
-    code, _, err = run_plan("model=gpt2-350m", "gpu=V100-16", "precision=fp16", capsys=capsys)
+def test_flash_attention_is_refused_on_volta_and_the_default_is_what_sdpa_runs(capsys):
+    """A fused kernel asked for on a V100 is one line; without attention=, each card takes the kernel
+    torch's SDPA runs there: the unfused softmax on Volta, cuDNN's on Hopper, FlashAttention-2 on Ampere."""
+    code, _, err = run_plan("model=gpt2-350m", "gpu=V100-16", "precision=fp16", "attention=flash", capsys=capsys)
     assert code != 0 and "attention=math" in err
-    code, out, _ = run_plan("model=gpt2-350m", "gpu=V100-16", "precision=fp16", "attention=math", capsys=capsys)
-    assert code == 0 and "no FlashAttention on Volta" in out
+    code, out, _ = run_plan("model=gpt2-350m", "gpu=V100-16", "precision=fp16", capsys=capsys)
+    assert code == 0 and "no FlashAttention on Volta" in out and "attention math" in out
+    for gpu, kernel in (("H100", "cudnn"), ("A100", "flash")):
+        code, out, _ = run_plan("model=gpt2-350m", f"gpu={gpu}", capsys=capsys)
+        assert code == 0 and f"attention ({kernel}) by" in out, gpu
 
 
 @pytest.mark.parametrize(

@@ -133,6 +133,17 @@ for (_family, _kernel, _dim), _rates in list(FWD_BWD.items()):
     if _kernel == "math":  # the same matmuls; masked_softmax.py adds the difference of the softmaxes' bytes
         FWD_BWD[(_family, "fused_softmax", _dim)] = _rates
 KERNELS = ("flash", "flash3", "cudnn", "flash1", "triton", "math", "fused_softmax")
+
+
+def sdpa_kernel(gpu: GPUSpec | None) -> str:
+    """The kernel torch's scaled_dot_product_attention runs on `gpu` in bf16/fp16, as parabench's
+    models call it: cuDNN's on Hopper (torch 2.11's default there: bench/results/attention_h200.md,
+    its `default` and `cudnn` columns alike), the unfused softmax on Volta (no fused kernel runs
+    there), FlashAttention-2 on the others (Ampere's default; Blackwell's default is not measured)."""
+    generation = gpu.generation if gpu is not None else ""
+    return {"hopper": "cudnn", "volta": "math"}.get(generation, "flash")
+
+
 FP8_KERNELS = {"cudnn": "cudnn-fp8"}  # the kernel each runs in fp8 attention (TransformerEngine's fp8 DPA)
 # The card each family's tables were measured on: its dense 16-bit tensor peak and the exponentials its
 # SFUs compute per tensor FLOP, both per SM and clock (16 MUFU.EX2 a clock on every one; 2,048 dense

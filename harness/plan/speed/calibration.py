@@ -38,6 +38,7 @@ from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_spec
 from harness.plan.network.fabric import default_fabric, topology_of
 from harness.plan.parallel.backends import counterpart, planner_models
 from harness.plan.predict import Question, StrategyPlan, params_held, plan_strategy
+from harness.plan.speed.attention import sdpa_kernel
 from harness.plan.speed.step_time import HOST_ADAM_S_PER_PARAM, SpeedFactors
 
 REFERENCE = Path(__file__).with_name("reference_h100.json")
@@ -231,6 +232,7 @@ def question_for(settings: RunSettings, measurement: Measurement, factors: Speed
         checkpointing=settings.checkpointing,
         compiled=settings.compiled,
         strategy_options=options,
+        attention=sdpa_kernel(spec),  # what the measured run's SDPA ran
     )
 
 
