@@ -176,8 +176,6 @@ def check(cfg: PlanConfig) -> None:
         raise PlanError(f"format={cfg.format!r} is not one of {', '.join(FORMATS)}")
     if cfg.attention is not None and cfg.attention not in KERNELS:
         raise PlanError(f"attention={cfg.attention!r} is not one of {', '.join(KERNELS)}")
-    if cfg.fp8_attention and cfg.attention != "cudnn":
-        raise PlanError("fp8_attention=true is cuDNN's fp8 attention kernel: give attention=cudnn as well")
     if cfg.arch not in ARCHS:
         raise PlanError(f"arch={cfg.arch!r} is not one of {', '.join(ARCHS)}")
     recipe_of(cfg).check(cfg.precision)
@@ -218,6 +216,8 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
             f"fp8_block_scaling=true: the {spec.name}'s tensor cores do not apply MXFP8's block scales: use a "
             "Blackwell or MI350/MI355 card, or leave it out (tensorwise fp8)"
         )
+    if cfg.fp8_attention and (cfg.attention or sdpa_kernel(spec)) != "cudnn":
+        raise PlanError("fp8_attention=true is cuDNN's fp8 attention kernel: give attention=cudnn as well")
     if spec.generation == "volta" and cfg.attention is not None and cfg.attention not in VOLTA_ATTENTION:
         raise PlanError(
             f"attention={cfg.attention}: FlashAttention and cuDNN's fused attention do not run on the {spec.name} "

@@ -95,6 +95,9 @@ def test_flash_attention_is_refused_on_volta_and_the_default_is_what_sdpa_runs(c
     for gpu, kernel in (("H100", "cudnn"), ("A100", "flash")):
         code, out, _ = run_plan("model=gpt2-350m", f"gpu={gpu}", capsys=capsys)
         assert code == 0 and f"attention ({kernel}) by" in out, gpu
+    # cuDNN's fp8 attention needs no attention= where cuDNN's kernel is the card's default.
+    code, out, _ = run_plan("model=gpt2-350m", "gpu=H100", "precision=fp8", "fp8_attention=true", capsys=capsys)
+    assert code == 0 and "fp8 attention" in out
 
 
 @pytest.mark.parametrize(
