@@ -361,7 +361,8 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     pool = [p for p in tied if not _offloads(p)] or tied
     peak = {p.name: p.peak_bytes if p.peak_bytes is not None else float("inf") for p in tied}
     least = min(peak[p.name] for p in pool)
-    choice = next((p for p in plans if p in pool and peak[p.name] <= (1 + TIE) * least), pool[0])
+    lean = {p.name for p in pool if peak[p.name] <= (1 + TIE) * least}
+    choice = next((p for p in plans if p.name in lean), pool[0])
     if choice is tied[0]:
         lead = "the fastest that fits"
     elif peak[choice.name] < peak[tied[0].name]:

@@ -101,7 +101,9 @@ def accumulated(name: str, q: Question, plan: StrategyPlan) -> StrategyPlan | No
     its own does not fit beside accumulation either, so only those up to that size are tried."""
     largest = fitting_micro_batch(plan, q)
     share = plan.micro_batch
-    for micro_batch in sorted((m for m in range(1, min(largest or 0, share - 1) + 1) if share % m == 0), reverse=True):
+    for micro_batch in range(min(largest or 0, share - 1), 0, -1):
+        if share % micro_batch:
+            continue
         smaller = plan_strategy(name, replace(q, micro_batch=micro_batch, split_global_batch=False))
         if smaller.fits:
             return smaller
