@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, get_type_hints
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -245,6 +246,8 @@ def _quoted_names(arg: str) -> str:
     key, _, value = arg.partition("=")
     if key not in NAME_KEYS or not value or value == "null":
         return arg
+    if value.startswith("[") != value.endswith("]"):
+        raise ConfigError(f"cannot read {arg!r}: write lists as {key}=[a,b]")
     if key == "strategies" and not value.startswith("["):  # `strategies=a,b` as well as `strategies=[a,b]`
         value = f"[{value}]"
     if value.startswith("[") and value.endswith("]"):
@@ -266,6 +269,7 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
     Returns an instance of `schema` (a plain dataclass), checked key by key.
     """
     overrides = parse_overrides(args)
+    _check_booleans(overrides, schema)
     preset = [a.split("=", 1)[1] for a in overrides if a.startswith("config=")]
     overrides = [a for a in overrides if not a.startswith("config=")]
     base = OmegaConf.structured(schema)
@@ -277,9 +281,30 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
         raise
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc, schema)) from None
+    _check_finite(cfg)
     if isinstance(cfg, RunConfig):
         _validate(cfg)
     return cfg
+
+
+# How YAML spells a boolean; omegaconf also takes any integer for one (2 as true), which is a typo.
+BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0", "null")
+
+
+def _check_booleans(overrides: list[str], schema: type) -> None:
+    hints = get_type_hints(schema)
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if hints.get(key) in (bool, Optional[bool]) and value.strip().strip(QUOTES).lower() not in BOOLEAN_WORDS:
+            raise ConfigError(f"{key}={value}: give true or false")
+
+
+def _check_finite(cfg: Any) -> None:
+    """NaN passes every `<= 0` check and infinity every range, so a number must first be finite."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{f.name}={value} must be a finite number")
 
 
 def _read_overrides(overrides: list[str]) -> DictConfig:
@@ -295,14 +320,29 @@ def _read_overrides(overrides: list[str]) -> DictConfig:
     return OmegaConf.from_dotlist(overrides)
 
 
+# What to give instead, by the words of omegaconf's conversion errors.
+VALUE_HINTS = (
+    ("to Integer", "give a whole number"),
+    ("to Float", "give a number"),
+    ("to Boolean", "give true or false"),
+    ("to Dict", "set its entries as {key}.<name>=value"),
+    ("'ListConfig' to string", "give one value, not a list"),
+)
+
+
 def _omegaconf_message(exc: OmegaConfBaseException, schema: type) -> str:
     key = getattr(exc, "full_key", None) or getattr(exc, "key", None)
     text = str(exc).splitlines()[0]
     if "not in struct" in text or "Key '" in text and "not in" in text:
         return _key_help(str(key).split(".")[0], schema)
-    if key:
-        return f"bad value for {key!r}: {text}"
-    return text
+    if not key:
+        return text
+    if "Incompatible value 'None'" in text:
+        return f"{key}= is empty: give a value"
+    if key == "strategy" and "ListConfig" in text:
+        return "strategy= takes one name: to run several, use runner.py compare strategies=[a,b]"
+    hint = next((": " + advice.format(key=key) for words, advice in VALUE_HINTS if words in text), "")
+    return f"bad value for {key!r}: {text}{hint}"
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

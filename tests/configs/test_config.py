@@ -21,6 +21,15 @@ from tests.helpers import run_cli
         (["steps"], "is not key=value"),
         (["config=does-not-exist.yaml"], "config file 'does-not-exist.yaml' not found"),
         (["device=tpu"], "device='tpu' is not one of auto, cpu, cuda"),
+        # NaN passes `<= 0` and infinity every range: a number is first finite.
+        (["lr=nan"], "lr=nan must be a finite number"),
+        (["grad_clip=inf"], "grad_clip=inf must be a finite number"),
+        # omegaconf reads any integer as a boolean.
+        (["deterministic=5"], "deterministic=5: give true or false"),
+        (["steps=abc"], "could not be converted to Integer: give a whole number"),
+        (["strategy=[fsdp,ddp]"], "strategy= takes one name: to run several, use runner.py compare"),
+        (["strategy_options=3"], "set its entries as strategy_options.<name>=value"),
+        (["strategies=[ddp,,"], "cannot read 'strategies=[ddp,,': write lists as strategies=[a,b]"),
     ],
 )
 def test_bad_input_is_one_clear_line(args, expected):
@@ -102,3 +111,40 @@ def test_cli_reports_missing_data_file_in_one_line(tmp_path):
 def test_cli_reports_unknown_model_in_one_line():
     proc = run_cli(["train", "model=gpt-huge", "steps=1"], timeout=60)
     assert proc.returncode == 2 and "unknown model 'gpt-huge'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("value", ["true", "False", "1", "0", "yes"])
+def test_booleans_take_yaml_spellings(value):
+    assert load_config([f"deterministic={value}"]).deterministic in (True, False)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["gpu_mem_gb=nan"], "gpu_mem_gb=nan must be a finite number"),
+        (["gpu="], "gpu= is empty: give a value"),
+        (["fused_loss=2"], "fused_loss=2: give true or false"),
+    ],
+)
+def test_plan_values_are_checked_alike(args, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_config(args, schema=PlanConfig)
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["timeout_s=nan"], "timeout_s=nan must be a finite number"),
+        (["rdzv_port=-1"], "rdzv_port=-1 is not a TCP port"),
+        (["rdzv_port=70000"], "rdzv_port=70000 is not a TCP port"),
+        (["slurm_time=abc"], "slurm_time='abc' is not a time sbatch reads"),
+    ],
+)
+def test_compare_values_are_checked(args, expected):
+    with pytest.raises(ConfigError, match=expected):
+        load_compare_config(args)
+
+
+@pytest.mark.parametrize("time", ["90", "01:00:00", "2-00:00:00", "2-12", "UNLIMITED"])
+def test_compare_takes_sbatch_times(time):
+    assert load_compare_config([f"slurm_time={time}"]).slurm_time == time
