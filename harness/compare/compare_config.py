@@ -6,6 +6,7 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import re
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Collection, Optional
@@ -92,6 +93,10 @@ def load_compare_config(args: list[str]) -> CompareConfig:
     return cfg
 
 
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]], or no limit.
+SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE", re.IGNORECASE)
+
+
 def _check_launcher(cfg: CompareConfig) -> None:
     if cfg.launcher not in LAUNCHERS:
         raise ConfigError(f"launcher={cfg.launcher!r} is not one of {', '.join(LAUNCHERS)}")
@@ -101,6 +106,13 @@ def _check_launcher(cfg: CompareConfig) -> None:
         raise ConfigError("nodes= and dry_run= are for launcher=slurm; a local compare runs on this machine's devices")
     if cfg.launcher == "slurm" and cfg.nproc is not None:
         raise ConfigError("with launcher=slurm the world size is nodes x gpus_per_node: leave nproc= out")
+    if not 1 <= cfg.rdzv_port <= 65535:
+        raise ConfigError(f"rdzv_port={cfg.rdzv_port} is not a TCP port: give one from 1 to 65535")
+    if not SLURM_TIME.fullmatch(str(cfg.slurm_time)):
+        raise ConfigError(
+            f"slurm_time={cfg.slurm_time!r} is not a time sbatch reads: give minutes, hours:minutes:seconds "
+            "or days-hours:minutes:seconds (e.g. 01:00:00)"
+        )
 
 
 def _check_key(arg: str) -> str:

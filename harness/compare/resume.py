@@ -70,8 +70,9 @@ def decide(runs: list[PlannedRun], resume: str | None, out_dir: Path) -> dict[st
                 "with resume=auto, run it all again with resume=never, or give another out_dir"
             )
         if finished or (out_dir / RESULTS_FILE).is_file():
+            held = _listing(finished, []) if finished else _earlier_strategies(out_dir)
             raise ConfigError(
-                f"{out_dir} holds a finished compare ({_listing(finished, [])}): keep its runs and run what is "
+                f"{out_dir} holds a finished compare ({held}): keep its runs and run what is "
                 "missing with resume=auto, replace them all with resume=never, or give another out_dir"
             )
         return {run.label: FRESH for run in runs}
@@ -90,6 +91,16 @@ def _earlier_sweep_unfinished(out_dir: Path) -> bool:
     except (OSError, ValueError, AttributeError):
         return False
     return state in ("running", "interrupted", "stopped")
+
+
+def _earlier_strategies(out_dir: Path) -> str:
+    """The strategies the compare that wrote results.json there ran, where none is one of this
+    compare's runs."""
+    try:
+        names = [entry["name"] for entry in json.loads((out_dir / RESULTS_FILE).read_text())["strategies"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return "its results.json"
+    return f"of {', '.join(names)}" if names else "of no strategy"
 
 
 def _decision(run: PlannedRun, record: RunRecord | None) -> str:

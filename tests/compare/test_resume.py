@@ -331,6 +331,10 @@ def test_resume_decides_from_each_run_folder(tmp_path):
     with pytest.raises(ValueError, match=r"holds a finished compare \(done finished\): keep its runs .* resume=never"):
         decide(runs[:1], None, tmp_path)
     assert decide(runs[:1], "never", tmp_path) == {"done": FRESH}
+    # Another compare's strategies there: named from its results.json, since none is one of this one's runs.
+    (tmp_path / "results.json").write_text('{"state": "finished", "strategies": [{"name": "fsdp"}, {"name": "zero2"}]}')
+    with pytest.raises(ValueError, match=r"holds a finished compare \(of fsdp, zero2\): keep its runs"):
+        decide(runs[4:], None, tmp_path)
     with pytest.raises(ConfigurationChanged, match=r"\(done: seed was 1337, now 7\): use the old value, or another"):
         decide(changed, "auto", tmp_path)
 
