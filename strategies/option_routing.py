@@ -4,7 +4,8 @@
 - `strategy_options.<key>=` is compare-wide: it reaches every strategy of the command that takes
   `key`, and a key none of them takes is a one-line error naming the closest one they do take;
 - `strategy_options.<name>.<key>=` (a section named after a registered strategy) reaches that
-  strategy alone, and a section for a strategy the command does not run is a one-line error.
+  strategy alone, and a section for a strategy the command does not run, or for no registered
+  strategy, is a one-line error.
 
 What a strategy takes is what `train` takes: the keyword options of its class less those its
 name presets (StrategyEntry.user_options), read from the registry at run time, so a strategy that
@@ -73,6 +74,14 @@ def route_options(
     accepted = {name: set(takes(name)) for name in names}
     takers = {key: [name for name in names if key in accepted[name]] for key in wide}
     for key, found in takers.items():
+        if not found and isinstance(wide[key], Mapping):
+            # `<key>.<option>=`: a section, for a strategy of no registered name (none takes `key` as an option)
+            close = difflib.get_close_matches(key, list(registered), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise StrategyError(
+                f"unknown strategy {key!r} in strategy_options.{key}.*: {hint}known strategies are "
+                f"{', '.join(registered)}"
+            )
         if not found:
             known = sorted(set().union(*accepted.values())) if accepted else []
             close = difflib.get_close_matches(key, known, n=1)

@@ -3,6 +3,7 @@ questions: one per model and GPU count asked (model=[...] and gpus=[...] sweep).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
@@ -10,6 +11,7 @@ from typing import Any, Optional
 from configs.schema import PRECISIONS
 from harness.common.hardware import GPUS, GPUSpec, gpu_spec, known_gpus
 from harness.common.units import GB
+from harness.common.writable import FolderError, check_writable
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings
 from harness.plan.model.mla_shape import check_recomputed
 from harness.plan.model.model_shape import ARCHS, ModelShape, PlanError, shape_of_description, shape_of_spec
@@ -117,11 +119,24 @@ def _listed(value: Any) -> list[Any]:
 
 
 def models_asked(cfg: PlanConfig) -> list[str | None]:
-    return [m for m in _listed(cfg.model)] if cfg.model is not None else [None]
+    if cfg.model is None:
+        return [None]
+    models = _listed(cfg.model)
+    if not models:  # an empty sweep would plan nothing, and the first model is every question's default
+        raise PlanError("model=[] names no model: give model=a or model=[a,b]")
+    for m in models:  # model=3 reads as a number, which names no model
+        if not isinstance(m, str):
+            raise PlanError(
+                f"model={m!r} is not a model name: give a zoo name (gpt2-1.5b), a catalogue name, "
+                "hf:<config class or config.json>, or pkg.module:fn"
+            )
+    return models
 
 
 def gpu_counts(cfg: PlanConfig) -> list[int]:
     counts = _listed(cfg.gpus)
+    if not counts:  # an empty sweep would plan nothing, and the first count is every question's default
+        raise PlanError("gpus=[] names no GPU count: give gpus=8 or gpus=[8,64]")
     for g in counts:
         if isinstance(g, bool) or not isinstance(g, int) or g <= 0:
             raise PlanError(f"gpus={cfg.gpus} must be a positive whole number, or a list such as gpus=[8,64,512]")
@@ -129,10 +144,12 @@ def gpu_counts(cfg: PlanConfig) -> list[int]:
 
 
 def _positive(cfg: PlanConfig, *names: str) -> None:
+    """Each of `names` unset or a finite number above 0: NaN passes a `<= 0` check (`0 < nan` is
+    false, so this refuses it) and infinity is no size, capacity or rate to plan with."""
     for name in names:
         value = getattr(cfg, name)
-        if value is not None and value <= 0:
-            raise PlanError(f"{name}={value} must be a positive number")
+        if value is not None and not 0 < value < math.inf:
+            raise PlanError(f"{name}={value} must be a positive, finite number")
 
 
 def checkpointing_of(cfg: PlanConfig) -> str:
@@ -166,8 +183,10 @@ def check(cfg: PlanConfig) -> None:
         "batch_size",
         "seq_len",
     )
+    models_asked(cfg)
     gpu_counts(cfg)
     checkpointing_of(cfg)
+    calibration_paths(cfg)
     if cfg.mfu is not None and not 0 < cfg.mfu <= 1:
         raise PlanError(f"mfu={cfg.mfu} must be in (0, 1]: the share of the peak flops the compute reaches")
     if cfg.precision not in PLAN_PRECISIONS:
@@ -181,6 +200,11 @@ def check(cfg: PlanConfig) -> None:
     recipe_of(cfg).check(cfg.precision)
     if cfg.nodes is not None and len(gpu_counts(cfg)) > 1:
         raise PlanError("nodes= fixes one GPU count's nodes: with gpus=[...] give gpus_per_node= instead")
+    if cfg.plot:  # before planning: a folder the charts cannot go to is one line, not a traceback after it
+        try:
+            check_writable(cfg.out_dir, f"out_dir={cfg.out_dir} (where plot=true writes its charts)")
+        except FolderError as exc:
+            raise PlanError(str(exc)) from None
 
 
 def recipe_of(cfg: PlanConfig) -> Recipe:
@@ -253,9 +277,23 @@ def speed_factors(cfg: PlanConfig) -> SpeedFactors:
     """Measured on this machine (calibrate=), else the reference run's; mfu= fixes the compute instead."""
     from dataclasses import replace
 
-    paths = [Path(str(p)) for p in _listed(cfg.calibrate)] if cfg.calibrate else []
+    paths = calibration_paths(cfg)
     factors = calibrate_from(*paths)[0] if paths else default_factors()
     return replace(factors, fixed_mfu=cfg.mfu) if cfg.mfu is not None else factors
+
+
+def calibration_paths(cfg: PlanConfig) -> list[Path]:
+    """The folders calibrate= names; none where it is unset. calibrate=[] names none either, but
+    reads as asking for a calibration: refused rather than planned with the assumed figures."""
+    if cfg.calibrate is None:
+        return []
+    paths = _listed(cfg.calibrate)
+    if not paths or any(not str(p).strip() for p in paths):
+        raise PlanError(
+            f"calibrate={cfg.calibrate!r} names no folder: give the out_dir of a finished compare, "
+            "calibrate=[a,b] for several, or leave it out"
+        )
+    return [Path(str(p)) for p in paths]
 
 
 def shape_for(cfg: PlanConfig, model: str | None) -> ModelShape:
@@ -303,8 +341,14 @@ def batching(cfg: PlanConfig, gpus: int) -> tuple[int, int]:
 def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
     per_host = cfg.gpus_per_node or gpu.gpus_per_host
     nodes = cfg.nodes if cfg.nodes is not None else max(1, -(-gpus // per_host))
-    if gpus % nodes:
-        raise PlanError(f"gpus={gpus} does not split over nodes={nodes}: give a multiple of {nodes}")
+    if gpus % nodes:  # named as the user set them: nodes=, gpus_per_node=, or neither (the card's)
+        if cfg.nodes is not None:
+            raise PlanError(f"gpus={gpus} does not split over nodes={nodes}: give a multiple of {nodes}")
+        given = f"gpus_per_node={per_host}" if cfg.gpus_per_node else f"{per_host} GPUs (the {gpu.name}'s per node)"
+        raise PlanError(
+            f"gpus={gpus} does not split evenly over {nodes} nodes of {given}: give gpus= a multiple of "
+            f"{per_host}, or nodes="
+        )
     auto = cfg.inter_node == "auto"
     fabric = default_fabric(gpu, gpus // nodes) if auto else parse_fabric(cfg.inter_node)
     return topology_of(gpu, gpus, nodes, fabric, cfg.interconnect, cfg.nvlink_domain)

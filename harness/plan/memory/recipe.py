@@ -158,10 +158,10 @@ class Recipe:
             raise PlanError("te_fp8=true casts fp8 projections as TransformerEngine does: give precision=fp8 as well")
         if self.fp8_attention and precision not in ("fp8", "fp4"):
             raise PlanError("fp8_attention=true runs the attention under the fp8 recipe: give precision=fp8 as well")
-        if not self.moe_imbalance >= 1.0:
+        if not 1.0 <= self.moe_imbalance < math.inf:  # NaN fails both; infinity is no load to plan
             raise PlanError(
                 f"moe_imbalance={self.moe_imbalance} is the busiest expert GPU's tokens over the mean: give 1.0 "
-                "(balanced) or more"
+                "(balanced) or a finite number above it"
             )
         unknown = [m for m in self.recompute_modules if m not in RECOMPUTE_MODULES]
         if unknown:

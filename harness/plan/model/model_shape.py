@@ -239,12 +239,42 @@ def _falcon_shape(spec: str, s: dict[str, Any]) -> ModelShape:
     return dataclasses.replace(shape, note=PARALLEL_ATTENTION_NOTE) if s["parallel_attn"] else shape
 
 
+def whole_sizes(spec: str, defaults: dict[str, Any], given: dict[str, Any]) -> dict[str, Any]:
+    """`given` with each size a whole number: each field whose default is a number, or None (a size
+    derived where unset, which may stay unset). A config.json's 4096.0 reads as 4096; 'abc', 1.5 or
+    null is one line naming the field and `spec` (the file or config class), where the sizes'
+    arithmetic would fail as a TypeError or truncate without a word."""
+    sizes = dict(given)
+    for key, value in given.items():
+        default = defaults.get(key, "")
+        if isinstance(default, bool) or not isinstance(default, (int, type(None))):
+            continue  # a flag, a list, or a field the defaults do not hold: not a size
+        if value is None and default is None:
+            continue
+        if isinstance(value, float) and value.is_integer():
+            sizes[key] = int(value)
+        elif isinstance(value, bool) or not isinstance(value, int):
+            raise PlanError(
+                f"{key}={value!r} in {spec} must be a whole number: correct it in the config or model_kwargs"
+            )
+    return sizes
+
+
+def check_positive(spec: str, defaults: dict[str, Any], kwargs: dict[str, Any]) -> None:
+    """Every shape field given as a number is above zero, but for counts whose default is zero (dense
+    layers before the experts); fields outside the shape (a dropout, an epsilon, a token id) may be 0."""
+    for key, value in kwargs.items():
+        if key not in defaults or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        default = defaults[key]
+        if value <= 0 and not (isinstance(default, (int, float)) and default <= 0):
+            raise PlanError(f"model {spec}: model_kwargs.{key}={value} must be positive")
+
+
 def hf_shape(spec: str, arch: hf_configs.HFArchitecture, kwargs: dict[str, Any]) -> ModelShape:
     """The shape of `arch` with `kwargs` (its shape fields) over its defaults, read from its sizes."""
-    for key, value in kwargs.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and key != "pad_token_id":
-            raise PlanError(f"model {spec}: model_kwargs.{key}={value} must be positive")
-    s = arch.sizes(kwargs)
+    check_positive(spec, arch.defaults, kwargs)
+    s = arch.sizes(whole_sizes(spec, arch.defaults, kwargs))
     tied = bool(s["tie_word_embeddings"])
     if arch.family == "gpt2":
         h, heads = s["n_embd"], s["n_head"]

@@ -24,7 +24,15 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDims, _shape, gpt_tensors
+from harness.plan.model.model_shape import (
+    ModelShape,
+    PlanError,
+    TransformerDims,
+    _shape,
+    check_positive,
+    gpt_tensors,
+    whole_sizes,
+)
 from models.gpt_config import GPTConfig
 from models.moe_config import MoEConfig
 
@@ -364,10 +372,9 @@ def hf_moe_shape(spec: str, arch: MoEArchitecture, kwargs: dict[str, Any]) -> Mo
     module layout: every MoE block's router `gate` (E, H) beside stacked experts; Qwen2-MoE's shared
     expert and its one-unit gate; gpt-oss's biases and attention sinks)."""
     _unknown_fields(spec, arch, kwargs)
-    for key, value in kwargs.items():
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0 and key != "pad_token_id":
-            raise PlanError(f"model {spec}: model_kwargs.{key}={value} must be positive")
-    s = {**arch.defaults, **{k: v for k, v in kwargs.items() if k in arch.defaults}}
+    check_positive(spec, arch.defaults, kwargs)
+    given = whole_sizes(spec, arch.defaults, {k: v for k, v in kwargs.items() if k in arch.defaults})
+    s = {**arch.defaults, **given}
     h, heads, layers = int(s["hidden_size"]), int(s["num_attention_heads"]), int(s["num_hidden_layers"])
     if h % heads and not s.get("head_dim"):
         raise PlanError(f"model {spec}: hidden_size must be a multiple of num_attention_heads (or give head_dim)")

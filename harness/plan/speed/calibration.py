@@ -128,10 +128,10 @@ def read_measurements(path: Path) -> tuple[RunSettings, list[Measurement], str]:
         results, summary = (path, path / "-") if "summary" not in path.name else (path / "-", path)
     try:
         if results.is_file():
-            return _read_results(json.loads(results.read_text()), path)
+            return _read_results(_object_in(results, path), path)
         if summary.is_file():
-            return _read_summary(json.loads(summary.read_text()), path)
-    except (KeyError, TypeError, ValueError) as exc:
+            return _read_summary(_object_in(summary, path), path)
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a field of the wrong kind too
         if isinstance(exc, PlanError):
             raise
         raise PlanError(
@@ -142,6 +142,18 @@ def read_measurements(path: Path) -> tuple[RunSettings, list[Measurement], str]:
         f"calibrate={path}: no results.json or summary.json there: give the out_dir of a "
         "`runner.py compare` or `runner.py train` run"
     )
+
+
+def _object_in(file: Path, path: Path) -> dict[str, Any]:
+    """The JSON object `file` holds; anything else (a list, a number) was not written by a compare
+    or a train run, and is one line naming the file rather than an AttributeError on its fields."""
+    doc = json.loads(file.read_text())
+    if not isinstance(doc, dict):
+        raise PlanError(
+            f"calibrate={path}: {file} holds no JSON object of results: give the out_dir of a finished compare "
+            "(or train run)"
+        )
+    return doc
 
 
 def _read_results(doc: dict[str, Any], path: Path) -> tuple[RunSettings, list[Measurement], str]:

@@ -1,0 +1,166 @@
+"""Bad input to `runner.py plan` found by an audit: each is one line that says what to give (exit
+code 2), where it was a traceback from deep in the planner or was planned as if it made sense."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import runner
+from harness.plan.model.model_shape import PlanError, shape_of_spec
+from harness.plan.plan_options import PlanConfig, check
+
+LLAMA_TINY = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 160,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 128,
+}
+
+
+def one_line_error(capsys, *args: str) -> str:
+    """The error `runner.py plan args` prints, once it is checked to be one line and nothing else."""
+    code = runner.main(["plan", *args])
+    out = capsys.readouterr()
+    assert code == 2 and out.out == "", out.out
+    assert out.err.count("\n") == 1 and out.err.startswith("parabench: error: "), out.err
+    return out.err
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["model=[]", "gpus=8"], "model=[] names no model: give model=a or model=[a,b]"),
+        (["gpus=[]", "model=gpt2-124m"], "gpus=[] names no GPU count: give gpus=8 or gpus=[8,64]"),
+    ],
+)
+def test_an_empty_sweep_is_one_line(capsys, args, says):
+    assert says in one_line_error(capsys, *args)
+
+
+@pytest.mark.parametrize("model", ["model=3", "model=[gpt2-124m,3]"])
+def test_a_model_that_is_not_a_name_is_one_line(capsys, model):
+    assert "model=3 is not a model name: give a zoo name" in one_line_error(capsys, model)
+
+
+def _config(tmp_path: Path, **fields: object) -> Path:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA_TINY, **fields}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["model=hf:LlamaConfig", "model_kwargs.num_hidden_layers=abc"], "num_hidden_layers='abc' in hf:LlamaConfig"),
+        (["model=hf:LlamaConfig", "model_kwargs.hidden_size=1.5"], "hidden_size=1.5 in hf:LlamaConfig"),
+        (["model=hf:MixtralConfig", "model_kwargs.hidden_size=abc"], "hidden_size='abc' in hf:MixtralConfig"),
+        (["model=hf:GPT2Config", "model_kwargs.n_layer=abc"], "n_layer='abc' in hf:GPT2Config"),
+    ],
+)
+def test_a_hugging_face_size_that_is_not_a_whole_number_is_one_line(capsys, args, says):
+    assert f"{says} must be a whole number" in one_line_error(capsys, *args)
+
+
+@pytest.mark.parametrize("value", ["abc", None, 64.5])
+def test_a_config_files_size_that_is_not_a_whole_number_is_one_line_naming_the_file(capsys, tmp_path, value):
+    path = _config(tmp_path, hidden_size=value)
+    err = one_line_error(capsys, f"model=hf:{path}")
+    assert f"hidden_size={value!r} in hf:{path} must be a whole number" in err
+
+
+def test_a_config_files_whole_float_reads_as_the_whole_number(tmp_path):
+    """4096.0 is a whole number as JSON may write it: planned as 4096, not refused."""
+    (tmp_path / "whole").mkdir()
+    as_float = shape_of_spec(f"hf:{_config(tmp_path, hidden_size=64.0)}")
+    assert as_float.params == shape_of_spec(f"hf:{_config(tmp_path / 'whole', hidden_size=64)}").params
+    assert as_float.dims is not None and type(as_float.dims.width) is int
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"params": math.inf},
+        {"params": math.nan},
+        {"model": "gpt2-124m", "gpu_mem_gb": math.nan},
+        {"model": "gpt2-124m", "gpu_mem_gb": math.inf},
+        {"model": "gpt2-124m", "hbm_tb_s": math.nan},
+        {"model": "gpt2-124m", "peak_tflops": math.inf},
+        {"model": "gpt2-124m", "moe_imbalance": math.inf},
+    ],
+)
+def test_a_number_that_is_not_finite_is_refused(options):
+    """NaN passes a `<= 0` check and infinity a lower bound: each figure must be a finite number."""
+    (name, value), *_ = ((k, v) for k, v in options.items() if k != "model")
+    with pytest.raises(PlanError, match=f"{name}={value}"):
+        check(PlanConfig(**options))
+
+
+@pytest.mark.parametrize("name, content", [("results.json", "[1, 2]"), ("summary.json", "3"), ("results.json", "null")])
+def test_calibrating_from_a_file_that_is_not_a_runs_results_is_one_line(capsys, tmp_path, name, content):
+    (tmp_path / name).write_text(content)
+    err = one_line_error(capsys, "model=gpt2-124m", f"calibrate={tmp_path}")
+    assert f"{tmp_path / name} holds no JSON object of results: give the out_dir of a finished compare" in err
+
+
+def test_an_empty_calibration_is_refused_not_ignored(capsys):
+    assert "calibrate=[] names no folder" in one_line_error(capsys, "model=gpt2-124m", "calibrate=[]")
+
+
+@pytest.mark.parametrize(
+    "asked",
+    [
+        ["gpus=8"],
+        ["gpus=[8,16]"],
+        ["gpus=8", "search=true", "global_batch_tokens=1M"],
+    ],
+)
+def test_an_out_dir_the_plots_cannot_go_to_is_one_line_before_planning(capsys, tmp_path, asked):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    for out_dir, why in ((a_file, "is a file, not a folder"), (a_file / "plots", "cannot be created")):
+        err = one_line_error(capsys, "model=gpt2-124m", *asked, "plot=true", f"out_dir={out_dir}")
+        assert f"out_dir={out_dir} (where plot=true writes its charts) {why}" in err
+
+
+@pytest.mark.parametrize(
+    "args, says, not_said",
+    [
+        (["gpus=8", "gpus_per_node=3"], "over 3 nodes of gpus_per_node=3: give gpus= a multiple of 3", "nodes=3"),
+        (["gpus=9"], "over 2 nodes of 8 GPUs (the H100", "nodes=2"),
+        (["gpus=8", "nodes=3"], "does not split over nodes=3", "gpus_per_node"),
+        (
+            ["strategy_options.nosuch.tp_size=2"],
+            "unknown strategy 'nosuch' in strategy_options.nosuch.*: known strategies are single, ddp",
+            "option of none",
+        ),
+        (
+            ["strategy_options.fsdpp.tp_size=2"],
+            "unknown strategy 'fsdpp' in strategy_options.fsdpp.*: did you mean 'fsdp'?",
+            "option of none",
+        ),
+    ],
+)
+def test_the_error_names_what_the_user_gave(capsys, args, says, not_said):
+    err = one_line_error(capsys, "model=gpt2-124m", *args)
+    assert says in err and not_said not in err, err
+
+
+@pytest.mark.parametrize(
+    "spec, field", [("hf:LlamaConfig", "attention_dropout=0.0"), ("hf:MixtralConfig", "attention_dropout=0.0")]
+)
+def test_a_field_outside_the_shape_may_be_zero(spec, field):
+    """Only the shape's sizes must be positive: a dropout of 0 is how these models train."""
+    key, value = field.split("=")
+    assert shape_of_spec(spec, {key: float(value)}).params > 0
+
+
+def test_a_shape_size_of_zero_is_one_line(capsys):
+    err = one_line_error(capsys, "model=hf:LlamaConfig", "model_kwargs.hidden_size=0")
+    assert "model_kwargs.hidden_size=0 must be positive" in err
