@@ -86,6 +86,9 @@ FIRST_CSVS = (DATA / "torchtitan_llama_fsdp.csv", DATA / "public_runs.csv")
 OOM_CSV = DATA / "published_oom.csv"
 # Runs that are not performance publications (bench/data/README.md): reported on their own, outside the goals.
 CI_BASELINES = DATA / "ci_baselines" / "megatron_functional_tests.csv"
+# One team's sweep of thousands of layouts on its own cluster, each a single step (bench/data/README.md says
+# why it is reported apart from the goals' buckets, and how far the plan is from it).
+SWEEP = DATA / "sweeps" / "nanotron_ultrascale_playbook.csv"
 MOE_CSV = "moe_runs.csv"  # the mixtures of experts with their shape (bench/moe_rows.py)
 COLUMNS = (
     "source",
@@ -1076,6 +1079,54 @@ def ci_baseline_lines(outcomes: list[Outcome]) -> list[str]:
     ]
 
 
+def _degree(name: str):
+    return lambda row: f"{name} {getattr(degrees(row['sharding']), name):>2}"
+
+
+def _nodes(row: dict[str, str]) -> str:
+    return f"{int(row['nodes']):>2} nodes"
+
+
+def sweep_goal_row(outcomes: list[Outcome]) -> str:
+    """The goals table's line for the sweep: its median error, held to the same target, reported apart."""
+    errors = [o.error for o in outcomes if o.error is not None]
+    median = statistics.median(abs(e) for e in errors)
+    return (
+        f"| median abs error of tokens/s per GPU on the Ultra-Scale Playbook's sweep (its own section) | <= 10% | "
+        f"{median:.1%} of {len(errors)} | {'yes' if median <= 0.10 else 'NO'} |"
+    )
+
+
+def sweep_lines(outcomes: list[Outcome]) -> list[str]:
+    """The sweep's section: its error by nodes, tensor and pipeline degree and model, and its picks."""
+    planned = [o for o in outcomes if o.error is not None]
+    if not planned:
+        return []
+    picks = picks_of(planned)
+    fastest = sum(p.pick is p.best for p in picks) / len(picks)
+    worst = max(picks, key=lambda p: p.regret)
+    return [
+        "### The Ultra-Scale Playbook's sweep, apart from the goals' buckets",
+        "",
+        f"{SWEEP.relative_to(ROOT)}: nanotron on 1-64 nodes of 8 H100 (bench/data/README.md: one step of each "
+        "run, on a shared cluster its authors describe as misbehaving during the sweep). Tokens/s per GPU: "
+        f"{_summary([o.error for o in planned])}; {len(outcomes) - len(planned)} not planned.",
+        "",
+        f"Choosing the layout of each model and node count ({len(picks)} jobs): the plan's pick is the fastest "
+        f"published in {fastest:.0%}; regret median {statistics.median(p.regret for p in picks):.1%}, worst "
+        f"{worst.regret:.1%} ({worst.key[1]} on {worst.key[3]} GPUs).",
+        "",
+        *_bias(planned, _nodes, "nodes"),
+        "",
+        *_bias(planned, _degree("tp"), "tensor parallel"),
+        "",
+        *_bias(planned, _degree("pp"), "pipeline stages"),
+        "",
+        *_bias(planned, lambda r: r["model"], "model"),
+        "",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1091,6 +1142,9 @@ def main(argv: list[str] | None = None) -> int:
         moe_rows = [o.row for path, outcomes in sections if path.name == MOE_CSV for o in outcomes]
         every = [o for _, outcomes in sections for o in outcomes if not repeats_a_moe_run(o.row, moe_rows)]
         lines = goal_lines(every, picks_of(every))
+        sweep = [] if args.csv else plan_rows(read_rows(SWEEP))
+        if sweep:  # the goals table ends with a blank line: the sweep's goal goes above it
+            lines.insert(len(lines) - 1, sweep_goal_row(sweep))
         lines += accuracy_lines(every)
         lines += fit_lines([o for _, outcomes in sections for o in outcomes], ran_out)
         for path, outcomes in sections:
@@ -1101,6 +1155,7 @@ def main(argv: list[str] | None = None) -> int:
         if ran_out:
             lines += oom_lines(ran_out)
         if not args.csv:
+            lines += sweep_lines(sweep)
             lines += ci_baseline_lines(plan_rows(read_rows(CI_BASELINES)))
     except PublishedError as exc:
         print(f"plan_vs_published: error: {exc}", file=sys.stderr)

@@ -482,3 +482,21 @@ def test_deepspeeds_optimizer_offload_is_planned_on_the_host_and_flash4_is_liste
     # DeepSpeed's Azure 2T ran with its checkpoints in main memory (`activation_offload`): 122 GiB on the GPU without.
     (two_t,) = [o for o in planned if o.row["model"] == "gpt-2t"]
     assert two_t.plan.fits and two_t.plan.peak_bytes < 40 * 2**30
+
+
+def test_the_sweep_is_planned_reported_apart_and_held_to_the_goal():
+    """The Ultra-Scale Playbook's sweep: every row planned but the one whose pipeline has more stages
+    than blocks, its own section by nodes, tensor and pipeline degree, and a line in the goals table."""
+    sweep = published.plan_rows(published.read_rows(published.SWEEP))
+    not_planned = [o for o in sweep if o.error is None]
+    assert len(sweep) > 1700 and len(not_planned) == 1 and "more stages than the 28 blocks" in not_planned[0].skipped
+    section = "\n".join(published.sweep_lines(sweep))
+    for table in ("| nodes |", "| tensor parallel |", "| pipeline stages |", "| model |"):
+        assert table in section
+    assert "the plan's pick is the fastest published in" in section
+
+    def outcome(error: float):
+        return SimpleNamespace(error=error)
+
+    assert published.sweep_goal_row([outcome(0.05), outcome(-0.08)]).endswith("| 6.5% of 2 | yes |")
+    assert published.sweep_goal_row([outcome(0.5), outcome(0.3)]).endswith("| 40.0% of 2 | NO |")
