@@ -1084,7 +1084,8 @@ def _degree(name: str):
 
 
 def _nodes(row: dict[str, str]) -> str:
-    return f"{int(row['nodes']):>2} nodes"
+    nodes = int(row["nodes"])
+    return f"{nodes:>2} node{'s' if nodes > 1 else ''}"
 
 
 def sweep_goal_row(outcomes: list[Outcome]) -> str:
@@ -1097,11 +1098,23 @@ def sweep_goal_row(outcomes: list[Outcome]) -> str:
     )
 
 
-def sweep_lines(outcomes: list[Outcome]) -> list[str]:
-    """The sweep's section: its error by nodes, tensor and pipeline degree and model, and its picks."""
+# The network the sweep's cluster measured itself (harness/plan/network/fabric.py), for the what-if line.
+SWEEP_MEASURED_NETWORK = "p5-playbook"
+
+
+def sweep_on_its_measured_network(rows: list[dict[str, str]]) -> list[Outcome]:
+    """The sweep planned again with its cluster's own all-reduce in place of the p5 nccl-tests figures."""
+    return plan_rows([{**row, "network": SWEEP_MEASURED_NETWORK} for row in rows])
+
+
+def sweep_lines(outcomes: list[Outcome], measured: list[Outcome]) -> list[str]:
+    """The sweep's section: its error by nodes, tensor and pipeline degree and model, its picks, and
+    what its cluster's measured network changes."""
     planned = [o for o in outcomes if o.error is not None]
     if not planned:
         return []
+    on_measured = [o for o in measured if o.error is not None]
+    single_stage = [o for o in on_measured if degrees(o.row["sharding"]).pp == 1]
     picks = picks_of(planned)
     fastest = sum(p.pick is p.best for p in picks) / len(picks)
     worst = max(picks, key=lambda p: p.regret)
@@ -1117,6 +1130,13 @@ def sweep_lines(outcomes: list[Outcome]) -> list[str]:
         f"{worst.regret:.1%} ({worst.key[1]} on {worst.key[3]} GPUs).",
         "",
         *_bias(planned, _nodes, "nodes"),
+        "",
+        f"On its cluster's own all-reduce (`inter_node={SWEEP_MEASURED_NETWORK}`: the Playbook's medians at 256 MB, "
+        "2-64 nodes) in place of the p5 nccl-tests figures: "
+        f"{_summary([o.error for o in on_measured])}; the runs without a pipeline "
+        f"{_summary([o.error for o in single_stage])}.",
+        "",
+        *_bias(on_measured, _nodes, "nodes, on the measured network"),
         "",
         *_bias(planned, _degree("tp"), "tensor parallel"),
         "",
@@ -1142,7 +1162,8 @@ def main(argv: list[str] | None = None) -> int:
         moe_rows = [o.row for path, outcomes in sections if path.name == MOE_CSV for o in outcomes]
         every = [o for _, outcomes in sections for o in outcomes if not repeats_a_moe_run(o.row, moe_rows)]
         lines = goal_lines(every, picks_of(every))
-        sweep = [] if args.csv else plan_rows(read_rows(SWEEP))
+        sweep_rows = [] if args.csv else read_rows(SWEEP)
+        sweep = plan_rows(sweep_rows)
         if sweep:  # the goals table ends with a blank line: the sweep's goal goes above it
             lines.insert(len(lines) - 1, sweep_goal_row(sweep))
         lines += accuracy_lines(every)
@@ -1155,7 +1176,7 @@ def main(argv: list[str] | None = None) -> int:
         if ran_out:
             lines += oom_lines(ran_out)
         if not args.csv:
-            lines += sweep_lines(sweep)
+            lines += sweep_lines(sweep, sweep_on_its_measured_network(sweep_rows))
             lines += ci_baseline_lines(plan_rows(read_rows(CI_BASELINES)))
     except PublishedError as exc:
         print(f"plan_vs_published: error: {exc}", file=sys.stderr)

@@ -490,8 +490,9 @@ def test_the_sweep_is_planned_reported_apart_and_held_to_the_goal():
     sweep = published.plan_rows(published.read_rows(published.SWEEP))
     not_planned = [o for o in sweep if o.error is None]
     assert len(sweep) > 1700 and len(not_planned) == 1 and "more stages than the 28 blocks" in not_planned[0].skipped
-    section = "\n".join(published.sweep_lines(sweep))
-    for table in ("| nodes |", "| tensor parallel |", "| pipeline stages |", "| model |"):
+    rows = published.read_rows(published.SWEEP)
+    section = "\n".join(published.sweep_lines(sweep, published.sweep_on_its_measured_network(rows)))
+    for table in ("| nodes |", "| nodes, on the measured network |", "| tensor parallel |", "| pipeline stages |"):
         assert table in section
     assert "the plan's pick is the fastest published in" in section
 

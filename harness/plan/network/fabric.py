@@ -113,6 +113,26 @@ class Fabric:
     kind: str = "infiniband"  # infiniband | roce | efa | tcpx | ethernet
     latency_us: float = 0.0  # what the network plugin reports to NCCL's model per network hop
     wire_hop_us: tuple[float, float, float] | None = None  # what a hop takes where the report is a tuning figure
+    # A cluster's own all-reduce bus bandwidth (GB/s) by nodes, where it measured one: what a ring keeps
+    # past its fewest nodes follows it in place of the fat tree's span (span_efficiency).
+    measured_busbw: tuple[tuple[int, float], ...] = ()
+    platform: str = ""  # the instance type aws-ofi-nccl's tuner knows the cluster by, where not its name
+
+    def span(self, nodes: int) -> float:
+        """The share of the fabric's rate a ring over `nodes` nodes keeps: the cluster's measured
+        all-reduce over its value at the fewest nodes measured, log-log between the points measured
+        (held at the ends), else the fat tree's span."""
+        if not self.measured_busbw:
+            return span_efficiency(nodes)
+        points = sorted(self.measured_busbw)
+        first, last = points[0], points[-1]
+        if nodes <= first[0]:
+            return 1.0
+        if nodes >= last[0]:
+            return last[1] / first[1]
+        (n0, b0), (n1, b1) = next((a, b) for a, b in zip(points, points[1:], strict=False) if a[0] <= nodes <= b[0])
+        share = math.log(nodes / n0) / math.log(n1 / n0)
+        return math.exp(math.log(b0) + share * math.log(b1 / b0)) / first[1]
 
     @property
     def node_bytes_per_s(self) -> float:
@@ -139,6 +159,20 @@ FABRICS = {
         kind="efa",
         latency_us=EFA_LATENCY_US["v2"],
         wire_hop_us=EFA_WIRE_HOP_US["v2"],
+    ),
+    # The p5 cluster the Ultra-Scale Playbook's runs shared with other jobs, as the Playbook measured
+    # its all-reduce of 256 MB (medians, `pp_comm_bandwidth.html` of vinjn/nanotron-ultrascale-playbook
+    # @ e3bcfc5c): on 2 nodes the p5 rate above, on more a falling share of it.
+    "p5-playbook": Fabric(
+        "p5-playbook",
+        32,
+        100,
+        source="the Ultra-Scale Playbook's p5 cluster: EFA v2, 32 x 100 Gb/s, its all-reduce as measured",
+        kind="efa",
+        latency_us=EFA_LATENCY_US["v2"],
+        wire_hop_us=EFA_WIRE_HOP_US["v2"],
+        measured_busbw=((2, 361.7), (4, 160.1), (8, 99.6), (16, 84.7), (32, 64.9), (64, 32.9)),
+        platform="p5",
     ),
     "p5en": Fabric(
         "p5en",
@@ -375,7 +409,7 @@ class Topology:
         if group.nodes <= 1:
             return 0.0
         per_gpu = self.fabric.node_bytes_per_s / self.per_node
-        return per_gpu * self.fabric.efficiency * min(group.per_node, self.per_domain) * span_efficiency(group.nodes)
+        return per_gpu * self.fabric.efficiency * min(group.per_node, self.per_domain) * self.fabric.span(group.nodes)
 
     def busbw(self, group: Group, kind: str) -> float:
         """Bus bandwidth a Simple ring of `kind` sustains over `group`, bytes/s (NVLink SHARP's
@@ -409,7 +443,7 @@ class Topology:
             generation=self.tuning_generation,
             net_latency_us=self.fabric.latency_us,
             wire_hop_us=self.fabric.wire_hop_us,
-            platform=self.fabric.name,
+            platform=self.fabric.platform or self.fabric.name,
         )
 
     def choice(self, group: Group, kind: str, payload: float) -> Choice:

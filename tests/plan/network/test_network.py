@@ -143,6 +143,19 @@ def test_a_ring_over_more_nodes_of_a_fat_tree_keeps_less_of_the_fabric():
     assert bus_bandwidth("reduce-scatter", 8 * GIB, seconds, 1024) / 1e9 == pytest.approx(260, rel=0.05)
 
 
+def test_a_cluster_that_measured_its_all_reduce_keeps_its_measured_share():
+    """p5-playbook: the Playbook's all-reduce at 256 MB, 362 GB/s on 2 nodes to 33 on 64: the ring keeps
+    that share of its 2-node rate, log-log between the points measured and held past the last."""
+    measured = FABRICS["p5-playbook"]
+    assert measured.span(2) == 1.0 and measured.span(1) == 1.0
+    assert measured.span(8) == pytest.approx(99.6 / 361.7) and measured.span(128) == pytest.approx(32.9 / 361.7)
+    assert measured.span(8) < measured.span(6) < measured.span(4)
+    assert FABRICS["p5"].span(64) == span_efficiency(64)
+    two, eight = topology("H100", 16, 2, "p5-playbook"), topology("H100", 64, 8, "p5-playbook")
+    assert two.network_busbw(two.world()) == topology("H100", 16, 2, "p5").network_busbw(two.world())
+    assert eight.network_busbw(eight.world()) == pytest.approx(two.network_busbw(two.world()) * 99.6 / 361.7)
+
+
 def test_the_span_loss_is_the_least_squares_fit_to_the_measured_fall():
     """RING_SPAN_LOSS is the loss that best fits NCCL's model to the six nccl-tests measurements of
     the NDR cluster's reduce-scatter (bench/data/nccl_tests_published.csv): a loss a step either side
