@@ -80,8 +80,12 @@ class TokenFileData:
 
     def __init__(self, path: str, seq_len: int, vocab_size: int | None = None):
         file = Path(path)
+        if file.is_dir():  # nanoGPT's prepare.py writes train.bin and val.bin into the data set's folder
+            raise DataError(f"data file {path!r} is a folder: give the .bin file inside it")
         if not file.is_file():
             raise DataError(f"data file {path!r} not found: give a nanoGPT-style uint16 .bin file or data=markov")
+        if file.stat().st_size == 0:  # numpy cannot map an empty file, and says so without naming it
+            raise DataError(f"data file {path!r} is empty: give a nanoGPT-style uint16 .bin file or data=markov")
         if file.stat().st_size % 2:
             raise DataError(f"data file {path!r} has an odd number of bytes: it is not a uint16 token file")
         self.tokens = np.memmap(file, dtype=np.uint16, mode="r")

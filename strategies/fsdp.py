@@ -203,6 +203,9 @@ class FSDPStrategy(SingleDeviceStrategy):
         # Read only the model's entries into the bare model's tensors: DCP stitches the shards
         # together whatever the world size that wrote them.
         state = {name: t.detach().clone() for name, t in model.state_dict().items()}
+        # Its metadata read first, as load() does: dcp.load would take an unreadable one for a missing
+        # one, log a traceback for each of the two files it tries, and raise an AssertionError.
+        dcp.FileSystemReader(path).read_metadata()
         with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.load({"model": state}, checkpoint_id=path, no_dist=True)

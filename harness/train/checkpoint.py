@@ -16,17 +16,23 @@ broadcast, so every rank acts on the same checkpoint and raises the same error.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import pickle
 import re
 import shutil
+import sys
+import traceback
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from types import CodeType
+from typing import Any, Callable, Iterator, TypeVar
 
 import torch.distributed as dist
 import torch.nn as nn
+import torch.serialization
 
 from harness.train import rng
 from strategies.base import Strategy
@@ -35,6 +41,8 @@ from strategies.registry import default_registry
 MANIFEST = "manifest.json"
 STATE_DIR = "state"
 RNG_DIR = "rng"
+CHECKPOINTS = "checkpoints"  # in a run's out_dir
+SUMMARY = "summary.json"  # what a finished run leaves in its out_dir (loop.py)
 FORMAT_VERSION = 1
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _PARTIAL_PREFIXES = (".tmp-", ".deleting-")
@@ -126,8 +134,40 @@ def list_checkpoints(root: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def refuse_earlier_run(root: Path, will_write: bool) -> None:
+    """For a run that starts at step 0 (no resume=, or resume=auto with no checkpoint to resume),
+    whose checkpoints go to `root` (`<out_dir>/checkpoints`): a CheckpointError where it would
+    write over an earlier run's results in its out_dir. Rank 0 asks it in the run
+    (CheckpointManager.find); a run started without a launcher asks it before any process, too.
+
+    A finished run (its summary.json) would have its metrics.jsonl and summary.json written over,
+    and its checkpoints left beside results they no longer match; checkpoints alone (`will_write`:
+    this run writes its own) would be mixed with this run's. A run killed midway has no summary:
+    started again in its folder (torchrun restarting the job) it is the same run, run afresh. The
+    compare's runs are no fresh runs into a finished one either: the compare removes a run's
+    summary.json before it starts the run again, and continues one with resume=auto; the batch
+    search's probes train into folders of their own, outside `train`."""
+    existing = list_checkpoints(root)
+    if (root.parent / SUMMARY).is_file():
+        held = f"checkpoints up to {existing[-1][1].name}" if existing else "no checkpoint to continue from"
+        how = "continue it with resume=auto and more steps=, " if existing else ""
+        raise CheckpointError(
+            f"{root.parent} already holds a finished run ({SUMMARY}, {held}): give a fresh out_dir, "
+            f"{how}or remove the folder to run there again"
+        )
+    if existing and will_write:
+        raise CheckpointError(
+            f"{root} already holds checkpoints of an earlier run ({existing[-1][1].name}): "
+            "continue it with resume=auto, or give a fresh out_dir"
+        )
+
+
 def verify(path: Path) -> Manifest:
     """The manifest of the checkpoint at `path` once every file it lists matches; else CheckpointError."""
+    if path.is_file():  # a run's summary.json, a checkpoint's manifest.json or model.pt
+        raise CheckpointError(
+            f"{path} is a file, not a checkpoint folder (runs/x/checkpoints/step_N): give the step_N folder itself"
+        )
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist: give a directory such as runs/x/checkpoints/step_20")
     manifest = Manifest.read(path)
@@ -171,6 +211,78 @@ def check_fits(manifest: Manifest, shapes: dict[str, list[int]], path: Path) -> 
             )
 
 
+@contextlib.contextmanager
+def reading(path: Path, fix: str = "resume from another checkpoint") -> Iterator[None]:
+    """Reads of the checkpoint at `path` inside: a file that cannot be read is a one-line
+    CheckpointError naming it, and saying `fix`. The manifest's sha256 only says a file is the one written: one
+    written damaged, or replaced together with its manifest entry, fails in the backend's reader.
+    Only read errors are turned into this one; any other error (a failed collective, a bug) is no
+    sign of damage and leaves as it came."""
+    try:
+        yield
+    except BaseException as exc:  # DCP's CheckpointException derives from BaseException
+        failure = _read_failure(exc)
+        if failure is None:
+            raise
+        error, file = failure
+        where = _inside(path, file) if file is not None else f"a file of {STATE_DIR}/"
+        raise CheckpointError(
+            f"checkpoint {path} is damaged: {where} cannot be read ({_reason(error)}): {fix}"
+        ) from None
+
+
+def _read_failure(exc: BaseException) -> tuple[BaseException, Path | None] | None:
+    """The read error behind `exc` and the file it read (None: unknown), where `exc` is one: an
+    unpickler's error, a cut file's EOFError, the file system's OSError, or a RuntimeError from
+    within torch.load (a damaged zip archive). DCP gathers each rank's error into one
+    CheckpointException (imported only where DCP was: its import takes seconds)."""
+    api = sys.modules.get("torch.distributed.checkpoint.api")
+    if api is not None and isinstance(exc, api.CheckpointException):
+        failures = list(exc.failures.values())
+        if failures and all(_is_read_error(e, [f.filename for f in trace or []]) for e, trace in failures):
+            return failures[0][0], _file_of(failures[0][0])
+        return None
+    frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]
+    if not _is_read_error(exc, [frame.f_code.co_filename for frame in frames]):
+        return None
+    # torch.load's errors do not name the file it read; its frame does (its argument `f`).
+    loads = [frame.f_locals.get("f") for frame in frames if _is_torch_load(frame.f_code)]
+    named = next((Path(f) for f in reversed(loads) if isinstance(f, (str, os.PathLike))), None)
+    return exc, named or _file_of(exc)
+
+
+def _is_read_error(exc: BaseException, filenames: list[str]) -> bool:
+    if isinstance(exc, (pickle.UnpicklingError, EOFError, OSError)):
+        return True
+    # A RuntimeError elsewhere is a failed collective, or memory run out, not a damaged file.
+    return isinstance(exc, RuntimeError) and torch.serialization.__file__ in filenames
+
+
+def _is_torch_load(code: CodeType) -> bool:
+    return code.co_filename == torch.serialization.__file__ and code.co_name == "load"
+
+
+def _file_of(exc: BaseException) -> Path | None:
+    filename = exc.filename if isinstance(exc, OSError) else None
+    return Path(filename) if isinstance(filename, (str, os.PathLike)) else None
+
+
+def _inside(path: Path, file: Path) -> str:
+    """`file` as the manifest names it (state/model.pt), where it lies inside the checkpoint."""
+    try:
+        return str(file.resolve().relative_to(path.resolve()))
+    except ValueError:
+        return str(file)
+
+
+def _reason(exc: BaseException) -> str:
+    # torch.load's weights-only refusal runs to a paragraph: its first sentence says it.
+    lines = str(exc).strip().splitlines()
+    text = lines[0].split(". ")[0].rstrip(".") if lines else ""
+    text = text if len(text) <= 120 else text[:117] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
 class CheckpointManager:
     """Writes, finds, restores and rotates the checkpoints under `root` (`<out_dir>/checkpoints`)."""
 
@@ -199,11 +311,7 @@ class CheckpointManager:
         self._remove_partial()
         existing = list_checkpoints(self.root)
         if resume is None:
-            if existing and will_write:
-                raise CheckpointError(
-                    f"{self.root} already holds checkpoints of an earlier run ({existing[-1][1].name}): "
-                    "continue it with resume=auto, or give a fresh out_dir"
-                )
+            refuse_earlier_run(self.root, will_write)
             return None
         if resume == "auto":
             return self._newest_intact(existing)
@@ -229,6 +337,7 @@ class CheckpointManager:
                 f"no intact checkpoint under {self.root}: {damaged[0][1]} (and {len(damaged) - 1} more): "
                 "repair or remove them, or give a fresh out_dir"
             )
+        refuse_earlier_run(self.root, will_write=False)  # a finished run without checkpoints: not run over
         self.printer(f"no checkpoint under {self.root} yet: starting at step 0")
         return None
 
@@ -243,6 +352,11 @@ class CheckpointManager:
         elif existing:
             raise CheckpointError(
                 f"{self.root} already holds checkpoints of another run ({existing[-1][1].name}): "
+                f"to continue from {path}, give a fresh out_dir"
+            )
+        elif (self.root.parent / SUMMARY).is_file():  # its metrics.jsonl and summary.json would be written over
+            raise CheckpointError(
+                f"{self.root.parent} already holds another run, finished ({SUMMARY}): "
                 f"to continue from {path}, give a fresh out_dir"
             )
 
@@ -271,7 +385,8 @@ class CheckpointManager:
                     f"it to {self.world_size}: resume with nproc={manifest.world_size}, or under a strategy of "
                     "another checkpoint format to carry the weights over"
                 )
-            strategy.load(state)
+            with reading(path):
+                strategy.load(state)
             carried = "model and optimizer state (and the gradient scaler's, where used)"
         else:
             source = default_registry().get(manifest.strategy)
@@ -280,7 +395,9 @@ class CheckpointManager:
                     f"checkpoint {path} was written by {manifest.strategy}, unavailable here: "
                     f"{source.unavailable_reason}"
                 )
-            strategy.load_full_state_dict(source.cls.read_full_state_dict(state, bare_model()))
+            with reading(path):
+                weights = source.cls.read_full_state_dict(state, bare_model())
+            strategy.load_full_state_dict(weights)
             carried = (
                 f"weights only: {manifest.strategy}'s {manifest.checkpoint_format!r} checkpoint holds no optimizer "
                 f"state {strategy.name} can read ({strategy.checkpoint_format!r}), so the optimizer starts afresh"
@@ -288,7 +405,8 @@ class CheckpointManager:
         # Generators last: reading the checkpoint must not leave draws behind.
         rng_file = path / RNG_DIR / f"rank_{self.rank}.pt"
         if rng_file.is_file():
-            rng.load(rng_file)
+            with reading(path):
+                rng.load(rng_file)
         else:
             carried += f"; rank {self.rank} had no generator state saved, so its generators keep the run's seed"
         changed = sorted(k for k in config if _changes_numbers(k, config, manifest.config))

@@ -13,9 +13,11 @@ import os
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 
-from harness.train.checkpoint import STATE_DIR, CheckpointError, verify
+from harness.common.writable import CHOOSE_ANOTHER, FolderError, check_writable
+from harness.train.checkpoint import STATE_DIR, CheckpointError, reading, verify
 from models.zoo import build_model
 from strategies.registry import default_registry
 
@@ -32,7 +34,8 @@ def consolidated_weights(checkpoint: Path) -> tuple[dict[str, torch.Tensor], dic
         )
     spec, kwargs = manifest.config["model"], manifest.config.get("model_kwargs") or {}
     model = build_model(spec, kwargs)
-    state = entry.cls.read_full_state_dict(checkpoint / STATE_DIR, model)
+    with reading(checkpoint, fix="export another checkpoint"):
+        state = entry.cls.read_full_state_dict(checkpoint / STATE_DIR, model)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(
@@ -65,12 +68,18 @@ def main(args: list[str]) -> int:
         raise ValueError(f"output {target} already exists: choose another name or remove it first")
     if not target.parent.is_dir():
         raise ValueError(f"output directory {target.parent} does not exist: create it first")
+    # Before the checkpoint is read: a folder that takes no files (/proc, read-only) is one line now.
+    check_writable(target.parent, what=f"output directory {target.parent}", create=False)
     weights, metadata = consolidated_weights(checkpoint)
     partial = target.with_name(f".{target.name}.partial")
-    save_file(weights, str(partial), metadata=metadata)
-    with open(partial, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(partial, target)
+    try:
+        save_file(weights, str(partial), metadata=metadata)
+        with open(partial, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, target)
+    except (SafetensorError, OSError) as exc:  # a disk that filled up, a folder that went away
+        partial.unlink(missing_ok=True)
+        raise FolderError(f"could not write {target} ({exc}): free space there, or {CHOOSE_ANOTHER}") from None
     n = sum(t.numel() for t in weights.values())
     print(
         f"wrote {target}: {len(weights)} tensors, {n:,} values (fp32), model {metadata['model']} "

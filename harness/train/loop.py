@@ -25,7 +25,7 @@ import torch
 from configs.schema import PRECISIONS, RunConfig, to_dict
 from harness.common.testing_hooks import fault_after_step
 from harness.train import device_info, distributed
-from harness.train.checkpoint import CheckpointError, CheckpointManager, Manifest, param_shapes
+from harness.train.checkpoint import CHECKPOINTS, SUMMARY, CheckpointError, CheckpointManager, Manifest, param_shapes
 from harness.train.determinism import make_deterministic
 from harness.train.library_output import loggers_to_stderr
 from harness.train.metrics import StepMetrics
@@ -295,7 +295,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
         with built(cfg, env) as training, tracking(cfg, env) as trackers:
             strategy = training.strategy
             checkpoints = CheckpointManager(
-                Path(cfg.out_dir) / "checkpoints", env.rank, env.world_size, cfg.keep_last, printer=_rank0_print(env)
+                Path(cfg.out_dir) / CHECKPOINTS, env.rank, env.world_size, cfg.keep_last, printer=_rank0_print(env)
             )
             resume_from = _find_checkpoint(cfg, strategy, checkpoints)
             training.setup()
@@ -351,7 +351,7 @@ def run(cfg: RunConfig) -> dict[str, Any]:
                 "checkpointed": training.checkpointed,
             }
             if env.is_main:
-                (Path(cfg.out_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+                (Path(cfg.out_dir) / SUMMARY).write_text(json.dumps(summary, indent=2) + "\n")
             finished = True
             return summary
     finally:

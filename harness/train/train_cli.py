@@ -13,9 +13,11 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+from pathlib import Path
 
 from configs.schema import RunConfig, load_config
 from harness.common.writable import check_writable
+from harness.train.checkpoint import CHECKPOINTS, refuse_earlier_run
 from harness.train.distributed import launched_by_launcher
 from harness.train.file_settings import adopt_file_settings
 from harness.train.launch import in_forked_worker, run_under_torchrun
@@ -36,6 +38,11 @@ def main(args: list[str]) -> int:
         return 0
     nproc = cfg.nproc or 1
     strategy = preflight(cfg, nproc)
+    if cfg.resume is None:
+        # Here, not in preflight: a compare preflights each strategy with the default out_dir, not a
+        # run's. The run's rank 0 asks it again under any launcher (CheckpointManager.find); here it
+        # is one line before any process starts.
+        refuse_earlier_run(Path(cfg.out_dir) / CHECKPOINTS, will_write=cfg.checkpoint_every > 0)
     if nproc > 1:
         # On the CPU (the device the preflight laid the run out for) no CUDA state is forked.
         on_cpu = strategy.ctx.device.type == "cpu"

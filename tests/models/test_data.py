@@ -65,7 +65,13 @@ def test_token_file_windows(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, expected", [(None, "not found"), (b"\x01", "odd number of bytes"), (b"\x01\x00" * 3, "fewer than")]
+    "content, expected",
+    [
+        (None, "not found"),
+        (b"", "is empty: give a nanoGPT-style uint16 .bin file or data=markov"),
+        (b"\x01", "odd number of bytes"),
+        (b"\x01\x00" * 3, "fewer than"),
+    ],
 )
 def test_bad_token_files_are_clear(tmp_path, content, expected):
     path = tmp_path / "x.bin"
@@ -73,6 +79,13 @@ def test_bad_token_files_are_clear(tmp_path, content, expected):
         path.write_bytes(content)
     with pytest.raises(DataError, match=expected):
         load_data(str(path), vocab_size=None, seq_len=8, num_samples=0, seed=0)
+
+
+def test_a_folder_given_as_the_data_file_says_so(tmp_path):
+    """nanoGPT's prepare.py leaves train.bin and val.bin in the data set's folder: the folder is no file."""
+    np.arange(100, dtype=np.uint16).tofile(tmp_path / "train.bin")
+    with pytest.raises(DataError, match="is a folder: give the .bin file inside it"):
+        load_data(str(tmp_path), vocab_size=None, seq_len=8, num_samples=0, seed=0)
 
 
 def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):

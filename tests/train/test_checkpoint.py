@@ -9,11 +9,16 @@ the CLI on gpt-nano, ranks on CPU/gloo.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import random
+import re
 import shutil
 import subprocess
 import sys
+import warnings
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -181,6 +186,14 @@ def test_a_named_damaged_checkpoint_is_an_error_not_a_fallback(three_checkpoints
     assert (manager.root / "step_3").is_dir()
 
 
+def test_a_file_given_as_the_checkpoint_says_so(three_checkpoints):
+    manager, _, _, _ = three_checkpoints
+    file = manager.root / "step_3" / "state" / "model.pt"
+    with pytest.raises(CheckpointError, match="model.pt is a file, not a checkpoint folder") as err:
+        manager.find(str(file), will_write=True)
+    assert "\n" not in str(err.value) and "does not exist" not in str(err.value)
+
+
 def test_no_intact_checkpoint_is_an_error_not_a_fresh_start(three_checkpoints):
     manager, _, _, _ = three_checkpoints
     _truncate(manager.root / "step_3")
@@ -195,6 +208,37 @@ def test_a_fresh_run_will_not_write_over_an_earlier_runs_checkpoints(three_check
     with pytest.raises(CheckpointError, match="resume=auto"):
         manager.find(None, will_write=True)
     assert manager.find(None, will_write=False) is None
+
+
+def test_a_fresh_run_will_not_write_over_a_finished_runs_results(three_checkpoints):
+    manager, _, _, _ = three_checkpoints
+    summary = manager.root.parent / "summary.json"
+    summary.write_text("{}")
+    with pytest.raises(
+        CheckpointError, match="already holds a finished run .summary.json, checkpoints up to step_3."
+    ) as err:
+        manager.find(None, will_write=False)  # without checkpointing too: its metrics and summary are written over
+    assert "\n" not in str(err.value) and "resume=auto" in str(err.value)
+    assert manager.find("auto", will_write=True)[0].name == "step_3"  # continuing it is no fresh run
+    assert summary.read_text() == "{}"
+
+
+def test_a_finished_run_without_checkpoints_is_never_run_over(tmp_path):
+    """No resume=, or resume=auto with nothing to resume, or another run's checkpoint: each would
+    start over a finished run's metrics.jsonl and summary.json."""
+    manager = CheckpointManager(tmp_path / "checkpoints", rank=0, world_size=1, keep_last=2)
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert manager.find(None, will_write=False) is None  # killed midway, restarted in its folder: the same run
+    (tmp_path / "summary.json").write_text("{}")
+    for resume in (None, "auto"):
+        with pytest.raises(CheckpointError, match="finished run .summary.json, no checkpoint to continue from.") as err:
+            manager.find(resume, will_write=False)
+        assert "resume=auto" not in str(err.value) and "give a fresh out_dir" in str(err.value)
+    strategy, shapes = _trained_single()
+    other = CheckpointManager(tmp_path / "other" / "checkpoints", rank=0, world_size=1, keep_last=2)
+    with pytest.raises(CheckpointError, match="already holds another run, finished"):
+        manager.find(str(other.save(1, strategy, CONFIG, shapes)), will_write=False)
+    assert (tmp_path / "summary.json").read_text() == "{}"
 
 
 def test_resuming_an_earlier_step_sets_the_later_ones_aside(three_checkpoints):
@@ -260,6 +304,80 @@ def test_a_world_size_change_is_refused_where_the_backend_cannot_reshard(three_c
     verify(path)  # untouched
 
 
+def _replaced_with_its_checksum(ckpt: Path, rel: str, damage: Callable[[bytes], bytes]) -> None:
+    """`rel` damaged and its manifest entry rewritten to match: damage only reading the file finds."""
+    data = damage((ckpt / rel).read_bytes())
+    (ckpt / rel).write_bytes(data)
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest["files"][rel] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+
+
+def _random_bytes(data: bytes) -> bytes:
+    return random.Random(0).randbytes(len(data))
+
+
+@pytest.mark.parametrize(
+    "rel, damage, error",
+    [
+        ("state/model.pt", _random_bytes, "UnpicklingError: Weights only load failed"),
+        ("state/model.pt", lambda data: data[: len(data) // 2], "RuntimeError: PytorchStreamReader failed"),
+        ("state/model.pt", lambda data: b"", "EOFError"),
+        ("state/optimizer.pt", _random_bytes, "UnpicklingError"),
+        ("rng/rank_0.pt", _random_bytes, "UnpicklingError"),
+    ],
+    ids=["model-random", "model-cut", "model-empty", "optimizer", "generators"],
+)
+def test_a_file_that_cannot_be_read_though_its_checksum_matches_is_one_line(three_checkpoints, rel, damage, error):
+    manager, strategy, shapes, _ = three_checkpoints
+    ckpt = manager.root / "step_3"
+    _replaced_with_its_checksum(ckpt, rel, damage)
+    path, manifest = manager.find(str(ckpt), will_write=True)  # its checksums match
+    expected = f"checkpoint {ckpt} is damaged: {rel} cannot be read ({error}"
+    with pytest.raises(CheckpointError, match=re.escape(expected)) as err:
+        manager.restore(path, manifest, strategy, shapes, bare_model=lambda: build_model("gpt-nano"), config=CONFIG)
+    assert "\n" not in str(err.value) and str(err.value).endswith("): resume from another checkpoint")
+
+
+def test_an_error_that_is_no_damage_is_not_called_damage(three_checkpoints):
+    """Only read errors are a damaged checkpoint: a RuntimeError outside torch.load (a collective
+    that failed, memory run out) is left as it came."""
+    manager, strategy, shapes, _ = three_checkpoints
+
+    class FailedCollective(SingleDeviceStrategy):
+        def load(self, path: Path) -> None:
+            raise RuntimeError("Connection closed by peer")
+
+    failing = FailedCollective(strategy.ctx)
+    path = manager.root / "step_3"
+    with pytest.raises(RuntimeError, match="Connection closed by peer"):
+        manager.restore(path, verify(path), failing, shapes, bare_model=lambda: build_model("gpt-nano"), config=CONFIG)
+
+
+class _DCPWriter:
+    """Writes fsdp's format (DCP) as its save() does, in one process without a process group."""
+
+    name, checkpoint_format = "fsdp", "dcp"
+
+    def save(self, path: Path) -> None:
+        import torch.distributed.checkpoint as dcp
+
+        with warnings.catch_warnings():  # "assuming the intent is to save in a single process": it is
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save({"model": build_model("gpt-nano").state_dict()}, checkpoint_id=path, no_dist=True)
+
+
+@pytest.mark.parametrize("rel", ["state/.metadata", "state/__0_0.distcp"])
+def test_an_unreadable_dcp_file_is_one_line(tmp_path, capsys, rel):
+    manager = CheckpointManager(tmp_path / "checkpoints", rank=0, world_size=1, keep_last=2)
+    ckpt = manager.save(1, _DCPWriter(), CONFIG, param_shapes(build_model("gpt-nano")))
+    _replaced_with_its_checksum(ckpt, rel, _random_bytes)
+    assert runner.main(["export", str(ckpt), str(tmp_path / "out.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"checkpoint {ckpt} is damaged: a file of state/ cannot be read" in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints"]
+
+
 _WRONG_FIELDS = {
     "step": 1,
     "strategy": "single",
@@ -300,17 +418,42 @@ def test_a_malformed_manifest_is_reported_in_one_line(tmp_path, text, message):
         (["{ckpt}", "{tmp}/exists.safetensors"], "already exists"),
         (["{tmp}/nowhere", "{tmp}/out.safetensors"], "does not exist"),
         (["{damaged}", "{tmp}/out.safetensors"], "is damaged"),
+        (["{unreadable}", "{tmp}/out.safetensors"], "step_1 is damaged: state/model.pt cannot be read (Unpickling"),
+        (["{ckpt}/manifest.json", "{tmp}/out.safetensors"], "manifest.json is a file, not a checkpoint folder"),
+        (["{ckpt}", "/proc/out.safetensors"], "output directory /proc cannot be written"),
     ],
 )
 def test_export_errors_are_one_line(three_checkpoints, tmp_path, capsys, args, message):
     manager, _, _, _ = three_checkpoints
     (tmp_path / "exists.safetensors").write_bytes(b"precious")
     _truncate(manager.root / "step_2")
-    names = {"ckpt": manager.root / "step_3", "damaged": manager.root / "step_2", "tmp": tmp_path}
-    assert runner.main(["export", *(a.format(**names) for a in args)]) == 2
+    unreadable = shutil.copytree(manager.root / "step_3", tmp_path / "step_1")
+    _replaced_with_its_checksum(unreadable, "state/model.pt", _random_bytes)
+    names = {"ckpt": manager.root / "step_3", "damaged": manager.root / "step_2", "unreadable": unreadable}
+    assert runner.main(["export", *(a.format(**names, tmp=tmp_path) for a in args)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err, err
     assert (tmp_path / "exists.safetensors").read_bytes() == b"precious"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoints", "exists.safetensors", "step_1"]
+
+
+def test_an_export_that_cannot_be_written_is_one_line_and_leaves_nothing(
+    three_checkpoints, tmp_path, capsys, monkeypatch
+):
+    from safetensors import SafetensorError
+
+    def disk_full(weights: dict, filename: str, metadata: dict) -> None:
+        Path(filename).write_bytes(b"half a file")
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    manager, _, _, _ = three_checkpoints
+    target = tmp_path / "out" / "model.safetensors"
+    target.parent.mkdir()
+    monkeypatch.setattr("harness.train.export_cli.save_file", disk_full)
+    assert runner.main(["export", str(manager.root / "step_3"), str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"could not write {target} (" in err and "No space left" in err, err
+    assert list(target.parent.iterdir()) == []  # no partial file left behind
 
 
 def test_a_strategy_without_checkpoints_is_refused_up_front(three_checkpoints):

@@ -1,5 +1,6 @@
 """An out_dir that cannot be created or written is one line and exit 2 before any process
-starts, for `train` (in this process or under torchrun), `compare` and `report`."""
+starts, for `train` (in this process or under torchrun), `compare` and `report`; so is one that
+holds a finished run, for a `train` that would write over it."""
 
 from __future__ import annotations
 
@@ -42,3 +43,17 @@ def test_a_file_in_the_way_and_the_report_folder(tmp_path):
 def test_a_writable_folder_is_made_and_left_clean(tmp_path):
     folder = check_writable(tmp_path / "a" / "b")
     assert folder.is_dir() and list(folder.iterdir()) == []
+
+
+def test_a_finished_runs_out_dir_is_refused_and_left_as_it_was(tmp_path):
+    """A fresh run would write its metrics.jsonl and summary.json over the earlier run's."""
+    earlier = {"metrics.jsonl": '{"step": 1, "loss": 4.2}\n', "summary.json": '{"steps": 1}\n', "log.txt": "earlier\n"}
+    for name, text in earlier.items():
+        (tmp_path / name).write_text(text)
+    proc = run_cli(["train", "strategy=single", *NANO, "steps=1", f"out_dir={tmp_path}"], timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("parabench: error: "), proc.stderr
+    assert f"{tmp_path} already holds a finished run (summary.json" in proc.stderr
+    assert "give a fresh out_dir" in proc.stderr and "remove the folder" in proc.stderr
+    assert proc.stdout == ""  # nothing started
+    assert {p.name: p.read_text() for p in tmp_path.iterdir()} == earlier
