@@ -92,6 +92,11 @@ class MeshError(ValueError):
     """A mesh that does not fit the world (one line, says what would)."""
 
 
+class MeshSizeError(MeshError):
+    """A size no world lays out (below 1, not a whole number): bad input wherever it is given, where
+    a size that does not divide this world may divide another."""
+
+
 def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -99,7 +104,7 @@ def divisors(n: int) -> list[int]:
 def check_divides(option: str, size: Any, world_size: int, what: str = "the world size") -> int:
     """`size` as a whole number that divides `world_size`, or a MeshError saying which sizes would."""
     if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        raise MeshError(f"strategy_options.{option}={size} must be a whole number >= 1")
+        raise MeshSizeError(f"strategy_options.{option}={size} must be a whole number >= 1")
     if world_size % size:
         choices = ", ".join(map(str, divisors(world_size)))
         raise MeshError(

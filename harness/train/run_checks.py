@@ -10,7 +10,7 @@ from models.data import TokenFileData
 from models.on_meta import on_meta
 from strategies.base import ModelUnsupported, Strategy, StrategyError
 from strategies.float8 import check_fp8
-from strategies.mesh_layout import MeshError
+from strategies.mesh_layout import MeshError, MeshSizeError
 from strategies.registry import default_registry
 from strategies.single import started_more_than_one
 
@@ -53,6 +53,8 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
         model, blocks, _ = prepare_model(cfg)
     try:
         strategy = create_strategy(cfg, env, run_schedule(cfg, model), model, blocks)
+    except MeshSizeError as exc:  # tp_size=0: no count of ranks runs it, so the compare stops, not skips
+        raise StrategyError(str(exc)) from None
     except MeshError as exc:  # this many ranks: the same strategy may run on another count
         raise ModelUnsupported(str(exc)) from None
     if world_size > 1 and registry.get(cfg.strategy).one_process:

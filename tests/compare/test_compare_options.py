@@ -91,6 +91,18 @@ def test_a_strategy_that_cannot_lay_out_the_model_is_skipped_with_why(tmp_path):
     assert cannot["accelerate-fsdp-tp"].startswith(f"cannot run {cfg.model} on 2 processes: accelerate-fsdp-tp cannot")
 
 
+def test_a_size_no_world_lays_out_stops_the_compare_in_one_line(tmp_path, capsys):
+    """tp_size=0 is a typo, not a mesh this many processes cannot hold: one line before any run, as
+    train gives it, where a size that does not divide the processes skips that strategy."""
+    assert (
+        runner.main(["compare", "strategies=[single,fsdp-tp]", "strategy_options.tp_size=0", f"out_dir={tmp_path}"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "strategy_options.tp_size=0 must be a whole number >= 1" in err, err
+    assert not (tmp_path / "results.json").exists()
+
+
 def test_a_strategy_that_refuses_this_model_or_mesh_is_skipped_with_its_reason(tmp_path, capsys):
     """fsdp-cp's cp 4 and fsdp-tp's tp 3 on 4 processes: one refuses gpt-nano's 2 heads, the other the mesh;
     both are skipped with the line a lone train stops with, and the rest of the compare goes on. (fsdp-cp
