@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.layout_kinds import KINDS, SCALES, degrees, kinds_of, scale_of  # noqa: E402
+from bench.layout_kinds import KINDS, SCALES, degrees, gpus_per_node, kinds_of, scale_of  # noqa: E402
 from bench.moe_rows import (  # noqa: E402
     CUDA_GRAPH_TOKEN,
     RECOMPUTE_TOKEN,
@@ -1107,14 +1107,49 @@ def sweep_on_its_measured_network(rows: list[dict[str, str]]) -> list[Outcome]:
     return plan_rows([{**row, "network": SWEEP_MEASURED_NETWORK} for row in rows])
 
 
+def _sweep_kind(row: dict[str, str]) -> str:
+    """A sweep run's layout by what crosses its nodes: its pipeline, else its tensor parallelism
+    beyond a node, else data parallelism beside tensor parallelism inside one."""
+    d = degrees(row["sharding"])
+    if d.pp > 1:
+        return "pipeline"
+    if d.tp > gpus_per_node(row):
+        return "TP across nodes"
+    return "TP x DP inside a node" if d.tp > 1 else "data parallel only"
+
+
+def _kinds_on_both(planned: list[Outcome], on_measured: list[Outcome]) -> list[str]:
+    """Each layout kind's error on the p5 network the runs state and on the cluster's measured one."""
+
+    def by_kind(outcomes: list[Outcome]) -> dict[str, list[float]]:
+        kinds: dict[str, list[float]] = {}
+        for o in outcomes:
+            kinds.setdefault(_sweep_kind(o.row), []).append(o.error)
+        return kinds
+
+    stated, measured = by_kind(planned), by_kind(on_measured)
+    lines = [
+        f"| layout | runs | on p5: median predicted / published | median abs error | on {SWEEP_MEASURED_NETWORK}: "
+        "median predicted / published | median abs error |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for kind in ("data parallel only", "TP x DP inside a node", "TP across nodes", "pipeline"):
+        a, b = stated.get(kind, []), measured.get(kind, [])
+        if a and b:
+            lines.append(
+                f"| {kind} | {len(a)} | {1 + statistics.median(a):.3f} | {statistics.median(abs(e) for e in a):.1%} | "
+                f"{1 + statistics.median(b):.3f} | {statistics.median(abs(e) for e in b):.1%} |"
+            )
+    return lines
+
+
 def sweep_lines(outcomes: list[Outcome], measured: list[Outcome]) -> list[str]:
-    """The sweep's section: its error by nodes, tensor and pipeline degree and model, its picks, and
-    what its cluster's measured network changes."""
+    """The sweep's section: its error by nodes, layout kind (on the network the runs state and on the
+    one their cluster measured), tensor and pipeline degree and model, and its picks."""
     planned = [o for o in outcomes if o.error is not None]
     if not planned:
         return []
     on_measured = [o for o in measured if o.error is not None]
-    single_stage = [o for o in on_measured if degrees(o.row["sharding"]).pp == 1]
     picks = picks_of(planned)
     fastest = sum(p.pick is p.best for p in picks) / len(picks)
     worst = max(picks, key=lambda p: p.regret)
@@ -1131,12 +1166,10 @@ def sweep_lines(outcomes: list[Outcome], measured: list[Outcome]) -> list[str]:
         "",
         *_bias(planned, _nodes, "nodes"),
         "",
-        f"On its cluster's own all-reduce (`inter_node={SWEEP_MEASURED_NETWORK}`: the Playbook's medians at 256 MB, "
-        "2-64 nodes) in place of the p5 nccl-tests figures: "
-        f"{_summary([o.error for o in on_measured])}; the runs without a pipeline "
-        f"{_summary([o.error for o in single_stage])}.",
+        f"By layout, on the p5 network the runs state and on `inter_node={SWEEP_MEASURED_NETWORK}` (the cluster's "
+        "own all-reduce at 256 MB, the Playbook's medians on 2-64 nodes):",
         "",
-        *_bias(on_measured, _nodes, "nodes, on the measured network"),
+        *_kinds_on_both(planned, on_measured),
         "",
         *_bias(planned, _degree("tp"), "tensor parallel"),
         "",

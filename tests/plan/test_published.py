@@ -492,7 +492,13 @@ def test_the_sweep_is_planned_reported_apart_and_held_to_the_goal():
     assert len(sweep) > 1700 and len(not_planned) == 1 and "more stages than the 28 blocks" in not_planned[0].skipped
     rows = published.read_rows(published.SWEEP)
     section = "\n".join(published.sweep_lines(sweep, published.sweep_on_its_measured_network(rows)))
-    for table in ("| nodes |", "| nodes, on the measured network |", "| tensor parallel |", "| pipeline stages |"):
+    for table in (
+        "| nodes |",
+        "| layout | runs | on p5:",
+        "| TP across nodes |",
+        "| tensor parallel |",
+        "| pipeline stages |",
+    ):
         assert table in section
     assert "the plan's pick is the fastest published in" in section
 
@@ -501,3 +507,20 @@ def test_the_sweep_is_planned_reported_apart_and_held_to_the_goal():
 
     assert published.sweep_goal_row([outcome(0.05), outcome(-0.08)]).endswith("| 6.5% of 2 | yes |")
     assert published.sweep_goal_row([outcome(0.5), outcome(0.3)]).endswith("| 40.0% of 2 | NO |")
+
+
+def test_nanotrons_zero1_all_reduces_its_fp32_gradients_after_the_backward_and_copies_back_by_hand():
+    """nanotron's ZeRO-1 beside its fp32 accumulation runs no DDP: one all-reduce of the whole fp32
+    gradient buffer after the backward, then a list all-gather copied back tensor by tensor and rank
+    by rank from Python, neither beside any compute; Megatron's distributed optimizer reduce-scatters."""
+    layout = "megatron tp=2 pp=1 dp=4 ddp zero=1 overlap_grad_reduce"
+    _, megatron = _planned_row(layout)
+    q, nanotron = _planned_row(f"{layout} nanotron")
+    assert any(c.what == "reduce-scatter gradients" for c in megatron.collectives)
+    reduce, gather = (c for c in nanotron.collectives if "nanotron's ZeRO-1" in c.what)
+    assert (reduce.kind, reduce.calls, reduce.window) == ("all-reduce", 1, None)
+    assert reduce.payload_bytes == pytest.approx(q.shape.params / 2 * 4)  # fp32, its tensor-parallel half
+    assert (gather.kind, gather.window, gather.group.size) == ("all-gather", None, 4)
+    assert gather.host_copies == len(q.shape.tensors) * 4
+    assert nanotron.time.overhead_s > megatron.time.overhead_s
+    assert "copied back from a list all-gather" in nanotron.time.overhead_what

@@ -35,6 +35,7 @@ from harness.plan.network.fabric import Group, Topology, collective_seconds
 from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE, fused_collectives
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.layout import Layout
+from harness.plan.speed.nanotron_step import NANOTRON_ENGINE
 
 QUANTIZED_GATHER_BYTES = 1.0  # ZeRO++ qwZ: int8 weights (and a scale per block of them)
 QUANTIZED_REDUCE_BYTES = 0.5  # ZeRO++ qgZ: int4 gradients
@@ -434,6 +435,40 @@ def _distributed_optimizer(
     ]
 
 
+def _nanotron_zero1(shape: ModelShape, params: float, gather_bytes: float, group: Group) -> list[Collective]:
+    """nanotron's ZeRO-1 with its fp32 gradient accumulation, as the Ultra-Scale Playbook's branch
+    runs it (huggingface/nanotron nouamane/bench2 @ 67c5ebb6, the same at e24d2483): no DDP wraps the
+    model (trainer.py init_model: `make_ddp` is false under `accumulate_grad_in_fp32` with a ZeRO
+    stage), so after the last micro-step's backward `sync_gradients_across_dp` all-reduces the whole
+    contiguous fp32 gradient buffer in one call (gradient_accumulator.py: `reduce_scatter=False`,
+    `dist.all_reduce(self._contiguous_fp32_grad_buffer)`), nothing beside it; the optimizer steps each
+    rank's slice of every parameter and `_all_gather_params` (optim/zero.py) gathers them in one list
+    all-gather inside its step (distributed.py `all_gather_coalesced`: every rank's slices flattened,
+    gathered, then copied back into each parameter's slice for each rank from Python): one copy a
+    parameter tensor and rank, issued by the host with nothing beside it (speed/list_collectives.py
+    prices them)."""
+    tensors = len(shape.tensors) if shape.tensors else len(shape.block_params() or [shape.params]) + 1
+    return [
+        Collective(
+            "all-reduce the fp32 gradients after the backward (nanotron's ZeRO-1)",
+            "all-reduce",
+            params * BYTES["fp32"],
+            1,
+            None,
+            group,
+        ),
+        Collective(
+            "all-gather updated parameters, copied back tensor by tensor (nanotron's ZeRO-1)",
+            "all-gather",
+            params * gather_bytes,
+            1,
+            None,
+            group,
+            host_copies=tensors * group.size,
+        ),
+    ]
+
+
 # A plan option of DeepSpeed's ZeRO-3: as 0.3.12 to 0.5.x ran it, each parameter's gather and each
 # gradient's reduce-scatter a list collective of its own (speed/list_collectives.py prices their host).
 ZERO3_LIST_COLLECTIVES = "zero3_list_collectives"
@@ -543,6 +578,12 @@ def collectives(
         out += _data_parallel_threads(shape, precision, gpus, tokens, world)
     elif layout.data_parallel > 1 and hybrid_zero:
         out += _hybrid_zero(params, grad_bytes, gather_bytes, layout)
+    elif (
+        layout.data_parallel > 1
+        and backend.options.get(NANOTRON_ENGINE)
+        and backend.options.get("distributed_optimizer")
+    ):
+        out += _nanotron_zero1(shape, params, gather_bytes, shards)
     elif layout.data_parallel > 1 and backend.engine == "torch" and backend.options.get("distributed_optimizer"):
         out += _distributed_optimizer(backend, params, grad_bytes, gather_bytes, calls, largest_block, shards)
     elif layout.data_parallel > 1 and backend.engine == "torch" and backend.stage in (0, 1):

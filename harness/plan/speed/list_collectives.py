@@ -60,3 +60,14 @@ def list_collectives_host_s(collectives: list[Collective], grad_accum: int = 1) 
         host = c.calls * c.group.size * HOST_S_PER_RANK[c.kind] + c.host_copies * HOST_S_PER_PERSISTENT_COPY
         total += host * (grad_accum if c.per_micro_step else 1)
     return total
+
+
+def host_copies_s(collectives: list[Collective]) -> float:
+    """Seconds a step's host spends on the list collectives that copy back tensor by tensor outside
+    DeepSpeed's ZeRO-3 (nanotron's ZeRO-1 parameter gather, network/comm.py): each call's views and
+    copies rank by rank, and its `host_copies` of a tensor and rank each, nothing beside them."""
+    return sum(
+        c.calls * c.group.size * HOST_S_PER_RANK[c.kind] + c.host_copies * HOST_S_PER_PERSISTENT_COPY
+        for c in collectives
+        if c.host_copies and c.kind in HOST_S_PER_RANK and c.group.size > 1
+    )
