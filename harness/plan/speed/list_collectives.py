@@ -49,10 +49,10 @@ HOST_S_PER_PERSISTENT_COPY = 3 * TORCH_DISPATCH_S + HOST_S_PER_KERNEL["compiled"
 
 
 def list_collectives_host_s(collectives: list[Collective], grad_accum: int = 1) -> float:
-    """Seconds a step's host spends splitting and copying the list collectives of ZeRO-3, every one
-    in the GPU's critical path: each call's group size in views and copies, on every micro-step for
-    the parameters' gathers and the gradients' reduce-scatters, and the persistent parameters'
-    copies once a step."""
+    """Seconds a step's host spends splitting and copying list collectives (ZeRO-3's; nanotron's
+    ZeRO-1 parameter gather, network/comm.py, likewise), every one in the GPU's critical path: each
+    call's group size in views and copies, on every micro-step for the parameters' gathers and the
+    gradients' reduce-scatters, and the copies a tensor and rank (`host_copies`) once a step."""
     total = 0.0
     for c in collectives:
         if c.kind not in HOST_S_PER_RANK or c.group.size <= 1:
@@ -60,14 +60,3 @@ def list_collectives_host_s(collectives: list[Collective], grad_accum: int = 1) 
         host = c.calls * c.group.size * HOST_S_PER_RANK[c.kind] + c.host_copies * HOST_S_PER_PERSISTENT_COPY
         total += host * (grad_accum if c.per_micro_step else 1)
     return total
-
-
-def host_copies_s(collectives: list[Collective]) -> float:
-    """Seconds a step's host spends on the list collectives that copy back tensor by tensor outside
-    DeepSpeed's ZeRO-3 (nanotron's ZeRO-1 parameter gather, network/comm.py): each call's views and
-    copies rank by rank, and its `host_copies` of a tensor and rank each, nothing beside them."""
-    return sum(
-        c.calls * c.group.size * HOST_S_PER_RANK[c.kind] + c.host_copies * HOST_S_PER_PERSISTENT_COPY
-        for c in collectives
-        if c.host_copies and c.kind in HOST_S_PER_RANK and c.group.size > 1
-    )

@@ -54,7 +54,7 @@ from harness.plan.parallel.async_tp_cost import AsyncTensorParallel
 from harness.plan.parallel.backends import Backend, planner_models
 from harness.plan.speed.compute import ComputeWork
 from harness.plan.speed.host_issue import HOST_S_PER_KERNEL, HostIssue
-from harness.plan.speed.list_collectives import host_copies_s, list_collectives_host_s
+from harness.plan.speed.list_collectives import list_collectives_host_s
 from harness.plan.speed.stragglers import straggler_share
 
 HOST_ADAM_S_PER_PARAM = 1e-9  # DeepSpeed CPUAdam on one GPU's share of its host (AVX-512), where nothing is measured
@@ -264,8 +264,8 @@ def step_time(
     if backend.options.get(ZERO3_LIST_COLLECTIVES):
         overhead += list_collectives_host_s(collectives, grad_accum)
         what = "DeepSpeed's ZeRO-3 of 2021: each collective's list split and copied rank by rank, the GPU waiting"
-    elif any(c.host_copies for c in collectives):
-        overhead += host_copies_s(collectives)
+    elif any(c.host_copies for c in collectives):  # nanotron's ZeRO-1 gather, the only list collective there
+        overhead += list_collectives_host_s([c for c in collectives if c.host_copies])
         what = "the updated parameters copied back from a list all-gather tensor by tensor and rank by rank"
     if backend.replicas == "threads" and data_parallel > 1:
         overhead += grad_accum * launches * (data_parallel - 1) * factors.launch_s
