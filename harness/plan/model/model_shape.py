@@ -243,7 +243,9 @@ def whole_sizes(spec: str, defaults: dict[str, Any], given: dict[str, Any]) -> d
     """`given` with each size a whole number: each field whose default is a number, or None (a size
     derived where unset, which may stay unset). A config.json's 4096.0 reads as 4096; 'abc', 1.5 or
     null is one line naming the field and `spec` (the file or config class), where the sizes'
-    arithmetic would fail as a TypeError or truncate without a word."""
+    arithmetic would fail as a TypeError or truncate without a word. Each shape field given as a
+    number is first checked to be positive (check_positive)."""
+    check_positive(spec, defaults, given)
     sizes = dict(given)
     for key, value in given.items():
         default = defaults.get(key, "")
@@ -273,7 +275,6 @@ def check_positive(spec: str, defaults: dict[str, Any], kwargs: dict[str, Any]) 
 
 def hf_shape(spec: str, arch: hf_configs.HFArchitecture, kwargs: dict[str, Any]) -> ModelShape:
     """The shape of `arch` with `kwargs` (its shape fields) over its defaults, read from its sizes."""
-    check_positive(spec, arch.defaults, kwargs)
     s = arch.sizes(whole_sizes(spec, arch.defaults, kwargs))
     tied = bool(s["tie_word_embeddings"])
     if arch.family == "gpt2":

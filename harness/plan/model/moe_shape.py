@@ -29,7 +29,6 @@ from harness.plan.model.model_shape import (
     PlanError,
     TransformerDims,
     _shape,
-    check_positive,
     gpt_tensors,
     whole_sizes,
 )
@@ -372,7 +371,6 @@ def hf_moe_shape(spec: str, arch: MoEArchitecture, kwargs: dict[str, Any]) -> Mo
     module layout: every MoE block's router `gate` (E, H) beside stacked experts; Qwen2-MoE's shared
     expert and its one-unit gate; gpt-oss's biases and attention sinks)."""
     _unknown_fields(spec, arch, kwargs)
-    check_positive(spec, arch.defaults, kwargs)
     given = whole_sizes(spec, arch.defaults, {k: v for k, v in kwargs.items() if k in arch.defaults})
     s = {**arch.defaults, **given}
     h, heads, layers = int(s["hidden_size"]), int(s["num_attention_heads"]), int(s["num_hidden_layers"])

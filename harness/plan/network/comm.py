@@ -435,7 +435,7 @@ def _distributed_optimizer(
     ]
 
 
-def _nanotron_zero1(shape: ModelShape, params: float, gather_bytes: float, group: Group) -> list[Collective]:
+def _nanotron_zero1(params: float, tensors: int, gather_bytes: float, group: Group) -> list[Collective]:
     """nanotron's ZeRO-1 with its fp32 gradient accumulation, as the Ultra-Scale Playbook's branch
     runs it (huggingface/nanotron nouamane/bench2 @ 67c5ebb6, the same at e24d2483): no DDP wraps the
     model (trainer.py init_model: `make_ddp` is false under `accumulate_grad_in_fp32` with a ZeRO
@@ -447,7 +447,6 @@ def _nanotron_zero1(shape: ModelShape, params: float, gather_bytes: float, group
     gathered, then copied back into each parameter's slice for each rank from Python): one copy a
     parameter tensor and rank, issued by the host with nothing beside it (speed/list_collectives.py
     prices them)."""
-    tensors = len(shape.tensors) if shape.tensors else len(shape.block_params() or [shape.params]) + 1
     return [
         Collective(
             "all-reduce the fp32 gradients after the backward (nanotron's ZeRO-1)",
@@ -570,6 +569,7 @@ def collectives(
     blocks = shape.block_params() or [shape.params]
     largest_block = max(blocks) / layout.tp
     calls = len(blocks) + 1  # one per FSDP/ZeRO-3 unit: every block and the root
+    tensors = len(shape.tensors) if shape.tensors else calls  # a unit's tensors as one where none are listed
     grad_bytes, gather_bytes = _grad_reduce_bytes(backend, precision), _gather_bytes(backend, precision)
     shards = layout.shard_group
     out: list[Collective] = []
@@ -583,7 +583,7 @@ def collectives(
         and backend.options.get(NANOTRON_ENGINE)
         and backend.options.get("distributed_optimizer")
     ):
-        out += _nanotron_zero1(shape, params, gather_bytes, shards)
+        out += _nanotron_zero1(params, tensors, gather_bytes, shards)
     elif layout.data_parallel > 1 and backend.engine == "torch" and backend.options.get("distributed_optimizer"):
         out += _distributed_optimizer(backend, params, grad_bytes, gather_bytes, calls, largest_block, shards)
     elif layout.data_parallel > 1 and backend.engine == "torch" and backend.stage in (0, 1):
@@ -614,7 +614,6 @@ def collectives(
         if backend.stage == 1:
             # torch's ZeRO-1 (ZeroRedundancyOptimizer): each rank broadcasts the fp32 parameters it
             # stepped, one tensor at a time, after the step.
-            tensors = len(shape.tensors) if shape.tensors else calls
             out.append(Collective("broadcast updated parameters", "broadcast", params * 4, tensors, None, shards))
     elif layout.shard > 1 and backend.stage in (1, 2) and backend.engine == "deepspeed":
         reduce_payload = params * grad_bytes
