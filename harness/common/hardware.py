@@ -13,7 +13,8 @@ Sources:
                    73.4%, B200 76.3%); fp4_efficiency the largest fp4 matmul measured on the card
                    (B200: cuBLASLt's MXFP4 at 8192^3), else on a GB200 (NVFP4 at 16384^3)
   long_run_matmul  the largest square matmul after 10,000 warm-up iterations (Azure's AI benchmarking
-                   guide, cuBLASLt) over the card's MAMF: H100 98.2%, H200 94.0%, A100 94.6%, GB200 80.4%
+                   guide, cuBLASLt; hipBLASLt on the MI300X) over the card's MAMF: H100 98.2%, H200 94.0%,
+                   A100 94.6%, GB200 80.4%, MI300X 87.5%
   capacity_gib     the total torch reports (cudaMemGetInfo: OOM messages' "total capacity"),
                    GiB: ml-engineering training/performance/README.md and debug/pytorch.md
                    @ 744d01e1, nvidia-smi totals less about 0.5 GiB where torch's is not published
@@ -38,8 +39,8 @@ class GPUSpec:
     hbm_bytes_per_s: float  # memory bandwidth, data sheet
     capacity_gib: float  # the card's memory as torch reports it (total_memory), GiB
     matmul_efficiency: float  # the best measured bf16 (fp16 on Volta) matmul over the peak (MAMF)
-    # Whose published attention measurements apply: "ampere" (A100's tables), "hopper" (H100's) or
-    # "blackwell" (B200's); `attention_assumed` says so where no attention kernel was measured on the card itself.
+    # Whose published attention measurements apply: "ampere" (A100's tables), "hopper" (H100's), "blackwell"
+    # (B200's) or "cdna" (MI300X's); `attention_assumed` says where the card's attention rates come from.
     attention_family: str
     nvlink_bytes_per_s: float | None  # per GPU and direction; None: no NVLink between the node's GPUs
     pcie_bytes_per_s: float  # the PCIe link (x16), per direction
@@ -127,9 +128,18 @@ _LONG_RUN = {"H100": 1377.3 / 1402.6, "H200": 1366.3 / 1453.4, "A100": 256.5 / 2
 # 2610 TFLOP/s (samuel-bohman/AI-benchmarking-guide Azure_Results/ND_MI300X_v5_results.md @ 3de0c294),
 # over its bf16 MAMF (0.514).
 _FP8_CDNA = 0.444
-_NO_AMD_ATTENTION = (
-    "no attention kernel rates measured on an AMD Instinct card in the sources: FlashAttention-2's share of "
-    "the peak on the H100 (Dao-AILab/flash-attention README) is assumed"
+# MI300X's hipBLASLt fp8 at 16384^3 in the same table (after the same 10,000 warm-ups), 1015.1 TFLOP/s, over
+# its fp8 MAMF (_FP8_CDNA's 1159.5): what it sustains once its clocks settle (hipBLASLt for cuBLASLt).
+_LONG_RUN_MI300X = 1015.1 / 1159.5
+_AZURE_MI300X = "samuel-bohman/AI-benchmarking-guide Azure_Results/ND_MI300X_v5_results.md @ 3de0c294"
+_MI300X_ATTENTION = (
+    f"FlashAttention-2 (ROCm's composable_kernel build) and PyTorch's unfused attention as measured on an MI300X "
+    f"({_AZURE_MI300X}: 328.6 and 145.9 TFLOP/s at 8k, head dim 64), the H100's curves over sequence and head "
+    "dim scaled to them"
+)
+_CDNA_ATTENTION = (
+    "no attention kernel measured on this card in the sources: the MI300X's measured FlashAttention-2 share of "
+    "its peak is assumed"
 )
 # Blackwell's SM: 16 exponentials a clock (MUFU.EX2) beside 8,192 dense bf16 tensor FLOPs a clock: from
 # the H100 to the B200 the tensor peak rises from 1 to 2.25 PFLOP/s "while both the SFU count and shared
@@ -503,7 +513,7 @@ GPUS = {
         5.3e12,
         191.98,
         0.514,
-        "hopper",
+        "cdna",
         448e9,
         PCIE5,
         304,
@@ -512,14 +522,14 @@ GPUS = {
         scale_up="xgmi-mesh",
         nvlink_links=7,
         power_w=750,
+        long_run_matmul=_LONG_RUN_MI300X,
         sources=(
             f"{_ML_ENG} (peaks 1307/2610 TF, 192 GB, 5.3 TB/s, MAMF 51.4% bf16 under ROCm 6.3 with TunableOp, "
             "750 W, 304 CUs); stas00/ml-engineering network/README.md @ 744d01e1 (Infinity Fabric: 7 links of 64 "
-            "GB/s per direction, a full mesh); samuel-bohman/AI-benchmarking-guide "
-            "Azure_Results/ND_MI300X_v5_results.md @ 3de0c294 (hipBLASLt fp8 44.4%); torch's 191.98 GiB (its OOM "
-            "message on an MI300X)"
+            f"GB/s per direction, a full mesh); {_AZURE_MI300X} (hipBLASLt fp8 44.4%, 87.5% of it at 16384^3 "
+            "after 10,000 warm-ups); torch's 191.98 GiB (its OOM message on an MI300X)"
         ),
-        attention_assumed=_NO_AMD_ATTENTION,
+        attention_assumed=_MI300X_ATTENTION,
     ),
     "MI325X": GPUSpec(
         "MI325X 256GB",
@@ -527,7 +537,7 @@ GPUS = {
         6.0e12,
         255.98,
         0.604,
-        "hopper",
+        "cdna",
         448e9,
         PCIE5,
         304,
@@ -541,7 +551,7 @@ GPUS = {
             "1000 W); Infinity Fabric as MI300X's; fp8 at MI300X's fp8/bf16 ratio and torch's capacity by "
             "MI300X's 0.02 GiB assumed"
         ),
-        attention_assumed=_NO_AMD_ATTENTION,
+        attention_assumed=_CDNA_ATTENTION,
     ),
     # MI350X: MI355X's silicon at 2200 MHz and 1000 W, every peak scaled by the clock ratio (the
     # accelerator README's note 22).
@@ -551,7 +561,7 @@ GPUS = {
         8.0e12,
         287.98,
         0.626,
-        "hopper",
+        "cdna",
         535.5e9,
         PCIE5,
         256,
@@ -565,7 +575,7 @@ GPUS = {
             f"{_ML_ENG} (MI355X's silicon at 2200 MHz: its peaks x 2200/2400, 288 GB, 8 TB/s, 1000 W); MI355X's "
             "MAMF, Infinity Fabric and fp8/bf16 ratio assumed"
         ),
-        attention_assumed=_NO_AMD_ATTENTION,
+        attention_assumed=_CDNA_ATTENTION,
     ),
     "MI355X": GPUSpec(
         "MI355X 288GB",
@@ -573,7 +583,7 @@ GPUS = {
         8.0e12,
         287.98,
         0.626,
-        "hopper",
+        "cdna",
         535.5e9,
         PCIE5,
         256,
@@ -588,7 +598,7 @@ GPUS = {
             "(Infinity Fabric: 7 links of 76.5 GB/s per direction); fp8 at MI300X's fp8/bf16 ratio assumed; no "
             "fp4 matmul measured: precision=fp4 is refused"
         ),
-        attention_assumed=_NO_AMD_ATTENTION,
+        attention_assumed=_CDNA_ATTENTION,
     ),
     "L40S": GPUSpec(
         "L40S 48GB",

@@ -19,7 +19,7 @@ from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, 
 from harness.plan.parallel.batch_split import widest_split
 from harness.plan.predict import Question
 from harness.plan.search.search_space import parse_tokens, sequences_in
-from harness.plan.speed.attention import KERNELS, UNFUSED, sdpa_kernel
+from harness.plan.speed.attention import KERNELS, UNFUSED, kernels_on, sdpa_kernel
 from harness.plan.speed.calibration import calibrate_from, default_factors
 from harness.plan.speed.compute import CHECKPOINTING
 from harness.plan.speed.step_time import SpeedFactors
@@ -246,6 +246,11 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
         raise PlanError(
             f"attention={cfg.attention}: FlashAttention and cuDNN's fused attention do not run on the {spec.name} "
             "(Volta): use attention=math (or fused_softmax, Megatron-LM's)"
+        )
+    if cfg.attention is not None and cfg.attention not in kernels_on(spec):
+        raise PlanError(
+            f"attention={cfg.attention}: no rates of that kernel on the {spec.name} in the sources (docs/planner.md, "
+            f"'The cards'): use one of {', '.join(k for k in kernels_on(spec) if k in KERNELS)}"
         )
     return spec
 

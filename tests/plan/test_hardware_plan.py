@@ -100,11 +100,18 @@ def test_flash_attention_is_refused_on_volta_and_the_default_is_what_sdpa_runs(c
     assert code == 0 and "fp8 attention" in out
 
 
+@pytest.mark.parametrize("card", ["A100", "MI300X"])
+def test_a_kernel_with_no_rates_on_the_card_is_one_line_naming_the_ones_it_has(card, capsys):
+    code, _, err = run_plan("model=gpt2-350m", f"gpu={card}", "attention=cudnn", capsys=capsys)
+    assert code != 0 and len(err.strip().splitlines()) == 1
+    assert "attention=cudnn" in err and "use one of flash," in err
+
+
 @pytest.mark.parametrize(
     "card,own,library",
     [
         ("GB200", ("MAMF 72.9% bf16", "tyche_ngpu72", "72 GPUs on one NVLink domain", "Blackwell"), "NCCL"),
-        ("MI300X", ("MAMF 51.4% bf16", "Infinity Fabric", "xgmi 448 GB/s", "AMD Instinct"), "RCCL"),
+        ("MI300X", ("MAMF 51.4% bf16", "Infinity Fabric", "xgmi 448 GB/s", "as measured on an MI300X"), "RCCL"),
     ],
 )
 def test_the_405b_question_answers_with_the_cards_own_figures(card, own, library, capsys):

@@ -7,14 +7,14 @@ batch x sequence = 16k tokens, hidden 2048; FlashAttention-3: flash3_fp16_fwd.pn
 forward and the FA3 paper's backward figure). The benchmark counts causal flops as half of
 4·b·s²·h·d forward and the backward as 2.5 forwards, so a layer's forward+backward over a
 micro-batch takes 3.5 · 2·b·s²·h·d / rate. A card of the same family (Hopper: H100's tables,
-Ampere/Ada: A100's, Blackwell: B200's) runs at the same share of its own peak, but for the softmax's
-exponentials (`carried`): the special-function units compute 16 a clock on every SM from Ampere to
-Blackwell while the tensor cores' FLOPs a clock doubled twice, and Blackwell Ultra doubles them again,
-so a kernel's time on another card is its exponentials at that card's SFU rate beside the rest at its
-tensor peak. A kernel not measured on Blackwell is Hopper's carried over so. Between the published sequence
-lengths the rate is interpolated in log2(seq); past 16k it stays at 16k's; below 512 it falls
-as it does from 1k to 512. Head dims between 64 and 128 interpolate, above 128 take 128's,
-below 64 scale down from 64's.
+Ampere/Ada: A100's, Blackwell: B200's, AMD Instinct: MI300X's) runs at the same share of its own
+peak, but for the softmax's exponentials (`carried`): the special-function units compute 16 a clock
+on every SM from Ampere to Blackwell while the tensor cores' FLOPs a clock doubled twice, and
+Blackwell Ultra doubles them again, so a kernel's time on another card is its exponentials at that
+card's SFU rate beside the rest at its tensor peak. A kernel not measured on Blackwell is Hopper's
+carried over so. Between the published sequence lengths the rate is interpolated in log2(seq); past
+16k it stays at 16k's; below 512 it falls as it does from 1k to 512. Head dims between 64 and 128
+interpolate, above 128 take 128's, below 64 scale down from 64's.
 
 Attention runs at the benchmark's rate in a step too: unlike a dense matmul near its peak (gemm.py's
 SUSTAINED), a kernel at 30-65% of the tensor cores' peak, between softmax passes, stays under the
@@ -127,6 +127,17 @@ for _dim in (64, 128):
         r * f for r, f in zip(FWD_BWD[("hopper", "cudnn", _dim)], _H200_FP8_OVER_BF16, strict=True)
     )
 
+# AMD Instinct (CDNA): the flash-attention package's ROCm build (FlashAttention-2 on composable_kernel) and
+# PyTorch's unfused attention, measured on an Azure ND MI300X v5 with the package's own
+# benchmarks/benchmark_flash_attention.py (no causal mask, head dim 64, batch 2, 8k, forward and backward):
+# 328.6 and 145.9 TFLOP/s (samuel-bohman/AI-benchmarking-guide Azure_Results/ND_MI300X_v5_results.md @
+# 3de0c294). The same script's H100 bars in the README at that setting: 294 and 87. The MI300X's tables are
+# the H100's scaled by those ratios: one point measured on the card, the H100's shape over sequence and head dim.
+MI300X_OVER_H100 = {"flash": 328.6 / 294, "math": 145.9 / 87}
+for _kernel, _ratio in MI300X_OVER_H100.items():
+    for _dim in (64, 128):
+        FWD_BWD[("cdna", _kernel, _dim)] = tuple(r * _ratio for r in FWD_BWD[("hopper", _kernel, _dim)])
+
 # The unfused kernels: every score made and kept (T x T a head), their softmax a pass over memory of its own.
 UNFUSED = ("math", "fused_softmax")
 for (_family, _kernel, _dim), _rates in list(FWD_BWD.items()):
@@ -148,8 +159,14 @@ FP8_KERNELS = {"cudnn": "cudnn-fp8"}  # the kernel each runs in fp8 attention (T
 # The card each family's tables were measured on: its dense 16-bit tensor peak and the exponentials its
 # SFUs compute per tensor FLOP, both per SM and clock (16 MUFU.EX2 a clock on every one; 2,048 dense
 # fp16 FLOPs a clock on the A100's SM, twice that on the H100's, NVIDIA's A100 and H100 whitepapers;
-# the B200's in harness/common/hardware.py).
-REFERENCE = {"ampere": (312e12, 16 / 2048), "hopper": (989e12, 16 / 4096), "blackwell": (2250e12, BLACKWELL_EXP)}
+# the B200's in harness/common/hardware.py). The MI300X's exponential rate is not in the sources: an AMD
+# card runs its family's share of its own peak.
+REFERENCE: dict[str, tuple[float, float | None]] = {
+    "ampere": (312e12, 16 / 2048),
+    "hopper": (989e12, 16 / 4096),
+    "blackwell": (2250e12, BLACKWELL_EXP),
+    "cdna": (1307e12, None),
+}
 # A kernel not measured on a family's card is carried over from the family before it.
 EARLIER = {"blackwell": "hopper"}
 # The softmax's exponentials per FLOP as the benchmarks count them: each score element takes one in the
@@ -174,10 +191,17 @@ def _along_seq(points: tuple[float, ...], seq: float) -> float:
     return points[i] * (1 - frac) + points[i + 1] * frac
 
 
+def kernels_on(gpu: GPUSpec) -> tuple[str, ...]:
+    """The attention kernels with rates for `gpu`: its family's measured ones and those carried from the
+    family before it."""
+    families = (gpu.attention_family, EARLIER.get(gpu.attention_family))
+    return tuple(k for k in (*KERNELS, *FP8_KERNELS.values()) if any((f, k, 128) in FWD_BWD for f in families))
+
+
 def attention_tflops(gpu: GPUSpec, kernel: str, head_dim: int, seq: float) -> float:
     """The forward+backward causal rate of `kernel` on `gpu`, TFLOP/s as the benchmark counts them."""
     family = gpu.attention_family
-    if not any((f, kernel, 128) in FWD_BWD for f in (family, EARLIER.get(family))):
+    if kernel not in kernels_on(gpu):
         raise ValueError(f"no {kernel} attention figures for {gpu.name}")
     low, high = (_rate(gpu, family, kernel, d, seq) for d in (64, 128))
     if head_dim >= 128:
@@ -214,7 +238,7 @@ def carried(rate: float, family: str, gpu: GPUSpec, kernel: str, dim: int) -> fl
     memory-bound, not SFU-bound: it scales with the peak alone."""
     peak, exp_ratio = REFERENCE[family]
     own_ratio = gpu.exp_per_tensor_flop if gpu.exp_per_tensor_flop is not None else REFERENCE[gpu.attention_family][1]
-    if kernel not in FUSED or own_ratio == exp_ratio:
+    if kernel not in FUSED or own_ratio == exp_ratio or own_ratio is None or exp_ratio is None:
         return rate * gpu.tensor_flops / peak
     exps_per_flop = EXPS_PER_ELEMENT / (FLOPS_PER_ELEMENT_PER_DIM * dim)
     per_flop = 1 / (rate * 1e12)
