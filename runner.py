@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         check_versions()
         return int(module.main(rest) or 0)
     except ValueError as exc:  # every user-facing error class derives from ValueError
-        print(f"parabench: error: {exc}", file=sys.stderr)
+        from harness.train.launch import report_error
+
+        report_error(f"parabench: error: {exc}")
         return 2
 
 

@@ -162,6 +162,21 @@ def refuse_earlier_run(root: Path, will_write: bool) -> None:
         )
 
 
+def check_resume(resume: str | None) -> None:
+    """`resume=` as the run will read it: auto, or a checkpoint folder that is there (verified when
+    the run loads it); checked before any process starts."""
+    if resume is None or resume == "auto":
+        return
+    if str(resume).strip().lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+        raise CheckpointError(
+            f"resume={resume}: give resume=auto (the newest intact checkpoint under out_dir) or a checkpoint folder "
+            "such as runs/x/checkpoints/step_20"
+        )
+    path = Path(resume)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist: give a directory such as runs/x/checkpoints/step_20")
+
+
 def verify(path: Path) -> Manifest:
     """The manifest of the checkpoint at `path` once every file it lists matches; else CheckpointError."""
     if path.is_file():  # a run's summary.json, a checkpoint's manifest.json or model.pt

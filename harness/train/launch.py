@@ -3,10 +3,14 @@ under torchrun, so one code path serves `nproc=N`, torchrun, deepspeed and accel
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 RUNNER = str(Path(__file__).resolve().parents[2] / "runner.py")
 _FORKED = False  # whether this process is a worker forked_worker started
@@ -21,6 +25,12 @@ FAILED_WORKER_GRACE_S = 1.0
 # What every worker imports whatever its strategy: torch disables dynamo around an optimizer's
 # constructor, which imports torch._dynamo (1.5 s of CPU) on its first call in a process.
 EVERY_WORKER_IMPORTS = ("torch._dynamo",)
+
+# A worker this launcher started writes its one-line error (`parabench: error: ...`, exit code
+# USER_ERROR) into this folder instead of the terminal: every rank meets the same bad input, and
+# the launcher prints each distinct line once, not once a rank beside torchrun's failure table.
+WORKER_ERRORS_ENV = "PARABENCH_WORKER_ERRORS"
+USER_ERROR = 2  # runner.py's exit code for a one-line error
 
 
 def torchrun_args(nproc: int, runner_args: list[str]) -> list[str]:
@@ -58,21 +68,67 @@ def run_under_torchrun(
     from strategies.backend_imports import import_backends
 
     os.environ.update(worker_env())
-    try:
-        if fork_workers:
-            # The workers train on the CPU: DeepSpeed, imported here, need not look for a device
-            # (and warn on the terminal that it found none), as each run tells it (loop.run).
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-            import_backends((*EVERY_WORKER_IMPORTS, *backend_modules))
-            _launch_forked(nproc, runner_args)
-        else:
-            torchrun_main(torchrun_args(nproc, runner_args))
-    except ChildFailedError as failed:
-        print(failed.format_msg(), file=sys.stderr)
-        return 1
-    except SignalException as stopped:  # the agent stopped its workers first
-        return 128 + stopped.sigval
+    with tempfile.TemporaryDirectory(prefix="parabench-errors-") as errors, _quiet_user_errors():
+        os.environ[WORKER_ERRORS_ENV] = errors
+        try:
+            if fork_workers:
+                # The workers train on the CPU: DeepSpeed, imported here, need not look for a device
+                # (and warn on the terminal that it found none), as each run tells it (loop.run).
+                os.environ.setdefault("DS_ACCELERATOR", "cpu")
+                import_backends((*EVERY_WORKER_IMPORTS, *backend_modules))
+                _launch_forked(nproc, runner_args)
+            else:
+                torchrun_main(torchrun_args(nproc, runner_args))
+        except ChildFailedError as failed:
+            lines = worker_errors(Path(errors))
+            for line in lines:
+                print(line, file=sys.stderr)
+            _, first = failed.get_first_failure()
+            if lines and first.exitcode == USER_ERROR:
+                return USER_ERROR
+            print(failed.format_msg(), file=sys.stderr)
+            return 1
+        except SignalException as stopped:  # the agent stopped its workers first
+            return 128 + stopped.sigval
+        finally:
+            os.environ.pop(WORKER_ERRORS_ENV, None)
     return 0
+
+
+def report_error(line: str) -> None:
+    """Say a one-line error: into the launcher's folder from a worker it started (it prints each
+    distinct line once), else on stderr."""
+    errors, rank = os.environ.get(WORKER_ERRORS_ENV), os.environ.get("RANK")
+    if errors and rank is not None and Path(errors).is_dir():
+        with open(Path(errors) / f"rank_{int(rank):05d}", "a") as f:
+            f.write(line + "\n")
+        return
+    print(line, file=sys.stderr)
+
+
+def worker_errors(folder: Path) -> list[str]:
+    """The distinct lines the workers reported, in rank order."""
+    lines: list[str] = []
+    for file in sorted(folder.glob("rank_*")):
+        lines += [line for line in file.read_text().splitlines() if line and line not in lines]
+    return lines
+
+
+@contextlib.contextmanager
+def _quiet_user_errors() -> Iterator[None]:
+    """Keep torchrun's agent from logging a worker's one-line error as a failure with its own
+    traceback (its failure table stays for every other exit)."""
+
+    def keep(record: logging.LogRecord) -> bool:
+        exitcode = record.args[0] if isinstance(record.args, tuple) and record.args else None
+        return not (str(record.msg).startswith("failed (exitcode") and exitcode == USER_ERROR)
+
+    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
+    logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        logger.removeFilter(keep)
 
 
 def _launch_forked(nproc: int, runner_args: list[str]) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from configs.schema import RunConfig, load_config
 from harness.common.writable import check_writable
-from harness.train.checkpoint import CHECKPOINTS, refuse_earlier_run
+from harness.train.checkpoint import CHECKPOINTS, check_resume, refuse_earlier_run
 from harness.train.distributed import launched_by_launcher
 from harness.train.file_settings import adopt_file_settings
 from harness.train.launch import in_forked_worker, run_under_torchrun
@@ -29,6 +29,7 @@ from harness.train.trackers import check_trackers
 def main(args: list[str]) -> int:
     cfg = load_config(args)
     cfg, _ = adopt_file_settings(cfg, [cfg.strategy])  # a file's scheduler: the schedule, in every process alike
+    check_resume(cfg.resume)
     if launched_by_launcher():
         # No preflight under another launcher: every rank checks these, and stops with one line.
         check_writable(cfg.out_dir)

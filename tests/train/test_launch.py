@@ -33,3 +33,29 @@ def test_forked_and_new_interpreter_workers_train_the_same_curve(tmp_path):
     assert spawned.returncode == 0, spawned.stderr[-3000:]
     assert losses_by_step(tmp_path / "forked") == losses_by_step(tmp_path / "spawned")
     assert "step    10 | loss" in forked.stdout and "step    10 | loss" in spawned.stdout
+
+
+def test_a_one_line_error_every_worker_meets_is_printed_once(tmp_path):
+    """A damaged checkpoint is found by the workers (rank 0 verifies it, every rank stops with its
+    line): the launcher prints that line once and exits 2, without torchrun's failure table."""
+    out = tmp_path / "run"
+    first = run_cli([*ARGS, "nproc=2", "steps=2", "checkpoint_every=2", f"out_dir={out}"], timeout=240)
+    assert first.returncode == 0, first.stderr[-3000:]
+    model = out / "checkpoints" / "step_2" / "state" / "model.pt"
+    model.write_bytes(model.read_bytes()[:100])
+    again = run_cli(
+        [*ARGS, "nproc=2", "steps=4", "checkpoint_every=2", f"out_dir={out}", f"resume={model.parent.parent}"],
+        timeout=240,
+    )
+    assert again.returncode == 2, again.stderr[-3000:]
+    lines = again.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"parabench: error: checkpoint {model.parent.parent} is damaged"), lines
+
+
+def test_resume_given_as_a_boolean_is_one_line_before_any_worker_starts(tmp_path):
+    proc = run_cli([*ARGS, "nproc=2", f"out_dir={tmp_path}", "resume=true"], timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "parabench: error: resume=True: give resume=auto (the newest intact checkpoint under out_dir) or a "
+        "checkpoint folder such as runs/x/checkpoints/step_20"
+    ]
