@@ -127,9 +127,17 @@ def memory_chart(q: Question, names: list[str], path: Path) -> Path:
     ]
     usable = None
     for name in names:
-        plans = [plan_strategy(name, replace(q, shape=s)) for s in shapes]
-        usable = plans[0].headroom.usable
-        ax.plot(MODEL_SIZES, [p.peak_bytes / GIB for p in plans], label=name, **_style(name))
+        xs, ys = [], []
+        for size, shape in zip(MODEL_SIZES, shapes, strict=True):
+            try:
+                p = plan_strategy(name, replace(q, shape=shape))
+            except ValueError:  # a layout that does not divide this size (a pipeline's stages, its micro-batches)
+                continue
+            usable = p.headroom.usable if usable is None else usable
+            xs.append(size)
+            ys.append(p.peak_bytes / GIB)
+        if xs:
+            ax.plot(xs, ys, label=name, **_style(name))
     ax.axhline(q.capacity_bytes / GIB, color="black", linewidth=1.5, label=f"card ({q.capacity_bytes / GIB:.1f} GiB)")
     if usable is not None:
         ax.axhline(usable / GIB, color="black", linewidth=0.8, linestyle="--", label="usable by the allocator")

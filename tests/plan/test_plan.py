@@ -541,6 +541,16 @@ def test_json_and_plots(capsys, tmp_path):
         assert Path(path).stat().st_size > 10_000
 
 
+def test_plots_of_a_pipeline_leave_out_the_sizes_its_stages_do_not_divide(capsys, tmp_path):
+    # The memory chart plans each strategy at other model sizes: a pipeline's stages do not divide
+    # every one of them, which must not stop the plan the question asked for.
+    code, out, err = run_plan_cli(
+        "model=gpt2-1.5b", "gpus=8", "plot=true", f"out_dir={tmp_path}", "strategies=[fsdp,fsdp-pp]", capsys=capsys
+    )
+    assert code == 0, err
+    assert (tmp_path / "plan_memory.png").stat().st_size > 10_000 and "fsdp-pp" in out
+
+
 @pytest.mark.parametrize(
     "args,fragment",
     [
