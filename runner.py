@@ -79,6 +79,12 @@ def main(argv: list[str] | None = None) -> int:
 
         report_error(f"parabench: error: {exc}")
         return 2
+    except Exception as exc:
+        from harness.train.launch import reported_elsewhere
+
+        if reported_elsewhere(exc):  # a peer stopped with its one line, which the launcher prints
+            return 1
+        raise
 
 
 if __name__ == "__main__":

@@ -281,6 +281,8 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
         raise
     except OmegaConfBaseException as exc:
         raise ConfigError(_omegaconf_message(exc, schema)) from None
+    except TypeError:  # omegaconf's "Cannot merge incompatible container types": a list for a mapping
+        raise ConfigError(_container_message(overrides, schema)) from None
     _check_finite(cfg)
     if isinstance(cfg, RunConfig):
         _validate(cfg)
@@ -328,6 +330,16 @@ VALUE_HINTS = (
     ("to Dict", "set its entries as {key}.<name>=value"),
     ("'ListConfig' to string", "give one value, not a list"),
 )
+
+
+def _container_message(overrides: list[str], schema: type) -> str:
+    """The one line for a list given where the config holds a mapping (`model_kwargs=[1]`)."""
+    hints = get_type_hints(schema)
+    for override in overrides:
+        key, _, value = override.partition("=")
+        if "dict" in str(hints.get(key, "")).lower() and value.strip().startswith("["):
+            return f"bad value for {key!r}: give its entries as {key}.<name>=value, not a list"
+    return "a list was given where the config holds named entries: give them as <key>.<name>=value"
 
 
 def _omegaconf_message(exc: OmegaConfBaseException, schema: type) -> str:

@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from models.gpt_config import PRESETS, GPTConfig  # noqa: F401 (PRESETS: the zoo reads it from here)
+from models.gpt_config import PRESETS, GPTConfig, check_sizes  # noqa: F401 (PRESETS: the zoo reads it from here)
 from models.tensor_parallel import heads_check
 
 
@@ -68,6 +68,7 @@ class GPT(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
+        check_sizes(cfg)
         self.config = cfg
         self.activation_checkpointing = False
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)

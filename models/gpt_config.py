@@ -4,6 +4,7 @@ planner reads them to plan a preset without building it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -26,3 +27,21 @@ PRESETS: dict[str, GPTConfig] = {
     "gpt2-774m": GPTConfig(n_layer=36, n_head=20, n_embd=1280),
     "gpt2-1.5b": GPTConfig(n_layer=48, n_head=25, n_embd=1600),
 }
+
+
+SIZES = ("n_layer", "n_head", "n_embd", "vocab_size", "block_size")
+
+
+def check_sizes(cfg: Any) -> None:
+    """One line for a size, bias or dropout the model cannot be built with (a GPTConfig's or an
+    MoEConfig's fields, as model_kwargs may set them)."""
+    for name in SIZES:
+        value = getattr(cfg, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a whole number of at least 1")
+    bias = cfg.bias
+    if not isinstance(bias, bool):
+        raise ValueError(f"bias={bias!r} must be true or false")
+    dropout = cfg.dropout
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout={dropout!r} must be at least 0 and below 1")

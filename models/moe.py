@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from models.gpt import MLP, CausalSelfAttention, GPTConfig
+from models.gpt_config import check_sizes
 from models.moe_config import MoEConfig
 from models.routing import RouterTally, SwiGLUExperts, TopKRouter, balance_loss, capacity, over_capacity
 from models.tensor_parallel import heads_check
@@ -174,7 +175,8 @@ class MoEGPT(nn.Module):
 
 
 def check_config(cfg: MoEConfig) -> None:
-    """One line for a routing option the model cannot take."""
+    """One line for a size or routing option the model cannot take."""
+    check_sizes(cfg)
     if not 1 <= cfg.top_k <= cfg.n_experts:
         raise ValueError(f"top_k={cfg.top_k} must be between 1 and n_experts={cfg.n_experts}")
     if not 1 <= cfg.moe_every <= cfg.n_layer:

@@ -26,7 +26,10 @@ class ModelError(ValueError):
 
 def _build_gpt(name: str) -> Callable[..., nn.Module]:
     def build(**overrides: Any) -> nn.Module:
-        return GPT(dataclasses.replace(PRESETS[name], **overrides))
+        try:
+            return GPT(dataclasses.replace(PRESETS[name], **overrides))
+        except ValueError as exc:  # a size, bias or dropout out of range (the presets' own are in range)
+            raise ModelError(f"model {name!r}: model_kwargs.{exc}") from None
 
     return build
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from harness.common.peer_lost import PEER_LOST
 from harness.compare.kernel_oom import OomWatch
 
 FAILURE_KINDS = ("oom", "crash", "signal", "timeout", "interrupted")
@@ -44,11 +45,6 @@ _OOM = re.compile(
 _WORKER_EXIT = re.compile(r"exitcode\s*:\s*(-?\d+)")
 _EXCEPTION_LINE = re.compile(
     r"^(?:\[rank\d+\]:\s*)?(?:[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b|parabench: error:).*"
-)
-# What a worker raises because a peer vanished: a symptom of another rank's death, never its cause.
-_PEER_LOST = re.compile(
-    r"Connection (?:closed|reset) by peer|Broken pipe|DistNetworkError|DistBackendError|communicator was aborted"
-    r"|recvValue failed|failed to recv|Socket Timeout|Connection refused",
 )
 
 
@@ -333,7 +329,7 @@ def classify(
     # A worker's own exception is the cause even when the failure table shows a signal: a
     # process that raised may still abort in its C++ teardown ("terminate called ...") while
     # its peer's store or sockets go away, and torchrun SIGTERMs the survivors.
-    cause = _last_exception_line(log_text, skip=_PEER_LOST)
+    cause = _last_exception_line(log_text, skip=PEER_LOST)
     if cause is None:
         signum = _signal_number(returncode, log_text)
         if signum is not None:

@@ -11,6 +11,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from configs.schema import ConfigError
+
+NO_CUDA = "device=cuda but no CUDA device is visible: use device=cpu or device=auto"
+
 
 @dataclass(frozen=True)
 class DistEnv:
@@ -43,7 +47,7 @@ def free_port() -> int:
 
 def pick_device(requested: str, local_rank: int) -> torch.device:
     if requested == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device=cuda but no CUDA device is visible: use device=cpu or device=auto")
+        raise ConfigError(NO_CUDA)
     if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)

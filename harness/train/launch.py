@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from harness.common.peer_lost import PEER_LOST
+
 RUNNER = str(Path(__file__).resolve().parents[2] / "runner.py")
 _FORKED = False  # whether this process is a worker forked_worker started
 
@@ -80,11 +82,13 @@ def run_under_torchrun(
             else:
                 torchrun_main(torchrun_args(nproc, runner_args))
         except ChildFailedError as failed:
+            # A rank's one-line error is the cause even where a peer failed first: a rank that
+            # stops alone (rank 0's tracker, its checkpoint check) leaves its peers to fail in their
+            # next collective.
             lines = worker_errors(Path(errors))
             for line in lines:
                 print(line, file=sys.stderr)
-            _, first = failed.get_first_failure()
-            if lines and first.exitcode == USER_ERROR:
+            if lines:
                 return USER_ERROR
             print(failed.format_msg(), file=sys.stderr)
             return 1
@@ -106,6 +110,15 @@ def report_error(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def reported_elsewhere(exc: BaseException) -> bool:
+    """Whether `exc` is this worker losing a peer that stopped with a one-line error already
+    reported to the launcher: a symptom to end quietly on, not a second cause to print."""
+    errors = os.environ.get(WORKER_ERRORS_ENV)
+    if not errors or not Path(errors).is_dir() or not any(Path(errors).glob("rank_*")):
+        return False
+    return PEER_LOST.search(f"{type(exc).__name__}: {exc}") is not None
+
+
 def worker_errors(folder: Path) -> list[str]:
     """The distinct lines the workers reported, in rank order."""
     lines: list[str] = []
@@ -114,21 +127,32 @@ def worker_errors(folder: Path) -> list[str]:
     return lines
 
 
+# What the agent and torch's process context log as they stop the workers: a failure with the
+# agent's own traceback, and each surviving worker terminated.
+_STOPPING_LOGS = {
+    "torch.distributed.elastic.multiprocessing.api": "failed (exitcode",
+    "torch.multiprocessing.spawn": "Terminating process",
+}
+
+
 @contextlib.contextmanager
 def _quiet_user_errors() -> Iterator[None]:
-    """Keep torchrun's agent from logging a worker's one-line error as a failure with its own
-    traceback (its failure table stays for every other exit)."""
+    """Keep torchrun's agent and torch's process context from logging the workers' stop where a
+    worker reported a one-line error (their failure table and lines stay for every other exit)."""
 
     def keep(record: logging.LogRecord) -> bool:
-        exitcode = record.args[0] if isinstance(record.args, tuple) and record.args else None
-        return not (str(record.msg).startswith("failed (exitcode") and exitcode == USER_ERROR)
+        starts = _STOPPING_LOGS.get(record.name, "")
+        errors = os.environ.get(WORKER_ERRORS_ENV)
+        return not (starts and str(record.msg).startswith(starts) and errors and any(Path(errors).glob("rank_*")))
 
-    logger = logging.getLogger("torch.distributed.elastic.multiprocessing.api")
-    logger.addFilter(keep)
+    loggers = [logging.getLogger(name) for name in _STOPPING_LOGS]
+    for logger in loggers:
+        logger.addFilter(keep)
     try:
         yield
     finally:
-        logger.removeFilter(keep)
+        for logger in loggers:
+            logger.removeFilter(keep)
 
 
 def _launch_forked(nproc: int, runner_args: list[str]) -> None:

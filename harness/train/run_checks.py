@@ -3,7 +3,7 @@ not a traceback from every worker."""
 
 from __future__ import annotations
 
-from configs.schema import RunConfig
+from configs.schema import ConfigError, RunConfig
 from harness.common.writable import check_writable
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
@@ -35,10 +35,12 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     check_writable(cfg.out_dir)
     check_trackers(cfg)
 
-    from harness.train.distributed import DistEnv
+    from harness.train.distributed import NO_CUDA, DistEnv
     from harness.train.loop import create_strategy, prepare_model, run_schedule
 
     registry = default_registry()
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(NO_CUDA)
     use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     device_type = "cuda" if use_cuda else "cpu"
     unsupported = registry.get(cfg.strategy).unsupported_reason(device_type, cfg.strategy_options)
@@ -51,6 +53,12 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     )
     with on_meta():
         model, blocks, _ = prepare_model(cfg)
+    positions = getattr(getattr(model, "config", None), "block_size", None)
+    if isinstance(positions, int) and cfg.seq_len > positions:
+        raise ConfigError(
+            f"seq_len={cfg.seq_len} exceeds {cfg.model}'s block_size={positions} (its positions): give seq_len<="
+            f"{positions} or model_kwargs.block_size={cfg.seq_len}"
+        )
     try:
         strategy = create_strategy(cfg, env, run_schedule(cfg, model), model, blocks)
     except MeshSizeError as exc:  # tp_size=0: no count of ranks runs it, so the compare stops, not skips

@@ -49,7 +49,9 @@ def test_a_one_line_error_every_worker_meets_is_printed_once(tmp_path):
     )
     assert again.returncode == 2, again.stderr[-3000:]
     lines = again.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"parabench: error: checkpoint {model.parent.parent} is damaged"), lines
+    assert len(lines) == 1 and lines[0].startswith(f"parabench: error: checkpoint {model.parent.parent} is damaged"), (
+        lines
+    )
 
 
 def test_resume_given_as_a_boolean_is_one_line_before_any_worker_starts(tmp_path):
@@ -59,3 +61,15 @@ def test_resume_given_as_a_boolean_is_one_line_before_any_worker_starts(tmp_path
         "parabench: error: resume=True: give resume=auto (the newest intact checkpoint under out_dir) or a "
         "checkpoint folder such as runs/x/checkpoints/step_20"
     ]
+
+
+def test_an_error_rank_0_meets_alone_is_its_one_line_not_its_peers_failure(tmp_path):
+    """MLflow starts on rank 0 only: its error stops rank 0, and rank 1 then loses its peer in the
+    next collective. The line is the cause; rank 1's lost connection and the failure table are not."""
+    pytest.importorskip("mlflow")
+    proc = run_cli(
+        [*ARGS, "nproc=2", "steps=2", "trackers=[mlflow]", "tracker_uri=bogus://x", f"out_dir={tmp_path}"], timeout=240
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("parabench: error: MLflow could not start a run at bogus://x"), lines

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from harness.plan.model import hf_configs
-from models.gpt_config import PRESETS, GPTConfig
+from models.gpt_config import PRESETS, GPTConfig, check_sizes
 from models.moe_config import MOE_PRESETS
 
 if TYPE_CHECKING:
@@ -292,6 +292,19 @@ def hf_shape(spec: str, arch: hf_configs.HFArchitecture, kwargs: dict[str, Any])
     return _shape(spec, hf_configs.llama_tensors(s, arch.qkv_bias), _llama_dims(s), tied_head=tied)
 
 
+def _preset_with(spec: str, preset: Any, kwargs: dict[str, Any]) -> Any:
+    """A zoo preset's config with model_kwargs over it: an unknown key or a size out of range is one line."""
+    try:
+        config = dataclasses.replace(preset, **kwargs)
+    except TypeError as exc:
+        raise PlanError(f"model {spec!r} rejected model_kwargs {kwargs}: {exc}") from None
+    try:
+        check_sizes(config)
+    except ValueError as exc:
+        raise PlanError(f"model {spec!r}: model_kwargs.{exc}") from None
+    return config
+
+
 def shape_of_spec(
     spec: str, model_kwargs: dict[str, Any] | None = None, block_names: list[str] | None = None
 ) -> ModelShape:
@@ -304,15 +317,9 @@ def shape_of_spec(
     if not block_names and spec in MOE_PRESETS:
         from harness.plan.model.moe_shape import zoo_moe_shape
 
-        try:
-            return zoo_moe_shape(spec, dataclasses.replace(MOE_PRESETS[spec], **kwargs))
-        except TypeError as exc:
-            raise PlanError(f"model {spec!r} rejected model_kwargs {kwargs}: {exc}") from None
+        return zoo_moe_shape(spec, _preset_with(spec, MOE_PRESETS[spec], kwargs))
     if not block_names and spec in PRESETS:
-        try:
-            return _gpt_shape(spec, dataclasses.replace(PRESETS[spec], **kwargs))
-        except TypeError as exc:
-            raise PlanError(f"model {spec!r} rejected model_kwargs {kwargs}: {exc}") from None
+        return _gpt_shape(spec, _preset_with(spec, PRESETS[spec], kwargs))
     listed = model_catalogue.entry(spec)
     if listed is not None and listed.config:
         return hf_files.shape_of_fields(spec, {**listed.config, **kwargs}, block_names)

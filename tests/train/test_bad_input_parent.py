@@ -1,0 +1,35 @@
+"""Bad input a run's workers used to find is found in the parent, before any worker starts: one
+line (exit code 2), not a traceback from each rank beside torchrun's failure table."""
+
+from __future__ import annotations
+
+import pytest
+
+import runner
+from tests.helpers import NANO
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["device=cuda"], "device=cuda but no CUDA device is visible: use device=cpu or device=auto"),
+        (["seq_len=300"], "seq_len=300 exceeds gpt-nano's block_size=256 (its positions): give seq_len<=256"),
+        (["strategy=fsdp-cp", "seq_len=600"], "seq_len=600 exceeds gpt-nano's block_size=256"),
+        (["model_kwargs.n_layer=0"], "model 'gpt-nano': model_kwargs.n_layer=0 must be a whole number of at least 1"),
+        (["model_kwargs.vocab_size=-1"], "model_kwargs.vocab_size=-1 must be a whole number of at least 1"),
+        (["model_kwargs.bias=maybe"], "model_kwargs.bias='maybe' must be true or false"),
+        (["model_kwargs.dropout=2"], "model_kwargs.dropout=2 must be at least 0 and below 1"),
+    ],
+)
+def test_found_before_any_worker_starts(args, says, tmp_path, capsys, monkeypatch):
+    if "device=cuda" in args:
+        monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    launched = []
+    monkeypatch.setattr("harness.train.train_cli.run_under_torchrun", lambda *a, **k: launched.append(a) or 0)
+    strategy = [] if any(a.startswith("strategy=") for a in args) else ["strategy=ddp"]
+    code = runner.main(["train", *strategy, *NANO, "nproc=2", f"out_dir={tmp_path}", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and not launched
+    assert err.count("\n") == 1 and says in err, err
