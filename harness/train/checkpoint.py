@@ -117,7 +117,32 @@ class Manifest:
             for v in listed.values()
         ):
             raise CheckpointError(f"{path}/{MANIFEST} does not list its files as {{path: {{bytes, sha256}}}}")
+        wrong = manifest._wrong_field()
+        if wrong:
+            raise CheckpointError(f"checkpoint {path} is damaged: {MANIFEST}'s {wrong}: resume from another checkpoint")
         return manifest
+
+    def _wrong_field(self) -> str | None:
+        """The first field whose value is not of its kind (a hand-edited or damaged manifest)."""
+
+        def whole(value: Any, least: int) -> bool:
+            return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+        if not whole(self.step, 0):
+            return f"step is {self.step!r}, not a whole number of 0 or more"
+        if not whole(self.world_size, 1):
+            return f"world_size is {self.world_size!r}, not a whole number of 1 or more"
+        for name in ("strategy", "checkpoint_format"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name):
+                return f"{name} is {getattr(self, name)!r}, not a name"
+        if not isinstance(self.config, dict) or not isinstance(self.config.get("model"), str):
+            return "config does not name its model"
+        shapes = self.param_shapes
+        if not isinstance(shapes, dict) or not all(
+            isinstance(v, list) and all(whole(d, 0) for d in v) for v in shapes.values()
+        ):
+            return "param_shapes is not {name: [sizes]}"
+        return None
 
     def write(self, path: Path) -> None:
         with open(path / MANIFEST, "w") as f:

@@ -531,3 +531,26 @@ def test_a_checkpoint_of_another_model_is_a_one_line_error(tmp_path_factory, tmp
     assert proc.returncode == 2, log(proc)
     assert proc.stderr.count("\n") == 1 and "of shape [128, 64], this model's is [128, 32]" in proc.stderr, proc.stderr
     verify(source)
+
+
+@pytest.mark.parametrize(
+    "field, value, says",
+    [
+        ("step", "x", "step is 'x', not a whole number of 0 or more"),
+        ("step", None, "step is None, not a whole number of 0 or more"),
+        ("step", -3, "step is -3, not a whole number of 0 or more"),
+        ("world_size", "two", "world_size is 'two', not a whole number of 1 or more"),
+        ("strategy", 5, "strategy is 5, not a name"),
+        ("config", [1], "config does not name its model"),
+        ("param_shapes", {"w": "x"}, "param_shapes is not {name: [sizes]}"),
+    ],
+)
+def test_a_manifest_field_of_the_wrong_kind_is_one_line_naming_it(tmp_path, field, value, says):
+    manager = CheckpointManager(tmp_path / "checkpoints", rank=0, world_size=1, keep_last=2)
+    ckpt = manager.save(1, _DCPWriter(), CONFIG, param_shapes(build_model("gpt-nano")))
+    manifest = json.loads((ckpt / "manifest.json").read_text())
+    manifest[field] = value
+    (ckpt / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError) as err:
+        verify(ckpt)
+    assert str(err.value) == f"checkpoint {ckpt} is damaged: manifest.json's {says}: resume from another checkpoint"
