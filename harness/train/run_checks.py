@@ -3,8 +3,12 @@ not a traceback from every worker."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from configs.schema import ConfigError, RunConfig
-from harness.common.writable import check_writable
+from harness.common.writable import FolderError, check_writable
+from harness.train.checkpoint import CHECKPOINTS, SUMMARY
+from harness.train.library_output import LOG_FILE
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
 from models.on_meta import on_meta
@@ -33,6 +37,7 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     import torch
 
     check_writable(cfg.out_dir)
+    check_run_names(cfg.out_dir)
     check_trackers(cfg)
 
     from harness.train.distributed import NO_CUDA, DistEnv
@@ -76,3 +81,21 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
     if cfg.data != "markov":
         TokenFileData(cfg.data, cfg.seq_len)
     return strategy
+
+
+# What a run writes in its out_dir, files then folders (metrics.py, loop.py, library_output.py, checkpoint.py).
+RUN_FILES = ("metrics.jsonl", SUMMARY, LOG_FILE)
+RUN_FOLDERS = (CHECKPOINTS, "profile")
+REMOVE_IT = "remove it or give another out_dir"
+
+
+def check_run_names(out_dir: str | Path) -> None:
+    """An out_dir holding a folder where the run writes a file, or a file where it writes a folder,
+    is one line before the run starts, not a failure at its first write or after its last step."""
+    folder = Path(out_dir)
+    for name in RUN_FILES:
+        if (folder / name).exists() and not (folder / name).is_file():
+            raise FolderError(f"out_dir={out_dir} holds a folder {name} where the run writes a file: {REMOVE_IT}")
+    for name in RUN_FOLDERS:
+        if (folder / name).exists() and not (folder / name).is_dir():
+            raise FolderError(f"out_dir={out_dir} holds a file {name} where the run writes a folder: {REMOVE_IT}")

@@ -33,3 +33,24 @@ def test_found_before_any_worker_starts(args, says, tmp_path, capsys, monkeypatc
     err = capsys.readouterr().err
     assert code == 2 and not launched
     assert err.count("\n") == 1 and says in err, err
+
+
+@pytest.mark.parametrize(
+    "name, kind, says",
+    [
+        ("summary.json", "folder", "holds a folder summary.json where the run writes a file"),
+        ("metrics.jsonl", "folder", "holds a folder metrics.jsonl where the run writes a file"),
+        ("log.txt", "folder", "holds a folder log.txt where the run writes a file"),
+        ("profile", "file", "holds a file profile where the run writes a folder"),
+        ("checkpoints", "file", "holds a file checkpoints where the run writes a folder"),
+    ],
+)
+def test_a_name_the_run_writes_held_by_the_wrong_kind_stops_it_first(name, kind, says, tmp_path, capsys, monkeypatch):
+    # summary.json as a folder used to fail after the last step, the run's results lost.
+    (tmp_path / name).mkdir() if kind == "folder" else (tmp_path / name).write_text("")
+    launched = []
+    monkeypatch.setattr("harness.train.train_cli.run_under_torchrun", lambda *a, **k: launched.append(a) or 0)
+    code = runner.main(["train", "strategy=ddp", *NANO, "nproc=2", f"out_dir={tmp_path}"])
+    err = capsys.readouterr().err
+    assert code == 2 and not launched
+    assert err.count("\n") == 1 and f"out_dir={tmp_path} {says}: remove it or give another out_dir" in err, err
