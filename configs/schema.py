@@ -183,8 +183,11 @@ def _validate(cfg: RunConfig) -> None:
         raise ConfigError(f"device={cfg.device!r} is not one of {', '.join(DEVICES)}")
     if not 0 <= cfg.beta1 < 1 or not 0 <= cfg.beta2 < 1:
         raise ConfigError(f"beta1={cfg.beta1}, beta2={cfg.beta2}: each must be in [0, 1)")
-    if cfg.pg_timeout_s <= 0:
-        raise ConfigError(f"pg_timeout_s={cfg.pg_timeout_s} must be positive")
+    if cfg.pg_timeout_s < MIN_PG_TIMEOUT_S:
+        raise ConfigError(
+            f"pg_timeout_s={cfg.pg_timeout_s} must be at least {MIN_PG_TIMEOUT_S:g} (seconds): "
+            "the ranks need that long to connect (default 300)"
+        )
     for name in cfg.trackers:
         if name not in TRACKERS:
             close = difflib.get_close_matches(name, TRACKERS, n=1)
@@ -261,6 +264,9 @@ def _bracketed(arg: str) -> str:
     if key in LIST_KEYS and value and not value.startswith("[") and value != "null":
         return f"{key}=[{value}]"
     return arg
+
+
+MIN_PG_TIMEOUT_S = 1.0  # below it gloo's ranks cannot form their group even on one host
 
 
 def load_config(args: list[str], schema: type = RunConfig) -> Any:
