@@ -242,7 +242,15 @@ def parse_overrides(args: list[str]) -> list[str]:
     for arg in args:
         if "=" not in arg or arg.startswith("="):
             raise ConfigError(f"argument {arg!r} is not key=value (for example steps=20)")
+        key, _, value = arg.partition("=")
+        if key in FILE_KEYS and not value.strip():
+            raise ConfigError(f"{key}= is empty: give a value, or leave {key}= out")
     return [_quoted_names(_bracketed(arg)) for arg in args]
+
+
+# Keys naming a file or folder: empty (an unset shell variable) they would read as not given and run
+# something else than asked, a whole default compare for `plan=`.
+FILE_KEYS = ("config", "plan", "calibrate", "deepspeed_config", "resume", "data")
 
 
 def _quoted_names(arg: str) -> str:

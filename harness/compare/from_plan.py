@@ -101,6 +101,11 @@ def check_plan_args(cfg: CompareConfig, args: list[str]) -> None:
         raise ConfigError("plan= measures layouts on this machine: use launcher=local")
 
 
+SEARCH_SIZES = ("gpus", "seq_len", "global_batch_sequences")  # a search's question: whole numbers
+LAYOUT_SIZES = ("tp", "pp", "cp", "data_parallel", "micro_batch", "grad_accum")  # a layout's (pp, cp: may be absent)
+CHECKPOINTING = ("none", "full", "selective")
+
+
 def read_search(path: str, top: int) -> dict[str, Any]:
     """The search result in `path`, holding at least `top` layouts."""
     if top < 1:
@@ -117,12 +122,56 @@ def read_search(path: str, top: int) -> dict[str, Any]:
             f"plan={path} is not a search result (no layouts): give the JSON that `{SEARCH_COMMAND}` writes"
         )
     found = len(search["layouts"])
+    if found == 0:
+        raise ConfigError(f"plan={path} holds no layout that fits: search a larger cluster or a smaller model")
     if found < top:
         raise ConfigError(
             f"plan={path} holds {found} layout{'s' if found != 1 else ''} that fit: give top={found} or fewer, "
             "or search a cluster where more fit"
         )
+    wrong = _wrong_question(search["question"]) or next(
+        (
+            f"layout {rank} {why}"
+            for rank, layout in enumerate(search["layouts"][:top], 1)
+            if (why := _wrong_layout(layout))
+        ),
+        None,
+    )
+    if wrong:
+        raise ConfigError(f"plan={path} is not a search result ({wrong}): give the JSON that `{SEARCH_COMMAND}` writes")
     return search
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def _wrong_question(q: Any) -> str | None:
+    """What in a search's question is not what `plan search=true` writes (a hand-edited file)."""
+    if not isinstance(q, dict):
+        return "its question is not an object"
+    if not isinstance(q.get("model"), str) or not q["model"]:
+        return "its question names no model"
+    return next((f"its question's {key} is {q.get(key)!r}" for key in SEARCH_SIZES if not _whole(q.get(key))), None)
+
+
+def _wrong_layout(layout: Any) -> str | None:
+    if not isinstance(layout, dict):
+        return "is not an object"
+    if not isinstance(layout.get("strategy"), str) or not layout["strategy"]:
+        return "names no strategy"
+    for key in LAYOUT_SIZES:
+        if key in layout or key in ("tp", "data_parallel", "micro_batch", "grad_accum"):
+            if not _whole(layout.get(key)):
+                return f"has {key}={layout.get(key)!r}"
+    if not isinstance(layout.get("strategy_options", {}), dict):
+        return "has strategy_options that are not an object"
+    if layout.get("activation_checkpointing") not in CHECKPOINTING:
+        return f"has activation_checkpointing={layout.get('activation_checkpointing')!r}"
+    for key in ("tokens_per_s_per_gpu", "peak_allocated_bytes", "peak_reserved_bytes"):
+        if isinstance(layout.get(key), bool) or not isinstance(layout.get(key), (int, float)):
+            return f"has {key}={layout.get(key)!r}"
+    return None
 
 
 def plan_settings(search: dict[str, Any]) -> dict[str, Any]:

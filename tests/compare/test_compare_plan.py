@@ -171,3 +171,37 @@ def test_a_plan_that_cannot_be_measured_is_one_line(tmp_path: Path) -> None:
         compare.main([f"plan={short}", "top=0", out])
     with pytest.raises(ConfigError, match="top= picks the best layouts of a plan"):
         compare.main(["top=2", out])
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda s: s["layouts"].__setitem__(0, "abc"), "layout 1 is not an object"),
+        (lambda s: s["layouts"][0].pop("strategy"), "layout 1 names no strategy"),
+        (lambda s: s["layouts"][1].__setitem__("grad_accum", "x"), "layout 2 has grad_accum='x'"),
+        (lambda s: s["layouts"][0].__setitem__("micro_batch", 2.5), "layout 1 has micro_batch=2.5"),
+        (lambda s: s["layouts"][0].__setitem__("strategy_options", [1]), "strategy_options that are not an object"),
+        (lambda s: s["question"].__setitem__("gpus", 0), "its question's gpus is 0"),
+        (lambda s: s["question"].pop("model"), "its question names no model"),
+        (lambda s: s.__setitem__("question", []), "its question is not an object"),
+    ],
+)
+def test_a_hand_edited_plan_is_one_line_naming_what_is_wrong(tmp_path: Path, edit, says) -> None:
+    # Each used to be a KeyError, TypeError or ZeroDivisionError from deep in the compare.
+    search = {
+        "question": {"model": "gpt-nano", "gpus": 4, "seq_len": 32, "global_batch_sequences": 8},
+        "layouts": [_layout("ddp", 1, 2, 1), _layout("fsdp", 1, 2, 1)],
+    }
+    edit(search)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(search))
+    with pytest.raises(ConfigError, match="is not a search result") as err:
+        compare.main([f"plan={plan}", "top=2", f"out_dir={tmp_path / 'out'}"])
+    assert says in str(err.value)
+
+
+def test_a_plan_in_which_nothing_fits_says_so(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"question": {"model": "gpt-nano", "gpus": 4}, "layouts": []}))
+    with pytest.raises(ConfigError, match="holds no layout that fits: search a larger cluster or a smaller model"):
+        compare.main([f"plan={plan}", "top=1", f"out_dir={tmp_path / 'out'}"])
