@@ -205,3 +205,8 @@ def test_a_plan_in_which_nothing_fits_says_so(tmp_path: Path) -> None:
     plan.write_text(json.dumps({"question": {"model": "gpt-nano", "gpus": 4}, "layouts": []}))
     with pytest.raises(ConfigError, match="holds no layout that fits: search a larger cluster or a smaller model"):
         compare.main([f"plan={plan}", "top=1", f"out_dir={tmp_path / 'out'}"])
+
+
+def test_an_empty_plan_is_one_line_not_a_whole_default_compare(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="plan= is empty: give a value, or leave plan= out"):
+        compare.main(["plan=", f"out_dir={tmp_path / 'out'}"])

@@ -30,6 +30,8 @@ from tests.helpers import run_cli
         (["strategy=[fsdp,ddp]"], "strategy= takes one name: to run several, use runner.py compare"),
         # a list where the config holds named entries: omegaconf's merge raised a TypeError
         (["model_kwargs=[1]"], "bad value for 'model_kwargs': give its entries as model_kwargs.<name>=value"),
+        (["resume="], "resume= is empty: give a value, or leave resume= out"),
+        (["data="], "data= is empty: give a value, or leave data= out"),
         (
             ["pg_timeout_s=0.001"],
             "pg_timeout_s=0.001 must be at least 1 (seconds): the ranks need that long to connect",
