@@ -57,6 +57,13 @@ def _strip_launcher_flags(args: list[str]) -> list[str]:
     return out
 
 
+def one_line(message: str) -> str:
+    """A library's several-line message (pydantic's validation errors) as one line, without its
+    pointers to a web page."""
+    lines = [line.strip() for line in message.splitlines()]
+    return "; ".join(line for line in lines if line and not line.startswith("For further information visit"))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _strip_launcher_flags(list(sys.argv[1:] if argv is None else argv))
     if not args or args[0] in ("-h", "--help", "help"):
@@ -77,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # every user-facing error class derives from ValueError
         from harness.train.launch import report_error
 
-        report_error(f"parabench: error: {exc}")
+        report_error(f"parabench: error: {one_line(str(exc))}")
         return 2
     except Exception as exc:
         from harness.train.launch import reported_elsewhere

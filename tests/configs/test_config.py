@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import runner
 from configs.schema import ConfigError, RunConfig, load_config
 from harness.compare.compare_config import load_compare_config
 from harness.plan.plan_options import PlanConfig
@@ -157,3 +158,22 @@ def test_compare_values_are_checked(args, expected):
 @pytest.mark.parametrize("time", ["90", "01:00:00", "2-00:00:00", "2-12", "UNLIMITED"])
 def test_compare_takes_sbatch_times(time):
     assert load_compare_config([f"slurm_time={time}"]).slurm_time == time
+
+
+def test_a_libraries_several_line_error_is_printed_as_one_line(capsys, monkeypatch):
+    # pydantic's validation errors (DeepSpeed's config) span lines and point to a web page.
+    message = (
+        "1 validation error for DeepSpeedZeroConfig\nbogus_key\n"
+        "  Extra inputs are not permitted [type=extra_forbidden]\n"
+        "    For further information visit https://errors.pydantic.dev/2.14/v/extra_forbidden"
+    )
+
+    def fails(args):
+        raise ValueError(message)
+
+    monkeypatch.setattr("harness.train.list_cli.main", fails)
+    assert runner.main(["list"]) == 2
+    assert capsys.readouterr().err == (
+        "parabench: error: 1 validation error for DeepSpeedZeroConfig; bogus_key; "
+        "Extra inputs are not permitted [type=extra_forbidden]\n"
+    )

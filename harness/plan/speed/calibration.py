@@ -104,7 +104,15 @@ def calibrate_from(path: Path, *more: Path) -> tuple[SpeedFactors, list[FitRow]]
     `more` (compares at other sizes or micro-batches) split each memory miss by kind."""
     settings, measurements, basis = read_measurements(path)
     others = [read_measurements(other)[:2] for other in more]
-    return fit(settings, measurements, basis, others)
+    try:
+        return fit(settings, measurements, basis, others)
+    except PlanError:
+        raise
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:  # a hand-edited setting
+        raise PlanError(
+            f"calibrate={path}: its run's settings are not parabench's ({type(exc).__name__}: {exc}): "
+            "give the out_dir of a finished compare or train run as it wrote it"
+        ) from None
 
 
 def calibration_for_report(compare_dir: Path) -> dict[str, Any]:
@@ -131,7 +139,7 @@ def read_measurements(path: Path) -> tuple[RunSettings, list[Measurement], str]:
             return _read_results(_object_in(results, path), path)
         if summary.is_file():
             return _read_summary(_object_in(summary, path), path)
-    except (AttributeError, KeyError, TypeError, ValueError) as exc:  # a field of the wrong kind too
+    except (ArithmeticError, AttributeError, KeyError, TypeError, ValueError) as exc:  # a field of the wrong kind too
         if isinstance(exc, PlanError):
             raise
         raise PlanError(

@@ -6,6 +6,7 @@ not used; and a compare calibrating the plan for another size."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -319,3 +320,27 @@ def test_each_gpu_steps_its_offloaded_shard_on_its_share_of_the_host():
         steps[per_node] = plan_strategy("zero3-offload", q).time.offload_step_s
     assert steps[8] == pytest.approx(steps[1])
     assert steps[8] == pytest.approx(q.shape.params / 8 * rate, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda d: d.__setitem__("nproc", 0), "its results are incomplete (ZeroDivisionError"),
+        (
+            lambda d: d["config"].__setitem__("precision", "fp4"),
+            "its run's settings are not parabench's (KeyError: 'fp4')",
+        ),
+        (
+            lambda d: d["config"].__setitem__("activation_checkpointing", "weird"),
+            "its run's settings are not parabench's (KeyError: 'weird')",
+        ),
+    ],
+)
+def test_a_hand_edited_results_file_is_one_line(tmp_path, edit, says):
+    # Each was a traceback from deep in the fit.
+    write_compare(tmp_path / "c")
+    doc = json.loads((tmp_path / "c" / "results.json").read_text())
+    edit(doc)
+    (tmp_path / "c" / "results.json").write_text(json.dumps(doc))
+    with pytest.raises(PlanError, match=re.escape(says)):
+        calibrate_from(tmp_path / "c")
