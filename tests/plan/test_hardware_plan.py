@@ -156,13 +156,16 @@ def test_a_gb200_rack_is_one_nvlink_domain_of_four_gpu_trays():
     "options,says",
     [
         (dict(gpu="MI300X", nvlink_domain=16), "no NVLink switch"),
+        (dict(gpu="A100", gpus=16, nvlink_domain=16), "NVLink between hosts comes with rack-scale systems"),
+        (dict(gpu="H100", gpus=16, nvlink_domain=16), "NVLink between hosts comes with rack-scale systems"),
+        (dict(gpu="GB300", gpus=144, nvlink_domain=144), "largest NVLink domain is 72 GPUs"),
         (dict(gpu="GB200", nvlink_domain="nvl99"), "nvl72"),
         (dict(gpu="GB200", nvlink_domain=6), "multiple of 4"),
     ],
 )
 def test_a_bad_nvlink_domain_is_one_line(options, says):
     with pytest.raises(PlanError, match=says):
-        question(PlanConfig(model="llama3.1-8b", gpus=72, **options))
+        question(PlanConfig(model="llama3.1-8b", **{"gpus": 72, **options}))
 
 
 def test_tensor_parallel_across_trays_stays_on_nvlink_and_the_recommendation_says_why(capsys):

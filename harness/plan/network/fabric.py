@@ -289,6 +289,17 @@ def parse_domain(value: object, gpu: GPUSpec, gpus_per_node: int) -> int:
             f"nvlink_domain={value}: the {gpu.name}'s links stay inside its host of {gpus_per_node} GPUs (no NVLink "
             "switch): leave nvlink_domain out"
         )
+    rack = gpu.nvlink_domain > gpu.gpus_per_host  # NVLink switch trays between hosts (NVL72)
+    if domain > gpus_per_node and not rack:
+        raise PlanError(
+            f"nvlink_domain={value}: the {gpu.name}'s NVSwitch joins the GPUs of one host ({gpus_per_node}); NVLink "
+            "between hosts comes with rack-scale systems (GB200, GB300 NVL72): leave nvlink_domain out"
+        )
+    if rack and domain > gpu.nvlink_domain:
+        raise PlanError(
+            f"nvlink_domain={value}: the {gpu.name}'s largest NVLink domain is {gpu.nvlink_domain} GPUs (one rack): "
+            f"give {gpu.nvlink_domain} or fewer"
+        )
     return domain
 
 
