@@ -228,7 +228,7 @@ def _read_yaml(path: str) -> DictConfig:
 
 
 # Keys holding a list of names, which also take `key=a,b` and `key=a` for `key=[a,b]`.
-LIST_KEYS = ("model_blocks", "trackers")
+LIST_KEYS = ("model_blocks", "trackers", "profile_steps")
 
 
 # Keys whose values are strategy names, which may be `<kind>:<path>`: quoted before YAML reads them,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import sys
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -40,6 +41,12 @@ def _config_class(name: str) -> type:
         raise HFModelError(
             f"model hf:{name} needs the transformers package ({exc}): pip install transformers"
         ) from None
+    if "/" in name or name.endswith(".json"):
+        where = "" if Path(name).exists() else f" (and {name} does not exist)"
+        raise HFModelError(
+            f"model hf:{name}: a run builds a Hugging Face model from its config class or model type (hf:LlamaConfig "
+            f"or hf:llama, sizes in model_kwargs); a config.json or its folder is read by `plan` only{where}"
+        )
     if name.endswith("Config"):
         cls = getattr(transformers, name, None)
         if cls is None or not isinstance(cls, type):

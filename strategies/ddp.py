@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, ContextManager
 
-from strategies.base import OptimizerFactory, Preset, RunContext
+from strategies.base import OptimizerFactory, Preset, RunContext, StrategyError
 from strategies.plan_model import PlanModel
 from strategies.single import SingleDeviceStrategy
 
@@ -28,6 +28,10 @@ class DDPStrategy(SingleDeviceStrategy):
         static_graph: bool = False,
     ):
         super().__init__(ctx)
+        if not float(bucket_cap_mb) > 0:
+            raise StrategyError(
+                f"strategy_options.bucket_cap_mb={bucket_cap_mb} must be above 0 (MB a bucket, DDP's 25)"
+            )
         self.ddp_kwargs = dict(
             bucket_cap_mb=float(bucket_cap_mb),
             find_unused_parameters=bool(find_unused_parameters),

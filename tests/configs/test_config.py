@@ -177,3 +177,8 @@ def test_a_libraries_several_line_error_is_printed_as_one_line(capsys, monkeypat
         "parabench: error: 1 validation error for DeepSpeedZeroConfig; bogus_key; "
         "Extra inputs are not permitted [type=extra_forbidden]\n"
     )
+
+
+def test_profile_steps_takes_one_step_without_brackets():
+    assert load_config(["profile_steps=2"]).profile_steps == [2]
+    assert load_config(["profile_steps=[6,7,8]"]).profile_steps == [6, 7, 8]

@@ -21,6 +21,8 @@ pytestmark = pytest.mark.timeout(120)
         (["model_kwargs.vocab_size=-1"], "model_kwargs.vocab_size=-1 must be a whole number of at least 1"),
         (["model_kwargs.bias=maybe"], "model_kwargs.bias='maybe' must be true or false"),
         (["model_kwargs.dropout=2"], "model_kwargs.dropout=2 must be at least 0 and below 1"),
+        (["strategy_options.bucket_cap_mb=-1"], "strategy_options.bucket_cap_mb=-1 must be above 0"),
+        (["model=hf:/no/such/config.json"], "a config.json or its folder is read by `plan` only (and /no/such"),
     ],
 )
 def test_found_before_any_worker_starts(args, says, tmp_path, capsys, monkeypatch):
