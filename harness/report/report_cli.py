@@ -13,7 +13,7 @@ from typing import Any
 
 from harness.common.colours import strategy_colours
 from harness.common.units import human_bytes
-from harness.common.writable import check_writable
+from harness.common.writable import FolderError, check_writable
 from harness.compare import NoiseBand, StrategyResult, bound_at, floor_of, load_metrics, results_for_report
 from harness.report import figures
 from harness.report.advice import advice_from_results
@@ -47,7 +47,20 @@ def main(args: list[str]) -> int:
     folder = Path(args[0])
     if folder.is_dir():  # a missing one is read_results' error: it holds no results
         check_writable(folder, f"the compare folder {folder}", create=False, fix="copy it somewhere writable first")
-    md_path, html_path = build_report(folder)
+    try:
+        md_path, html_path = build_report(folder)
+    except ValueError:  # parabench's own one-line errors (no results, a damaged file it reads)
+        raise
+    except OSError as exc:  # report.md a folder, figures a file
+        raise FolderError(
+            f"the report cannot be written in {folder} ({exc.strerror or exc}: {exc.filename}): remove what stands "
+            "where report.md, report.html and figures/ go, or copy the folder elsewhere"
+        ) from None
+    except (AttributeError, KeyError, TypeError, IndexError) as exc:  # a hand-edited results.json
+        raise FolderError(
+            f"{folder}/results.json is not a parabench compare's results ({type(exc).__name__}: {exc}): give the "
+            "out_dir of a `runner.py compare` run as it wrote it"
+        ) from None
     print(f"report: {md_path}\n        {html_path}")
     return 0
 

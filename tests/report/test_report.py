@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import runner
 from harness.common.colours import strategy_colours
 from harness.common.units import GIB
 from harness.compare.batch_search import FITS, OOM, Probe, Search
@@ -310,3 +311,23 @@ def test_legends_stay_inside_the_picture_with_every_strategy():
             box = ax.get_tightbbox(renderer)
             assert picture.contains(box.x0, box.y0) and picture.contains(box.x1, box.y1), (name, box, fig.bbox)
         figures.plt.close(fig)
+
+
+@pytest.mark.parametrize(
+    "edit, says",
+    [
+        (lambda doc, d: doc.__setitem__("model", "x"), "results.json is not a parabench compare's results"),
+        (lambda doc, d: doc.__setitem__("environment", []), "results.json is not a parabench compare's results"),
+        (lambda doc, d: (d / "report.md").mkdir(), "the report cannot be written in"),
+        (lambda doc, d: (d / "figures").write_text(""), "the report cannot be written in"),
+    ],
+)
+def test_a_hand_edited_results_file_or_a_blocked_report_is_one_line(tmp_path, capsys, edit, says):
+    # Each was a traceback: AttributeError, TypeError, IsADirectoryError, FileExistsError.
+    make_compare_dir(tmp_path, "cuda")
+    doc = json.loads((tmp_path / "results.json").read_text())
+    edit(doc, tmp_path)
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    assert runner.main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
