@@ -253,8 +253,14 @@ def parse_overrides(args: list[str]) -> list[str]:
 FILE_KEYS = ("config", "plan", "calibrate", "deepspeed_config", "resume", "data")
 
 
+# Keys whose values are read as written: YAML would take `inter_node=0x400` for hexadecimal 1024.
+VERBATIM_KEYS = ("inter_node", "interconnect")
+
+
 def _quoted_names(arg: str) -> str:
     key, _, value = arg.partition("=")
+    if key in VERBATIM_KEYS and value and value != "null" and not value.startswith("["):
+        return f"{key}={json.dumps(value.strip().strip(QUOTES))}"
     if key not in NAME_KEYS or not value or value == "null":
         return arg
     if value.startswith("[") != value.endswith("]"):

@@ -164,3 +164,9 @@ def test_a_field_outside_the_shape_may_be_zero(spec, field):
 def test_a_shape_size_of_zero_is_one_line(capsys):
     err = one_line_error(capsys, "model=hf:LlamaConfig", "model_kwargs.hidden_size=0")
     assert "model_kwargs.hidden_size=0 must be positive" in err
+
+
+def test_a_fabric_is_read_as_written_not_as_yaml_reads_numbers(capsys):
+    # YAML read inter_node=0x400 as hexadecimal: one card of 1,024 Gb/s.
+    err = one_line_error(capsys, "model=llama3.1-8b", "gpus=16", "inter_node=0x400")
+    assert "inter_node=0x400: the cards and their rate must be positive" in err
