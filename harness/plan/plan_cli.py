@@ -223,15 +223,32 @@ def option_lines(cfg: PlanConfig, names: list[str]) -> list[str]:
     return reaches + what_if_lines(routed)
 
 
+# Refusals of an option for the layout it meets, which another question may not meet.
+LAYOUT_REFUSALS = ("does not divide", "does not price")
+
+
 def planned(cfg: PlanConfig, q: Question) -> tuple[list[StrategyPlan], dict[str, str]]:
     """The plans of the strategies asked (or all), and why any could not be laid out; where none
     can be, a one-line error with the reasons."""
     names = strategy_names(cfg, q.gpus)
-    routed_options(names, cfg.strategy_options)
+    routed = routed_options(names, cfg.strategy_options)
     plans, not_planned = plan_all(names, q, asked=bool(cfg.strategies))
     if not plans:
         reasons = "; ".join(dict.fromkeys(not_planned.values()))
         raise PlanError(f"{q.shape.name} on {q.gpus} GPUs: no strategy can lay it out: {reasons}")
+    # An option that no strategy given it could be planned with, refused for its value (not for a
+    # layout it does not divide, nor one the planner does not price), is bad input: one line.
+    takers = {name: given for name, given in routed.by_strategy.items() if given}
+    if takers and not takers.keys() & {p.name for p in plans}:
+        refusals = [
+            why.split(": ", 1)[-1] if why.startswith(f"{name}: ") else why
+            for name, given in takers.items()
+            if (why := not_planned.get(name, ""))
+            and any(f"{key}=" in why for key in given)
+            and not any(layout in why for layout in LAYOUT_REFUSALS)
+        ]
+        if refusals:
+            raise PlanError(max(refusals, key=refusals.count))
     return plans, not_planned
 
 

@@ -175,3 +175,17 @@ def test_accelerate_fsdp_tp_is_planned_without_sequence_parallel_as_it_runs():
     accelerate, torch_tp = plan_strategy("accelerate-fsdp-tp", q), plan_strategy("fsdp-tp", q)
     assert not accelerate.backend.sequence_parallel and torch_tp.backend.sequence_parallel
     assert accelerate.activations.blocks > torch_tp.activations.blocks
+
+
+@pytest.mark.parametrize(
+    "option, says",
+    [
+        ("strategy_options.schedule=bogus", "strategy_options.schedule='bogus' is not one of gpipe, 1f1b"),
+        ("strategy_options.async_tp=maybe", "async_tp='maybe' must be true or false"),
+    ],
+)
+def test_a_value_every_strategy_given_it_refuses_is_one_line(capsys, option, says):
+    # It was exit code 0 and a "Not planned" line for each strategy the option reached.
+    assert runner.main([*GPT_350M, option]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err
