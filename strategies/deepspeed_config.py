@@ -187,7 +187,7 @@ def check_user_config(user: dict[str, Any], run: dict[str, Any], source: str) ->
     for section in OWNED_SECTIONS:
         if section in user:
             raise DeepSpeedConfigError(
-                f"deepspeed_config {source} has an {section!r} section, but parabench builds the optimizer "
+                f"deepspeed_config {source} has a section {section!r}, but parabench builds the optimizer "
                 "(AdamW) and sets its learning rate every step so that all strategies match: remove it and "
                 "set lr=, min_lr=, warmup_steps=, lr_schedule=, weight_decay=, beta1=, beta2= on the command line, "
                 f"or run the file as strategy deepspeed:{source}, which runs an AdamW and a scheduler of the run's"

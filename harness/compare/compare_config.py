@@ -100,8 +100,10 @@ SLURM_TIME = re.compile(r"(\d+-)?\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE", re.IGNO
 def _check_launcher(cfg: CompareConfig) -> None:
     if cfg.launcher not in LAUNCHERS:
         raise ConfigError(f"launcher={cfg.launcher!r} is not one of {', '.join(LAUNCHERS)}")
-    if cfg.nodes < 1 or (cfg.gpus_per_node is not None and cfg.gpus_per_node < 1):
-        raise ConfigError(f"nodes={cfg.nodes}, gpus_per_node={cfg.gpus_per_node}: each must be at least 1")
+    if cfg.nodes < 1:
+        raise ConfigError(f"nodes={cfg.nodes} must be at least 1")
+    if cfg.gpus_per_node is not None and cfg.gpus_per_node < 1:
+        raise ConfigError(f"gpus_per_node={cfg.gpus_per_node} must be at least 1")
     if cfg.launcher == "local" and (cfg.nodes > 1 or cfg.dry_run):
         raise ConfigError("nodes= and dry_run= are for launcher=slurm; a local compare runs on this machine's devices")
     if cfg.launcher == "slurm" and cfg.nproc is not None:

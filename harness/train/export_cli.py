@@ -62,6 +62,8 @@ def main(args: list[str]) -> int:
     if len(args) != 2:
         raise ValueError(f"export takes a checkpoint and an output file: {USAGE}")
     checkpoint, target = Path(args[0]), Path(args[1])
+    if target.name == ".safetensors":
+        raise ValueError(f"output {target} has no name before .safetensors: give one, e.g. model.safetensors")
     if target.suffix != ".safetensors":
         raise ValueError(f"output {target} should end in .safetensors: {USAGE}")
     if target.exists():
@@ -77,6 +79,9 @@ def main(args: list[str]) -> int:
         with open(partial, "rb") as f:
             os.fsync(f.fileno())
         os.replace(partial, target)
+        mask = os.umask(0)  # safetensors creates its file for its owner alone; give it the user's usual mode
+        os.umask(mask)
+        os.chmod(target, 0o666 & ~mask)
     except (SafetensorError, OSError) as exc:  # a disk that filled up, a folder that went away
         partial.unlink(missing_ok=True)
         raise FolderError(f"could not write {target} ({exc}): free space there, or {CHOOSE_ANOTHER}") from None

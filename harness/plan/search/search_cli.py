@@ -151,7 +151,8 @@ def _either(values: list[str]) -> str:
 
 
 def _named(s: Searched, twins: list[str]) -> str:
-    return s.strategy + (f" (= {', '.join(twins)})" if twins else "")
+    others = [twin for twin in twins if twin != s.strategy]
+    return s.strategy + (f" (= {', '.join(others)})" if others else "")
 
 
 def _numerics(s: Searched) -> list[str]:
