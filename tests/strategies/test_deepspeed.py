@@ -258,7 +258,7 @@ def _run(stage: int = 2, **kw) -> dict:
         ({"gradient_accumulation_steps": 4}, "set grad_accum="),
         ({"gradient_clipping": 1.0}, "set grad_clip="),
         ({"optimizer": {"type": "Adam"}}, "remove it and set lr="),
-        ({"scheduler": {"type": "WarmupLR"}}, "'scheduler' section"),
+        ({"scheduler": {"type": "WarmupLR"}}, "has a section 'scheduler'"),
         ({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, "offload comes from the strategy name"),
         ({"zero_optimization": 2}, "zero_optimization must be an object"),
     ],
