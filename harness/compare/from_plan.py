@@ -102,7 +102,8 @@ def check_plan_args(cfg: CompareConfig, args: list[str]) -> None:
 
 
 SEARCH_SIZES = ("gpus", "seq_len", "global_batch_sequences")  # a search's question: whole numbers
-LAYOUT_SIZES = ("tp", "pp", "cp", "data_parallel", "micro_batch", "grad_accum")  # a layout's (pp, cp: may be absent)
+LAYOUT_SIZES = ("tp", "pp", "cp", "data_parallel", "micro_batch", "grad_accum")  # a layout's whole numbers
+LAYOUT_DEFAULTED = ("pp", "cp")  # absent from a layout: 1 (layouts_of reads them so)
 CHECKPOINTING = ("none", "full", "selective")
 
 
@@ -161,9 +162,8 @@ def _wrong_layout(layout: Any) -> str | None:
     if not isinstance(layout.get("strategy"), str) or not layout["strategy"]:
         return "names no strategy"
     for key in LAYOUT_SIZES:
-        if key in layout or key in ("tp", "data_parallel", "micro_batch", "grad_accum"):
-            if not _whole(layout.get(key)):
-                return f"has {key}={layout.get(key)!r}"
+        if (key in layout or key not in LAYOUT_DEFAULTED) and not _whole(layout.get(key)):
+            return f"has {key}={layout.get(key)!r}"
     if not isinstance(layout.get("strategy_options", {}), dict):
         return "has strategy_options that are not an object"
     if layout.get("activation_checkpointing") not in CHECKPOINTING:
