@@ -54,13 +54,13 @@ from harness.compare.identity import run_identity
 from harness.compare.out_dir_lock import OutDirLock
 from harness.compare.progress import SweepProgress
 from harness.compare.results import StrategyResult, write_results
-from harness.compare.resume import CHECKPOINT_DIR, CONTINUE, KEEP, PlannedRun, decide
+from harness.compare.resume import CONTINUE, KEEP, PlannedRun, decide
 from harness.compare.run_names import RunName, run_names, safe_name
 from harness.compare.run_record import RUN_RECORD, RunRecord
 from harness.compare.stop_signals import StopSignals
 from harness.compare.supervise import JobOutcome, run_job
 from harness.compare.sweep_plan import PlannedStrategy, SweepPlan, noise_dir
-from harness.train import RUNNER, adopt_file_settings, library_versions, preflight, worker_env
+from harness.train import RUN_FILES, RUN_FOLDERS, RUNNER, adopt_file_settings, library_versions, preflight, worker_env
 from strategies.base import ModelUnsupported
 from strategies.registry import StrategyRegistry, default_registry
 
@@ -70,8 +70,8 @@ REFERENCE = "single"
 FP8_REFERENCE_PRECISION = "bf16"
 # What a run writes into its folder, removed before it runs afresh (a run continued from its
 # checkpoint keeps its metrics, which `train` cuts back to the checkpoint's step, and its log).
-STALE_RUN_FILES = ("metrics.jsonl", "summary.json", "log.txt", RUN_RECORD)
-STALE_RUN_DIRS = (CHECKPOINT_DIR, "profile")
+STALE_RUN_FILES = (*RUN_FILES, RUN_RECORD)
+STALE_RUN_DIRS = RUN_FOLDERS
 
 
 def main(args: list[str]) -> int:

@@ -14,6 +14,8 @@ _EXPORTS = {
     "init_distributed": "distributed",
     "shutdown_distributed": "distributed",
     "preflight": "run_checks",
+    "RUN_FILES": "run_checks",
+    "RUN_FOLDERS": "run_checks",
     "adopt_file_settings": "file_settings",
     "built": "loop",
     "library_versions": "loop",

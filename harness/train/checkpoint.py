@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.serialization
 
+from configs.schema import BOOLEAN_WORDS
 from harness.train import rng
 from strategies.base import Strategy
 from strategies.registry import default_registry
@@ -192,14 +193,17 @@ def check_resume(resume: str | None) -> None:
     the run loads it); checked before any process starts."""
     if resume is None or resume == "auto":
         return
-    if str(resume).strip().lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+    if str(resume).strip().lower() in BOOLEAN_WORDS:
         raise CheckpointError(
             f"resume={resume}: give resume=auto (the newest intact checkpoint under out_dir) or a checkpoint folder "
             "such as runs/x/checkpoints/step_20"
         )
-    path = Path(resume)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist: give a directory such as runs/x/checkpoints/step_20")
+    if not Path(resume).exists():
+        raise _missing(Path(resume))
+
+
+def _missing(path: Path) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path} does not exist: give a directory such as runs/x/checkpoints/step_20")
 
 
 def verify(path: Path) -> Manifest:
@@ -209,7 +213,7 @@ def verify(path: Path) -> Manifest:
             f"{path} is a file, not a checkpoint folder (runs/x/checkpoints/step_N): give the step_N folder itself"
         )
     if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} does not exist: give a directory such as runs/x/checkpoints/step_20")
+        raise _missing(path)
     manifest = Manifest.read(path)
     for rel, expected in manifest.files.items():
         file = path / rel

@@ -110,13 +110,16 @@ def report_error(line: str) -> None:
     print(line, file=sys.stderr)
 
 
+def _a_worker_reported() -> bool:
+    """Whether a worker of this launch has written its one-line error."""
+    errors = os.environ.get(WORKER_ERRORS_ENV)
+    return bool(errors) and Path(errors).is_dir() and any(Path(errors).glob("rank_*"))
+
+
 def reported_elsewhere(exc: BaseException) -> bool:
     """Whether `exc` is this worker losing a peer that stopped with a one-line error already
     reported to the launcher: a symptom to end quietly on, not a second cause to print."""
-    errors = os.environ.get(WORKER_ERRORS_ENV)
-    if not errors or not Path(errors).is_dir() or not any(Path(errors).glob("rank_*")):
-        return False
-    return PEER_LOST.search(f"{type(exc).__name__}: {exc}") is not None
+    return _a_worker_reported() and PEER_LOST.search(f"{type(exc).__name__}: {exc}") is not None
 
 
 def worker_errors(folder: Path) -> list[str]:
@@ -142,8 +145,7 @@ def _quiet_user_errors() -> Iterator[None]:
 
     def keep(record: logging.LogRecord) -> bool:
         starts = _STOPPING_LOGS.get(record.name, "")
-        errors = os.environ.get(WORKER_ERRORS_ENV)
-        return not (starts and str(record.msg).startswith(starts) and errors and any(Path(errors).glob("rank_*")))
+        return not (starts and str(record.msg).startswith(starts) and _a_worker_reported())
 
     loggers = [logging.getLogger(name) for name in _STOPPING_LOGS]
     for logger in loggers:
