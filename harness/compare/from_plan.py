@@ -104,7 +104,6 @@ def check_plan_args(cfg: CompareConfig, args: list[str]) -> None:
 SEARCH_SIZES = ("gpus", "seq_len", "global_batch_sequences")  # a search's question: whole numbers
 LAYOUT_SIZES = ("tp", "pp", "cp", "data_parallel", "micro_batch", "grad_accum")  # a layout's whole numbers
 LAYOUT_DEFAULTED = ("pp", "cp")  # absent from a layout: 1 (layouts_of reads them so)
-CHECKPOINTING = ("none", "full", "selective")
 
 
 def read_search(path: str, top: int) -> dict[str, Any]:
@@ -157,6 +156,8 @@ def _wrong_question(q: Any) -> str | None:
 
 
 def _wrong_layout(layout: Any) -> str | None:
+    from harness.plan import CHECKPOINTING  # the planner's own values, read where a plan is
+
     if not isinstance(layout, dict):
         return "is not an object"
     if not isinstance(layout.get("strategy"), str) or not layout["strategy"]:

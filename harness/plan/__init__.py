@@ -26,6 +26,7 @@ _EXPORTS = {
     "peak_for_run": "for_run",
     "calibration_for_report": "speed.calibration",
     "catalogue_listing": "model.model_catalogue",
+    "CHECKPOINTING": "speed.compute",
 }
 __all__ = sorted(_EXPORTS)
 __getattr__ = lazy_exports(__name__, _EXPORTS)
