@@ -20,6 +20,7 @@ from harness.plan.memory.activations import Activations
 from harness.plan.memory.buffers import Buffers
 from harness.plan.memory.capacity import headroom
 from harness.plan.memory.model_states import BYTES
+from harness.plan.model.model_shape import TransformerDims
 from harness.plan.network.comm import Collective
 from harness.plan.network.fabric import Group, Topology, collective_seconds
 from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE, TP_COMM_OVERLAP
@@ -39,6 +40,7 @@ from harness.plan.parallel.deepspeed_pipeline import (
     transfers_per_micro_batch,
 )
 from harness.plan.parallel.layout import Layout, LayoutError
+from harness.plan.parallel.nanotron_split import nanotron_split
 from harness.plan.parallel.pipeline_cost import (
     DEEPSPEED_RUNTIME,
     EMBEDDING_IN_SPLIT,
@@ -67,6 +69,7 @@ from harness.plan.predict import (
     storage_precision,
 )
 from harness.plan.speed.gemm import gemm_seconds
+from harness.plan.speed.nanotron_step import NANOTRON_ENGINE
 from harness.plan.speed.step_time import StepTime
 from strategies.memory import CATEGORIES, MemoryBreakdown
 from strategies.plan_model import PlanModel
@@ -128,7 +131,7 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     # a published Megatron-DeepSpeed one as DeepSpeed's PipelineModule balances its GPTModelPipe.
     runtime_cut = model_of(backend.name) is not None and not backend.pipeline_engine
     deepspeed_cut = bool(backend.options.get(DEEPSPEED_PIPELINE))
-    split = stage_split(dims.layers, pipe, backend.options, runtime_cut, deepspeed_cut) if layout.pp > 1 else None
+    split = _split(dims, pipe, backend, runtime_cut, deepspeed_cut) if layout.pp > 1 else None
     shape = stage_shape(q.shape, split.fullest) if split is not None else q.shape
     # The stage is laid out with the whole layout's tensor-parallel and sharding sizes, unsplit.
     sizes = {"pp_size": 1, "cp_size": 1, "tp_size": layout.tp}
@@ -179,6 +182,17 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         q.micro_batch,
         q.grad_accum,
     )
+
+
+def _split(
+    dims: TransformerDims, pipe: Pipeline, backend: Backend, runtime_cut: bool, deepspeed_cut: bool
+) -> StageSplit:
+    """The blocks on each GPU (stage_split); a published nanotron run's as nanotron balances them."""
+    if backend.options.get(NANOTRON_ENGINE):
+        if pipe.virtual > 1:
+            raise LayoutError("nanotron's pipeline engine runs one stage a GPU: no virtual stages")
+        return nanotron_split(dims, pipe.stages)
+    return stage_split(dims.layers, pipe, backend.options, runtime_cut, deepspeed_cut)
 
 
 def _fullest_gpu(
