@@ -7,6 +7,10 @@ planned beside published, and the algorithm and protocol the model picks.
     python bench/nccl_vs_published.py              # written to bench/results/nccl_vs_published.md
     python bench/nccl_vs_published.py --out -      # printed only
 
+Then, apart from those rows, whole size sweeps (1 MiB up) published on other clusters
+(bench/data/nccl_tests_sweeps.csv): the plan's bandwidth against each sweep by size band, which
+shows how far NCCL's latency-and-bandwidth model is from mid-sized collectives.
+
 No torch, on the CPU, in well under a second. One constant of the network model is fitted to
 rows of it, the fat tree's span loss (fabric.RING_SPAN_LOSS) to the NDR cluster's reduce-scatter
 from 4 to 128 nodes: those rows check its shape, not its size; no other constant was set from
@@ -33,6 +37,9 @@ from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, 
 from harness.plan.network.nccl_tuning import Choice, bus_bandwidth  # noqa: E402
 
 CSV = ROOT / "bench" / "data" / "nccl_tests_published.csv"
+SWEEPS = ROOT / "bench" / "data" / "nccl_tests_sweeps.csv"
+# The size bands a sweep is summarised in: up to 16 MiB, 32-256 MiB, 512 MiB and up.
+BANDS = ((2**20, 2**24, "1-16 MiB"), (2**25, 2**28, "32-256 MiB"), (2**29, 2**35, "512 MiB-16 GiB"))
 COLUMNS = ("source", "collective", "gpu", "gpus", "nodes", "inter_node", "size_bytes", "published_busbw_gbs")
 
 
@@ -146,6 +153,43 @@ def report(planned: list[Planned]) -> list[str]:
     ]
 
 
+def _band(planned: list[Planned], low: int, high: int) -> str:
+    ratios = [p.busbw_gbs / p.row.busbw_gbs for p in planned if low <= p.row.size <= high]
+    return f"{statistics.median(ratios):.2f}" if ratios else "-"
+
+
+def sweep_lines(planned: list[Planned]) -> list[str]:
+    """Each sweep (a source and its node count): planned over published bus bandwidth, the median of
+    each size band, and every point's |error| together."""
+    sweeps: dict[tuple[str, int], list[Planned]] = {}
+    for p in planned:
+        sweeps.setdefault((p.row.source, p.row.nodes), []).append(p)
+    lines = [
+        "## Whole sweeps from other clusters, apart from the rows above",
+        "",
+        "Every size from 1 MiB of all-reduce sweeps published on other clusters "
+        "(`bench/data/nccl_tests_sweeps.csv`, sources and systems in bench/data/README.md), planned as above. "
+        "Columns: the median of planned over published bus bandwidth in each size band (above 1: planned fast).",
+        "",
+        "| source | GPU | GPUs (nodes) | fabric | " + " | ".join(b[2] for b in BANDS) + " | NCCL's choice at 64 MiB |",
+        "|---|---|---:|---|" + "---:|" * len(BANDS) + "---|",
+    ]
+    for (source, nodes), points in sweeps.items():
+        r = points[0].row
+        at_64 = next((p.choice.describe() for p in points if p.row.size == 2**26), "-")
+        bands = " | ".join(_band(points, low, high) for low, high, _ in BANDS)
+        lines.append(f"| {source} | {r.gpu} | {r.gpus} ({nodes}) | {r.inter_node} | {bands} | {at_64} |")
+    errors = [abs(p.error) for p in planned]
+    within = sum(e <= 0.15 for e in errors) / len(errors)
+    return lines + [
+        "",
+        f"{len(errors)} points of {len(sweeps)} sweeps: median |error| {statistics.median(errors):.1%}, "
+        f"{within:.0%} within 15%; by band, median planned / published "
+        + ", ".join(f"{name} {_band(planned, low, high)}" for low, high, name in BANDS)
+        + ".",
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -153,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         lines = report([plan(row) for row in read_rows()])
+        lines += ["", *sweep_lines([plan(row) for row in read_rows(SWEEPS)])]
     except PlanError as exc:
         print(f"nccl_vs_published: error: {exc}", file=sys.stderr)
         return 2

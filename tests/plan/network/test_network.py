@@ -288,3 +288,13 @@ def test_intra_node_links_by_card():
     with pytest.raises(PlanError, match="has no NVLink"):
         parse_intra("nvlink", GPUS["L40S"])
     assert parse_intra("200", GPUS["H100"]).bytes_per_s == 200e9
+
+
+def test_the_whole_sweeps_of_other_clusters_are_planned_and_reported_by_size_band():
+    """bench/data/nccl_tests_sweeps.csv, reported apart from the goal's rows: every point plans,
+    and the report holds each sweep's bands and the summary over all of them."""
+    planned = [nccl_vs_published.plan(r) for r in nccl_vs_published.read_rows(nccl_vs_published.SWEEPS)]
+    assert len(planned) > 100 and all(p.busbw_gbs > 0 for p in planned)
+    lines = nccl_vs_published.sweep_lines(planned)
+    assert sum(line.startswith("| ") for line in lines) == 1 + len({(p.row.source, p.row.nodes) for p in planned})
+    assert lines[-1].startswith(f"{len(planned)} points of ")
