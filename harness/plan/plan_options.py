@@ -23,6 +23,7 @@ from harness.plan.speed.attention import KERNELS, UNFUSED, kernels_on, sdpa_kern
 from harness.plan.speed.calibration import calibrate_from, default_factors
 from harness.plan.speed.compute import CHECKPOINTING
 from harness.plan.speed.step_time import SpeedFactors
+from models.gpt_config import beyond_positions
 
 FORMATS = ("table", "json")
 # fp8: the projections' matmuls in fp8, the rest in bf16, as a run's precision=fp8; fp4: the projections'
@@ -324,6 +325,14 @@ def shape_for(cfg: PlanConfig, model: str | None) -> ModelShape:
     )
 
 
+def check_positions(shape: ModelShape, seq_len: int) -> None:
+    """A seq_len beyond the model's learned positions is one line, as train says it: the model has no
+    embedding for the tokens past them, so no run of it takes such a sequence."""
+    if shape.positions is not None and seq_len > shape.positions[1]:
+        key, positions = shape.positions
+        raise PlanError(beyond_positions(shape.name, seq_len, key, positions))
+
+
 def global_batch_of(cfg: PlanConfig) -> int | None:
     """The global batch in sequences, where one is given: global_batch_tokens= over seq_len, or batch_size=."""
     if cfg.global_batch_tokens is None:
@@ -370,6 +379,7 @@ def question(
     topology = topology_for(cfg, count, gpu)
     micro_batch, grad_accum = batching(cfg, count)
     shape = shape or shape_for(cfg, model if model is not None else models_asked(cfg)[0])
+    check_positions(shape, cfg.seq_len)
     recipe = recipe_of(cfg)
     check_recomputed(shape.name, shape.dims, recipe.recompute_modules)
     return Question(

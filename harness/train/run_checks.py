@@ -11,6 +11,7 @@ from harness.train.checkpoint import CHECKPOINTS, SUMMARY
 from harness.train.library_output import LOG_FILE
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
+from models.gpt_config import beyond_positions
 from models.on_meta import on_meta
 from strategies.base import ModelUnsupported, Strategy, StrategyError
 from strategies.float8 import check_fp8
@@ -60,10 +61,7 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
         model, blocks, _ = prepare_model(cfg)
     positions = getattr(getattr(model, "config", None), "block_size", None)
     if isinstance(positions, int) and cfg.seq_len > positions:
-        raise ConfigError(
-            f"seq_len={cfg.seq_len} exceeds {cfg.model}'s block_size={positions} (its positions): give seq_len<="
-            f"{positions} or model_kwargs.block_size={cfg.seq_len}"
-        )
+        raise ConfigError(beyond_positions(cfg.model, cfg.seq_len, "block_size", positions))
     try:
         strategy = create_strategy(cfg, env, run_schedule(cfg, model), model, blocks)
     except MeshSizeError as exc:  # tp_size=0: no count of ranks runs it, so the compare stops, not skips
