@@ -353,6 +353,13 @@ def batching(cfg: PlanConfig, gpus: int) -> tuple[int, int]:
 
 
 def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
+    if cfg.gpus_per_node is not None and gpus < cfg.gpus_per_node:
+        # Planned as one node of `gpus`, and its what-if on more GPUs as nodes of that many: the
+        # gpus_per_node given would count for nothing.
+        raise PlanError(
+            f"gpus={gpus} is less than one node of gpus_per_node={cfg.gpus_per_node}: give gpus= a multiple of "
+            f"{cfg.gpus_per_node}, or gpus_per_node={gpus} to plan one node of {gpus}"
+        )
     per_host = cfg.gpus_per_node or gpu.gpus_per_host
     nodes = cfg.nodes if cfg.nodes is not None else max(1, -(-gpus // per_host))
     if gpus % nodes:  # named as the user set them: nodes=, gpus_per_node=, or neither (the card's)

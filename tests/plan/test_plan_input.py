@@ -136,6 +136,12 @@ def test_an_out_dir_the_plots_cannot_go_to_is_one_line_before_planning(capsys, t
         (["gpus=9"], "over 2 nodes of 8 GPUs (the H100", "nodes=2"),
         (["gpus=8", "nodes=3"], "does not split over nodes=3", "gpus_per_node"),
         (
+            ["gpus=16", "gpus_per_node=32"],
+            "gpus=16 is less than one node of gpus_per_node=32: give gpus= a multiple of 32, or gpus_per_node=16",
+            "nodes=",
+        ),
+        (["gpus=[8,64]", "gpus_per_node=16"], "gpus=8 is less than one node of gpus_per_node=16", "nodes="),
+        (
             ["strategy_options.nosuch.tp_size=2"],
             "unknown strategy 'nosuch' in strategy_options.nosuch.*: known strategies are single, ddp",
             "option of none",
