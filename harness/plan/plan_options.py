@@ -226,6 +226,7 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
                 "or give gpu_mem_gb=, peak_tflops= and hbm_tb_s= for another card"
             )
         spec = replace(GPUS["H100"], name=cfg.gpu, attention_family="hopper", sources="the options' figures")
+        check_custom_card(cfg, spec)
     if cfg.peak_tflops is not None:  # the peak at the run's precision; fp8's is twice bf16's, fp4's four times
         given = cfg.peak_tflops * 1e12
         base = given / LOW_PRECISION_SPEEDUP.get(cfg.precision, 1)
@@ -254,6 +255,29 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
             f"'The cards'): use one of {', '.join(k for k in kernels_on(spec) if k in KERNELS)}"
         )
     return spec
+
+
+# A card given by its figures is planned with the H100's efficiencies and Hopper's attention tables, but is
+# not known to be a Hopper: a kernel built for Hopper's tensor cores (FlashAttention-3's warpgroup matmuls
+# and TMA copies) need not run on it, and no fp4 rate was measured on it (fp4's share of the peak is
+# measured per card).
+HOPPER_KERNELS = ("flash3",)
+
+
+def check_custom_card(cfg: PlanConfig, spec: GPUSpec) -> None:
+    """What a card given by gpu_mem_gb=, peak_tflops= and hbm_tb_s= (`spec`, as it is planned) cannot be
+    planned with, in one line."""
+    if cfg.precision == "fp4":
+        raise PlanError(
+            f"precision=fp4: gpu={cfg.gpu}, given by its figures, has no measured fp4 rate to plan with: give "
+            "precision=fp8 with peak_tflops= its dense fp8 peak, or a Blackwell card (B200, B300, GB200, GB300)"
+        )
+    if cfg.attention in HOPPER_KERNELS:
+        takes = [k for k in kernels_on(spec) if k in KERNELS and k not in HOPPER_KERNELS]
+        raise PlanError(
+            f"attention={cfg.attention} is built for Hopper's tensor cores, and gpu={cfg.gpu}, given by its "
+            f"figures, is not known to run it: use one of {', '.join(takes)}, or name a card that runs it (gpu=H100)"
+        )
 
 
 BLOCK_SCALED = ("blackwell", "cdna4")  # tensor cores that take MXFP8's block scales at the fp8 rate
