@@ -45,6 +45,7 @@ from harness.compare.compare_config import (
     load_compare_config,
     option_args,
     options_for,
+    out_dir_named,
     takers_of_compare_wide_options,
     train_options,
 )
@@ -284,10 +285,11 @@ class Sweep:
         """Strategy `name`'s run (or its noise run `noise_seed`), with its configuration's identity."""
         strategy, settings = run_settings(self.cfg, name, self.layouts)
         options = {**self.shared, **settings, "strategy": strategy, "noise_seed": noise_seed}
+        named = out_dir_named(self.cfg)  # the folder's name, in another form: a renamed compare is the same
         nodes = 1 if self.nproc_for(name) == 1 or self.cfg.launcher == "local" else self.cfg.nodes
         file = default_registry().get(strategy).config_file
         identity = run_identity(
-            options,
+            {key: value for key, value in options.items() if key not in named},
             world_size=self.nproc_for(name),
             nodes=nodes,
             device_type=self.device_type,
