@@ -61,7 +61,16 @@ from harness.compare.run_record import RUN_RECORD, RunRecord
 from harness.compare.stop_signals import StopSignals
 from harness.compare.supervise import JobOutcome, run_job
 from harness.compare.sweep_plan import PlannedStrategy, SweepPlan, noise_dir
-from harness.train import RUN_FILES, RUN_FOLDERS, RUNNER, adopt_file_settings, library_versions, preflight, worker_env
+from harness.train import (
+    RUN_FILES,
+    RUN_FOLDERS,
+    RUNNER,
+    adopt_file_settings,
+    library_versions,
+    preflight,
+    refuse_a_train_run,
+    worker_env,
+)
 from strategies.base import ModelUnsupported
 from strategies.registry import StrategyRegistry, default_registry
 
@@ -78,6 +87,7 @@ STALE_RUN_DIRS = RUN_FOLDERS
 def main(args: list[str]) -> int:
     cfg = load_compare_config(args)
     from_plan.check_plan_args(cfg, args)
+    refuse_a_train_run(cfg.out_dir, "give the compare a folder of its own")
     if cfg.launcher == "slurm":
         device_type, nproc = _slurm_world(cfg)
     else:

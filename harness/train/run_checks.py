@@ -7,7 +7,7 @@ from pathlib import Path
 
 from configs.schema import ConfigError, RunConfig
 from harness.common.writable import FolderError, check_writable
-from harness.train.checkpoint import CHECKPOINTS, SUMMARY
+from harness.train.checkpoint import CHECKPOINTS, SUMMARY, list_checkpoints
 from harness.train.library_output import LOG_FILE
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
@@ -97,3 +97,16 @@ def check_run_names(out_dir: str | Path) -> None:
     for name in RUN_FOLDERS:
         if (folder / name).exists() and not (folder / name).is_dir():
             raise FolderError(f"out_dir={out_dir} holds a file {name} where the run writes a folder: {REMOVE_IT}")
+
+
+def refuse_a_train_run(out_dir: str | Path, fix: str) -> None:
+    """For a job that writes folders of its own into `out_dir` (a compare's run folders): an out_dir
+    that holds a train run (a name it writes there) or is a run's checkpoints folder (step_N in it) is
+    one line saying `fix`, before the job mixes its folders into the run's."""
+    folder = Path(out_dir)
+    held = next((name for name in (*RUN_FILES, *RUN_FOLDERS) if (folder / name).exists()), None)
+    if held is not None:
+        raise FolderError(f"out_dir={out_dir} holds a train run ({held}): {fix}")
+    steps = list_checkpoints(folder)
+    if steps:
+        raise FolderError(f"out_dir={out_dir} holds a train run's checkpoints ({steps[-1][1].name}): {fix}")
