@@ -45,3 +45,12 @@ def check_sizes(cfg: Any) -> None:
     dropout = cfg.dropout
     if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ValueError(f"dropout={dropout!r} must be at least 0 and below 1")
+
+
+def beyond_positions(model: str, seq_len: int, key: str, positions: int) -> str:
+    """The line for a seq_len longer than a model's learned positions (`positions` of them, sized by
+    its model_kwargs.`key`): past them a token has no position embedding. Train and plan say it alike."""
+    return (
+        f"seq_len={seq_len} exceeds {model}'s {key}={positions} (its positions): give seq_len<={positions} "
+        f"or model_kwargs.{key}={seq_len}"
+    )

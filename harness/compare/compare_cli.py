@@ -45,6 +45,7 @@ from harness.compare.compare_config import (
     load_compare_config,
     option_args,
     options_for,
+    out_dir_named,
     takers_of_compare_wide_options,
     train_options,
 )
@@ -60,7 +61,16 @@ from harness.compare.run_record import RUN_RECORD, RunRecord
 from harness.compare.stop_signals import StopSignals
 from harness.compare.supervise import JobOutcome, run_job
 from harness.compare.sweep_plan import PlannedStrategy, SweepPlan, noise_dir
-from harness.train import RUN_FILES, RUN_FOLDERS, RUNNER, adopt_file_settings, library_versions, preflight, worker_env
+from harness.train import (
+    RUN_FILES,
+    RUN_FOLDERS,
+    RUNNER,
+    adopt_file_settings,
+    library_versions,
+    preflight,
+    refuse_a_train_run,
+    worker_env,
+)
 from strategies.base import ModelUnsupported
 from strategies.registry import StrategyRegistry, default_registry
 
@@ -77,6 +87,7 @@ STALE_RUN_DIRS = RUN_FOLDERS
 def main(args: list[str]) -> int:
     cfg = load_compare_config(args)
     from_plan.check_plan_args(cfg, args)
+    refuse_a_train_run(cfg.out_dir, "give the compare a folder of its own")
     if cfg.launcher == "slurm":
         device_type, nproc = _slurm_world(cfg)
     else:
@@ -284,10 +295,11 @@ class Sweep:
         """Strategy `name`'s run (or its noise run `noise_seed`), with its configuration's identity."""
         strategy, settings = run_settings(self.cfg, name, self.layouts)
         options = {**self.shared, **settings, "strategy": strategy, "noise_seed": noise_seed}
+        named = out_dir_named(self.cfg)  # the folder's name, in another form: a renamed compare is the same
         nodes = 1 if self.nproc_for(name) == 1 or self.cfg.launcher == "local" else self.cfg.nodes
         file = default_registry().get(strategy).config_file
         identity = run_identity(
-            options,
+            {key: value for key, value in options.items() if key not in named},
             world_size=self.nproc_for(name),
             nodes=nodes,
             device_type=self.device_type,

@@ -157,6 +157,12 @@ def _tracker_options(cfg: CompareConfig) -> dict[str, Any]:
     return options
 
 
+def out_dir_named(cfg: CompareConfig) -> set[str]:
+    """The options _tracker_options named after the out_dir, the user having left them unset: kept out
+    of each run's identity (identity.OUT_DIR_NAMED)."""
+    return {key for key in _tracker_options(cfg) if not getattr(cfg, key)}
+
+
 def own_options(cfg: CompareConfig, name: str) -> dict[str, Any]:
     """The options of `strategy_options.<name>.<key>=`: for strategy `name` alone."""
     return section(cfg.strategy_options, name)

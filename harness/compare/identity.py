@@ -8,7 +8,8 @@ device type, the versions of torch, DeepSpeed and Accelerate, and the content of
 an option names (a token file, a DeepSpeed JSON, a strategy named by its config file as in
 `accelerate:my.yaml`, and the files that config file names in turn, such as the DeepSpeed JSON of
 an Accelerate config): a changed file is a changed configuration. Not in it: where the run
-writes, how long it may take, how often it logs and checkpoints.
+writes (its out_dir, and the tracker group and MLflow store the compare names after it), how
+long it may take, how often it logs and checkpoints.
 
 The identity is flat (`strategy_options.bucket_cap_mb`, `versions.torch`, `file.data`), so a
 difference names its key: "steps was 30, now 40".
@@ -28,6 +29,10 @@ from configs.schema import ConfigError
 NEUTRAL_KEYS = frozenset(
     {"out_dir", "pg_timeout_s", "log_every", "checkpoint_every", "keep_last", "resume", "nproc", "device"}
 )
+# Options a compare names after its out_dir where the user leaves them unset (its runs' tracker group, their
+# MLflow store in it: compare_config.out_dir_named): where the runs log, like out_dir itself, not what they
+# measure. Named so, they are left out of a run's identity, so that a compare copied or renamed resumes.
+OUT_DIR_NAMED = ("tracker_group", "tracker_uri")
 VERSIONED = ("torch", "deepspeed", "accelerate")
 # Files up to this size are hashed whole; a larger one (a token file of many GB) by its size and
 # the hash of its first and last FINGERPRINT_ENDS bytes, not read whole at every compare start.
@@ -62,6 +67,13 @@ def run_identity(
     for key, path in (files or {}).items():
         identity[f"file.{key}"] = fingerprint(path)
     return json.loads(json.dumps(identity))  # as run.json will read back: lists, not tuples
+
+
+def recorded_as_now(recorded: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """A run.json's identity as this compare's (`now`) is held to it: without the out_dir-named options
+    `now` leaves out. A record holds them where it was written before they were left out (the earlier
+    folder's name), or where the user had set them."""
+    return {key: value for key, value in recorded.items() if key in now or key not in OUT_DIR_NAMED}
 
 
 def identity_hash(identity: dict[str, Any]) -> str:

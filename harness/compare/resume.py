@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.schema import ConfigError
-from harness.compare.identity import changed_configuration, identity_hash
+from harness.compare.identity import changed_configuration, identity_hash, recorded_as_now
 from harness.compare.results import RESULTS_FILE
 from harness.compare.run_record import RunRecord, read_record
 
@@ -78,8 +78,9 @@ def decide(runs: list[PlannedRun], resume: str | None, out_dir: Path) -> dict[st
         return {run.label: FRESH for run in runs}
     for run in runs:
         record = records[run.label]
-        if record is not None and record.identity != run.identity:
-            raise changed_configuration(out_dir, run.label, record.identity, run.identity)
+        earlier = recorded_as_now(record.identity, run.identity) if record is not None else None
+        if earlier is not None and earlier != run.identity:
+            raise changed_configuration(out_dir, run.label, earlier, run.identity)
     return {run.label: _decision(run, records[run.label]) for run in runs}
 
 

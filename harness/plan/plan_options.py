@@ -23,6 +23,7 @@ from harness.plan.speed.attention import KERNELS, UNFUSED, kernels_on, sdpa_kern
 from harness.plan.speed.calibration import calibrate_from, default_factors
 from harness.plan.speed.compute import CHECKPOINTING
 from harness.plan.speed.step_time import SpeedFactors
+from models.gpt_config import beyond_positions
 
 FORMATS = ("table", "json")
 # fp8: the projections' matmuls in fp8, the rest in bf16, as a run's precision=fp8; fp4: the projections'
@@ -225,6 +226,7 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
                 "or give gpu_mem_gb=, peak_tflops= and hbm_tb_s= for another card"
             )
         spec = replace(GPUS["H100"], name=cfg.gpu, attention_family="hopper", sources="the options' figures")
+        check_custom_card(cfg, spec)
     if cfg.peak_tflops is not None:  # the peak at the run's precision; fp8's is twice bf16's, fp4's four times
         given = cfg.peak_tflops * 1e12
         base = given / LOW_PRECISION_SPEEDUP.get(cfg.precision, 1)
@@ -253,6 +255,29 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
             f"'The cards'): use one of {', '.join(k for k in kernels_on(spec) if k in KERNELS)}"
         )
     return spec
+
+
+# A card given by its figures is planned with the H100's efficiencies and Hopper's attention tables, but is
+# not known to be a Hopper: a kernel built for Hopper's tensor cores (FlashAttention-3's warpgroup matmuls
+# and TMA copies) need not run on it, and no fp4 rate was measured on it (fp4's share of the peak is
+# measured per card).
+HOPPER_KERNELS = ("flash3",)
+
+
+def check_custom_card(cfg: PlanConfig, spec: GPUSpec) -> None:
+    """What a card given by gpu_mem_gb=, peak_tflops= and hbm_tb_s= (`spec`, as it is planned) cannot be
+    planned with, in one line."""
+    if cfg.precision == "fp4":
+        raise PlanError(
+            f"precision=fp4: gpu={cfg.gpu}, given by its figures, has no measured fp4 rate to plan with: give "
+            "precision=fp8 with peak_tflops= its dense fp8 peak, or a Blackwell card (B200, B300, GB200, GB300)"
+        )
+    if cfg.attention in HOPPER_KERNELS:
+        takes = [k for k in kernels_on(spec) if k in KERNELS and k not in HOPPER_KERNELS]
+        raise PlanError(
+            f"attention={cfg.attention} is built for Hopper's tensor cores, and gpu={cfg.gpu}, given by its "
+            f"figures, is not known to run it: use one of {', '.join(takes)}, or name a card that runs it (gpu=H100)"
+        )
 
 
 BLOCK_SCALED = ("blackwell", "cdna4")  # tensor cores that take MXFP8's block scales at the fp8 rate
@@ -324,6 +349,14 @@ def shape_for(cfg: PlanConfig, model: str | None) -> ModelShape:
     )
 
 
+def check_positions(shape: ModelShape, seq_len: int) -> None:
+    """A seq_len beyond the model's learned positions is one line, as train says it: the model has no
+    embedding for the tokens past them, so no run of it takes such a sequence."""
+    if shape.positions is not None and seq_len > shape.positions[1]:
+        key, positions = shape.positions
+        raise PlanError(beyond_positions(shape.name, seq_len, key, positions))
+
+
 def global_batch_of(cfg: PlanConfig) -> int | None:
     """The global batch in sequences, where one is given: global_batch_tokens= over seq_len, or batch_size=."""
     if cfg.global_batch_tokens is None:
@@ -344,6 +377,13 @@ def batching(cfg: PlanConfig, gpus: int) -> tuple[int, int]:
 
 
 def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
+    if cfg.gpus_per_node is not None and gpus < cfg.gpus_per_node:
+        # Planned as one node of `gpus`, and its what-if on more GPUs as nodes of that many: the
+        # gpus_per_node given would count for nothing.
+        raise PlanError(
+            f"gpus={gpus} is less than one node of gpus_per_node={cfg.gpus_per_node}: give gpus= a multiple of "
+            f"{cfg.gpus_per_node}, or gpus_per_node={gpus} to plan one node of {gpus}"
+        )
     per_host = cfg.gpus_per_node or gpu.gpus_per_host
     nodes = cfg.nodes if cfg.nodes is not None else max(1, -(-gpus // per_host))
     if gpus % nodes:  # named as the user set them: nodes=, gpus_per_node=, or neither (the card's)
@@ -370,6 +410,7 @@ def question(
     topology = topology_for(cfg, count, gpu)
     micro_batch, grad_accum = batching(cfg, count)
     shape = shape or shape_for(cfg, model if model is not None else models_asked(cfg)[0])
+    check_positions(shape, cfg.seq_len)
     recipe = recipe_of(cfg)
     check_recomputed(shape.name, shape.dims, recipe.recompute_modules)
     return Question(

@@ -16,6 +16,7 @@ _EXPORTS = {
     "preflight": "run_checks",
     "RUN_FILES": "run_checks",
     "RUN_FOLDERS": "run_checks",
+    "refuse_a_train_run": "run_checks",
     "adopt_file_settings": "file_settings",
     "built": "loop",
     "library_versions": "loop",

@@ -45,6 +45,7 @@ RNG_DIR = "rng"
 CHECKPOINTS = "checkpoints"  # in a run's out_dir
 SUMMARY = "summary.json"  # what a finished run leaves in its out_dir (loop.py)
 FORMAT_VERSION = 1
+ANOTHER = "resume from another checkpoint"  # what to do about a damaged one
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 _PARTIAL_PREFIXES = (".tmp-", ".deleting-")
 # Keys that may change between a checkpoint and the run resuming it without changing the
@@ -120,7 +121,7 @@ class Manifest:
             raise CheckpointError(f"{path}/{MANIFEST} does not list its files as {{path: {{bytes, sha256}}}}")
         wrong = manifest._wrong_field()
         if wrong:
-            raise CheckpointError(f"checkpoint {path} is damaged: {MANIFEST}'s {wrong}: resume from another checkpoint")
+            raise CheckpointError(f"checkpoint {path} is damaged: {MANIFEST}'s {wrong}: {ANOTHER}")
         return manifest
 
     def _wrong_field(self) -> str | None:
@@ -256,7 +257,7 @@ def check_fits(manifest: Manifest, shapes: dict[str, list[int]], path: Path) -> 
 
 
 @contextlib.contextmanager
-def reading(path: Path, fix: str = "resume from another checkpoint") -> Iterator[None]:
+def reading(path: Path, fix: str = ANOTHER) -> Iterator[None]:
     """Reads of the checkpoint at `path` inside: a file that cannot be read is a one-line
     CheckpointError naming it, and saying `fix`. The manifest's sha256 only says a file is the one written: one
     written damaged, or replaced together with its manifest entry, fails in the backend's reader.
@@ -265,14 +266,27 @@ def reading(path: Path, fix: str = "resume from another checkpoint") -> Iterator
     try:
         yield
     except BaseException as exc:  # DCP's CheckpointException derives from BaseException
-        failure = _read_failure(exc)
-        if failure is None:
+        damage = _damage(path, exc)
+        if damage is None:
             raise
-        error, file = failure
-        where = _inside(path, file) if file is not None else f"a file of {STATE_DIR}/"
-        raise CheckpointError(
-            f"checkpoint {path} is damaged: {where} cannot be read ({_reason(error)}): {fix}"
-        ) from None
+        raise _damaged(path, [damage], fix) from None
+
+
+def _damage(path: Path, exc: BaseException) -> tuple[str, str] | None:
+    """(the file as the manifest names it, why it cannot be read) where `exc` is a read error of
+    the checkpoint at `path`; None where it is none."""
+    failure = _read_failure(exc)
+    if failure is None:
+        return None
+    error, file = failure
+    return (_inside(path, file) if file is not None else f"a file of {STATE_DIR}/"), _reason(error)
+
+
+def _damaged(path: Path, damage: list[tuple[str, str]], fix: str = ANOTHER) -> CheckpointError:
+    """One line naming every unreadable file of `damage` and each distinct reason."""
+    files = ", ".join(file for file, _ in damage)
+    reasons = "; ".join(dict.fromkeys(reason for _, reason in damage))
+    return CheckpointError(f"checkpoint {path} is damaged: {files} cannot be read ({reasons}): {fix}")
 
 
 def _read_failure(exc: BaseException) -> tuple[BaseException, Path | None] | None:
@@ -421,6 +435,7 @@ class CheckpointManager:
         consolidated weights only. Returns a line saying what was carried over.
         """
         check_fits(manifest, shapes, path)
+        self._rank0_decides(lambda: self._check_generators(path))
         state = path / STATE_DIR
         if manifest.checkpoint_format == strategy.checkpoint_format:
             if manifest.world_size != self.world_size and not strategy.checkpoint_reshards:
@@ -462,6 +477,24 @@ class CheckpointManager:
             f"resumed at step {manifest.step} from {path} ({manifest.strategy} on {manifest.world_size} "
             f"rank{'s' if manifest.world_size > 1 else ''}): {carried}"
         )
+
+    def _check_generators(self, path: Path) -> None:
+        """Every rank's generator file of `path`, read here by rank 0 before any rank loads: damaged
+        ones are one line naming them all, not a line from each rank naming its own."""
+        damage = []
+        for rank in range(self.world_size):
+            file = path / RNG_DIR / f"rank_{rank}.pt"
+            if not file.is_file():  # a rank the checkpoint had not: restore says it keeps its seed
+                continue
+            try:
+                rng.read(file)
+            except Exception as exc:
+                found = _damage(path, exc)
+                if found is None:
+                    raise
+                damage.append(found)
+        if damage:
+            raise _damaged(path, damage)
 
     # ---- writing -----------------------------------------------------------------------
 

@@ -43,5 +43,10 @@ def save(path: Path) -> None:
     torch.save(capture(), path)
 
 
+def read(path: Path) -> dict[str, Any]:
+    """The generators' state saved at `path`, read without restoring it."""
+    return torch.load(path, weights_only=True)
+
+
 def load(path: Path) -> None:
-    restore(torch.load(path, weights_only=True))
+    restore(read(path))

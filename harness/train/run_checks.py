@@ -7,10 +7,11 @@ from pathlib import Path
 
 from configs.schema import ConfigError, RunConfig
 from harness.common.writable import FolderError, check_writable
-from harness.train.checkpoint import CHECKPOINTS, SUMMARY
+from harness.train.checkpoint import CHECKPOINTS, SUMMARY, list_checkpoints
 from harness.train.library_output import LOG_FILE
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
+from models.gpt_config import beyond_positions
 from models.on_meta import on_meta
 from strategies.base import ModelUnsupported, Strategy, StrategyError
 from strategies.float8 import check_fp8
@@ -60,10 +61,7 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
         model, blocks, _ = prepare_model(cfg)
     positions = getattr(getattr(model, "config", None), "block_size", None)
     if isinstance(positions, int) and cfg.seq_len > positions:
-        raise ConfigError(
-            f"seq_len={cfg.seq_len} exceeds {cfg.model}'s block_size={positions} (its positions): give seq_len<="
-            f"{positions} or model_kwargs.block_size={cfg.seq_len}"
-        )
+        raise ConfigError(beyond_positions(cfg.model, cfg.seq_len, "block_size", positions))
     try:
         strategy = create_strategy(cfg, env, run_schedule(cfg, model), model, blocks)
     except MeshSizeError as exc:  # tp_size=0: no count of ranks runs it, so the compare stops, not skips
@@ -99,3 +97,16 @@ def check_run_names(out_dir: str | Path) -> None:
     for name in RUN_FOLDERS:
         if (folder / name).exists() and not (folder / name).is_dir():
             raise FolderError(f"out_dir={out_dir} holds a file {name} where the run writes a folder: {REMOVE_IT}")
+
+
+def refuse_a_train_run(out_dir: str | Path, fix: str) -> None:
+    """For a job that writes folders of its own into `out_dir` (a compare's run folders): an out_dir
+    that holds a train run (a name it writes there) or is a run's checkpoints folder (step_N in it) is
+    one line saying `fix`, before the job mixes its folders into the run's."""
+    folder = Path(out_dir)
+    held = next((name for name in (*RUN_FILES, *RUN_FOLDERS) if (folder / name).exists()), None)
+    if held is not None:
+        raise FolderError(f"out_dir={out_dir} holds a train run ({held}): {fix}")
+    steps = list_checkpoints(folder)
+    if steps:
+        raise FolderError(f"out_dir={out_dir} holds a train run's checkpoints ({steps[-1][1].name}): {fix}")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import runner
 from harness.compare import compare_cli as compare
 from harness.compare.kernel_oom import OomWatch, available_share, oom_kill_count
 from harness.compare.progress import MetricsTail, SweepProgress
@@ -187,6 +188,26 @@ def test_bad_compare_input_is_one_line(tmp_path):
     with pytest.raises(ValueError, match="prefetch_blocks is an option of none"):  # no compared strategy has it
         compare.main(["strategies=[single,ddp]", "strategy_options.prefetch_blocks=1", f"out_dir={tmp_path}"])
     assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    "folder, says",
+    [
+        ("run", "holds a train run (metrics.jsonl): give the compare a folder of its own"),
+        ("run/checkpoints", "holds a train run's checkpoints (step_2): give the compare a folder of its own"),
+    ],
+)
+def test_a_train_runs_folder_is_no_compares_out_dir(tmp_path, capsys, folder, says):
+    """A compare's run folders beside a train run's files, or among its checkpoints, would mix the two."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_2").mkdir(parents=True)
+    for name in ("metrics.jsonl", "summary.json"):
+        (run / name).write_text("{}")
+    before = sorted(run.rglob("*"))
+    assert runner.main(["compare", "strategies=[single,ddp]", f"out_dir={tmp_path / folder}", *NANO]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"out_dir={tmp_path / folder} {says}" in err, err
+    assert sorted(run.rglob("*")) == before
 
 
 def test_timeout_kills_workers_that_left_the_job_session(tmp_path):

@@ -24,8 +24,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.compare.compare_cli import Sweep
+from harness.compare.compare_config import load_compare_config, train_options
 from harness.compare.identity import ConfigurationChanged, differences, run_identity
 from harness.compare.out_dir_lock import OutDirBusy, OutDirLock, is_locked
+from harness.compare.progress import SweepProgress
 from harness.compare.resume import CONTINUE, FRESH, KEEP, PlannedRun, decide
 from harness.compare.run_record import RunRecord
 from harness.compare.stop_signals import StopSignals
@@ -337,6 +340,34 @@ def test_resume_decides_from_each_run_folder(tmp_path):
         decide(runs[4:], None, tmp_path)
     with pytest.raises(ConfigurationChanged, match=r"\(done: seed was 1337, now 7\): use the old value, or another"):
         decide(changed, "auto", tmp_path)
+
+
+def _planned_single(out: Path, *options: str) -> PlannedRun:
+    """The `single` run a compare into `out` plans, with its identity (nothing trained)."""
+    cfg = load_compare_config(["strategies=[single,ddp]", "device=cpu", f"out_dir={out}", *options])
+    return Sweep(cfg, train_options(cfg, []), out, 2, SweepProgress([], 1), "cpu").planned_run("single", VERSIONS)
+
+
+@pytest.mark.parametrize("trackers", [[], ["trackers=[mlflow]"]], ids=["group", "group-and-mlflow-store"])
+def test_a_copied_or_renamed_compare_resumes(tmp_path, monkeypatch, trackers):
+    """The tracker group (and MLflow store) a compare names after its out_dir, where the user gives none,
+    is where its runs log, as out_dir is: not held against a run folder of the compare under another name."""
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    before = _planned_single(tmp_path / "first", *trackers)
+    moved = _planned_single(tmp_path / "renamed", *trackers)
+    ok = JobOutcome(0, None, "exited 0")
+    record_in(moved.run_dir, before.identity, ok, summary=True)
+    assert decide([moved], "auto", tmp_path / "renamed") == {"single": KEEP}
+    # A folder written before the named options were left out holds them, with the old folder's name.
+    named = {"tracker_group": "first"}
+    if trackers:
+        named["tracker_uri"] = f"sqlite:///{tmp_path / 'first' / 'mlflow.db'}"
+    record_in(moved.run_dir, {**before.identity, **named}, ok, summary=True)
+    assert decide([moved], "auto", tmp_path / "renamed") == {"single": KEEP}
+    # A group the user sets is theirs: one the earlier runs did not log to is a change.
+    mine = _planned_single(tmp_path / "renamed", *trackers, "tracker_group=mine")
+    with pytest.raises(ConfigurationChanged, match=r"\(single: tracker_group was first, now mine\)"):
+        decide([mine], "auto", tmp_path / "renamed")
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])

@@ -107,6 +107,33 @@ def test_a_kernel_with_no_rates_on_the_card_is_one_line_naming_the_ones_it_has(c
     assert "attention=cudnn" in err and "use one of flash," in err
 
 
+CUSTOM_CARD = ("gpu=MI400X", "gpu_mem_gb=288", "peak_tflops=2000", "hbm_tb_s=8")
+
+
+@pytest.mark.parametrize(
+    "option, says",
+    [
+        (
+            "attention=flash3",
+            "attention=flash3 is built for Hopper's tensor cores, and gpu=MI400X, given by its figures, is not known "
+            "to run it: use one of flash, cudnn, flash1, triton, math, fused_softmax, or name a card",
+        ),
+        (
+            "precision=fp4",
+            "precision=fp4: gpu=MI400X, given by its figures, has no measured fp4 rate to plan with: give "
+            "precision=fp8 with peak_tflops= its dense fp8 peak, or a Blackwell card",
+        ),
+    ],
+)
+def test_a_card_given_by_its_figures_is_no_hopper_and_says_what_it_takes(option, says, capsys):
+    """Such a card is planned on the H100's efficiencies and Hopper's attention tables; what needs a
+    Hopper, or a measured fp4 rate, is one line saying what to give instead."""
+    code, _, err = run_plan("model=llama3.1-8b", *CUSTOM_CARD, option, capsys=capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and says in err, err
+    code, out, err = run_plan("model=llama3.1-8b", *CUSTOM_CARD, "attention=flash", capsys=capsys)
+    assert code == 0 and "attention (flash) by" in out, err
+
+
 @pytest.mark.parametrize(
     "card,own,library",
     [

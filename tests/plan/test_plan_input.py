@@ -136,6 +136,12 @@ def test_an_out_dir_the_plots_cannot_go_to_is_one_line_before_planning(capsys, t
         (["gpus=9"], "over 2 nodes of 8 GPUs (the H100", "nodes=2"),
         (["gpus=8", "nodes=3"], "does not split over nodes=3", "gpus_per_node"),
         (
+            ["gpus=16", "gpus_per_node=32"],
+            "gpus=16 is less than one node of gpus_per_node=32: give gpus= a multiple of 32, or gpus_per_node=16",
+            "nodes=",
+        ),
+        (["gpus=[8,64]", "gpus_per_node=16"], "gpus=8 is less than one node of gpus_per_node=16", "nodes="),
+        (
             ["strategy_options.nosuch.tp_size=2"],
             "unknown strategy 'nosuch' in strategy_options.nosuch.*: known strategies are single, ddp",
             "option of none",
@@ -170,3 +176,33 @@ def test_a_fabric_is_read_as_written_not_as_yaml_reads_numbers(capsys):
     # YAML read inter_node=0x400 as hexadecimal: one card of 1,024 Gb/s.
     err = one_line_error(capsys, "model=llama3.1-8b", "gpus=16", "inter_node=0x400")
     assert "inter_node=0x400: the cards and their rate must be positive" in err
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["model=gpt2-1.5b", "seq_len=100000"],
+            "seq_len=100000 exceeds gpt2-1.5b's block_size=1024 (its positions): give seq_len<=1024 or "
+            "model_kwargs.block_size=100000",
+        ),
+        (["model=moe-nano", "seq_len=512"], "exceeds moe-nano's block_size=256"),
+        (["model=hf:GPT2Config", "seq_len=2048"], "exceeds hf:GPT2Config's n_positions=1024"),
+        (["model=[llama3.1-8b,gpt2-124m]", "seq_len=2048"], "exceeds gpt2-124m's block_size=1024"),
+    ],
+)
+def test_a_sequence_beyond_the_models_learned_positions_is_one_line(capsys, args, says):
+    """As train refuses it: the tokens past the learned positions have no embedding."""
+    assert says in one_line_error(capsys, "gpus=8", *args)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["model=llama3.1-8b", "seq_len=1000000"],  # rotary positions: no hard limit
+        ["model=gpt2-124m", "seq_len=4096", "model_kwargs.block_size=4096"],
+        ["layers=4", "width=256", "seq_len=100000"],  # a described GPT's positions are the sequence's
+    ],
+)
+def test_a_long_sequence_is_planned_where_the_model_takes_it(capsys, args):
+    assert runner.main(["plan", "gpus=8", "format=json", *args]) == 0, capsys.readouterr().err

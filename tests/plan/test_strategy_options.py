@@ -110,7 +110,14 @@ def test_which_options_a_strategy_takes_is_read_from_the_registry(monkeypatch):
 
 def test_every_searched_layout_runs_under_its_name_with_its_options():
     """The search varies only options its strategies take: each layout is one `train` accepts."""
-    cfg = PlanConfig(model="gpt2-124m", gpus=4, seq_len=16384, global_batch_tokens="128K", search=True)
+    cfg = PlanConfig(
+        model="gpt2-124m",
+        model_kwargs={"block_size": 16384},  # its positions as long as the sequence, as train needs them
+        gpus=4,
+        seq_len=16384,
+        global_batch_tokens="128K",
+        search=True,
+    )
     q, global_batch = search_question(cfg)
     result = search(q, ["fsdp-cp", "fsdp-pp", "zero1-pp", "fsdp-tp", "hsdp", "ddp-tp"], global_batch)
     registry = default_registry()

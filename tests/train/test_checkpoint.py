@@ -339,6 +339,22 @@ def test_a_file_that_cannot_be_read_though_its_checksum_matches_is_one_line(thre
     assert "\n" not in str(err.value) and str(err.value).endswith("): resume from another checkpoint")
 
 
+def test_every_ranks_damaged_generators_are_one_line_naming_them_all(three_checkpoints):
+    """Rank 0 reads every rank's generator file before any rank loads: two damaged files are one
+    line naming both, not a line from each rank (one rank's manager here; no process group)."""
+    manager, strategy, shapes, _ = three_checkpoints
+    ckpt = manager.root / "step_3"
+    shutil.copy(ckpt / "rng" / "rank_0.pt", ckpt / "rng" / "rank_1.pt")
+    for rel in ("rng/rank_0.pt", "rng/rank_1.pt"):
+        _replaced_with_its_checksum(ckpt, rel, _random_bytes)
+    two_ranks = CheckpointManager(manager.root, rank=0, world_size=2, keep_last=2)
+    path, manifest = two_ranks.find(str(ckpt), will_write=True)  # its checksums match
+    expected = f"checkpoint {ckpt} is damaged: rng/rank_0.pt, rng/rank_1.pt cannot be read (UnpicklingError: "
+    with pytest.raises(CheckpointError, match=re.escape(expected)) as err:
+        two_ranks.restore(path, manifest, strategy, shapes, bare_model=lambda: build_model("gpt-nano"), config=CONFIG)
+    assert "\n" not in str(err.value) and str(err.value).endswith("): resume from another checkpoint")
+
+
 def test_an_error_that_is_no_damage_is_not_called_damage(three_checkpoints):
     """Only read errors are a damaged checkpoint: a RuntimeError outside torch.load (a collective
     that failed, memory run out) is left as it came."""

@@ -107,6 +107,9 @@ class ModelShape:
     # Measures activations where no formula applies (dims is None); None where none can be traced.
     tracer: ActivationTracer | None = field(default=None, compare=False, repr=False)
     param_modules: int | None = None  # modules holding parameters directly (ZeRO-3 fetches each); None: unknown
+    # Learned positions: (the model_kwargs key that sizes them, how many), the longest sequence the model
+    # takes; None where it has no fixed limit (rotary or ALiBi positions) or it is not known.
+    positions: tuple[str, int] | None = None
 
     def matrix_width(self) -> int | None:
         """The size most weight matrices share, as strategies/deepspeed_config.model_size counts it."""
@@ -154,17 +157,31 @@ def _shape(
     named: list[tuple[str, tuple[int, ...], int | None]],
     dims: TransformerDims,
     *,
-    positions: str | None = None,
+    positions: tuple[str, str] | None = None,
     tied_head: bool = False,
 ) -> ModelShape:
     """A shape from (name, tensor shape, block) triples in model.parameters() order; `positions`
-    names the position embedding (no matmul flops), `tied_head` a head that shares the embedding
-    (one tensor, but a module of its own that holds it)."""
+    names the learned position embedding (no matmul flops, one row a position) and the model_kwargs
+    key that sizes it, `tied_head` a head that shares the embedding (one tensor, but a module of its
+    own that holds it)."""
     tensors = tuple(ParamTensor(shape, block) for _, shape, block in named)
     total = sum(t.numel for t in tensors)
-    skipped = sum(math.prod(shape) for n, shape, _ in named if n == positions)
+    table, key = positions or (None, None)
+    rows = [shape for n, shape, _ in named if n == table]
+    skipped = sum(math.prod(shape) for shape in rows)
     modules = {n.removesuffix(".weight").removesuffix(".bias") + f"#{b}" for n, _, b in named}
-    return ModelShape(name, total, total - skipped, dims, tensors, param_modules=len(modules) + tied_head)
+    return ModelShape(
+        name,
+        total,
+        total - skipped,
+        dims,
+        tensors,
+        param_modules=len(modules) + tied_head,
+        positions=(key, rows[0][0]) if key and rows else None,
+    )
+
+
+ZOO_POSITIONS = ("wpe.weight", "block_size")  # the zoo GPT's position embedding, and the size that sets it
 
 
 def gpt_tensors(cfg: GPTConfig, kv_heads: int | None = None, ffn: int | None = None) -> list:
@@ -200,7 +217,7 @@ def _gpt_shape(name: str, cfg: GPTConfig, kv_heads: int | None = None, ffn: int 
         cfg.vocab_size,
         tp_splits_head=False,  # models/gpt.py's tensor-parallel plan splits the blocks only
     )
-    return _shape(name, gpt_tensors(cfg, kv_heads, ffn), dims, positions="wpe.weight", tied_head=True)
+    return _shape(name, gpt_tensors(cfg, kv_heads, ffn), dims, positions=ZOO_POSITIONS, tied_head=True)
 
 
 def _llama_dims(s: dict[str, Any], fused_qkv: bool = False) -> TransformerDims:
@@ -282,7 +299,7 @@ def hf_shape(spec: str, arch: hf_configs.HFArchitecture, kwargs: dict[str, Any])
         if h % heads:
             raise PlanError(f"model {spec}: n_embd={h} must be a multiple of n_head={heads}")
         dims = TransformerDims(s["n_layer"], h, heads, h // heads, heads, s["n_inner"] or 4 * h, s["vocab_size"])
-        return _shape(spec, hf_configs.gpt2_tensors(s), dims, positions="wpe", tied_head=tied)
+        return _shape(spec, hf_configs.gpt2_tensors(s), dims, positions=("wpe", "n_positions"), tied_head=tied)
     if arch.family == "falcon":
         return _falcon_shape(spec, s)
     if s["hidden_size"] % s["num_attention_heads"] and not kwargs.get("head_dim"):

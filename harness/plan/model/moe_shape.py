@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.plan.model.model_shape import (
+    ZOO_POSITIONS,
     ModelShape,
     PlanError,
     TransformerDims,
@@ -165,7 +166,7 @@ def zoo_moe_shape(name: str, cfg: MoEConfig) -> ModelShape:
     dims = TransformerDims(
         cfg.n_layer, h, cfg.n_head, h // cfg.n_head, cfg.n_head, 0, cfg.vocab_size, tp_splits_head=False
     )
-    carrier = _shape(name, named, dims, positions="wpe.weight", tied_head=True)
+    carrier = _shape(name, named, dims, positions=ZOO_POSITIONS, tied_head=True)
     moe = MoEDims(
         cfg.n_experts,
         cfg.top_k,
