@@ -8,8 +8,9 @@ planned beside published, and the algorithm and protocol the model picks.
     python bench/nccl_vs_published.py --out -      # printed only
 
 Then, apart from those rows, whole size sweeps (1 MiB up) published on other clusters
-(bench/data/nccl_tests_sweeps.csv): the plan's bandwidth against each sweep by size band, which
-shows how far NCCL's latency-and-bandwidth model is from mid-sized collectives.
+(bench/data/nccl_tests_sweeps.csv): the plan's bandwidth against each sweep by size band. The
+planner's measured share of the large-size rate across nodes is read from them
+(bench/collective_ramp.py).
 
 No torch, on the CPU, in well under a second. One constant of the network model is fitted to
 rows of it, the fat tree's span loss (fabric.RING_SPAN_LOSS) to the NDR cluster's reduce-scatter
@@ -169,7 +170,11 @@ def sweep_lines(planned: list[Planned]) -> list[str]:
         "",
         "Every size from 1 MiB of all-reduce sweeps published on other clusters "
         "(`bench/data/nccl_tests_sweeps.csv`, sources and systems in bench/data/README.md), planned as above. "
-        "Columns: the median of planned over published bus bandwidth in each size band (above 1: planned fast).",
+        "The share of its large-size rate a collective across nodes runs at below it "
+        "(harness/plan/network/collective_ramp.json) is read from these sweeps past one node "
+        "(`python bench/collective_ramp.py`), so here they check that reading; the rows above are from other "
+        "sources. Columns: the median of planned over published bus bandwidth in each size band "
+        "(above 1: planned fast).",
         "",
         "| source | GPU | GPUs (nodes) | fabric | " + " | ".join(b[2] for b in BANDS) + " | NCCL's choice at 64 MiB |",
         "|---|---|---:|---|" + "---:|" * len(BANDS) + "---|",

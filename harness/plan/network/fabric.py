@@ -32,13 +32,15 @@ cards (`rccl_tuning.py`).
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import PlanError
 from harness.plan.network import rccl_tuning
+from harness.plan.network.collective_ramp import measured_share
 from harness.plan.network.nccl_tuning import Choice, Links, choose
 
 NVLINK_EFFICIENCY = 0.80
@@ -151,6 +153,7 @@ FABRICS = {
     "mosaicml-a100": Fabric(
         "mosaicml-a100", 8, 200, source="llm-foundry's A100 tables: 1600 Gbps node-node RoCE", kind="roce"
     ),
+    "oci-a100": Fabric("oci-a100", 16, 100, source="OCI BM.GPU4.8: RoCE v2 cluster network, 16 x 100G", kind="roce"),
     "p5": Fabric(
         "p5",
         32,
@@ -458,10 +461,20 @@ class Topology:
         )
 
     def choice(self, group: Group, kind: str, payload: float) -> Choice:
-        """The algorithm and protocol NCCL (RCCL) runs for one collective of `payload` bytes, and its time."""
+        """The algorithm and protocol NCCL (RCCL) runs for one collective of `payload` bytes, and its time:
+        across nodes, no less than its bytes at the share of its large-size rate measured there
+        (collective_ramp.py)."""
+        links = self.links(group)
         if self.library == "rccl":
-            return rccl_tuning.choose(kind, payload, self.links(group))
-        return choose(kind, payload, self.links(group))
+            return rccl_tuning.choose(kind, payload, links)
+        chosen = choose(kind, payload, links)
+        if group.nodes <= 1:
+            return chosen
+        at_rate = payload / _large_size_algbw(kind, links)
+        share = measured_share(self.fabric.kind, at_rate * 1e6)
+        if share is None or at_rate / share <= chosen.seconds:
+            return chosen
+        return replace(chosen, seconds=at_rate / share)
 
     def describe(self) -> str:
         inside = f"{self.intra.name} {self.intra.bytes_per_s / 1e9:g} GB/s per GPU"
@@ -497,6 +510,15 @@ def topology_of(
         generation=gpu.generation,
         nvlink_links=gpu.nvlink_links,
     )
+
+
+# The size at which a collective's rate is its large-size one: the largest the published sweeps ran.
+LARGE_SIZE = 16 * 2**30
+
+
+@functools.cache
+def _large_size_algbw(kind: str, links: Links) -> float:
+    return choose(kind, LARGE_SIZE, links).algbw
 
 
 def collective_seconds(topology: Topology, group: Group, kind: str, payload: float, calls: int = 1) -> float:

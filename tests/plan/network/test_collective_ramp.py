@@ -1,0 +1,61 @@
+"""Mid-sized collectives across nodes at the share of their large-size rate that published
+nccl-tests sweeps measured (harness/plan/network/collective_ramp.py): the table is what
+bench/collective_ramp.py reads from those sweeps, a collective across nodes takes no less than its
+bytes at that share, and inside a node, at large sizes and below the table NCCL's model holds."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import collective_ramp, nccl_vs_published
+from harness.common.hardware import GPUS
+from harness.plan.network.collective_ramp import TABLE, measured_share
+from harness.plan.network.fabric import LARGE_SIZE, parse_fabric, topology_of
+from harness.plan.network.nccl_tuning import choose
+
+MIB = 2**20
+
+
+def _ndr(gpus: int, nodes: int):
+    return topology_of(GPUS["H100"], gpus, nodes, parse_fabric("ndr"))
+
+
+def test_the_table_is_what_the_sweeps_past_one_node_measured():
+    shipped = json.loads(TABLE.read_text())["kinds"]
+    assert shipped == collective_ramp.ramp_table(nccl_vs_published.read_rows(nccl_vs_published.SWEEPS))
+    assert set(shipped) == {"infiniband", "efa", "roce", "tcpx"}
+    for points in shipped.values():  # a share of the rate that rises with the time toward all of it
+        shares = [share for _, share in points]
+        assert all(0 < s <= 1 for s in shares) and shares[-1] == 1.0
+
+
+def test_a_mid_sized_all_reduce_across_nodes_takes_its_bytes_at_the_measured_share_of_its_rate():
+    t = _ndr(16, 2)
+    group, links = t.world(), t.links(t.world())
+    rate = choose("all-reduce", LARGE_SIZE, links).algbw
+    model = choose("all-reduce", 64 * MIB, links).seconds
+    at_rate = 64 * MIB / rate
+    planned = t.choice(group, "all-reduce", 64 * MIB).seconds
+    assert planned == pytest.approx(at_rate / measured_share("infiniband", at_rate * 1e6))
+    assert planned > 1.2 * model
+
+
+def test_inside_a_node_at_large_sizes_and_below_the_table_nccls_model_holds():
+    node = _ndr(8, 1)
+    assert node.choice(node.world(), "all-reduce", 64 * MIB) == choose("all-reduce", 64 * MIB, node.links(node.world()))
+    two = _ndr(16, 2)
+    links = two.links(two.world())
+    for size in (8 * 2**30, 4096):
+        assert two.choice(two.world(), "all-reduce", size).seconds == pytest.approx(
+            choose("all-reduce", size, links).seconds
+        )
+
+
+def test_the_share_is_none_below_the_measured_times_and_for_a_kind_no_sweep_measured():
+    first = json.loads(TABLE.read_text())["kinds"]["infiniband"][0][0]
+    assert measured_share("infiniband", first / 2) is None
+    assert measured_share("ethernet", 500.0) is None
+    assert measured_share("infiniband", 1e9) == 1.0
+    assert measured_share("efa", 256.0) < measured_share("infiniband", 256.0) < 1.0
