@@ -4,7 +4,7 @@ questions: one per model and GPU count asked (model=[...] and gpus=[...] sweep).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Optional
 
@@ -73,7 +73,7 @@ class PlanConfig:
     # that makes this global batch, in tokens (4194304 or 4M), and rank those that fit (search.py).
     search: bool = False
     global_batch_tokens: Any = None
-    seq_len: int = 1024
+    seq_len: Optional[int] = None  # unset: DEFAULT_SEQ_LEN, or the model's learned positions where fewer
     precision: str = "bf16"
     activation_checkpointing: Any = "none"  # none | full | selective (true/false: full/none)
     fused_loss: bool = False  # a fused or chunked cross-entropy that never holds the whole fp32 logits
@@ -216,8 +216,6 @@ def recipe_of(cfg: PlanConfig) -> Recipe:
 
 def gpu_of(cfg: PlanConfig) -> GPUSpec:
     """The card, with any figure the options give in place of the data sheet's."""
-    from dataclasses import replace
-
     spec = gpu_spec(cfg.gpu)
     if spec is None:
         if None in (cfg.gpu_mem_gb, cfg.peak_tflops, cfg.hbm_tb_s):
@@ -342,19 +340,29 @@ def shape_for(cfg: PlanConfig, model: str | None) -> ModelShape:
         width=cfg.width,
         heads=cfg.heads,
         vocab=cfg.vocab,
-        seq_len=cfg.seq_len,
+        seq_len=cfg.seq_len or DEFAULT_SEQ_LEN,
         kv_heads=cfg.kv_heads,
         ffn=cfg.ffn,
         arch=cfg.arch,
     )
 
 
-def check_positions(shape: ModelShape, seq_len: int) -> None:
-    """A seq_len beyond the model's learned positions is one line, as train says it: the model has no
-    embedding for the tokens past them, so no run of it takes such a sequence."""
-    if shape.positions is not None and seq_len > shape.positions[1]:
-        key, positions = shape.positions
-        raise PlanError(beyond_positions(shape.name, seq_len, key, positions))
+DEFAULT_SEQ_LEN = 1024
+
+
+def with_seq_len(cfg: PlanConfig, shape: ModelShape) -> PlanConfig:
+    """`cfg` with the sequence length its question plans: seq_len= as given, where a seq_len beyond the
+    model's learned positions is one line, as train says it (the model has no embedding for the tokens
+    past them, so no run of it takes such a sequence); unset, DEFAULT_SEQ_LEN, or the model's positions
+    where it has fewer."""
+    if shape.positions is None:
+        return cfg if cfg.seq_len is not None else replace(cfg, seq_len=DEFAULT_SEQ_LEN)
+    key, positions = shape.positions
+    if cfg.seq_len is None:
+        return replace(cfg, seq_len=min(DEFAULT_SEQ_LEN, positions))
+    if cfg.seq_len > positions:
+        raise PlanError(beyond_positions(shape.name, cfg.seq_len, key, positions))
+    return cfg
 
 
 def global_batch_of(cfg: PlanConfig) -> int | None:
@@ -408,9 +416,9 @@ def question(
     gpu = gpu_of(cfg)
     count = gpus if gpus is not None else gpu_counts(cfg)[0]
     topology = topology_for(cfg, count, gpu)
-    micro_batch, grad_accum = batching(cfg, count)
     shape = shape or shape_for(cfg, model if model is not None else models_asked(cfg)[0])
-    check_positions(shape, cfg.seq_len)
+    cfg = with_seq_len(cfg, shape)
+    micro_batch, grad_accum = batching(cfg, count)
     recipe = recipe_of(cfg)
     check_recomputed(shape.name, shape.dims, recipe.recompute_modules)
     return Question(

@@ -19,7 +19,15 @@ from harness.plan.model.moe_shape import total_params
 from harness.plan.parallel.pipeline_cost import pipeline_of
 from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_cli import aligned, basis_lines, strategy_names
-from harness.plan.plan_options import PlanConfig, global_batch_of, gpu_counts, models_asked, question
+from harness.plan.plan_options import (
+    PlanConfig,
+    global_batch_of,
+    gpu_counts,
+    models_asked,
+    question,
+    shape_for,
+    with_seq_len,
+)
 from harness.plan.predict import Question
 from harness.plan.recommendation import CHECKPOINTING_ORDER, domain_lines
 from harness.plan.search.layout_search import (
@@ -62,6 +70,7 @@ def search_question(cfg: PlanConfig) -> tuple[Question, int]:
         raise PlanError("search=true plans one model on one GPU count: give model= and gpus= one value each")
     if cfg.micro_batch is not None:
         raise PlanError("search=true chooses the micro-batch and accumulation itself: drop micro_batch=")
+    cfg = with_seq_len(cfg, shape_for(cfg, models_asked(cfg)[0]))
     global_batch = global_batch_of(cfg)
     if global_batch is None:
         raise PlanError("search=true needs the global batch: global_batch_tokens= (e.g. 4M) or batch_size= (sequences)")

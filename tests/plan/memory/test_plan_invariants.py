@@ -21,8 +21,9 @@ from harness.plan.speed.calibration import REFERENCE, calibrate_from, default_fa
 from tests.helpers import ROOT
 
 SHAPES = {
-    "gpt2-124m": dict(model="gpt2-124m"),
-    "gpt2-1.5b": dict(model="gpt2-1.5b"),
+    # The grid's 2048 tokens: GPT-2's learned positions raised to take them.
+    "gpt2-124m": dict(model="gpt2-124m", model_kwargs={"block_size": 2048}),
+    "gpt2-1.5b": dict(model="gpt2-1.5b", model_kwargs={"block_size": 2048}),
     # Falcon-7B: multi-query attention (one key/value head), LayerNorm and a GELU MLP.
     "falcon-7b": dict(layers=32, width=4544, heads=71, kv_heads=1, ffn=18176, vocab=65024, arch="gpt"),
     "llama-13b": dict(layers=40, width=5120, heads=40, ffn=13824, vocab=32000, arch="llama"),
