@@ -206,3 +206,9 @@ def test_a_sequence_beyond_the_models_learned_positions_is_one_line(capsys, args
 )
 def test_a_long_sequence_is_planned_where_the_model_takes_it(capsys, args):
     assert runner.main(["plan", "gpus=8", "format=json", *args]) == 0, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("model", "tokens"), [("gpt-nano", 256), ("gpt2-124m", 1024), ("llama3.1-8b", 1024)])
+def test_an_unset_seq_len_is_1024_or_the_models_positions_where_fewer(capsys, model, tokens):
+    assert runner.main(["plan", f"model={model}", "gpus=2", "format=json"]) == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["question"]["seq_len"] == tokens

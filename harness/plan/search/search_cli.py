@@ -247,6 +247,7 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
         | {
             "gpus": q.gpus,
             "nodes": q.nodes,
+            "seq_len": q.seq_len,  # unset, the model's (with_seq_len)
             "topology": q.topology.describe(),
             "global_batch_sequences": result.global_batch,
             "global_batch_tokens": result.global_batch * q.seq_len,
