@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""How fast a collective across nodes reaches its large-size bus bandwidth, as published nccl-tests
-sweeps measured it: for each network kind, the share of a sweep's highest busbw that each size ran
+"""How fast a collective across nodes, or NVLS inside one, reaches its large-size bus bandwidth, as
+published nccl-tests sweeps measured it: for each network kind, the share of a sweep's highest busbw that each size ran
 at, by the time the size takes at that highest rate, the median over the sweeps in each doubling.
 The planner reads the table (harness/plan/network/collective_ramp.json) to time mid-sized
 collectives (collective_ramp.py says how).
@@ -8,8 +8,8 @@ collectives (collective_ramp.py says how).
     python bench/collective_ramp.py              # writes harness/plan/network/collective_ramp.json
     python bench/collective_ramp.py --out -      # prints it only
 
-From bench/data/nccl_tests_sweeps.csv's sweeps past one node (sources in bench/data/README.md);
-the goal's rows, bench/data/nccl_tests_published.csv, are not read.
+From bench/data/nccl_tests_sweeps.csv (sources in bench/data/README.md); the goal's rows,
+bench/data/nccl_tests_published.csv, are not read.
 """
 
 from __future__ import annotations
@@ -25,16 +25,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.nccl_vs_published import SWEEPS, Row, read_rows  # noqa: E402
-from harness.plan.network.collective_ramp import TABLE  # noqa: E402
+from harness.plan.network.collective_ramp import NVLS, TABLE  # noqa: E402
 from harness.plan.network.fabric import parse_fabric  # noqa: E402
 
 
 def _sweeps(rows: list[Row]) -> dict[tuple[str, int], list[Row]]:
     sweeps: dict[tuple[str, int], list[Row]] = {}
     for row in rows:
-        if row.nodes > 1 and row.collective == "all-reduce" and row.busbw_gbs:
+        if row.collective == "all-reduce" and row.busbw_gbs:
             sweeps.setdefault((row.source, row.nodes), []).append(row)
     return sweeps
+
+
+def _kind(row: Row) -> str:
+    """A sweep's network kind; one node's is NVLS (an NVSwitch node, where NCCL runs NVLS from 2 MiB)."""
+    return NVLS if row.nodes == 1 else parse_fabric(row.inter_node).kind
 
 
 def ramp_table(rows: list[Row]) -> dict[str, list[list[float]]]:
@@ -42,7 +47,7 @@ def ramp_table(rows: list[Row]) -> dict[str, list[list[float]]]:
     the median over every sweep's points in it, in order of time."""
     bins: dict[str, dict[int, list[float]]] = {}
     for points in _sweeps(rows).values():
-        kind = parse_fabric(points[0].inter_node).kind
+        kind = _kind(points[0])
         peak = max(p.busbw_gbs for p in points)
         n = points[0].gpus
         for p in points:

@@ -12,9 +12,11 @@ taken as measured, by network kind and by the time the bytes take at the large-s
 (collective_ramp.json, written by bench/collective_ramp.py from those sweeps): a collective takes
 the longer of NCCL's model and its bytes at the measured share of its large-size rate.
 
-Inside a node NCCL's model is kept: one sweep (a DGX H100's NVLS) measured it, and GB200's rows
-(bench/data/nccl_tests_published.csv) run at the model's rate where that sweep's share would make
-them a quarter slower. RCCL and network kinds no sweep measured keep the model too.
+Inside a node one sweep measured it, a DGX H100's, which runs NVLS from 2 MiB: NVLS there takes
+that sweep's shares (`nvls`; the B200 node's NVLS rows of bench/data/nccl_tests_published.csv, from
+another source, run slower than the model as it does: 64 MiB planned 76% fast, 1 GiB 13%). Rings and
+trees inside a node keep the model: no sweep measured them, and GB200's four-GPU ring rows run at the
+model's rate. RCCL and network kinds no sweep measured keep the model too.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import math
 from pathlib import Path
 
 TABLE = Path(__file__).with_name("collective_ramp.json")
+NVLS = "nvls"  # the table's kind for NVLink SHARP inside one node, and NCCL's name of the algorithm
 
 
 @functools.cache
@@ -34,7 +37,7 @@ def _kinds() -> dict[str, tuple[tuple[float, float], ...]]:
 
 
 def measured_share(kind: str, at_rate_us: float) -> float | None:
-    """The share of its large-size bus bandwidth a collective across nodes of network `kind` ran at
+    """The share of its large-size bus bandwidth a collective of `kind` (a network's, or NVLS) ran at
     in the sweeps, where its bytes take `at_rate_us` at that rate: log-log between the measured
     doublings, 1 past the last; None below the first (latency's side, the model's) or for a kind no
     sweep measured."""

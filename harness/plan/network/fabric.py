@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import PlanError
 from harness.plan.network import rccl_tuning
-from harness.plan.network.collective_ramp import measured_share
+from harness.plan.network.collective_ramp import NVLS, measured_share
 from harness.plan.network.nccl_tuning import Choice, Links, choose
 
 NVLINK_EFFICIENCY = 0.80
@@ -462,16 +462,17 @@ class Topology:
 
     def choice(self, group: Group, kind: str, payload: float) -> Choice:
         """The algorithm and protocol NCCL (RCCL) runs for one collective of `payload` bytes, and its time:
-        across nodes, no less than its bytes at the share of its large-size rate measured there
-        (collective_ramp.py)."""
+        across nodes, and as NVLS inside one, no less than its bytes at the share of its large-size rate
+        measured there (collective_ramp.py)."""
         links = self.links(group)
         if self.library == "rccl":
             return rccl_tuning.choose(kind, payload, links)
         chosen = choose(kind, payload, links)
-        if group.nodes <= 1:
+        measured = self.fabric.kind if group.nodes > 1 else NVLS if chosen.algorithm == NVLS else None
+        if measured is None:
             return chosen
         at_rate = payload / _large_size_algbw(kind, links)
-        share = measured_share(self.fabric.kind, at_rate * 1e6)
+        share = measured_share(measured, at_rate * 1e6)
         if share is None or at_rate / share <= chosen.seconds:
             return chosen
         return replace(chosen, seconds=at_rate / share)
