@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from configs.schema import ConfigError, RunConfig
+from harness.common.numbers import is_whole
 from strategies.mesh_layout import MeshError
 from strategies.registry import StrategyError, default_registry
 
@@ -142,17 +143,13 @@ def read_search(path: str, top: int) -> dict[str, Any]:
     return search
 
 
-def _whole(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
-
-
 def _wrong_question(q: Any) -> str | None:
     """What in a search's question is not what `plan search=true` writes (a hand-edited file)."""
     if not isinstance(q, dict):
         return "its question is not an object"
     if not isinstance(q.get("model"), str) or not q["model"]:
         return "its question names no model"
-    return next((f"its question's {key} is {q.get(key)!r}" for key in SEARCH_SIZES if not _whole(q.get(key))), None)
+    return next((f"its question's {key} is {q.get(key)!r}" for key in SEARCH_SIZES if not is_whole(q.get(key))), None)
 
 
 def _wrong_layout(layout: Any) -> str | None:
@@ -163,7 +160,7 @@ def _wrong_layout(layout: Any) -> str | None:
     if not isinstance(layout.get("strategy"), str) or not layout["strategy"]:
         return "names no strategy"
     for key in LAYOUT_SIZES:
-        if (key in layout or key not in LAYOUT_DEFAULTED) and not _whole(layout.get(key)):
+        if (key in layout or key not in LAYOUT_DEFAULTED) and not is_whole(layout.get(key)):
             return f"has {key}={layout.get(key)!r}"
     if not isinstance(layout.get("strategy_options", {}), dict):
         return "has strategy_options that are not an object"

@@ -10,6 +10,7 @@ from typing import Any, Optional
 
 from configs.schema import PRECISIONS
 from harness.common.hardware import GPUS, GPUSpec, gpu_spec, known_gpus
+from harness.common.numbers import is_whole
 from harness.common.units import GB
 from harness.common.writable import FolderError, check_writable
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings
@@ -139,7 +140,7 @@ def gpu_counts(cfg: PlanConfig) -> list[int]:
     if not counts:  # an empty sweep would plan nothing, and the first count is every question's default
         raise PlanError("gpus=[] names no GPU count: give gpus=8 or gpus=[8,64]")
     for g in counts:
-        if isinstance(g, bool) or not isinstance(g, int) or g <= 0:
+        if not is_whole(g):
             raise PlanError(f"gpus={cfg.gpus} must be a positive whole number, or a list such as gpus=[8,64,512]")
     return counts
 

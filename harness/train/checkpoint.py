@@ -35,6 +35,7 @@ import torch.nn as nn
 import torch.serialization
 
 from configs.schema import BOOLEAN_WORDS
+from harness.common.numbers import is_whole
 from harness.train import rng
 from strategies.base import Strategy
 from strategies.registry import default_registry
@@ -127,12 +128,9 @@ class Manifest:
     def _wrong_field(self) -> str | None:
         """The first field whose value is not of its kind (a hand-edited or damaged manifest)."""
 
-        def whole(value: Any, least: int) -> bool:
-            return isinstance(value, int) and not isinstance(value, bool) and value >= least
-
-        if not whole(self.step, 0):
+        if not is_whole(self.step, 0):
             return f"step is {self.step!r}, not a whole number of 0 or more"
-        if not whole(self.world_size, 1):
+        if not is_whole(self.world_size, 1):
             return f"world_size is {self.world_size!r}, not a whole number of 1 or more"
         for name in ("strategy", "checkpoint_format"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
@@ -141,7 +139,7 @@ class Manifest:
             return "config does not name its model"
         shapes = self.param_shapes
         if not isinstance(shapes, dict) or not all(
-            isinstance(v, list) and all(whole(d, 0) for d in v) for v in shapes.values()
+            isinstance(v, list) and all(is_whole(d, 0) for d in v) for v in shapes.values()
         ):
             return "param_shapes is not {name: [sizes]}"
         return None

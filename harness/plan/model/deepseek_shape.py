@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from harness.common.numbers import is_whole
 from harness.plan.model.mla_shape import DOWN_PROJECTIONS, mla_of, mla_tensors
 from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDims, _shape
 from harness.plan.model.moe_shape import _INERT, MoEDims, with_experts
@@ -70,7 +71,7 @@ INERT = _INERT | {
 
 def _whole(spec: str, s: dict[str, Any], key: str, least: int = 1) -> int:
     value = s[key]
-    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+    if not is_whole(value, least):
         raise PlanError(f"model {spec}: {key}={value!r} must be a whole number of at least {least}")
     return value
 

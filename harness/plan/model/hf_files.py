@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from harness.common.numbers import is_whole
 from harness.plan.model import hf_configs
 from harness.plan.model.model_shape import ModelShape, PlanError, hf_shape
 
@@ -37,7 +38,7 @@ def experts(fields: dict[str, Any]) -> str | None:
     """The field that makes `fields` a mixture of experts, as `name=value`, or None for a dense model."""
     for key in EXPERT_FIELDS:
         value = fields.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+        if is_whole(value, 2):
             return f"{key}={value}"
     for key, value in fields.items():
         inner = experts(value) if isinstance(value, dict) else None

@@ -38,6 +38,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from harness.common.numbers import is_whole
+
 if TYPE_CHECKING:
     from harness.plan.model.model_shape import TransformerDims
 
@@ -184,7 +186,7 @@ def mla_of(fields: dict, spec: str) -> MLADims:
         if key == "q_lora_rank" and value is None:
             values[key] = 0
             continue
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not is_whole(value):
             raise PlanError(f"model {spec}: {key}={value!r} must be a positive whole number")
         values[key] = value
     return MLADims(*(values[k] for k in MLA_FIELDS))

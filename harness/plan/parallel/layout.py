@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from harness.common.numbers import is_whole
 from harness.plan.model.model_shape import ModelShape, PlanError
 from harness.plan.network.fabric import Group, Topology
 from harness.plan.parallel.backends import Backend, planner_models
@@ -60,7 +61,7 @@ def _size(backend: Backend, option: str, default: int) -> int:
     value = backend.options.get(option)
     if value in (None, 0, "auto"):
         return default
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+    if not is_whole(value):
         raise PlanError(f"{backend.name}: {option}={value!r} must be a whole number of GPUs, e.g. {option}={default}")
     return value
 

@@ -22,6 +22,7 @@ import json
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from harness.common.numbers import is_whole
 from harness.plan.model.model_shape import PlanError
 from harness.plan.parallel.backends import Backend, model_of
 from harness.plan.parallel.layout import LayoutError, is_mesh_preset, pipelines, splits_sequences
@@ -126,7 +127,7 @@ def check_planned(name: str, given: Mapping[str, Any]) -> None:
     except StrategyError as exc:
         raise PlanError(str(exc)) from None
     for key, value in given.items():
-        if key in SIZES and value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if key in SIZES and value is not None and not is_whole(value):
             raise PlanError(f"{name}: strategy_options.{key}={value!r} must be a whole number of at least 1")
 
 

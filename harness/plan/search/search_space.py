@@ -15,6 +15,7 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from harness.common.numbers import is_whole
 from harness.plan.model.model_shape import PlanError
 from harness.plan.parallel.backends import Backend
 from harness.plan.parallel.layout import pipelines, splits_model
@@ -41,7 +42,7 @@ class BatchSplit:
 
 def parse_tokens(value: Any) -> int:
     """A token count as given: 4194304, 4M, 512K (binary prefixes, as published batch sizes mean them)."""
-    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+    if is_whole(value):
         return value
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]?)\s*", str(value), re.IGNORECASE)
     count = float(match.group(1)) * TOKEN_SUFFIXES[match.group(2).upper()] if match else 0
