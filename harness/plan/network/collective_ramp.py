@@ -10,7 +10,10 @@ mechanisms holds the rate back there (fewer channels or threads below some sizes
 the protocols' and proxies' per-chunk costs) is not measured apart in any source, so the share is
 taken as measured, by network kind and by the time the bytes take at the large-size rate
 (collective_ramp.json, written by bench/collective_ramp.py from those sweeps): a collective takes
-the longer of NCCL's model and its bytes at the measured share of its large-size rate.
+the longer of NCCL's model and its bytes at the measured share of its large-size rate. The sweeps
+are all-reduces; all-gathers, reduce-scatters and a pipeline's sends take the same shares (the p5
+all-gather rows of bench/data/nccl_tests_published.csv, another source, ramp alike: 2 nodes at 256
+MiB planned 42% fast with the model alone, 7% with the shares).
 
 Inside a node one sweep measured it, a DGX H100's, which runs NVLS from 2 MiB: NVLS there takes
 that sweep's shares (`nvls`; the B200 node's NVLS rows of bench/data/nccl_tests_published.csv, from
