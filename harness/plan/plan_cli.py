@@ -25,6 +25,7 @@ from harness.plan.memory.model_states import zero_paper_bytes_per_gpu
 from harness.plan.memory.recipe_plan import fp8_gathers
 from harness.plan.model.model_shape import PlanError
 from harness.plan.model.moe_shape import total_params
+from harness.plan.network.collective_ramp import measured_share
 from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import known_backends, model_of, planned_as
 from harness.plan.parallel.engines import engine_differences
@@ -294,6 +295,12 @@ def basis_lines(q: Question) -> list[str]:
             f"{t.busbw(t.world(), 'all-gather') / 1e9:.0f} GB/s ({t.fabric.describe()} at "
             f"{t.fabric.efficiency:.0%}, {library}'s rings over the rails)"
         )
+        half = measured_share(t.fabric.kind, 256.0) if t.library != "rccl" else None
+        if half is not None:
+            network += (
+                f", mid-sized collectives at the share of it published {t.fabric.kind} sweeps reached "
+                f"({half:.0%} where the bytes take 256 us at it)"
+            )
     lines = [f"speed: {compute}", f"backend overheads and offload host steps {where} from {f.basis}", network]
     if gpu.sources:
         lines.append(f"card: {gpu.sources}")
