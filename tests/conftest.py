@@ -44,9 +44,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def reference_run(tmp_path_factory):
     """The `single` run every equivalence test compares against (trained once per session, for
     every xdist worker)."""
-    from tests.helpers import made_once, read_run, train
+    from tests.helpers import read_run, trained_once
 
-    return read_run(made_once(tmp_path_factory.getbasetemp(), "single", lambda out: train(out, "single")))
+    return read_run(trained_once(tmp_path_factory.getbasetemp(), "single"))
 
 
 @pytest.fixture(scope="session")

@@ -157,6 +157,20 @@ def train(
     return read_run(out_dir)
 
 
+def trained_once(basetemp: Path, strategy: str, nproc: int = 1) -> Path:
+    """The folder of `train(...)` on NANO, made once a session for every xdist worker (made_once),
+    its stdout kept beside the run as stdout.txt: for a run that more than one test file reads."""
+
+    def make(out: Path) -> None:
+        proc = run_cli(["train", f"strategy={strategy}", f"nproc={nproc}", f"out_dir={out}", *NANO], timeout=240)
+        assert proc.returncode == 0, (
+            f"train {strategy} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+        (out / "stdout.txt").write_text(proc.stdout)
+
+    return made_once(basetemp, f"{strategy}-nproc{nproc}", make)
+
+
 def succeeded(proc: subprocess.CompletedProcess) -> str:
     """The stdout of a run that exited 0; fails the test with the ends of its output otherwise."""
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"

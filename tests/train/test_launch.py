@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.helpers import NANO, ROOT, env_for_tests, losses_by_step, run_bounded, run_cli
+from tests.helpers import NANO, ROOT, env_for_tests, losses_by_step, run_bounded, run_cli, trained_once
 from tests.train.test_checkpoint import straight_run
 
 pytestmark = pytest.mark.timeout(300)
@@ -27,14 +27,15 @@ def _new_interpreters(args: list[str]):
     return run_bounded([sys.executable, "-c", code], timeout=240, env=env_for_tests(), cwd=ROOT)
 
 
-def test_forked_and_new_interpreter_workers_train_the_same_curve(tmp_path):
-    forked = run_cli([*ARGS, "nproc=2", f"out_dir={tmp_path / 'forked'}"], timeout=240)
-    assert forked.returncode == 0, forked.stderr[-3000:]
+def test_forked_and_new_interpreter_workers_train_the_same_curve(tmp_path, tmp_path_factory):
+    # `train strategy=ddp nproc=2` on NANO, as tests/strategies/test_equivalence_torch.py holds it to
+    # single: trained once a session for both.
+    forked = trained_once(tmp_path_factory.getbasetemp(), "ddp", nproc=2)
     (tmp_path / "spawned").mkdir()  # the preflight, which runs before either, makes it
     spawned = _new_interpreters([*ARGS, f"out_dir={tmp_path / 'spawned'}"])
     assert spawned.returncode == 0, spawned.stderr[-3000:]
-    assert losses_by_step(tmp_path / "forked") == losses_by_step(tmp_path / "spawned")
-    assert "step    10 | loss" in forked.stdout and "step    10 | loss" in spawned.stdout
+    assert losses_by_step(forked) == losses_by_step(tmp_path / "spawned")
+    assert "step    10 | loss" in (forked / "stdout.txt").read_text() and "step    10 | loss" in spawned.stdout
 
 
 def test_a_one_line_error_every_worker_meets_is_printed_once(tmp_path, tmp_path_factory):
