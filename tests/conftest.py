@@ -42,15 +42,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def reference_run(tmp_path_factory):
-    """The `single` run every equivalence test compares against (trained once per session)."""
-    from tests.helpers import train
+    """The `single` run every equivalence test compares against (trained once per session, for
+    every xdist worker)."""
+    from tests.helpers import read_run, trained_once
 
-    return train(tmp_path_factory.mktemp("single"), "single")
+    return read_run(trained_once(tmp_path_factory.getbasetemp(), "single"))
 
 
 @pytest.fixture(scope="session")
 def llama_reference_run(tmp_path_factory):
     """`single` on NANO's data with tests.helpers.LLAMA_4, what the pipelines of it compare against."""
-    from tests.helpers import LLAMA_4, train
+    from tests.helpers import LLAMA_4, made_once, read_run, train
 
-    return train(tmp_path_factory.mktemp("llama-single"), "single", extra=LLAMA_4)
+    made = made_once(tmp_path_factory.getbasetemp(), "llama-single", lambda out: train(out, "single", extra=LLAMA_4))
+    return read_run(made)

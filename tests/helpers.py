@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,6 +76,24 @@ class OnFirstUse(Mapping[K, V], Generic[K, V]):
         return len(self._names)
 
 
+def made_once(basetemp: Path, name: str, make: Callable[[Path], object]) -> Path:
+    """The folder `name`, filled by `make(folder)` once per test session (`basetemp`: the session's
+    tmp_path_factory.getbasetemp()). Under pytest-xdist every worker asks for the same folder, in
+    the session's temporary directory above the workers' own: the first to ask makes it while the
+    others wait, and a make that failed is made again by the next to ask. For runs that more than
+    one test file reads, which a session fixture or a cache would train once in each worker."""
+    root = basetemp.parent if os.environ.get("PYTEST_XDIST_WORKER") else basetemp
+    folder, done = root / "made-once" / name, root / "made-once" / f"{name}.done"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with (root / "made-once" / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # what a failed make left
+            make(folder)
+            done.touch()
+    return folder
+
+
 def env_for_tests(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT), **extra)
@@ -135,6 +155,20 @@ def train(
         f"train {strategy} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
     return read_run(out_dir)
+
+
+def trained_once(basetemp: Path, strategy: str, nproc: int = 1) -> Path:
+    """The folder of `train(...)` on NANO, made once a session for every xdist worker (made_once),
+    its stdout kept beside the run as stdout.txt: for a run that more than one test file reads."""
+
+    def make(out: Path) -> None:
+        proc = run_cli(["train", f"strategy={strategy}", f"nproc={nproc}", f"out_dir={out}", *NANO], timeout=240)
+        assert proc.returncode == 0, (
+            f"train {strategy} exited {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
+        (out / "stdout.txt").write_text(proc.stdout)
+
+    return made_once(basetemp, f"{strategy}-nproc{nproc}", make)
 
 
 def succeeded(proc: subprocess.CompletedProcess) -> str:

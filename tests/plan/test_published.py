@@ -7,6 +7,7 @@ import csv
 import statistics
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -32,8 +33,14 @@ from tests.helpers import ROOT, env_for_tests
 
 
 @pytest.fixture(scope="module")
-def outcomes():
-    return {path.name: published.plan_rows(published.read_rows(path)) for path in published.FIRST_CSVS}
+def every_csv() -> dict[Path, list]:
+    """Every runs CSV of bench/data planned once (seconds of planning), for the tests that read them."""
+    return {path: published.plan_rows(published.read_rows(path)) for path in published.runs_csvs()}
+
+
+@pytest.fixture(scope="module")
+def outcomes(every_csv):
+    return {path.name: every_csv[path] for path in published.FIRST_CSVS}
 
 
 def test_runs_that_ran_are_planned_to_fit_and_the_oom_one_not(outcomes):
@@ -217,8 +224,8 @@ def test_layout_kinds_and_scales_are_read_from_the_rows():
     ]
 
 
-def test_the_breakdowns_count_every_run_under_each_of_its_kinds(tmp_path):
-    every = [o for path in published.runs_csvs() for o in published.plan_rows(published.read_rows(path))]
+def test_the_breakdowns_count_every_run_under_each_of_its_kinds(every_csv):
+    every = [o for outcomes in every_csv.values() for o in outcomes]
     kinds = published_breakdown.by_kind(every)
     for kind, rows in kinds.items():
         assert len(rows) == sum(kind in kinds_of(o.row) for o in every)
@@ -230,15 +237,16 @@ def test_the_breakdowns_count_every_run_under_each_of_its_kinds(tmp_path):
     assert pipelines.split("|")[2:4] == [f" {len(kinds[PIPELINE])} ", f" {len(planned)} "]
 
 
-def test_every_row_of_every_csv_is_planned_or_listed_with_a_reason():
+def test_every_row_of_every_csv_is_planned_or_listed_with_a_reason(every_csv):
     paths = published.runs_csvs()
     assert published.DATA / "model_parallel_nvidia.csv" in paths and published.OOM_CSV not in paths
     assert all(p.name not in ("nccl_tests_published.csv", "xla_sm90_matmul_bf16.csv") for p in paths)
-    for path in paths:
-        for o in published.plan_rows(published.read_rows(path)):
+    assert list(every_csv) == paths
+    for path, outcomes in every_csv.items():
+        for o in outcomes:
             assert (o.plan is None) == bool(o.skipped), (path.name, o.row["model"])
             assert o.skipped is None or "not a number" not in o.skipped, (path.name, o.row["model"], o.skipped)
-    rows = published.plan_rows(published.read_rows(published.DATA / "model_parallel_nvidia.csv"))
+    rows = every_csv[published.DATA / "model_parallel_nvidia.csv"]
     assert len(rows) >= 200 and sum(o.plan is not None for o in rows) >= 150
     assert all(o.row["source"].count("@") == 1 and len(o.row["source"].split("@")[1]) == 40 for o in rows)
     assert not [o for o in rows if o.skipped and o.skipped.startswith("card")]  # every card is known

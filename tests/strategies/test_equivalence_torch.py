@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from harness.train.distributed import free_port
-from tests.helpers import ROOT, OnFirstUse, env_for_tests, max_rel_diff, run_bounded, train
+from tests.helpers import ROOT, OnFirstUse, env_for_tests, max_rel_diff, read_run, run_bounded, train, trained_once
 
 TOLERANCE = 1e-4  # relative, every step: only the order of floating-point sums differs
 
@@ -33,6 +33,8 @@ def runs(tmp_path_factory, reference_run) -> OnFirstUse[str, tuple[dict, list[di
     def trained(name: str) -> tuple[dict, list[dict]]:
         if name == "single":
             return reference_run
+        if name == "ddp":  # the run tests/train/test_launch.py starts its workers forked for
+            return read_run(trained_once(tmp_path_factory.getbasetemp(), "ddp", nproc=2))
         strategy, extra = RUNS[name]
         return train(tmp_path_factory.mktemp(name), strategy, nproc=2, extra=extra)
 

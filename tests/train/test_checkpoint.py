@@ -33,7 +33,7 @@ from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model
 from strategies.base import RunContext
 from strategies.single import SingleDeviceStrategy
-from tests.helpers import NANO, env_for_tests, run_cli
+from tests.helpers import NANO, env_for_tests, made_once, run_cli
 
 STRATEGIES = ("single", "ddp", "fsdp")
 RUN_ARGS = [*NANO, "steps=20", "checkpoint_every=10"]
@@ -78,11 +78,13 @@ def losses(out_dir: Path) -> dict[int, float]:
 @functools.cache
 def straight_run(strategy: str, base: Path) -> Path:
     """20 uninterrupted steps, checkpoints at 10 and 20: the curve every resume must reproduce
-    (trained once per session, shared with test_faults)."""
-    out = base / f"straight-{strategy}"
-    proc = launch(strategy, out)
-    assert proc.returncode == 0, log(proc)
-    return out
+    (trained once per session, shared with test_faults whichever xdist worker runs it)."""
+
+    def make(out: Path) -> None:
+        proc = launch(strategy, out)
+        assert proc.returncode == 0, log(proc)
+
+    return made_once(base, f"straight-{strategy}", make)
 
 
 @pytest.fixture(scope="module", params=STRATEGIES)

@@ -24,6 +24,7 @@ from models.zoo import build_model
 from strategies.base import RunContext
 from strategies.deepspeed import DeepSpeedStrategy
 from strategies.registry import default_registry
+from tests.helpers import made_once
 from tests.train.test_checkpoint import SUM_ORDER_RTOL, _loss_on_step, launch, log, losses
 
 _NEEDS_ACCELERATE = pytest.mark.skipif(
@@ -59,11 +60,13 @@ pytestmark = [
 @functools.cache
 def straight_run(strategy: str, base: Path) -> Path:
     """20 uninterrupted steps, checkpoints at 10 and 20: trained once per session, shared by
-    every check (and with test_checkpoint_accelerate)."""
-    out = base / f"straight-{strategy}"
-    proc = launch(strategy, out, timeout=RUN_TIMEOUT)
-    assert proc.returncode == 0, log(proc)
-    return out
+    every check (and with test_checkpoint_accelerate, whichever xdist worker runs it)."""
+
+    def make(out: Path) -> None:
+        proc = launch(strategy, out, timeout=RUN_TIMEOUT)
+        assert proc.returncode == 0, log(proc)
+
+    return made_once(base, f"straight-{strategy}", make)
 
 
 def killed_and_resumed(strategy: str, out: Path) -> tuple[list[str], str]:

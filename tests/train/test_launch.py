@@ -5,11 +5,13 @@ failure under the forked path is tests/train/test_faults.py's."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import pytest
 
-from tests.helpers import NANO, ROOT, env_for_tests, losses_by_step, run_bounded, run_cli
+from tests.helpers import NANO, ROOT, env_for_tests, losses_by_step, run_bounded, run_cli, trained_once
+from tests.train.test_checkpoint import straight_run
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -25,33 +27,32 @@ def _new_interpreters(args: list[str]):
     return run_bounded([sys.executable, "-c", code], timeout=240, env=env_for_tests(), cwd=ROOT)
 
 
-def test_forked_and_new_interpreter_workers_train_the_same_curve(tmp_path):
-    forked = run_cli([*ARGS, "nproc=2", f"out_dir={tmp_path / 'forked'}"], timeout=240)
-    assert forked.returncode == 0, forked.stderr[-3000:]
+def test_forked_and_new_interpreter_workers_train_the_same_curve(tmp_path, tmp_path_factory):
+    # `train strategy=ddp nproc=2` on NANO, as tests/strategies/test_equivalence_torch.py holds it to
+    # single: trained once a session for both.
+    forked = trained_once(tmp_path_factory.getbasetemp(), "ddp", nproc=2)
     (tmp_path / "spawned").mkdir()  # the preflight, which runs before either, makes it
     spawned = _new_interpreters([*ARGS, f"out_dir={tmp_path / 'spawned'}"])
     assert spawned.returncode == 0, spawned.stderr[-3000:]
-    assert losses_by_step(tmp_path / "forked") == losses_by_step(tmp_path / "spawned")
-    assert "step    10 | loss" in forked.stdout and "step    10 | loss" in spawned.stdout
+    assert losses_by_step(forked) == losses_by_step(tmp_path / "spawned")
+    assert "step    10 | loss" in (forked / "stdout.txt").read_text() and "step    10 | loss" in spawned.stdout
 
 
-def test_a_one_line_error_every_worker_meets_is_printed_once(tmp_path):
+def test_a_one_line_error_every_worker_meets_is_printed_once(tmp_path, tmp_path_factory):
     """A damaged checkpoint is found by the workers (rank 0 verifies it, every rank stops with its
     line): the launcher prints that line once and exits 2, without torchrun's failure table."""
-    out = tmp_path / "run"
-    first = run_cli([*ARGS, "nproc=2", "steps=2", "checkpoint_every=2", f"out_dir={out}"], timeout=240)
-    assert first.returncode == 0, first.stderr[-3000:]
-    model = out / "checkpoints" / "step_2" / "state" / "model.pt"
+    # A copy of a two-rank ddp checkpoint that tests/train/test_checkpoint.py trains once a session.
+    checkpoint = tmp_path / "step_10"
+    shutil.copytree(straight_run("ddp", tmp_path_factory.getbasetemp()) / "checkpoints" / "step_10", checkpoint)
+    model = checkpoint / "state" / "model.pt"
     model.write_bytes(model.read_bytes()[:100])
     again = run_cli(
-        [*ARGS, "nproc=2", "steps=4", "checkpoint_every=2", f"out_dir={out}", f"resume={model.parent.parent}"],
+        [*ARGS, "nproc=2", "steps=20", "checkpoint_every=10", f"out_dir={tmp_path / 'run'}", f"resume={checkpoint}"],
         timeout=240,
     )
     assert again.returncode == 2, again.stderr[-3000:]
     lines = again.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"parabench: error: checkpoint {model.parent.parent} is damaged"), (
-        lines
-    )
+    assert len(lines) == 1 and lines[0].startswith(f"parabench: error: checkpoint {checkpoint} is damaged"), lines
 
 
 def test_resume_given_as_a_boolean_is_one_line_before_any_worker_starts(tmp_path):

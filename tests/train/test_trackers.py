@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import sys
 from pathlib import Path
 
@@ -21,6 +22,7 @@ import runner
 from configs.schema import ConfigError, load_config
 from harness.train.trackers import TrackerError, check_trackers, enabled, group_name, run_name
 from tests.helpers import NANO, env_for_tests, run_cli
+from tests.train.test_checkpoint import launch, straight_run
 
 HAS_WANDB = importlib.util.find_spec("wandb") is not None
 HAS_MLFLOW = all(importlib.util.find_spec(m) is not None for m in ("mlflow", "sqlalchemy", "alembic"))
@@ -103,17 +105,18 @@ def test_mlflow_holds_the_compare_as_one_experiment(compare_dir):
         assert runs[name].data.params["steps"] == "10" and runs[name].data.params["strategy"] == name
 
 
-def test_a_resumed_run_replaces_the_steps_it_redoes(tmp_path):
-    """`train` alone: event files in its out_dir; resumed from step 5, TensorBoard shows steps
-    6-10 once, from the resumed run, as metrics.jsonl does."""
+def test_a_resumed_run_replaces_the_steps_it_redoes(tmp_path, tmp_path_factory):
+    """`train` alone: event files in its out_dir; resumed from step 10 of 20, TensorBoard shows
+    steps 11-20 once, from the resumed run, as metrics.jsonl does. The first run is a copy of
+    tests/train/test_checkpoint.py's straight `single` run (trained once a session)."""
     out = tmp_path / "run"
-    first = run_cli(["train", "strategy=single", *NANO, "checkpoint_every=5", f"out_dir={out}"])
-    assert first.returncode == 0, first.stderr
-    resumed = run_cli(["train", "strategy=single", *NANO, f"resume={out / 'checkpoints' / 'step_5'}", f"out_dir={out}"])
+    shutil.copytree(straight_run("single", tmp_path_factory.getbasetemp()), out)
+    assert len(list(out.glob("events.out.tfevents.*"))) == 1
+    resumed = launch("single", out, f"resume={out / 'checkpoints' / 'step_10'}")
     assert resumed.returncode == 0, resumed.stderr
     assert len(list(out.glob("events.out.tfevents.*"))) == 2
     rows = read_rows(out)
-    assert [r["step"] for r in rows] == list(range(1, 11))
+    assert [r["step"] for r in rows] == list(range(1, 21))
     assert tensorboard_scalars(out)["loss"] == [(r["step"], float(np.float32(r["loss"]))) for r in rows]
 
 
