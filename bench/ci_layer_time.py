@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.layout_kinds import layer_slots as stage_layer_slots  # noqa: E402
 from bench.plan_vs_published import DATA, question, read_rows  # noqa: E402
 
 CI_CSV = DATA / "ci_baselines" / "megatron_functional_tests.csv"
@@ -39,11 +40,7 @@ def layer_slots(row: dict[str, str]) -> int | None:
     sharding = row["sharding"]
     if "vp=" in sharding or _size(sharding, "cp") > 1 or "_1node" in row["table"]:
         return None
-    pp = _size(sharding, "pp")
-    layers = int(row["n_layers"])
-    if layers % pp:
-        return None
-    return layers // pp * (int(row["grad_accum"] or 1) + pp - 1)
+    return stage_layer_slots(int(row["n_layers"]), _size(sharding, "pp"), int(row["grad_accum"] or 1))
 
 
 def implementation(row: dict[str, str]) -> str:

@@ -39,6 +39,16 @@ def degrees(sharding: str) -> Degrees:
     return Degrees(**found)
 
 
+def layer_slots(n_layers: int, pp: int, grad_accum: int) -> int | None:
+    """Layer forward-and-backward passes one GPU's step takes the time of under a plain (1F1B or
+    all-forward-all-backward) pipeline: its stage's layers times (micro-batches + stages - 1), the
+    fill and drain included; a stage's layers times its accumulation without one. None where the
+    stages cannot split the layers evenly."""
+    if n_layers % pp:
+        return None
+    return n_layers // pp * (grad_accum + pp - 1)
+
+
 def gpus_per_node(row: dict[str, str]) -> int:
     return max(1, int(row["gpus"]) // max(1, int(row["nodes"] or 1)))
 

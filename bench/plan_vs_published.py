@@ -56,6 +56,7 @@ from bench.published_breakdown import (  # noqa: E402
     goal_lines,
     work_bucket,
 )
+from bench.sweep_layer_time import flat_time_lines, layer_time_lines  # noqa: E402
 from harness.common.hardware import GPUSpec, gpu_spec  # noqa: E402
 from harness.common.units import GIB  # noqa: E402
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings  # noqa: E402
@@ -1176,6 +1177,10 @@ def sweep_lines(outcomes: list[Outcome], measured: list[Outcome]) -> list[str]:
         *_bias(planned, _degree("pp"), "pipeline stages"),
         "",
         *_bias(planned, lambda r: r["model"], "model"),
+        "",
+        *layer_time_lines(planned),
+        "",
+        *flat_time_lines(planned),
         "",
     ]
 

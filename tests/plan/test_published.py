@@ -108,11 +108,14 @@ def test_the_report_states_the_figures_and_the_bias_by_gpu_nodes_and_sequence(tm
     assert "### Will it fit?" in text and "- Runs that ran out of memory: 1 of 1 planned not to fit" in text
     assert "torch's max reserved" in text and "median |error|" in text
     # The Playbook's sweep: its own section (every row planned but the pipeline with more stages than
-    # blocks), by nodes and by layout on both networks, and a line of the goals table.
+    # blocks), by nodes and by layout on both networks, and a line of the goals table ...
     sweep = text.split("### The Ultra-Scale Playbook's sweep, apart from the goals' buckets")[1].split("###")[0]
     assert "on the Ultra-Scale Playbook's sweep (its own section) | <= 10% |" in text
     assert "; 1 not planned." in sweep and "the plan's pick is the fastest published in" in sweep
     for table in ("| nodes |", "| layout | runs | on p5:", "| TP across nodes |", "| pipeline stages |"):
+        assert table in sweep
+    # ... and a layer's time on a micro-batch, published beside planned, by where the pipeline runs.
+    for table in ("| tensor parallel | pp 1, one node |", "| micro-batch | layouts | published, median |"):
         assert table in sweep
 
 
