@@ -33,6 +33,9 @@ def _gib(n: float | None) -> str:
     return "?" if n is None else f"{n / GIB:.1f} GiB"
 
 
+OWN_WORK = "the backend's own work"  # a step's overhead where no measurement names it
+
+
 def _speed_key(p: StrategyPlan) -> float:
     # Without a speed prediction (no known card), fewer bytes on the wire is the tie-breaker.
     return -p.time.tokens_per_s if p.time else sum(c.payload_bytes for c in p.collectives)
@@ -62,7 +65,7 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
     if largest == "offload":
         return f"{t.offload_step_s * 1e3:.0f} ms per step in the CPU optimizer step and host copies"
     if largest == "overhead":
-        return f"{t.overhead_s * 1e3:.0f} ms per step of {t.overhead_what or 'the backend own work'}"
+        return f"{t.overhead_s * 1e3:.0f} ms per step of {t.overhead_what or OWN_WORK}"
     if largest == "host" and t.host is not None:
         return f"{t.host_wait_s * 1e3:.0f} ms per step waiting on the host: {t.host.describe()}"
     if largest == "comm":
@@ -95,6 +98,43 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
         else ""
     )
     return f"{t.compute_s * 1e3:.0f} ms of compute per step against {b.compute_s * 1e3:.0f} ms{uneven}"
+
+
+def _largest_loss(p: StrategyPlan, q: Question) -> str:
+    """What takes most of `p`'s step beyond its compute, and what would shrink it, in words."""
+    t = p.time
+    assert t
+    losses = {
+        "comm": t.exposed_comm_s + t.contention_s,
+        "bubble": t.bubble_s,
+        "host": t.host_wait_s,
+        "offload": t.offload_step_s,
+        "overhead": t.overhead_s,
+        "stragglers": t.straggler_s,
+    }
+    largest = max(losses, key=lambda k: losses[k])
+    share = f"{losses[largest] / t.step_s:.0%} of {p.name}'s step"
+    if largest == "bubble":
+        return (
+            f"the pipeline's bubble is {share} ({t.bubble_what}); more micro-batches a step (batch_size= or "
+            "global_batch_tokens=) or fewer stages (strategy_options.pp_size=) shrink it"
+        )
+    if largest == "host" and t.host is not None:
+        return (
+            f"waiting on the host is {share} ({t.host.describe()}); a larger micro-batch gives each kernel more "
+            "work, compile=true issues fewer"
+        )
+    if largest == "offload":
+        return f"the CPU optimizer step and host copies are {share}; more GPUs or no offload where it fits remove it"
+    if largest == "overhead":
+        what = t.overhead_what or OWN_WORK
+        return f"{t.overhead_s * 1e3:.0f} ms a step of {what} ({share}); a larger micro-batch spreads it"
+    if largest == "stragglers":
+        return f"waiting for the slowest of {t.straggle_gpus} GPUs is {share}"
+    return (
+        f"communication costs {share} on {q.topology.describe()}; a faster network, a larger micro-batch or "
+        "gradient accumulation spread it over more compute"
+    )
 
 
 def _per_micro_step_collectives(p: StrategyPlan) -> str:
@@ -399,11 +439,7 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
         lines.append(f"What would change the answer: {faster.name} is faster and fits with {' or '.join(ways)}.")
         lines += _numerics(faster, q)
     elif best.time and best.time.efficiency < 0.8:
-        lines.append(
-            f"What would change the answer: communication costs {best.name} {1 - best.time.efficiency:.0%} of its step "
-            f"on {q.topology.describe()}; a faster network, a larger micro-batch or gradient accumulation "
-            "spread it over more compute."
-        )
+        lines.append(f"What would change the answer: {_largest_loss(best, q)}.")
     elif q.checkpointing != "none":
         lines.append(
             f"What would change the answer: activation_checkpointing={q.checkpointing} recomputes part of the "
