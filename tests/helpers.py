@@ -126,10 +126,11 @@ def run_bounded(
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def forked_torchrun(nproc: int, worker: Path | str, *args: str) -> list[str]:
+def forked_torchrun(nproc: int, worker: Path | str, *args: str, backends: bool = False) -> list[str]:
     """The command that runs one of the tests' worker scripts on `nproc` ranks, as torchrun's
-    standalone launch would, each rank forked after the imports they share (tests/forked_torchrun.py)."""
-    return [sys.executable, FORKED_TORCHRUN, str(nproc), str(worker), *args]
+    standalone launch would, each rank forked after the imports they share (tests/forked_torchrun.py);
+    `backends`: every strategy's libraries among them, for a worker that sets many strategies up."""
+    return [sys.executable, FORKED_TORCHRUN, *(["--backends"] if backends else []), str(nproc), str(worker), *args]
 
 
 def run_cli(

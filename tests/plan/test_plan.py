@@ -121,7 +121,14 @@ def measured(tmp_path_factory) -> dict[int, dict[str, dict]]:
         path = tmp_path_factory.mktemp(f"plan_ws{world}") / "measured.json"
         worker = ROOT / "tests" / "plan_worker.py"
         cmd = forked_torchrun(
-            world, worker, str(path), WORKER_MODEL[0], json.dumps(WORKER_MODEL[1]), names, ",".join(PRECISIONS)
+            world,
+            worker,
+            str(path),
+            WORKER_MODEL[0],
+            json.dumps(WORKER_MODEL[1]),
+            names,
+            ",".join(PRECISIONS),
+            backends=True,
         )
         proc = run_bounded(cmd, timeout=WORKER_TIMEOUT_S, env=env_for_tests(), cwd=ROOT)
         assert proc.returncode == 0, (

@@ -157,7 +157,7 @@ def accumulated(tmp_path_factory) -> list[dict]:
     path = tmp_path_factory.mktemp("accumulation") / "gradients.json"
     worker = ROOT / "tests" / "strategies" / "accumulation_worker.py"
     proc = run_bounded(
-        forked_torchrun(2, worker, str(path), "accelerate-fsdp,accelerate-zero2"),
+        forked_torchrun(2, worker, str(path), "accelerate-fsdp,accelerate-zero2", backends=True),
         timeout=240,
         env=env_for_tests(),
         cwd=ROOT,

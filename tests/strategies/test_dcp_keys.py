@@ -30,7 +30,7 @@ TIED_COPY_STATE = {f"optimizer.state.lm_head.weight.{key}" for key in ("exp_avg"
 def saved(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("dcp_keys")
     worker = ROOT / "tests" / "strategies" / "dcp_keys_worker.py"
-    cmd = forked_torchrun(4, worker, str(out / "keys.json"), str(out / "checkpoints"))
+    cmd = forked_torchrun(4, worker, str(out / "keys.json"), str(out / "checkpoints"), backends=True)
     proc = run_bounded(cmd, timeout=500, env=env_for_tests())
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     keys = json.loads((out / "keys.json").read_text())
