@@ -15,6 +15,7 @@ from typing import Generic, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNNER = str(ROOT / "runner.py")
+FORKED_TORCHRUN = str(ROOT / "tests" / "forked_torchrun.py")
 # Small and quick, yet long enough for the curves to mean something.
 NANO = ["device=cpu", "model=gpt-nano", "steps=10", "batch_size=8", "seq_len=32", "data_samples=256", "log_every=5"]
 # A transformers Mixtral small enough for the CPU: 4 experts, top-2, its balance loss on.
@@ -123,6 +124,13 @@ def run_bounded(
         proc.communicate()
         raise
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+
+
+def forked_torchrun(nproc: int, worker: Path | str, *args: str, backends: bool = False) -> list[str]:
+    """The command that runs one of the tests' worker scripts on `nproc` ranks, as torchrun's
+    standalone launch would, each rank forked after the imports they share (tests/forked_torchrun.py);
+    `backends`: every strategy's libraries among them, for a worker that sets many strategies up."""
+    return [sys.executable, FORKED_TORCHRUN, *(["--backends"] if backends else []), str(nproc), str(worker), *args]
 
 
 def run_cli(

@@ -11,12 +11,11 @@ tests/strategies/test_equivalence_cp.py.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, env_for_tests, run_bounded
+from tests.helpers import ROOT, env_for_tests, forked_torchrun, run_bounded
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -28,8 +27,7 @@ CASES = ("gpt, cp 2 x tp 2, sequence parallel", "llama, cp 2 x tp 2", "llama, cp
 def ranks(tmp_path_factory) -> list[dict]:
     path = tmp_path_factory.mktemp("context-parallel") / "results.json"
     worker = ROOT / "tests" / "models" / "context_parallel_worker.py"
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={NPROC}"]
-    proc = run_bounded([*run, str(worker), str(path)], timeout=240, env=env_for_tests(), cwd=ROOT)
+    proc = run_bounded(forked_torchrun(NPROC, worker, str(path)), timeout=240, env=env_for_tests(), cwd=ROOT)
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return [json.loads(Path(f"{path}.rank{rank}").read_text()) for rank in range(NPROC)]
 

@@ -5,11 +5,10 @@ transformers Mixtral, with the experts' weights sharded in half over each ep pai
 from __future__ import annotations
 
 import json
-import sys
 
 import pytest
 
-from tests.helpers import ROOT, env_for_tests, run_bounded
+from tests.helpers import ROOT, env_for_tests, forked_torchrun, run_bounded
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -40,8 +39,8 @@ MODELS = {
 def ranks(request, tmp_path_factory) -> list[dict]:
     spec, kwargs = MODELS[request.param]
     out = tmp_path_factory.mktemp(request.param) / "result.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(WORKER)]
-    proc = run_bounded([*cmd, str(out), spec, json.dumps(kwargs)], timeout=300, env=env_for_tests(), cwd=ROOT)
+    cmd = forked_torchrun(4, WORKER, str(out), spec, json.dumps(kwargs))
+    proc = run_bounded(cmd, timeout=300, env=env_for_tests(), cwd=ROOT)
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     return [json.loads(out.with_name(f"{out.name}.rank{r}").read_text()) for r in range(4)]
 

@@ -23,7 +23,7 @@ from harness.plan.plan_cli import PlanConfig, question
 from harness.plan.predict import plan_all, plan_strategy
 from harness.plan.search.layout_search import search, why_slower
 from harness.plan.search.search_cli import search_question
-from tests.helpers import ROOT, env_for_tests, run_bounded
+from tests.helpers import ROOT, env_for_tests, forked_torchrun, run_bounded
 
 MIXTRAL = dict(model="mixtral-8x7b", gpu="H100", seq_len=4096, micro_batch=1)
 
@@ -103,8 +103,9 @@ def measured() -> dict[str, dict[str, int]]:
     """What each strategy holds on two CPU ranks training moe-nano (tests/plan_worker.py), max over ranks."""
     path = Path(__import__("tempfile").mkdtemp()) / "measured.json"
     names = "ddp-ep,zero1-ep,zero2-ep,fsdp,zero1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
-    cmd += [str(ROOT / "tests" / "plan_worker.py"), str(path), "moe-nano", "{}", names, "fp32,bf16"]
+    cmd = forked_torchrun(
+        2, ROOT / "tests" / "plan_worker.py", str(path), "moe-nano", "{}", names, "fp32,bf16", backends=True
+    )
     proc = run_bounded(cmd, timeout=420, env=env_for_tests(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     ranks = [json.loads(Path(f"{path}.rank{r}").read_text()) for r in range(2)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from harness.plan.predict import on_device, peak_allocated, plan_all, plan_strat
 from harness.plan.recommendation import recommend
 from models.zoo import build_model
 from strategies.registry import default_registry
-from tests.helpers import ROOT, env_for_tests, run_bounded
+from tests.helpers import ROOT, env_for_tests, forked_torchrun, run_bounded
 
 GB = 1e9
 LLAMA_TINY = dict(
@@ -120,19 +119,17 @@ def measured(tmp_path_factory) -> dict[int, dict[str, dict]]:
     for world in (1, 2):
         names = ",".join(default_registry().names() + (list(COMBINATIONS) if world == 2 else []))
         path = tmp_path_factory.mktemp(f"plan_ws{world}") / "measured.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={world}",
-            str(ROOT / "tests" / "plan_worker.py"),
+        worker = ROOT / "tests" / "plan_worker.py"
+        cmd = forked_torchrun(
+            world,
+            worker,
             str(path),
             WORKER_MODEL[0],
             json.dumps(WORKER_MODEL[1]),
             names,
             ",".join(PRECISIONS),
-        ]
+            backends=True,
+        )
         proc = run_bounded(cmd, timeout=WORKER_TIMEOUT_S, env=env_for_tests(), cwd=ROOT)
         assert proc.returncode == 0, (
             f"plan_worker at world size {world} failed\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"

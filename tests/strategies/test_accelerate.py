@@ -25,7 +25,18 @@ from strategies.accelerate.fsdp_mode import AccelerateFSDPStrategy
 from strategies.accelerate.zero_mode import AccelerateDeepSpeedStrategy
 from strategies.base import RunContext, StrategyError
 from strategies.registry import default_registry
-from tests.helpers import NANO, ROOT, OnFirstUse, env_for_tests, max_rel_diff, read_run, run_bounded, run_cli, train
+from tests.helpers import (
+    NANO,
+    ROOT,
+    OnFirstUse,
+    env_for_tests,
+    forked_torchrun,
+    max_rel_diff,
+    read_run,
+    run_bounded,
+    run_cli,
+    train,
+)
 
 TOLERANCE = 1e-4  # relative, every step: only the order of floating-point sums differs
 ACCELERATE_CLI = Path(sys.executable).parent / "accelerate"
@@ -145,9 +156,8 @@ def accumulated(tmp_path_factory) -> list[dict]:
     accelerate-fsdp and accelerate-zero2 (2 ranks x 2 rows x 2 micro-steps)."""
     path = tmp_path_factory.mktemp("accumulation") / "gradients.json"
     worker = ROOT / "tests" / "strategies" / "accumulation_worker.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(worker), str(path)]
     proc = run_bounded(
-        [*cmd, "accelerate-fsdp,accelerate-zero2"],
+        forked_torchrun(2, worker, str(path), "accelerate-fsdp,accelerate-zero2", backends=True),
         timeout=240,
         env=env_for_tests(),
         cwd=ROOT,

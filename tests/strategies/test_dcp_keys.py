@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, env_for_tests, run_bounded
+from tests.helpers import ROOT, env_for_tests, forked_torchrun, run_bounded
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -31,8 +30,8 @@ TIED_COPY_STATE = {f"optimizer.state.lm_head.weight.{key}" for key in ("exp_avg"
 def saved(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("dcp_keys")
     worker = ROOT / "tests" / "strategies" / "dcp_keys_worker.py"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", str(worker)]
-    proc = run_bounded([*cmd, str(out / "keys.json"), str(out / "checkpoints")], timeout=500, env=env_for_tests())
+    cmd = forked_torchrun(4, worker, str(out / "keys.json"), str(out / "checkpoints"), backends=True)
+    proc = run_bounded(cmd, timeout=500, env=env_for_tests())
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     keys = json.loads((out / "keys.json").read_text())
     failed = {name: result["error"] for name, result in keys.items() if "error" in result}

@@ -50,12 +50,15 @@ def launch(
     restarts: int | None = None,
     timeout: float = 240,
 ) -> subprocess.CompletedProcess:
-    """Train as a user would: `single` as one process, the others under torchrun with 2 ranks
-    (with `restarts`, under torchrun whatever the strategy)."""
+    """Train as a user would: `single` as one process, the others with `nproc=2` (on the CPU, two
+    workers forked by the launcher); with `restarts`, under the torchrun command whatever the
+    strategy, each rank a new interpreter. Forked workers pay the imports once, in the launcher,
+    where new interpreters pay them in each rank; tests/train/test_launch.py holds the two kinds
+    of worker to the same curve."""
     env = env_for_tests(**({FAULT_ENV: fault} if fault else {}))
     args = ["train", f"strategy={strategy}", f"out_dir={out_dir}", *RUN_ARGS, *extra]
-    if strategy == "single" and restarts is None:
-        return run_cli(args, env=env, timeout=timeout)
+    if restarts is None:
+        return run_cli(args if strategy == "single" else [*args, "nproc=2"], env=env, timeout=timeout)
     nproc = 1 if strategy == "single" else 2
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     if restarts is not None:

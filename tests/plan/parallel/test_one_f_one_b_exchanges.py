@@ -6,13 +6,12 @@ receive with one neighbour), held against torch's Schedule1F1B on three gloo ran
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from harness.plan.parallel.pipeline_cost import Pipeline
-from tests.helpers import ROOT, env_for_tests, run_bounded
+from tests.helpers import ROOT, env_for_tests, forked_torchrun, run_bounded
 
 pytestmark = [pytest.mark.extended, pytest.mark.timeout(240)]
 STAGES = 3
@@ -30,8 +29,7 @@ def _planned_exchanges(rank: int) -> int:
 def test_torchs_1f1b_waits_on_one_exchange_at_the_ends_and_two_between(tmp_path: Path) -> None:
     out = tmp_path / "calls.json"
     worker = ROOT / "tests" / "plan" / "parallel" / "one_f_one_b_exchanges_worker.py"
-    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={STAGES}"]
-    proc = run_bounded([*run, str(worker), str(out)], timeout=180, env=env_for_tests(), cwd=ROOT)
+    proc = run_bounded(forked_torchrun(STAGES, worker, str(out)), timeout=180, env=env_for_tests(), cwd=ROOT)
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     for rank in range(STAGES):
         calls = json.loads(Path(f"{out}.rank{rank}").read_text())
