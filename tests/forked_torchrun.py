@@ -10,26 +10,17 @@ registered strategy (DeepSpeed, Accelerate) are imported here too, for workers t
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import os
 import runpy
-import signal
 import sys
-import uuid
+
+from harness.train.launch import launch_forked, start_as_a_fresh_worker
 
 
 def _worker(script: str, *args: str) -> None:
-    """One rank: a fresh process's signal handling and exit handlers, then the script as __main__."""
-    import torch
-
-    for handled in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
-        signal.signal(handled, signal.SIG_DFL)  # the agent's handlers stay the agent's
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    atexit._clear()  # the launcher's exit handlers are the launcher's to run
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
-    for stream in (sys.stdout, sys.stderr):  # a line at a time, as torchrun's `python -u` workers write
-        stream.reconfigure(line_buffering=True)
+    """One rank: started as a fresh worker would be, then the script as __main__."""
+    start_as_a_fresh_worker()
     sys.argv = [script, *args]
     runpy.run_path(script, run_name="__main__")
 
@@ -40,8 +31,6 @@ def main() -> None:
     script = os.path.abspath(script)
     sys.path[0] = os.path.dirname(script)  # as `python <script>` has it
     import torch._dynamo  # noqa: F401  # what every rank imports, once here
-    from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args, parse_args
 
     # The script's own imports, once here: its body runs again, as __main__, in each rank.
     spec = importlib.util.spec_from_file_location("_forked_torchrun_preload", script)
@@ -54,12 +43,7 @@ def main() -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         entries = [default_registry().get(name) for name in default_registry().names()]
         import_backends({m for e in entries if e.unavailable_reason is None for m in e.cls.backend_modules})
-    parsed = parse_args(["--start-method=fork", "--standalone", f"--nproc_per_node={nproc}", script, *args])
-    parsed.rdzv_backend, parsed.rdzv_endpoint, parsed.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    config, _, _ = config_from_args(parsed)
-    sys.stdout.flush()  # what is buffered here would be written again by every rank
-    sys.stderr.flush()
-    elastic_launch(config, _worker)(script, *args)
+    launch_forked(["--standalone", f"--nproc_per_node={nproc}", script, *args], _worker, [script, *args])
 
 
 if __name__ == "__main__":

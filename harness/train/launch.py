@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from harness.common.peer_lost import PEER_LOST
 
@@ -160,17 +160,23 @@ def _quiet_user_errors() -> Iterator[None]:
 def _launch_forked(nproc: int, runner_args: list[str]) -> None:
     """torchrun's standalone launch, as its command line would make it, with `forked_worker` as
     each worker's entry point and the fork start method."""
+    launch_forked(torchrun_args(nproc, runner_args), forked_worker, runner_args)
+
+
+def launch_forked(torchrun_argv: list[str], entry: Callable[..., object], entry_args: list[str]) -> None:
+    """torchrun's launch as `torchrun_argv` (its command line's arguments) makes it, each worker forked
+    from this process to run `entry(*entry_args)`: what this process has imported, its workers have."""
     import uuid
 
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
-    args = parse_args(["--start-method=fork", *torchrun_args(nproc, runner_args)])
+    args = parse_args(["--start-method=fork", *torchrun_argv])
     args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     config, _, _ = config_from_args(args)
     sys.stdout.flush()  # what is buffered here would be written again by every worker
     sys.stderr.flush()
-    elastic_launch(config, forked_worker)(*runner_args)
+    elastic_launch(config, entry)(*entry_args)
 
 
 def in_forked_worker() -> bool:
@@ -179,17 +185,14 @@ def in_forked_worker() -> bool:
     return _FORKED
 
 
-def forked_worker(*runner_args: str) -> int:
-    """One worker forked from the launching process: it starts as a fresh one would, its own
-    signal handling and exit handlers, the thread count torchrun's environment gives it, then
-    runs `runner.py <runner_args>` and returns its exit code (a failure exits with it)."""
+def start_as_a_fresh_worker() -> None:
+    """In a worker forked from the launching process: its own signal handling and exit handlers, the
+    thread count torchrun's environment gives it and line-buffered output, as a fresh worker has."""
     import atexit
     import signal
 
     import torch
 
-    global _FORKED
-    _FORKED = True
     for handled in (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
         signal.signal(handled, signal.SIG_DFL)  # the agent's own handlers stay the agent's
     signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -197,6 +200,15 @@ def forked_worker(*runner_args: str) -> int:
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     for stream in (sys.stdout, sys.stderr):  # a line at a time, as torchrun's `python -u` workers write
         stream.reconfigure(line_buffering=True)
+
+
+def forked_worker(*runner_args: str) -> int:
+    """One worker forked from the launching process: it starts as a fresh one would, its own
+    signal handling and exit handlers, the thread count torchrun's environment gives it, then
+    runs `runner.py <runner_args>` and returns its exit code (a failure exits with it)."""
+    global _FORKED
+    _FORKED = True
+    start_as_a_fresh_worker()
     sys.path.insert(0, str(Path(RUNNER).parent))
     from runner import main
 
