@@ -40,11 +40,12 @@ def _placement(row: dict[str, str]) -> str:
 PLACEMENTS = ("pp 1, one node", "pp 1, 2+ nodes", "pp >= 2, one node", "pp >= 2, 2+ nodes")
 
 
-def _cell(pairs: list[tuple[float, float]], scale: float) -> str:
+def _cell(pairs: list[tuple[float, float]]) -> str:
+    """Published / planned milliseconds, medians, and how many runs."""
     if not pairs:
         return "-"
-    published = statistics.median(p for p, _ in pairs) * scale
-    planned = statistics.median(q for _, q in pairs) * scale
+    published = statistics.median(p for p, _ in pairs) * 1e3
+    planned = statistics.median(q for _, q in pairs) * 1e3
     return f"{published:.1f} / {planned:.1f} ({len(pairs)})"
 
 
@@ -71,7 +72,7 @@ def layer_time_lines(outcomes: list) -> list[str]:
         "|---|" + "---:|" * len(PLACEMENTS),
     ]
     for tp in TENSOR_DEGREES:
-        lines.append(f"| tp {tp} | " + " | ".join(_cell(cells.get((tp, p), []), 1e3) for p in PLACEMENTS) + " |")
+        lines.append(f"| tp {tp} | " + " | ".join(_cell(cells.get((tp, p), [])) for p in PLACEMENTS) + " |")
     return lines
 
 
