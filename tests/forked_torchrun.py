@@ -10,12 +10,13 @@ registered strategy (DeepSpeed, Accelerate) are imported here too, for workers t
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import runpy
 import sys
 
-from harness.train.launch import launch_forked, start_as_a_fresh_worker
+from harness.train.launch import EVERY_WORKER_IMPORTS, launch_forked, start_as_a_fresh_worker
 
 
 def _worker(script: str, *args: str) -> None:
@@ -30,8 +31,8 @@ def main() -> None:
     nproc, script, *args = sys.argv[1 + backends :]
     script = os.path.abspath(script)
     sys.path[0] = os.path.dirname(script)  # as `python <script>` has it
-    import torch._dynamo  # noqa: F401  # what every rank imports, once here
-
+    for name in EVERY_WORKER_IMPORTS:  # what every rank imports, once here, as the runner's launcher does
+        importlib.import_module(name)
     # The script's own imports, once here: its body runs again, as __main__, in each rank.
     spec = importlib.util.spec_from_file_location("_forked_torchrun_preload", script)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
