@@ -2,7 +2,10 @@
 """The planner's collectives against published nccl-tests figures: every row of
 bench/data/nccl_tests_published.csv (a collective, a cluster and a size, with the bus bandwidth
 or, for the smallest sizes, the time nccl-tests printed) planned as NCCL's model would run it,
-planned beside published, and the algorithm and protocol the model picks.
+planned beside published, and the algorithm and protocol the model picks. A row timed as one call
+after a barrier (ml-engineering's all_reduce_bench.py records its start event, then torch.distributed
+issues the collective) holds that call's issue on the host as well: it is planned with it
+(host_issue.HOST_S_PER_COLLECTIVE), where nccl-tests' loop of queued calls hides it.
 
     python bench/nccl_vs_published.py              # written to bench/results/nccl_vs_published.md
     python bench/nccl_vs_published.py --out -      # printed only
@@ -36,12 +39,16 @@ from harness.common.hardware import gpu_spec, known_gpus  # noqa: E402
 from harness.plan.model.model_shape import PlanError  # noqa: E402
 from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, topology_of  # noqa: E402
 from harness.plan.network.nccl_tuning import Choice, bus_bandwidth  # noqa: E402
+from harness.plan.speed.host_issue import HOST_S_PER_COLLECTIVE  # noqa: E402
 
 CSV = ROOT / "bench" / "data" / "nccl_tests_published.csv"
 SWEEPS = ROOT / "bench" / "data" / "nccl_tests_sweeps.csv"
 # The size bands a sweep is summarised in: up to 16 MiB, 32-256 MiB, 512 MiB and up.
 BANDS = ((2**20, 2**24, "1-16 MiB"), (2**25, 2**28, "32-256 MiB"), (2**29, 2**35, "512 MiB-16 GiB"))
 COLUMNS = ("source", "collective", "gpu", "gpus", "nodes", "inter_node", "size_bytes", "published_busbw_gbs")
+# How a row's time was taken: nccl-tests' loop of queued calls (the default where the column is absent), or
+# one call timed from an event recorded before the host issued it.
+LOOP, ONE_CALL = "a loop of calls", "one call after a barrier"
 
 
 @dataclass(frozen=True)
@@ -56,6 +63,7 @@ class Row:
     busbw_gbs: float | None  # what nccl-tests printed as busbw, or
     time_us: float | None  # its time, where the size is too small for a bandwidth
     nvls_off: bool = False  # run with NCCL_NVLS_ENABLE=0 (its notes say so)
+    one_call: bool = False  # timed as ONE_CALL: the host's issue of the call is in its time
 
 
 @dataclass(frozen=True)
@@ -64,15 +72,20 @@ class Planned:
     choice: Choice
 
     @property
+    def seconds(self) -> float:
+        """The collective's time as the row's benchmark timed it."""
+        return self.choice.seconds + (HOST_S_PER_COLLECTIVE if self.row.one_call else 0.0)
+
+    @property
     def busbw_gbs(self) -> float:
-        return bus_bandwidth(self.row.collective, self.row.size, self.choice.seconds, self.row.gpus) / 1e9
+        return bus_bandwidth(self.row.collective, self.row.size, self.seconds, self.row.gpus) / 1e9
 
     @property
     def error(self) -> float:
         """Planned over published, less one: in bandwidth, or in time where the row gives a time."""
         if self.row.busbw_gbs is not None:
             return self.busbw_gbs / self.row.busbw_gbs - 1
-        return self.choice.seconds * 1e6 / self.row.time_us - 1
+        return self.seconds * 1e6 / self.row.time_us - 1
 
 
 def read_rows(path: Path = CSV) -> list[Row]:
@@ -84,6 +97,9 @@ def read_rows(path: Path = CSV) -> list[Row]:
             raise PlanError(f"{path}: missing columns {', '.join(missing)}: see bench/data/README.md")
         rows = []
         for n, r in enumerate(reader, start=2):
+            timing = (r.get("timing") or LOOP).strip()
+            if timing not in (LOOP, ONE_CALL):
+                raise PlanError(f"{path}:{n}: timing {timing!r}: give {LOOP!r} or {ONE_CALL!r}")
             try:
                 busbw, time = r["published_busbw_gbs"].strip(), r.get("published_time_us", "").strip()
                 rows.append(
@@ -98,6 +114,7 @@ def read_rows(path: Path = CSV) -> list[Row]:
                         float(busbw) if busbw else None,
                         float(time) if time else None,
                         "NCCL_NVLS_ENABLE=0" in r.get("notes", ""),
+                        timing == ONE_CALL,
                     )
                 )
             except ValueError as exc:
@@ -141,10 +158,11 @@ def report(planned: list[Planned]) -> list[str]:
         if r.busbw_gbs is not None:
             published, ours = f"{r.busbw_gbs:g} GB/s", f"{p.busbw_gbs:.1f} GB/s"
         else:
-            published, ours = f"{r.time_us:g} us", f"{p.choice.seconds * 1e6:.1f} us"
+            published, ours = f"{r.time_us:g} us", f"{p.seconds * 1e6:.1f} us"
+        issue = " + the call's issue" if r.one_call else ""
         lines.append(
             f"| {r.source} | {r.collective} | {r.gpus} ({r.nodes}) | {r.inter_node} | {_size(r.size)} | "
-            f"{published} | {ours} | {p.error:+.1%} | {p.choice.describe()} |"
+            f"{published} | {ours} | {p.error:+.1%} | {p.choice.describe()}{issue} |"
         )
     errors = [abs(p.error) for p in planned if p.row.busbw_gbs is not None]
     return lines + [
@@ -215,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
             "# The planner's collectives against published nccl-tests figures\n\n"
             "Written by `bench/nccl_vs_published.py` from `bench/data/nccl_tests_published.csv` (sources in "
             "bench/data/README.md). Error: planned over published, less one, in bus bandwidth, or in time for the "
-            "8-byte rows.\n\n" + text + "\n"
+            "8-byte rows. A row timed as one call after a barrier (its `timing`) is planned with the host's issue "
+            f"of that call, {HOST_S_PER_COLLECTIVE * 1e6:.0f} us (harness/plan/speed/host_issue.py).\n\n" + text + "\n"
         )
     return 0
 
