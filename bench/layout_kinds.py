@@ -1,9 +1,9 @@
 """A published run's parallel degrees, its layout kinds and its scale, read from its CSV row
 (bench/data/README.md's columns), for bench/plan_vs_published.py's breakdowns.
 
-Kinds overlap: Megatron-LM's `tp=4 pp=4 cp=2` run counts under tensor parallelism inside a node,
-under pipelines and under context parallelism; only "data parallel only" excludes the others. A
-node is the NVLink domain where the card's spans several hosts (a GB200 NVL72 rack of 4-GPU trays).
+The kinds and scales are the planner's (harness/plan/published_accuracy.py, which quotes the
+report's figures for them beside a recommendation): they overlap, and a node is the NVLink domain
+where the card's spans several hosts.
 """
 
 from __future__ import annotations
@@ -12,14 +12,7 @@ import re
 from dataclasses import dataclass
 
 from harness.common.hardware import gpu_spec
-
-DATA_PARALLEL = "data parallel only"
-TP_INSIDE = "TP x DP inside a node"
-TP_ACROSS = "TP across nodes"
-PIPELINE = "PP"
-CONTEXT = "CP"
-KINDS = (DATA_PARALLEL, TP_INSIDE, TP_ACROSS, PIPELINE, CONTEXT)
-SCALES = ("one node", "2-8 nodes", "9-64 nodes", "more than 64 nodes")
+from harness.plan.published_accuracy import layout_kinds, scale_of_nodes
 
 
 @dataclass(frozen=True)
@@ -64,20 +57,8 @@ def nvlink_domain(row: dict[str, str]) -> int:
 def kinds_of(row: dict[str, str]) -> tuple[str, ...]:
     """The kinds a row's layout belongs to, in KINDS' order."""
     d = degrees(row["sharding"])
-    kinds = []
-    if d.tp > 1:
-        kinds.append(TP_INSIDE if d.tp <= nvlink_domain(row) else TP_ACROSS)
-    if d.pp > 1:
-        kinds.append(PIPELINE)
-    if d.cp > 1:
-        kinds.append(CONTEXT)
-    return tuple(kinds) or (DATA_PARALLEL,)
+    return layout_kinds(d.tp, d.pp, d.cp, nvlink_domain(row))
 
 
 def scale_of(row: dict[str, str]) -> str:
-    nodes = int(row["nodes"] or 1)
-    if nodes <= 1:
-        return SCALES[0]
-    if nodes <= 8:
-        return SCALES[1]
-    return SCALES[2] if nodes <= 64 else SCALES[3]
+    return scale_of_nodes(int(row["nodes"] or 1))

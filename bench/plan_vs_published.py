@@ -7,6 +7,7 @@ tensor parallel inside and across nodes, pipelines, context parallel), scale and
 CSV together, and the bias by GPU, node count and sequence length for each CSV separately.
 
     python bench/plan_vs_published.py                      # every runs CSV of bench/data, to bench/results/
+                                                           # and harness/plan/published_accuracy.json
     python bench/plan_vs_published.py my_runs.csv --out -  # another CSV, printed only
     python bench/plan_vs_published.py --rows               # every row's prediction as well
 
@@ -26,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import json
 import re
 import shlex
 import statistics
@@ -36,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.layout_kinds import KINDS, SCALES, degrees, gpus_per_node, kinds_of, scale_of  # noqa: E402
+from bench.layout_kinds import degrees, gpus_per_node, kinds_of, scale_of  # noqa: E402
 from bench.moe_rows import (  # noqa: E402
     CUDA_GRAPH_TOKEN,
     RECOMPUTE_TOKEN,
@@ -51,6 +53,7 @@ from bench.moe_rows import (  # noqa: E402
 )
 from bench.published_breakdown import (  # noqa: E402
     Pick,
+    accuracy_figures,
     breakdown_lines,
     choice_by_kind_lines,
     goal_lines,
@@ -69,6 +72,7 @@ from harness.plan.parallel.deepspeed_pipeline import DEEPSPEED_PIPELINE  # noqa:
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS, check_precision  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
+from harness.plan.published_accuracy import ACCURACY_FILE, KINDS, SCALES  # noqa: E402
 from harness.plan.speed.alibi_scores import ALIBI  # noqa: E402
 from harness.plan.speed.attention import KERNELS as ATTENTION_KERNELS  # noqa: E402
 from harness.plan.speed.calibration import default_factors  # noqa: E402
@@ -1185,6 +1189,20 @@ def sweep_lines(outcomes: list[Outcome], measured: list[Outcome]) -> list[str]:
     ]
 
 
+def goal_runs(sections: list[tuple[Path, list[Outcome]]]) -> list[Outcome]:
+    """Every CSV's runs together, as the goals count them: a run two CSVs hold (model_parallel_nvidia.csv's
+    MoE rows, moe_runs.csv's with their shape) once."""
+    moe_rows = [o.row for path, outcomes in sections if path.name == MOE_CSV for o in outcomes]
+    return [o for _, outcomes in sections for o in outcomes if not repeats_a_moe_run(o.row, moe_rows)]
+
+
+def write_accuracy(figures: dict[str, dict], command: str, path: Path = ACCURACY_FILE) -> None:
+    """published_accuracy.json: the figures by layout kind, scale and card family, with the command
+    that wrote them."""
+    doc = {"written_by": command, "report": "bench/results/plan_vs_published.md", **figures}
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -1196,9 +1214,7 @@ def main(argv: list[str] | None = None) -> int:
         paths = args.csv or runs_csvs()
         sections = [(path, plan_rows(read_rows(path))) for path in paths]
         ran_out = [] if args.csv else plan_rows(read_rows(OOM_CSV))
-        # A run two CSVs hold (model_parallel_nvidia.csv's MoE rows, moe_runs.csv's with their shape) counts once.
-        moe_rows = [o.row for path, outcomes in sections if path.name == MOE_CSV for o in outcomes]
-        every = [o for _, outcomes in sections for o in outcomes if not repeats_a_moe_run(o.row, moe_rows)]
+        every = goal_runs(sections)
         lines = goal_lines(every, picks_of(every))
         sweep_rows = [] if args.csv else read_rows(SWEEP)
         sweep = plan_rows(sweep_rows)
@@ -1224,6 +1240,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join([f"## {now}", "", f"Command: `{command}`", "", *lines])
     print(text)
     if args.out != "-":
+        if not args.csv:  # the figures a recommendation quotes: every CSV's, as the report states them
+            write_accuracy(accuracy_figures(every), command)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(

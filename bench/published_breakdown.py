@@ -12,8 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.layout_kinds import KINDS, SCALES, degrees, kinds_of, scale_of
+from bench.layout_kinds import degrees, kinds_of, scale_of
 from harness.common.hardware import gpu_spec
+from harness.plan.published_accuracy import KINDS, NEW_FAMILIES, SCALES, card_family
 
 WITHIN = 0.15
 
@@ -25,14 +26,6 @@ GOAL_WORST_REGRET = 0.10
 GOAL_MEMORY = 0.15  # median |error| of the published memory
 GOAL_RAN_NOT_FIT = 0.03  # share of runs that ran planned not to fit
 GOAL_FAMILY_MEDIAN = 0.15  # median |error| in each family of the cards added for 2026's clusters
-# The card families held to GOAL_FAMILY_MEDIAN, each with the test that says whether a card is one.
-NEW_FAMILIES = (
-    "Blackwell (B200, B300)",
-    "Grace-Blackwell (GB200, GB300)",
-    "AMD Instinct (MI300X-MI355X)",
-    "Hopper variants (H800, H20)",
-    "Volta (V100)",
-)
 
 
 @dataclass(frozen=True)
@@ -108,19 +101,10 @@ def by_card(outcomes: list) -> dict[str, list]:
 
 
 def family_of(card: str) -> str:
-    """The family a row's card belongs to: NEW_FAMILIES, or its NCCL generation for the others."""
+    """The family a row's card belongs to (published_accuracy.card_family; NEW_FAMILIES are held to
+    GOAL_FAMILY_MEDIAN)."""
     spec = gpu_spec(card)
-    if spec is None:
-        return "unknown"
-    if spec.generation == "blackwell":
-        return NEW_FAMILIES[1] if spec.gpus_per_host < 8 else NEW_FAMILIES[0]
-    if spec.generation.startswith("cdna"):
-        return NEW_FAMILIES[2]
-    if spec.name.startswith(("H800", "H20 ")):
-        return NEW_FAMILIES[3]
-    if spec.generation == "volta":
-        return NEW_FAMILIES[4]
-    return {"hopper": "Hopper (H100, H200)", "ampere": "Ampere and Ada (A100, A800, L40S, ...)"}[spec.generation]
+    return "unknown" if spec is None else card_family(spec)
 
 
 def by_family(outcomes: list) -> dict[str, list]:
@@ -128,6 +112,28 @@ def by_family(outcomes: list) -> dict[str, list]:
     for o in outcomes:
         families.setdefault(family_of(o.row["gpu"]), []).append(o)
     return dict(sorted(families.items()))
+
+
+def _figures(outcomes: list) -> dict[str, float] | None:
+    errors = [o.error for o in outcomes if o.error is not None]
+    if not errors:
+        return None
+    return {
+        "runs": len(errors),
+        "median_abs_error": round(statistics.median(abs(e) for e in errors), 4),
+        "median_ratio": round(1 + statistics.median(errors), 4),
+    }
+
+
+def accuracy_figures(outcomes: list) -> dict[str, dict]:
+    """The planned runs' median |error| and median predicted / published of tokens/s per GPU by layout
+    kind, scale and card family (the report's "Accuracy at a glance"): what a recommendation quotes
+    (harness/plan/published_accuracy.py)."""
+    groups = {"kinds": by_kind(outcomes), "scales": by_scale(outcomes), "families": by_family(outcomes)}
+    return {
+        name: {bucket: figures for bucket, rows in buckets.items() if (figures := _figures(rows))}
+        for name, buckets in groups.items()
+    }
 
 
 def breakdown_lines(outcomes: list, strategy_of: Callable[[dict[str, str]], str]) -> list[str]:

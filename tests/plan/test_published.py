@@ -15,21 +15,13 @@ import pytest
 
 from bench import plan_vs_published as published
 from bench import published_breakdown
-from bench.layout_kinds import (
-    CONTEXT,
-    DATA_PARALLEL,
-    PIPELINE,
-    TP_ACROSS,
-    TP_INSIDE,
-    Degrees,
-    degrees,
-    kinds_of,
-    scale_of,
-)
+from bench.layout_kinds import Degrees, degrees, kinds_of, scale_of
 from bench.moe_rows import repeats_a_moe_run
 from harness.common.hardware import GPUS
+from harness.plan import published_accuracy
 from harness.plan.network.comm import PIPELINED
 from harness.plan.network.fabric import FABRICS
+from harness.plan.published_accuracy import CONTEXT, DATA_PARALLEL, PIPELINE, TP_ACROSS, TP_INSIDE
 from tests.helpers import ROOT, env_for_tests
 
 
@@ -535,3 +527,16 @@ def test_nanotrons_zero1_all_reduces_its_fp32_gradients_after_the_backward_and_c
     assert gather.host_copies == len(q.shape.tensors) * 4
     assert nanotron.time.overhead_s > megatron.time.overhead_s
     assert "copied back from a list all-gather" in nanotron.time.overhead_what
+
+
+def test_the_figures_a_recommendation_quotes_are_the_reports(every_csv):
+    """harness/plan/published_accuracy.json is what bench/plan_vs_published.py computes from the CSVs on
+    the current plan: the same runs in each bucket, each median within a point (regenerate it with the
+    report where the plan moved)."""
+    shipped = published_accuracy.published_figures()
+    now = published_breakdown.accuracy_figures(published.goal_runs(list(every_csv.items())))
+    for group in ("kinds", "scales", "families"):
+        assert set(shipped[group]) == set(now[group]), group
+        for bucket, figures in now[group].items():
+            assert shipped[group][bucket]["runs"] == figures["runs"], (group, bucket)
+            assert shipped[group][bucket]["median_abs_error"] == pytest.approx(figures["median_abs_error"], abs=0.01)

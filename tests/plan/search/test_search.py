@@ -217,9 +217,12 @@ def test_tensor_parallelism_across_nodes_is_searched_and_says_what_makes_it_lose
 
 
 def test_the_cli_names_the_fastest_layout_across_nodes_and_why_it_loses(capsys):
-    code, out, _ = _cli(capsys, *_args(**(SMALL | {"kv_heads": 16})))
-    [line] = [x for x in out.splitlines() if "Fastest with tensor parallelism across nodes" in x]
+    code, text, _ = _cli(capsys, *_args(**(SMALL | {"kv_heads": 16})))
+    [line] = [x for x in text.splitlines() if "Fastest with tensor parallelism across nodes" in x]
     assert code == 0 and "tp_size=8" in line and "spans 2 nodes" in line
     code, out, _ = _cli(capsys, *_args(**(SMALL | {"kv_heads": 16})), "format=json")
-    across = json.loads(out)["fastest_tp_across_nodes"]
+    doc = json.loads(out)
+    across = doc["fastest_tp_across_nodes"]
     assert across["strategy_options"]["tp_size"] == 8 and "spans 2 nodes" in across["against_first"]
+    # Beside the pick, how close plans of its kind have come to published runs, in text and JSON alike.
+    assert doc["published_accuracy"] in text.splitlines()

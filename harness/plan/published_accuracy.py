@@ -1,0 +1,117 @@
+"""How close the plan has come to published training runs like the layout it recommends.
+
+`bench/plan_vs_published.py` plans every published run of bench/data as a new user would ask for
+it and writes, beside its report (bench/results/plan_vs_published.md, "Accuracy at a glance"),
+the median error of tokens/s per GPU in each layout kind, scale and card family to
+published_accuracy.json. A recommendation quotes the buckets its layout falls in, so a plan of a
+kind the plan has priced far from published runs (tensor parallelism across nodes) says so beside
+its figures, and one of a kind it prices well says that too.
+
+The kinds overlap, as the report's do: Megatron-LM's `tp=4 pp=4 cp=2` counts under tensor
+parallelism inside a node, under pipelines and under context parallelism. A node is the NVLink
+domain where the card's spans several hosts (a GB200 NVL72 rack of 4-GPU trays).
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.common.hardware import GPUSpec, gpu_spec
+
+if TYPE_CHECKING:
+    from harness.plan.network.fabric import Topology
+    from harness.plan.parallel.layout import Layout
+
+DATA_PARALLEL = "data parallel only"
+TP_INSIDE = "TP x DP inside a node"
+TP_ACROSS = "TP across nodes"
+PIPELINE = "PP"
+CONTEXT = "CP"
+KINDS = (DATA_PARALLEL, TP_INSIDE, TP_ACROSS, PIPELINE, CONTEXT)
+SCALES = ("one node", "2-8 nodes", "9-64 nodes", "more than 64 nodes")
+ACCURACY_FILE = Path(__file__).with_name("published_accuracy.json")
+FEW_RUNS = 20  # a bucket of fewer published runs is named as few: its median moves with one run
+
+
+def layout_kinds(tp: int, pp: int, cp: int, tp_domain: int) -> tuple[str, ...]:
+    """The kinds of a layout whose tensor-parallel groups may span `tp_domain` GPUs on NVLink, in KINDS'
+    order."""
+    kinds = []
+    if tp > 1:
+        kinds.append(TP_INSIDE if tp <= tp_domain else TP_ACROSS)
+    if pp > 1:
+        kinds.append(PIPELINE)
+    if cp > 1:
+        kinds.append(CONTEXT)
+    return tuple(kinds) or (DATA_PARALLEL,)
+
+
+def scale_of_nodes(nodes: int) -> str:
+    """The SCALES bucket of a job over `nodes` hosts."""
+    if nodes <= 1:
+        return SCALES[0]
+    if nodes <= 8:
+        return SCALES[1]
+    return SCALES[2] if nodes <= 64 else SCALES[3]
+
+
+# The card families the report breaks its figures down by: those of 2026's clusters, each with the
+# goal the report holds it to, then the older generations.
+NEW_FAMILIES = (
+    "Blackwell (B200, B300)",
+    "Grace-Blackwell (GB200, GB300)",
+    "AMD Instinct (MI300X-MI355X)",
+    "Hopper variants (H800, H20)",
+    "Volta (V100)",
+)
+OLDER_FAMILIES = {"hopper": "Hopper (H100, H200)", "ampere": "Ampere and Ada (A100, A800, L40S, ...)"}
+
+
+def card_family(spec: GPUSpec) -> str:
+    """The family a card belongs to: NEW_FAMILIES, or its NCCL generation for the others."""
+    if spec.generation == "blackwell":
+        return NEW_FAMILIES[1] if spec.gpus_per_host < 8 else NEW_FAMILIES[0]
+    if spec.generation.startswith("cdna"):
+        return NEW_FAMILIES[2]
+    if spec.name.startswith(("H800", "H20 ")):
+        return NEW_FAMILIES[3]
+    if spec.generation == "volta":
+        return NEW_FAMILIES[4]
+    return OLDER_FAMILIES[spec.generation]
+
+
+@cache
+def published_figures() -> dict:
+    """The figures bench/plan_vs_published.py last wrote: {"kinds"|"scales"|"families": {bucket:
+    {"runs", "median_abs_error", "median_ratio"}}}."""
+    return json.loads(ACCURACY_FILE.read_text())
+
+
+def _bucket(name: str, figures: dict) -> str:
+    ratio = figures["median_ratio"]
+    lean = (
+        f"{abs(ratio - 1):.0%} {'fast' if ratio >= 1 else 'slow'} at the median" if round(ratio, 2) != 1 else "no lean"
+    )
+    few = "only " if figures["runs"] < FEW_RUNS else ""
+    return f"{name} {figures['median_abs_error']:.1%} ({few}{figures['runs']} runs, {lean})"
+
+
+def accuracy_line(layout: Layout, topology: Topology, gpu: GPUSpec | None) -> str:
+    """One line: the plan's median error of tokens/s per GPU on published runs of the layout's kinds, of
+    its scale and on its card's family (a card given by its figures alone has none)."""
+    figures = published_figures()
+    kinds = layout_kinds(layout.tp, layout.pp, layout.cp, topology.per_domain)
+    buckets = [(kind, figures["kinds"].get(kind)) for kind in kinds]
+    scale = scale_of_nodes(topology.nodes)
+    buckets.append((f"on {scale}", figures["scales"].get(scale)))
+    if gpu is not None and gpu_spec(gpu.name) is not None:
+        family = card_family(gpu)
+        buckets.append((f"on {family}", figures["families"].get(family)))
+    described = [_bucket(name, f) for name, f in buckets if f]
+    return (
+        "How close plans like it have come: the median error of tokens/s per GPU on published runs, "
+        f"{'; '.join(described)} (bench/results/plan_vs_published.md)."
+    )
