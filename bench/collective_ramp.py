@@ -25,20 +25,29 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.nccl_vs_published import SWEEPS, Row, read_rows  # noqa: E402
+from harness.common.hardware import gpu_spec  # noqa: E402
 from harness.plan.network.collective_ramp import NVLS, TABLE  # noqa: E402
 from harness.plan.network.fabric import parse_fabric  # noqa: E402
 
 
+def _read(row: Row) -> bool:
+    """An all-reduce's bus bandwidth across nodes, or inside one NVSwitch node (NVLS); one node of
+    another card (RCCL's Infinity Fabric mesh) has no NVLS to measure."""
+    if row.collective != "all-reduce" or not row.busbw_gbs:
+        return False
+    spec = gpu_spec(row.gpu)
+    return row.nodes > 1 or (spec is not None and spec.scale_up == "nvswitch")
+
+
 def _sweeps(rows: list[Row]) -> dict[tuple[str, int], list[Row]]:
     sweeps: dict[tuple[str, int], list[Row]] = {}
-    for row in rows:
-        if row.collective == "all-reduce" and row.busbw_gbs:
-            sweeps.setdefault((row.source, row.nodes), []).append(row)
+    for row in filter(_read, rows):
+        sweeps.setdefault((row.source, row.nodes), []).append(row)
     return sweeps
 
 
 def _kind(row: Row) -> str:
-    """A sweep's network kind; one node's is NVLS (an NVSwitch node, where NCCL runs NVLS from 2 MiB)."""
+    """A sweep's network kind; one NVSwitch node's is NVLS (NCCL runs NVLS there from 2 MiB)."""
     return NVLS if row.nodes == 1 else parse_fabric(row.inter_node).kind
 
 
