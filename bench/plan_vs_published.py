@@ -38,7 +38,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.layout_kinds import degrees, gpus_per_node, kinds_of, scale_of  # noqa: E402
+from bench.layout_kinds import degrees, kinds_of, scale_of  # noqa: E402
 from bench.moe_rows import (  # noqa: E402
     CUDA_GRAPH_TOKEN,
     RECOMPUTE_TOKEN,
@@ -56,6 +56,7 @@ from bench.published_breakdown import (  # noqa: E402
     accuracy_figures,
     breakdown_lines,
     choice_by_kind_lines,
+    figures_of,
     goal_lines,
     work_bucket,
 )
@@ -72,7 +73,16 @@ from harness.plan.parallel.deepspeed_pipeline import DEEPSPEED_PIPELINE  # noqa:
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout  # noqa: E402
 from harness.plan.plan_options import PLAN_PRECISIONS, check_precision  # noqa: E402
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision  # noqa: E402
-from harness.plan.published_accuracy import ACCURACY_FILE, KINDS, SCALES  # noqa: E402
+from harness.plan.published_accuracy import (  # noqa: E402
+    ACCURACY_FILE,
+    DATA_PARALLEL,
+    KINDS,
+    PIPELINE,
+    SCALES,
+    TP_ACROSS,
+    TP_INSIDE,
+    leading_kind,
+)
 from harness.plan.speed.alibi_scores import ALIBI  # noqa: E402
 from harness.plan.speed.attention import KERNELS as ATTENTION_KERNELS  # noqa: E402
 from harness.plan.speed.calibration import default_factors  # noqa: E402
@@ -1115,12 +1125,15 @@ def sweep_on_its_measured_network(rows: list[dict[str, str]]) -> list[Outcome]:
 def _sweep_kind(row: dict[str, str]) -> str:
     """A sweep run's layout by what crosses its nodes: its pipeline, else its tensor parallelism
     beyond a node, else data parallelism beside tensor parallelism inside one."""
-    d = degrees(row["sharding"])
-    if d.pp > 1:
-        return "pipeline"
-    if d.tp > gpus_per_node(row):
-        return "TP across nodes"
-    return "TP x DP inside a node" if d.tp > 1 else "data parallel only"
+    return leading_kind(kinds_of(row))
+
+
+def sweep_kind_figures(outcomes: list[Outcome]) -> dict[str, dict]:
+    """The sweep's figures by _sweep_kind: what a recommendation quotes beside the goals' buckets."""
+    kinds: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        kinds.setdefault(_sweep_kind(o.row), []).append(o)
+    return figures_of(kinds)
 
 
 def _kinds_on_both(planned: list[Outcome], on_measured: list[Outcome]) -> list[str]:
@@ -1138,7 +1151,7 @@ def _kinds_on_both(planned: list[Outcome], on_measured: list[Outcome]) -> list[s
         "median predicted / published | median abs error |",
         "|---|---:|---:|---:|---:|---:|",
     ]
-    for kind in ("data parallel only", "TP x DP inside a node", "TP across nodes", "pipeline"):
+    for kind in (DATA_PARALLEL, TP_INSIDE, TP_ACROSS, PIPELINE):
         a, b = stated.get(kind, []), measured.get(kind, [])
         if a and b:
             lines.append(
@@ -1196,10 +1209,19 @@ def goal_runs(sections: list[tuple[Path, list[Outcome]]]) -> list[Outcome]:
     return [o for _, outcomes in sections for o in outcomes if not repeats_a_moe_run(o.row, moe_rows)]
 
 
-def write_accuracy(figures: dict[str, dict], command: str, path: Path = ACCURACY_FILE) -> None:
-    """published_accuracy.json: the figures by layout kind, scale and card family, with the command
-    that wrote them."""
-    doc = {"written_by": command, "report": "bench/results/plan_vs_published.md", **figures}
+# How a recommendation names the sweep beside the goals' figures (harness/plan/published_accuracy.py).
+SWEEP_NAMED = "the Ultra-Scale Playbook's sweep on one EFA cluster, reported apart"
+
+
+def write_accuracy(figures: dict[str, dict], sweep_kinds: dict, command: str, path: Path = ACCURACY_FILE) -> None:
+    """published_accuracy.json: the figures by layout kind, scale and card family, the sweep's by kind,
+    with the command that wrote them."""
+    doc = {
+        "written_by": command,
+        "report": "bench/results/plan_vs_published.md",
+        **figures,
+        "sweep": {"what": SWEEP_NAMED, "kinds": sweep_kinds},
+    }
     path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
@@ -1209,6 +1231,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("csv", nargs="*", type=Path, help="published-runs CSVs (default: every one in bench/data)")
     p.add_argument("--rows", action="store_true", help="list every row's prediction")
     p.add_argument("--out", default=str(ROOT / "bench" / "results" / "plan_vs_published.md"), help="'-': print only")
+    p.add_argument(
+        "--accuracy",
+        default=str(ACCURACY_FILE),
+        help="where the figures a recommendation quotes go (written with --out, from every CSV); '-': not written",
+    )
     args = p.parse_args(argv)
     try:
         paths = args.csv or runs_csvs()
@@ -1240,8 +1267,8 @@ def main(argv: list[str] | None = None) -> int:
     text = "\n".join([f"## {now}", "", f"Command: `{command}`", "", *lines])
     print(text)
     if args.out != "-":
-        if not args.csv:  # the figures a recommendation quotes: every CSV's, as the report states them
-            write_accuracy(accuracy_figures(every), command)
+        if not args.csv and args.accuracy != "-":  # what a recommendation quotes: every CSV's figures
+            write_accuracy(accuracy_figures(every), sweep_kind_figures(sweep), command, Path(args.accuracy))
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(

@@ -130,10 +130,12 @@ def accuracy_figures(outcomes: list) -> dict[str, dict]:
     kind, scale and card family (the report's "Accuracy at a glance"): what a recommendation quotes
     (harness/plan/published_accuracy.py)."""
     groups = {"kinds": by_kind(outcomes), "scales": by_scale(outcomes), "families": by_family(outcomes)}
-    return {
-        name: {bucket: figures for bucket, rows in buckets.items() if (figures := _figures(rows))}
-        for name, buckets in groups.items()
-    }
+    return {name: figures_of(buckets) for name, buckets in groups.items()}
+
+
+def figures_of(buckets: dict[str, list]) -> dict[str, dict]:
+    """Each bucket's planned runs, median |error| and median predicted / published (buckets with none left out)."""
+    return {bucket: figures for bucket, rows in buckets.items() if (figures := _figures(rows))}
 
 
 def breakdown_lines(outcomes: list, strategy_of: Callable[[dict[str, str]], str]) -> list[str]:

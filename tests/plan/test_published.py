@@ -89,9 +89,20 @@ def test_the_report_states_the_figures_and_the_bias_by_gpu_nodes_and_sequence(tm
     planned = {json.dumps(published.read_rows(path)): outcomes for path, outcomes in every_csv.items()}
     plan_rows = published.plan_rows
     monkeypatch.setattr(published, "plan_rows", lambda rows: planned.get(json.dumps(rows)) or plan_rows(rows))
-    out = tmp_path / "plan_vs_published.md"
-    assert published.main(["--out", str(out)]) == 0
+    out, quoted = tmp_path / "plan_vs_published.md", tmp_path / "published_accuracy.json"
+    assert published.main(["--out", str(out), "--accuracy", str(quoted)]) == 0
     text = out.read_text()
+    # The figures a recommendation quotes are the report's, the sweep's apart: the shipped file is
+    # what the current plan gives (each bucket's runs, its median within a point).
+    shipped, now = published_accuracy.published_figures(), json.loads(quoted.read_text())
+    assert now["sweep"]["kinds"]["TP across nodes"]["runs"] > 100
+    for group in ("kinds", "scales", "families"):
+        assert set(shipped[group]) == set(now[group]), group
+    for group, buckets in [(g, now[g]) for g in ("kinds", "scales", "families")] + [("sweep", now["sweep"]["kinds"])]:
+        for bucket, figures in buckets.items():
+            had = (shipped["sweep"]["kinds"] if group == "sweep" else shipped[group])[bucket]
+            assert had["runs"] == figures["runs"], (group, bucket)
+            assert had["median_abs_error"] == pytest.approx(figures["median_abs_error"], abs=0.01), (group, bucket)
     for section in ("### torchtitan_llama_fsdp.csv", "### public_runs.csv", "### Published out-of-memory"):
         assert section in text
     assert text.count("median error") >= 2 and "within 15%" in text
@@ -527,16 +538,3 @@ def test_nanotrons_zero1_all_reduces_its_fp32_gradients_after_the_backward_and_c
     assert gather.host_copies == len(q.shape.tensors) * 4
     assert nanotron.time.overhead_s > megatron.time.overhead_s
     assert "copied back from a list all-gather" in nanotron.time.overhead_what
-
-
-def test_the_figures_a_recommendation_quotes_are_the_reports(every_csv):
-    """harness/plan/published_accuracy.json is what bench/plan_vs_published.py computes from the CSVs on
-    the current plan: the same runs in each bucket, each median within a point (regenerate it with the
-    report where the plan moved)."""
-    shipped = published_accuracy.published_figures()
-    now = published_breakdown.accuracy_figures(published.goal_runs(list(every_csv.items())))
-    for group in ("kinds", "scales", "families"):
-        assert set(shipped[group]) == set(now[group]), group
-        for bucket, figures in now[group].items():
-            assert shipped[group][bucket]["runs"] == figures["runs"], (group, bucket)
-            assert shipped[group][bucket]["median_abs_error"] == pytest.approx(figures["median_abs_error"], abs=0.01)

@@ -43,6 +43,10 @@ FIGURES = {
     },
     "scales": {SCALES[1]: {"runs": 270, "median_abs_error": 0.083, "median_ratio": 0.96}},
     "families": {"Hopper (H100, H200)": {"runs": 433, "median_abs_error": 0.071, "median_ratio": 1.003}},
+    "sweep": {
+        "what": "one team's sweep",
+        "kinds": {TP_ACROSS: {"runs": 186, "median_abs_error": 1.105, "median_ratio": 2.105}},
+    },
 }
 
 
@@ -53,11 +57,12 @@ def test_the_line_quotes_the_buckets_of_the_layout_its_scale_and_its_card(monkey
     assert "TP across nodes 21.5% (only 8 runs, 22% fast at the median)" in across
     assert "on 2-8 nodes 8.3% (270 runs, 4% slow at the median)" in across
     assert "on Hopper (H100, H200) 7.1% (433 runs, no lean)" in across
+    assert "in one team's sweep, TP across nodes 110.5% (186 runs, 2.1x fast at the median)" in across
     assert DATA_PARALLEL not in across
     # A card given by its figures alone belongs to no family the benchmark measured.
     custom = replace(GPUS["H100"], name="my-card")
     plain = accuracy_line(SimpleNamespace(tp=1, pp=1, cp=1), four_nodes, custom)
-    assert "data parallel only 7.0% (400 runs" in plain and "Hopper" not in plain
+    assert "data parallel only 7.0% (400 runs" in plain and "Hopper" not in plain and "sweep" not in plain
 
 
 def test_the_shipped_figures_cover_every_kind_and_scale():
