@@ -2,8 +2,8 @@
 
 `bench/plan_vs_published.py` plans every published run of bench/data as a new user would ask for
 it and writes, beside its report (bench/results/plan_vs_published.md, "Accuracy at a glance"),
-the median error of tokens/s per GPU in each layout kind, scale and card family to
-published_accuracy.json. A recommendation quotes the buckets its layout falls in, so a plan of a
+the median error of tokens/s per GPU in each layout kind, scale and card family, and in each kind at
+each scale, to published_accuracy.json. A recommendation quotes the buckets its layout falls in, so a plan of a
 kind the plan has priced far from published runs (tensor parallelism across nodes) says so beside
 its figures, and one of a kind it prices well says that too. The Ultra-Scale Playbook's sweep (one
 team's 1,738 runs on one EFA cluster, which the report holds apart) is quoted beside them by kind:
@@ -94,8 +94,9 @@ def card_family(spec: GPUSpec) -> str:
 @cache
 def published_figures() -> dict:
     """The figures bench/plan_vs_published.py last wrote: {"kinds"|"scales"|"families": {bucket:
-    {"runs", "median_abs_error", "median_ratio"}}, "sweep": {"what", "kinds"}}: the sweep one team ran
-    on one cluster, which the report holds apart from the goals' buckets."""
+    {"runs", "median_abs_error", "median_ratio"}}, "kinds_by_scale": {kind: {scale: ...}}, "sweep":
+    {"what", "kinds"}}: the last the sweep one team ran on one cluster, which the report holds apart
+    from the goals' buckets."""
     return json.loads(ACCURACY_FILE.read_text())
 
 
@@ -107,24 +108,33 @@ def _lean(ratio: float) -> str:
     return f"{abs(ratio - 1):.0%} {'fast' if ratio > 1 else 'slow'} at the median"
 
 
-def _bucket(name: str, figures: dict) -> str:
-    lean = _lean(figures["median_ratio"])
+def _error(figures: dict) -> str:
     few = "only " if figures["runs"] < FEW_RUNS else ""
-    return f"{name} {figures['median_abs_error']:.1%} ({few}{figures['runs']} runs, {lean})"
+    return f"{figures['median_abs_error']:.1%} ({few}{figures['runs']} runs, {_lean(figures['median_ratio'])})"
+
+
+def _bucket(name: str, figures: dict) -> str:
+    return f"{name} {_error(figures)}"
 
 
 def accuracy_line(layout: Layout, topology: Topology, gpu: GPUSpec | None) -> str:
-    """One line: the plan's median error of tokens/s per GPU on published runs of the layout's kinds, of
-    its scale and on its card's family (a card given by its figures alone has none)."""
+    """One line: the plan's median error of tokens/s per GPU on published runs of each of the layout's
+    kinds at its scale (a kind and a scale apart would hide a bucket of few runs: data parallelism
+    past 64 nodes), then on its card's family (a card given by its figures alone has none)."""
     figures = published_figures()
     kinds = layout_kinds(layout.tp, layout.pp, layout.cp, topology.per_domain)
-    buckets = [(kind, figures["kinds"].get(kind)) for kind in kinds]
     scale = scale_of_nodes(topology.nodes)
-    buckets.append((f"on {scale}", figures["scales"].get(scale)))
+    described = []
+    for kind in kinds:
+        joint = figures["kinds_by_scale"].get(kind, {}).get(scale)
+        if joint:
+            described.append(_bucket(f"{kind} on {scale}", joint))
+        elif kind in figures["kinds"]:
+            described.append(f"{kind}, none published on {scale}: on any scale {_error(figures['kinds'][kind])}")
     if gpu is not None and gpu_spec(gpu.name) is not None:
         family = card_family(gpu)
-        buckets.append((f"on {family}", figures["families"].get(family)))
-    described = [_bucket(name, f) for name, f in buckets if f]
+        if family in figures["families"]:
+            described.append(_bucket(f"on {family}", figures["families"][family]))
     sweep = figures.get("sweep", {})
     lead = leading_kind(kinds)
     if lead in sweep.get("kinds", {}):

@@ -21,7 +21,7 @@ from harness.common.hardware import GPUS
 from harness.plan import published_accuracy
 from harness.plan.network.comm import PIPELINED
 from harness.plan.network.fabric import FABRICS
-from harness.plan.published_accuracy import CONTEXT, DATA_PARALLEL, PIPELINE, TP_ACROSS, TP_INSIDE
+from harness.plan.published_accuracy import CONTEXT, DATA_PARALLEL, KINDS, PIPELINE, TP_ACROSS, TP_INSIDE
 from tests.helpers import ROOT, env_for_tests
 
 
@@ -98,9 +98,13 @@ def test_the_report_states_the_figures_and_the_bias_by_gpu_nodes_and_sequence(tm
     assert now["sweep"]["kinds"]["TP across nodes"]["runs"] > 100
     for group in ("kinds", "scales", "families"):
         assert set(shipped[group]) == set(now[group]), group
-    for group, buckets in [(g, now[g]) for g in ("kinds", "scales", "families")] + [("sweep", now["sweep"]["kinds"])]:
+    groups = [(g, now[g], shipped[g]) for g in ("kinds", "scales", "families")]
+    groups += [(f"{kind} by scale", now["kinds_by_scale"][kind], shipped["kinds_by_scale"][kind]) for kind in KINDS]
+    groups.append(("sweep", now["sweep"]["kinds"], shipped["sweep"]["kinds"]))
+    for group, buckets, shipped_buckets in groups:
+        assert set(buckets) == set(shipped_buckets), group
         for bucket, figures in buckets.items():
-            had = (shipped["sweep"]["kinds"] if group == "sweep" else shipped[group])[bucket]
+            had = shipped_buckets[bucket]
             assert had["runs"] == figures["runs"], (group, bucket)
             assert had["median_abs_error"] == pytest.approx(figures["median_abs_error"], abs=0.01), (group, bucket)
     for section in ("### torchtitan_llama_fsdp.csv", "### public_runs.csv", "### Published out-of-memory"):

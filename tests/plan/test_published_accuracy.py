@@ -42,6 +42,13 @@ FIGURES = {
         TP_ACROSS: {"runs": 8, "median_abs_error": 0.215, "median_ratio": 1.215},
     },
     "scales": {SCALES[1]: {"runs": 270, "median_abs_error": 0.083, "median_ratio": 0.96}},
+    "kinds_by_scale": {
+        DATA_PARALLEL: {
+            SCALES[1]: {"runs": 120, "median_abs_error": 0.068, "median_ratio": 1.054},
+            SCALES[3]: {"runs": 14, "median_abs_error": 0.191, "median_ratio": 1.191},
+        },
+        TP_ACROSS: {SCALES[1]: {"runs": 8, "median_abs_error": 0.215, "median_ratio": 1.215}},
+    },
     "families": {"Hopper (H100, H200)": {"runs": 433, "median_abs_error": 0.071, "median_ratio": 1.003}},
     "sweep": {
         "what": "one team's sweep",
@@ -50,24 +57,30 @@ FIGURES = {
 }
 
 
-def test_the_line_quotes_the_buckets_of_the_layout_its_scale_and_its_card(monkeypatch):
+def test_the_line_quotes_each_kind_at_the_layouts_scale_its_card_and_the_sweep(monkeypatch):
     monkeypatch.setattr(published_accuracy, "published_figures", lambda: FIGURES)
     four_nodes = SimpleNamespace(per_domain=8, nodes=4)
     across = accuracy_line(SimpleNamespace(tp=16, pp=1, cp=1), four_nodes, GPUS["H100"])
-    assert "TP across nodes 21.5% (only 8 runs, 22% fast at the median)" in across
-    assert "on 2-8 nodes 8.3% (270 runs, 4% slow at the median)" in across
+    assert "TP across nodes on 2-8 nodes 21.5% (only 8 runs, 22% fast at the median)" in across
     assert "on Hopper (H100, H200) 7.1% (433 runs, no lean)" in across
     assert "in one team's sweep, TP across nodes 110.5% (186 runs, 2.1x fast at the median)" in across
     assert DATA_PARALLEL not in across
+    # A kind and a scale apart would hide a small bucket: data parallelism past 64 nodes is its own.
+    many = accuracy_line(SimpleNamespace(tp=1, pp=1, cp=1), SimpleNamespace(per_domain=8, nodes=128), GPUS["H100"])
+    assert "data parallel only on more than 64 nodes 19.1% (only 14 runs, 19% fast at the median)" in many
+    # A kind no published run had at this scale says so, and quotes the kind on any scale.
+    wide = accuracy_line(SimpleNamespace(tp=16, pp=1, cp=1), SimpleNamespace(per_domain=8, nodes=16), GPUS["H100"])
+    assert "TP across nodes, none published on 9-64 nodes: on any scale 21.5% (only 8 runs" in wide
     # A card given by its figures alone belongs to no family the benchmark measured.
     custom = replace(GPUS["H100"], name="my-card")
     plain = accuracy_line(SimpleNamespace(tp=1, pp=1, cp=1), four_nodes, custom)
-    assert "data parallel only 7.0% (400 runs" in plain and "Hopper" not in plain and "sweep" not in plain
+    assert "data parallel only on 2-8 nodes 6.8% (120 runs" in plain and "Hopper" not in plain and "sweep" not in plain
 
 
 def test_the_shipped_figures_cover_every_kind_and_scale():
     figures = published_accuracy.published_figures()
     assert set(figures["kinds"]) == set(KINDS) and set(figures["scales"]) == set(SCALES)
+    assert set(figures["kinds_by_scale"]) == set(KINDS)
     assert all(0 <= f["median_abs_error"] < 1 and f["runs"] > 0 for f in figures["kinds"].values())
 
 
@@ -78,7 +91,7 @@ def test_the_recommendation_says_it_under_its_first_line():
     assert lines[0].startswith("Use fsdp-tp")
     (line,) = [x for x in lines if x.startswith("How close plans like it have come")]
     assert line == accuracy_line(plans[0].layout, q.topology, q.gpu)
-    assert TP_INSIDE in line and "on 2-8 nodes" in line and "Hopper (H100, H200)" in line
+    assert f"{TP_INSIDE} on 2-8 nodes" in line and "Hopper (H100, H200)" in line
 
 
 @pytest.mark.parametrize("card", ["GB200", "MI300X", "V100-16"])
