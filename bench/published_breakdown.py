@@ -127,12 +127,14 @@ def _figures(outcomes: list) -> dict[str, float] | None:
 
 def accuracy_figures(outcomes: list) -> dict[str, dict]:
     """The planned runs' median |error| and median predicted / published of tokens/s per GPU by layout
-    kind, scale and card family (the report's "Accuracy at a glance"), and by kind within each scale:
-    what a recommendation quotes (harness/plan/published_accuracy.py)."""
+    kind, by kind within each scale and by card family (the report's "Accuracy at a glance"): what a
+    recommendation quotes (harness/plan/published_accuracy.py)."""
     kinds = by_kind(outcomes)
-    groups = {"kinds": kinds, "scales": by_scale(outcomes), "families": by_family(outcomes)}
-    joint = {kind: figures_of(by_scale(rows)) for kind, rows in kinds.items()}
-    return {name: figures_of(buckets) for name, buckets in groups.items()} | {"kinds_by_scale": joint}
+    return {
+        "kinds": figures_of(kinds),
+        "kinds_by_scale": {kind: figures_of(by_scale(rows)) for kind, rows in kinds.items()},
+        "families": figures_of(by_family(outcomes)),
+    }
 
 
 def figures_of(buckets: dict[str, list]) -> dict[str, dict]:

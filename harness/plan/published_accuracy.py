@@ -2,8 +2,8 @@
 
 `bench/plan_vs_published.py` plans every published run of bench/data as a new user would ask for
 it and writes, beside its report (bench/results/plan_vs_published.md, "Accuracy at a glance"),
-the median error of tokens/s per GPU in each layout kind, scale and card family, and in each kind at
-each scale, to published_accuracy.json. A recommendation quotes the buckets its layout falls in, so a plan of a
+the median error of tokens/s per GPU in each layout kind, in each kind at each scale and in each
+card family to published_accuracy.json. A recommendation quotes the buckets its layout falls in, so a plan of a
 kind the plan has priced far from published runs (tensor parallelism across nodes) says so beside
 its figures, and one of a kind it prices well says that too. The Ultra-Scale Playbook's sweep (one
 team's 1,738 runs on one EFA cluster, which the report holds apart) is quoted beside them by kind:
@@ -93,10 +93,10 @@ def card_family(spec: GPUSpec) -> str:
 
 @cache
 def published_figures() -> dict:
-    """The figures bench/plan_vs_published.py last wrote: {"kinds"|"scales"|"families": {bucket:
-    {"runs", "median_abs_error", "median_ratio"}}, "kinds_by_scale": {kind: {scale: ...}}, "sweep":
-    {"what", "kinds"}}: the last the sweep one team ran on one cluster, which the report holds apart
-    from the goals' buckets."""
+    """The figures bench/plan_vs_published.py last wrote: {"kinds"|"families": {bucket: {"runs",
+    "median_abs_error", "median_ratio"}}, "kinds_by_scale": {kind: {scale: ...}}, "sweep": {"what",
+    "kinds"}}: the last the sweep one team ran on one cluster, which the report holds apart from the
+    goals' buckets."""
     return json.loads(ACCURACY_FILE.read_text())
 
 
