@@ -1122,28 +1122,25 @@ def sweep_on_its_measured_network(rows: list[dict[str, str]]) -> list[Outcome]:
     return plan_rows([{**row, "network": SWEEP_MEASURED_NETWORK} for row in rows])
 
 
-def _sweep_kind(row: dict[str, str]) -> str:
-    """A sweep run's layout by what crosses its nodes: its pipeline, else its tensor parallelism
-    beyond a node, else data parallelism beside tensor parallelism inside one."""
-    return leading_kind(kinds_of(row))
+def _by_sweep_kind(outcomes: list[Outcome]) -> dict[str, list[Outcome]]:
+    """The sweep's runs by what crosses their nodes, each once: its pipeline, else its tensor
+    parallelism beyond a node, else data parallelism beside tensor parallelism inside one."""
+    kinds: dict[str, list[Outcome]] = {}
+    for o in outcomes:
+        kinds.setdefault(leading_kind(kinds_of(o.row)), []).append(o)
+    return kinds
 
 
 def sweep_kind_figures(outcomes: list[Outcome]) -> dict[str, dict]:
-    """The sweep's figures by _sweep_kind: what a recommendation quotes beside the goals' buckets."""
-    kinds: dict[str, list[Outcome]] = {}
-    for o in outcomes:
-        kinds.setdefault(_sweep_kind(o.row), []).append(o)
-    return figures_of(kinds)
+    """The sweep's figures by kind: what a recommendation quotes beside the goals' buckets."""
+    return figures_of(_by_sweep_kind(outcomes))
 
 
 def _kinds_on_both(planned: list[Outcome], on_measured: list[Outcome]) -> list[str]:
     """Each layout kind's error on the p5 network the runs state and on the cluster's measured one."""
 
     def by_kind(outcomes: list[Outcome]) -> dict[str, list[float]]:
-        kinds: dict[str, list[float]] = {}
-        for o in outcomes:
-            kinds.setdefault(_sweep_kind(o.row), []).append(o.error)
-        return kinds
+        return {kind: [o.error for o in rows] for kind, rows in _by_sweep_kind(outcomes).items()}
 
     stated, measured = by_kind(planned), by_kind(on_measured)
     lines = [
