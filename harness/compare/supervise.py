@@ -111,7 +111,7 @@ def run_job(
                 if on_poll is not None:
                     on_poll()
                 watch.poll()
-                time.sleep(poll_interval_s)
+                _wait_for_exit(proc.pid, poll_interval_s)
         except KeyboardInterrupt:
             stopped_for = "interrupted"
         finally:
@@ -142,6 +142,18 @@ def _stopped_with(supervisor: int) -> Callable[[], None] | None:
             os._exit(128 + signal.SIGTERM)
 
     return set_parent_death_signal
+
+
+# How soon a job's end is seen: the leader's exit is checked this often between the polls
+# (a waitid each, no /proc walk), so a short run does not wait out a whole poll interval.
+EXIT_CHECK_S = 0.02
+
+
+def _wait_for_exit(pid: int, seconds: float) -> None:
+    """Return when the leader `pid` has exited or `seconds` have passed."""
+    deadline = time.monotonic() + seconds
+    while not _exited(pid) and time.monotonic() < deadline:
+        time.sleep(EXIT_CHECK_S)
 
 
 def _exited(pid: int) -> bool:
