@@ -20,7 +20,7 @@ _EXPORTS = {
     "adopt_file_settings": "file_settings",
     "built": "loop",
     "library_versions": "loop",
-    "UNIT_ROUNDOFF": "noise",
+    "UNIT_ROUNDOFF": "roundoff",
     "MLFLOW_DB": "trackers",
 }
 __all__ = sorted(_EXPORTS)

@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import torch
 
+from harness.train.roundoff import UNIT_ROUNDOFF
 from strategies.base import compute_precision
 from strategies.memory import local_tensor
-
-# Unit roundoff (half the spacing of numbers near 1) of each precision's significand.
-UNIT_ROUNDOFF = {"fp32": 2.0**-24, "bf16": 2.0**-8, "fp16": 2.0**-11}
 
 
 class RoundingNoise:
