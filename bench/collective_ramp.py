@@ -27,16 +27,18 @@ sys.path.insert(0, str(ROOT))
 from bench.nccl_vs_published import SWEEPS, Row, read_rows  # noqa: E402
 from harness.common.hardware import gpu_spec  # noqa: E402
 from harness.plan.network.collective_ramp import NVLS, TABLE  # noqa: E402
-from harness.plan.network.fabric import parse_fabric  # noqa: E402
+from harness.plan.network.fabric import NVLS_EFFICIENCY, parse_fabric  # noqa: E402
 
 
 def _read(row: Row) -> bool:
-    """An all-reduce's bus bandwidth across nodes, or inside one NVSwitch node (NVLS); one node of
-    another card (RCCL's Infinity Fabric mesh) has no NVLS to measure."""
+    """An all-reduce's bus bandwidth across nodes, or inside one NVSwitch node that has NVLS (Hopper
+    on); one node of another card (an A100's NVSwitch without SHARP, RCCL's Infinity Fabric mesh)
+    has no NVLS to measure."""
     if row.collective != "all-reduce" or not row.busbw_gbs:
         return False
     spec = gpu_spec(row.gpu)
-    return row.nodes > 1 or (spec is not None and spec.scale_up == "nvswitch")
+    nvls = spec is not None and spec.scale_up == "nvswitch" and spec.generation in NVLS_EFFICIENCY
+    return row.nodes > 1 or nvls
 
 
 def _sweeps(rows: list[Row]) -> dict[tuple[str, int], list[Row]]:
