@@ -14,7 +14,15 @@ from typing import Any
 
 from bench.layout_kinds import degrees, kinds_of, scale_of
 from harness.common.hardware import gpu_spec
-from harness.plan.published_accuracy import KINDS, NEW_FAMILIES, SCALES, card_family
+from harness.plan.published_accuracy import (
+    KINDS,
+    NEW_FAMILIES,
+    SCALES,
+    WORK_BUCKETS,
+    card_family,
+    work_bucket_of,
+    work_per_op,
+)
 
 WITHIN = 0.15
 
@@ -71,21 +79,11 @@ def by_scale(outcomes: list) -> dict[str, list]:
     return {scale: [o for o in outcomes if scale_of(o.row) == scale] for scale in SCALES}
 
 
-# Elements one GPU moves per layer op, micro-batch x sequence x width / tp: what a fixed cost per
-# kernel or collective is measured against (small w: the host, latencies; large w: rates).
-WORK_BUCKETS = ((0, 20, "w < 2^20"), (20, 22, "2^20 <= w < 2^22"), (22, 24, "2^22 <= w < 2^24"), (24, 99, "w >= 2^24"))
-
-
-def work_per_op(row: dict[str, str]) -> float:
-    """A row's micro-batch x sequence x width / tp."""
-    tp = degrees(row["sharding"]).tp
-    return int(row["micro_batch"]) * int(row["seq_len"]) * int(row["d_model"]) / tp
-
-
 def work_bucket(row: dict[str, str]) -> str:
-    """The WORK_BUCKETS name of a row's work per GPU per layer op."""
-    w = work_per_op(row)
-    return next(name for low, high, name in WORK_BUCKETS if 2**low <= w < 2**high)
+    """The WORK_BUCKETS name of a row's work per GPU per layer op (micro-batch x sequence x width / tp:
+    what a fixed cost per kernel or collective is measured against)."""
+    tp = degrees(row["sharding"]).tp
+    return work_bucket_of(work_per_op(int(row["micro_batch"]), int(row["seq_len"]), int(row["d_model"]), tp))
 
 
 def by_work(outcomes: list) -> dict[str, list]:
@@ -127,12 +125,13 @@ def _figures(outcomes: list) -> dict[str, float] | None:
 
 def accuracy_figures(outcomes: list) -> dict[str, dict]:
     """The planned runs' median |error| and median predicted / published of tokens/s per GPU by layout
-    kind, by kind within each scale and by card family (the report's "Accuracy at a glance"): what a
-    recommendation quotes (harness/plan/published_accuracy.py)."""
+    kind, by kind within each scale, by work per GPU per layer op and by card family (the report's
+    "Accuracy at a glance"): what a recommendation quotes (harness/plan/published_accuracy.py)."""
     kinds = by_kind(outcomes)
     return {
         "kinds": figures_of(kinds),
         "kinds_by_scale": {kind: figures_of(by_scale(rows)) for kind, rows in kinds.items()},
+        "work": figures_of(by_work(outcomes)),
         "families": figures_of(by_family(outcomes)),
     }
 

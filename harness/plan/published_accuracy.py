@@ -12,11 +12,17 @@ its pipelines and tensor parallelism across nodes ran 2-4x slower than planned.
 The kinds overlap, as the report's do: Megatron-LM's `tp=4 pp=4 cp=2` counts under tensor
 parallelism inside a node, under pipelines and under context parallelism. A node is the NVLink
 domain where the card's spans several hosts (a GB200 NVL72 rack of 4-GPU trays).
+
+Beside the kind, the plan's work per GPU per layer op (w = micro-batch x sequence x width / tp, the
+elements one GPU's layer op moves) is quoted: what a fixed cost per kernel or collective is measured
+against, so a small model or a narrow shard (small w, where the host's issue and the collectives'
+latency bind) is planned worse than a large one of the same kind, and says so.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +30,7 @@ from typing import TYPE_CHECKING
 from harness.common.hardware import GPUSpec, gpu_spec
 
 if TYPE_CHECKING:
+    from harness.plan.model.model_shape import TransformerDims
     from harness.plan.network.fabric import Topology
     from harness.plan.parallel.layout import Layout
 
@@ -34,6 +41,8 @@ PIPELINE = "PP"
 CONTEXT = "CP"
 KINDS = (DATA_PARALLEL, TP_INSIDE, TP_ACROSS, PIPELINE, CONTEXT)
 SCALES = ("one node", "2-8 nodes", "9-64 nodes", "more than 64 nodes")
+# Work per GPU per layer op: (low, high) powers of two and the bucket's name, as the report names them.
+WORK_BUCKETS = ((0, 20, "w < 2^20"), (20, 22, "2^20 <= w < 2^22"), (22, 24, "2^22 <= w < 2^24"), (24, 99, "w >= 2^24"))
 ACCURACY_FILE = Path(__file__).with_name("published_accuracy.json")
 FEW_RUNS = 20  # a bucket of fewer published runs is named as few: its median moves with one run
 
@@ -55,6 +64,21 @@ def leading_kind(kinds: tuple[str, ...]) -> str:
     """The one kind a layout is filed under where each run counts once (the sweep's table): its
     pipeline, else its tensor parallelism across nodes, else inside one, else its first."""
     return next((kind for kind in (PIPELINE, TP_ACROSS, TP_INSIDE) if kind in kinds), kinds[0])
+
+
+def work_bucket_of(work: float) -> str:
+    """The WORK_BUCKETS name of `work` elements a GPU per layer op."""
+    return next(name for _, high, name in WORK_BUCKETS if work < 2**high)
+
+
+def work_per_op(micro_batch: int, seq_len: int, width: int, tp: int) -> float:
+    """Elements one GPU's layer op moves: micro-batch x sequence x width / tp."""
+    return micro_batch * seq_len * width / tp
+
+
+def plan_work(micro_batch: int, seq_len: int, dims: TransformerDims | None, tp: int) -> float | None:
+    """A plan's work per GPU per layer op; None for a model without transformer sizes."""
+    return None if dims is None else work_per_op(micro_batch, seq_len, dims.width, tp)
 
 
 def scale_of_nodes(nodes: int) -> str:
@@ -93,7 +117,7 @@ def card_family(spec: GPUSpec) -> str:
 
 @cache
 def published_figures() -> dict:
-    """The figures bench/plan_vs_published.py last wrote: {"kinds"|"families": {bucket: {"runs",
+    """The figures bench/plan_vs_published.py last wrote: {"kinds"|"families"|"work": {bucket: {"runs",
     "median_abs_error", "median_ratio"}}, "kinds_by_scale": {kind: {scale: ...}}, "sweep": {"what",
     "kinds"}}: the last the sweep one team ran on one cluster, which the report holds apart from the
     goals' buckets."""
@@ -117,10 +141,11 @@ def _bucket(name: str, figures: dict) -> str:
     return f"{name} {_error(figures)}"
 
 
-def accuracy_line(layout: Layout, topology: Topology, gpu: GPUSpec | None) -> str:
+def accuracy_line(layout: Layout, topology: Topology, gpu: GPUSpec | None, work: float | None = None) -> str:
     """One line: the plan's median error of tokens/s per GPU on published runs of each of the layout's
     kinds at its scale (a kind and a scale apart would hide a bucket of few runs: data parallelism
-    past 64 nodes), then on its card's family (a card given by its figures alone has none)."""
+    past 64 nodes), then at its `work` per GPU per layer op (work_per_op; None: a model without
+    transformer sizes), then on its card's family (a card given by its figures alone has none)."""
     figures = published_figures()
     kinds = layout_kinds(layout.tp, layout.pp, layout.cp, topology.per_domain)
     scale = scale_of_nodes(topology.nodes)
@@ -131,6 +156,13 @@ def accuracy_line(layout: Layout, topology: Topology, gpu: GPUSpec | None) -> st
             described.append(_bucket(f"{kind} on {scale}", joint))
         elif kind in figures["kinds"]:
             described.append(f"{kind}, none published on {scale}: on any scale {_error(figures['kinds'][kind])}")
+    if work is not None and work > 0:
+        bucket = work_bucket_of(work)
+        if bucket in figures.get("work", {}):
+            at = (
+                f"at its work per GPU per layer op, {bucket} (micro-batch x seq x width / tp = 2^{math.log2(work):.1f})"
+            )
+            described.append(_bucket(at, figures["work"][bucket]))
     if gpu is not None and gpu_spec(gpu.name) is not None:
         family = card_family(gpu)
         if family in figures["families"]:

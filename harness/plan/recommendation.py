@@ -12,7 +12,7 @@ from harness.plan.network.fabric import Topology
 from harness.plan.parallel.backends import counterpart, model_of
 from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.predict import Question, StrategyPlan, plan_strategy
-from harness.plan.published_accuracy import accuracy_line
+from harness.plan.published_accuracy import accuracy_line, plan_work
 from harness.plan.what_if import fewest_gpus
 
 MAX_GPUS = 1024
@@ -421,10 +421,11 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     )
     largest = fitting_micro_batch(best, q)
     room = "" if largest is None else f"; micro-batches up to {micro_batch_limit(largest)} fit"
+    work = plan_work(best.micro_batch, q.seq_len, q.shape.dims, best.layout.tp)
     lines = [
         f"Use {best.name}: {lead}, {_gib(best.peak_bytes)} per GPU{speed}{unknown}{room}; {_why_best(best, plans, q)}.",
         *domain_lines(best.layout, q.topology),
-        *([accuracy_line(best.layout, q.topology, q.gpu)] if best.time else []),
+        *([accuracy_line(best.layout, q.topology, q.gpu, work)] if best.time else []),
         *_numerics(best, q),
     ]
     runner_up = ranked[1] if len(ranked) > 1 else None

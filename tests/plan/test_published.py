@@ -97,7 +97,7 @@ def test_the_report_states_the_figures_and_the_bias_by_gpu_nodes_and_sequence(tm
     shipped, now = published_accuracy.published_figures(), json.loads(quoted.read_text())
     assert now["sweep"]["kinds"]["TP across nodes"]["runs"] > 100
     assert set(shipped) == set(now)
-    groups = [(g, now[g], shipped[g]) for g in ("kinds", "families")]
+    groups = [(g, now[g], shipped[g]) for g in ("kinds", "work", "families")]
     groups += [(f"{kind} by scale", now["kinds_by_scale"][kind], shipped["kinds_by_scale"][kind]) for kind in KINDS]
     groups.append(("sweep", now["sweep"]["kinds"], shipped["sweep"]["kinds"]))
     for group, buckets, shipped_buckets in groups:

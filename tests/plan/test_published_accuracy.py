@@ -21,9 +21,12 @@ from harness.plan.published_accuracy import (
     SCALES,
     TP_ACROSS,
     TP_INSIDE,
+    WORK_BUCKETS,
     accuracy_line,
     layout_kinds,
+    plan_work,
     scale_of_nodes,
+    work_bucket_of,
 )
 from harness.plan.recommendation import recommend
 
@@ -48,6 +51,7 @@ FIGURES = {
         },
         TP_ACROSS: {SCALES[1]: {"runs": 8, "median_abs_error": 0.215, "median_ratio": 1.215}},
     },
+    "work": {"w < 2^20": {"runs": 293, "median_abs_error": 1.109, "median_ratio": 2.109}},
     "families": {"Hopper (H100, H200)": {"runs": 433, "median_abs_error": 0.071, "median_ratio": 1.003}},
     "sweep": {
         "what": "one team's sweep",
@@ -76,10 +80,27 @@ def test_the_line_quotes_each_kind_at_the_layouts_scale_its_card_and_the_sweep(m
     assert "data parallel only on 2-8 nodes 6.8% (120 runs" in plain and "Hopper" not in plain and "sweep" not in plain
 
 
+def test_a_small_model_quotes_its_work_per_gpu_per_layer_op(monkeypatch):
+    monkeypatch.setattr(published_accuracy, "published_figures", lambda: FIGURES)
+    one_node = SimpleNamespace(per_domain=8, nodes=1)
+    # GPT-2 124M at micro-batch 1 of 1,024 tokens, tp 1: 2^19.6 elements a layer op, the bucket planned 2.1x fast.
+    small = accuracy_line(SimpleNamespace(tp=1, pp=1, cp=1), one_node, GPUS["H100"], 1 * 1024 * 768)
+    assert "at its work per GPU per layer op, w < 2^20 (micro-batch x seq x width / tp = 2^19.6) 110.9%" in small
+    assert "(293 runs, 2.1x fast at the median)" in small
+    # A bucket the figures lack, and a model without transformer sizes, quote no work.
+    large = accuracy_line(SimpleNamespace(tp=1, pp=1, cp=1), one_node, GPUS["H100"], 2.0**25)
+    assert "work per GPU" not in large and "work per GPU" not in accuracy_line(
+        SimpleNamespace(tp=1, pp=1, cp=1), one_node, GPUS["H100"], None
+    )
+    assert [work_bucket_of(w) for w in (1.0, 2.0**20, 2.0**23, 2.0**24)] == [b[2] for b in WORK_BUCKETS]
+    assert plan_work(2, 4096, SimpleNamespace(width=4096), 8) == 2**22 and plan_work(2, 4096, None, 8) is None
+
+
 def test_the_shipped_figures_cover_every_kind_and_scale():
     figures = published_accuracy.published_figures()
     assert set(figures["kinds"]) == set(figures["kinds_by_scale"]) == set(KINDS)
     assert set(figures["kinds_by_scale"][DATA_PARALLEL]) == set(SCALES)
+    assert set(figures["work"]) == {name for _, _, name in WORK_BUCKETS}
     assert all(0 <= f["median_abs_error"] < 1 and f["runs"] > 0 for f in figures["kinds"].values())
 
 
@@ -89,8 +110,9 @@ def test_the_recommendation_says_it_under_its_first_line():
     lines = recommend(plans, q).lines
     assert lines[0].startswith("Use fsdp-tp")
     (line,) = [x for x in lines if x.startswith("How close plans like it have come")]
-    assert line == accuracy_line(plans[0].layout, q.topology, q.gpu)
-    assert f"{TP_INSIDE} on 2-8 nodes" in line and "Hopper (H100, H200)" in line
+    work = plan_work(plans[0].micro_batch, q.seq_len, q.shape.dims, plans[0].layout.tp)
+    assert line == accuracy_line(plans[0].layout, q.topology, q.gpu, work)
+    assert f"{TP_INSIDE} on 2-8 nodes" in line and "Hopper (H100, H200)" in line and "work per GPU" in line
 
 
 @pytest.mark.parametrize("card", ["GB200", "MI300X", "V100-16"])

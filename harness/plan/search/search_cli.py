@@ -29,7 +29,7 @@ from harness.plan.plan_options import (
     with_seq_len,
 )
 from harness.plan.predict import Question
-from harness.plan.published_accuracy import accuracy_line
+from harness.plan.published_accuracy import accuracy_line, plan_work
 from harness.plan.recommendation import CHECKPOINTING_ORDER, domain_lines
 from harness.plan.search.layout_search import (
     TOP,
@@ -210,7 +210,12 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
         f"Use {best.describe()}: {best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {best.mfu:.0%} MFU, "
         f"{gib(best.peak_bytes)} peak per GPU.",
         *domain_lines(best.plan.layout, q.topology),
-        accuracy_line(best.plan.layout, q.topology, q.gpu),
+        accuracy_line(
+            best.plan.layout,
+            q.topology,
+            q.gpu,
+            plan_work(best.micro_batch, q.seq_len, q.shape.dims, best.plan.layout.tp),
+        ),
         *_numerics(best),
     ]
     lines += [
@@ -279,7 +284,14 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
         if across is None
         else across.as_dict() | {"against_first": why_slower(across, best, scale).describe()},
         "nothing_fits": nothing_fits(result) if best is None and result.too_large else None,
-        "published_accuracy": None if best is None else accuracy_line(best.plan.layout, q.topology, q.gpu),
+        "published_accuracy": None
+        if best is None
+        else accuracy_line(
+            best.plan.layout,
+            q.topology,
+            q.gpu,
+            plan_work(best.micro_batch, q.seq_len, q.shape.dims, best.plan.layout.tp),
+        ),
     }
 
 
