@@ -23,6 +23,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import TypeVar
 
 from harness.plan.memory.recipe import PLAIN, Recipe, moment_bytes
@@ -69,7 +70,7 @@ def tp_slice(t: ParamTensor, tp: int) -> ParamTensor:
     every GPU holds whole, ParamTensor.tp_whole) whole."""
     if tp <= 1 or len(t.shape) < 2 or t.tp_whole:
         return t
-    return ParamTensor((max(1, t.shape[0] // tp), *t.shape[1:]), t.block)
+    return replace(t, shape=(max(1, t.shape[0] // tp), *t.shape[1:]))
 
 
 def _per_model(fn: Callable[..., T]) -> Callable[..., T]:

@@ -61,6 +61,13 @@ def _dims_of(model: nn.Module, blocks: Blocks) -> TransformerDims | None:
     return None
 
 
+def _projection(module: nn.Module) -> bool:
+    """A module of a matrix weight and a bias (nn.Linear, GPT-2's Conv1D): a projection whose bias's
+    gradient is a reduction of its own, where a norm's weight and bias are vectors."""
+    weight, bias = getattr(module, "weight", None), getattr(module, "bias", None)
+    return isinstance(weight, nn.Parameter) and weight.dim() == 2 and isinstance(bias, nn.Parameter)
+
+
 def shape_of_module(name: str, model: nn.Module, block_names: list[str] | None = None) -> ModelShape:
     """The shape of a built model (any device, meta included); `block_names` as model_blocks=."""
     blocks = find_blocks(model, block_names)
@@ -69,7 +76,10 @@ def shape_of_module(name: str, model: nn.Module, block_names: list[str] | None =
         for p in block.parameters():
             block_of.setdefault(id(p), index)
     unique = {id(p): p for p in model.parameters()}
-    tensors = tuple(ParamTensor(tuple(p.shape), block_of.get(key)) for key, p in unique.items())
+    biases = {id(m.bias) for m in model.modules() if _projection(m)}
+    tensors = tuple(
+        ParamTensor(tuple(p.shape), block_of.get(key), projection_bias=key in biases) for key, p in unique.items()
+    )
     total = sum(t.numel for t in tensors)
     flops_params = int(model.num_params()) if hasattr(model, "num_params") else total
     dims = _dims_of(model, blocks)

@@ -41,6 +41,8 @@ class ParamTensor:
     shape: tuple[int, ...]
     block: int | None  # index of the block holding it (models/blocks.py); None: the root (embeddings, final norm, head)
     tp_whole: bool = False  # a matrix tensor parallel leaves whole on every GPU (latent attention's down-projections)
+    # A linear layer's bias (not a norm's): autograd reduces its gradient over the tokens in a kernel of its own.
+    projection_bias: bool = False
 
     @property
     def numel(self) -> int:
@@ -164,7 +166,13 @@ def _shape(
     names the learned position embedding (no matmul flops, one row a position) and the model_kwargs
     key that sizes it, `tied_head` a head that shares the embedding (one tensor, but a module of its
     own that holds it)."""
-    tensors = tuple(ParamTensor(shape, block) for _, shape, block in named)
+    matrices = {
+        n.removesuffix(".weight") for n, shape, _ in named if len(shape) == 2
+    }  # a module's or its weight's name
+    tensors = tuple(
+        ParamTensor(shape, block, projection_bias=n.endswith(".bias") and n.removesuffix(".bias") in matrices)
+        for n, shape, block in named
+    )
     total = sum(t.numel for t in tensors)
     table, key = positions or (None, None)
     rows = [shape for n, shape, _ in named if n == table]

@@ -454,6 +454,10 @@ REPEAT_KV_KERNELS = (2, 2)  # keys and values expanded to every head (a copy), t
 HEAD_LAYOUT_KERNELS = (1, 1)  # attention's output made contiguous across heads
 CAST_KERNELS = 1  # autocast: a weight's bf16 copy per forward, its gradient's fp32 add per backward
 ACCUMULATE_KERNELS = 1  # backward: each parameter's gradient added into .grad (or its bucket)
+# backward: a projection's bias gradient, the output's gradient summed over the tokens (autograd's
+# addmm and linear backward: a reduction of its own beside the two matmuls; torch's profiler shows
+# the aten::sum on a CPU, tests/plan/speed/test_host_issue.py)
+BIAS_GRAD_KERNELS = 1
 # Outside the blocks, eager: the embedding (its gather; backward its scatter-add), the final norm, the
 # head's matmuls, the loss (fp32 copy, log-softmax, gather; backward the softmax's gradient, the cast)
 ROOT_KERNELS = (6, 8)
@@ -471,14 +475,17 @@ def block_kernels(
     autocast: bool,
     attention: str,
     params: int,
+    biased: int = 0,
     fused_norm: bool = False,
     complex_rope: bool = False,
 ) -> Kernels:
-    """Kernels one block of `params` parameter tensors launches, forward and backward (what
-    checkpointing runs again is the caller's): the same on every GPU of a tensor-parallel group."""
+    """Kernels one block of `params` parameter tensors, `biased` of them projections' biases, launches,
+    forward and backward (what checkpointing runs again is the caller's): the same on every GPU of a
+    tensor-parallel group."""
     projections = len(block_projections(dims, 1))
     attention_k = MATH_ATTENTION_KERNELS if attention in UNFUSED else FUSED_ATTENTION_KERNELS
-    forward, backward = projections + attention_k[0], 2 * projections + attention_k[1] + ACCUMULATE_KERNELS * params
+    forward = projections + attention_k[0]
+    backward = 2 * projections + attention_k[1] + ACCUMULATE_KERNELS * params + BIAS_GRAD_KERNELS * biased
     if compiled:
         chains = COMPILED_CHAINS
         if complex_rope and dims.rotary:  # Inductor leaves complex operators eager
@@ -517,9 +524,11 @@ def micro_step_kernels(
         tensors = len(shape.tensors or ())
         return Kernels(tensors + ROOT_KERNELS[0], 2 * tensors + ROOT_KERNELS[1])
     params = sum(1 for t in shape.tensors or () if t.block == 0) or len(block_projections(shape.dims, 1))
+    biased = sum(1 for t in shape.tensors or () if t.block == 0 and t.projection_bias)
     block = block_kernels(
         shape.dims,
         params=params,
+        biased=biased,
         compiled=compiled,
         autocast=autocast,
         attention=attention,

@@ -4,14 +4,16 @@ compiling lowers it."""
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import replace
 
 import pytest
+import torch
 
-from harness.plan.model.model_shape import shape_of_spec
+from harness.plan.model.model_shape import shape_of_description, shape_of_spec
 from harness.plan.plan_cli import PlanConfig, question
 from harness.plan.predict import plan_backend, plan_strategy
-from harness.plan.speed.compute import ROOT_KERNELS, micro_step_kernels
+from harness.plan.speed.compute import ACCUMULATE_KERNELS, BIAS_GRAD_KERNELS, ROOT_KERNELS, micro_step_kernels
 from harness.plan.speed.host_issue import (
     GRACE_HOST_SLOWDOWN,
     HOST_S_PER_COLLECTIVE,
@@ -78,6 +80,25 @@ def test_checkpointing_issues_the_forward_again():
     shape = shape_of_spec("llama3.1-8b")
     none, full, selective = (micro_step_kernels(shape, mode) for mode in ("none", "full", "selective"))
     assert none.again == 0 and full.again == none.forward - ROOT_KERNELS[0] and 0 < selective.again < full.again
+
+
+def test_each_projections_bias_adds_the_reduction_torch_runs_for_its_gradient():
+    # What torch itself runs: a biased linear layer's backward is its two matmuls and one sum more.
+    counts = {}
+    for bias in (True, False):
+        layer, x = torch.nn.Linear(16, 8, bias=bias), torch.randn(2, 4, 16, requires_grad=True)
+        out = layer(x)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            out.backward(torch.ones_like(out))
+        counts[bias] = Counter(e.name for e in prof.events() if e.name in ("aten::mm", "aten::sum"))
+    assert counts[False] == {"aten::mm": 2} and counts[True] == {"aten::mm": 2, "aten::sum": 1}
+    # The plan counts one such kernel for each of a GPT block's four biased projections, not for its norms.
+    description = dict(params=None, layers=2, width=64, heads=4, vocab=128, seq_len=32)
+    plain, biased = (shape_of_description(**description, biases=b) for b in (False, True))
+    assert sum(t.projection_bias for t in biased.tensors if t.block == 0) == 4
+    added = micro_step_kernels(biased, "none").backward - micro_step_kernels(plain, "none").backward
+    norm_biases = 2  # each accumulated into .grad as every parameter is
+    assert added == 2 * (4 * (BIAS_GRAD_KERNELS + ACCUMULATE_KERNELS) + norm_biases * ACCUMULATE_KERNELS)
 
 
 def test_fused_kernels_issued_from_python_pay_eagers_rate():
