@@ -42,6 +42,7 @@ from harness.plan.parallel.planned_options import check_priced, options_of
 from harness.plan.speed.alibi_scores import ALIBI, ALIBI_SCORE_BYTES
 from harness.plan.speed.attention import UNFUSED
 from harness.plan.speed.compute import (
+    Kernels,
     Regime,
     block_projections,
     compute_work,
@@ -62,7 +63,12 @@ from harness.plan.speed.host_issue import (
     host_rates,
 )
 from harness.plan.speed.kernel_table import kernel_table
-from harness.plan.speed.masked_softmax import FUSED_SOFTMAX, SWAPPED_SOFTMAX_CHECK, fused_softmax_bytes
+from harness.plan.speed.masked_softmax import (
+    FUSED_SOFTMAX,
+    SWAPPED_SOFTMAX_CHECK,
+    fused_softmax_bytes,
+    fused_softmax_kernels,
+)
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE, with_nanotron_step
 from harness.plan.speed.score_traffic import with_score_traffic
 from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
@@ -622,6 +628,7 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     )
     if q.shape.dims is not None:
         kernels += dropout_kernels(q.shape.dims, _dropout(backend, q), q.attention, q.checkpointing)
+        kernels += _softmax_fallback_kernels(backend, q, layout.tp)
     grouped = _megatron_moe_layer(backend)  # grouped matmuls, not a Python loop
     kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing)
     table = kernel_table(q.gpu) if q.gpu is not None else None
@@ -634,6 +641,18 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     return host_issue(
         kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped), blocking
     )
+
+
+def _softmax_fallback_kernels(backend: Backend, q: Question, tp: int) -> Kernels:
+    """The kernels Megatron's softmax launches op by op where its fused kernel is refused
+    (masked_softmax.py), in every layer's forward, backward and, under full checkpointing, its
+    recomputed forward."""
+    if q.attention != FUSED_SOFTMAX or q.shape.dims is None:
+        return Kernels()
+    swapped = bool(backend.options.get(SWAPPED_SOFTMAX_CHECK))
+    forward, backward = fused_softmax_kernels(q.micro_batch, q.shape.dims.heads // tp, q.seq_len, swapped)
+    layers = q.shape.dims.layers
+    return Kernels(forward * layers, backward * layers, forward * layers if q.checkpointing == "full" else 0)
 
 
 def _unfused_score_bytes(backend: Backend, q: Question, tp: int) -> tuple[float, float]:

@@ -21,7 +21,8 @@ Megatron-DeepSpeed and Megatron-LM of 2021). The batches a block are those of a 
 softmax runs op by op in fp32 (`forward_torch_softmax`): the fp16 scores cast to fp32, multiplied by
 the layer's scale (`apply_query_key_layer_scaling`, on by default), masked in place
 (`attention_mask_func`'s `masked_fill_`), the softmax, the cast back: 36 bytes a score element
-forward (2 + 4, 4 + 4, 4 + 4, 4 + 4, 4 + 2) and 40 in autograd's backward of the same five ops.
+forward (2 + 4, 4 + 4, 4 + 4, 4 + 4, 4 + 2) and 40 in autograd's backward of the same five ops, five
+kernels each way where the fused kernel is one (the host issues four more each way).
 
 Megatron-DeepSpeed from 9f5f5d4c (2021-10-21) to 1cb76a64 (2022-03-06), BigScience's runs of those
 months among them (a published row's `swapped_softmax_check`), asks for the batches a block in
@@ -78,6 +79,17 @@ def fused_softmax_runs(micro_batch: int, heads: int, seq_len: int, swapped: bool
     if not (MIN_FUSED_LENGTH < seq_len <= limit and seq_len % 4 == 0 and batches % BATCHES_MULTIPLE == 0):
         return False
     return batches % batches_per_block(heads if swapped else seq_len) == 0
+
+
+# The op-by-op softmax's kernels beyond the fused kernel's one, forward and backward: the five ops
+# above (the cast up, the scale, the mask, the softmax, the cast back) and their five backwards.
+FALLBACK_EXTRA_KERNELS = (4, 4)
+
+
+def fused_softmax_kernels(micro_batch: int, heads: int, seq_len: int, swapped: bool = False) -> tuple[int, int]:
+    """(forward, backward) kernels a layer's FusedScaleMaskSoftmax launches beyond its fused kernel's
+    one: none where `is_kernel_available` takes it, FALLBACK_EXTRA_KERNELS where it refuses."""
+    return (0, 0) if fused_softmax_runs(micro_batch, heads, seq_len, swapped) else FALLBACK_EXTRA_KERNELS
 
 
 def fused_softmax_bytes(micro_batch: int, heads: int, seq_len: int, swapped: bool = False) -> tuple[int, int]:

@@ -11,6 +11,7 @@ from harness.plan.speed.compute import memory_bytes_per_s
 from harness.plan.speed.masked_softmax import (
     BENCHMARK_BACKWARD_BYTES,
     BENCHMARK_FORWARD_BYTES,
+    FALLBACK_EXTRA_KERNELS,
     FUSED_FORWARD_BYTES,
     TORCH_BACKWARD_BYTES,
     TORCH_FORWARD_BYTES,
@@ -77,6 +78,22 @@ def test_a_refused_kernel_adds_the_fp32_softmaxs_traffic_to_each_forward_and_the
     )
     assert swapped.attention_s - plain.attention_s == pytest.approx(2 * forward + backward)
     assert swapped.recompute_s - plain.recompute_s == pytest.approx(forward)
+
+
+def test_a_refused_kernel_launches_the_fp32_softmaxs_ops_one_by_one():
+    def host(micro_batch: int, tail: str):
+        return _planned_row(
+            f"megatron tp=2 pp=1 dp=4 ddp {tail}", activation_checkpointing="true", micro_batch=str(micro_batch)
+        )
+
+    q, taken = host(2, "attention=fused_softmax")
+    _, refused = host(2, "attention=fused_softmax swapped_softmax_check")  # 8 a GPU x 2: refused
+    _, plain = host(2, "attention=math")
+    layers = q.shape.dims.layers
+    forward, backward = FALLBACK_EXTRA_KERNELS
+    # Each layer's forward, its recomputation (full checkpointing) and its backward.
+    assert refused.time.host.kernels - taken.time.host.kernels == layers * (2 * forward + backward)
+    assert taken.time.host.kernels == plain.time.host.kernels  # the fused kernel: the math softmax's count
 
 
 def test_past_the_kernels_length_megatron_runs_the_fp32_softmax():
