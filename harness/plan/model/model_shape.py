@@ -166,9 +166,8 @@ def _shape(
     names the learned position embedding (no matmul flops, one row a position) and the model_kwargs
     key that sizes it, `tied_head` a head that shares the embedding (one tensor, but a module of its
     own that holds it)."""
-    matrices = {
-        n.removesuffix(".weight") for n, shape, _ in named if len(shape) == 2
-    }  # a module's or its weight's name
+    # The projections: a matrix named by its module ("q_proj") or its weight ("attn.c_attn.weight").
+    matrices = {n.removesuffix(".weight") for n, shape, _ in named if len(shape) == 2}
     tensors = tuple(
         ParamTensor(shape, block, projection_bias=n.endswith(".bias") and n.removesuffix(".bias") in matrices)
         for n, shape, block in named

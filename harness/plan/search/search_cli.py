@@ -174,6 +174,12 @@ def _numerics(s: Searched) -> list[str]:
     ]
 
 
+def _accuracy(best: Searched, q: Question) -> str:
+    """How close plans like the fastest layout have come to published runs (published_accuracy.py)."""
+    work = plan_work(best.micro_batch, q.seq_len, q.shape.dims, best.plan.layout.tp)
+    return accuracy_line(best.plan.layout, q.topology, q.gpu, work)
+
+
 def text_lines(result: SearchResult, seconds: float) -> list[str]:
     q = result.question
     tokens = result.global_batch * q.seq_len
@@ -210,12 +216,7 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
         f"Use {best.describe()}: {best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {best.mfu:.0%} MFU, "
         f"{gib(best.peak_bytes)} peak per GPU.",
         *domain_lines(best.plan.layout, q.topology),
-        accuracy_line(
-            best.plan.layout,
-            q.topology,
-            q.gpu,
-            plan_work(best.micro_batch, q.seq_len, q.shape.dims, best.plan.layout.tp),
-        ),
+        _accuracy(best, q),
         *_numerics(best),
     ]
     lines += [
@@ -284,14 +285,7 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
         if across is None
         else across.as_dict() | {"against_first": why_slower(across, best, scale).describe()},
         "nothing_fits": nothing_fits(result) if best is None and result.too_large else None,
-        "published_accuracy": None
-        if best is None
-        else accuracy_line(
-            best.plan.layout,
-            q.topology,
-            q.gpu,
-            plan_work(best.micro_batch, q.seq_len, q.shape.dims, best.plan.layout.tp),
-        ),
+        "published_accuracy": None if best is None else _accuracy(best, q),
     }
 
 
