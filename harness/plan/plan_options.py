@@ -67,9 +67,9 @@ class PlanConfig:
     mfu: Optional[float] = None  # set: compute at this fixed MFU instead of the compute model
     # The run.
     # Sequences per data-parallel rank per micro-step (a tensor-parallel group shares one); unset:
-    # batch_size over each layout's ranks, or 1.
+    # batch_size over each layout's ranks (one sequence a GPU where no batch_size is given).
     micro_batch: Optional[int] = None
-    batch_size: Optional[int] = None  # global, in sequences; default micro_batch x data-parallel ranks
+    batch_size: Optional[int] = None  # global, in sequences; default: micro_batch per data-parallel rank, else 1 a GPU
     # search=true: plan every layout (strategy, tp, shard, micro-batch, accumulation, checkpointing)
     # that makes this global batch, in tokens (4194304 or 4M), and rank those that fit (search.py).
     search: bool = False
@@ -375,13 +375,24 @@ def global_batch_of(cfg: PlanConfig) -> int | None:
     return sequences_in(parse_tokens(cfg.global_batch_tokens), cfg.seq_len)
 
 
+def planned_global_batch(cfg: PlanConfig, gpus: int) -> int | None:
+    """The global batch every layout is held to: the one given; with neither it nor a micro-batch
+    given, one sequence a GPU, so that a tensor-parallel group takes its GPUs' share and a pipeline
+    runs its share as micro-batches (the same global batch whatever the strategy); with a micro-batch
+    alone, none: each layout's data-parallel ranks take that micro-batch."""
+    given = global_batch_of(cfg)
+    if given is None and cfg.micro_batch is None:
+        return gpus
+    return given
+
+
 def batching(cfg: PlanConfig, gpus: int) -> tuple[int, int]:
     """(micro-batch, accumulation) the question starts from: as asked, or the global batch over
     the most data-parallel ranks it divides over (every GPU where it can); each layout then splits
     it over its own ranks (predict.batching)."""
-    sequences = global_batch_of(cfg)
+    sequences = planned_global_batch(cfg, gpus)
     if sequences is None:
-        return cfg.micro_batch or 1, 1
+        return cfg.micro_batch, 1
     return widest_split(sequences, gpus, cfg.micro_batch)
 
 
@@ -439,7 +450,7 @@ def question(
         attention=cfg.attention or sdpa_kernel(gpu),
         compiled=cfg.compile,
         strategy_options=dict(cfg.strategy_options),
-        global_batch=global_batch_of(cfg),
+        global_batch=planned_global_batch(cfg, count),
         split_global_batch=cfg.micro_batch is None,
         recipe=recipe,
     )

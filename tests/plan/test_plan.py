@@ -388,7 +388,7 @@ def test_what_would_change_the_answer_names_what_takes_the_step():
     """Where the recommended layout runs far below its compute, the line says which term takes the
     step and what shrinks it: a pipeline starved of micro-batches its bubble, a small model's DDP
     its host, never communication by default."""
-    q, plans = plan(model="llama3.1-405b", gpu="H100", gpus=1024, seq_len=8192, strategies=["zero1-pp"])
+    q, plans = plan(model="llama3.1-405b", gpu="H100", gpus=1024, seq_len=8192, micro_batch=1, strategies=["zero1-pp"])
     line = recommend(list(plans.values()), q).lines[-1]
     assert line.startswith("What would change the answer: the pipeline's bubble is 9") and "pp_size=" in line
     q, plans = plan(model="gpt2-124m", gpu="H100", gpus=64, micro_batch=1, seq_len=1024, strategies=["ddp"])

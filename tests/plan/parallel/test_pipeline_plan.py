@@ -99,10 +99,10 @@ def test_parabench_pipelines_are_held_to_what_their_runtime_runs() -> None:
 
 
 def test_the_default_plan_feeds_a_torch_pipeline_a_micro_batch_a_stage_and_says_so() -> None:
-    """Without a global batch, a pipeline given one sequence a data-parallel rank runs one for each
-    stage (torch's 1F1B refuses fewer), and the plan says its step takes more; with a global batch
-    given, that batch holds."""
-    cfg = PlanConfig(model="llama3.1-70b", gpus=64, seq_len=8192, strategies=["zero1-tp"])
+    """Without a global batch, a pipeline given one sequence a data-parallel rank (micro_batch=1) runs
+    one for each stage (torch's 1F1B refuses fewer), and the plan says its step takes more; with a
+    global batch given, that batch holds."""
+    cfg = PlanConfig(model="llama3.1-70b", gpus=64, seq_len=8192, micro_batch=1, strategies=["zero1-tp"])
     q = question(cfg)
     (plan,), _ = plan_all(["zero1-tp"], q)
     options = plan.backend.options
@@ -115,6 +115,21 @@ def test_the_default_plan_feeds_a_torch_pipeline_a_micro_batch_a_stage_and_says_
     given = question(replace(cfg, batch_size=8, micro_batch=None))  # one sequence for each of 8 data-parallel ranks
     (held,), _ = plan_all(["zero1-tp"], given)
     assert held.layout.pp == 1 or held.backend.options["microbatches"] * held.layout.data_parallel == 8
+
+
+def test_with_no_batch_given_every_layout_takes_one_sequence_a_gpu() -> None:
+    """Neither batch_size= nor micro_batch=: the global batch is one sequence a GPU for every layout, so
+    a tensor-parallel group takes its GPUs' sequences and a pipeline runs its data-parallel rank's share
+    as micro-batches, each step the same tokens whatever the strategy."""
+    q = question(PlanConfig(model="llama3.1-70b", gpus=64, seq_len=8192, activation_checkpointing="full"))
+    assert q.global_batch == 64
+    plans, _ = plan_all(["fsdp", "fsdp-tp", "zero1-tp", "zero1-pp"], q)
+    for plan in plans:
+        sequences = plan.micro_batch * plan.grad_accum * plan.layout.data_parallel
+        assert sequences == 64, plan.name
+        if plan.layout.pp > 1:
+            assert plan.backend.options["microbatches"] * plan.layout.data_parallel == 64
+            assert pipeline_line(plan, q) is None or "No global batch given" not in pipeline_line(plan, q)
 
 
 def test_a_pipeline_strategy_whose_own_default_cannot_take_the_batch_gets_the_fewest_stages_that_do() -> None:
