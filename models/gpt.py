@@ -7,6 +7,8 @@ plus `num_params()` and `flops_per_token(seq_len)` for MFU.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -15,6 +17,9 @@ from torch.utils.checkpoint import checkpoint
 
 from models.gpt_config import PRESETS, GPTConfig, check_sizes  # noqa: F401 (PRESETS: the zoo reads it from here)
 from models.tensor_parallel import heads_check
+
+if TYPE_CHECKING:
+    from models.moe_config import MoEConfig
 
 
 class CausalSelfAttention(nn.Module):
@@ -49,19 +54,63 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    """Pre-norm attention, then the feed-forward: `feed_forward` builds it (a GELU MLP unless given:
+    the mixture-of-experts GPT's router and experts)."""
+
+    def __init__(self, cfg: GPTConfig, feed_forward: Callable[[], nn.Module] | None = None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.mlp = MLP(cfg)
+        self.mlp = feed_forward() if feed_forward is not None else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
 
-class GPT(nn.Module):
+class CausalLM(nn.Module):
+    """What parabench's GPT and its mixture-of-experts twin share: token and position embeddings, the
+    blocks, the final norm and the head tied to the embedding, and the forward to the cross-entropy."""
+
+    def _build(self, cfg: GPTConfig | MoEConfig, block: Callable[[int], nn.Module]) -> None:
+        """The modules in the order their parameters are made (and drawn again at init): `block(i)`
+        makes the i-th block."""
+        self.activation_checkpointing = False
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(block(i) for i in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight  # weight tying
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    def transformer_blocks(self) -> list[nn.Module]:
+        """The repeated blocks: the unit that FSDP shards and checkpointing recomputes."""
+        return list(self.blocks)
+
+    def lm_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The next-token cross-entropy of the blocks' output, each block recomputed in the backward
+        where activation checkpointing is on."""
+        T = inputs.size(1)
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
+        pos = torch.arange(T, device=inputs.device)
+        x = self.drop(self.wte(inputs) + self.wpe(pos))
+        for block in self.blocks:
+            if self.activation_checkpointing and self.training:
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        logits = self.lm_head(self.ln_f(x))
+        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+
+
+class GPT(CausalLM):
     # As transformers' models name theirs: what Accelerate's TRANSFORMER_BASED_WRAP wraps when a config
     # file names no class (fsdp_transformer_layer_cls_to_wrap left out).
     _no_split_modules = ["Block"]
@@ -70,14 +119,7 @@ class GPT(nn.Module):
         super().__init__()
         check_sizes(cfg)
         self.config = cfg
-        self.activation_checkpointing = False
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying
+        self._build(cfg, lambda _: Block(cfg))
         self.apply(self._init_weights)
         # GPT-2's scaled init of the residual projections.
         for name, p in self.named_parameters():
@@ -92,14 +134,6 @@ class GPT(nn.Module):
                 nn.init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    def transformer_blocks(self) -> list[nn.Module]:
-        """The repeated blocks: the unit that FSDP shards and checkpointing recomputes."""
-        return list(self.blocks)
 
     def tensor_parallel_plan(self, tp_size: int, sequence_parallel: bool) -> dict[str, str]:
         """Megatron's split of each block (models/tensor_parallel.py): attention by heads (the fused
@@ -131,18 +165,7 @@ class GPT(nn.Module):
         return plan
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        T = inputs.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
-        pos = torch.arange(T, device=inputs.device)
-        x = self.drop(self.wte(inputs) + self.wpe(pos))
-        for block in self.blocks:
-            if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return self.lm_loss(inputs, targets)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters, counted once though tied; position embeddings left out by default

@@ -12,13 +12,13 @@ per-sequence balance loss needs whole sequences.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
-from models.gpt import MLP, CausalSelfAttention, GPTConfig
+from models.gpt import MLP, Block, CausalLM, GPTConfig
 from models.gpt_config import check_sizes
 from models.moe_config import MoEConfig
 from models.routing import RouterTally, SwiGLUExperts, TopKRouter, balance_loss, capacity, over_capacity
@@ -70,36 +70,21 @@ class MoEFeedForward(nn.Module):
         return out.view(batch, seq, hidden)
 
 
-class MoEBlock(nn.Module):
-    def __init__(self, cfg: MoEConfig, experts: bool):
-        super().__init__()
-        dense = GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.bias, cfg.dropout)
-        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.attn = CausalSelfAttention(dense)
-        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.mlp = MoEFeedForward(cfg) if experts else MLP(dense)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln_1(x))
-        return x + self.mlp(self.ln_2(x))
-
-
-class MoEGPT(nn.Module):
-    _no_split_modules = ["MoEBlock"]
+class MoEGPT(CausalLM):
+    _no_split_modules = ["Block"]
 
     def __init__(self, cfg: MoEConfig):
         super().__init__()
         check_config(cfg)
         self.config = cfg
-        self.activation_checkpointing = False
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
-        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
-        self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(MoEBlock(cfg, (i + 1) % cfg.moe_every == 0) for i in range(cfg.n_layer))
-        self.ln_f = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight
+        dense = GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.bias, cfg.dropout)
+        self._build(cfg, lambda i: Block(dense, self._feed_forward(cfg, i)))
         self._init_weights()
+
+    @staticmethod
+    def _feed_forward(cfg: MoEConfig, index: int) -> Callable[[], nn.Module] | None:
+        """Block `index`'s feed-forward: the experts in every moe_every-th block, the dense MLP elsewhere."""
+        return (lambda: MoEFeedForward(cfg)) if (index + 1) % cfg.moe_every == 0 else None
 
     def _init_weights(self) -> None:
         # GPT-2's: N(0, 0.02), the residual projections (attention's, each MLP's and each expert's
@@ -112,13 +97,6 @@ class MoEGPT(nn.Module):
                 nn.init.normal_(p, mean=0.0, std=residual)
             else:
                 nn.init.normal_(p, mean=0.0, std=0.02)
-
-    @property
-    def vocab_size(self) -> int:
-        return self.config.vocab_size
-
-    def transformer_blocks(self) -> list[nn.Module]:
-        return list(self.blocks)
 
     def moe_layers(self) -> list[nn.Module]:
         """The blocks' MoE layers (whatever a strategy swapped in: each keeps an aux_loss)."""
@@ -137,18 +115,7 @@ class MoEGPT(nn.Module):
         return plan
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        T = inputs.size(1)
-        if T > self.config.block_size:
-            raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}")
-        pos = torch.arange(T, device=inputs.device)
-        x = self.drop(self.wte(inputs) + self.wpe(pos))
-        for block in self.blocks:
-            if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
-            else:
-                x = block(x)
-        logits = self.lm_head(self.ln_f(x))
-        loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        loss = self.lm_loss(inputs, targets)
         if not self.adds_balance_loss:  # nothing read across blocks: a pipeline can cut it
             return loss
         aux = sum(layer.aux_loss for layer in self.moe_layers())
