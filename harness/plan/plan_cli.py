@@ -360,6 +360,7 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
             "gpus": q.gpus,
             "nodes": q.nodes,
             "seq_len": q.seq_len,  # unset, the model's (with_seq_len)
+            "global_batch_sequences": q.global_batch,  # unset, one sequence a GPU (planned_global_batch)
             "grad_accum": q.grad_accum,
             "capacity_bytes": q.capacity_bytes,
             "peak_flops": _mfu_peak(q) if q.gpu else None,  # what MFU is against (bf16's for fp8)

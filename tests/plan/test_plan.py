@@ -637,6 +637,8 @@ def test_a_sweep_over_models_and_gpu_counts_is_one_table_and_one_plot(capsys, tm
     assert (tmp_path / "plan_sweep.png").stat().st_size > 10_000 and out.count("wrote ") == 1
     code, out, _ = run_plan_cli("model=gpt2-124m", "gpus=[8,16]", "format=json", "strategies=[fsdp]", capsys=capsys)
     assert code == 0 and [p["question"]["gpus"] for p in json.loads(out)["points"]] == [8, 16]
+    # No batch given: each GPU count's global batch is one sequence a GPU, stated with the question.
+    assert [p["question"]["global_batch_sequences"] for p in json.loads(out)["points"]] == [8, 16]
 
 
 @pytest.mark.parametrize("name", default_registry().planned_names())
