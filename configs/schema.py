@@ -349,6 +349,7 @@ VALUE_HINTS = (
     ("to Boolean", "give true or false"),
     ("to Dict", "set its entries as {key}.<name>=value"),
     ("'ListConfig' to string", "give one value, not a list"),
+    ("'DictConfig' to", "it takes one value, not named entries: give {key}=<value>"),
 )
 
 

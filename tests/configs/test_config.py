@@ -28,6 +28,7 @@ from tests.helpers import run_cli
         # omegaconf reads any integer as a boolean.
         (["deterministic=5"], "deterministic=5: give true or false"),
         (["steps=abc"], "could not be converted to Integer: give a whole number"),
+        (["data.path=x.bin"], "it takes one value, not named entries: give data=<value>"),
         (["strategy=[fsdp,ddp]"], "strategy= takes one name: to run several, use runner.py compare"),
         # a list where the config holds named entries: omegaconf's merge raised a TypeError
         (["model_kwargs=[1]"], "bad value for 'model_kwargs': give its entries as model_kwargs.<name>=value"),
