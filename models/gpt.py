@@ -73,6 +73,10 @@ class CausalLM(nn.Module):
     """What parabench's GPT and its mixture-of-experts twin share: token and position embeddings, the
     blocks, the final norm and the head tied to the embedding, and the forward to the cross-entropy."""
 
+    # As transformers' models name theirs: what Accelerate's TRANSFORMER_BASED_WRAP wraps when a config
+    # file names no class (fsdp_transformer_layer_cls_to_wrap left out).
+    _no_split_modules = ["Block"]
+
     def _build(self, cfg: GPTConfig | MoEConfig, block: Callable[[int], nn.Module]) -> None:
         """The modules in the order their parameters are made (and drawn again at init): `block(i)`
         makes the i-th block."""
@@ -111,10 +115,6 @@ class CausalLM(nn.Module):
 
 
 class GPT(CausalLM):
-    # As transformers' models name theirs: what Accelerate's TRANSFORMER_BASED_WRAP wraps when a config
-    # file names no class (fsdp_transformer_layer_cls_to_wrap left out).
-    _no_split_modules = ["Block"]
-
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         check_sizes(cfg)

@@ -71,8 +71,6 @@ class MoEFeedForward(nn.Module):
 
 
 class MoEGPT(CausalLM):
-    _no_split_modules = ["Block"]
-
     def __init__(self, cfg: MoEConfig):
         super().__init__()
         check_config(cfg)
