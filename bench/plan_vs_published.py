@@ -955,7 +955,7 @@ def two_d_lines(outcomes: list[Outcome]) -> list[str]:
     return lines + [""]
 
 
-def _line_fit(points: list[tuple[float, float]]) -> tuple[float, float, float]:
+def line_fit(points: list[tuple[float, float]]) -> tuple[float, float, float]:
     """Least squares y = c + a·x: (c, a, the largest |residual| over y)."""
     n = len(points)
     mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
@@ -981,8 +981,8 @@ def per_token_lines(outcomes: list[Outcome]) -> list[str]:
     for (model, gpu, ac), group in sorted(groups.items()):
         if len({o.row["seq_len"] for o in group}) < 4:
             continue
-        published = _line_fit([(int(o.row["seq_len"]), 1e6 / o.published) for o in group])
-        planned = _line_fit([(int(o.row["seq_len"]), 1e6 / o.predicted) for o in group])
+        published = line_fit([(int(o.row["seq_len"]), 1e6 / o.published) for o in group])
+        planned = line_fit([(int(o.row["seq_len"]), 1e6 / o.predicted) for o in group])
         rows.append(
             f"| {model} | {gpu} | {ac} | {len(group)} | {published[0]:.2f} | {planned[0]:.2f} | "
             f"{planned[0] / published[0]:.2f} | {1e3 * published[1]:.3f} | {1e3 * planned[1]:.3f} | "

@@ -189,7 +189,7 @@ def test_async_tensor_parallel_runs_are_planned_with_their_collectives_pipelined
 
 
 def test_the_per_token_line_separates_what_grows_with_the_sequence(outcomes):
-    c, a, worst = published._line_fit([(512, 3.0 + 0.5 * 512), (2048, 3.0 + 0.5 * 2048), (8192, 3.0 + 0.5 * 8192)])
+    c, a, worst = published.line_fit([(512, 3.0 + 0.5 * 512), (2048, 3.0 + 0.5 * 2048), (8192, 3.0 + 0.5 * 8192)])
     assert (c, a, worst) == (pytest.approx(3.0), pytest.approx(0.5), pytest.approx(0.0, abs=1e-12))
     lines = published.per_token_lines(outcomes["public_runs.csv"])
     table = [line for line in lines if line.startswith("| mpt-")]
