@@ -54,15 +54,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm attention, then the feed-forward: `feed_forward` builds it (a GELU MLP unless given:
-    the mixture-of-experts GPT's router and experts)."""
+    """Pre-norm attention, then the feed-forward: a GELU MLP unless `mlp` is given (the
+    mixture-of-experts GPT's router and experts)."""
 
-    def __init__(self, cfg: GPTConfig, feed_forward: Callable[[], nn.Module] | None = None):
+    def __init__(self, cfg: GPTConfig, mlp: nn.Module | None = None):
         super().__init__()
         self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
         self.attn = CausalSelfAttention(cfg)
         self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
-        self.mlp = feed_forward() if feed_forward is not None else MLP(cfg)
+        self.mlp = mlp if mlp is not None else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -78,8 +78,7 @@ class CausalLM(nn.Module):
     _no_split_modules = ["Block"]
 
     def _build(self, cfg: GPTConfig | MoEConfig, block: Callable[[int], nn.Module]) -> None:
-        """The modules in the order their parameters are made (and drawn again at init): `block(i)`
-        makes the i-th block."""
+        """The modules, registered in the order init draws their values: `block(i)` makes the i-th block."""
         self.activation_checkpointing = False
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
@@ -97,7 +96,7 @@ class CausalLM(nn.Module):
         """The repeated blocks: the unit that FSDP shards and checkpointing recomputes."""
         return list(self.blocks)
 
-    def lm_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """The next-token cross-entropy of the blocks' output, each block recomputed in the backward
         where activation checkpointing is on."""
         T = inputs.size(1)
@@ -163,9 +162,6 @@ class GPT(CausalLM):
                 }
             )
         return plan
-
-    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return self.lm_loss(inputs, targets)
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters, counted once though tied; position embeddings left out by default

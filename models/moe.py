@@ -12,7 +12,6 @@ per-sequence balance loss needs whole sequences.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -76,13 +75,9 @@ class MoEGPT(CausalLM):
         check_config(cfg)
         self.config = cfg
         dense = GPTConfig(cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.block_size, cfg.bias, cfg.dropout)
-        self._build(cfg, lambda i: Block(dense, self._feed_forward(cfg, i)))
+        # Experts in every moe_every-th block, the dense MLP elsewhere.
+        self._build(cfg, lambda i: Block(dense, MoEFeedForward(cfg) if (i + 1) % cfg.moe_every == 0 else None))
         self._init_weights()
-
-    @staticmethod
-    def _feed_forward(cfg: MoEConfig, index: int) -> Callable[[], nn.Module] | None:
-        """Block `index`'s feed-forward: the experts in every moe_every-th block, the dense MLP elsewhere."""
-        return (lambda: MoEFeedForward(cfg)) if (index + 1) % cfg.moe_every == 0 else None
 
     def _init_weights(self) -> None:
         # GPT-2's: N(0, 0.02), the residual projections (attention's, each MLP's and each expert's
@@ -113,7 +108,7 @@ class MoEGPT(CausalLM):
         return plan
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        loss = self.lm_loss(inputs, targets)
+        loss = super().forward(inputs, targets)
         if not self.adds_balance_loss:  # nothing read across blocks: a pipeline can cut it
             return loss
         aux = sum(layer.aux_loss for layer in self.moe_layers())
