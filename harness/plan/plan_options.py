@@ -375,15 +375,22 @@ def global_batch_of(cfg: PlanConfig) -> int | None:
     return sequences_in(parse_tokens(cfg.global_batch_tokens), cfg.seq_len)
 
 
+# With neither batch_size= nor micro_batch=, the sequences each GPU takes a step.
+DEFAULT_BATCH_PER_GPU = 1
+
+
+def batch_per_gpu(cfg: PlanConfig) -> int | None:
+    """DEFAULT_BATCH_PER_GPU where the question gives neither a global batch nor a micro-batch, else None."""
+    return DEFAULT_BATCH_PER_GPU if global_batch_of(cfg) is None and cfg.micro_batch is None else None
+
+
 def planned_global_batch(cfg: PlanConfig, gpus: int) -> int | None:
     """The global batch every layout is held to: the one given; with neither it nor a micro-batch
     given, one sequence a GPU, so that a tensor-parallel group takes its GPUs' share and a pipeline
     runs its share as micro-batches (the same global batch whatever the strategy); with a micro-batch
     alone, none: each layout's data-parallel ranks take that micro-batch."""
-    given = global_batch_of(cfg)
-    if given is None and cfg.micro_batch is None:
-        return gpus
-    return given
+    per_gpu = batch_per_gpu(cfg)
+    return per_gpu * gpus if per_gpu is not None else global_batch_of(cfg)
 
 
 def batching(cfg: PlanConfig, gpus: int) -> tuple[int, int]:
@@ -452,5 +459,6 @@ def question(
         strategy_options=dict(cfg.strategy_options),
         global_batch=planned_global_batch(cfg, count),
         split_global_batch=cfg.micro_batch is None,
+        batch_per_gpu=batch_per_gpu(cfg),
         recipe=recipe,
     )

@@ -101,6 +101,9 @@ class Question:
     # split_global_batch the micro-batch is the global batch over each layout's ranks instead.
     global_batch: int | None = None
     split_global_batch: bool = False
+    # Set where no batch was given: the sequences each GPU takes, so the global batch grows with the
+    # GPUs a what-if asks about (with_gpus) instead of being kept.
+    batch_per_gpu: int | None = None
     # A what-if on another GPU count (with_gpus): the global batch kept, each layout taking the
     # largest micro-batch up to the asked one that divides its ranks' share.
     nearest_split: bool = False
@@ -119,10 +122,13 @@ class Question:
 
     def with_gpus(self, gpus: int) -> "Question":
         """The same question on `gpus` GPUs, as many per node as now (more nodes as needed); a
-        global batch is kept, split as each layout there can (nearest_split)."""
+        global batch given is kept, split as each layout there can (nearest_split), and one not
+        given stays batch_per_gpu sequences a GPU."""
         per_node = self.topology.per_node
         nodes = max(1, -(-gpus // per_node))
-        return replace(self, topology=replace(self.topology, gpus=gpus, nodes=nodes), nearest_split=True)
+        batch = self.global_batch if self.batch_per_gpu is None else self.batch_per_gpu * gpus
+        topology = replace(self.topology, gpus=gpus, nodes=nodes)
+        return replace(self, topology=topology, global_batch=batch, nearest_split=True)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from harness.plan.parallel.backends import planner_models
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import on_device, peak_allocated, plan_all, plan_strategy
 from harness.plan.recommendation import recommend
+from harness.plan.what_if import skipped_lines
 from models.zoo import build_model
 from strategies.registry import default_registry
 from tests.helpers import ROOT, env_for_tests, forked_torchrun, run_bounded
@@ -639,6 +640,16 @@ def test_a_sweep_over_models_and_gpu_counts_is_one_table_and_one_plot(capsys, tm
     assert code == 0 and [p["question"]["gpus"] for p in json.loads(out)["points"]] == [8, 16]
     # No batch given: each GPU count's global batch is one sequence a GPU, stated with the question.
     assert [p["question"]["global_batch_sequences"] for p in json.loads(out)["points"]] == [8, 16]
+
+
+def test_a_question_without_a_batch_keeps_one_sequence_a_gpu_on_more_gpus():
+    """The what-if on more GPUs keeps a batch the question gave, and one it did not give stays a
+    sequence a GPU: never "batch_size=256 does not divide over 512 ranks" for a batch no one asked."""
+    q, plans = plan(model="deepseek-v3", gpus=256, seq_len=4096)
+    assert q.global_batch == 256 and q.with_gpus(512).global_batch == 512
+    assert not any("batch_size" in line for line in skipped_lines(list(plans.values()), q))
+    given, _ = plan(model="deepseek-v3", gpus=256, seq_len=4096, batch_size=256, strategies=["fsdp"])
+    assert given.with_gpus(512).global_batch == 256
 
 
 @pytest.mark.parametrize("name", default_registry().planned_names())
