@@ -50,12 +50,14 @@ def planned_strategies(gpus: int) -> list[str]:
 def what_fits(q: Question, global_batch: int, names: list[str] | None = None) -> WhatFits:
     """The fastest layout of each of `names` (default: every strategy the planner models) that fits
     `global_batch` sequences on `q`'s GPUs, else on the fewest power-of-two multiple of them that any
-    layout fits, up to MAX_GPUS."""
+    layout fits, up to MAX_GPUS (a batch the question did not give growing with them, Question.with_gpus)."""
     names = names if names is not None else planned_strategies(q.gpus)
     gpus, leanest = q.gpus, None
     while gpus <= MAX_GPUS:
+        asked = q.with_gpus(gpus) if gpus != q.gpus else q
+        batch = asked.global_batch if q.batch_per_gpu is not None else global_batch
         try:
-            result = search(q.with_gpus(gpus) if gpus != q.gpus else q, names, global_batch)
+            result = search(asked, names, batch)
         except PlanError:  # no layout can take the batch on this many GPUs: neither on more
             break
         if result.ranked:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -13,6 +14,7 @@ import runner
 from harness.plan.model.model_shape import PlanError
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import plan_all
+from harness.plan.search import what_fits as what_fits_module
 from harness.plan.search.layout_search import (
     TOP,
     SearchResult,
@@ -226,3 +228,22 @@ def test_the_cli_names_the_fastest_layout_across_nodes_and_why_it_loses(capsys):
     assert across["strategy_options"]["tp_size"] == 8 and "spans 2 nodes" in across["against_first"]
     # Beside the pick, how close plans of its kind have come to published runs, in text and JSON alike.
     assert doc["published_accuracy"] in text.splitlines()
+
+
+def test_what_fits_grows_a_batch_the_question_did_not_give_with_the_gpus(monkeypatch):
+    """On each GPU count it tries, a batch the question gave is searched as given, and one it did
+    not give is a sequence a GPU there (Question.with_gpus)."""
+    tried: list[tuple[int, int]] = []
+
+    def nothing_fits(q, names, batch):
+        tried.append((q.gpus, batch))
+        return SimpleNamespace(ranked=[], too_large=[])
+
+    monkeypatch.setattr(what_fits_module, "search", nothing_fits)
+    defaulted = question(PlanConfig(model="gpt2-124m", gpus=8))
+    what_fits_module.what_fits(defaulted, defaulted.global_batch, ["fsdp"])
+    assert tried[:3] == [(8, 8), (16, 16), (32, 32)]
+    tried.clear()
+    given = question(PlanConfig(model="gpt2-124m", gpus=8, batch_size=64))
+    what_fits_module.what_fits(given, 64, ["fsdp"])
+    assert tried[:3] == [(8, 64), (16, 64), (32, 64)]
