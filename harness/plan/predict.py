@@ -102,7 +102,8 @@ class Question:
     global_batch: int | None = None
     split_global_batch: bool = False
     # Set where no batch was given: the sequences each GPU takes, so the global batch grows with the
-    # GPUs a what-if asks about (with_gpus) instead of being kept.
+    # GPUs a what-if asks about (with_gpus) instead of being kept; a question derived with
+    # global_batch=None (a layout's own split) keeps its micro-batch as given.
     batch_per_gpu: int | None = None
     # A what-if on another GPU count (with_gpus): the global batch kept, each layout taking the
     # largest micro-batch up to the asked one that divides its ranks' share.
@@ -126,7 +127,8 @@ class Question:
         given stays batch_per_gpu sequences a GPU."""
         per_node = self.topology.per_node
         nodes = max(1, -(-gpus // per_node))
-        batch = self.global_batch if self.batch_per_gpu is None else self.batch_per_gpu * gpus
+        defaulted = self.batch_per_gpu is not None and self.global_batch is not None
+        batch = self.batch_per_gpu * gpus if defaulted else self.global_batch
         topology = replace(self.topology, gpus=gpus, nodes=nodes)
         return replace(self, topology=topology, global_batch=batch, nearest_split=True)
 
