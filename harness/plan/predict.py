@@ -118,6 +118,11 @@ class Question:
         return self.topology.gpus
 
     @property
+    def batch_defaulted(self) -> bool:
+        """Whether the global batch is batch_per_gpu sequences a GPU because none was given."""
+        return self.batch_per_gpu is not None and self.global_batch is not None
+
+    @property
     def nodes(self) -> int:
         return self.topology.nodes
 
@@ -127,8 +132,7 @@ class Question:
         given stays batch_per_gpu sequences a GPU."""
         per_node = self.topology.per_node
         nodes = max(1, -(-gpus // per_node))
-        defaulted = self.batch_per_gpu is not None and self.global_batch is not None
-        batch = self.batch_per_gpu * gpus if defaulted else self.global_batch
+        batch = self.batch_per_gpu * gpus if self.batch_defaulted else self.global_batch
         topology = replace(self.topology, gpus=gpus, nodes=nodes)
         return replace(self, topology=topology, global_batch=batch, nearest_split=True)
 

@@ -55,7 +55,7 @@ def what_fits(q: Question, global_batch: int, names: list[str] | None = None) ->
     gpus, leanest = q.gpus, None
     while gpus <= MAX_GPUS:
         asked = q.with_gpus(gpus) if gpus != q.gpus else q
-        batch = asked.global_batch if q.batch_per_gpu is not None else global_batch
+        batch = asked.global_batch if q.batch_defaulted else global_batch
         try:
             result = search(asked, names, batch)
         except PlanError:  # no layout can take the batch on this many GPUs: neither on more
