@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.plan_vs_published import DATA, line_fit, question, read_rows  # noqa: E402
+from harness.plan.predict import StrategyPlan  # noqa: E402
 from harness.plan.speed.host_issue import LAUNCH_BLOCKING  # noqa: E402
 
 CSV = DATA / "small_model_tp.csv"
@@ -37,19 +38,23 @@ def one_node_rows() -> list[dict[str, str]]:
     return [r for r in read_rows(CSV) if r["source"].startswith(SOURCE) and int(r["gpus"]) <= ONE_NODE]
 
 
-def planned_over_published(row: dict[str, str], blocking: bool) -> float:
+def _plan(row: dict[str, str], blocking: bool) -> StrategyPlan:
     asked = {**row, "sharding": f"{row['sharding']} {LAUNCH_BLOCKING}"} if blocking else row
-    _, plan, _ = question(asked)
+    return question(asked)[1]
+
+
+def planned_over_published(row: dict[str, str], blocking: bool, plan: StrategyPlan | None = None) -> float:
+    """Planned over published tokens/s per GPU; `plan`: the row's plan where already made."""
+    plan = plan or _plan(row, blocking)
     return plan.time.tokens_per_s / int(row["gpus"]) / float(row["published_tok_s_gpu"])
 
 
-def layer_pass_ms(row: dict[str, str]) -> tuple[float, float, float]:
+def layer_pass_ms(row: dict[str, str], plan: StrategyPlan | None = None) -> tuple[float, float, float]:
     """(published, planned GPU, planned host issue) milliseconds a layer pass at the row's micro-batch."""
-    _, plan, _ = question(row)
+    plan = plan or _plan(row, blocking=False)
     sequences = int(row["global_batch"]) * int(row["seq_len"])
     step = sequences / (float(row["published_tok_s_gpu"]) * int(row["gpus"]))
-    micro_steps = int(row["grad_accum"])
-    passes = int(row["n_layers"]) * micro_steps
+    passes = int(row["n_layers"]) * int(row["grad_accum"])
     return step / passes * 1e3, plan.time.compute_s / passes * 1e3, plan.time.host.seconds / int(row["n_layers"]) * 1e3
 
 
@@ -64,10 +69,11 @@ def main() -> None:
     for row in rows:
         tp, pp = map(int, LAYOUT.search(row["sharding"]).groups())
         micro_batch = int(row["micro_batch"])
-        for blocking in (False, True):
-            by_layout[(tp, micro_batch)][blocking].append(planned_over_published(row, blocking))
+        plan = _plan(row, blocking=False)
+        by_layout[(tp, micro_batch)][False].append(planned_over_published(row, False, plan))
+        by_layout[(tp, micro_batch)][True].append(planned_over_published(row, True))
         if pp == 1:
-            passes[(int(row["d_model"]), tp)].append((micro_batch, *layer_pass_ms(row)))
+            passes[(int(row["d_model"]), tp)].append((micro_batch, *layer_pass_ms(row, plan)))
     overlapped = [r for v in by_layout.values() for r in v[False]]
     blocked = [r for v in by_layout.values() for r in v[True]]
     print("# Host and GPU on vTrain's one-node runs: overlapped or one after the other\n")
