@@ -11,6 +11,13 @@ layer pass that no work shrinks, and a cost a sequence; with the plan's GPU time
 layer pass at micro-batch 1 beside them. Only runs without a pipeline enter the fit (a pipeline's
 fill and drain add layer passes of their own).
 
+Last, the step split the other way: runs of one model, layout and micro-batch that differ only in
+their global batch (their accumulation) fitted as a line in the accumulation, step = c + accumulation
+x layers x p, published and planned alike: c the step's own work that no micro-batch repeats (the
+optimizer, the gradients' reduction), p a layer pass with its share of the embedding, head and loss.
+And the step of the same run on more data-parallel ranks (the same model, TP, micro-batch and
+accumulation on 8 GPUs against 2 or 4), which the gradients' all-reduce after the backward lengthens.
+
     python bench/host_overlap.py > bench/results/host_overlap.md
 """
 
@@ -58,6 +65,53 @@ def layer_pass_ms(row: dict[str, str], plan: StrategyPlan | None = None) -> tupl
     return step / passes * 1e3, plan.time.compute_s / passes * 1e3, plan.time.host.seconds / int(row["n_layers"]) * 1e3
 
 
+def accumulation_fit(rows: list[dict[str, str]]) -> dict[tuple[int, int, int], list[tuple[float, ...]]]:
+    """For each (width, TP, micro-batch), one (published c, planned c, published p, planned p, planned host
+    per layer pass) in milliseconds per group of runs without a pipeline that share a model, layout and
+    micro-batch and differ in their accumulation (the module's docstring)."""
+    groups: dict[tuple, list[tuple[int, float, float, float]]] = defaultdict(list)
+    for row in rows:
+        tp, pp = map(int, LAYOUT.search(row["sharding"]).groups())
+        if pp != 1:
+            continue
+        plan = _plan(row, blocking=False)
+        sequences = int(row["global_batch"]) * int(row["seq_len"])
+        published = sequences / (float(row["published_tok_s_gpu"]) * int(row["gpus"])) * 1e3
+        host = plan.time.host.seconds / int(row["n_layers"]) * 1e3
+        key = (int(row["d_model"]), int(row["n_layers"]), tp, row["gpus"], int(row["micro_batch"]))
+        groups[key].append((int(row["grad_accum"]), published, plan.time.step_s * 1e3, host))
+    fits: dict[tuple[int, int, int], list[tuple[float, ...]]] = defaultdict(list)
+    for (width, layers, tp, _, micro_batch), points in groups.items():
+        if len({accumulation for accumulation, *_ in points}) < 2:
+            continue
+        published_c, published_p, _ = line_fit([(a * layers, t) for a, t, _, _ in points])
+        planned_c, planned_p, _ = line_fit([(a * layers, t) for a, _, t, _ in points])
+        host = statistics.median(h for *_, h in points)
+        fits[(width, tp, micro_batch)].append((published_c, planned_c, published_p, planned_p, host))
+    return fits
+
+
+def data_parallel_growth(rows: list[dict[str, str]]) -> tuple[list[float], list[float]]:
+    """Published and planned step of each run without a pipeline on 8 GPUs over the same model, TP,
+    micro-batch and accumulation on the fewest GPUs it was run on (2 or 4)."""
+    steps: dict[tuple, dict[int, tuple[float, float]]] = defaultdict(dict)
+    for row in rows:
+        tp, pp = map(int, LAYOUT.search(row["sharding"]).groups())
+        if pp != 1:
+            continue
+        sequences = int(row["global_batch"]) * int(row["seq_len"])
+        published = sequences / (float(row["published_tok_s_gpu"]) * int(row["gpus"]))
+        key = (row["d_model"], row["n_layers"], tp, row["micro_batch"], row["grad_accum"])
+        steps[key][int(row["gpus"])] = (published, _plan(row, blocking=False).time.step_s)
+    published_growth, planned_growth = [], []
+    for by_gpus in steps.values():
+        fewest = min(by_gpus)
+        if ONE_NODE in by_gpus and fewest < ONE_NODE:
+            published_growth.append(by_gpus[ONE_NODE][0] / by_gpus[fewest][0])
+            planned_growth.append(by_gpus[ONE_NODE][1] / by_gpus[fewest][1])
+    return published_growth, planned_growth
+
+
 def _error(ratios: list[float]) -> str:
     return f"{100 * statistics.median(abs(r - 1) for r in ratios):.1f}%"
 
@@ -102,6 +156,23 @@ def main() -> None:
         gpu = statistics.median(p[2] for p in first)
         host = statistics.median(p[3] for p in first)
         print(f"| {width} | {tp} | {len(points)} | {fixed:.2f} | {per_sequence:.2f} | {gpu:.2f} | {host:.2f} |")
+    print("\nMilliseconds of the step split by the accumulation (step = c + accumulation x layers x p over")
+    print("runs that differ only in their global batch, no pipeline; medians over the groups of each row):\n")
+    print(
+        "| width | TP | micro-batch | groups | published c | planned c | published p | planned p "
+        "| planned host a pass |"
+    )
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for (width, tp, micro_batch), fits in sorted(accumulation_fit(rows).items()):
+        medians = [statistics.median(f[i] for f in fits) for i in range(5)]
+        print(f"| {width} | {tp} | {micro_batch} | {len(fits)} | " + " | ".join(f"{m:.2f}" for m in medians) + " |")
+    published_growth, planned_growth = data_parallel_growth(rows)
+    print(
+        f"\nThe step on 8 GPUs over the same run on 2 or 4 ({len(published_growth)} pairs, no pipeline): published "
+        f"{statistics.median(published_growth):.3f} at the median ({min(published_growth):.3f}-"
+        f"{max(published_growth):.3f}), planned {statistics.median(planned_growth):.3f} "
+        f"({min(planned_growth):.3f}-{max(planned_growth):.3f})."
+    )
 
 
 if __name__ == "__main__":
