@@ -45,7 +45,7 @@ def _timed(options: dict) -> tuple[int, int, float, str]:
         started = time.perf_counter()
         result = search(q, names, global_batch)
         best = min(best, time.perf_counter() - started)
-    return result.planned, len(result.ranked), best, result.ranked[0].describe() if result.ranked else "nothing fits"
+    return result.planned, len(result.ranked), best, result.ranked[0].arguments() if result.ranked else "nothing fits"
 
 
 def _end_to_end(options: dict) -> float:

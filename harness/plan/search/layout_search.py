@@ -60,12 +60,13 @@ class Searched:
     def peak_bytes(self) -> float:
         return self.plan.peak_bytes or 0.0
 
-    def describe(self) -> str:
-        """The layout in the options that run it."""
-        sizes = " ".join(f"{key}={value}" for key, value in self.options.items())
+    def arguments(self) -> str:
+        """The layout as `plan` arguments: pasted in place of search=true, they plan it alone at the same
+        global batch (its accumulation follows from that batch and the micro-batch)."""
+        options = "".join(f" strategy_options.{key}={value}" for key, value in self.options.items())
         return (
-            f"{self.strategy}{' ' + sizes if sizes else ''} micro_batch={self.micro_batch} "
-            f"grad_accum={self.grad_accum} activation_checkpointing={self.checkpointing}"
+            f"strategies=[{self.strategy}]{options} micro_batch={self.micro_batch} "
+            f"activation_checkpointing={self.checkpointing}"
         )
 
     def as_dict(self) -> dict[str, Any]:

@@ -122,7 +122,7 @@ def nothing_fits(result: SearchResult) -> list[str]:
     lean = _leanest(result.too_large)
     part, nbytes = largest_part(lean)
     lines = [
-        f"Nothing fits in {q.gpus} x {q.capacity_bytes / GIB:.0f} GiB: the leanest layout, {lean.describe()}, needs "
+        f"Nothing fits in {q.gpus} x {q.capacity_bytes / GIB:.0f} GiB: the leanest layout, {lean.arguments()}, needs "
         f"{gib(lean.plan.reserved_bytes)} per GPU with the allocator's reserve, {gib(lean.plan.headroom.usable)} "
         f"usable (largest part: {part} {gib(nbytes)})."
     ]
@@ -213,8 +213,8 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     lines += aligned(rows, left=2)
     lines += [
         "",
-        f"Use {best.describe()}: {best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {best.mfu:.0%} MFU, "
-        f"{gib(best.peak_bytes)} peak per GPU.",
+        f"Use {best.strategy}: {best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {best.mfu:.0%} MFU, "
+        f"{gib(best.peak_bytes)} peak per GPU; to plan it alone, in place of search=true: {best.arguments()}",
         *domain_lines(best.plan.layout, q.topology),
         _accuracy(best, q),
         *_numerics(best),
@@ -228,7 +228,7 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     across = fastest_tp_across_nodes(result.ranked, [found for found, _ in shown])
     if across is not None:
         lines.append(
-            f"  Fastest with tensor parallelism across nodes: {across.describe()}, "
+            f"  Fastest with tensor parallelism across nodes: {across.arguments()}, "
             f"{across.tokens_per_s_per_gpu:,.0f} tokens/s per GPU: {why_slower(across, best, scale).describe()}."
         )
     frontier = result.frontier()

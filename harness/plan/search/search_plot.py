@@ -41,7 +41,7 @@ def frontier_chart(result: SearchResult, path: Path) -> Path:
         )
         best = result.ranked[0]
         ax.scatter([best.peak_bytes / GIB], [best.tokens_per_s_per_gpu], marker="*", s=200, color="black", zorder=5)
-        ax.annotate(f"  {best.describe()}", (best.peak_bytes / GIB, best.tokens_per_s_per_gpu), fontsize=7)
+        ax.annotate(f"  {best.arguments()}", (best.peak_bytes / GIB, best.tokens_per_s_per_gpu), fontsize=7)
     if everything:
         # The winner's headroom: a layout with more NCCL communicators has a little less.
         usable = (result.ranked or everything)[0].plan.headroom.usable / (1 + ALLOCATOR_ALLOWANCE)

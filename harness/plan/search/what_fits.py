@@ -26,7 +26,7 @@ class WhatFits:
             gpus = self.fitting[0].gpus
             where = "on these GPUs" if gpus == asked else f"on {gpus} GPUs (none fits on fewer)"
             named = "; ".join(
-                f"{s.describe()} ({gib(s.peak_bytes)} per GPU, {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU)"
+                f"{s.arguments()} ({gib(s.peak_bytes)} per GPU, {s.tokens_per_s_per_gpu:,.0f} tokens/s per GPU)"
                 for s in self.fitting
             )
             return [f"Layouts that fit {where}: {named}."]
@@ -35,7 +35,7 @@ class WhatFits:
         part, nbytes = largest_part(self.leanest)
         return [
             f"No layout the planner knows (tensor, pipeline or context parallel, every strategy, micro-batch and "
-            f"checkpointing) fits on up to {MAX_GPUS:,} GPUs: the leanest, {self.leanest.describe()} on "
+            f"checkpointing) fits on up to {MAX_GPUS:,} GPUs: the leanest, {self.leanest.arguments()} on "
             f"{self.leanest.gpus} GPUs, needs "
             f"{gib(self.leanest.plan.peak_bytes)} per GPU (largest part: {part} {gib(nbytes)}); a card with more "
             "memory or a shorter seq_len is needed."

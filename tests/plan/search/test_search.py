@@ -156,6 +156,11 @@ def _args(**options) -> list[str]:
 def test_the_cli_prints_the_ten_fastest_and_writes_json(capsys, tmp_path):
     code, out, _ = _cli(capsys, *_args(**SMALL))
     assert code == 0 and "Use " in out and "activation_checkpointing=" in out and "Frontier" in out
+    use = next(line for line in out.splitlines() if line.startswith("Use "))
+    pasted = use.split("in place of search=true: ")[1].split()
+    code, alone, _ = _cli(capsys, *[a for a in _args(**SMALL) if a != "search=true"], *pasted)
+    tokens = re.search(r"Use \S+: ([\d,]+) tokens/s per GPU", use).group(1)
+    assert code == 0 and f" {tokens} " in alone  # the pasted layout plans alone to the search's figure
     code, out, _ = _cli(capsys, *_args(**SMALL), "format=json", "plot=true", f"out_dir={tmp_path}")
     doc = json.loads(out)
     assert code == 0 and 0 < len(doc["layouts"]) <= 10
@@ -176,7 +181,7 @@ def test_when_nothing_fits_it_says_what_would(capsys):
         "strategies=[ddp,zero2]",
     )
     assert code == 0 and "Nothing fits in 2 x" in out
-    assert "Layouts that fit on these GPUs: zero3-offload micro_batch=" in out  # a strategy not searched
+    assert "Layouts that fit on these GPUs: strategies=[zero3-offload] micro_batch=" in out  # a strategy not searched
     assert "does not model" not in out
 
 
