@@ -286,7 +286,7 @@ def _slowest_collective(s: Searched, best: Searched) -> str:
     if every > (t.exposed_comm_s - b.exposed_comm_s) / 2:  # mostly what each micro-step waits on
         names = [c.what for c in s.plan.collectives if c.per_micro_step and (c.window is None or "pipeline" in c.what)]
         return (
-            f" ({t.recurring_comm_s * 1e3:.0f} ms in every micro-batch's path: {'; '.join(dict.fromkeys(names))}"
+            f" ({milliseconds(t.recurring_comm_s)} ms in every micro-batch's path: {'; '.join(dict.fromkeys(names))}"
             f"{'; ' + across if across else ''})"
         )
     comms = [c for c in s.plan.collectives if c.kind != "host-copy"]
@@ -326,7 +326,13 @@ class Loss:
         if self.term is None:
             return f"{self.slower:.1%} slower: more work per token"
         what = "compute at a smaller micro-batch" if self.term == "micro-batch" else TERMS[self.term]
-        return f"{self.slower:.1%} slower: +{self.seconds * 1e3:.0f} ms of {what} per step{self.detail}"
+        return f"{self.slower:.1%} slower: +{milliseconds(self.seconds)} ms of {what} per step{self.detail}"
+
+
+def milliseconds(seconds: float) -> str:
+    """Seconds as milliseconds to about three significant figures, so a small model's step is not '0 ms'."""
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if ms >= 10 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
 
 
 def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
@@ -348,10 +354,12 @@ def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
         detail = f" (checkpointing {s.checkpointing} against {best.checkpointing})"
     elif term == "compute":
         detail = f" ({_shape(s)} against {_shape(best)})"
-        if s.plan.time and s.plan.time.imbalance_s > extra[term] / 4:
+        # The slowest stage's excess beyond #1's: a part of the extra compute, never more than the whole.
+        uneven = s.plan.time.imbalance_s - best.plan.time.imbalance_s if s.plan.time and best.plan.time else 0.0
+        if uneven > extra[term] / 4:
             detail = (
-                f" ({s.plan.time.imbalance_s * 1e3:.0f} ms of it the slowest pipeline stage's beyond an even share: "
-                "the head and loss, uneven blocks)"
+                f" ({milliseconds(min(uneven, extra[term]))} ms of it the slowest pipeline stage's beyond an even "
+                "share: the head and loss, uneven blocks)"
             )
         if s.micro_batch < best.micro_batch and s.plan.layout.tp == best.plan.layout.tp:
             return Loss(slower, "micro-batch", extra[term], detail)

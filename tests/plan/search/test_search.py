@@ -20,6 +20,7 @@ from harness.plan.search.layout_search import (
     SearchResult,
     distinct,
     fastest_tp_across_nodes,
+    milliseconds,
     search,
     why_slower,
 )
@@ -252,3 +253,16 @@ def test_what_fits_grows_a_batch_the_question_did_not_give_with_the_gpus(monkeyp
     given = question(PlanConfig(model="gpt2-124m", gpus=8, batch_size=64))
     what_fits_module.what_fits(given, 64, ["fsdp"])
     assert tried[:3] == [(8, 64), (16, 64), (32, 64)]
+
+
+def test_a_loss_never_names_a_part_larger_than_its_whole(capsys):
+    """The slowest pipeline stage's excess is told as a part of the extra compute, beyond #1's own."""
+    code, out, _ = _cli(capsys, "search=true", "model=llama3.1-8b", "gpus=64", "seq_len=4096", "global_batch_tokens=4M")
+    parts = re.findall(r"\+([\d.]+) ms of compute per step \(([\d.]+) ms of it the slowest pipeline stage", out)
+    assert code == 0 and parts
+    assert all(float(part) <= float(whole) for whole, part in parts)
+
+
+@pytest.mark.parametrize("seconds, shown", [(5.0142, "5014"), (0.0123, "12"), (0.0031, "3.1"), (0.0003, "0.30")])
+def test_a_small_models_losses_are_not_rounded_to_nothing(seconds, shown):
+    assert milliseconds(seconds) == shown
