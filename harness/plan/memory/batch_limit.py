@@ -22,7 +22,7 @@ from dataclasses import replace
 from harness.plan.parallel.backends import model_of
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import runtime_of
-from harness.plan.predict import Question, StrategyPlan, memory_at, plan_backend, plan_strategy
+from harness.plan.predict import Question, StrategyPlan, memory_at, plan_backend, plan_strategy, prepared
 
 SEARCH_FRACTION = 0.95
 PLAN_LIMIT = 4096  # sequences: the table's column says "4096+" beyond
@@ -70,7 +70,9 @@ def fitting_micro_batch(plan: StrategyPlan, question: Question, limit: int = PLA
     at the question's accumulation; 0: not even one sequence; None: its activations are unknown."""
     if plan.peak_bytes is None:
         return None
-    asked = replace(question, grad_accum=plan.grad_accum, global_batch=None)
+    # The question as the plan priced it: a backend without expert parallelism holds the experts among
+    # the rest (predict.prepared), so their gradients and gathers are priced at every micro-batch too.
+    asked = prepared(plan.backend, replace(question, grad_accum=plan.grad_accum, global_batch=None))[1]
 
     if plan.layout.pp > 1 or plan.layout.cp > 1:  # each stage's or sequence shard's own peak
         # A pipeline's local batch is whole rounds of its micro-batches: microbatches=, or by default one a

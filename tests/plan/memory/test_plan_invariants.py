@@ -129,6 +129,25 @@ def test_the_largest_micro_batch_is_the_last_that_fits_and_the_answer_names_it(c
     assert int(fsdp[header.index("max")]) == fitting_micro_batch(next(p for p in plans if p.name == "fsdp"), q)
 
 
+def test_a_mixture_of_experts_largest_micro_batch_holds_its_experts_as_the_plan_does():
+    """Without expert parallelism a strategy holds the experts among the rest: the largest micro-batch
+    is priced with them, so a plan that does not fit at micro-batch 1 has none, and one that fits
+    names the last micro-batch at which it still does."""
+    q = question(
+        PlanConfig(
+            model="kimi-k2", gpus=512, seq_len=4096, batch_size=2048, micro_batch=1, activation_checkpointing="full"
+        )
+    )
+    for strategy in ("fsdp", "zero3"):
+        plan = plan_strategy(strategy, q)
+        largest = fitting_micro_batch(plan, q)
+        if not plan.fits:
+            assert largest == 0, strategy
+            continue
+        assert largest >= 1 and plan_strategy(strategy, replace(q, micro_batch=largest)).fits, strategy
+        assert not plan_strategy(strategy, replace(q, micro_batch=largest + 1)).fits, strategy
+
+
 @pytest.mark.parametrize(("name", "options"), [("fsdp-pp", {"pp_size": 2}), ("fsdp", {"cp_size": 2})])
 def test_a_split_models_largest_micro_batch_is_its_stages_or_shards_own(name, options):
     """A pipeline's stage and a context-parallel shard hold less than the whole model's activations:
