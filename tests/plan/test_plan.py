@@ -451,7 +451,7 @@ def test_when_no_remedy_of_the_asked_strategy_fits_the_plan_names_layouts_that_d
     text = "\n".join(rec.lines)
     assert rec.best is None and "does not model" not in text
     assert "Neither more GPUs, full checkpointing, offload nor a smaller micro-batch makes ddp fit" in text
-    assert "Layouts that fit on these GPUs: fsdp-offload cp_size=2 micro_batch=1" in text
+    assert "Layouts that fit on these GPUs: strategies=[fsdp-offload] strategy_options.cp_size=2 micro_batch=1" in text
     assert " GiB per GPU, " in text
 
 
