@@ -80,7 +80,10 @@ class Backend(PlanModel):
         return self.engine == "deepspeed" or bool(given)
 
 
-_MODELS: dict[tuple, dict[str, Backend]] = {}
+# The registry's entries the models were last built from, and the models: every plan asks for them,
+# and a plugin registered later replaces an entry, so the entries are compared by identity (hashing
+# each entry's PlanModel on every call cost more than the plans it served).
+_MODELS: list[tuple[list, dict[str, Backend]]] = []
 
 
 def planner_models() -> dict[str, Backend]:
@@ -88,19 +91,22 @@ def planner_models() -> dict[str, Backend]:
     from strategies.registry import default_registry
 
     entries = [entry for entry in default_registry().entries() if entry.plan is not None]
-    # Built once per registry state: every plan asks for it, and a plugin registered later changes the key.
-    key = tuple((entry.name, entry.plan, entry.one_process) for entry in entries)
-    if key not in _MODELS:
-        _MODELS.clear()
-        _MODELS[key] = {
-            entry.name: Backend(
-                **{f.name: getattr(entry.plan, f.name) for f in fields(PlanModel)},
-                name=entry.name,
-                single_process=entry.one_process,
+    built = _MODELS[0][0] if _MODELS else []
+    if len(built) != len(entries) or any(a is not b for a, b in zip(built, entries)):
+        _MODELS[:] = [
+            (
+                entries,
+                {
+                    entry.name: Backend(
+                        **{f.name: getattr(entry.plan, f.name) for f in fields(PlanModel)},
+                        name=entry.name,
+                        single_process=entry.one_process,
+                    )
+                    for entry in entries
+                },
             )
-            for entry in entries
-        }
-    return dict(_MODELS[key])
+        ]
+    return dict(_MODELS[0][1])
 
 
 # DDP's own default bucket (torch.nn.parallel.DistributedDataParallel), used where a plugin sets none.
