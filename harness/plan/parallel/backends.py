@@ -92,7 +92,7 @@ def planner_models() -> dict[str, Backend]:
 
     entries = [entry for entry in default_registry().entries() if entry.plan is not None]
     built = _MODELS[0][0] if _MODELS else []
-    if len(built) != len(entries) or any(a is not b for a, b in zip(built, entries)):
+    if len(built) != len(entries) or any(a is not b for a, b in zip(built, entries, strict=True)):
         _MODELS[:] = [
             (
                 entries,
