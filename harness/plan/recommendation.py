@@ -11,6 +11,7 @@ from harness.plan.network.comm import tensor_parallel_across_nodes
 from harness.plan.network.fabric import Topology
 from harness.plan.parallel.backends import counterpart, model_of
 from harness.plan.parallel.layout import Layout, LayoutError
+from harness.plan.parallel.planned_options import options_of
 from harness.plan.predict import Question, StrategyPlan, plan_strategy
 from harness.plan.published_accuracy import accuracy_line, plan_work
 from harness.plan.what_if import fewest_gpus
@@ -291,6 +292,21 @@ def _fits_with(name: str, q: Question) -> list[str]:
     return options
 
 
+def _more_microbatches(p: StrategyPlan, q: Question) -> str | None:
+    """Where the user gave a pipeline its stages but not its micro-batches: the fewest pipeline
+    micro-batches, each a smaller share of the data-parallel rank's sequences, with which `p` fits
+    (1F1B keeps a micro-batch a stage in flight, so smaller ones hold fewer activations)."""
+    if p.layout.pp <= 1 or "microbatches" in options_of(p.name, q.strategy_options):
+        return None
+    local = p.micro_batch * p.grad_accum
+    runs = int(p.backend.options.get("microbatches") or p.layout.pp)
+    for count in (m for m in range(runs + 1, local + 1) if local % m == 0):
+        staged = _planned(p.name, replace(q, strategy_options={**q.strategy_options, "microbatches": count}))
+        if staged is not None and staged.fits:
+            return f"{p.name} with strategy_options.microbatches={count} ({_gib(staged.peak_bytes)} per GPU)"
+    return None
+
+
 def _offloaded(p: StrategyPlan, q: Question) -> str | None:
     """The offload strategy of `p`'s engine and stage, where `p` keeps its optimizer on the GPU."""
     if p.backend.offload_optimizer:
@@ -302,7 +318,8 @@ def _offloaded(p: StrategyPlan, q: Question) -> str | None:
 def _remedies(p: StrategyPlan, q: Question) -> list[str]:
     """What would make `p`, which does not fit, fit: more GPUs, offload, a smaller micro-batch,
     each with full checkpointing where it needs it too."""
-    ways = []
+    staged = _more_microbatches(p, q)
+    ways = [staged] if staged else []
     full = replace(q, checkpointing="full")
     also = "" if q.checkpointing == "full" else " with activation_checkpointing=full"
     questions = [q] if q.checkpointing == "full" else [q, full]

@@ -442,6 +442,27 @@ def test_recommendation_when_nothing_fits_says_what_would():
     assert "fsdp-offload with activation_checkpointing=full: optimizer state in host memory" in rec.lines[1]
 
 
+def test_a_pipeline_staged_without_its_micro_batches_is_told_how_many_would_fit():
+    """pp_size given, microbatches left: the pipeline's default of one micro-batch a stage holds half
+    the rank's 64 sequences in flight; the remedy names the fewest micro-batches that fit, and so
+    planned, it fits."""
+    options = {"ddp-tp": {"tp_size": 8, "pp_size": 2}}
+    q, plans = plan(
+        model="llama3.1-8b", gpus=16, seq_len=8192, batch_size=64, strategies=["ddp-tp"], strategy_options=options
+    )
+    rec = recommend([plans["ddp-tp"]], q)
+    assert rec.best is None
+    line = next(line for line in rec.lines if line.startswith("It would fit with"))
+    count = int(line.split("strategy_options.microbatches=")[1].split()[0])
+    staged = plan_strategy(
+        "ddp-tp", replace(q, strategy_options={"ddp-tp": {**options["ddp-tp"], "microbatches": count}})
+    )
+    fewer = plan_strategy(
+        "ddp-tp", replace(q, strategy_options={"ddp-tp": {**options["ddp-tp"], "microbatches": count // 2}})
+    )
+    assert staged.fits and not fewer.fits
+
+
 def test_when_no_remedy_of_the_asked_strategy_fits_the_plan_names_layouts_that_do():
     """A 70B under ddp on 8 GPUs at 32K tokens, which no GPU count, checkpointing or offload makes fit:
     context parallelism beside FSDP's offload fits on the same GPUs (every FSDP2 name of the mesh takes
