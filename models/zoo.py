@@ -18,6 +18,7 @@ from models.mlp import TokenMLP
 from models.moe import MoEGPT
 from models.moe_config import MOE_PRESETS
 from models.on_meta import on_meta
+from models.zoo_names import TOKEN_MLP
 
 
 class ModelError(ValueError):
@@ -46,7 +47,7 @@ def _build_moe(name: str) -> Callable[..., nn.Module]:
 
 ZOO: dict[str, Callable[..., nn.Module]] = {name: _build_gpt(name) for name in PRESETS}
 ZOO.update({name: _build_moe(name) for name in MOE_PRESETS})
-ZOO["mlp"] = TokenMLP
+ZOO[TOKEN_MLP] = TokenMLP
 
 
 def known_models() -> list[str]:

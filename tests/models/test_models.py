@@ -134,3 +134,23 @@ def test_hf_model_kwargs_take_zero_dropout_but_not_zero_sizes():
         build_config("GPT2Config", {"n_layer": 0})
     with pytest.raises(HFModelError, match="model_kwargs.resid_pdrop=-0.1 must be positive"):
         build_config("GPT2Config", {"resid_pdrop": -0.1})
+
+
+def test_the_zoo_names_known_without_torch_are_the_zoo_s():
+    from models.zoo import known_models
+    from models.zoo_names import ZOO_NAMES
+
+    assert list(ZOO_NAMES) == known_models()
+
+
+def test_an_unknown_model_name_is_answered_without_importing_torch():
+    """The plan's 'unknown model' line lists the zoo's names; reading them must not cost torch's import."""
+    probe = (
+        "import sys\n"
+        "from harness.plan.model.model_catalogue import check_known\n"
+        "from harness.plan.model.model_shape import PlanError\n"
+        "try:\n    check_known('no-such-model')\nexcept PlanError as exc:\n    assert 'gpt-nano' in str(exc)\n"
+        "assert 'torch' not in sys.modules\n"
+    )
+    done = run_bounded([sys.executable, "-c", probe], timeout=60)
+    assert done.returncode == 0, done.stderr

@@ -15,6 +15,7 @@ from typing import Any
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_spec
 from harness.plan.model.moe_shape import total_params
 from models.gpt_config import PRESETS
+from models.zoo_names import ZOO_NAMES
 
 CATALOGUE_FILE = Path(__file__).with_name("model_catalogue.json")
 NORMS = {"RMSNorm": True, "LayerNorm": False}  # the norm, and whether the shape's blocks use RMSNorm
@@ -73,9 +74,7 @@ def named_after(repo: str) -> str | None:
 
 def check_known(name: str) -> None:
     """A plain name that is neither in the catalogue nor in the zoo: one line naming the closest and all."""
-    from models.zoo import known_models  # torch: only on the way to building a zoo model
-
-    zoo = known_models()
+    zoo = ZOO_NAMES
     if name in zoo or name in catalogue():
         return
     names = list(dict.fromkeys([*catalogue(), *zoo]))
