@@ -1,4 +1,4 @@
-"""Byte units, one of each, and the one way bytes are written for a person to read."""
+"""Byte units, one of each, and the one way bytes (and milliseconds) are written for a person to read."""
 
 from __future__ import annotations
 
@@ -22,3 +22,9 @@ def human_bytes(n: float | None) -> str:
         return "n/a"
     scale, unit = byte_unit(n)
     return f"{n / scale:.3g} {unit}" if scale > 1 else f"{n:.0f} B"
+
+
+def milliseconds(seconds: float) -> str:
+    """Seconds as milliseconds to about three significant figures, so a small model's step is not '0 ms'."""
+    ms = seconds * 1e3
+    return f"{ms:.0f}" if ms >= 10 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"

@@ -5,7 +5,7 @@ apart for each (a plan never calls two strategies alike while pricing them apart
 
 from __future__ import annotations
 
-from harness.common.units import GB
+from harness.common.units import GB, milliseconds
 from harness.plan.parallel.backends import counterpart
 from harness.plan.predict import Question, StrategyPlan
 
@@ -73,14 +73,14 @@ def engine_differences(plans: list[StrategyPlan], q: Question) -> list[str]:
 
 
 def _measured_apart(plan: StrategyPlan, native: StrategyPlan, q: Question) -> str:
-    """What the calibration measured of each beyond the model, where it differs by 1 ms or more."""
+    """What the calibration measured of each beyond the model, wherever the two differ: the plan carries
+    any difference, so a difference too small for whole milliseconds is still told."""
     ours = q.factors.overhead_s.get(plan.backend.measured_as)
     theirs = q.factors.overhead_s.get(native.backend.measured_as)
-    if ours is None or theirs is None or abs(ours - theirs) < 1e-3:
+    if ours is None or theirs is None or ours == theirs:
         return ""
     more = ours - theirs
     return (
-        f"measured apart, {abs(more) * 1e3:.0f} ms per micro-step {'more' if more > 0 else 'less'} of the "
-        "backend's own "
-        f"work in {plan.name} ({q.factors.basis}), which the plan carries."
+        f"measured apart, {milliseconds(abs(more))} ms per micro-step {'more' if more > 0 else 'less'} of the "
+        f"backend's own work in {plan.name} ({q.factors.basis}), which the plan carries."
     )

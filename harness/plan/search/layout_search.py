@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from harness.common.units import GIB
+from harness.common.units import GIB, milliseconds
 from harness.plan.model.model_shape import PlanError
 from harness.plan.network.comm import tensor_parallel_across_nodes
 from harness.plan.parallel.backends import Backend, backend_for, model_of
@@ -327,12 +327,6 @@ class Loss:
             return f"{self.slower:.1%} slower: more work per token"
         what = "compute at a smaller micro-batch" if self.term == "micro-batch" else TERMS[self.term]
         return f"{self.slower:.1%} slower: +{milliseconds(self.seconds)} ms of {what} per step{self.detail}"
-
-
-def milliseconds(seconds: float) -> str:
-    """Seconds as milliseconds to about three significant figures, so a small model's step is not '0 ms'."""
-    ms = seconds * 1e3
-    return f"{ms:.0f}" if ms >= 10 else f"{ms:.1f}" if ms >= 1 else f"{ms:.2f}"
 
 
 def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 import runner
+from harness.common.units import milliseconds
 from harness.plan.model.model_shape import PlanError
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
 from harness.plan.predict import plan_all
@@ -20,7 +21,6 @@ from harness.plan.search.layout_search import (
     SearchResult,
     distinct,
     fastest_tp_across_nodes,
-    milliseconds,
     search,
     why_slower,
 )

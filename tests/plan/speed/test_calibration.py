@@ -69,7 +69,9 @@ def test_strategies_measured_apart_are_never_called_alike(reference):
     settings, _, factors = reference
     q = question_for(settings, Measurement("zero3", 0), factors)
     plans = [
-        plan_strategy(n, q) for n in ("zero3", "accelerate-zero3", "zero2", "accelerate-zero2", "ddp", "accelerate-ddp")
+        plan_strategy(n, q)
+        for n in ("zero3", "accelerate-zero3", "zero2", "accelerate-zero2", "zero1", "accelerate-zero1", "ddp")
+        + ("accelerate-ddp", "hsdp", "accelerate-hsdp")
     ]
     said = "\n".join(engine_differences(plans, q))
     assert "accelerate-zero3 and zero3 drive the same engine with the same settings: measured apart" in said
@@ -78,6 +80,10 @@ def test_strategies_measured_apart_are_never_called_alike(reference):
     for native in ("zero3", "zero2"):
         ours, theirs = by_name[f"accelerate-{native}"].time.step_s, by_name[native].time.step_s
         assert (ours > theirs) == ("more of the backend's own work in accelerate-" + native in said)
+    # A pair called alike is priced alike, to the last digit.
+    for line in (line for line in said.splitlines() if line.endswith("planned alike.")):
+        ours, native = line.split(" drive ")[0].split(" and ")
+        assert by_name[ours].time.step_s == by_name[native].time.step_s, line
 
 
 SETTINGS = RunSettings(
