@@ -35,6 +35,7 @@ from harness.plan.plan_options import PlanConfig, check, gpu_counts, models_aske
 from harness.plan.predict import Question, StrategyPlan, plan_all, storage_precision
 from harness.plan.recommendation import Recommendation, recommend
 from harness.plan.speed.gemm import sustained_share
+from harness.plan.speed.host_issue import host_slowdown
 from harness.plan.speed.stragglers import SPREAD, straggler_share
 from harness.plan.what_if import skipped, skipped_lines
 
@@ -301,7 +302,9 @@ def basis_lines(q: Question) -> list[str]:
                 f", mid-sized collectives at the share of it published {t.fabric.kind} sweeps reached "
                 f"({half:.0%} where the bytes take 256 us at it)"
             )
-    lines = [f"speed: {compute}", f"backend overheads and offload host steps {where} from {f.basis}", network]
+    slower = 1.0 if f.measured else host_slowdown(gpu.host_link)
+    host = f"; the backends' own host work x {slower:.2f} on this card's slower host" if slower != 1.0 else ""
+    lines = [f"speed: {compute}", f"backend overheads and offload host steps {where} from {f.basis}{host}", network]
     if gpu.sources:
         lines.append(f"card: {gpu.sources}")
     if gpu.attention_assumed:

@@ -61,6 +61,7 @@ from harness.plan.speed.host_issue import (
     HostIssue,
     host_issue,
     host_rates,
+    host_slowdown,
 )
 from harness.plan.speed.kernel_table import kernel_table
 from harness.plan.speed.masked_softmax import (
@@ -623,6 +624,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         pipelined=_async_tp(q, layout, backend) if pipelined else None,
         host=_host(backend, q, layout, comms),
         gpus=layout.gpus,
+        host_scale=1.0 if q.factors.measured else host_slowdown(q.gpu.host_link),
     )
 
 

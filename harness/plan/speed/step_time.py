@@ -229,11 +229,14 @@ def step_time(
     pipelined: AsyncTensorParallel | None = None,
     host: HostIssue | None = None,
     gpus: int = 1,
+    host_scale: float = 1.0,
 ) -> StepTime:
     """Predicted time of one optimizer step on every GPU, and what it buys. `work` is the compute
     model's micro-step (scaled here); `fixed_compute_s` a micro-step's compute at a fixed MFU (which
     stands for all compute: async TP's pieces then add only the copies they leave exposed, and no
-    straggler is added); `gpus`: the job's, whose slowest every step waits on."""
+    straggler is added); `gpus`: the job's, whose slowest every step waits on; `host_scale`: how much
+    slower this card's host runs the backend's own Python than the host its overheads were measured
+    on (host_issue.host_slowdown; 1 where they were measured on this machine)."""
     if work is not None:
         micro_compute = work.micro_step_s * factors.compute_scale
         forward_s = work.forward_s * factors.compute_scale
@@ -259,16 +262,16 @@ def step_time(
     if backend.offload_optimizer:
         rate = factors.host_s_per_param.get(backend.measured_as, HOST_ADAM_S_PER_PARAM)
         offload_s = shard_params * rate  # every rank steps its own shard at once, on its share of the host
-    overhead = grad_accum * overhead_per_micro_step(backend, factors)
+    overhead = grad_accum * overhead_per_micro_step(backend, factors) * host_scale
     what = "the backend's own work, as measured" if overhead else ""
     if backend.options.get(ZERO3_LIST_COLLECTIVES):
-        overhead += list_collectives_host_s(collectives, grad_accum)
+        overhead += list_collectives_host_s(collectives, grad_accum) * host_scale
         what = "DeepSpeed's ZeRO-3 of 2021: each collective's list split and copied rank by rank, the GPU waiting"
     elif any(c.host_copies for c in collectives):  # nanotron's ZeRO-1 gather, the only list collective there
-        overhead += list_collectives_host_s([c for c in collectives if c.host_copies])
+        overhead += list_collectives_host_s([c for c in collectives if c.host_copies]) * host_scale
         what = "the updated parameters copied back from a list all-gather tensor by tensor and rank by rank"
     if backend.replicas == "threads" and data_parallel > 1:
-        overhead += grad_accum * launches * (data_parallel - 1) * factors.launch_s
+        overhead += grad_accum * launches * (data_parallel - 1) * factors.launch_s * host_scale
         if work is not None:  # GPU 0: the loss over every replica's logits
             overhead += grad_accum * (data_parallel - 1) * work.loss_s * factors.compute_scale
         what = "one process drives every GPU: launches serialised by the GIL, the loss of every replica on GPU 0"

@@ -121,6 +121,18 @@ def test_a_grace_host_issues_each_kernel_slower_than_an_x86_one():
     assert on_gb200.seconds == pytest.approx(on_b200.seconds * GRACE_HOST_SLOWDOWN)
 
 
+def test_a_grace_host_runs_the_backends_own_work_slower_unless_it_was_measured_there():
+    """The reference compare's backend overheads were measured on an x86 host: on a Grace host the same
+    Python takes GRACE_HOST_SLOWDOWN times as long; a calibration on the machine itself is taken as is."""
+    on_b200 = _plan("zero3", micro_batch=1, **{**SMALL, "gpu": "B200"})
+    on_gb200 = _plan("zero3", micro_batch=1, **{**SMALL, "gpu": "GB200"})
+    assert on_b200.time.overhead_s > 0
+    assert on_gb200.time.overhead_s == pytest.approx(on_b200.time.overhead_s * GRACE_HOST_SLOWDOWN)
+    q = question(PlanConfig(**{**SMALL, "gpu": "GB200"}, gpus=8, micro_batch=1, strategies=["zero3"]))
+    measured = replace(q, factors=replace(q.factors, measured=True))
+    assert plan_strategy("zero3", measured).time.overhead_s == pytest.approx(on_b200.time.overhead_s)
+
+
 def test_blocking_launches_add_the_hosts_whole_issue_time_to_every_micro_step():
     # A large micro-step hides its host entirely; with CUDA_LAUNCH_BLOCKING=1 (a published run's
     # option) none of it is hidden.
