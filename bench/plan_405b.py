@@ -92,7 +92,7 @@ def plan_lines() -> list[str]:
 def _row(s: Searched, best: Searched, scale: float, family: str) -> str:
     loss = "the winner" if s is best else why_slower(s, best, scale).describe()
     speed = f"{s.tokens_per_s_per_gpu:,.0f} | {s.mfu:.0%} | {s.peak_bytes / 2**30:.1f}"
-    return f"| {family}: {s.describe()} | {speed} | {loss} |"
+    return f"| {family}: {s.arguments()} | {speed} | {loss} |"
 
 
 def search_lines() -> list[str]:
@@ -212,7 +212,7 @@ def engine_lines(best: Searched, megatron: Searched | None, overlapped: Searched
     lines.append("|---|---|---:|---:|---:|")
     if megatron is not None:
         lines.append(
-            f"| {megatron.describe()} | parabench's zero1-tp (torch's TP) | {megatron.tokens_per_s_per_gpu:,.0f} | - "
+            f"| {megatron.arguments()} | parabench's zero1-tp (torch's TP) | {megatron.tokens_per_s_per_gpu:,.0f} | - "
             f"| {megatron.tokens_per_s_per_gpu / best.tokens_per_s_per_gpu - 1:+.0%} |"
         )
     if overlapped is not None:
@@ -258,10 +258,10 @@ def reading(found: dict[str, Searched | None], best: Searched, scale: float, ove
     megatron = found[MEGATRON_FAMILY]
     lines = ["## Reading", ""]
     lines.append(
-        f"The search's fastest is `{best.describe()}` at {best.mfu:.0%} MFU. The layout family the published "
+        f"The search's fastest is `{best.arguments()}` at {best.mfu:.0%} MFU. The layout family the published "
         "runs of this size used (TP 8 with pipeline stages beside data parallel, 38-43% MFU in Llama 3's Table 4) "
         + (
-            f"plans at {megatron.mfu:.0%} here ({megatron.describe()}): {why_slower(megatron, best, scale).describe()}."
+            f"plans at {megatron.mfu:.0%} here ({megatron.arguments()}): {why_slower(megatron, best, scale).describe()}."
             if megatron
             else "is not among the search's layouts (no registered strategy takes its sizes together)."
         )
