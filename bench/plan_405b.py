@@ -261,7 +261,8 @@ def reading(found: dict[str, Searched | None], best: Searched, scale: float, ove
         f"The search's fastest is `{best.arguments()}` at {best.mfu:.0%} MFU. The layout family the published "
         "runs of this size used (TP 8 with pipeline stages beside data parallel, 38-43% MFU in Llama 3's Table 4) "
         + (
-            f"plans at {megatron.mfu:.0%} here ({megatron.arguments()}): {why_slower(megatron, best, scale).describe()}."
+            f"plans at {megatron.mfu:.0%} here ({megatron.arguments()}): "
+            f"{why_slower(megatron, best, scale).describe()}."
             if megatron
             else "is not among the search's layouts (no registered strategy takes its sizes together)."
         )
