@@ -666,15 +666,20 @@ ALIASES = (
     ("a100-sxm4-40gb", "A100-40"),
     ("a100-40", "A100-40"),
     ("a100 40", "A100-40"),
+    ("a100-80", "A100"),
     ("a100", "A100"),
+    ("a800-80", "A800"),
     ("a800", "A800"),
+    ("h200-141", "H200"),
     ("h200", "H200"),
+    ("h800-80", "H800"),
     ("h800", "H800"),
     ("h20", "H20"),
     ("gb200", "GB200"),
     ("gb300", "GB300"),
     ("b200", "B200"),
     ("b300", "B300"),
+    ("h100-80", "H100"),
     ("h100", "H100"),
     ("v100-sxm2-16gb", "V100-16"),
     ("v100-16", "V100-16"),
@@ -693,6 +698,21 @@ ALIASES = (
 def known_gpus() -> str:
     """The names `gpu=` takes, for a one-line error."""
     return ", ".join(GPUS)
+
+
+# What torch's and nvidia-smi's names put before the card's ("NVIDIA GB200", "Tesla V100-SXM2-16GB",
+# "AMD Instinct MI300X"): `gpu=` takes a name with or without it.
+VENDOR_PREFIXES = ("nvidia ", "tesla ", "amd instinct ")
+
+
+def gpu_named(name: str) -> GPUSpec | None:
+    """The card `gpu=` names: a key or an alias as the whole name, in any case, after any vendor prefix;
+    None where unknown. Not gpu_spec's fragments: a typo (H1000, B2000) is unknown, not the card it contains."""
+    lowered = name.strip().lower()
+    for prefix in VENDOR_PREFIXES:
+        lowered = lowered.removeprefix(prefix)
+    key = next((key for key in GPUS if key.lower() == lowered), None) or dict(ALIASES).get(lowered)
+    return GPUS[key] if key is not None else None
 
 
 def gpu_spec(name: str) -> GPUSpec | None:

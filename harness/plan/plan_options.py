@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from configs.schema import PRECISIONS
-from harness.common.hardware import GPUS, GPUSpec, gpu_spec, known_gpus
+from harness.common.hardware import GPUS, GPUSpec, gpu_named, known_gpus
 from harness.common.numbers import is_whole
 from harness.common.units import GB
 from harness.common.writable import FolderError, check_writable
@@ -217,7 +217,7 @@ def recipe_of(cfg: PlanConfig) -> Recipe:
 
 def gpu_of(cfg: PlanConfig) -> GPUSpec:
     """The card, with any figure the options give in place of the data sheet's."""
-    spec = gpu_spec(cfg.gpu)
+    spec = gpu_named(cfg.gpu)
     if spec is None:
         if None in (cfg.gpu_mem_gb, cfg.peak_tflops, cfg.hbm_tb_s):
             raise PlanError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import runner
-from harness.common.hardware import GPUS, gpu_spec
+from harness.common.hardware import GPUS, gpu_named, gpu_spec
 from harness.plan.model.model_shape import PlanError
 from harness.plan.network.fabric import (
     FABRICS,
@@ -68,6 +68,30 @@ def test_a_bad_card_is_one_line_listing_the_known_ones(capsys):
     code, _, err = run_plan("model=llama3.1-8b", "gpu=GB201", capsys=capsys)
     assert code != 0 and len(err.strip().splitlines()) == 1
     assert all(name in err for name in ("GB200", "GB300", "B300", "H800", "H20", "V100-16", "A800", "MI355X"))
+
+
+@pytest.mark.parametrize("typo", ["H1000", "H100X", "B2000", "A100-800"])
+def test_a_card_name_with_a_known_one_inside_is_not_taken_for_it(typo, capsys):
+    # gpu_spec's fragments would read "H1000" as an H100: the user's gpu= must be a whole name.
+    code, _, err = run_plan("model=llama3.1-8b", "gpus=8", f"gpu={typo}", capsys=capsys)
+    assert code != 0 and len(err.strip().splitlines()) == 1
+    assert f"unknown gpu {typo!r}" in err and "MI355X" in err
+
+
+@pytest.mark.parametrize(
+    "name,key",
+    [
+        ("h100-96", "H100-96"),
+        ("a100-40", "A100-40"),
+        ("mi300x", "MI300X"),
+        ("H800-80", "H800"),
+        ("NVIDIA GB200", "GB200"),
+        ("Tesla V100-SXM2-16GB", "V100-16"),
+        ("AMD Instinct MI300X", "MI300X"),
+    ],
+)
+def test_gpu_takes_a_key_or_an_alias_as_the_whole_name(name, key):
+    assert gpu_named(name) is GPUS[key]
 
 
 @pytest.mark.parametrize(
