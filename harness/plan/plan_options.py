@@ -217,24 +217,15 @@ def recipe_of(cfg: PlanConfig) -> Recipe:
 
 def gpu_of(cfg: PlanConfig) -> GPUSpec:
     """The card, with any figure the options give in place of the data sheet's."""
-    spec = gpu_named(cfg.gpu)
-    if spec is None:
-        if None in (cfg.gpu_mem_gb, cfg.peak_tflops, cfg.hbm_tb_s):
-            raise PlanError(
-                f"unknown gpu {cfg.gpu!r}: use one of {known_gpus()}, "
-                "or give gpu_mem_gb=, peak_tflops= and hbm_tb_s= for another card"
-            )
-        spec = replace(GPUS["H100"], name=cfg.gpu, attention_family="hopper", sources="the options' figures")
+    known = gpu_named(cfg.gpu)
+    if known is None and None in (cfg.gpu_mem_gb, cfg.peak_tflops, cfg.hbm_tb_s):
+        raise PlanError(
+            f"unknown gpu {cfg.gpu!r}: use one of {known_gpus()}, "
+            "or give gpu_mem_gb=, peak_tflops= and hbm_tb_s= for another card"
+        )
+    spec = with_given_figures(cfg, known or GPUS["H100"], "custom card" if known else f"custom card {cfg.gpu}")
+    if known is None:
         check_custom_card(cfg, spec)
-    if cfg.peak_tflops is not None:  # the peak at the run's precision; fp8's is twice bf16's, fp4's four times
-        given = cfg.peak_tflops * 1e12
-        base = given / LOW_PRECISION_SPEEDUP.get(cfg.precision, 1)
-        peaks = {key: base * LOW_PRECISION_SPEEDUP.get(key, 1) for key in spec.peak_flops if key != "fp32"}
-        spec = replace(spec, peak_flops={**peaks, "fp32": spec.peak_flops["fp32"]})
-    if cfg.hbm_tb_s is not None:
-        spec = replace(spec, hbm_bytes_per_s=cfg.hbm_tb_s * 1e12)
-    if cfg.gpu_mem_gb is not None:
-        spec = replace(spec, capacity_gib=cfg.gpu_mem_gb * GB / 2**30)
     check_precision(spec, cfg.precision)
     if cfg.fp8_block_scaling and spec.generation not in BLOCK_SCALED:
         raise PlanError(
@@ -254,6 +245,40 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
             f"'The cards'): use one of {', '.join(k for k in kernels_on(spec) if k in KERNELS)}"
         )
     return spec
+
+
+GIVEN_FIGURES = ("gpu_mem_gb", "peak_tflops", "hbm_tb_s")
+
+
+def with_given_figures(cfg: PlanConfig, card: GPUSpec, label: str) -> GPUSpec:
+    """`card` with the figures the options give in place of its own: a custom card, named `label` and by
+    those figures, as the header and the card line say (its power and sources are no longer `card`'s)."""
+    given = {option: getattr(cfg, option) for option in GIVEN_FIGURES if getattr(cfg, option) is not None}
+    if not given:
+        return card
+    spec = card
+    if cfg.peak_tflops is not None:  # the peak at the run's precision; fp8's is twice bf16's, fp4's four times
+        base = cfg.peak_tflops * 1e12 / LOW_PRECISION_SPEEDUP.get(cfg.precision, 1)
+        peaks = {key: base * LOW_PRECISION_SPEEDUP.get(key, 1) for key in spec.peak_flops if key != "fp32"}
+        spec = replace(spec, peak_flops={**peaks, "fp32": spec.peak_flops["fp32"]})
+    if cfg.hbm_tb_s is not None:
+        spec = replace(spec, hbm_bytes_per_s=cfg.hbm_tb_s * 1e12)
+    if cfg.gpu_mem_gb is not None:
+        spec = replace(spec, capacity_gib=cfg.gpu_mem_gb * GB / 2**30)
+    figures = [
+        *([f"{cfg.gpu_mem_gb:g} GB"] if cfg.gpu_mem_gb is not None else []),
+        *([f"{cfg.peak_tflops:g} TFLOP/s {cfg.precision}"] if cfg.peak_tflops is not None else []),
+        *([f"{cfg.hbm_tb_s:g} TB/s"] if cfg.hbm_tb_s is not None else []),
+    ]
+    return replace(
+        spec,
+        name=f"{label} ({', '.join(figures)}; the {card.name}'s other figures)",
+        power_w=None,
+        sources=(
+            f"{', '.join(f'{option}={value:g}' for option, value in given.items())} as given; the rest (matmul "
+            f"efficiency, links, attention rates) the {card.name}'s, whose sources docs/planner.md tabulates"
+        ),
+    )
 
 
 # A card given by its figures is planned with the H100's efficiencies and Hopper's attention tables, but is

@@ -27,7 +27,7 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.common.hardware import GPUSpec, gpu_spec
+from harness.common.hardware import GPUS, GPUSpec
 
 if TYPE_CHECKING:
     from harness.plan.model.model_shape import TransformerDims
@@ -102,6 +102,11 @@ NEW_FAMILIES = (
 OLDER_FAMILIES = {"hopper": "Hopper (H100, H200)", "ampere": "Ampere and Ada (A100, A800, L40S, ...)"}
 
 
+# The cards' own names: a card given by its figures (plan_options.with_given_figures) is named apart from
+# them, and belongs to no family the benchmark measured.
+CARD_NAMES = frozenset(spec.name for spec in GPUS.values())
+
+
 def card_family(spec: GPUSpec) -> str:
     """The family a card belongs to: NEW_FAMILIES, or its NCCL generation for the others."""
     if spec.generation == "blackwell":
@@ -163,7 +168,7 @@ def accuracy_line(layout: Layout, topology: Topology, gpu: GPUSpec | None, work:
                 f"at its work per GPU per layer op, {bucket} (micro-batch x seq x width / tp = 2^{math.log2(work):.1f})"
             )
             described.append(_bucket(at, figures["work"][bucket]))
-    if gpu is not None and gpu_spec(gpu.name) is not None:
+    if gpu is not None and gpu.name in CARD_NAMES:
         family = card_family(gpu)
         if family in figures["families"]:
             described.append(_bucket(f"on {family}", figures["families"][family]))

@@ -266,3 +266,16 @@ def test_offload_on_a_grace_host_copies_over_nvlink_c2c():
 def test_the_platform_networks():
     assert parse_fabric("xdr").gbps == 800 and parse_fabric("pollara").kind == "roce"
     assert default_fabric(GPUS["B300"], 8) is FABRICS["xdr"] and default_fabric(GPUS["MI300X"], 8) is FABRICS["ndr"]
+
+
+def test_a_card_given_by_its_figures_is_named_a_custom_card_on_its_base(capsys):
+    # The figures replace the H100's, so the header must not name the H100 nor cite its 700 W and sources.
+    code, out, err = run_plan(
+        "model=llama3.1-8b", "gpus=8", "gpu_mem_gb=40", "peak_tflops=500", "hbm_tb_s=2", capsys=capsys
+    )
+    assert code == 0, err
+    header, card = out.splitlines()[1], next(line for line in out.splitlines() if line.startswith("  card: "))
+    assert "| custom card (40 GB, 500 TFLOP/s bf16, 2 TB/s; the H100 SXM 80GB's other figures) |" in header
+    assert "gpu_mem_gb=40, peak_tflops=500, hbm_tb_s=2 as given" in card and "700 W" not in card
+    code, out, _ = run_plan("model=llama3.1-8b", *CUSTOM_CARD, capsys=capsys)
+    assert code == 0 and "| custom card MI400X (288 GB, 2000 TFLOP/s bf16, 8 TB/s;" in out.splitlines()[1]
