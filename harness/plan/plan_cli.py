@@ -236,14 +236,17 @@ def planned(cfg: PlanConfig, q: Question) -> tuple[list[StrategyPlan], dict[str,
     routed = routed_options(names, cfg.strategy_options)
     plans, not_planned = plan_all(names, q, asked=bool(cfg.strategies))
     if not plans:
-        reasons = "; ".join(dict.fromkeys(not_planned.values()))
+        stopped: dict[str, list[str]] = {}
+        for name, why in not_planned.items():
+            stopped.setdefault(why, []).append(name)
+        reasons = "; ".join(f"{', '.join(names)}: {why}" for why, names in stopped.items())
         raise PlanError(f"{q.shape.name} on {q.gpus} GPUs: no strategy can lay it out: {reasons}")
     # An option that no strategy given it could be planned with, refused for its value (not for a
     # layout it does not divide, nor one the planner does not price), is bad input: one line.
     takers = {name: given for name, given in routed.by_strategy.items() if given}
     if takers and not takers.keys() & {p.name for p in plans}:
         refusals = [
-            why.split(": ", 1)[-1] if why.startswith(f"{name}: ") else why
+            why
             for name, given in takers.items()
             if (why := not_planned.get(name, ""))
             and any(f"{key}=" in why for key in given)

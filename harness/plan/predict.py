@@ -37,7 +37,7 @@ from harness.plan.parallel.async_tp_cost import (
 )
 from harness.plan.parallel.backends import Backend, backend_for, model_of
 from harness.plan.parallel.batch_split import nearest_split, split
-from harness.plan.parallel.layout import Layout, LayoutError, layout_of
+from harness.plan.parallel.layout import Layout, LayoutError, layout_of, reason_of
 from harness.plan.parallel.planned_options import check_priced, options_of
 from harness.plan.speed.alibi_scores import ALIBI, ALIBI_SCORE_BYTES
 from harness.plan.speed.attention import UNFUSED
@@ -736,7 +736,7 @@ def plan_all(names: list[str], q: Question, *, asked: bool = True) -> tuple[list
         except LayoutError as exc:
             if asked:
                 raise
-            not_planned[name] = str(exc)
+            not_planned[name] = reason_of(name, exc)
     return plans, not_planned
 
 

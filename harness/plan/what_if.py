@@ -5,7 +5,7 @@ strategy that stays inside one node) ends the search with the reason, never the 
 
 from __future__ import annotations
 
-from harness.plan.parallel.layout import LayoutError
+from harness.plan.parallel.layout import LayoutError, reason_of
 from harness.plan.predict import Question, StrategyPlan, plan_default
 
 MAX_GPUS = 1024
@@ -19,7 +19,7 @@ def fewest_gpus(name: str, q: Question, limit: int = MAX_GPUS) -> tuple[int, Str
         try:
             p = plan_default(name, q.with_gpus(gpus))
         except LayoutError as exc:
-            return f"not planned on {gpus} GPUs: {exc}"
+            return f"not planned on {gpus} GPUs: {reason_of(name, exc)}"
         if p.fits:
             return gpus, p
         gpus *= 2

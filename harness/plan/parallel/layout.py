@@ -29,6 +29,12 @@ class LayoutError(PlanError):
     the global batch): an error where the strategy was asked for, a listed omission otherwise."""
 
 
+def reason_of(name: str, exc: LayoutError) -> str:
+    """Why strategy `name` cannot lay a question out, without the name some reasons begin with: the
+    lines that say it name the strategy once."""
+    return str(exc).removeprefix(f"{name}: ")
+
+
 @dataclass(frozen=True)
 class Layout:
     tp: int  # GPUs splitting each matmul (1: no tensor parallelism)

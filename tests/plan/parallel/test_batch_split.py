@@ -113,11 +113,21 @@ def test_a_what_if_the_batch_cannot_take_stops_there_and_says_why(capsys):
     assert code == 0 and f"What-if on more GPUs stops for fsdp, zero3: {why}" in out
 
 
+def test_a_what_if_that_stops_names_the_strategy_once():
+    q, plans, _ = _plans(model="llama3.1-70b", gpus=8, micro_batch=1, strategies=["dataparallel"])
+    assert skipped(list(plans.values()), q) == {
+        "dataparallel": "not planned on 16 GPUs: one process drives every GPU (its replicas are threads), so it "
+        "runs inside one node: not planned beyond 8 GPUs (gpus=16 on 2 nodes)"
+    }
+
+
 def test_dataparallel_is_planned_inside_one_node_only():
     _, plans, not_planned = _plans(model="gpt2-124m", gpus=64, micro_batch=4)
     assert "dataparallel" not in plans and "ddp" in plans
     assert "one process drives every GPU" in not_planned["dataparallel"]
     assert "runs inside one node: not planned beyond 8 GPUs (gpus=64 on 8 nodes)" in not_planned["dataparallel"]
+    # The lines that say a reason name its strategy, so the reason does not name it again.
+    assert not not_planned["dataparallel"].startswith("dataparallel")
     _, plans, _ = _plans(model="gpt2-124m", gpus=8, micro_batch=4)
     assert plans["dataparallel"].layout.data_parallel == 8
     with pytest.raises(PlanError, match="runs inside one node") as err:
