@@ -136,6 +136,8 @@ def models_asked(cfg: PlanConfig) -> list[str | None]:
 
 
 def gpu_counts(cfg: PlanConfig) -> list[int]:
+    if cfg.gpus is None:  # `gpus=` with nothing after it (an unset shell variable): not a count to print back
+        raise PlanError("gpus= is empty: give a GPU count (gpus=8) or a list of them (gpus=[8,64])")
     counts = _listed(cfg.gpus)
     if not counts:  # an empty sweep would plan nothing, and the first count is every question's default
         raise PlanError("gpus=[] names no GPU count: give gpus=8 or gpus=[8,64]")

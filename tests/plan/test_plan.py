@@ -600,6 +600,7 @@ def test_plots_of_a_pipeline_leave_out_the_sizes_its_stages_do_not_divide(capsys
         (["model=gpt2-124m", "attention=fast"], "attention='fast' is not one of flash"),
         (["model=gpt2-124m", "gpus=[8,16]", "nodes=2"], "give gpus_per_node= instead"),
         (["model=gpt2-124m", "gpus=[8,zero]"], "must be a positive whole number"),
+        (["model=gpt2-124m", "gpus="], "gpus= is empty: give a GPU count (gpus=8)"),
         (["model=tests.user_models:build_bigram", "activation_checkpointing=selective"], "selective keeps the matmuls"),
         (["model=gpt2-124m", "strategies=[zero9]"], "unknown strategy zero9"),
         (["model=gpt2-124m", "gpu=Z80"], "unknown gpu 'Z80'"),
