@@ -23,7 +23,7 @@ from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.parallel.planned_options import check_priced, options_of, takes
 from harness.plan.predict import Question, StrategyPlan, plan_backend, storage_precision
 from harness.plan.recommendation import CHECKPOINTING_ORDER
-from harness.plan.search.search_space import batch_splits, layout_options, pipeline_splits
+from harness.plan.search.search_space import BatchSplit, batch_splits, layout_options, pipeline_splits
 from strategies.plan_model import PlanModel
 
 TOP = 10
@@ -105,6 +105,8 @@ class SearchResult:
     # A strategy's layout that another strategy searched before it lays out alike (fsdp-pp at pp 1 is
     # fsdp-grad-op's), in words, with the strategy it is listed under: each layout is listed once.
     listed_as: dict[str, str] = field(default_factory=dict)
+    # The fewest sequences any layout refused for the batch alone would take; None: none was.
+    fewest_sequences: int | None = None
 
     @property
     def strategies(self) -> list[str]:
@@ -151,6 +153,7 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
     not_laid_out: Counter[str] = Counter()
     first_of: dict[tuple, str] = {}  # each layout searched (_layout_key) -> the strategy it is listed under
     listed_as: dict[str, str] = {}
+    fewest: int | None = None  # the fewest sequences a layout refused for its batch takes
     experts = q.shape.dims.moe.experts if q.shape.dims and q.shape.dims.moe else None
     for name in names:
         model = model_of(name)
@@ -178,14 +181,11 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
             if first_of.setdefault(key, name) != name:
                 listed_as[f"{name} at {_dims(layout)}"] = first_of[key]
                 continue
-            if layout.pp > 1:
-                schedule = str(backend.options.get("schedule") or "1f1b")
-                microbatches = fixed.get("microbatches")
-                pipelined = pipeline_splits(global_batch, layout.data_parallel, layout.pp, schedule, microbatches)
-                splits = [(split, {**sizes, "microbatches": m}) for split, m in pipelined]
-            else:
-                splits = [(split, sizes) for split in batch_splits(global_batch, layout.data_parallel)]
+            splits = _splits(global_batch, layout, backend, fixed, sizes)
             if not splits:
+                least = _fewest_sequences(layout, backend, fixed, sizes)
+                if least is not None:
+                    fewest = least if fewest is None else min(fewest, least)
                 not_laid_out[
                     f"the batch of {global_batch} sequences does not divide over {layout.data_parallel} "
                     "data-parallel ranks" + (f" into micro-batches for {layout.pp} stages" if layout.pp > 1 else "")
@@ -212,7 +212,26 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
                     )
                     (too_large if plan.fits is False else fitting).append(found)
     fitting.sort(key=lambda s: (-s.tokens_per_s_per_gpu, s.peak_bytes))
-    return SearchResult(q, global_batch, fitting, too_large, dict(not_laid_out), listed_as)
+    return SearchResult(q, global_batch, fitting, too_large, dict(not_laid_out), listed_as, fewest)
+
+
+def _splits(
+    global_batch: int, layout: Layout, backend: Backend, fixed: dict[str, Any], sizes: dict[str, Any]
+) -> list[tuple[BatchSplit, dict[str, Any]]]:
+    """How `layout` makes `global_batch` sequences, each split with the options it runs under."""
+    if layout.pp == 1:
+        return [(split, sizes) for split in batch_splits(global_batch, layout.data_parallel)]
+    schedule = str(backend.options.get("schedule") or "1f1b")
+    pipelined = pipeline_splits(global_batch, layout.data_parallel, layout.pp, schedule, fixed.get("microbatches"))
+    return [(split, {**sizes, "microbatches": m}) for split, m in pipelined]
+
+
+def _fewest_sequences(layout: Layout, backend: Backend, fixed: dict[str, Any], sizes: dict[str, Any]) -> int | None:
+    """The smallest global batch `layout` can split: a multiple of its data-parallel ranks that also makes
+    a pipeline's micro-batches (as many as its stages, or the micro-batches given); None where none does."""
+    rounds = layout.pp * max(1, int(fixed.get("microbatches") or 1))
+    batches = (k * layout.data_parallel for k in range(1, rounds + 1))
+    return next((b for b in batches if _splits(b, layout, backend, fixed, sizes)), None)
 
 
 # The options a Layout's dimensions already say (two strategies reaching one tp by default and by option are alike).

@@ -305,6 +305,25 @@ def option_lines(result: SearchResult, routed: RoutedOptions) -> list[str]:
     return reaches + [f"  {line}" for line in what_if_lines(routed)] + alike
 
 
+def nothing_laid_out(cfg: PlanConfig, result: SearchResult) -> str:
+    """Why no layout could be planned, in one line: a batch too small for every layout says the smallest
+    one a layout takes, in the option the user gave; other reasons are each said once."""
+    q, fewest = result.question, result.fewest_sequences
+    where = f"{q.shape.name} on {q.gpus} GPUs"
+    if fewest is None:
+        return f"{where}: no layout can take the batch: " + "; ".join(line.strip() for line in _not_laid_out(result))
+    sequences = f"{result.global_batch} sequence{'s' if result.global_batch > 1 else ''}"
+    if cfg.global_batch_tokens is None:
+        given, least = f"batch_size={result.global_batch}", f"batch_size= of at least {fewest}"
+    else:
+        given = f"global_batch_tokens={result.global_batch * q.seq_len:,} ({sequences} of {q.seq_len})"
+        least = f"global_batch_tokens= of at least {fewest * q.seq_len:,} ({fewest} sequences)"
+    return (
+        f"{where}: {given} is too few to split over any layout's data-parallel ranks: give {least}, the fewest "
+        "a layout here takes, or fewer gpus="
+    )
+
+
 def run_search(cfg: PlanConfig) -> int:
     q, global_batch = search_question(cfg)
     names = strategy_names(cfg, q.gpus)
@@ -313,8 +332,7 @@ def run_search(cfg: PlanConfig) -> int:
     result = search(q, names, global_batch)
     seconds = time.perf_counter() - started
     if not result.planned:
-        reasons = "; ".join(result.not_laid_out)
-        raise PlanError(f"{q.shape.name} on {q.gpus} GPUs: no layout can take the batch: {reasons}")
+        raise PlanError(nothing_laid_out(cfg, result))
     plots: list[Path] = []
     if cfg.plot:
         from harness.plan.search.search_plot import frontier_chart  # matplotlib only when asked

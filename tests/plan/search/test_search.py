@@ -210,6 +210,19 @@ def test_bad_search_input_is_a_one_line_error(capsys, args, fragment):
     assert err.count("\n") == 1 and fragment in err, err
 
 
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        ("global_batch_tokens=1K", "global_batch_tokens= of at least 8,192 (8 sequences), the fewest a layout"),
+        ("batch_size=1", "batch_size=1 is too few to split over any layout's data-parallel ranks: give batch_size= of"),
+    ],
+)
+def test_a_batch_too_small_for_every_layout_says_the_smallest_to_give(capsys, given, says):
+    # Every layout refused the batch for its own ranks: one line with the batch that one takes, not each refusal.
+    code, out, err = _cli(capsys, "search=true", "model=llama3.1-8b", "gpus=64", given)
+    assert code == 2 and out == "" and err.count("\n") == 1 and len(err) < 300 and says in err, err
+
+
 def test_tensor_parallelism_across_nodes_is_searched_and_says_what_makes_it_lose():
     cfg = PlanConfig(**(SMALL | {"kv_heads": 16}))  # tp 8, over both nodes, divides every head
     q, global_batch = search_question(cfg)
