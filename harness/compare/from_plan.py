@@ -32,6 +32,7 @@ REFERENCE = "single"  # what each layout is measured beside
 # Settings a plan compare takes from the plan: given beside plan= they would measure something else.
 FROM_PLAN = ("model", "seq_len", "batch_size", "micro_batch", "grad_accum", "activation_checkpointing")
 SEARCH_COMMAND = "runner.py plan search=true model=... gpus=... global_batch_tokens=... format=json > plan.json"
+KEEPING = " format=json"  # where a top= to keep more layouts goes in SEARCH_COMMAND
 # fp32 weights, gradients and two Adam moments in one process: what `single` holds at the least.
 STATE_BYTES_PER_PARAM = 16
 
@@ -126,10 +127,7 @@ def read_search(path: str, top: int) -> dict[str, Any]:
     if found == 0:
         raise ConfigError(f"plan={path} holds no layout that fits: search a larger cluster or a smaller model")
     if found < top:
-        raise ConfigError(
-            f"plan={path} holds {found} layout{'s' if found != 1 else ''} that fit: give top={found} or fewer, "
-            "or search a cluster where more fit"
-        )
+        raise ConfigError(_too_few(path, search, top))
     wrong = _wrong_question(search["question"]) or next(
         (
             f"layout {rank} {why}"
@@ -141,6 +139,20 @@ def read_search(path: str, top: int) -> dict[str, Any]:
     if wrong:
         raise ConfigError(f"plan={path} is not a search result ({wrong}): give the JSON that `{SEARCH_COMMAND}` writes")
     return search
+
+
+def _too_few(path: str, search: dict[str, Any], top: int) -> str:
+    """Why the file holds fewer layouts than `top`: the search kept only its top ones (more fit: search
+    again keeping more), or no more fit (search a cluster where more do)."""
+    found, fit, kept = len(search["layouts"]), search.get("fit"), search.get("top", len(search["layouts"]))
+    layouts = f"{found} layout{'s' if found != 1 else ''}"
+    if is_whole(fit) and is_whole(kept) and fit > found >= kept:  # fewer than kept: the rest plan alike
+        again = SEARCH_COMMAND.replace(KEEPING, f" top={top}{KEEPING}")
+        return (
+            f"plan={path} keeps the search's top {layouts} of the {fit:,} that fit: give top={found} or fewer, or "
+            f"search again keeping {top} (`{again}`)"
+        )
+    return f"plan={path} holds {layouts} that fit: give top={found} or fewer, or search a cluster where more fit"
 
 
 def _wrong_question(q: Any) -> str | None:

@@ -74,6 +74,7 @@ class PlanConfig:
     # that makes this global batch, in tokens (4194304 or 4M), and rank those that fit (search.py).
     search: bool = False
     global_batch_tokens: Any = None
+    top: Optional[int] = None  # search=true: how many of the fastest layouts it lists and its JSON keeps (default 10)
     seq_len: Optional[int] = None  # unset: DEFAULT_SEQ_LEN, or the model's learned positions where fewer
     precision: str = "bf16"
     activation_checkpointing: Any = "none"  # none | full | selective (true/false: full/none)
@@ -191,6 +192,7 @@ def check(cfg: PlanConfig) -> None:
     gpu_counts(cfg)
     checkpointing_of(cfg)
     calibration_paths(cfg)
+    check_top(cfg)
     if cfg.mfu is not None and not 0 < cfg.mfu <= 1:
         raise PlanError(f"mfu={cfg.mfu} must be in (0, 1]: the share of the peak flops the compute reaches")
     if cfg.precision not in PLAN_PRECISIONS:
@@ -209,6 +211,17 @@ def check(cfg: PlanConfig) -> None:
             check_writable(cfg.out_dir, f"out_dir={cfg.out_dir} (where plot=true writes its charts)")
         except FolderError as exc:
             raise PlanError(str(exc)) from None
+
+
+def check_top(cfg: PlanConfig) -> None:
+    """top= is search=true's (how many of the fastest layouts it lists and its JSON keeps, for `compare
+    plan=` to run the top of): without search=true it would be ignored, so it is refused."""
+    if cfg.top is None:
+        return
+    if not cfg.search:
+        raise PlanError("top= is how many layouts search=true lists and keeps: give search=true, or leave top= out")
+    if cfg.top < 1:
+        raise PlanError(f"top={cfg.top} must be 1 or more: how many of the fastest layouts the search keeps")
 
 
 def recipe_of(cfg: PlanConfig) -> Recipe:

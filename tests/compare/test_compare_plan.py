@@ -165,6 +165,15 @@ def test_a_plan_that_cannot_be_measured_is_one_line(tmp_path: Path) -> None:
         compare.main([f"plan={not_search}", out])
     with pytest.raises(ConfigError, match="holds 1 layout that fit: give top=1 or fewer"):
         compare.main([f"plan={short}", "top=2", out])
+    # The search kept its top 1 of the 39 that fit: not "search a cluster where more fit", but keep more.
+    kept = tmp_path / "kept.json"
+    kept.write_text(json.dumps({"question": {"gpus": 2}, "fit": 39, "top": 1, "layouts": [_layout("ddp", 1, 2, 1)]}))
+    with pytest.raises(
+        ConfigError,
+        match=r"keeps the search's top 1 layout of the 39 that fit: give top=1 or fewer, or "
+        r"search again keeping 5 \(`runner.py plan search=true .* top=5 format=json > plan.json`\)",
+    ):
+        compare.main([f"plan={kept}", "top=5", out])
     with pytest.raises(ConfigError, match="plan= sets model, micro_batch from the plan"):
         compare.main([f"plan={short}", "model=gpt2-124m", "micro_batch=2", out])
     with pytest.raises(ConfigError, match="top=0 must be 1 or more"):

@@ -180,7 +180,7 @@ def _accuracy(best: Searched, q: Question) -> str:
     return accuracy_line(best.plan.layout, q.topology, q.gpu, work)
 
 
-def text_lines(result: SearchResult, seconds: float) -> list[str]:
+def text_lines(result: SearchResult, seconds: float, top: int = TOP) -> list[str]:
     q = result.question
     tokens = result.global_batch * q.seq_len
     s = q.shape
@@ -200,7 +200,7 @@ def text_lines(result: SearchResult, seconds: float) -> list[str]:
     ]
     if not result.ranked:
         return lines + nothing_fits(result) + _not_laid_out(result)
-    shown = distinct(result.ranked, TOP)
+    shown = distinct(result.ranked, top)
     best = shown[0][0]
     scale = q.factors.compute_scale
     losses = [why_slower(found, best, scale) for found, _ in shown[1:]]
@@ -248,7 +248,7 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
     q = result.question
     best = result.ranked[0] if result.ranked else None
     scale = q.factors.compute_scale
-    shown = distinct(result.ranked, TOP)
+    shown = distinct(result.ranked, cfg.top or TOP)
     across = fastest_tp_across_nodes(result.ranked, [found for found, _ in shown]) if best is not None else None
     return {
         "question": asdict(cfg)
@@ -272,6 +272,7 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
         "did_not_fit": len(result.too_large),
         "not_laid_out": result.not_laid_out,
         "seconds": seconds,
+        "top": cfg.top or TOP,  # the most layouts kept: more may fit (top= keeps more)
         "layouts": [
             found.as_dict()
             | {
@@ -344,5 +345,5 @@ def run_search(cfg: PlanConfig) -> int:
         print(json.dumps(as_json(cfg, result, seconds) | facts, indent=2))
         return 0
     drawn = [f"wrote {p}" for p in plots] or ["plot=true draws tokens/s against memory per GPU, the frontier marked."]
-    print("\n".join(text_lines(result, seconds) + option_lines(result, routed) + drawn))
+    print("\n".join(text_lines(result, seconds, cfg.top or TOP) + option_lines(result, routed) + drawn))
     return 0

@@ -169,6 +169,10 @@ def test_the_cli_prints_the_ten_fastest_and_writes_json(capsys, tmp_path):
     first = doc["layouts"][0]
     assert first["against_first"] is None and {"strategy_options", "micro_batch", "grad_accum"} <= set(first)
     assert (tmp_path / "plan_search.png").stat().st_size > 0
+    # top= keeps more than the ten (what `compare plan=` can then run), or fewer.
+    code, out, _ = _cli(capsys, *_args(**SMALL), "format=json", "top=3")
+    doc = json.loads(out)
+    assert code == 0 and len(doc["layouts"]) == 3 == doc["top"] < doc["fit"]
 
 
 def test_when_nothing_fits_it_says_what_would(capsys):
@@ -202,6 +206,8 @@ def test_when_no_layout_fits_on_any_count_it_says_how_far_the_leanest_is(capsys)
         (["search=true", "model=gpt2-124m", "batch_size=8", "micro_batch=2"], "drop micro_batch="),
         (["search=true", "model=gpt2-124m", "gpus=[8,16]", "batch_size=16"], "one model on one GPU count"),
         (["search=true", "model=gpt2-124m", "global_batch_tokens=1000"], "use 1,024"),
+        (["model=gpt2-124m", "top=5"], "top= is how many layouts search=true lists and keeps: give search=true"),
+        (["search=true", "model=gpt2-124m", "batch_size=8", "top=0"], "top=0 must be 1 or more"),
     ],
 )
 def test_bad_search_input_is_a_one_line_error(capsys, args, fragment):
