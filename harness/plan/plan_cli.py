@@ -38,6 +38,7 @@ from harness.plan.speed.gemm import sustained_share
 from harness.plan.speed.host_issue import host_slowdown
 from harness.plan.speed.stragglers import SPREAD, straggler_share
 from harness.plan.what_if import skipped, skipped_lines
+from strategies.parallel_dims import MAX_DEFAULT_TP
 
 __all__ = ["PlanConfig", "main", "question", "strategy_names"]
 
@@ -203,6 +204,27 @@ def batch_splits(q: Question, plans: list[StrategyPlan]) -> dict[str, dict[str, 
     for p in plans:
         out[p.name] = {"ranks": p.layout.data_parallel, "micro_batch": p.micro_batch, "grad_accum": p.grad_accum}
     return out
+
+
+def narrowed_tp_lines(q: Question, plans: list[StrategyPlan]) -> list[str]:
+    """The tensor-parallel strategies the model's heads held below a node's GPUs where no tp_size was
+    given, with the tp they are planned at and why: their runs size it so (strategies/parallel_dims.py), and
+    a "Use fsdp-tp" at tp 1 is plain FSDP's layout, which the table alone does not say."""
+    dims, per_node = q.shape.dims, min(q.topology.per_node, q.gpus)
+    if dims is None:
+        return []
+    cap = min(MAX_DEFAULT_TP, per_node)
+    by_tp: dict[int, list[str]] = {}
+    for p in plans:
+        if p.backend.tensor_parallel and p.backend.options.get("tp_size") in (None, 0, "auto") and p.layout.tp < cap:
+            by_tp.setdefault(p.layout.tp, []).append(p.name)
+    heads = f"{dims.heads} heads" + (f" and {dims.kv_heads} key/value heads" if dims.kv_heads != dims.heads else "")
+    return [
+        f"{', '.join(names)} at tp {tp}: the largest tp up to {cap} that splits the model's {heads} and divides "
+        f"a node's {per_node} GPUs, as {'their runs size' if len(names) > 1 else 'its run sizes'} it; "
+        "strategy_options.tp_size= sets another."
+        for tp, names in by_tp.items()
+    ]
 
 
 def _split_lines(q: Question, plans: list[StrategyPlan]) -> list[str]:
@@ -421,6 +443,7 @@ def _single(cfg: PlanConfig) -> int:
             *engine_differences(plans, q),
             *unmodelled(plans, q),
             *_split_lines(q, plans),
+            *narrowed_tp_lines(q, plans),
             *filter(None, (pipeline_line(p, q) for p in plans)),
             *(f"Not planned: {name}: {why}" for name, why in not_planned.items()),
             *_config_files([p.name for p in plans]),

@@ -72,6 +72,17 @@ def _size(backend: Backend, option: str, default: int) -> int:
     return value
 
 
+def _default_tp(backend: Backend, shape: ModelShape, topology: Topology) -> int:
+    """tp where tp_size is not given. Accelerate's tensor parallel sizes its mesh as fsdp-tp does
+    (strategies/accelerate/fsdp_tp_mode.py): dims_for's largest tp up to a node that splits the heads, so
+    that it is planned at the tp its run takes. A published run's layout: a node's GPUs."""
+    per_node = min(topology.per_node, topology.gpus)
+    if not backend.via_accelerate or shape.dims is None:
+        return per_node
+    facts = ModelFacts(shape.dims.layers, shape.dims.heads, shape.dims.kv_heads)
+    return dims_for("fsdp", "shard x tp", {}, topology.gpus, topology.per_node, facts).tp
+
+
 def _dp_group(topology: Topology, size: int, stride: int) -> Group:
     """A group of `size` GPUs taking every `stride`-th GPU: inside a node where they fit, else the
     same number of each node's GPUs."""
@@ -91,7 +102,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
         )
     if MESH_OPTION in backend.options:
         return _mesh_layout(backend, shape, topology)
-    tp = _size(backend, "tp_size", per_node) if backend.tensor_parallel else 1
+    tp = _size(backend, "tp_size", _default_tp(backend, shape, topology)) if backend.tensor_parallel else 1
     if gpus % tp:
         raise LayoutError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
     _check_tensor_parallel(backend, shape, topology, tp)

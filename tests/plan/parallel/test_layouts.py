@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 
+import runner
 import strategies.registry as registry_module
 from harness.common.units import GIB
 from harness.plan.model.model_shape import PlanError
@@ -214,3 +215,21 @@ def test_a_plugin_strategy_is_planned_like_a_built_in_through_the_cli():
     assert proc.returncode == 0, proc.stderr
     for name in ("test-fsdp-tp", "test-hsdp", "test-dataparallel"):
         assert f"\n{name} " in proc.stdout
+
+
+def test_fsdp_tp_and_accelerates_say_the_tp_the_heads_leave_them(capsys):
+    """GPT-2 1.5B's 25 heads split over no tp from 2 to 8 on a node of 8: both strategies' runs size tp 1
+    (strategies/parallel_dims.py), so both are planned there, and the plan says so and why."""
+    names = ["fsdp-tp", "accelerate-fsdp-tp"]
+    _, planned = plans(model="gpt2-1.5b", gpus=8, strategies=names)
+    assert [planned[name].layout.tp for name in names] == [1, 1]
+    code = runner.main(["plan", "model=gpt2-1.5b", "gpus=8", "strategies=[fsdp-tp,accelerate-fsdp-tp]"])
+    out = capsys.readouterr().out
+    assert code == 0 and "Not planned" not in out
+    assert (
+        "fsdp-tp, accelerate-fsdp-tp at tp 1: the largest tp up to 8 that splits the model's 25 heads and divides "
+        "a node's 8 GPUs, as their runs size it; strategy_options.tp_size= sets another." in out
+    )
+    # Given, tp_size is the user's: nothing to explain.
+    runner.main(["plan", "model=gpt2-1.5b", "gpus=8", "strategies=[fsdp-tp]", "strategy_options.tp_size=1"])
+    assert " at tp 1: " not in capsys.readouterr().out
