@@ -28,11 +28,21 @@ from harness.plan.model.moe_shape import total_params
 from harness.plan.network.collective_ramp import measured_share
 from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import known_backends, model_of, planned_as
+from harness.plan.parallel.batch_split import BatchSplitError
 from harness.plan.parallel.engines import engine_differences
+from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_default import pipeline_line
 from harness.plan.parallel.planned_options import routed_options, what_if_lines
-from harness.plan.plan_options import PlanConfig, check, gpu_counts, models_asked, question, shape_for
-from harness.plan.predict import Question, StrategyPlan, plan_all, storage_precision
+from harness.plan.plan_options import (
+    PlanConfig,
+    check,
+    gpu_counts,
+    models_asked,
+    question,
+    shape_for,
+    too_few_sequences,
+)
+from harness.plan.predict import Question, StrategyPlan, plan_all, plan_default, storage_precision
 from harness.plan.recommendation import Recommendation, recommend
 from harness.plan.speed.gemm import sustained_share
 from harness.plan.speed.host_issue import host_slowdown
@@ -251,6 +261,33 @@ def option_lines(cfg: PlanConfig, names: list[str]) -> list[str]:
 LAYOUT_REFUSALS = ("does not divide", "does not price")
 
 
+def nothing_planned(cfg: PlanConfig, q: Question, names: list[str], not_planned: dict[str, str]) -> str:
+    """Why no strategy could lay the question out: a batch too few for every layout's data-parallel ranks
+    says the fewest a layout takes, in the option given; else each reason once, with the strategies it
+    stopped."""
+    fewest = _fewest_sequences(names, q)
+    if fewest is not None and q.global_batch is not None and q.global_batch < fewest:
+        return too_few_sequences(cfg, q.global_batch, q.seq_len, fewest)
+    stopped: dict[str, list[str]] = {}
+    for name, why in not_planned.items():
+        stopped.setdefault(why, []).append(name)
+    return "no strategy can lay it out: " + "; ".join(f"{', '.join(n)}: {why}" for why, n in stopped.items())
+
+
+def _fewest_sequences(names: list[str], q: Question) -> int | None:
+    """The fewest sequences a strategy stopped by the batch alone would split (its data-parallel ranks);
+    None where the batch stopped none. Each is planned again: only where nothing could be planned."""
+    ranks = []
+    for name in names:
+        try:
+            plan_default(name, q)
+        except BatchSplitError as exc:
+            ranks.append(exc.ranks)
+        except LayoutError:
+            continue
+    return min(ranks, default=None)
+
+
 def planned(cfg: PlanConfig, q: Question) -> tuple[list[StrategyPlan], dict[str, str]]:
     """The plans of the strategies asked (or all), and why any could not be laid out; where none
     can be, a one-line error with the reasons."""
@@ -258,11 +295,7 @@ def planned(cfg: PlanConfig, q: Question) -> tuple[list[StrategyPlan], dict[str,
     routed = routed_options(names, cfg.strategy_options)
     plans, not_planned = plan_all(names, q, asked=bool(cfg.strategies))
     if not plans:
-        stopped: dict[str, list[str]] = {}
-        for name, why in not_planned.items():
-            stopped.setdefault(why, []).append(name)
-        reasons = "; ".join(f"{', '.join(names)}: {why}" for why, names in stopped.items())
-        raise PlanError(f"{q.shape.name} on {q.gpus} GPUs: no strategy can lay it out: {reasons}")
+        raise PlanError(f"{q.shape.name} on {q.gpus} GPUs: {nothing_planned(cfg, q, names, not_planned)}")
     # An option that no strategy given it could be planned with, refused for its value (not for a
     # layout it does not divide, nor one the planner does not price), is bad input: one line.
     takers = {name: given for name, given in routed.by_strategy.items() if given}

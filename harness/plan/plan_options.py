@@ -224,6 +224,21 @@ def check_top(cfg: PlanConfig) -> None:
         raise PlanError(f"top={cfg.top} must be 1 or more: how many of the fastest layouts the search keeps")
 
 
+def too_few_sequences(cfg: PlanConfig, global_batch: int, seq_len: int, fewest: int) -> str:
+    """A global batch no layout can split, said in the option the user gave it by (global_batch_tokens=
+    or batch_size=), with the fewest sequences a layout here takes, as what to give."""
+    if cfg.global_batch_tokens is None:
+        given, least = f"batch_size={global_batch}", f"batch_size= of at least {fewest}"
+    else:
+        sequences = f"{global_batch} sequence{'s' if global_batch > 1 else ''} of {seq_len}"
+        given = f"global_batch_tokens={global_batch * seq_len:,} ({sequences})"
+        least = f"global_batch_tokens= of at least {fewest * seq_len:,} ({fewest} sequences)"
+    return (
+        f"{given} is too few to split over any layout's data-parallel ranks: give {least}, the fewest a layout "
+        "here takes, or fewer gpus="
+    )
+
+
 def recipe_of(cfg: PlanConfig) -> Recipe:
     """The run's recipe as the options give it: each of its fields is an option of the same name."""
     values = {f.name: getattr(cfg, f.name) for f in fields(Recipe)}

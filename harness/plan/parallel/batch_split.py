@@ -12,12 +12,22 @@ def _ranks(ranks: int, tp: int) -> str:
     return f"{ranks} data-parallel rank{'s' if ranks > 1 else ''}" + (f" (gpus / tp_size {tp})" if tp > 1 else "")
 
 
+class BatchSplitError(LayoutError):
+    """A global batch that does not split over a layout's `ranks` data-parallel ranks: a batch of
+    `ranks` sequences would, which an error where no layout takes the batch can say."""
+
+    def __init__(self, message: str, ranks: int) -> None:
+        super().__init__(message)
+        self.ranks = ranks
+
+
 def _per_rank(global_batch: int, ranks: int, tp: int = 1) -> int:
     per_rank, rem = divmod(global_batch, ranks)
     if rem or per_rank == 0:
-        raise LayoutError(
+        raise BatchSplitError(
             f"batch_size={global_batch} does not divide over {_ranks(ranks, tp)}: "
-            f"choose a batch_size that is a multiple of {ranks}"
+            f"choose a batch_size that is a multiple of {ranks}",
+            ranks,
         )
     return per_rank
 

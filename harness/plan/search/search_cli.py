@@ -26,6 +26,7 @@ from harness.plan.plan_options import (
     models_asked,
     question,
     shape_for,
+    too_few_sequences,
     with_seq_len,
 )
 from harness.plan.predict import Question
@@ -313,16 +314,7 @@ def nothing_laid_out(cfg: PlanConfig, result: SearchResult) -> str:
     where = f"{q.shape.name} on {q.gpus} GPUs"
     if fewest is None:
         return f"{where}: no layout can take the batch: " + "; ".join(line.strip() for line in _not_laid_out(result))
-    sequences = f"{result.global_batch} sequence{'s' if result.global_batch > 1 else ''}"
-    if cfg.global_batch_tokens is None:
-        given, least = f"batch_size={result.global_batch}", f"batch_size= of at least {fewest}"
-    else:
-        given = f"global_batch_tokens={result.global_batch * q.seq_len:,} ({sequences} of {q.seq_len})"
-        least = f"global_batch_tokens= of at least {fewest * q.seq_len:,} ({fewest} sequences)"
-    return (
-        f"{where}: {given} is too few to split over any layout's data-parallel ranks: give {least}, the fewest "
-        "a layout here takes, or fewer gpus="
-    )
+    return f"{where}: {too_few_sequences(cfg, result.global_batch, q.seq_len, fewest)}"
 
 
 def run_search(cfg: PlanConfig) -> int:

@@ -113,6 +113,19 @@ def test_a_what_if_the_batch_cannot_take_stops_there_and_says_why(capsys):
     assert code == 0 and f"What-if on more GPUs stops for fsdp, zero3: {why}" in out
 
 
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        ("global_batch_tokens=1K", "global_batch_tokens=1,024 (1 sequence of 1024) is too few to split over any"),
+        ("batch_size=1", "give batch_size= of at least 8, the fewest a layout here takes, or fewer gpus="),
+    ],
+)
+def test_a_batch_no_strategy_can_split_says_the_smallest_to_give(capsys, given, says):
+    # Not every strategy's refusal in the option the user did not give (batch_size= for a batch in tokens).
+    code, out, err = _cli(capsys, "model=llama3.1-8b", "gpus=64", given)
+    assert code == 2 and out == "" and err.count("\n") == 1 and len(err) < 300 and says in err, err
+
+
 def test_a_what_if_that_stops_names_the_strategy_once():
     q, plans, _ = _plans(model="llama3.1-70b", gpus=8, micro_batch=1, strategies=["dataparallel"])
     assert skipped(list(plans.values()), q) == {
