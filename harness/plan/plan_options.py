@@ -277,7 +277,8 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
     return spec
 
 
-GIVEN_FIGURES = ("gpu_mem_gb", "peak_tflops", "hbm_tb_s")
+# The options that give a card's figures, as the custom card's name says each.
+GIVEN_FIGURES = {"gpu_mem_gb": "{:g} GB", "peak_tflops": "{:g} TFLOP/s {precision}", "hbm_tb_s": "{:g} TB/s"}
 
 
 def with_given_figures(cfg: PlanConfig, card: GPUSpec, label: str) -> GPUSpec:
@@ -286,7 +287,19 @@ def with_given_figures(cfg: PlanConfig, card: GPUSpec, label: str) -> GPUSpec:
     given = {option: getattr(cfg, option) for option in GIVEN_FIGURES if getattr(cfg, option) is not None}
     if not given:
         return card
-    spec = card
+    figures = ", ".join(GIVEN_FIGURES[option].format(value, precision=cfg.precision) for option, value in given.items())
+    return replace(
+        _figures_replaced(cfg, card),
+        name=f"{label} ({figures}; the {card.name}'s other figures)",
+        power_w=None,
+        sources=(
+            f"{', '.join(f'{option}={value:g}' for option, value in given.items())} as given; the rest (matmul "
+            f"efficiency, links, attention rates) the {card.name}'s, whose sources docs/planner.md tabulates"
+        ),
+    )
+
+
+def _figures_replaced(cfg: PlanConfig, spec: GPUSpec) -> GPUSpec:
     if cfg.peak_tflops is not None:  # the peak at the run's precision; fp8's is twice bf16's, fp4's four times
         base = cfg.peak_tflops * 1e12 / LOW_PRECISION_SPEEDUP.get(cfg.precision, 1)
         peaks = {key: base * LOW_PRECISION_SPEEDUP.get(key, 1) for key in spec.peak_flops if key != "fp32"}
@@ -295,20 +308,7 @@ def with_given_figures(cfg: PlanConfig, card: GPUSpec, label: str) -> GPUSpec:
         spec = replace(spec, hbm_bytes_per_s=cfg.hbm_tb_s * 1e12)
     if cfg.gpu_mem_gb is not None:
         spec = replace(spec, capacity_gib=cfg.gpu_mem_gb * GB / 2**30)
-    figures = [
-        *([f"{cfg.gpu_mem_gb:g} GB"] if cfg.gpu_mem_gb is not None else []),
-        *([f"{cfg.peak_tflops:g} TFLOP/s {cfg.precision}"] if cfg.peak_tflops is not None else []),
-        *([f"{cfg.hbm_tb_s:g} TB/s"] if cfg.hbm_tb_s is not None else []),
-    ]
-    return replace(
-        spec,
-        name=f"{label} ({', '.join(figures)}; the {card.name}'s other figures)",
-        power_w=None,
-        sources=(
-            f"{', '.join(f'{option}={value:g}' for option, value in given.items())} as given; the rest (matmul "
-            f"efficiency, links, attention rates) the {card.name}'s, whose sources docs/planner.md tabulates"
-        ),
-    )
+    return spec
 
 
 # A card given by its figures is planned with the H100's efficiencies and Hopper's attention tables, but is
