@@ -21,11 +21,14 @@ Sources:
                    (MLPerf's system files print them for B300, GB200 and GB300)
   links            NVLink, Infinity Fabric and PCIe per GPU and direction, NVLink-C2C as measured:
                    ml-engineering network/README.md
+  host_memory_gib  the host memory of one host of the card's reference system (a DGX, a GB200/GB300
+                   compute tray, a cloud instance), as _HOSTS cites it; where none is published, an
+                   assumed one, said so
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 GIB = 2**30
 
@@ -57,6 +60,8 @@ class GPUSpec:
     nvlink_links: int = 18  # NVLink links per GPU (NCCL's NVLS search loads each GPU's links)
     nvlink_domain: int = 8  # GPUs on one NVLink domain by default (a rack's 72 on GB200/GB300 NVL72)
     gpus_per_host: int = 8  # GPUs per host (a GB200/GB300 compute tray holds 4)
+    # The host's memory (what offload keeps its state in), GiB per host of gpus_per_host GPUs; None: unknown.
+    host_memory_gib: float | None = None
     # Pinned host <-> GPU copies as measured (nvbandwidth) where the host link is not PCIe
     # (NVLink-C2C to a Grace CPU); None: PCIe, at step_time's share of its rate.
     host_copy_bytes_per_s: float | None = None
@@ -77,6 +82,10 @@ class GPUSpec:
     @property
     def capacity_bytes(self) -> float:
         return self.capacity_gib * GIB
+
+    @property
+    def host_memory_bytes(self) -> float | None:
+        return None if self.host_memory_gib is None else self.host_memory_gib * GIB
 
     @property
     def vendor(self) -> str:
@@ -650,6 +659,65 @@ GPUS = {
         power_w=72,
         sources=f"{_ML_ENG} (peaks, memory); {_ZZC} (best square matmul, 58.6%)",
     ),
+}
+
+# Host memory per host of each card's reference system, GiB, and where it comes from. A data sheet's
+# "2 TB" of DIMMs is 32 x 64 GB modules, whose capacities are binary: 2048 GiB. Grace's LPDDR5X is
+# taken at its decimal "480 GB" (447 GiB), the lower reading.
+_DGX_HOPPER = (
+    2048.0,
+    "host 2 TB DDR5 (DGX H100/H200: NVIDIA DGX BasePOD reference architecture, core components; "
+    "mlcommons/inference_results_v4.1 closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json: 32x 64GB)",
+)
+_DGX_B200 = (2048.0, "host 2 TB in 32 DIMMs, upgradable to 4 TB (NVIDIA DGX B200 user guide, introduction)")
+_DGX_A100 = (1024.0, "host 1 TB, upgradable to 2 TB (DGX A100 as announced, May 2020)")
+_DGX1 = (512.0, "host 512 GB DDR4-2133 (DGX-1 with V100: anandtech's DGX-2 and DGX-1 table)")
+_GRACE_TRAY = (
+    2 * 480e9 / GIB,
+    "host 2 Grace CPUs of up to 480 GB LPDDR5X each per 4-GPU compute tray (NVIDIA DGX GB200 user guide, "
+    "hardware: 2 Grace CPUs and 4 GPUs a tray; GB200 superchip: up to 480 GB LPDDR5X)",
+)
+_AZURE_MI300X_HOST = (
+    1850.0,
+    "host 1850 GiB (Azure's ND MI300X v5, 8 MI300X: MicrosoftDocs/azure-docs nd-mi300x-v5-series.md)",
+)
+_TORCHX_AWS = "meta-pytorch/torchx named_resources_aws.py"
+
+
+def _assumed(host: tuple[float, str], whose: str) -> tuple[float, str]:
+    """`host`'s figure for a card whose own platform publishes none, said so."""
+    return host[0], f"host memory assumed the {whose}'s ({host[1].removeprefix('host ')})"
+
+
+_HOSTS = {
+    "H100": _DGX_HOPPER,
+    "H100-96": _assumed(_DGX_HOPPER, "DGX H100"),
+    "H100 NVL": _assumed(_DGX_HOPPER, "DGX H100"),
+    "H100 PCIe": _assumed(_DGX_HOPPER, "DGX H100"),
+    "H200": _DGX_HOPPER,
+    "H800": _assumed(_DGX_HOPPER, "DGX H100"),
+    "H20": _assumed(_DGX_HOPPER, "DGX H100"),
+    "B200": _DGX_B200,
+    "B300": _assumed(_DGX_B200, "DGX B200"),
+    "GB200": _GRACE_TRAY,
+    "GB300": _GRACE_TRAY,
+    "A100": _DGX_A100,
+    "A100-40": _DGX_A100,
+    "A800": _assumed(_DGX_A100, "DGX A100"),
+    "A100 PCIe": _assumed(_DGX_A100, "DGX A100"),
+    "V100-32": _DGX1,
+    "V100-16": _DGX1,
+    "MI300X": _AZURE_MI300X_HOST,
+    "MI325X": _assumed(_AZURE_MI300X_HOST, "ND MI300X v5"),
+    "MI350X": _assumed(_AZURE_MI300X_HOST, "ND MI300X v5"),
+    "MI355X": _assumed(_AZURE_MI300X_HOST, "ND MI300X v5"),
+    "L40S": (1536.0, f"host 1536 GiB (AWS g6e.48xlarge, 8 L40S: {_TORCHX_AWS})"),
+    "A10": (768.0, f"host 768 GiB (AWS g5.48xlarge, 8 A10G: {_TORCHX_AWS})"),
+    "L4": (768.0, f"host memory assumed the AWS g5.48xlarge's 768 GiB (8 A10G: {_TORCHX_AWS})"),
+}
+GPUS = {
+    key: replace(spec, host_memory_gib=_HOSTS[key][0], sources=f"{spec.sources}; {_HOSTS[key][1]}")
+    for key, spec in GPUS.items()
 }
 
 # Lower-case fragments -> key, most specific first: "h100 pcie" must match before "h100".
