@@ -132,7 +132,7 @@ def _row(p: StrategyPlan, q: Question) -> tuple[str, ...]:
         _gb(p.activations.total if p.activations else None),
         _gb(buffers),
         _gb(p.peak_bytes),
-        {True: "yes", False: "NO", None: "?"}[p.fits],
+        _fit_word(p),
         "-" if largest is None else micro_batch_limit(largest),
         _gb(cpu) if cpu else "-",
         _gb(t.wire_bytes) if t else "-",
@@ -142,6 +142,21 @@ def _row(p: StrategyPlan, q: Question) -> tuple[str, ...]:
         f"{mfu:.0%}" if mfu is not None else "-",
         f"{t.efficiency:.0%}" if t else "-",
     )
+
+
+def _fit_word(p: StrategyPlan) -> str:
+    """The fits column: "host" where the card holds the plan but its host does not hold what it offloads."""
+    if p.fits is False and p.gpu_fits is not False and p.host_fits is False:
+        return "host"
+    return {True: "yes", False: "NO", None: "?"}[p.fits]
+
+
+def host_lines(q: Question) -> list[str]:
+    """What the host's memory is checked against, where it is (offload keeps its state there)."""
+    if q.host is None:
+        return []
+    source = f" ({q.gpu.name}'s reference host; host_mem_gb= for another)" if q.gpu else ""
+    return [f"  host: {q.host.describe()}{source}; a layout whose host memory exceeds it does not fit"]
 
 
 def aligned(rows: list[tuple[str, ...]], left: int = 1) -> list[str]:
@@ -438,6 +453,7 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
         },
         "basis": basis_lines(q),
         "headroom": plans[0].headroom.describe() if plans else None,
+        "host": q.host.describe() if q.host else None,
         "strategies": [p.as_dict() | {"largest_micro_batch": fitting_micro_batch(p, q)} for p in plans],
         "zero_paper_model_states_bytes": zero_paper_view(q),
         "recommendation": rec.as_dict(),
@@ -467,6 +483,7 @@ def _single(cfg: PlanConfig) -> int:
     lines = (
         heading(q)
         + [f"  fits: {plans[0].headroom.describe()}" if plans else ""]
+        + host_lines(q)
         + [""]
         + aligned([TABLE_HEADER] + [_row(p, q) for p in plans])
         + [

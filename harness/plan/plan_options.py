@@ -56,6 +56,9 @@ class PlanConfig:
     nvlink_domain: Any = None
     gpu: str = "H100"
     gpu_mem_gb: Optional[float] = None  # default: the card's capacity as torch reports it
+    # One host's memory, GB (what offload keeps its state in); default: the card's reference system's
+    # (a DGX H100's 2 TB, a GB200 tray's two Graces), hardware.py.
+    host_mem_gb: Optional[float] = None
     peak_tflops: Optional[float] = None  # default: the card's dense peak at this precision
     hbm_tb_s: Optional[float] = None  # default: the card's memory bandwidth, TB/s
     interconnect: str = "auto"  # inside a node: nvlink | pcie | GB/s per GPU (auto: the card's)
@@ -182,6 +185,7 @@ def check(cfg: PlanConfig) -> None:
         "nodes",
         "gpus_per_node",
         "gpu_mem_gb",
+        "host_mem_gb",
         "peak_tflops",
         "hbm_tb_s",
         "micro_batch",
@@ -256,6 +260,8 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
     spec = with_given_figures(cfg, known or GPUS["H100"], "custom card" if known else f"custom card {cfg.gpu}")
     if known is None:
         check_custom_card(cfg, spec)
+    if cfg.host_mem_gb is not None:  # the host's, not the card's: the card keeps its name
+        spec = replace(spec, host_memory_gib=cfg.host_mem_gb * GB / 2**30)
     check_precision(spec, cfg.precision)
     if cfg.fp8_block_scaling and spec.generation not in BLOCK_SCALED:
         raise PlanError(
@@ -499,6 +505,7 @@ def question(
         shape=with_tied_embeddings(shape, cfg.tied_embeddings),
         topology=topology,
         capacity_bytes=gpu.capacity_bytes,
+        host_memory_bytes=gpu.host_memory_bytes,
         micro_batch=micro_batch,
         grad_accum=grad_accum,
         seq_len=cfg.seq_len,

@@ -19,6 +19,7 @@ from harness.plan.memory.expert_memory import (
     expert_states,
     with_experts_held,
 )
+from harness.plan.memory.host_memory import HostRoom, host_room
 from harness.plan.memory.invariants import check_memory
 from harness.plan.memory.memory_correction import corrected_peak
 from harness.plan.memory.model_states import GPU, compute_bytes, model_states
@@ -113,10 +114,17 @@ class Question:
     # Megatron-LM's selective recomputation beside checkpointing=none: each layer's core attention
     # run again in the backward (core_attention_recompute.py).
     core_attention_recompute: bool = False
+    # One host's memory, bytes (the card's reference system, or host_mem_gb=); None: not checked.
+    host_memory_bytes: float | None = None
 
     @property
     def gpus(self) -> int:
         return self.topology.gpus
+
+    @property
+    def host(self) -> HostRoom | None:
+        """The host memory its GPUs' processes share: a node's GPUs, or all where fewer."""
+        return host_room(self.host_memory_bytes, min(self.gpus, self.topology.per_node))
 
     @property
     def batch_defaulted(self) -> bool:
@@ -155,9 +163,25 @@ class StrategyPlan:
     # pipeline's: its whole local batch) and micro-steps per step.
     micro_batch: int = 1
     grad_accum: int = 1
+    host: HostRoom | None = None  # the host's memory, where it is checked
 
     def __post_init__(self) -> None:
         check_memory(self.name, self.states, self.activations, self.buffers, self.peak_bytes)
+
+    @property
+    def host_bytes(self) -> int:
+        """What one GPU's process keeps in host memory: offloaded model states and saved activations."""
+        return on_host_bytes(self.states, self.activations)
+
+    @property
+    def host_fits(self) -> bool | None:
+        """Whether the host holds what its GPUs offload; None where the host is not checked."""
+        return None if self.host is None else self.host.fits(self.host_bytes)
+
+    @property
+    def gpu_fits(self) -> bool | None:
+        """Whether the card holds the peak, whatever the host; None where the activations are unknown."""
+        return None if self.peak_bytes is None else self.headroom.fits(self.peak_bytes)
 
     @property
     def reserved_bytes(self) -> float | None:
@@ -205,6 +229,9 @@ class StrategyPlan:
             "peak_allocated_bytes": self.peak_bytes,
             "peak_reserved_bytes": self.reserved_bytes,
             "usable_bytes": self.headroom.usable,
+            "host_bytes": self.host_bytes,
+            "host_usable_bytes": None if self.host is None else self.host.usable,
+            "host_gpus": None if self.host is None else self.host.gpus,
             "fits": self.fits,
             "collectives": [
                 {
@@ -254,6 +281,19 @@ class StrategyPlan:
 def on_device(states: MemoryBreakdown, device: str = GPU) -> dict[str, int]:
     """Bytes per category that live on `device` ("cuda" or "cpu")."""
     return {c: getattr(states, c).get(device, 0) for c in CATEGORIES}
+
+
+def on_host_bytes(states: MemoryBreakdown, acts: Activations | None) -> int:
+    """Bytes one GPU's process keeps in host memory: its model states on the CPU and saved activations sent there."""
+    return sum(on_device(states, "cpu").values()) + (acts.host if acts is not None else 0)
+
+
+def plan_fits(room: Headroom, peak: int | None, host: HostRoom | None, on_host: int) -> bool | None:
+    """Whether a plan fits: its peak on the card (None where unknown) and, where the host is checked,
+    what its GPUs keep in host memory; a host that cannot hold it fails the plan whatever the card."""
+    if host is not None and not host.fits(on_host):
+        return False
+    return None if peak is None else room.fits(peak)
 
 
 def peak_allocated(states: dict[str, int], acts: Activations | None, buffers: Buffers, grads_held: bool) -> int | None:
@@ -329,7 +369,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     backend, q = prepared(backend, q)
     states, memory = held_memory(backend, q, layout)
     room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
-    fits = None if memory.peak is None else room.fits(memory.peak)
+    fit = plan_fits(room, memory.peak, q.host, on_host_bytes(states, memory.activations))
     fp8 = q.precision in LOW_PRECISION
     tokens = q.micro_batch * q.seq_len
     pipelined = async_tp_of(backend, layout, q.compiled)
@@ -343,7 +383,9 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     timing = _time(backend, q, layout, comms, pipelined) if q.gpu is not None else None
     acts, buffers, peak = memory.activations, memory.buffers, memory.peak
     split = (q.micro_batch, q.grad_accum)
-    return StrategyPlan(backend.name, backend, layout, states, acts, buffers, peak, room, fits, comms, timing, *split)
+    return StrategyPlan(
+        backend.name, backend, layout, states, acts, buffers, peak, room, fit, comms, timing, *split, q.host
+    )
 
 
 def prepared(backend: Backend, q: Question) -> tuple[Backend, Question]:

@@ -173,12 +173,22 @@ def _largest_part(p: StrategyPlan) -> tuple[str, float]:
     return name, parts[name]
 
 
+def shortfall(p: StrategyPlan) -> str:
+    """What `p`, which does not fit, needs beyond the card, the host, or both."""
+    needs = []
+    if p.gpu_fits is not True:
+        name, nbytes = _largest_part(p)
+        needs.append(
+            f"needs {_gib(p.reserved_bytes)} per GPU with the allocator's reserve, "
+            f"{_gib(p.headroom.usable)} usable (largest part: {name} {_gib(nbytes)})"
+        )
+    if p.host_fits is False and p.host is not None:
+        needs.append(p.host.shortfall(p.host_bytes))
+    return "; and ".join(needs)
+
+
 def _why_not(p: StrategyPlan) -> str:
-    name, nbytes = _largest_part(p)
-    return (
-        f"does not fit: needs {_gib(p.reserved_bytes)} per GPU with the allocator's reserve, "
-        f"{_gib(p.headroom.usable)} usable (largest part: {name} {_gib(nbytes)})"
-    )
+    return f"does not fit: {shortfall(p)}"
 
 
 def domain_lines(layout: Layout, topology: Topology) -> list[str]:
@@ -354,12 +364,8 @@ def _remedies(p: StrategyPlan, q: Question) -> list[str]:
 
 def _nothing_fits(plans: list[StrategyPlan], q: Question) -> Recommendation:
     lean = min(plans, key=lambda p: p.peak_bytes or 0)
-    part, nbytes = _largest_part(lean)
-    lines = [
-        f"Nothing fits in {q.gpus} x {q.capacity_bytes / GIB:.0f} GiB as asked: the leanest, {lean.name}, needs "
-        f"{_gib(lean.reserved_bytes)} per GPU with the allocator's reserve, {_gib(lean.headroom.usable)} usable "
-        f"(largest part: {part} {_gib(nbytes)})."
-    ]
+    asked = f"{q.gpus} x {q.capacity_bytes / GIB:.0f} GiB"
+    lines = [f"Nothing fits in {asked} as asked: the leanest, {lean.name}, {shortfall(lean)}."]
     for mode in _more_checkpointing(q):
         fitting = sorted(
             (p for p in (_planned(p.name, replace(q, checkpointing=mode)) for p in plans) if p is not None and p.fits),

@@ -22,7 +22,16 @@ from dataclasses import replace
 from harness.plan.parallel.backends import model_of
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import runtime_of
-from harness.plan.predict import Question, StrategyPlan, memory_at, plan_backend, plan_strategy, prepared
+from harness.plan.predict import (
+    Question,
+    StrategyPlan,
+    memory_at,
+    on_host_bytes,
+    plan_backend,
+    plan_fits,
+    plan_strategy,
+    prepared,
+)
 
 SEARCH_FRACTION = 0.95
 PLAN_LIMIT = 4096  # sequences: the table's column says "4096+" beyond
@@ -89,8 +98,10 @@ def fitting_micro_batch(plan: StrategyPlan, question: Question, limit: int = PLA
         return _largest(split_fits, max(1, limit // unit)) * unit
 
     def fits(micro_batch: int) -> bool:
-        peak = memory_at(plan.backend, replace(asked, micro_batch=micro_batch), plan.layout, plan.states).peak
-        return peak is not None and plan.headroom.fits(peak)
+        memory = memory_at(plan.backend, replace(asked, micro_batch=micro_batch), plan.layout, plan.states)
+        # The host as well: saved activations offloaded to it grow with the micro-batch.
+        on_host = on_host_bytes(plan.states, memory.activations)
+        return plan_fits(plan.headroom, memory.peak, plan.host, on_host) is True
 
     return _largest(fits, limit)
 

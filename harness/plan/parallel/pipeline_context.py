@@ -64,7 +64,9 @@ from harness.plan.predict import (
     StrategyPlan,
     communicators,
     held_memory,
+    on_host_bytes,
     plan_backend,
+    plan_fits,
     prepared,
     storage_precision,
 )
@@ -162,7 +164,7 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         extra = int((pipe.in_flight - 1) * held.blocks)
         held, peak = replace(held, blocks=held.blocks + extra), peak + extra
     room = headroom(q.capacity_bytes, communicators(stage.layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
-    fits = None if peak is None else room.fits(peak)
+    fits = plan_fits(room, peak, q.host, on_host_bytes(states, held))
     parts = None if stage.time is None else _head_and_block(stage.time, q, stage_q, layout)
     seconds = _stage_seconds(parts, q, split)
     traffic = _traffic(q, stage_q, layout, pipe, cp, backend, stage.time is not None, seconds)
@@ -181,6 +183,7 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         timing,
         q.micro_batch,
         q.grad_accum,
+        q.host,
     )
 
 

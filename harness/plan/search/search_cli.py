@@ -31,7 +31,7 @@ from harness.plan.plan_options import (
 )
 from harness.plan.predict import Question
 from harness.plan.published_accuracy import accuracy_line, plan_work
-from harness.plan.recommendation import CHECKPOINTING_ORDER, domain_lines
+from harness.plan.recommendation import CHECKPOINTING_ORDER, domain_lines, shortfall
 from harness.plan.search.layout_search import (
     TOP,
     Searched,
@@ -39,7 +39,6 @@ from harness.plan.search.layout_search import (
     distinct,
     fastest_tp_across_nodes,
     gib,
-    largest_part,
     search,
     why_slower,
 )
@@ -121,12 +120,8 @@ def nothing_fits(result: SearchResult) -> list[str]:
     """Why no layout fits, and the layouts of any strategy that would, on these GPUs or the fewest more."""
     q = result.question
     lean = _leanest(result.too_large)
-    part, nbytes = largest_part(lean)
-    lines = [
-        f"Nothing fits in {q.gpus} x {q.capacity_bytes / GIB:.0f} GiB: the leanest layout, {lean.arguments()}, needs "
-        f"{gib(lean.plan.reserved_bytes)} per GPU with the allocator's reserve, {gib(lean.plan.headroom.usable)} "
-        f"usable (largest part: {part} {gib(nbytes)})."
-    ]
+    asked = f"{q.gpus} x {q.capacity_bytes / GIB:.0f} GiB"
+    lines = [f"Nothing fits in {asked}: the leanest layout, {lean.arguments()}, {shortfall(lean.plan)}."]
     if q.gpu is not None:
         lines += what_fits(q, result.global_batch).lines(q.gpus)
     return lines
