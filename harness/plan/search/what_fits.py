@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from harness.plan.model.model_shape import PlanError
 from harness.plan.parallel.backends import planner_models
 from harness.plan.predict import Question
+from harness.plan.recommendation import shortfall
 from harness.plan.search.layout_search import Searched, distinct, gib, largest_part, search
 
 MAX_GPUS = 1024
@@ -32,6 +33,11 @@ class WhatFits:
             return [f"Layouts that fit {where}: {named}."]
         if self.leanest is None:
             return [f"No layout the planner knows can take this batch on up to {MAX_GPUS:,} GPUs."]
+        if self.leanest.plan.gpu_fits and self.leanest.plan.host_fits is False:  # the card holds it, its host not
+            return [
+                f"No layout the planner knows fits on up to {MAX_GPUS:,} GPUs: the leanest, {self.leanest.describe()} "
+                f"on {self.leanest.gpus} GPUs, {shortfall(self.leanest.plan)}."
+            ]
         part, nbytes = largest_part(self.leanest)
         return [
             f"No layout the planner knows (tensor, pipeline or context parallel, every strategy, micro-batch and "

@@ -106,3 +106,12 @@ def test_a_bad_host_size_is_a_one_line_error(capsys, value, says):
 def test_a_host_size_that_is_no_number_is_refused():
     with pytest.raises(PlanError, match="host_mem_gb=nan"):
         check(PlanConfig(model="gpt2-124m", host_mem_gb=math.nan))
+
+
+def test_where_no_host_on_any_count_holds_it_the_search_says_so():
+    from harness.plan.search.what_fits import what_fits
+
+    q = question(PlanConfig(model="gpt2-124m", gpus=8, host_mem_gb=0.001))  # 1 MB: no offload's state fits it
+    said = what_fits(q, 8, ["zero3-offload"]).lines(q.gpus)
+    assert len(said) == 1 and said[0].startswith("No layout the planner knows fits on up to 1,024 GPUs"), said
+    assert "of host memory per 8-GPU host" in said[0] and "host_mem_gb=" in said[0], said
