@@ -48,8 +48,9 @@ class HostRoom:
         )
 
     def host_gb_for(self, per_gpu: float) -> int:
-        """The host memory, in whole hundreds of GB, whose usable share holds `per_gpu` bytes a GPU."""
-        return 100 * math.ceil(self.needed(per_gpu) * HOST_BUFFER_FACTOR / (100 * GB))
+        """The host memory, whole GB (hundreds past 1,000), whose usable share holds `per_gpu` bytes a GPU."""
+        gb = self.needed(per_gpu) * HOST_BUFFER_FACTOR / GB
+        return math.ceil(gb) if gb < 1000 else 100 * math.ceil(gb / 100)
 
     def describe(self) -> str:
         return (
@@ -64,5 +65,6 @@ def host_room(host_bytes: float | None, gpus_per_host: int) -> HostRoom | None:
 
 
 def _size(nbytes: float) -> str:
-    tib = nbytes / (1024 * GIB)
-    return f"{tib:.1f} TiB" if tib >= 1 else f"{nbytes / GIB:.0f} GiB"
+    if nbytes >= 1024 * GIB:
+        return f"{nbytes / (1024 * GIB):.1f} TiB"
+    return f"{nbytes / GIB:.0f} GiB" if nbytes >= GIB else f"{nbytes / 2**20:.0f} MiB"
