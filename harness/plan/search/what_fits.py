@@ -35,7 +35,7 @@ class WhatFits:
             return [f"No layout the planner knows can take this batch on up to {MAX_GPUS:,} GPUs."]
         if self.leanest.plan.gpu_fits and self.leanest.plan.host_fits is False:  # the card holds it, its host not
             return [
-                f"No layout the planner knows fits on up to {MAX_GPUS:,} GPUs: the leanest, {self.leanest.describe()} "
+                f"No layout the planner knows fits on up to {MAX_GPUS:,} GPUs: the leanest, {self.leanest.arguments()} "
                 f"on {self.leanest.gpus} GPUs, {shortfall(self.leanest.plan)}."
             ]
         part, nbytes = largest_part(self.leanest)
