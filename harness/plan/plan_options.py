@@ -473,6 +473,12 @@ def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
             f"{cfg.gpus_per_node}, or gpus_per_node={gpus} to plan one node of {gpus}"
         )
     per_host = cfg.gpus_per_node or gpu.gpus_per_host
+    if cfg.nodes is None and cfg.gpus_per_node is None and gpus > per_host and gpus % per_host:
+        # Beyond one host, whole hosts of the card's size: 12 H100s are not two hosts of 6 with 6 NICs each.
+        raise PlanError(
+            f"gpus={gpus} is not whole hosts of {per_host} GPUs (the {gpu.name}'s): give gpus= a multiple of "
+            f"{per_host}, or gpus_per_node= (or nodes=) for hosts of another size"
+        )
     nodes = cfg.nodes if cfg.nodes is not None else max(1, -(-gpus // per_host))
     if gpus % nodes:  # named as the user set them: nodes=, gpus_per_node=, or neither (the card's)
         if cfg.nodes is not None:

@@ -133,7 +133,9 @@ def test_an_out_dir_the_plots_cannot_go_to_is_one_line_before_planning(capsys, t
     "args, says, not_said",
     [
         (["gpus=8", "gpus_per_node=3"], "over 3 nodes of gpus_per_node=3: give gpus= a multiple of 3", "nodes=3"),
-        (["gpus=9"], "over 2 nodes of 8 GPUs (the H100", "nodes=2"),
+        (["gpus=9"], "gpus=9 is not whole hosts of 8 GPUs (the H100", "nodes=2"),
+        # Not two hosts of 6 with 6 cards each: whole hosts of the card's 8 beyond one.
+        (["gpus=12"], "gpus=12 is not whole hosts of 8 GPUs (the H100", "6 GPUs"),
         (["gpus=8", "nodes=3"], "does not split over nodes=3", "gpus_per_node"),
         (
             ["gpus=16", "gpus_per_node=32"],
