@@ -1,10 +1,10 @@
-"""bench/plan_speed.py answers a question in-process and says which fails."""
+"""bench/plan_search.py answers a plain question in-process and stops at one that fails."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.plan_speed import in_process
+from bench.plan_search import in_process
 
 
 def test_a_question_is_timed_and_a_bad_one_stops_the_benchmark():
