@@ -512,6 +512,7 @@ def question(
         topology=topology,
         capacity_bytes=gpu.capacity_bytes,
         host_memory_bytes=gpu.host_memory_bytes,
+        host_gpus=None if cfg.nodes is not None else cfg.gpus_per_node or gpu.gpus_per_host,
         micro_batch=micro_batch,
         grad_accum=grad_accum,
         seq_len=cfg.seq_len,

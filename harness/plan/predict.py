@@ -28,7 +28,7 @@ from harness.plan.memory.recipe_plan import FRAGMENTATION, recipe_collectives, w
 from harness.plan.model.model_shape import ModelShape
 from harness.plan.network.comm import Collective, collectives, local_copy_bytes, shared_cards
 from harness.plan.network.expert_comm import all_to_alls, expert_gradient_collectives
-from harness.plan.network.fabric import Topology
+from harness.plan.network.fabric import Topology, default_fabric
 from harness.plan.parallel.async_tp_cost import (
     MEGATRON_ENGINE,
     AsyncTensorParallel,
@@ -116,6 +116,9 @@ class Question:
     core_attention_recompute: bool = False
     # One host's memory, bytes (the card's reference system, or host_mem_gb=); None: not checked.
     host_memory_bytes: float | None = None
+    # The GPUs of one full host (the card's, or gpus_per_node=): a question on part of a host grows
+    # into the rest of it before it takes more hosts (with_gpus); None: as many a host as now.
+    host_gpus: int | None = None
 
     @property
     def gpus(self) -> int:
@@ -136,13 +139,18 @@ class Question:
         return self.topology.nodes
 
     def with_gpus(self, gpus: int) -> "Question":
-        """The same question on `gpus` GPUs, as many per node as now (more nodes as needed); a
-        global batch given is kept, split as each layout there can (nearest_split), and one not
+        """The same question on `gpus` GPUs: a part of one host filled up to a full host first, then as
+        many per node as that (more nodes as needed), a host's default network grown with its GPUs;
+        a global batch given is kept, split as each layout there can (nearest_split), and one not
         given stays batch_per_gpu sequences a GPU."""
-        per_node = self.topology.per_node
+        now = self.topology.per_node
+        per_node = min(gpus, self.host_gpus) if self.host_gpus and now < self.host_gpus else now
         nodes = max(1, -(-gpus // per_node))
+        fabric = self.topology.fabric
+        if per_node != now and self.gpu is not None and fabric == default_fabric(self.gpu, now):
+            fabric = default_fabric(self.gpu, per_node)  # a card per GPU, as the platform's hosts have
         batch = self.batch_per_gpu * gpus if self.batch_defaulted else self.global_batch
-        topology = replace(self.topology, gpus=gpus, nodes=nodes)
+        topology = replace(self.topology, gpus=gpus, nodes=nodes, fabric=fabric)
         return replace(self, topology=topology, global_batch=batch, nearest_split=True)
 
 

@@ -664,6 +664,19 @@ def test_a_sweep_over_models_and_gpu_counts_is_one_table_and_one_plot(capsys, tm
     assert [p["question"]["global_batch_sequences"] for p in json.loads(out)["points"]] == [8, 16]
 
 
+def test_a_what_if_fills_a_part_of_a_host_before_it_takes_more_hosts():
+    """One H100 asked: two are one host of two, sixteen are two full hosts of eight with a card per
+    GPU; a host size the user gave (gpus_per_node=, nodes=) is kept."""
+    one = question(PlanConfig(model="llama3.1-8b", gpus=1, gpu="H100"))
+    assert (one.with_gpus(2).nodes, one.with_gpus(8).nodes) == (1, 1)
+    sixteen = one.with_gpus(16).topology
+    assert (sixteen.nodes, sixteen.per_node, sixteen.fabric.nics) == (2, 8, 8)
+    pairs = question(PlanConfig(model="llama3.1-8b", gpus=2, gpus_per_node=2, gpu="H100"))
+    assert pairs.with_gpus(8).topology.per_node == 2
+    given = question(PlanConfig(model="llama3.1-8b", gpus=2, nodes=1, gpu="H100"))
+    assert given.with_gpus(4).topology.per_node == 2
+
+
 def test_a_question_without_a_batch_keeps_one_sequence_a_gpu_on_more_gpus():
     """The what-if on more GPUs keeps a batch the question gave, and one it did not give stays a
     sequence a GPU: never "batch_size=256 does not divide over 512 ranks" for a batch no one asked."""
