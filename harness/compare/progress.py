@@ -81,7 +81,10 @@ class SweepProgress:
             self._line(f"    {self.current}: step {row['step']}/{self.total_steps}  loss {row['loss']:.4f}")
 
     def finish(self, name: str, status: str, detail: str) -> None:
-        """A strategy is over (ran, failed or was skipped): a permanent line, then the bar again."""
+        """A strategy is over (ran, failed or was skipped): a permanent line, then the bar again. One
+        that never started (skipped) still takes its number, so a log counts every strategy."""
+        if self.current is None and not self.live:
+            self._line(f"[{self.done + 1}/{len(self.names)}] {name}: {status}")
         self.done += 1
         self.current, self._tail = None, None
         self._line(f"  {_MARKS.get(status, '-')} {name:<18} {status:<11} {detail}")

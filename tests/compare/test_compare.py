@@ -428,3 +428,4 @@ def test_progress_shows_the_running_strategy_its_step_and_what_is_left(tmp_path,
         assert "\r[" in text and "1/3" in text and "left: fsdp" in text
     else:  # plain lines only, for logs
         assert "\r" not in text and "[2/3] ddp: running" in text
+        assert "[1/3] single: ok" in text  # one that finished without a start keeps its number
