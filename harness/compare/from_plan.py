@@ -236,6 +236,8 @@ def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLa
         nproc=gpus,
         planned=planned,
     )
+    if _one_process(strategy):  # one process drives every GPU, refused or not
+        entry = replace(entry, nproc=1)
     if entry.checkpointing == "selective":
         return replace(
             entry,
@@ -243,7 +245,7 @@ def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLa
             "(activation_checkpointing=true is `full`)",
         )
     if _one_process(strategy):
-        return replace(entry, nproc=1)
+        return entry
     if gpus <= nproc:
         return entry
     fewer = [d for d in range(nproc, 0, -1) if gpus % d == 0 and d % split == 0]

@@ -141,9 +141,11 @@ def test_a_layout_planned_on_more_gpus_keeps_its_micro_batch_and_the_global_batc
             _layout("ddp", 1, 2, 1, "selective"),
             _layout("fsdp-pp", 1, 4, 1),  # its pp left to the default: the plan's, pinned
             _layout("ddp-tp", 2, 4, 1, pp=2),
+            _layout("dataparallel", 1, 2, 1, "selective"),
         ],
     }
-    fewer, split, too_wide, selective, pinned, deep = layouts_of(search, 6, nproc=2)
+    fewer, split, too_wide, selective, pinned, deep, threads = layouts_of(search, 7, nproc=2)
+    assert threads.nproc == 1 and "selective" in str(threads.refused)  # one process, refused or not
     assert (fewer.nproc, fewer.micro_batch, fewer.grad_accum) == (2, 2, 2)
     assert "planned on 4 GPUs" in str(fewer.scaled)
     assert (fewer.label, split.label) == ("ddp#1", "ddp#2") and fewer.folder != split.folder
