@@ -49,10 +49,14 @@ class ExpertParallelError(ValueError):
     """Experts that do not split over the expert-parallel ranks (one line, says what would)."""
 
 
-def check_divides_experts(n_experts: int, ep_size: int) -> None:
+def check_divides_experts(n_experts: int, ep_size: int, ranks: int | None = None, *, default: bool = False) -> None:
+    """`ep_size` must divide the experts. What to use instead divides the experts and, where given,
+    the `ranks` the expert-parallel groups also split; `default`: the size was the strategy's own
+    (every data-parallel GPU), not one the user gave."""
     if n_experts % ep_size:
-        fits = [d for d in range(1, n_experts + 1) if n_experts % d == 0]
+        fits = [d for d in range(1, n_experts + 1) if n_experts % d == 0 and (ranks is None or ranks % d == 0)]
+        size = f"the default ep_size={ep_size} (every data-parallel GPU)" if default else f"ep_size={ep_size}"
         raise ExpertParallelError(
-            f"ep_size={ep_size} does not divide the model's {n_experts} experts: use strategy_options.ep_size="
+            f"{size} does not divide the model's {n_experts} experts: use strategy_options.ep_size="
             + " or ".join(map(str, fits))
         )

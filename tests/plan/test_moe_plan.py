@@ -134,6 +134,13 @@ def test_a_bad_ep_size_is_refused_in_the_runtimes_words():
         _plan("zero1-ep", gpus=8, strategy_options={"ep_size": 16})
     with pytest.raises(LayoutError, match="has none"):
         plan_strategy("ddp-ep", question(PlanConfig(model="gpt2-124m", gpus=8, strategies=["ddp-ep"])))
+    # The strategy's own size is said to be its default, and what to use instead divides the GPUs too.
+    kimi = question(PlanConfig(model="kimi-k2", gpus=512, seq_len=4096, strategies=["zero1-ep"]))
+    with pytest.raises(LayoutError) as refused:
+        plan_strategy("zero1-ep", kimi)
+    said = str(refused.value)
+    assert "the default ep_size=512 (every data-parallel GPU) does not divide the model's 384 experts" in said
+    assert said.endswith("use strategy_options.ep_size=1 or 2 or 4 or 8 or 16 or 32 or 64 or 128")
 
 
 def test_a_dense_model_leaves_the_expert_parallel_strategies_out_unless_asked():

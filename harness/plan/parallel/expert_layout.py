@@ -77,7 +77,8 @@ def expert_layout(backend: Backend, shape: ModelShape, topology: Topology, ranks
         try:
             check_divides(ETP_OPTION, etp, ranks, world)
             ep = check_divides(EP_OPTION, _size(backend, EP_OPTION, ranks // etp), ranks // etp, world)
-            check_divides_experts(moe.experts, ep)
+            given = backend.options.get(EP_OPTION) not in (None, 0, "auto")
+            check_divides_experts(moe.experts, ep, ranks // etp, default=not given)
         except (MeshError, ExpertParallelError) as exc:
             raise ExpertLayoutError(f"{backend.name}: {exc}") from None
     else:  # every expert on every GPU, split as the tensor-parallel group splits the MLP
