@@ -241,7 +241,7 @@ def narrowed_tp_lines(q: Question, plans: list[StrategyPlan]) -> list[str]:
     cap = min(MAX_DEFAULT_TP, per_node)
     by_tp: dict[int, list[str]] = {}
     for p in plans:
-        if p.backend.tensor_parallel and p.backend.options.get("tp_size") in (None, 0, "auto") and p.layout.tp < cap:
+        if p.backend.tensor_parallel and not p.backend.size_given("tp_size") and p.layout.tp < cap:
             by_tp.setdefault(p.layout.tp, []).append(p.name)
     heads = f"{dims.heads} heads" + (f" and {dims.kv_heads} key/value heads" if dims.kv_heads != dims.heads else "")
     return [

@@ -30,6 +30,10 @@ DEEPSPEED_DEFAULTS = {
 }
 
 
+# What a size option left to the strategy reads as (unset, 0 or "auto"): the strategy's default applies.
+UNSET_SIZES = (None, 0, "auto")
+
+
 @dataclass(frozen=True)
 class Backend(PlanModel):
     """A registered strategy as the planner models it: its PlanModel (declared by the strategy's
@@ -61,6 +65,10 @@ class Backend(PlanModel):
 
     def option(self, key: str) -> Any:
         return self.options[key]
+
+    def size_given(self, option: str) -> bool:
+        """Whether size `option` (tp_size, ep_size, ...) was given, not left to the strategy's default."""
+        return self.options.get(option) not in UNSET_SIZES
 
     @property
     def fsdp2_units(self) -> bool:

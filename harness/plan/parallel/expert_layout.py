@@ -49,8 +49,7 @@ NONE = ExpertLayout()
 
 
 def _size(backend: Backend, option: str, default: int) -> int:
-    value = backend.options.get(option)
-    return default if value in (None, 0, "auto") else value
+    return backend.options[option] if backend.size_given(option) else default
 
 
 def _spread(topology: Topology, size: int, stride: int) -> Group:
@@ -77,8 +76,7 @@ def expert_layout(backend: Backend, shape: ModelShape, topology: Topology, ranks
         try:
             check_divides(ETP_OPTION, etp, ranks, world)
             ep = check_divides(EP_OPTION, _size(backend, EP_OPTION, ranks // etp), ranks // etp, world)
-            given = backend.options.get(EP_OPTION) not in (None, 0, "auto")
-            check_divides_experts(moe.experts, ep, ranks // etp, default=not given)
+            check_divides_experts(moe.experts, ep, ranks // etp, default=not backend.size_given(EP_OPTION))
         except (MeshError, ExpertParallelError) as exc:
             raise ExpertLayoutError(f"{backend.name}: {exc}") from None
     else:  # every expert on every GPU, split as the tensor-parallel group splits the MLP

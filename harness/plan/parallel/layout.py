@@ -64,9 +64,9 @@ def _divisors(n: int) -> str:
 
 
 def _size(backend: Backend, option: str, default: int) -> int:
-    value = backend.options.get(option)
-    if value in (None, 0, "auto"):
+    if not backend.size_given(option):
         return default
+    value = backend.options[option]
     if not is_whole(value):
         raise PlanError(f"{backend.name}: {option}={value!r} must be a whole number of GPUs, e.g. {option}={default}")
     return value

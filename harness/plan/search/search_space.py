@@ -17,7 +17,7 @@ from typing import Any
 
 from harness.common.numbers import is_whole
 from harness.plan.model.model_shape import PlanError
-from harness.plan.parallel.backends import Backend
+from harness.plan.parallel.backends import UNSET_SIZES, Backend
 from harness.plan.parallel.layout import pipelines, splits_model
 from models.sequence_split import sequence_split_error
 from strategies.parallel_dims import DEFAULT_CP_ATTENTION
@@ -69,7 +69,7 @@ def divisors(n: int) -> list[int]:
 
 def _sizes(fixed: dict[str, Any], option: str, choices: list[int]) -> list[int]:
     """The sizes searched for one option: the user's where fixed, else `choices` above 1."""
-    if fixed.get(option) not in (None, 0, "auto"):
+    if fixed.get(option) not in UNSET_SIZES:
         return [fixed[option]]
     return [c for c in choices if c > 1]
 
