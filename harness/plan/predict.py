@@ -126,8 +126,8 @@ class Question:
 
     @property
     def host(self) -> HostRoom | None:
-        """The host memory its GPUs' processes share: a node's GPUs, or all where fewer."""
-        return host_room(self.host_memory_bytes, min(self.gpus, self.topology.per_node))
+        """The host memory its GPUs' processes share: one node's GPUs."""
+        return host_room(self.host_memory_bytes, self.topology.per_node)
 
     @property
     def batch_defaulted(self) -> bool:

@@ -262,19 +262,22 @@ def step_time(
     if backend.offload_optimizer:
         rate = factors.host_s_per_param.get(backend.measured_as, HOST_ADAM_S_PER_PARAM)
         offload_s = shard_params * rate  # every rank steps its own shard at once, on its share of the host
-    overhead = grad_accum * overhead_per_micro_step(backend, factors) * host_scale
-    what = "the backend's own work, as measured" if overhead else ""
+    # The backend's own work: its host's (at this card's host's pace, host_scale), and DataParallel's loss on GPU 0.
+    on_host = grad_accum * overhead_per_micro_step(backend, factors)
+    on_gpu = 0.0
+    what = "the backend's own work, as measured" if on_host else ""
     if backend.options.get(ZERO3_LIST_COLLECTIVES):
-        overhead += list_collectives_host_s(collectives, grad_accum) * host_scale
+        on_host += list_collectives_host_s(collectives, grad_accum)
         what = "DeepSpeed's ZeRO-3 of 2021: each collective's list split and copied rank by rank, the GPU waiting"
     elif any(c.host_copies for c in collectives):  # nanotron's ZeRO-1 gather, the only list collective there
-        overhead += list_collectives_host_s([c for c in collectives if c.host_copies]) * host_scale
+        on_host += list_collectives_host_s([c for c in collectives if c.host_copies])
         what = "the updated parameters copied back from a list all-gather tensor by tensor and rank by rank"
     if backend.replicas == "threads" and data_parallel > 1:
-        overhead += grad_accum * launches * (data_parallel - 1) * factors.launch_s * host_scale
+        on_host += grad_accum * launches * (data_parallel - 1) * factors.launch_s
         if work is not None:  # GPU 0: the loss over every replica's logits
-            overhead += grad_accum * (data_parallel - 1) * work.loss_s * factors.compute_scale
+            on_gpu = grad_accum * (data_parallel - 1) * work.loss_s * factors.compute_scale
         what = "one process drives every GPU: launches serialised by the GIL, the loss of every replica on GPU 0"
+    overhead = on_host * host_scale + on_gpu
     wire = sum(c.wire_bytes() * (grad_accum if c.per_micro_step else 1) for c in collectives if c.kind != "host-copy")
     comm_s = sum(
         c.seconds(topology, host_bytes_per_s) * (grad_accum if c.per_micro_step else 1)
