@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.layout_kinds import step_seconds  # noqa: E402
 from bench.plan_vs_published import DATA, line_fit, question, read_rows  # noqa: E402
 from harness.plan.predict import StrategyPlan  # noqa: E402
 from harness.plan.speed.host_issue import LAUNCH_BLOCKING  # noqa: E402
@@ -59,8 +60,7 @@ def planned_over_published(row: dict[str, str], blocking: bool, plan: StrategyPl
 def layer_pass_ms(row: dict[str, str], plan: StrategyPlan | None = None) -> tuple[float, float, float]:
     """(published, planned GPU, planned host issue) milliseconds a layer pass at the row's micro-batch."""
     plan = plan or _plan(row, blocking=False)
-    sequences = int(row["global_batch"]) * int(row["seq_len"])
-    step = sequences / (float(row["published_tok_s_gpu"]) * int(row["gpus"]))
+    step = step_seconds(row, float(row["published_tok_s_gpu"]))
     passes = int(row["n_layers"]) * int(row["grad_accum"])
     return step / passes * 1e3, plan.time.compute_s / passes * 1e3, plan.time.host.seconds / int(row["n_layers"]) * 1e3
 
@@ -75,8 +75,7 @@ def accumulation_fit(rows: list[dict[str, str]]) -> dict[tuple[int, int, int], l
         if pp != 1:
             continue
         plan = _plan(row, blocking=False)
-        sequences = int(row["global_batch"]) * int(row["seq_len"])
-        published = sequences / (float(row["published_tok_s_gpu"]) * int(row["gpus"])) * 1e3
+        published = step_seconds(row, float(row["published_tok_s_gpu"])) * 1e3
         host = plan.time.host.seconds / int(row["n_layers"]) * 1e3
         key = (int(row["d_model"]), int(row["n_layers"]), tp, row["gpus"], int(row["micro_batch"]))
         groups[key].append((int(row["grad_accum"]), published, plan.time.step_s * 1e3, host))
@@ -99,8 +98,7 @@ def data_parallel_growth(rows: list[dict[str, str]]) -> tuple[list[float], list[
         tp, pp = map(int, LAYOUT.search(row["sharding"]).groups())
         if pp != 1:
             continue
-        sequences = int(row["global_batch"]) * int(row["seq_len"])
-        published = sequences / (float(row["published_tok_s_gpu"]) * int(row["gpus"]))
+        published = step_seconds(row, float(row["published_tok_s_gpu"]))
         key = (row["d_model"], row["n_layers"], tp, row["micro_batch"], row["grad_accum"])
         steps[key][int(row["gpus"])] = (published, _plan(row, blocking=False).time.step_s)
     published_growth, planned_growth = [], []

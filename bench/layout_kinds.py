@@ -1,4 +1,4 @@
-"""A published run's parallel degrees, its layout kinds and its scale, read from its CSV row
+"""A published run's parallel degrees, its layout kinds, its scale and its step, read from its CSV row
 (bench/data/README.md's columns), for bench/plan_vs_published.py's breakdowns.
 
 The kinds and scales are the planner's (harness/plan/published_accuracy.py, which quotes the
@@ -40,6 +40,11 @@ def layer_slots(n_layers: int, pp: int, grad_accum: int) -> int | None:
     if n_layers % pp:
         return None
     return n_layers // pp * (grad_accum + pp - 1)
+
+
+def step_seconds(row: dict[str, str], tokens_per_s_gpu: float) -> float:
+    """Seconds one step of the run takes at `tokens_per_s_gpu`: its global batch's tokens over every GPU's rate."""
+    return int(row["global_batch"]) * int(row["seq_len"]) / (tokens_per_s_gpu * int(row["gpus"]))
 
 
 def gpus_per_node(row: dict[str, str]) -> int:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from bench.layout_kinds import degrees, gpus_per_node, layer_slots
+from bench.layout_kinds import degrees, gpus_per_node, layer_slots, step_seconds
 
 TENSOR_DEGREES = (1, 2, 4, 8)  # tensor parallelism inside a node, where the pipeline is what crosses nodes
 MICRO_BATCHES = (2, 4, 8)  # against the same layout at micro-batch 1
@@ -28,8 +28,7 @@ def layer_seconds(row: dict[str, str], tokens_per_s_gpu: float) -> float | None:
     slots = layer_slots(int(row["n_layers"]), degrees(row["sharding"]).pp, int(row["grad_accum"]))
     if slots is None:
         return None
-    tokens = int(row["global_batch"]) * int(row["seq_len"])
-    return tokens / (tokens_per_s_gpu * int(row["gpus"])) / slots
+    return step_seconds(row, tokens_per_s_gpu) / slots
 
 
 def _placement(row: dict[str, str]) -> str:
