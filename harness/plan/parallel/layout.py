@@ -177,13 +177,13 @@ def _experts(backend: Backend, shape: ModelShape, topology: Topology, ranks: int
 def _check_tensor_parallel(backend: Backend, shape: ModelShape, topology: Topology, tp: int) -> None:
     """What the planner needs of a tensor-parallel group beside what the run checks: a group
     inside a node or an NVLink domain (or whole ones), a transformer it knows, whose heads and MLP
-    width tp divides."""
-    gpus, per_node, domain = topology.gpus, min(topology.per_node, topology.gpus), topology.per_domain
+    width tp divides. Each refusal names the sizes that pass every check."""
+    per_node, domain = min(topology.per_node, topology.gpus), topology.per_domain
     if tp > per_node and (domain % tp if tp <= domain else tp % domain):
         where = "a node's" if domain == per_node else "an NVLink domain's"
         raise LayoutError(
             f"{backend.name}: tp_size={tp} splits {where} {domain} GPUs between two tensor-parallel groups: "
-            f"use a divisor of {domain} ({_divisors(domain)}) or a multiple of it"
+            f"use one of {_tensor_parallel_sizes(shape, topology)}"
         )
     dims = shape.dims
     if tp == 1:
@@ -192,17 +192,25 @@ def _check_tensor_parallel(backend: Backend, shape: ModelShape, topology: Topolo
         raise LayoutError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
     for what, count in (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width)):
         if count % tp:
-            fits = [
-                d
-                for d in range(1, gpus + 1)
-                if gpus % d == 0
-                and (domain % d == 0 or d % domain == 0)
-                and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))
-            ]
             raise LayoutError(
                 f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
-                f"use one of {', '.join(map(str, fits))}"
+                f"use one of {_tensor_parallel_sizes(shape, topology)}"
             )
+
+
+def _tensor_parallel_sizes(shape: ModelShape, topology: Topology) -> str:
+    """The tensor-parallel sizes `_check_tensor_parallel` takes here: dividing the GPUs, inside a node or
+    an NVLink domain or whole ones, and dividing the heads, key/value heads and MLP width."""
+    gpus, per_node, domain = topology.gpus, min(topology.per_node, topology.gpus), topology.per_domain
+    dims = shape.dims
+    sizes = [
+        d
+        for d in range(1, gpus + 1)
+        if gpus % d == 0
+        and (d <= per_node or (domain % d == 0 if d <= domain else d % domain == 0))
+        and (d == 1 or (dims is not None and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))))
+    ]
+    return ", ".join(map(str, sizes))
 
 
 def _mesh_layout(backend: Backend, shape: ModelShape, topology: Topology) -> Layout:

@@ -181,7 +181,11 @@ def test_dataparallel_shows_the_gpu0_gather_that_makes_it_slow():
         (dict(gpus=8, strategy_options={"tp_size": 3}), "tp_size=3 does not divide gpus=8: use one of 1, 2, 4, 8"),
         (
             dict(gpus=24, heads=24, strategy_options={"tp_size": 12}),
-            "tp_size=12 splits a node's 8 GPUs between two tensor-parallel groups",
+            "tp_size=12 splits a node's 8 GPUs between two tensor-parallel groups: use one of 1, 2, 3, 4, 6, 8, 24",
+        ),
+        (  # the sizes named divide the heads too, not the node alone
+            dict(gpus=24, heads=8, strategy_options={"tp_size": 12}),
+            "tp_size=12 splits a node's 8 GPUs between two tensor-parallel groups: use one of 1, 2, 4, 8\n",
         ),
         (
             dict(gpus=8, heads=12, strategy_options={"tp_size": 8}),
@@ -194,7 +198,7 @@ def test_a_mesh_that_does_not_divide_is_a_one_line_error_that_says_what_would(op
     base = dict(layers=4, width=768, heads=8, kv_heads=None, vocab=1000, strategies=["test-fsdp-tp"])
     with pytest.raises(PlanError) as err:
         plans(**{**base, **options})
-    assert fragment in str(err.value) and "\n" not in str(err.value)
+    assert fragment in str(err.value) + "\n" and "\n" not in str(err.value)
 
 
 def test_a_plugin_strategy_is_planned_like_a_built_in_through_the_cli():
