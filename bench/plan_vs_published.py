@@ -91,7 +91,7 @@ from harness.plan.speed.dropout import SOFTMAX_DROPOUT_FUSION  # noqa: E402
 from harness.plan.speed.host_issue import LAUNCH_BLOCKING  # noqa: E402
 from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK  # noqa: E402
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE  # noqa: E402
-from harness.plan.speed.step_time import HOST_S_PER_LAUNCH  # noqa: E402
+from harness.plan.speed.step_time import HOST_S_PER_LAUNCH, for_card  # noqa: E402
 from strategies.plan_model import PlanModel  # noqa: E402
 
 DATA = ROOT / "bench" / "data"
@@ -688,7 +688,7 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
         seq_len=seq,
         precision=precision,
         gpu=gpu,
-        factors=default_factors(),
+        factors=for_card(default_factors(), gpu.name),
         # Megatron-core's recompute_modules stand for its selective recomputation (recipe_of_row, the
         # experts' own core_attn); else Megatron's selective is the core attention alone.
         checkpointing="none"

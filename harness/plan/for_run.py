@@ -13,7 +13,7 @@ from harness.plan.parallel.layout import LayoutError
 from harness.plan.predict import Question, plan_strategy, storage_precision
 from harness.plan.speed.attention import sdpa_kernel
 from harness.plan.speed.calibration import default_factors
-from harness.plan.speed.step_time import SpeedFactors
+from harness.plan.speed.step_time import SpeedFactors, for_card
 from strategies.memory import CATEGORIES
 
 
@@ -49,7 +49,7 @@ def question_for_run(
         seq_len=cfg.seq_len,
         precision=cfg.precision,
         gpu=spec,
-        factors=default_factors() if spec else SpeedFactors(),  # no speed is predicted off a known GPU
+        factors=for_card(default_factors(), spec.name) if spec else SpeedFactors(),  # no speed off a known GPU
         checkpointing=checkpointing_mode(cfg.activation_checkpointing),
         compiled=cfg.compile,
         strategy_options=dict(cfg.strategy_options),

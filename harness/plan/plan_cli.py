@@ -46,6 +46,7 @@ from harness.plan.predict import Question, StrategyPlan, plan_all, plan_default,
 from harness.plan.recommendation import Recommendation, recommend
 from harness.plan.speed.gemm import sustained_share
 from harness.plan.speed.host_issue import host_slowdown
+from harness.plan.speed.step_time import SpeedFactors
 from harness.plan.speed.stragglers import SPREAD, straggler_share
 from harness.plan.what_if import skipped, skipped_lines
 from strategies.parallel_dims import MAX_DEFAULT_TP
@@ -327,6 +328,13 @@ def planned(cfg: PlanConfig, q: Question) -> tuple[list[StrategyPlan], dict[str,
     return plans, not_planned
 
 
+def _scale_basis(f: SpeedFactors, card: str, where: str) -> str:
+    """The compute scale a plan takes, or why it takes none: the one measured is another card's."""
+    if f.card is not None and f.card != card:
+        return f"unscaled (the compute scale measured is the {f.card}'s, not this card's)"
+    return f"x {f.compute_scale:.2f} ({where})"
+
+
 def basis_lines(q: Question) -> list[str]:
     """Which of the plan's figures rest on a measurement of this machine, and which are assumed."""
     f = q.factors
@@ -354,7 +362,7 @@ def basis_lines(q: Question) -> list[str]:
             f"compute by shape: matmuls up to {gpu.matmul_efficiency:.0%} of {_mfu_peak(q) / 1e12:.0f} TFLOP/s"
             f"{fp8}, {sustained_share(gpu, q.precision):.0%} of that sustained under load, attention "
             f"({q.attention}) by its published rate, memory-bound work at {gpu.hbm_bytes_per_s / 1e12:.2g} TB/s"
-            f"{slowest}; x {f.compute_scale:.2f} ({where})"
+            f"{slowest}; {_scale_basis(f, gpu.name, where)}"
         )
     t = q.topology
     inside = "the NVLink domain" if t.per_domain > t.per_node else "a node"

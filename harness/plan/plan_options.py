@@ -23,7 +23,7 @@ from harness.plan.search.search_space import parse_tokens, sequences_in
 from harness.plan.speed.attention import KERNELS, UNFUSED, kernels_on, sdpa_kernel
 from harness.plan.speed.calibration import calibrate_from, default_factors
 from harness.plan.speed.compute import CHECKPOINTING
-from harness.plan.speed.step_time import SpeedFactors
+from harness.plan.speed.step_time import SpeedFactors, for_card
 from models.gpt_config import beyond_positions
 
 FORMATS = ("table", "json")
@@ -518,7 +518,7 @@ def question(
         seq_len=cfg.seq_len,
         precision=cfg.precision,
         gpu=gpu,
-        factors=speed_factors(cfg),
+        factors=for_card(speed_factors(cfg), gpu.name),
         checkpointing=checkpointing_of(cfg),
         fused_loss=cfg.fused_loss,
         fused_norm=cfg.fused_norm,

@@ -286,7 +286,7 @@ def fit(
             "the model is kept unscaled"
         )
         scale = 1.0
-    factors = SpeedFactors(compute_scale=scale, basis=basis, measured=True)
+    factors = SpeedFactors(compute_scale=scale, basis=basis, measured=True, card=gpu_spec(settings.device).name)
     rows: list[FitRow] = []
     # The reference first (its step is the scale); offload strategies last: they take their
     # sibling's overhead before the host's share.

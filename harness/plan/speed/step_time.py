@@ -86,6 +86,16 @@ class SpeedFactors:
     measured: bool = False  # True: measured on the machine being planned for (plan calibrate=)
     fixed_mfu: float | None = None  # plan's mfu=: compute at this MFU instead of the compute model
     unused: tuple[str, ...] = ()  # fits that needed an implausible figure: reported, not used
+    card: str | None = None  # the card the compute scale was measured on; None: any
+
+
+def for_card(factors: SpeedFactors, card: str) -> SpeedFactors:
+    """The factors as they hold on `card`: the compute scale corrects the compute model on the card it
+    was measured on and is not carried to another (the model's own figures for that card stand); the
+    backends' own work and the memory corrections are the software's and carry."""
+    if factors.card is None or factors.card == card:
+        return factors
+    return replace(factors, compute_scale=1.0)
 
 
 @dataclass(frozen=True)

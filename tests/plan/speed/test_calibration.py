@@ -350,3 +350,16 @@ def test_a_hand_edited_results_file_is_one_line(tmp_path, edit, says):
     (tmp_path / "c" / "results.json").write_text(json.dumps(doc))
     with pytest.raises(PlanError, match=re.escape(says)):
         calibrate_from(tmp_path / "c")
+
+
+def test_the_compute_scale_stays_on_the_card_it_was_measured_on():
+    reference = default_factors()
+    assert reference.card == "H100 SXM 80GB" and reference.compute_scale != 1.0
+    on = {gpu: question(PlanConfig(model="gpt2-124m", gpus=1, gpu=gpu)) for gpu in ("H100", "MI300X", "GB200")}
+    assert on["H100"].factors.compute_scale == reference.compute_scale
+    # Another card's compute is its own figures': the H100's measured correction is not carried to it,
+    # while the backends' own work, a property of the software, is.
+    for gpu in ("MI300X", "GB200"):
+        assert on[gpu].factors.compute_scale == 1.0 and on[gpu].factors.overhead_s == reference.overhead_s
+    proc = run_cli(["plan", "model=gpt2-124m", "gpus=1", "gpu=MI300X"], timeout=120)
+    assert proc.returncode == 0 and "unscaled (the compute scale measured is the H100 SXM 80GB's" in proc.stdout
