@@ -465,6 +465,13 @@ def batching(cfg: PlanConfig, gpus: int) -> tuple[int, int]:
 
 
 def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
+    if cfg.nodes is not None and cfg.gpus_per_node is not None and cfg.nodes * cfg.gpus_per_node != gpus:
+        # The nodes split gpus= (8 unless given) and gpus_per_node= would be dropped without a word:
+        # nodes=4 gpus_per_node=8 is not four hosts of 2.
+        raise PlanError(
+            f"nodes={cfg.nodes} of gpus_per_node={cfg.gpus_per_node} is {cfg.nodes * cfg.gpus_per_node} GPUs, not "
+            f"gpus={gpus}: give gpus={cfg.nodes * cfg.gpus_per_node}, or only one of nodes= and gpus_per_node="
+        )
     if cfg.gpus_per_node is not None and gpus < cfg.gpus_per_node:
         # Planned as one node of `gpus`, and its what-if on more GPUs as nodes of that many: the
         # gpus_per_node given would count for nothing.
