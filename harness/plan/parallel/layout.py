@@ -104,7 +104,10 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
         return _mesh_layout(backend, shape, topology)
     tp = _size(backend, "tp_size", _default_tp(backend, shape, topology)) if backend.tensor_parallel else 1
     if gpus % tp:
-        raise LayoutError(f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of {_divisors(gpus)}")
+        raise LayoutError(
+            f"{backend.name}: tp_size={tp} does not divide gpus={gpus}: use one of "
+            f"{_tensor_parallel_sizes(shape, topology)}"
+        )
     _check_tensor_parallel(backend, shape, topology, tp)
     # DeepSpeed's pipeline and a published run's pipeline and context-parallel sizes (others leave
     # them, as tp_size is left by a strategy without tensor parallelism).
@@ -224,6 +227,14 @@ def _mesh_layout(backend: Backend, shape: ModelShape, topology: Topology) -> Lay
     )
     # The planner's options may say a size is its default as 0 or "auto" too.
     options = {k: None if k.endswith("_size") and v in (0, "auto") else v for k, v in backend.options.items()}
+    tp = options.get("tp_size")
+    if is_whole(tp) and topology.gpus % tp:
+        # In the run's words, but naming the sizes every check here takes: the run's own list (the
+        # world's divisors) has sizes the heads or an NVLink domain refuse next.
+        raise LayoutError(
+            f"{backend.name}: strategy_options.tp_size={tp} does not divide the world size {topology.gpus}: use one "
+            f"of {_tensor_parallel_sizes(shape, topology)}"
+        )
     try:
         dims = dims_for(options["engine"], options[MESH_OPTION], options, topology.gpus, topology.per_node, facts)
     except MeshError as exc:

@@ -192,6 +192,14 @@ def test_dataparallel_shows_the_gpu0_gather_that_makes_it_slow():
             "does not divide the model's 12 heads: use one of 1, 2, 4",
         ),
         (dict(gpus=16, strategies=["test-hsdp"], strategy_options={"shard_size": 3}), "shard_size=3 does not divide"),
+        (  # not the world's divisors 3, 6, 12, 24, which the heads refuse next
+            dict(gpus=24, strategy_options={"tp_size": 16}),
+            "tp_size=16 does not divide gpus=24: use one of 1, 2, 4, 8\n",
+        ),
+        (  # a torch mesh preset, in the run's words
+            dict(gpus=24, strategies=["fsdp-tp"], strategy_options={"tp_size": 16}),
+            "fsdp-tp: strategy_options.tp_size=16 does not divide the world size 24: use one of 1, 2, 4, 8\n",
+        ),
     ],
 )
 def test_a_mesh_that_does_not_divide_is_a_one_line_error_that_says_what_would(options, fragment):
