@@ -152,11 +152,15 @@ def _fit_word(p: StrategyPlan) -> str:
     return {True: "yes", False: "NO", None: "?"}[p.fits]
 
 
-def host_lines(q: Question) -> list[str]:
-    """What the host's memory is checked against, where it is (offload keeps its state there)."""
+def host_lines(q: Question, given: bool = False) -> list[str]:
+    """What the host's memory is checked against, where it is (offload keeps its state there);
+    `given`: host_mem_gb= set it, in place of the card's reference host."""
     if q.host is None:
         return []
-    source = f" ({q.gpu.name}'s reference host; host_mem_gb= for another)" if q.gpu else ""
+    if given:
+        source = f" (host_mem_gb=, in place of the {q.gpu.name}'s reference host)" if q.gpu else " (host_mem_gb=)"
+    else:
+        source = f" ({q.gpu.name}'s reference host; host_mem_gb= for another)" if q.gpu else ""
     return [f"  host: {q.host.describe()}{source}; a layout whose host memory exceeds it does not fit"]
 
 
@@ -491,7 +495,7 @@ def _single(cfg: PlanConfig) -> int:
     lines = (
         heading(q)
         + [f"  fits: {plans[0].headroom.describe()}" if plans else ""]
-        + host_lines(q)
+        + host_lines(q, given=cfg.host_mem_gb is not None)
         + [""]
         + aligned([TABLE_HEADER] + [_row(p, q) for p in plans])
         + [

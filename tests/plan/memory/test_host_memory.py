@@ -83,6 +83,9 @@ def test_the_table_says_host_where_only_the_host_is_short(capsys):
     row = next(line for line in out.splitlines() if line.startswith("zero3-offload "))
     assert " host " in row, row
     assert "  host: 954 MiB per 8-GPU host" in out, out  # 1 GB
+    # The host given, not the card's reference host it replaces.
+    assert "(host_mem_gb=, in place of the H100 SXM 80GB's reference host)" in out, out
+    assert "reference host; host_mem_gb= for another" not in out, out
 
 
 @pytest.mark.parametrize(
