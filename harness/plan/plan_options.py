@@ -496,7 +496,9 @@ def topology_for(cfg: PlanConfig, gpus: int, gpu: GPUSpec) -> Topology:
             f"{per_host}, or nodes="
         )
     auto = cfg.inter_node == "auto"
-    fabric = default_fabric(gpu, gpus // nodes) if auto else parse_fabric(cfg.inter_node)
+    # A named network of a card per GPU has as many as a whole host has GPUs, a part of one asked too.
+    host = gpus // nodes if cfg.nodes is not None else max(gpus // nodes, per_host)
+    fabric = default_fabric(gpu, gpus // nodes) if auto else parse_fabric(cfg.inter_node, host)
     return topology_of(gpu, gpus, nodes, fabric, cfg.interconnect, cfg.nvlink_domain)
 
 

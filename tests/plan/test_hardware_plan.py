@@ -279,3 +279,16 @@ def test_a_card_given_by_its_figures_is_named_a_custom_card_on_its_base(capsys):
     assert "gpu_mem_gb=40, peak_tflops=500, hbm_tb_s=2 as given" in card and "700 W" not in card
     code, out, _ = run_plan("model=llama3.1-8b", *CUSTOM_CARD, capsys=capsys)
     assert code == 0 and "| custom card MI400X (288 GB, 2000 TFLOP/s bf16, 8 TB/s;" in out.splitlines()[1]
+
+
+def test_a_named_network_of_a_card_per_gpu_has_a_trays_four_on_a_tray():
+    def fabric(**asked):
+        return question(PlanConfig(model="llama3.1-8b", **asked)).topology.fabric
+
+    # A GB200 tray is 4 GPUs with 4 network cards: xdr there is 4 x 800G, not a DGX B300's 8.
+    assert (fabric(gpu="GB200", gpus=16, inter_node="xdr").nics, fabric(gpu="GB200", gpus=16).nics) == (4, 4)
+    assert fabric(gpu="GB300", gpus=16, inter_node="spectrum-x").nics == 4
+    assert fabric(gpu="H100", gpus=16, nodes=4, inter_node="ndr").nics == 4  # hosts of 4 as nodes= says
+    assert fabric(gpu="H100", gpus=2, inter_node="ndr").nics == 8  # a part of one host: the host's cards
+    assert fabric(gpu="H100", gpus=16, inter_node="ndr") is FABRICS["ndr"]
+    assert fabric(gpu="GB200", gpus=16, inter_node="p5").nics == 32  # a named cluster keeps its own cards

@@ -119,6 +119,7 @@ class Fabric:
     # past its fewest nodes follows it in place of the fat tree's span (span_efficiency).
     measured_busbw: tuple[tuple[int, float], ...] = ()
     platform: str = ""  # the instance type aws-ofi-nccl's tuner knows the cluster by, where not its name
+    per_gpu: bool = False  # a kind of network, one card per GPU (ndr, xdr): a host of n GPUs has n cards
 
     def span(self, nodes: int) -> float:
         """The share of the fabric's rate a ring over `nodes` nodes keeps: the cluster's measured
@@ -147,7 +148,9 @@ class Fabric:
 
 # Named clusters: cards per node and rate, and the measured ring efficiency where one is published.
 FABRICS = {
-    "ndr": Fabric("ndr", 8, 400, source="DGX H100/H200: 8 ConnectX-7 NDR 400G (ml-engineering network/README.md)"),
+    "ndr": Fabric(
+        "ndr", 8, 400, source="DGX H100/H200: 8 ConnectX-7 NDR 400G (ml-engineering network/README.md)", per_gpu=True
+    ),
     "dgx-a100": Fabric("dgx-a100", 8, 200, source="DGX A100: 8 ConnectX-6 HDR 200G"),
     "grand-teton": Fabric("grand-teton", 8, 400, source="torchtitan's H100 hosts: RDMA 400 Gb/s per GPU"),
     "mosaicml-a100": Fabric(
@@ -207,7 +210,9 @@ FABRICS = {
     "a3-mega": Fabric("a3-mega", 8, 200, source="GCP A3 Mega: TCPXO 8 x 200 Gb/s", kind="tcpx"),
     "a3-high": Fabric("a3-high", 4, 200, source="GCP A3 High: TCPX 4 x 200 Gb/s", kind="tcpx"),
     "ethernet": Fabric("ethernet", 1, 100, source="one 100 GbE card per node", kind="ethernet"),
-    "xdr": Fabric("xdr", 8, 800, source="DGX B300: 8 ConnectX-8 XDR 800G (ml-engineering network/README.md)"),
+    "xdr": Fabric(
+        "xdr", 8, 800, source="DGX B300: 8 ConnectX-8 XDR 800G (ml-engineering network/README.md)", per_gpu=True
+    ),
     "p6-b300": Fabric(
         "p6-b300",
         16,
@@ -218,10 +223,20 @@ FABRICS = {
         wire_hop_us=EFA_WIRE_HOP_US["v4"],
     ),
     "spectrum-x": Fabric(
-        "spectrum-x", 8, 400, source="NVIDIA Spectrum-X: a 400G SuperNIC per GPU, RoCE (none measured)", kind="roce"
+        "spectrum-x",
+        8,
+        400,
+        source="NVIDIA Spectrum-X: a 400G SuperNIC per GPU, RoCE (none measured)",
+        kind="roce",
+        per_gpu=True,
     ),
     "pollara": Fabric(
-        "pollara", 8, 400, source="AMD Pensando Pollara 400 per GPU, RoCE (no collective measured)", kind="roce"
+        "pollara",
+        8,
+        400,
+        source="AMD Pensando Pollara 400 per GPU, RoCE (no collective measured)",
+        kind="roce",
+        per_gpu=True,
     ),
 }
 # What a card's own platform pairs it with where the question names no fabric: one card per GPU
@@ -243,13 +258,18 @@ def default_fabric(gpu: GPUSpec, gpus_per_node: int) -> Fabric:
 _RATE = re.compile(r"^(?:(\d+)\s*x\s*)?(\d+(?:\.\d+)?)\s*(g|gb|gbps|gbit)?$")
 
 
-def parse_fabric(value: str) -> Fabric:
-    """`inter_node=`: a named cluster (ndr, p5, ...) or NICS x RATE (8x400gbps; 1600gbps is one card)."""
+def parse_fabric(value: str, gpus_per_node: int | None = None) -> Fabric:
+    """`inter_node=`: a named cluster (ndr, p5, ...) or NICS x RATE (8x400gbps; 1600gbps is one card).
+    A named kind of network with a card per GPU (ndr, xdr, spectrum-x, pollara) takes as many cards
+    as the host of `gpus_per_node` has GPUs: a GB200 tray's four, not a DGX's eight."""
     key = str(value).strip().lower()
-    if key in FABRICS:
-        return FABRICS[key]
     if key == "infiniband":  # the name older plans took: today's InfiniBand node
-        return FABRICS["ndr"]
+        key = "ndr"
+    if key in FABRICS:
+        named = FABRICS[key]
+        if named.per_gpu and gpus_per_node is not None and gpus_per_node != named.nics:
+            return replace(named, nics=gpus_per_node)
+        return named
     match = _RATE.match(key.replace("gb/s", "gbps"))
     if not match:
         raise PlanError(
