@@ -212,6 +212,7 @@ def test_a_gb200_rack_is_one_nvlink_domain_of_four_gpu_trays():
         (dict(gpu="GB300", gpus=144, nvlink_domain=144), "largest NVLink domain is 72 GPUs"),
         (dict(gpu="GB200", nvlink_domain="nvl99"), "nvl72"),
         (dict(gpu="GB200", nvlink_domain=6), "multiple of 4"),
+        (dict(gpu="GB200", nvlink_domain=0), "give 4, 8 or another positive multiple of 4"),
     ],
 )
 def test_a_bad_nvlink_domain_is_one_line(options, says):

@@ -77,9 +77,20 @@ def test_a_compare_wide_option_reaches_the_strategies_that_take_it_and_the_plan_
 def test_a_strategy_planned_by_default_with_an_option_the_planner_cannot_price_is_listed_not_planned(capsys):
     assert runner.main([*GPT_350M, "strategy_options.static_graph=true", "format=json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert "does not price strategy_options.static_graph=true" in doc["not_planned"]["ddp"]
+    assert (
+        "does not price strategy_options.static_graph=true on this layout, and would plan it as "
+        + ("static_graph=false")
+        in doc["not_planned"]["ddp"]
+    )
     planned = {s["strategy"] for s in doc["strategies"]}
     assert "ddp" not in planned and "fsdp" in planned
+
+
+def test_an_option_whose_default_is_none_is_said_to_be_left_out_not_null(capsys):
+    mixtral = ["plan", "model=mixtral-8x7b", "gpu=H800", "gpus=16", "strategy_options.ep_size=16", "format=json"]
+    assert runner.main(mixtral) == 0
+    why = json.loads(capsys.readouterr().out)["not_planned"]["fsdp"]
+    assert "would plan it without ep_size: drop it" in why and "null" not in why
 
 
 def test_an_option_at_its_default_is_planned_and_a_what_if_is_named(capsys):

@@ -304,8 +304,8 @@ def parse_domain(value: object, gpu: GPUSpec, gpus_per_node: int) -> int:
             ) from None
     if domain < 1 or domain % gpus_per_node:
         raise PlanError(
-            f"nvlink_domain={value}: a domain is whole hosts of {gpus_per_node} GPUs: give a multiple of "
-            f"{gpus_per_node}"
+            f"nvlink_domain={value}: a domain is one or more whole hosts of {gpus_per_node} GPUs: give "
+            f"{gpus_per_node}, {2 * gpus_per_node} or another positive multiple of {gpus_per_node}"
         )
     if domain > gpus_per_node and gpu.scale_up != "nvswitch":
         raise PlanError(

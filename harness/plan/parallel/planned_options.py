@@ -142,10 +142,11 @@ def check_priced(name: str, given: Mapping[str, Any]) -> None:
     for key, value in given.items():
         priced = key in MODELLED and MODELLED[key](model) and value in PRICED_VALUES.get(key, (value,))
         if not priced and value != defaults.get(key):
+            default = defaults.get(key)
+            instead = f"as {key}={json.dumps(default)}" if default is not None else f"without {key}"
             raise LayoutError(
                 f"{name}: the planner does not price strategy_options.{key}={json.dumps(value)} on this layout, and "
-                f"would plan it as {key}={json.dumps(defaults.get(key))}: drop it to plan {name} "
-                "(train runs it as given)"
+                f"would plan it {instead}: drop it to plan {name} (train runs it as given)"
             )
 
 
