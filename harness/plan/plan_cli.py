@@ -117,13 +117,24 @@ def _mfu_peak(q: Question) -> float:
     return q.gpu.peak_flops[storage_precision(q.precision)]
 
 
+def _max_micro_batch(p: StrategyPlan, q: Question) -> int | None:
+    """The table's max mb: the largest micro-batch per data-parallel rank that fits; where the global
+    batch was split for the plan and no micro-batch that divides it fits beside the accumulation it
+    then needs (plan_default tried each, batch_limit.accumulated), 0, not a micro-batch that fits
+    only in a step of its own."""
+    largest = fitting_micro_batch(p, q)
+    if largest and p.fits is False and q.split_global_batch and p.layout.pp == 1:
+        return 0
+    return largest
+
+
 def _row(p: StrategyPlan, q: Question) -> tuple[str, ...]:
     gpu = p.states_on("cuda")
     cpu = sum(p.states_on("cpu").values())
     buffers = sum(p.buffers.backward.values()) + sum(p.buffers.hooks.values())
     t = p.time
     per_gpu = t.tokens_per_s / q.gpus if t else None
-    largest = fitting_micro_batch(p, q)
+    largest = _max_micro_batch(p, q)
     mfu = per_gpu * q.shape.flops_per_token(q.seq_len) / _mfu_peak(q) if t and q.gpu else None
     return (
         p.name,
@@ -209,7 +220,8 @@ def heading(q: Question) -> list[str]:
         lines.append(f"  note: {s.note}")
     lines.append(
         "  GiB per GPU; peak = predicted peak allocated; max mb = the largest micro-batch per data-parallel rank "
-        "that fits (a pipeline's: the sequences of its step, whole rounds of its micro-batches); tok/s/GPU and MFU "
+        "that fits (a pipeline's: the sequences of its step, whole rounds of its micro-batches; 0: none that splits "
+        "the batch asked and fits beside its accumulation); tok/s/GPU and MFU "
         "(6N + 12LHQT) per GPU"
     )
     return lines
@@ -466,7 +478,7 @@ def as_json(cfg: PlanConfig, q: Question, plans: list[StrategyPlan], rec: Recomm
         "basis": basis_lines(q),
         "headroom": plans[0].headroom.describe() if plans else None,
         "host": q.host.describe() if q.host else None,
-        "strategies": [p.as_dict() | {"largest_micro_batch": fitting_micro_batch(p, q)} for p in plans],
+        "strategies": [p.as_dict() | {"largest_micro_batch": _max_micro_batch(p, q)} for p in plans],
         "zero_paper_model_states_bytes": zero_paper_view(q),
         "recommendation": rec.as_dict(),
         "same_engine": engine_differences(plans, q),

@@ -6,6 +6,7 @@ and a question where nothing fits says what would make it fit."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -15,7 +16,7 @@ from harness.common.units import GIB
 from harness.plan.memory.batch_limit import PLAN_LIMIT, fitting_micro_batch
 from harness.plan.memory.invariants import memory_violations
 from harness.plan.plan_cli import PlanConfig, question, strategy_names
-from harness.plan.predict import plan_all, plan_backend, plan_strategy
+from harness.plan.predict import plan_all, plan_backend, plan_default, plan_strategy
 from harness.plan.recommendation import recommend
 from harness.plan.speed.calibration import REFERENCE, calibrate_from, default_factors, question_for, read_measurements
 from tests.helpers import ROOT
@@ -130,6 +131,17 @@ def test_the_largest_micro_batch_is_the_last_that_fits_and_the_answer_names_it(c
     header = next(line.split() for line in table if line.startswith("strategy"))
     fsdp = next(line.split() for line in table if line.startswith("fsdp "))
     assert int(fsdp[header.index("max")]) == fitting_micro_batch(next(p for p in plans if p.name == "fsdp"), q)
+
+
+def test_max_mb_is_none_where_no_micro_batch_splits_the_batch_asked_and_fits(capsys):
+    # Accelerate's FSDP with TP fits one sequence of 8k in a step of its own, but not beside the accumulation
+    # that 4 sequences a rank then need: "NO" beside "max mb 1" read as a split that would run.
+    args = ["plan", "model=llama3.1-70b", "gpu=GB200", "gpus=72", "seq_len=8192", "strategies=[accelerate-fsdp-tp]"]
+    assert runner.main([*args, "format=json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["strategies"][0]
+    assert planned["fits"] is False and planned["largest_micro_batch"] == 0
+    q = question(PlanConfig(model="llama3.1-70b", gpu="GB200", gpus=72, seq_len=8192))
+    assert fitting_micro_batch(plan_default("accelerate-fsdp-tp", q), q) == 1  # alone, at no accumulation
 
 
 def test_a_mixture_of_experts_largest_micro_batch_holds_its_experts_as_the_plan_does():
