@@ -661,8 +661,11 @@ def _preflight(
     for name in runnable:
         strategy, settings = run_settings(cfg, name, layouts)
         processes = layouts[name].nproc if name in layouts else processes_for(name, nproc)
+        # The compare's own out_dir, checked above: the runs' out_dir is per run, and RunConfig's
+        # default (runs/train) would be created in the working directory, or refused where it is read-only.
+        config = RunConfig(**{**shared, **settings}, strategy=strategy, out_dir=cfg.out_dir)
         try:
-            followed[name] = preflight(RunConfig(**{**shared, **settings}, strategy=strategy), processes).followed
+            followed[name] = preflight(config, processes).followed
         except ModelUnsupported as exc:
             cannot[name] = f"cannot run {cfg.model} on {processes} process{'es' if processes > 1 else ''}: {exc}"
     return followed, cannot

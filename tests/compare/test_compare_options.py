@@ -91,6 +91,17 @@ def test_a_strategy_that_cannot_lay_out_the_model_is_skipped_with_why(tmp_path):
     assert cannot["accelerate-fsdp-tp"].startswith(f"cannot run {cfg.model} on 2 processes: accelerate-fsdp-tp cannot")
 
 
+def test_the_preflight_writes_nothing_outside_the_compares_out_dir(tmp_path, monkeypatch):
+    """The runs' checks try the compare's out_dir, not RunConfig's default runs/train under the working
+    directory: a compare started from a folder it may not write into, with an out_dir it may, runs."""
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    cfg = load_compare_config(["strategies=[single,ddp]", "nproc=2", f"out_dir={tmp_path / 'cmp'}"])
+    compare_cli._preflight(cfg, train_options(cfg, default_registry().names()), ["single", "ddp"], 2)
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_a_size_no_world_lays_out_stops_the_compare_in_one_line(tmp_path, capsys):
     """tp_size=0 is a typo, not a mesh this many processes cannot hold: one line before any run, as
     train gives it, where a size that does not divide the processes skips that strategy."""
