@@ -325,9 +325,16 @@ def _import(name: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
+        missing = exc.name or name
+        if name == missing or name.startswith(f"{missing}."):
+            raise StrategyError(
+                f"{PLUGINS_ENV} names module {name!r}, which cannot be imported ({exc}): give an "
+                "import path on sys.path, such as my_package.my_strategy"
+            ) from None
+        # The module was found and failed on an import of its own: its path is right, a dependency is not.
         raise StrategyError(
-            f"{PLUGINS_ENV} names module {name!r}, which cannot be imported ({exc}): give an "
-            "import path on sys.path, such as my_package.my_strategy"
+            f"{PLUGINS_ENV} names module {name!r}, which was found but failed to import ({exc}): install "
+            f"or fix what it imports, or leave {name!r} out of {PLUGINS_ENV}"
         ) from None
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from strategies.base import RunContext, StrategyError
-from strategies.registry import StrategyRegistry, default_registry
+from strategies.registry import StrategyRegistry, default_registry, registry_of
 from strategies.single import SingleDeviceStrategy, started_more_than_one
 from tests.helpers import env_for_tests, run_cli
 
@@ -137,6 +137,17 @@ def test_missing_dependency_is_listed_with_reason():
     assert registry.names() == ["needs-missing"] and registry.available_names() == []
     with pytest.raises(StrategyError, match="unavailable here: needs the package"):
         registry.create("needs-missing", _ctx())
+
+
+def test_a_plugin_module_whose_dependency_is_missing_is_not_called_a_wrong_path(tmp_path, monkeypatch):
+    """PARABENCH_PLUGINS found the module: the line names what it imports, not the path the user gave."""
+    (tmp_path / "needs_dep_plugin.py").write_text("import parabench_no_such_dependency\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(StrategyError, match="found but failed to import .*'parabench_no_such_dependency'") as caught:
+        registry_of(["needs_dep_plugin"])
+    assert "give an import path" not in str(caught.value)
+    with pytest.raises(StrategyError, match="'no_such_plugin', which cannot be imported .*give an import path"):
+        registry_of(["no_such_plugin"])
 
 
 def test_cli_unknown_strategy_is_one_line():
