@@ -19,6 +19,7 @@ from harness.compare.out_dir_lock import is_locked
 from harness.compare.results import (
     KILLED,
     RESULTS_FILE,
+    RUN_AGAIN,
     StrategyResult,
     assign_verdicts,
     from_record,
@@ -41,6 +42,7 @@ NOT_REACHED = {
     "stopped": "the compare was stopped (killed) before it: resume=auto runs it",
 }
 REBUILT = "rebuilt from the run folders by `runner.py report`: the compare was stopped before it wrote them"
+REMAKE = "remove it, and `runner.py report {out}` makes it again from the run folders"
 
 
 def collect(out: Path, plan: SweepPlan, state: str) -> tuple[dict[str, Any], list[StrategyResult]]:
@@ -90,7 +92,9 @@ def results_for_report(out: Path) -> tuple[dict[str, Any], list[StrategyResult]]
     plan = read_plan(out)
     results_path = out / RESULTS_FILE
     if plan is None or is_locked(out) or not _stale(out, plan, results_path):
-        return read_results(out)
+        # With the plan here a damaged results.json is made again from the run folders, as a missing one
+        # is; `runner.py compare` again would refuse this out_dir, which holds that compare's runs.
+        return read_results(out, RUN_AGAIN if plan is None else REMAKE.format(out=out))
     facts, results = collect(out, plan, "stopped")
     facts["rebuilt"] = REBUILT
     write_results(out, facts, results)

@@ -214,8 +214,12 @@ def write_results(compare_dir: Path, sweep: dict[str, Any], results: list[Strate
     return path
 
 
-def read_results(compare_dir: Path) -> tuple[dict[str, Any], list[StrategyResult]]:
-    """(the sweep's facts, the entries) from `<compare_dir>/results.json`."""
+RUN_AGAIN = "run `runner.py compare` again"
+
+
+def read_results(compare_dir: Path, fix: str = RUN_AGAIN) -> tuple[dict[str, Any], list[StrategyResult]]:
+    """(the sweep's facts, the entries) from `<compare_dir>/results.json`; `fix` ends the line
+    where it is not a results file."""
     path = compare_dir / RESULTS_FILE
     if not path.is_file():
         raise ResultsError(f"{compare_dir} has no {RESULTS_FILE}: give the out_dir of a `runner.py compare` run")
@@ -223,5 +227,5 @@ def read_results(compare_dir: Path) -> tuple[dict[str, Any], list[StrategyResult
         doc = json.loads(path.read_text())
         results = [StrategyResult.from_dict(entry) for entry in doc.pop("strategies")]
     except (ValueError, KeyError, TypeError) as exc:
-        raise ResultsError(f"{path} is not a parabench results file ({exc}): run `runner.py compare` again") from None
+        raise ResultsError(f"{path} is not a parabench results file ({exc}): {fix}") from None
     return doc, results

@@ -21,6 +21,7 @@ from harness.common.colours import strategy_colours
 from harness.common.units import GIB
 from harness.compare.batch_search import FITS, OOM, Probe, Search
 from harness.compare.results import StrategyResult, assign_verdicts, load_metrics, read_results, write_results
+from harness.compare.sweep_plan import PlannedStrategy, SweepPlan
 from harness.compare.verdict import measure_noise
 from harness.report import figures
 from harness.report.advice import advice_from_results
@@ -252,6 +253,25 @@ def test_report_cli_rebuilds_and_refuses_a_folder_without_results(tmp_path):
     (tmp_path / "empty").mkdir()
     proc = run_cli(["report", str(tmp_path / "empty")], timeout=60)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no results.json" in proc.stderr
+
+
+def test_a_truncated_results_file_says_how_to_make_it_again_where_the_compare_can(tmp_path, capsys):
+    """With the compare's plan beside it, the way out is the report's own rebuild from the run folders,
+    not `runner.py compare` again, which refuses an out_dir holding that compare's runs."""
+    make_compare_dir(tmp_path, "cuda")
+    results = tmp_path / "results.json"
+    results.write_text(results.read_text()[:500])
+    assert runner.main(["report", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.endswith("run `runner.py compare` again\n")  # no plan: nothing to rebuild from
+    strategies = [PlannedStrategy(name, name) for name in ("single", "ddp")]
+    plan = SweepPlan("id", "compare", "", 0.0, {}, "fp32", 1e-4, "cuda", 2, "", {}, strategies, "single", 1)
+    plan.write(tmp_path)
+    assert runner.main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith(f"remove it, and `runner.py report {tmp_path}` makes it again from the run folders\n"), err
+    results.unlink()
+    assert runner.main(["report", str(tmp_path)]) == 0
+    assert read_results(tmp_path)[0]["rebuilt"]
 
 
 def test_legends_stay_inside_the_picture_with_every_strategy():
