@@ -18,6 +18,7 @@ from models.mlp import TokenMLP
 from models.moe import MoEGPT
 from models.moe_config import MOE_PRESETS
 from models.on_meta import on_meta
+from models.preset_settings import unknown_setting
 from models.zoo_names import TOKEN_MLP
 
 
@@ -25,8 +26,15 @@ class ModelError(ValueError):
     """A model spec that cannot be built (one line, says what to do)."""
 
 
+def _check_settings(name: str, preset: Any, overrides: dict[str, Any]) -> None:
+    why = unknown_setting(name, preset, overrides)
+    if why is not None:
+        raise ModelError(why)
+
+
 def _build_gpt(name: str) -> Callable[..., nn.Module]:
     def build(**overrides: Any) -> nn.Module:
+        _check_settings(name, PRESETS[name], overrides)
         try:
             return GPT(dataclasses.replace(PRESETS[name], **overrides))
         except ValueError as exc:  # a size, bias or dropout out of range (the presets' own are in range)
@@ -37,6 +45,7 @@ def _build_gpt(name: str) -> Callable[..., nn.Module]:
 
 def _build_moe(name: str) -> Callable[..., nn.Module]:
     def build(**overrides: Any) -> nn.Module:
+        _check_settings(name, MOE_PRESETS[name], overrides)
         try:
             return MoEGPT(dataclasses.replace(MOE_PRESETS[name], **overrides))
         except ValueError as exc:  # a routing option out of range: one line

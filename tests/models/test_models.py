@@ -74,7 +74,9 @@ def test_preset_overrides_through_model_kwargs():
         ("gpt-enormous", {}, "unknown model 'gpt-enormous'"),
         ("no_such_pkg.mod:build", {}, "cannot import 'no_such_pkg.mod'"),
         ("models.mlp:Nothing", {}, "has no attribute 'Nothing'"),
-        ("gpt-nano", {"n_layers": 3}, "rejected model_kwargs"),
+        ("gpt-nano", {"n_layers": 3}, r"no setting model_kwargs.n_layers \(did you mean model_kwargs.n_layer\?\)"),
+        ("moe-nano", {"experts": 4}, r"did you mean model_kwargs.n_experts\?\): its settings are n_layer,"),
+        ("mlp", {"widht": 3}, "rejected model_kwargs"),  # a model of its own arguments, not a preset
         ("models.data:uniform_loss", {"vocab_size": 3}, "not a torch.nn.Module"),
     ],
 )

@@ -68,6 +68,11 @@ def test_a_hugging_face_size_that_is_not_a_whole_number_is_one_line(capsys, args
     assert f"{says} must be a whole number" in one_line_error(capsys, *args)
 
 
+def test_a_zoo_models_misspelt_setting_names_the_one_it_has(capsys):
+    err = one_line_error(capsys, "model=gpt2-124m", "model_kwargs.n_layr=2")
+    assert "no setting model_kwargs.n_layr (did you mean model_kwargs.n_layer?): its settings are n_layer" in err
+
+
 @pytest.mark.parametrize("value", ["abc", None, 64.5])
 def test_a_config_files_size_that_is_not_a_whole_number_is_one_line_naming_the_file(capsys, tmp_path, value):
     path = _config(tmp_path, hidden_size=value)

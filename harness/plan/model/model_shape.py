@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from harness.plan.model import hf_configs
 from models.gpt_config import PRESETS, GPTConfig, check_sizes
 from models.moe_config import MOE_PRESETS
+from models.preset_settings import unknown_setting
 
 if TYPE_CHECKING:
     from harness.plan.memory.activation_trace import ActivationTracer
@@ -318,6 +319,9 @@ def hf_shape(spec: str, arch: hf_configs.HFArchitecture, kwargs: dict[str, Any])
 
 def _preset_with(spec: str, preset: Any, kwargs: dict[str, Any]) -> Any:
     """A zoo preset's config with model_kwargs over it: an unknown key or a size out of range is one line."""
+    why = unknown_setting(spec, preset, kwargs)
+    if why is not None:
+        raise PlanError(why)
     try:
         config = dataclasses.replace(preset, **kwargs)
     except TypeError as exc:
