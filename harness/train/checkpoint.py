@@ -192,6 +192,11 @@ def check_resume(resume: str | None) -> None:
     the run loads it); checked before any process starts."""
     if resume is None or resume == "auto":
         return
+    if str(resume).strip().lower() == "never":  # compare's word for running again: train has no such mode
+        raise CheckpointError(
+            "resume=never is compare's: a train run starts afresh without resume= (in an out_dir that holds no "
+            "earlier run's checkpoints), and continues one with resume=auto or a checkpoint folder"
+        )
     if str(resume).strip().lower() in BOOLEAN_WORDS:
         raise CheckpointError(
             f"resume={resume}: give resume=auto (the newest intact checkpoint under out_dir) or a checkpoint folder "

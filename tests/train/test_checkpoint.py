@@ -27,7 +27,15 @@ from safetensors.torch import load_file
 import runner
 from harness.common.testing_hooks import FAULT_ENV
 from harness.train import rng
-from harness.train.checkpoint import CheckpointError, CheckpointManager, Manifest, check_fits, param_shapes, verify
+from harness.train.checkpoint import (
+    CheckpointError,
+    CheckpointManager,
+    Manifest,
+    check_fits,
+    check_resume,
+    param_shapes,
+    verify,
+)
 from harness.train.optimizer import adamw_factory
 from models.data import GlobalBatchSchedule, load_data, split_inputs_targets
 from models.zoo import build_model
@@ -575,3 +583,8 @@ def test_a_manifest_field_of_the_wrong_kind_is_one_line_naming_it(tmp_path, fiel
     with pytest.raises(CheckpointError) as err:
         verify(ckpt)
     assert str(err.value) == f"checkpoint {ckpt} is damaged: manifest.json's {says}: resume from another checkpoint"
+
+
+def test_compares_resume_never_given_to_train_says_how_train_starts_afresh():
+    with pytest.raises(CheckpointError, match=r"resume=never is compare's: a train run starts afresh without resume="):
+        check_resume("never")
