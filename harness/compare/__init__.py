@@ -13,6 +13,7 @@ _EXPORTS = {
     "ResultsError": "results",
     "load_metrics": "results",
     "read_results": "results",
+    "RESULTS_FILE": "results",
     "results_for_report": "collect",
     "NoiseBand": "verdict",
     "bound_at": "verdict",

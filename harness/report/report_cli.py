@@ -14,7 +14,15 @@ from typing import Any
 from harness.common.colours import strategy_colours
 from harness.common.units import human_bytes
 from harness.common.writable import FolderError, check_writable
-from harness.compare import NoiseBand, StrategyResult, bound_at, floor_of, load_metrics, results_for_report
+from harness.compare import (
+    RESULTS_FILE,
+    NoiseBand,
+    StrategyResult,
+    bound_at,
+    floor_of,
+    load_metrics,
+    results_for_report,
+)
 from harness.report import figures
 from harness.report.advice import advice_from_results
 from harness.report.document import (
@@ -45,7 +53,11 @@ def main(args: list[str]) -> int:
     if len(args) != 1 or "=" in args[0]:
         raise ValueError("usage: runner.py report <dir>: the out_dir of a `runner.py compare` run")
     folder = Path(args[0])
-    if folder.is_dir():  # a missing one is read_results' error: it holds no results
+    if folder.name == RESULTS_FILE and folder.is_file():  # the compare's results file: its folder is meant
+        folder = folder.parent
+    if not folder.exists():
+        raise FolderError(f"{folder} does not exist: give the out_dir of a `runner.py compare` run")
+    if folder.is_dir():  # a file is read_results' error: it holds no results
         check_writable(folder, f"the compare folder {folder}", create=False, fix="copy it somewhere writable first")
     try:
         md_path, html_path = build_report(folder)

@@ -255,6 +255,17 @@ def test_report_cli_rebuilds_and_refuses_a_folder_without_results(tmp_path):
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no results.json" in proc.stderr
 
 
+def test_report_takes_the_results_file_for_its_folder_and_says_a_missing_folder_is_missing(tmp_path, capsys):
+    make_compare_dir(tmp_path / "sweep", "cpu")
+    assert runner.main(["report", str(tmp_path / "sweep" / "results.json")]) == 0
+    assert (tmp_path / "sweep" / "report.md").is_file()
+    capsys.readouterr()
+    assert runner.main(["report", str(tmp_path / "nope")]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"parabench: error: {tmp_path / 'nope'} does not exist: give the out_dir of a `runner.py compare` run"
+    )
+
+
 def test_a_truncated_results_file_says_how_to_make_it_again_where_the_compare_can(tmp_path, capsys):
     """With the compare's plan beside it, the way out is the report's own rebuild from the run folders,
     not `runner.py compare` again, which refuses an out_dir holding that compare's runs."""
