@@ -42,6 +42,7 @@ NOT_REACHED = {
     "stopped": "the compare was stopped (killed) before it: resume=auto runs it",
 }
 REBUILT = "rebuilt from the run folders by `runner.py report`: the compare was stopped before it wrote them"
+REBUILT_ENDED = "rebuilt from the run folders by `runner.py report`: every run had ended, its results file lost"
 REMAKE = "remove it, and `runner.py report {out}` makes it again from the run folders"
 
 
@@ -95,10 +96,20 @@ def results_for_report(out: Path) -> tuple[dict[str, Any], list[StrategyResult]]
         # With the plan here a damaged results.json is made again from the run folders, as a missing one
         # is; `runner.py compare` again would refuse this out_dir, which holds that compare's runs.
         return read_results(out, RUN_AGAIN if plan is None else REMAKE.format(out=out))
-    facts, results = collect(out, plan, "stopped")
-    facts["rebuilt"] = REBUILT
+    ended = _every_run_ended(out, plan)
+    facts, results = collect(out, plan, "finished" if ended else "stopped")
+    facts["rebuilt"] = REBUILT_ENDED if ended else REBUILT
     write_results(out, facts, results)
     return facts, results
+
+
+def _every_run_ended(out: Path, plan: SweepPlan) -> bool:
+    """Whether every run the compare planned (noise runs too) ended, as its run.json says: a results
+    file lost after the compare finished, not a compare killed or interrupted before its end."""
+    folders = [out / entry.run_folder for entry in plan.strategies if entry.skipped is None]
+    folders += [noise_dir(out, seed) for seed in range(1, plan.noise_runs + 1)]
+    records = [read_record(folder) for folder in folders]
+    return all(_counts(record, plan) and not record.stopped_midway for record in records)  # type: ignore[union-attr]
 
 
 def _stale(out: Path, plan: SweepPlan, results_path: Path) -> bool:

@@ -13,6 +13,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,6 +183,18 @@ def test_resume_keeps_the_finished_runs_and_matches_an_uninterrupted_compare(kil
     report = (out / "report.md").read_text()
     assert "Kept from an earlier compare into this folder" in report and "`single`, `ddp`, 1 noise run" in report
     assert "`ddp-pausing` from step 4" in report
+
+
+def test_a_finished_compares_lost_results_are_rebuilt_as_finished(uninterrupted, tmp_path):
+    """Every run ended: the rebuilt results say the compare finished, not that it was killed."""
+    out = tmp_path / "copy"
+    shutil.copytree(uninterrupted, out)
+    (out / "results.json").unlink()
+    build_report(out)
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["state"] == "finished" and not doc["interrupted"] and "every run had ended" in doc["rebuilt"]
+    report = (out / "report.md").read_text()
+    assert "Stopped before its end" not in report and "every run had ended" in report
 
 
 def test_resume_after_changing_steps_names_the_key(killed_then_resumed, plugin_env):
