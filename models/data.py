@@ -97,7 +97,9 @@ class TokenFileData:
             top = int(self.tokens.max())
             if top >= vocab_size:
                 raise DataError(
-                    f"data file {path!r} has token id {top}, outside the model's vocabulary of {vocab_size}"
+                    f"data file {path!r} has token id {top}, outside the model's vocabulary of {vocab_size}: give "
+                    f"model_kwargs.vocab_size={top + 1} or more (a zoo model; a model of your own its own setting), "
+                    "or the data tokenized for this model"
                 )
         self.loss_floor = None
 

@@ -91,7 +91,8 @@ def test_a_folder_given_as_the_data_file_says_so(tmp_path):
 def test_token_ids_beyond_the_vocabulary_are_refused(tmp_path):
     path = tmp_path / "x.bin"
     np.array([1, 2, 300, 4, 5], dtype=np.uint16).tofile(path)
-    with pytest.raises(DataError, match="outside the model's vocabulary of 128"):
+    says = "outside the model's vocabulary of 128: give model_kwargs.vocab_size=301 or more"
+    with pytest.raises(DataError, match=says):
         TokenFileData(str(path), seq_len=2, vocab_size=128)
 
 
