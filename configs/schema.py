@@ -216,8 +216,16 @@ def _read_yaml(path: str) -> DictConfig:
         candidate = CONFIG_DIR / path
     if not candidate.exists() and (CONFIG_DIR / f"{path}.yaml").exists():
         candidate = CONFIG_DIR / f"{path}.yaml"
+    if candidate.is_dir():
+        raise ConfigError(f"config={path} is a folder: give a YAML file in it, or a preset name from {CONFIG_DIR}")
     if not candidate.is_file():
-        raise ConfigError(f"config file {path!r} not found: give a YAML path or a preset name from {CONFIG_DIR}")
+        presets = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+        close = difflib.get_close_matches(Path(path).stem, presets, n=1)
+        hint = f" (did you mean config={close[0]}?)" if close else ""
+        raise ConfigError(
+            f"config file {path!r} not found{hint}: give a YAML path or a preset name from {CONFIG_DIR} "
+            f"({', '.join(presets)})"
+        )
     try:
         loaded = OmegaConf.load(candidate)
     except Exception as exc:  # yaml.YAMLError and friends: one line, not a parser traceback

@@ -21,6 +21,8 @@ from tests.helpers import run_cli
         (["lr=-1"], "lr=-1.0 must be positive"),
         (["steps"], "is not key=value"),
         (["config=does-not-exist.yaml"], "config file 'does-not-exist.yaml' not found"),
+        (["config=defaultt"], "config file 'defaultt' not found (did you mean config=default?)"),
+        (["config=configs"], "config=configs is a folder: give a YAML file in it"),
         (["device=tpu"], "device='tpu' is not one of auto, cpu, cuda"),
         # NaN passes `<= 0` and infinity every range: a number is first finite.
         (["lr=nan"], "lr=nan must be a finite number"),
