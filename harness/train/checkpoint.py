@@ -105,7 +105,7 @@ class Manifest:
         try:
             data = json.loads((path / MANIFEST).read_text())
         except FileNotFoundError:
-            raise CheckpointError(f"{path} has no {MANIFEST}: it is not a complete parabench checkpoint") from None
+            raise CheckpointError(f"{path} has no {MANIFEST}: {_not_a_checkpoint(path)}") from None
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"{path}/{MANIFEST} is unreadable ({exc})") from None
         if not isinstance(data, dict) or data.get("format_version") != FORMAT_VERSION:
@@ -149,6 +149,16 @@ class Manifest:
             json.dump(asdict(self), f, indent=1)
             f.flush()
             os.fsync(f.fileno())
+
+
+def _not_a_checkpoint(path: Path) -> str:
+    """What a folder without a manifest is, and what to give instead: for a run's out_dir (or its
+    checkpoints folder), its newest checkpoint, which resume= and export take."""
+    for root in (path / CHECKPOINTS, path):
+        steps = list_checkpoints(root)
+        if steps:
+            return f"it holds checkpoints and is not one: give {steps[-1][1]}, the newest of them"
+    return "it is not a complete parabench checkpoint"
 
 
 def list_checkpoints(root: Path) -> list[tuple[int, Path]]:

@@ -588,3 +588,14 @@ def test_a_manifest_field_of_the_wrong_kind_is_one_line_naming_it(tmp_path, fiel
 def test_compares_resume_never_given_to_train_says_how_train_starts_afresh():
     with pytest.raises(CheckpointError, match=r"resume=never is compare's: a train run starts afresh without resume="):
         check_resume("never")
+
+
+def test_a_runs_folder_given_as_a_checkpoint_names_its_newest_checkpoint(tmp_path):
+    for step in (2, 4):
+        (tmp_path / "checkpoints" / f"step_{step}").mkdir(parents=True)
+    newest = tmp_path / "checkpoints" / "step_4"
+    for given in (tmp_path, tmp_path / "checkpoints"):
+        with pytest.raises(CheckpointError, match=f"holds checkpoints and is not one: give {newest}, the newest"):
+            Manifest.read(given)
+    with pytest.raises(CheckpointError, match="has no manifest.json: it is not a complete parabench checkpoint"):
+        Manifest.read(newest)
