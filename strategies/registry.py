@@ -27,6 +27,7 @@ import importlib
 import inspect
 import os
 import pkgutil
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -257,6 +258,18 @@ class StrategyRegistry:
         unknown = sorted(set(user_options) - allowed)
         if unknown:
             listed = ", ".join(sorted(allowed)) or "none"
+            section = user_options.get(unknown[0])
+            if isinstance(section, Mapping) and unknown[0] in self.names():
+                # compare's per-strategy section, given to one strategy's run: its options are given bare.
+                how = (
+                    "takes its options bare: " + " ".join(f"strategy_options.{k}={v}" for k, v in section.items())
+                    if unknown[0] == name
+                    else f"does not read another strategy's: leave strategy_options.{unknown[0]} out"
+                )
+                raise StrategyError(
+                    f"strategy_options.{unknown[0]}.<option> is a section for compare, which runs several "
+                    f"strategies; a run of {name!r} {how}"
+                )
             raise StrategyError(f"strategy {name!r} has no option {', '.join(unknown)}: its options are {listed}")
         _check_option_types(name, user_options, _keyword_options(entry.cls))
         return {**entry.options, **user_options}

@@ -80,6 +80,14 @@ def test_unknown_option_names_the_allowed_ones():
         default_registry().create("ddp", _ctx(), bucket_size=3)
 
 
+def test_compares_per_strategy_section_given_to_one_run_says_how_the_run_takes_it():
+    with pytest.raises(StrategyError) as err:
+        default_registry().check_options("ddp", {"ddp": {"bucket_cap_mb": 2}})
+    assert str(err.value).endswith("a run of 'ddp' takes its options bare: strategy_options.bucket_cap_mb=2")
+    with pytest.raises(StrategyError, match="a run of 'ddp' does not read another strategy's: leave strategy_options"):
+        default_registry().check_options("ddp", {"fsdp": {"reshard_after_forward": False}})
+
+
 def test_one_class_several_names_with_preset_options():
     registry = default_registry()
     assert registry.get("fsdp").cls is registry.get("fsdp-grad-op").cls
