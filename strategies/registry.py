@@ -340,9 +340,11 @@ def _import(name: str) -> ModuleType:
     except ImportError as exc:
         missing = exc.name or name
         if name == missing or name.startswith(f"{missing}."):
+            dotted = name.removesuffix(".py").replace("/", ".").replace("\\", ".").strip(".")
+            example = dotted if dotted != name else "my_package.my_strategy"  # a file's path, written as a module
             raise StrategyError(
                 f"{PLUGINS_ENV} names module {name!r}, which cannot be imported ({exc}): give an "
-                "import path on sys.path, such as my_package.my_strategy"
+                f"import path on sys.path, such as {example}"
             ) from None
         # The module was found and failed on an import of its own: its path is right, a dependency is not.
         raise StrategyError(

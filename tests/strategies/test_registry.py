@@ -156,6 +156,9 @@ def test_a_plugin_module_whose_dependency_is_missing_is_not_called_a_wrong_path(
     assert "give an import path" not in str(caught.value)
     with pytest.raises(StrategyError, match="'no_such_plugin', which cannot be imported .*give an import path"):
         registry_of(["no_such_plugin"])
+    # A file's path for the module: the line writes it as the module path it takes.
+    with pytest.raises(StrategyError, match=r"give an import path on sys.path, such as tests.strategies.toy_backend$"):
+        registry_of(["tests/strategies/toy_backend.py"])
 
 
 def test_cli_unknown_strategy_is_one_line():
