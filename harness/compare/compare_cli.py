@@ -102,8 +102,10 @@ def main(args: list[str]) -> int:
     check_own_options(cfg, strategies, registry.names())
     takers = takers_of_compare_wide_options(cfg, strategies, registry)
     shared = train_options(cfg, registry.names())
+    # A plan's layouts are preflighted against the compare's own out_dir, as _preflight's runs are.
+    checked = {**shared, "out_dir": cfg.out_dir}
     planned = [
-        (name, _skip_reason(registry, name, device_type, shared, layouts, run_settings(cfg, name, layouts)[1]))
+        (name, _skip_reason(registry, name, device_type, checked, layouts, run_settings(cfg, name, layouts)[1]))
         for name in names
     ]
     runnable = [name for name, reason in planned if reason is None]

@@ -55,8 +55,12 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path, str]
     out = folder / "out"
     args = ["compare", f"plan={plan_file}", f"top={TOP}", "steps=3", "noise_runs=0", "device=cpu", f"out_dir={out}"]
     env = {**env_for_tests(), AVAILABLE_MEMORY_ENV: str(_tight_memory(search))}
-    proc = run_cli([*args, "data_samples=256", "timeout_s=60"], timeout=150, env=env)
+    # Started from a folder of its own: each layout's checks try the compare's out_dir, and write nothing here.
+    elsewhere = folder / "cwd"
+    elsewhere.mkdir()
+    proc = run_cli([*args, "data_samples=256", "timeout_s=60"], timeout=150, env=env, cwd=elsewhere)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert list(elsewhere.iterdir()) == []
     return search, out, proc.stdout
 
 
