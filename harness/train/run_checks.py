@@ -21,6 +21,19 @@ from strategies.single import started_more_than_one
 
 
 def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None) -> Strategy:
+    """_preflight(), and where it refuses the run, the out_dir folders it made for the run (empty) taken
+    away again: a run stopped by its checks leaves nothing behind (runs/train under the working directory)."""
+    made = [folder for folder in (Path(cfg.out_dir), *Path(cfg.out_dir).parents) if not folder.exists()]
+    try:
+        return _preflight(cfg, world_size, ranks_per_node)
+    except BaseException:
+        for folder in made:  # deepest first; only what this check made and nothing has written into
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
+
+
+def _preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None) -> Strategy:
     """Catch bad input in the parent, once, before any worker starts: one line, not N tracebacks.
 
     A strategy that cannot run on the run's device says why. Its mesh is laid out for the

@@ -57,3 +57,17 @@ def test_a_finished_runs_out_dir_is_refused_and_left_as_it_was(tmp_path):
     assert "give a fresh out_dir" in proc.stderr and "remove the folder" in proc.stderr
     assert proc.stdout == ""  # nothing started
     assert {p.name: p.read_text() for p in tmp_path.iterdir()} == earlier
+
+
+def test_a_run_its_checks_stop_leaves_no_folder_it_made(tmp_path):
+    """The default out_dir under the working directory, or a new one given, is made to try it; a model the
+    checks then refuse takes it away again, and an out_dir that was there stays."""
+    proc = run_cli(["train", "model=gpt-huge", "steps=1"], timeout=60, cwd=tmp_path)
+    assert proc.returncode == 2 and "unknown model 'gpt-huge'" in proc.stderr
+    assert list(tmp_path.iterdir()) == []
+    given = tmp_path / "new" / "run"
+    assert run_cli(["train", "model=gpt-huge", f"out_dir={given}"], timeout=60).returncode == 2
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "kept").mkdir()
+    assert run_cli(["train", "model=gpt-huge", f"out_dir={tmp_path / 'kept'}"], timeout=60).returncode == 2
+    assert (tmp_path / "kept").is_dir()
