@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from harness.common.numbers import is_whole
-from harness.plan.model.model_shape import ModelShape, PlanError
+from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDims
 from harness.plan.network.fabric import Group, Topology
 from harness.plan.parallel.backends import Backend, planner_models
 from harness.plan.parallel.expert_layout import NONE, ExpertLayout, ExpertLayoutError, expert_layout
@@ -181,37 +181,47 @@ def _check_tensor_parallel(backend: Backend, shape: ModelShape, topology: Topolo
     """What the planner needs of a tensor-parallel group beside what the run checks: a group
     inside a node or an NVLink domain (or whole ones), a transformer it knows, whose heads and MLP
     width tp divides. Each refusal names the sizes that pass every check."""
-    per_node, domain = min(topology.per_node, topology.gpus), topology.per_domain
-    if tp > per_node and (domain % tp if tp <= domain else tp % domain):
-        where = "a node's" if domain == per_node else "an NVLink domain's"
+    if _splits_domain(topology, tp):
+        where = "a node's" if topology.per_domain == min(topology.per_node, topology.gpus) else "an NVLink domain's"
         raise LayoutError(
-            f"{backend.name}: tp_size={tp} splits {where} {domain} GPUs between two tensor-parallel groups: "
-            f"use one of {_tensor_parallel_sizes(shape, topology)}"
+            f"{backend.name}: tp_size={tp} splits {where} {topology.per_domain} GPUs between two tensor-parallel "
+            f"groups: use one of {_tensor_parallel_sizes(shape, topology)}"
         )
-    dims = shape.dims
     if tp == 1:
         return
-    if dims is None:
+    if shape.dims is None:
         raise LayoutError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
-    for what, count in (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width)):
-        if count % tp:
-            raise LayoutError(
-                f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
-                f"use one of {_tensor_parallel_sizes(shape, topology)}"
-            )
+    undivided = _undivided(shape.dims, tp)
+    if undivided is not None:
+        what, count = undivided
+        raise LayoutError(
+            f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
+            f"use one of {_tensor_parallel_sizes(shape, topology)}"
+        )
+
+
+def _splits_domain(topology: Topology, tp: int) -> bool:
+    """Whether a tensor-parallel group of `tp` reaches past a node yet is neither inside one NVLink domain
+    nor whole domains."""
+    per_node, domain = min(topology.per_node, topology.gpus), topology.per_domain
+    return tp > per_node and bool(domain % tp if tp <= domain else tp % domain)
+
+
+def _undivided(dims: TransformerDims, tp: int) -> tuple[str, int] | None:
+    """The first of the model's heads, key/value heads and MLP width that `tp` does not divide, and its count."""
+    counts = (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width))
+    return next(((what, count) for what, count in counts if count % tp), None)
 
 
 def _tensor_parallel_sizes(shape: ModelShape, topology: Topology) -> str:
-    """The tensor-parallel sizes `_check_tensor_parallel` takes here: dividing the GPUs, inside a node or
-    an NVLink domain or whole ones, and dividing the heads, key/value heads and MLP width."""
-    gpus, per_node, domain = topology.gpus, min(topology.per_node, topology.gpus), topology.per_domain
-    dims = shape.dims
+    """The tensor-parallel sizes `_check_tensor_parallel` takes here, among those dividing the GPUs."""
+    gpus, dims = topology.gpus, shape.dims
     sizes = [
         d
         for d in range(1, gpus + 1)
         if gpus % d == 0
-        and (d <= per_node or (domain % d == 0 if d <= domain else d % domain == 0))
-        and (d == 1 or (dims is not None and all(n % d == 0 for n in (dims.heads, dims.kv_heads, dims.ffn_width))))
+        and not _splits_domain(topology, d)
+        and (d == 1 or (dims is not None and _undivided(dims, d) is None))
     ]
     return ", ".join(map(str, sizes))
 
