@@ -42,7 +42,14 @@ from harness.plan.plan_options import (
     shape_for,
     too_few_sequences,
 )
-from harness.plan.predict import Question, StrategyPlan, plan_all, plan_default, storage_precision
+from harness.plan.predict import (
+    Question,
+    StrategyPlan,
+    plan_all,
+    plan_default,
+    storage_precision,
+    tries_accumulation,
+)
 from harness.plan.recommendation import Recommendation, recommend
 from harness.plan.speed.gemm import sustained_share
 from harness.plan.speed.host_issue import host_slowdown
@@ -123,9 +130,7 @@ def _max_micro_batch(p: StrategyPlan, q: Question) -> int | None:
     then needs (plan_default tried each, batch_limit.accumulated), 0, not a micro-batch that fits
     only in a step of its own."""
     largest = fitting_micro_batch(p, q)
-    if largest and p.fits is False and q.split_global_batch and p.layout.pp == 1:
-        return 0
-    return largest
+    return 0 if largest and tries_accumulation(p, q) else largest
 
 
 def _row(p: StrategyPlan, q: Question) -> tuple[str, ...]:

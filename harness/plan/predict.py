@@ -806,6 +806,13 @@ def plan_default(name: str, q: Question) -> StrategyPlan:
         if staged is None:
             raise
         return staged
-    if q.split_global_batch and plan.fits is False and plan.layout.pp == 1:
+    if tries_accumulation(plan, q):
         plan = accumulated(name, q, plan) or plan
     return (fewest_stages(plan, q) or plan) if takes_default_pipeline(plan, q) else plan
+
+
+def tries_accumulation(plan: StrategyPlan, q: Question) -> bool:
+    """Whether plan_default, with `plan` not fitting its rank's share of the global batch at once, looks
+    for a smaller micro-batch and accumulation instead (a pipeline's split stays its schedule's); a plan
+    for which this holds and which still does not fit has no micro-batch that splits the batch and fits."""
+    return q.split_global_batch and plan.fits is False and plan.layout.pp == 1
