@@ -30,7 +30,7 @@ from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import known_backends, model_of, planned_as
 from harness.plan.parallel.batch_split import BatchSplitError
 from harness.plan.parallel.engines import engine_differences
-from harness.plan.parallel.layout import LayoutError
+from harness.plan.parallel.layout import LayoutError, sizes_tp_itself
 from harness.plan.parallel.pipeline_default import pipeline_line
 from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_options import (
@@ -263,7 +263,7 @@ def narrowed_tp_lines(q: Question, plans: list[StrategyPlan]) -> list[str]:
     cap = min(MAX_DEFAULT_TP, per_node)
     by_tp: dict[int, list[str]] = {}
     for p in plans:
-        if p.backend.tensor_parallel and not p.backend.size_given("tp_size") and p.layout.tp < cap:
+        if sizes_tp_itself(p.backend) and not p.backend.size_given("tp_size") and p.layout.tp < cap:
             by_tp.setdefault(p.layout.tp, []).append(p.name)
     heads = f"{dims.heads} heads" + (f" and {dims.kv_heads} key/value heads" if dims.kv_heads != dims.heads else "")
     return [

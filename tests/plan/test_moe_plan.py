@@ -351,3 +351,12 @@ def test_a_dropless_forward_waits_on_its_host_where_it_reads_the_expert_counts()
         0.003
     )
     assert HostIssue(100, 0, 0.010).wait(0.004, 0.003, 0.012, 0.0) == 0.0
+
+
+def test_expert_parallel_at_tp_1_is_not_blamed_on_the_models_heads(capsys):
+    """fsdp-ep and ddp-ep take tp_size but their meshes name no tp: without it they run at tp 1 however
+    the heads split, so the line that says a mesh's tp was held below a node by the heads is not theirs."""
+    from harness.plan.plan_cli import main
+
+    assert main(["model=mixtral-8x7b", "gpus=64", "seq_len=4096", "micro_batch=1", "strategies=[fsdp-ep,ddp-ep]"]) == 0
+    assert " at tp 1: the largest tp" not in capsys.readouterr().out

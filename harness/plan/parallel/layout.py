@@ -19,7 +19,7 @@ from harness.plan.network.fabric import Group, Topology
 from harness.plan.parallel.backends import Backend, planner_models
 from harness.plan.parallel.expert_layout import NONE, ExpertLayout, ExpertLayoutError, expert_layout
 from strategies.mesh_layout import MeshError, default_stages
-from strategies.parallel_dims import ModelFacts, dims_for
+from strategies.parallel_dims import TENSOR, ModelFacts, dims_for, mesh_dims
 
 MESH_OPTION = "mesh_dims"  # the option a torch mesh preset fixes: the dimensions it lays out
 
@@ -280,6 +280,14 @@ def is_mesh_preset(backend: Backend) -> bool:
     registry = default_registry()
     name = backend.measured_as
     return name in registry.names() and MESH_OPTION in registry.get(name).options
+
+
+def sizes_tp_itself(backend: Backend) -> bool:
+    """Whether `backend` lays out tensor parallel where no tp_size is given: any tensor-parallel
+    strategy but a mesh preset whose mesh does not name tp (fsdp-ep's "shard x ep" and ddp-ep's
+    "replicate x ep" take tp_size, yet without it run at tp 1 whatever the model's heads)."""
+    mesh = backend.options.get(MESH_OPTION)
+    return backend.tensor_parallel and (mesh is None or TENSOR in mesh_dims(mesh))
 
 
 def splits_model(backend: Backend) -> bool:
