@@ -14,6 +14,7 @@ from harness.common.numbers import is_whole
 from harness.common.units import GB
 from harness.common.writable import FolderError, check_writable
 from harness.plan.memory.recipe import Recipe, with_tied_embeddings
+from harness.plan.model.mixture_inputs import check_mixture_inputs
 from harness.plan.model.mla_shape import check_recomputed
 from harness.plan.model.model_shape import ARCHS, ModelShape, PlanError, shape_of_description, shape_of_spec
 from harness.plan.network.fabric import Topology, default_fabric, parse_fabric, topology_of
@@ -516,6 +517,7 @@ def question(
     micro_batch, grad_accum = batching(cfg, count)
     recipe = recipe_of(cfg)
     check_recomputed(shape.name, shape.dims, recipe.recompute_modules)
+    check_mixture_inputs(shape.name, shape.dims, cfg.strategy_options, recipe.moe_imbalance)
     return Question(
         shape=with_tied_embeddings(shape, cfg.tied_embeddings),
         topology=topology,

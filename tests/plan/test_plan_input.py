@@ -225,3 +225,19 @@ def test_a_long_sequence_is_planned_where_the_model_takes_it(capsys, args):
 def test_an_unset_seq_len_is_1024_or_the_models_positions_where_fewer(capsys, model, tokens):
     assert runner.main(["plan", f"model={model}", "gpus=2", "format=json"]) == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["question"]["seq_len"] == tokens
+
+
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["strategy_options.ep_size=8"], "strategy_options.ep_size=8 splits a mixture of experts' experts"),
+        (["strategy_options.fsdp.ep_size=2"], "strategy_options.fsdp.ep_size=2 splits a mixture of experts' experts"),
+        (["search=true", "batch_size=16", "strategy_options.ep_size=2"], "strategy_options.ep_size=2 splits"),
+        (["moe_imbalance=1.5"], "moe_imbalance=1.5 is a mixture of experts' busiest GPU's expert load"),
+    ],
+)
+def test_a_mixtures_input_on_a_dense_model_is_one_line(capsys, args, says):
+    """train refuses ep_size above 1 on a model without experts, and a dense model has no expert load: a plan
+    says so rather than answering for the strategies it could plan without them, or without the imbalance."""
+    err = one_line_error(capsys, "model=llama3.1-8b", "gpus=8", *args)
+    assert says in err and "llama3.1-8b has" in err
