@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -211,6 +212,17 @@ def test_the_search_varies_ep_size_over_the_divisors_of_the_experts():
     assert eps == {2, 4, 8}  # the divisors of 8 experts above 1 (ep 1 is zero1's layout)
     best = result.ranked[0]
     assert all(why_slower(s, best, 1.0).slower >= 0 for s in result.ranked[1:])
+
+
+@pytest.mark.parametrize("name", ["fsdp-ep", "ddp-ep"])
+def test_the_search_lays_out_the_torch_meshs_expert_parallel_at_tp_1(name):
+    """fsdp-ep and ddp-ep take tp_size, yet their tp 1 is their own layout (their meshes name no tp), not a
+    plain strategy's: the search varies their ep_size there, as plan lays them out by default."""
+    cfg = PlanConfig(**{**MIXTRAL, "micro_batch": None}, gpus=64, global_batch_tokens="4M", search=True)
+    q, global_batch = search_question(replace(cfg, strategies=[name]))
+    result = search(q, [name], global_batch)
+    eps = {s.plan.layout.experts.ep for s in result.ranked + result.too_large if s.plan.layout.tp == 1}
+    assert eps == {2, 4, 8}
 
 
 def test_a_mixture_of_experts_is_planned_without_torch(tmp_path):

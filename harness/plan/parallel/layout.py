@@ -270,23 +270,28 @@ def _mesh_layout(backend: Backend, shape: ModelShape, topology: Topology) -> Lay
     )
 
 
-def is_mesh_preset(backend: Backend) -> bool:
-    """A torch mesh preset (strategies/torch_mesh.py): it takes any size that divides the world. Its
-    options say so once filled in (backend_for); the registry says so of a bare model_of."""
+def _mesh_of(backend: Backend) -> str | None:
+    """A torch mesh preset's `mesh_dims` (strategies/torch_mesh.py): its options say it once filled in
+    (backend_for), the registry of a bare model_of; None for any other strategy."""
     if MESH_OPTION in backend.options:
-        return True
+        return backend.options[MESH_OPTION]
     from strategies.registry import default_registry
 
     registry = default_registry()
     name = backend.measured_as
-    return name in registry.names() and MESH_OPTION in registry.get(name).options
+    return registry.get(name).options.get(MESH_OPTION) if name in registry.names() else None
+
+
+def is_mesh_preset(backend: Backend) -> bool:
+    """A torch mesh preset (strategies/torch_mesh.py): it takes any size that divides the world."""
+    return _mesh_of(backend) is not None
 
 
 def sizes_tp_itself(backend: Backend) -> bool:
     """Whether `backend` lays out tensor parallel where no tp_size is given: any tensor-parallel
     strategy but a mesh preset whose mesh does not name tp (fsdp-ep's "shard x ep" and ddp-ep's
     "replicate x ep" take tp_size, yet without it run at tp 1 whatever the model's heads)."""
-    mesh = backend.options.get(MESH_OPTION)
+    mesh = _mesh_of(backend)
     return backend.tensor_parallel and (mesh is None or TENSOR in mesh_dims(mesh))
 
 

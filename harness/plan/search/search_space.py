@@ -5,7 +5,8 @@ each layout every micro-batch and accumulation that makes the global batch over 
 ranks, under each activation checkpointing mode.
 
 A size the user fixed in strategy_options is kept; a size of 1 is left to the plain strategy
-(fsdp-tp at tp 1 is fsdp, hsdp with one replica is fsdp), so no layout is planned twice.
+(fsdp-tp at tp 1 is fsdp, hsdp with one replica is fsdp), so no layout is planned twice; but a
+strategy whose mesh names no tp (fsdp-ep, ddp-ep) is its own layout at tp 1, searched there too.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from harness.common.numbers import is_whole
 from harness.plan.model.model_shape import PlanError
 from harness.plan.parallel.backends import UNSET_SIZES, Backend
-from harness.plan.parallel.layout import pipelines, splits_model
+from harness.plan.parallel.layout import pipelines, sizes_tp_itself, splits_model
 from models.sequence_split import sequence_split_error
 from strategies.parallel_dims import DEFAULT_CP_ATTENTION
 
@@ -147,13 +148,17 @@ def layout_options(
     given a mixture of experts' routed experts, an expert-parallel strategy's ep_size."""
     tensor_parallel = backend.tensor_parallel and "tp_size" in takes
     tps = _sizes(fixed, "tp_size", divisors(gpus)) if tensor_parallel else [1]
+    if tensor_parallel and not sizes_tp_itself(backend) and fixed.get("tp_size") in UNSET_SIZES:
+        # Its tp 1 is its own layout, not a plain strategy's (fsdp-ep and ddp-ep name no tp in their
+        # meshes): searched without tp_size, as it runs by default.
+        tps = [1, *tps]
     for tp in tps:
+        given = tp > 1 or fixed.get("tp_size") not in UNSET_SIZES
+        tp_option = {"tp_size": tp} if tensor_parallel and given else {}
         for split in _split_sizes(backend, gpus // tp, fixed, layers, seq_len, takes):
             ranks = gpus // (split.get("pp_size", 1))
             for ep in _expert_sizes(backend, ranks, fixed, experts, takes):
-                yield from _sharded(
-                    backend, gpus, per_node, fixed, takes, ({"tp_size": tp} if tensor_parallel else {}) | split | ep
-                )
+                yield from _sharded(backend, gpus, per_node, fixed, takes, tp_option | split | ep)
 
 
 def _expert_sizes(
