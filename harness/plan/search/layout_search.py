@@ -332,7 +332,7 @@ def _shape(s: Searched) -> str:
 class Loss:
     """Why a layout is slower than the winner: by how much, and the term of its step that costs it most."""
 
-    slower: float  # share of the winner's tokens/s it lacks, as winner / it - 1
+    slower: float  # how much slower than the winner: the winner's tokens/s over its own, less 1 (may pass 1)
     term: str | None  # a key of TERMS; None: no term costs it more (it does more work per token)
     seconds: float  # what that term costs it per step beyond the winner's
     detail: str = ""

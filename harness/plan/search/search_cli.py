@@ -188,8 +188,8 @@ def text_lines(result: SearchResult, seconds: float, top: int = TOP) -> list[str
         *(f"  {line}" for line in basis_lines(q)),
         f"  fits: {result.ranked[0].plan.headroom.describe()}" if result.ranked else "",
         "  mb = sequences a GPU runs in one forward; accum = forwards a step (a pipeline's micro-batches); "
-        "peak = predicted peak allocated per GPU (GiB); against #1: the share of #1's tokens/s it lacks and the "
-        "term of its step that costs it most",
+        "peak = predicted peak allocated per GPU (GiB); against #1: how much slower than #1, as #1's tokens/s over "
+        "its own less 1 (-50%: #1 is 1.5x as fast), and the term of its step that costs it most",
         f"Planned {result.planned:,} layouts in {seconds:.1f} s: {len(result.ranked):,} fit, "
         f"{len(result.too_large):,} do not; {sum(result.not_laid_out.values()):,} more could not be laid out.",
         "",

@@ -288,3 +288,15 @@ def test_a_loss_never_names_a_part_larger_than_its_whole(capsys):
 @pytest.mark.parametrize("seconds, shown", [(5.0142, "5014"), (0.0123, "12"), (0.0031, "3.1"), (0.0003, "0.30")])
 def test_a_small_models_losses_are_not_rounded_to_nothing(seconds, shown):
     assert milliseconds(seconds) == shown
+
+
+def test_the_against_column_is_what_its_legend_says(capsys):
+    """The column is #1's tokens/s over the row's, less 1 (so a layout at a third of #1's speed reads -200%):
+    the legend says that, not a share of #1's tokens/s, which could never pass 100%."""
+    code, out, _ = _cli(capsys, "search=true", "model=moe-nano", "gpus=2", "global_batch_tokens=1K")
+    assert code == 0 and "#1's tokens/s over its own less 1" in out and "tokens/s it lacks" not in out
+    rows = re.findall(r"^(\d+) .* ([\d,]+)\s+\d+%\s+[\d.]+\s+-([\d.]+)% ", out, re.MULTILINE)
+    first = float(re.search(r"^1 .* ([\d,]+)\s+\d+%\s+[\d.]+\s+fastest", out, re.MULTILINE).group(1).replace(",", ""))
+    assert rows and any(float(against) > 100 for _, _, against in rows)
+    for _, tokens, against in rows:
+        assert first / float(tokens.replace(",", "")) - 1 == pytest.approx(float(against) / 100, abs=2e-3)
