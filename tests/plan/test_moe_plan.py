@@ -372,3 +372,34 @@ def test_expert_parallel_at_tp_1_is_not_blamed_on_the_models_heads(capsys):
 
     assert main(["model=mixtral-8x7b", "gpus=64", "seq_len=4096", "micro_batch=1", "strategies=[fsdp-ep,ddp-ep]"]) == 0
     assert " at tp 1: the largest tp" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name, world", [("zero3", 2), ("zero3", 64), ("zero2", 2), ("accelerate-zero3", 8)])
+def test_deepspeed_sizes_a_mixtures_buckets_by_every_parameter_it_is_handed(name, world):
+    """DeepSpeed's plugins size the reduce bucket by the module's parameters, experts and all (model_size
+    of the built model); the plan's bucket, which prices ZeRO-3's reduce-scatters and the memory it holds,
+    is the same, not the dense part's alone."""
+    import torch
+
+    from harness.plan.parallel.backends import backend_for
+    from models.zoo import build_model
+    from strategies.deepspeed_config import model_size, sizing_config
+
+    with torch.device("meta"):
+        model = build_model("moe-micro", {})
+    runtime = sizing_config(model_size(model), 3 if "zero3" in name else 2, world)["zero_optimization"]
+    planned = backend_for(name, shape_of_spec("moe-micro"), "bf16", world).options
+    assert planned["reduce_bucket_size"] == runtime["reduce_bucket_size"]
+
+
+def test_deepspeeds_expert_parallel_sizes_its_buckets_by_the_experts_a_rank_keeps():
+    """zero1-ep and zero2-ep hand DeepSpeed the dense part and each block's E / ep experts: OLMoE's 0.48B
+    dense parameters and an eighth of its 6.4B of experts pass the 5e8 bucket the dense part alone did not."""
+    from harness.plan.parallel.backends import backend_for
+    from strategies.deepspeed_config import DEEPSPEED_REDUCE_BUCKET
+
+    shape = shape_of_spec("olmoe-1b-7b")
+    held = shape.params + shape.dims.moe.routed_params(shape.dims.width) // 8
+    assert shape.params < DEEPSPEED_REDUCE_BUCKET < held
+    planned = backend_for("zero2-ep", shape, "bf16", 8, {"ep_size": 8}).options
+    assert planned["reduce_bucket_size"] >= DEEPSPEED_REDUCE_BUCKET

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from harness.common.numbers import is_whole
 from harness.plan.model.model_shape import ModelShape, PlanError
 from strategies.parallel_dims import syncs_each_micro_step
 from strategies.plan_model import PlanModel
@@ -180,11 +181,24 @@ def _plugin_defaults(name: str) -> dict[str, Any]:
     return registry.get(name).option_values() if name in registry.names() or ":" in name else {}
 
 
-def _deepspeed_sizing(backend: Backend, shape: ModelShape, world: int) -> dict[str, Any]:
+def _held_params(backend: Backend, shape: ModelShape, world: int, options: dict[str, Any]) -> int:
+    """The parameters of the module a rank hands DeepSpeed, which sizes its buckets by them
+    (strategies/deepspeed.py: model_size of the module): a mixture's dense part (shape.params) and
+    every routed expert, or under DeepSpeed's MoE layers (zero1-ep, zero2-ep) the E / ep of each block
+    this rank keeps, ep_size defaulting to every rank as theirs does (deepspeed_moe.py)."""
+    moe = shape.dims.moe if shape.dims is not None else None
+    if moe is None:
+        return shape.params
+    given = options.get("ep_size")
+    ep = (given if is_whole(given) else world) if backend.expert_parallel else 1
+    return shape.params + moe.routed_params(shape.dims.width) // ep
+
+
+def _deepspeed_sizing(backend: Backend, shape: ModelShape, world: int, options: dict[str, Any]) -> dict[str, Any]:
     """The bucket sizes both DeepSpeed plugins (direct and through Accelerate) give this model."""
     from strategies.deepspeed_config import ModelSize, sizing_config
 
-    size = ModelSize(shape.params, shape.matrix_width())
+    size = ModelSize(_held_params(backend, shape, world, options), shape.matrix_width())
     return sizing_config(size, backend.stage, world).get("zero_optimization", {})
 
 
@@ -211,7 +225,7 @@ def backend_of(plan: PlanModel, name: str, options: dict[str, Any] | None = None
 def filled_in(backend: Backend, shape: ModelShape, precision: str, world: int, options: dict[str, Any]) -> Backend:
     """`backend` with `options` over DeepSpeed's or torch's defaults for this model and world size."""
     if backend.engine == "deepspeed":
-        options = {**DEEPSPEED_DEFAULTS, **_deepspeed_sizing(backend, shape, world), **options}
+        options = {**DEEPSPEED_DEFAULTS, **_deepspeed_sizing(backend, shape, world, options), **options}
         options.setdefault("overlap_comm", backend.stage == 3)  # DeepSpeed's own default
         # Both DeepSpeed plugins leave DeepSpeed's default: gradients reduced in the model's dtype.
         options.setdefault("communication_data_type", precision)
