@@ -39,7 +39,7 @@ from harness.plan.parallel.async_tp_cost import (
 from harness.plan.parallel.backends import Backend, backend_for, model_of
 from harness.plan.parallel.batch_split import nearest_split, split
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of, reason_of
-from harness.plan.parallel.planned_options import check_priced, options_of
+from harness.plan.parallel.planned_options import check_priced, check_what_ifs_apply, options_of
 from harness.plan.speed.alibi_scores import ALIBI, ALIBI_SCORE_BYTES
 from harness.plan.speed.attention import UNFUSED
 from harness.plan.speed.compute import (
@@ -361,6 +361,7 @@ def params_held(shape: ModelShape, backend: Backend, layout: Layout) -> float:
 def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     """The plan of one strategy (its Backend: a registered PlanModel, options filled in)."""
     layout = layout_of(backend, q.shape, q.topology)
+    check_what_ifs_apply(backend, layout)
     if layout.pp > 1 and q.recipe.activation_offload_layers:  # as Megatron-core's TransformerConfig refuses it
         raise LayoutError(
             f"{backend.name}: activation_offload_layers= (Megatron-core's CPU offloading) does not run beside a "

@@ -103,6 +103,24 @@ def test_an_option_at_its_default_is_planned_and_a_what_if_is_named(capsys):
     )
 
 
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (
+            ["strategies=[fsdp-tp]", "strategy_options.tp_size=1", "strategy_options.async_tp=true", "compile=true"],
+            "tp 1",
+        ),
+        (["strategies=[fsdp]", "strategy_options.virtual_stages=2"], "pp 1"),
+        (["model=mixtral-8x7b", "strategies=[fsdp-ep]", "strategy_options.async_tp=true", "compile=true"], "tp 1"),
+    ],
+)
+def test_a_what_if_on_a_layout_without_its_dimension_is_one_line(capsys, args, says):
+    """async_tp at tp 1 (fsdp-ep's mesh names no tp) and interleaving at pp 1 pipeline nothing: planned, the
+    answer would be the layout without them, said to be priced with them; refused as cp_attention at cp 1 is."""
+    err = _plan_error(capsys, *args)
+    assert f"and this layout has {says}: set strategy_options." in err
+
+
 def test_which_options_a_strategy_takes_is_read_from_the_registry(monkeypatch):
     """A strategy that takes tp, pp and cp sizes (as a composed mesh will) is planned with all three,
     with no list of options to edit in the planner."""

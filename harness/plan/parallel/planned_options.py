@@ -25,7 +25,7 @@ from typing import Any
 from harness.common.numbers import is_whole
 from harness.plan.model.model_shape import PlanError
 from harness.plan.parallel.backends import Backend, model_of
-from harness.plan.parallel.layout import LayoutError, is_mesh_preset, pipelines, splits_sequences
+from harness.plan.parallel.layout import Layout, LayoutError, is_mesh_preset, pipelines, splits_sequences
 from strategies.base import StrategyError
 from strategies.option_routing import RoutedOptions, compare_wide, route_options, section
 
@@ -147,6 +147,32 @@ def check_priced(name: str, given: Mapping[str, Any]) -> None:
             raise LayoutError(
                 f"{name}: the planner does not price strategy_options.{key}={json.dumps(value)} on this layout, and "
                 f"would plan it {instead}: drop it to plan {name} (train runs it as given)"
+            )
+
+
+# What each what-if pipelines or interleaves, and the layout size it needs above 1 to have any to.
+WHAT_IF_NEEDS = {
+    "async_tp": ("pipelines tensor parallel's collectives with their matmuls", "tp", "tp_size"),
+    "virtual_stages": ("interleaves a pipeline's stages", "pp", "pp_size"),
+}
+
+
+def check_what_ifs_apply(backend: Backend, layout: Layout) -> None:
+    """A LayoutError (one line) for a registered strategy's what-if on a layout without the dimension it
+    works on: async_tp=true at tp 1 (fsdp-ep's and ddp-ep's, whose meshes name no tp; fsdp-tp's where the
+    heads hold it at 1), virtual_stages above 1 at pp 1. Planned, either would be the plan without it
+    said to be priced with it; cp_attention at cp 1 is refused alike, by the runtime's check_options."""
+    name = backend.measured_as
+    if name not in _registry().names():
+        return  # a published run's layout: its tokens are its own (bench/plan_vs_published.py)
+    for key in _what_ifs(name, backend.options):
+        does, dim, size = WHAT_IF_NEEDS.get(key, ("", "", ""))
+        value = backend.options[key]
+        asked = value is True or (is_whole(value) and value > 1)  # async_tp=false, virtual_stages=1: nothing asked
+        if does and asked and getattr(layout, dim) == 1:
+            raise LayoutError(
+                f"{backend.name}: strategy_options.{key}={json.dumps(value)} {does}, and this layout has {dim} 1: "
+                f"set strategy_options.{size} too, or drop it"
             )
 
 
