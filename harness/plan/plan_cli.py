@@ -38,6 +38,7 @@ from harness.plan.plan_options import (
     check,
     gpu_counts,
     models_asked,
+    plot_dir,
     question,
     shape_for,
     too_few_sequences,
@@ -499,7 +500,7 @@ def _single(cfg: PlanConfig) -> int:
     if cfg.plot:
         from harness.plan.plots import write_plots  # matplotlib only when asked
 
-        plots = write_plots(q, [p.name for p in plans], Path(cfg.out_dir))
+        plots = write_plots(q, [p.name for p in plans], plot_dir(cfg))
     if cfg.format == "json":
         doc = as_json(cfg, q, plans, rec) | {
             "not_planned": not_planned,
@@ -549,7 +550,7 @@ def _sweep(cfg: PlanConfig) -> int:
     if cfg.plot:
         from harness.plan.plots import sweep_chart
 
-        plots = [sweep_chart(points, Path(cfg.out_dir) / "plan_sweep.png")]
+        plots = [sweep_chart(points, plot_dir(cfg) / "plan_sweep.png")]
     if cfg.format == "json":
         doc = {
             "points": [

@@ -116,7 +116,7 @@ class PlanConfig:
     # Output.
     format: str = "table"
     plot: bool = False
-    out_dir: str = "runs/plan"
+    out_dir: Optional[str] = None  # where plot=true writes its charts (plot_dir); nothing else is written
 
 
 def _listed(value: Any) -> list[Any]:
@@ -211,11 +211,24 @@ def check(cfg: PlanConfig) -> None:
     recipe_of(cfg).check(cfg.precision)
     if cfg.nodes is not None and len(gpu_counts(cfg)) > 1:
         raise PlanError("nodes= fixes one GPU count's nodes: with gpus=[...] give gpus_per_node= instead")
+    if cfg.out_dir is not None and not cfg.plot:  # a plan writes nothing else: out_dir= alone would be ignored
+        raise PlanError(
+            f"out_dir={cfg.out_dir} is where plot=true writes its charts, and a plan writes nothing else: give "
+            "plot=true, or leave out_dir out (format=json prints the plan as JSON, to redirect to a file)"
+        )
     if cfg.plot:  # before planning: a folder the charts cannot go to is one line, not a traceback after it
         try:
-            check_writable(cfg.out_dir, f"out_dir={cfg.out_dir} (where plot=true writes its charts)")
+            check_writable(str(plot_dir(cfg)), f"out_dir={plot_dir(cfg)} (where plot=true writes its charts)")
         except FolderError as exc:
             raise PlanError(str(exc)) from None
+
+
+PLOT_DIR = "runs/plan"  # where plot=true writes its charts unless out_dir= says
+
+
+def plot_dir(cfg: PlanConfig) -> Path:
+    """The folder plot=true writes its charts to: out_dir=, else PLOT_DIR."""
+    return Path(cfg.out_dir if cfg.out_dir is not None else PLOT_DIR)
 
 
 def check_top(cfg: PlanConfig) -> None:

@@ -241,3 +241,10 @@ def test_a_mixtures_input_on_a_dense_model_is_one_line(capsys, args, says):
     says so rather than answering for the strategies it could plan without them, or without the imbalance."""
     err = one_line_error(capsys, "model=llama3.1-8b", "gpus=8", *args)
     assert says in err and "llama3.1-8b has" in err
+
+
+def test_an_out_dir_without_plot_is_one_line_not_ignored(capsys, tmp_path):
+    """A plan writes only plot=true's charts: out_dir= alone would be ignored, nothing written and nothing said."""
+    err = one_line_error(capsys, "model=gpt2-124m", "gpus=8", f"out_dir={tmp_path / 'plan'}")
+    assert "is where plot=true writes its charts" in err and "give plot=true, or leave out_dir out" in err
+    assert not (tmp_path / "plan").exists()

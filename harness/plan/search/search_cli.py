@@ -24,6 +24,7 @@ from harness.plan.plan_options import (
     global_batch_of,
     gpu_counts,
     models_asked,
+    plot_dir,
     question,
     shape_for,
     too_few_sequences,
@@ -325,7 +326,7 @@ def run_search(cfg: PlanConfig) -> int:
     if cfg.plot:
         from harness.plan.search.search_plot import frontier_chart  # matplotlib only when asked
 
-        plots = [frontier_chart(result, Path(cfg.out_dir) / PLOT_NAME)]
+        plots = [frontier_chart(result, plot_dir(cfg) / PLOT_NAME)]
     if cfg.format == "json":
         facts = {"plots": [str(p) for p in plots], "listed_as": result.listed_as}
         facts["strategy_options_reach"] = routed.takers
