@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 from harness.common.units import GIB
 from harness.plan.memory.batch_limit import fitting_micro_batch, micro_batch_limit
 from harness.plan.network.comm import tensor_parallel_across_nodes
-from harness.plan.network.fabric import Topology
+from harness.plan.network.fabric import Topology, span_words
 from harness.plan.parallel.backends import counterpart, model_of
 from harness.plan.parallel.layout import Layout, LayoutError
 from harness.plan.parallel.planned_options import options_of
@@ -47,7 +47,7 @@ def _tied(p: StrategyPlan, best: StrategyPlan) -> bool:
     return bool(p.time and best.time) and p.time.tokens_per_s >= (1 - TIE) * best.time.tokens_per_s
 
 
-def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
+def _cause(p: StrategyPlan, best: StrategyPlan, topology: Topology) -> str:
     """The part of `p`'s step that most exceeds `best`'s, in words."""
     t, b = p.time, best.time
     assert t and b
@@ -85,9 +85,8 @@ def _cause(p: StrategyPlan, best: StrategyPlan) -> str:
             key=lambda c: (c.group.nodes, c.wire_bytes()),
             default=None,
         )
-        nodes = slowest.group.nodes if slowest else 0
         where = (
-            f" ({slowest.what} over {slowest.group.size} GPUs on {nodes} node{'s' if nodes != 1 else ''})"
+            f" ({slowest.what} over {slowest.group.size} GPUs on {span_words(slowest.group, topology)})"
             if slowest
             else ""
         )
@@ -150,7 +149,7 @@ def _offloads(p: StrategyPlan) -> bool:
     return p.backend.offload_optimizer or p.backend.offload_params
 
 
-def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:
+def _why_slower(p: StrategyPlan, best: StrategyPlan, topology: Topology) -> str:
     if not (p.time and best.time):
         return "moves more bytes per step"
     if _tied(p, best):
@@ -160,7 +159,7 @@ def _why_slower(p: StrategyPlan, best: StrategyPlan) -> str:
         held = ", its state in host memory" if _offloads(p) and not _offloads(best) else ""
         return f"as fast (within {TIE:.0%}) but needs {_gib(abs(more))} {'more' if more >= 0 else 'less'} per GPU{held}"
     slower = best.time.tokens_per_s / p.time.tokens_per_s - 1
-    return f"{slower:.0%} slower: {_cause(p, best)}"
+    return f"{slower:.0%} slower: {_cause(p, best, topology)}"
 
 
 def _largest_part(p: StrategyPlan) -> tuple[str, float]:
@@ -245,7 +244,7 @@ def _why_best(best: StrategyPlan, plans: list[StrategyPlan], q: Question) -> str
             f"its communication hides behind compute ({t.exposed_comm_s * 1e3:.0f} ms exposed per step against "
             f"{r.exposed_comm_s * 1e3:.0f} ms for {runner.name} on {q.topology.describe()})"
         )
-    return f"{runner.name} loses {_cause(runner, best)}"
+    return f"{runner.name} loses {_cause(runner, best, q.topology)}"
 
 
 def _fewest_gpus(name: str, q: Question) -> tuple[int, StrategyPlan] | None:
@@ -453,11 +452,11 @@ def recommend(plans: list[StrategyPlan], q: Question) -> Recommendation:
     ]
     runner_up = ranked[1] if len(ranked) > 1 else None
     if runner_up:
-        lines.append(f"Runner-up: {runner_up.name}, {_why_slower(runner_up, best)}.")
+        lines.append(f"Runner-up: {runner_up.name}, {_why_slower(runner_up, best, q.topology)}.")
     for p in plans:
         if p is best or p is runner_up:
             continue
-        reason = _why_not(p) if p.fits is False else _why_slower(p, best)
+        reason = _why_not(p) if p.fits is False else _why_slower(p, best, q.topology)
         lines.append(f"  {p.name}: {reason}.")
     remedy = _remedy(plans, best, q)
     if remedy is not None:

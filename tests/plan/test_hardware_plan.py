@@ -293,3 +293,25 @@ def test_a_named_network_of_a_card_per_gpu_has_a_trays_four_on_a_tray():
     assert fabric(gpu="H100", gpus=2, inter_node="ndr").nics == 8  # a part of one host: the host's cards
     assert fabric(gpu="H100", gpus=16, inter_node="ndr") is FABRICS["ndr"]
     assert fabric(gpu="GB200", gpus=16, inter_node="p5").nics == 32  # a named cluster keeps its own cards
+
+
+def test_a_collective_across_racks_counts_nvlink_domains_not_nodes(capsys):
+    """On GB200 the header's nodes are 4-GPU hosts, and a group's span is the NVLink domains it crosses: a
+    reduce-scatter over 4,096 GPUs crosses 57 racks, which is not "57 nodes" beside "1024 hosts x 4 GPUs"."""
+    args = ["plan", "model=mixtral-8x7b", "gpus=4096", "gpu=GB200", "seq_len=4096", "strategies=[fsdp-ep,zero3]"]
+    assert runner.main(args) == 0
+    out = capsys.readouterr().out
+    assert "1024 hosts x 4 GPUs" in out and "over 4096 GPUs on 57 NVLink domains" in out
+    assert " on 57 nodes" not in out
+    assert runner.main(["plan", "model=mixtral-8x7b", "gpus=512", "seq_len=4096", "strategies=[fsdp,zero3]"]) == 0
+    assert "over 512 GPUs on 64 nodes" in capsys.readouterr().out  # on H100 a node is its NVLink domain
+
+
+def test_the_search_names_a_groups_span_in_the_headers_words():
+    """The search's losers name a collective's span as the plan's recommendation does (fabric.span_words)."""
+    from harness.plan.network.fabric import Group, span_words
+
+    rack = question(PlanConfig(model="mixtral-8x7b", gpus=144, gpu="GB200")).topology
+    hosts = question(PlanConfig(model="mixtral-8x7b", gpus=144 - 16)).topology
+    assert span_words(Group(144, 2), rack) == "2 NVLink domains"
+    assert span_words(Group(128, 16), hosts) == "16 nodes" and span_words(Group(8, 1), hosts) == "1 node"

@@ -389,6 +389,14 @@ class Group:
         return max(1, self.size // self.nodes)
 
 
+def span_words(group: Group, topology: Topology | None = None) -> str:
+    """The NVLink domains `group` spans, in the header's words: nodes where a node is its own domain, else
+    NVLink domains (a GB200 NVL72's 72 GPUs are 18 hosts of 4, which the header counts as nodes)."""
+    one_host = topology is None or topology.per_domain == topology.per_node
+    unit = "node" if one_host else "NVLink domain"
+    return f"{group.nodes} {unit}{'s' if group.nodes != 1 else ''}"
+
+
 @dataclass(frozen=True)
 class Topology:
     gpus: int

@@ -18,6 +18,7 @@ from typing import Any
 from harness.common.units import GIB, milliseconds
 from harness.plan.model.model_shape import PlanError
 from harness.plan.network.comm import tensor_parallel_across_nodes
+from harness.plan.network.fabric import Topology, span_words
 from harness.plan.parallel.backends import Backend, backend_for, model_of
 from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.parallel.planned_options import check_priced, options_of, takes
@@ -297,7 +298,7 @@ def step_terms(s: Searched, compute_scale: float) -> dict[str, float]:
     }
 
 
-def _slowest_collective(s: Searched, best: Searched) -> str:
+def _slowest_collective(s: Searched, best: Searched, topology: Topology | None) -> str:
     t, b = s.plan.time, best.plan.time
     assert t is not None and b is not None
     every = t.recurring_comm_s - b.recurring_comm_s
@@ -312,8 +313,7 @@ def _slowest_collective(s: Searched, best: Searched) -> str:
     if not comms:
         return ""
     c = max(comms, key=lambda c: (c.group.nodes, c.wire_bytes()))
-    nodes = f"{c.group.nodes} node{'s' if c.group.nodes != 1 else ''}"
-    return f" ({c.what} over {c.group.size} GPUs on {nodes}{'; ' + across if across else ''})"
+    return f" ({c.what} over {c.group.size} GPUs on {span_words(c.group, topology)}{'; ' + across if across else ''})"
 
 
 def fastest_tp_across_nodes(ranked: list[Searched], shown: list[Searched]) -> Searched | None:
@@ -348,8 +348,9 @@ class Loss:
         return f"{self.slower:.1%} slower: +{milliseconds(self.seconds)} ms of {what} per step{self.detail}"
 
 
-def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
-    """How much slower `s` is than `best`, and the term of its step that costs it most."""
+def why_slower(s: Searched, best: Searched, compute_scale: float, topology: Topology | None = None) -> Loss:
+    """How much slower `s` is than `best`, and the term of its step that costs it most (the network's
+    units in `topology`'s words: nodes, or NVLink domains where one holds several hosts)."""
     mine, theirs = step_terms(s, compute_scale), step_terms(best, compute_scale)
     extra = {term: mine[term] - theirs[term] for term in mine}
     term = max(extra, key=lambda k: extra[k])
@@ -358,7 +359,7 @@ def why_slower(s: Searched, best: Searched, compute_scale: float) -> Loss:
         return Loss(slower, None, 0.0)
     detail = ""
     if term == "exposed comm":
-        detail = _slowest_collective(s, best)
+        detail = _slowest_collective(s, best, topology)
     elif term == "overhead" and s.plan.time and s.plan.time.overhead_what:
         detail = f" ({s.plan.time.overhead_what})"
     elif term == "bubble" and s.plan.time:

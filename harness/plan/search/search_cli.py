@@ -200,7 +200,7 @@ def text_lines(result: SearchResult, seconds: float, top: int = TOP) -> list[str
     shown = distinct(result.ranked, top)
     best = shown[0][0]
     scale = q.factors.compute_scale
-    losses = [why_slower(found, best, scale) for found, _ in shown[1:]]
+    losses = [why_slower(found, best, scale, q.topology) for found, _ in shown[1:]]
     rows = [HEADER, _row(1, best, "fastest")] + [
         _row(i + 2, found, loss.short) for i, ((found, _), loss) in enumerate(zip(shown[1:], losses, strict=True))
     ]
@@ -224,9 +224,10 @@ def text_lines(result: SearchResult, seconds: float, top: int = TOP) -> list[str
         lines.append(f"  #1 is planned alike by {', '.join(shown[0][1])}.")
     across = fastest_tp_across_nodes(result.ranked, [found for found, _ in shown])
     if across is not None:
+        loss = why_slower(across, best, scale, q.topology)
         lines.append(
             f"  Fastest with tensor parallelism across nodes: {across.arguments()}, "
-            f"{across.tokens_per_s_per_gpu:,.0f} tokens/s per GPU: {why_slower(across, best, scale).describe()}."
+            f"{across.tokens_per_s_per_gpu:,.0f} tokens/s per GPU: {loss.describe()}."
         )
     frontier = result.frontier()
     lines.append(
@@ -274,14 +275,14 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
             found.as_dict()
             | {
                 "planned_alike_by": twins,
-                "against_first": None if found is best else why_slower(found, best, scale).describe(),
+                "against_first": None if found is best else why_slower(found, best, scale, q.topology).describe(),
             }
             for found, twins in shown
         ],
         "frontier": [found.as_dict() for found in result.frontier()],
         "fastest_tp_across_nodes": None
         if across is None
-        else across.as_dict() | {"against_first": why_slower(across, best, scale).describe()},
+        else across.as_dict() | {"against_first": why_slower(across, best, scale, q.topology).describe()},
         "nothing_fits": nothing_fits(result) if best is None and result.too_large else None,
         "published_accuracy": None if best is None else _accuracy(best, q),
     }
