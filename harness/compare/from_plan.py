@@ -248,13 +248,18 @@ def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLa
         return entry
     if gpus <= nproc:
         return entry
-    fewer = [d for d in range(nproc, 0, -1) if gpus % d == 0 and d % split == 0]
+    # Expert parallel takes ep of the data-parallel ranks (train refuses an ep_size that does not divide
+    # them): fewer processes must still hold ep of them, or the layout would run another ep than planned.
+    ep = layout.get("ep") or 1
+    fewer = [d for d in range(nproc, 0, -1) if gpus % d == 0 and d % split == 0 and (d // split) % ep == 0]
     kept = " x ".join(f"{name} {size}" for name, size in (("tp", tp), ("pp", pp), ("cp", cp)) if size > 1) or "tp 1"
     if not fewer:
+        sizes = (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep))
+        needs, least = " x ".join(f"{name} {size}" for name, size in sizes if size > 1) or "tp 1", split * ep
         return replace(
             entry,
             nproc=nproc,
-            refused=f"{kept} needs {split} processes and this compare has {nproc}: give nproc={split} or more",
+            refused=f"{needs} needs {least} processes and this compare has {nproc}: give nproc={least} or more",
         )
     here = fewer[0]
     data_parallel = gpus // split

@@ -159,6 +159,21 @@ def test_a_layout_planned_on_more_gpus_keeps_its_micro_batch_and_the_global_batc
     assert "tp 2 x pp 2 needs 4 processes" in str(deep.refused)
 
 
+def test_an_expert_parallel_layout_wider_than_the_processes_is_refused_before_it_is_scaled() -> None:
+    """ep borrows data-parallel ranks, and train refuses an ep_size that does not divide them: a layout
+    planned at ep 8 on 16 GPUs is not said to run on 2 processes and then refused by train, but refused
+    with the processes it needs; at ep 2 it runs on the 2, its ep kept."""
+    wide, narrow = (
+        _layout("zero1-ep", 1, 2, 1) | {"strategy_options": {"ep_size": ep}, "ep": ep, "data_parallel": 16}
+        for ep in (8, 2)
+    )
+    too_wide, fewer = layouts_of({"question": {"gpus": 16}, "layouts": [wide, narrow]}, 2, nproc=2)
+    assert too_wide.scaled is None and too_wide.refused == (
+        "ep 8 needs 8 processes and this compare has 2: give nproc=8 or more"
+    )
+    assert fewer.refused is None and fewer.nproc == 2 and fewer.strategy_options == {"ep_size": 2}
+
+
 def test_a_plan_that_cannot_be_measured_is_one_line(tmp_path: Path) -> None:
     not_search = tmp_path / "not_search.json"
     not_search.write_text(json.dumps({"question": {}}))
