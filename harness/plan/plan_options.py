@@ -111,7 +111,7 @@ class PlanConfig:
     # Megatron-core's recomputed modules (core_attn, layernorm, moe_act, moe, mlp).
     moe_imbalance: float = 1.0
     recompute_modules: Any = ()
-    strategies: list[str] = field(default_factory=list)  # default: every strategy the planner knows
+    strategies: Optional[list[str]] = None  # None: every strategy the planner knows
     strategy_options: dict[str, Any] = field(default_factory=dict)
     # Output.
     format: str = "table"
@@ -138,6 +138,12 @@ def models_asked(cfg: PlanConfig) -> list[str | None]:
                 "hf:<config class or config.json>, or pkg.module:fn"
             )
     return models
+
+
+def check_strategies(cfg: PlanConfig) -> None:
+    """strategies=[] names none: refused as compare refuses it, not planned as every strategy (left out)."""
+    if cfg.strategies is not None and not cfg.strategies:
+        raise PlanError("strategies=[] names no strategy: list some, or leave it out to plan every one")
 
 
 def gpu_counts(cfg: PlanConfig) -> list[int]:
@@ -194,6 +200,7 @@ def check(cfg: PlanConfig) -> None:
         "seq_len",
     )
     models_asked(cfg)
+    check_strategies(cfg)
     gpu_counts(cfg)
     checkpointing_of(cfg)
     calibration_paths(cfg)

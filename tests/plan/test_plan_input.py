@@ -248,3 +248,10 @@ def test_an_out_dir_without_plot_is_one_line_not_ignored(capsys, tmp_path):
     err = one_line_error(capsys, "model=gpt2-124m", "gpus=8", f"out_dir={tmp_path / 'plan'}")
     assert "is where plot=true writes its charts" in err and "give plot=true, or leave out_dir out" in err
     assert not (tmp_path / "plan").exists()
+
+
+@pytest.mark.parametrize("search", [[], ["search=true", "batch_size=64"]])
+def test_an_empty_strategy_list_is_one_line_as_compare_says_it(capsys, search):
+    """strategies=[] names none: compare refuses it, and a plan of every strategy would answer another question."""
+    err = one_line_error(capsys, "model=gpt2-124m", "gpus=8", "strategies=[]", *search)
+    assert "strategies=[] names no strategy: list some, or leave it out" in err
