@@ -403,3 +403,25 @@ def test_deepspeeds_expert_parallel_sizes_its_buckets_by_the_experts_a_rank_keep
     assert shape.params < DEEPSPEED_REDUCE_BUCKET < held
     planned = backend_for("zero2-ep", shape, "bf16", 8, {"ep_size": 8}).options
     assert planned["reduce_bucket_size"] >= DEEPSPEED_REDUCE_BUCKET
+
+
+def test_the_docs_deepseek_v3_example_is_what_the_plan_gives(capsys):
+    """docs/planner.md quotes what its DeepSeek-V3 command gives: the figures are the plan's, as printed."""
+    import re
+
+    from harness.plan.plan_cli import main
+
+    doc = (ROOT / "docs" / "planner.md").read_text()
+    command = re.search(r"```\npython runner.py plan (model=deepseek-v3 .*?)\n```\n\ngives (.*?): without", doc, re.S)
+    assert command is not None
+    args, said = command.group(1).replace("\\\n", " ").split(), " ".join(command.group(2).split())
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    fsdp_ep = re.search(r"^fsdp-ep .*? ([\d.]+)\s+yes .* ([\d,]+)\s+(\d+)%\s+\d+%$", out, re.M)
+    zero1_ep = re.search(r"^zero1-ep .* ([\d,]+)\s+\d+%\s+\d+%$", out, re.M)
+    reserved = re.search(r"zero1-ep would be faster but does not fit \(([\d.]+) GiB per GPU\)", out)
+    assert fsdp_ep and zero1_ep and reserved, out
+    assert said == (
+        f"fsdp-ep at {fsdp_ep.group(2)} tokens/s per GPU ({fsdp_ep.group(3)}% MFU, {float(fsdp_ep.group(1)):.1f} GiB), "
+        f"zero1-ep {zero1_ep.group(1)} but {reserved.group(1)} GiB with the allocator's reserve"
+    )
