@@ -43,6 +43,7 @@ from harness.plan.plan_options import (
     shape_for,
     too_few_sequences,
 )
+from harness.plan.precision_what_if import precision_lines
 from harness.plan.predict import (
     Question,
     StrategyPlan,
@@ -528,6 +529,7 @@ def _single(cfg: PlanConfig) -> int:
             *(f"Not planned: {name}: {why}" for name, why in not_planned.items()),
             *_config_files([p.name for p in plans]),
             *option_lines(cfg, strategy_names(cfg, q.gpus)),
+            *precision_lines(q.precision, plans),
             "",
         ]
         + rec.lines
@@ -571,6 +573,7 @@ def _sweep(cfg: PlanConfig) -> int:
         lines.append(f"{q.shape.name} on {q.gpus} GPUs: {rec.lines[0]}")
     lines += _config_files(list(cfg.strategies or []))
     lines += option_lines(cfg, strategy_names(cfg, first.gpus))
+    lines += precision_lines(first.precision, [p for _, plans, _ in points for p in plans])
     print("\n".join(lines + [f"wrote {p}" for p in plots]))
     return 0
 

@@ -225,3 +225,21 @@ def test_a_value_every_strategy_given_it_refuses_is_one_line(capsys, option, say
     assert runner.main([*GPT_350M, option]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and says in err, err
+
+
+def test_a_precision_train_does_not_run_is_said_to_be_a_what_if(capsys):
+    """The plan prices fp8 for every strategy, but train runs torchao's float8 only where the strategy says
+    so (not DeepSpeed's, not beside tensor parallel) and no fp4: the plan says which of its rows are what-ifs."""
+    assert runner.main(["plan", "model=llama3.1-8b", "gpus=16", "precision=fp8"]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("precision=fp8 is a what-if")]
+    named = {name for line in lines for name in line.split(" for ")[1].split(":")[0].split(", ")}
+    assert {"zero3", "zero1", "fsdp-tp", "ddp-tp"} <= named and not {"fsdp", "ddp", "fsdp-cp", "hsdp"} & named
+    # fsdp-tp held at tp 1 by GPT-2 1.5B's 25 heads trains fp8 as fsdp does: nothing to say
+    assert runner.main(["plan", "model=gpt2-1.5b", "gpus=8", "precision=fp8", "strategies=[fsdp-tp]"]) == 0
+    assert "what-if" not in capsys.readouterr().out
+    args = ["plan", "model=llama3.1-8b", "gpus=8", "gpu=B200", "precision=fp4", "strategies=[fsdp]"]
+    assert runner.main(args) == 0
+    assert "precision=fp4 is a what-if of the planner: train runs fp32, bf16, fp16, fp8" in capsys.readouterr().out
+    args = ["plan", "search=true", "model=llama3.1-8b", "gpus=16", "batch_size=64", "precision=fp8"]
+    assert runner.main(args) == 0
+    assert "  precision=fp8 is a what-if of the planner for " in capsys.readouterr().out

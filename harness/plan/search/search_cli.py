@@ -30,6 +30,7 @@ from harness.plan.plan_options import (
     too_few_sequences,
     with_seq_len,
 )
+from harness.plan.precision_what_if import precision_lines
 from harness.plan.predict import Question
 from harness.plan.published_accuracy import accuracy_line, plan_work
 from harness.plan.recommendation import CHECKPOINTING_ORDER, domain_lines, shortfall
@@ -288,9 +289,9 @@ def as_json(cfg: PlanConfig, result: SearchResult, seconds: float) -> dict[str, 
     }
 
 
-def option_lines(result: SearchResult, routed: RoutedOptions) -> list[str]:
-    """Which strategies each compare-wide option reached, the what-ifs priced, and the layouts listed
-    under another strategy's name."""
+def option_lines(result: SearchResult, routed: RoutedOptions, top: int = TOP) -> list[str]:
+    """Which strategies each compare-wide option reached, the what-ifs priced (a precision train does not
+    run for the `top` layouts listed), and the layouts listed under another strategy's name."""
     reaches = [f"  {line}." for line in routed.reaches()] if len(routed.by_strategy) > 1 else []
     sizes: dict[tuple[str, str], list[str]] = {}
     for what, first in result.listed_as.items():
@@ -301,7 +302,9 @@ def option_lines(result: SearchResult, routed: RoutedOptions) -> list[str]:
         f"{first}."
         for (name, first), dims in sizes.items()
     ]
-    return reaches + [f"  {line}" for line in what_if_lines(routed)] + alike
+    shown = [found.plan for found, _ in distinct(result.ranked, top)]
+    precision = [f"  {line}" for line in precision_lines(result.question.precision, shown)]
+    return reaches + [f"  {line}" for line in what_if_lines(routed)] + precision + alike
 
 
 def nothing_laid_out(cfg: PlanConfig, result: SearchResult) -> str:
@@ -334,5 +337,5 @@ def run_search(cfg: PlanConfig) -> int:
         print(json.dumps(as_json(cfg, result, seconds) | facts, indent=2))
         return 0
     drawn = [f"wrote {p}" for p in plots] or ["plot=true draws tokens/s against memory per GPU, the frontier marked."]
-    print("\n".join(text_lines(result, seconds, cfg.top or TOP) + option_lines(result, routed) + drawn))
+    print("\n".join(text_lines(result, seconds, cfg.top or TOP) + option_lines(result, routed, cfg.top or TOP) + drawn))
     return 0
