@@ -297,7 +297,9 @@ def step_time(
     if pipelined is not None:  # the copy engines' busy time
         comm_s += grad_accum * (pipelined.exposed_s + pipelined.hidden_s)
     host_wait = 0.0
-    if host is not None and backend.replicas != "threads":  # DataParallel's host is priced above
+    # Every backend's host issues its first replica's kernels (DataParallel's one thread too, its other
+    # replicas' launches priced above): on one GPU DataParallel is single's step, never without its host.
+    if host is not None:
         long_share = (work.matmul_s + work.attention_s) / work.micro_step_s if work and work.micro_step_s else 1.0
         host_wait = grad_accum * host.wait(forward_s, forward_s * long_share, micro_compute, recurring / grad_accum)
     straggle = straggler_share(gpus) if work is not None else 0.0

@@ -143,3 +143,14 @@ def test_blocking_launches_add_the_hosts_whole_issue_time_to_every_micro_step():
     assert asynchronous.time.host_wait_s == 0.0
     assert blocking.host_wait_s == pytest.approx(blocking.host.seconds)
     assert blocking.step_s == pytest.approx(asynchronous.time.step_s + blocking.host.seconds)
+
+
+def test_dataparallel_waits_on_its_host_as_single_does():
+    """DataParallel's one thread issues its first replica's kernels as single's does, its other replicas'
+    launches on top: on one GPU its step is single's, and a host-bound micro-step is no faster on more."""
+    one = question(PlanConfig(model="gpt2-124m", gpus=1, strategies=["single", "dataparallel"]))
+    single, threads = plan_strategy("single", one).time, plan_strategy("dataparallel", one).time
+    assert single.host_wait_s > 0 and threads.host_wait_s == pytest.approx(single.host_wait_s)
+    assert threads.step_s == pytest.approx(single.step_s)
+    two = question(PlanConfig(model="gpt2-124m", gpus=2, strategies=["dataparallel"]))
+    assert plan_strategy("dataparallel", two).time.step_s > single.step_s
