@@ -8,10 +8,11 @@ interpreter, imports included, as one `runner.py plan` on the command line pays)
     python bench/plan_search.py --out -      # printed only
 
 A plain question where nothing fits takes longest: its answer plans what would make each strategy
-fit (more GPUs, checkpointing, offload, smaller micro-batches). The search's two questions are Llama
-3's own (4M tokens of 8192) and 16M tokens of 1024, whose larger per-rank share gives each layout
-more micro-batch splits. Everything runs REPEATS times in-process; the best time stands (other work
-on a shared machine only slows a run).
+fit (more GPUs, checkpointing, offload, smaller micro-batches), and where none of those does, which
+layouts of any strategy would (the search's, on up to 64 GPUs for the 405B at 128K tokens). The
+search's two questions are Llama 3's own (4M tokens of 8192) and 16M tokens of 1024, whose larger
+per-rank share gives each layout more micro-batch splits. Everything runs REPEATS times in-process;
+the best time stands (other work on a shared machine only slows a run).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ PLAIN = [
     "model=llama3.1-70b gpus=64 seq_len=8192 global_batch_tokens=4M",
     "model=llama3.1-405b gpus=1024 gpu=H100 seq_len=8192",
     "model=llama3.1-405b gpus=8 gpu=H100",
+    "model=llama3.1-405b gpus=8 seq_len=131072",
     "model=llama3.1-405b gpus=256 gpu=GB200 seq_len=8192",
     "model=llama3.1-405b gpus=256 gpu=MI300X seq_len=8192",
     "model=deepseek-v3 gpus=256 seq_len=4096",

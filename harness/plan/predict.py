@@ -119,6 +119,9 @@ class Question:
     # The GPUs of one full host (the card's, or gpus_per_node=): a question on part of a host grows
     # into the rest of it before it takes more hosts (with_gpus); None: as many a host as now.
     host_gpus: int | None = None
+    # False: the memory alone (whether a layout fits, and what it holds), no step time or collectives:
+    # a search for the layouts that would fit plans most of them only to find they do not (what_fits).
+    timed: bool = True
 
     @property
     def gpus(self) -> int:
@@ -382,14 +385,16 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     fp8 = q.precision in LOW_PRECISION
     tokens = q.micro_batch * q.seq_len
     pipelined = async_tp_of(backend, layout, q.compiled)
-    comms = collectives(
-        q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8, pipelined
-    )
-    comms = recipe_collectives(comms, q.shape, backend, q.recipe, memory.activations)
-    comms += all_to_alls(q.shape, backend, layout.experts, tokens, layout.tp, held, q.checkpointing, q.recipe)
-    comms += expert_gradient_collectives(q.shape, backend, layout.experts, held, q.gpus, q.topology.world())
-    comms += shared_cards(comms)
-    timing = _time(backend, q, layout, comms, pipelined) if q.gpu is not None else None
+    comms: list[Collective] = []
+    if q.timed:
+        comms = collectives(
+            q.shape, backend, layout, held, q.gpus, tokens, q.topology.world(), q.checkpointing, fp8, pipelined
+        )
+        comms = recipe_collectives(comms, q.shape, backend, q.recipe, memory.activations)
+        comms += all_to_alls(q.shape, backend, layout.experts, tokens, layout.tp, held, q.checkpointing, q.recipe)
+        comms += expert_gradient_collectives(q.shape, backend, layout.experts, held, q.gpus, q.topology.world())
+        comms += shared_cards(comms)
+    timing = _time(backend, q, layout, comms, pipelined) if q.gpu is not None and q.timed else None
     acts, buffers, peak = memory.activations, memory.buffers, memory.peak
     split = (q.micro_batch, q.grad_accum)
     return StrategyPlan(

@@ -167,7 +167,7 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     fits = plan_fits(room, peak, q.host, on_host_bytes(states, held))
     parts = None if stage.time is None else _head_and_block(stage.time, q, stage_q, layout)
     seconds = _stage_seconds(parts, q, split)
-    traffic = _traffic(q, stage_q, layout, pipe, cp, backend, stage.time is not None, seconds)
+    traffic = _traffic(q, stage_q, layout, pipe, cp, backend, stage.time is not None, seconds) if q.timed else []
     timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, split, cp, traffic, parts)
     return StrategyPlan(
         backend.name,

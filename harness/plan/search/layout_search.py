@@ -141,8 +141,14 @@ def layout_question(q: Question, options: dict[str, Any], micro_batch: int, grad
     )
 
 
-def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
-    """Plan every layout of `names` that makes `global_batch` sequences on `q`'s cluster."""
+def search(q: Question, names: list[str], global_batch: int, time_fitting_only: bool = False) -> SearchResult:
+    """Plan every layout of `names` that makes `global_batch` sequences on `q`'s cluster.
+
+    `time_fitting_only`: for a search after what would fit, where most layouts do not (what_fits.py).
+    Each layout's memory is planned first and its step time only where it fits, so the layouts in
+    `too_large` carry no time; its checkpointing modes are tried leanest first, and those that keep
+    more than one that does not fit are not planned (they need more memory still), so `too_large`
+    holds the leanest of each split that does not fit, not every one."""
     if q.gpu is None:
         raise PlanError(
             "search=true ranks layouts by speed: give a known gpu=, or gpu_mem_gb=, peak_tflops= and hbm_tb_s="
@@ -194,10 +200,12 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
                 continue
             for split, laid in splits:
                 split_backend = replace(backend, options={**backend.options, **laid})
-                for mode in CHECKPOINTING_ORDER:
+                for mode in reversed(CHECKPOINTING_ORDER) if time_fitting_only else CHECKPOINTING_ORDER:
                     asked = layout_question(q, {**fixed, **laid}, split.micro_batch, split.grad_accum, mode)
                     try:
-                        plan = plan_backend(split_backend, asked)
+                        plan = plan_backend(split_backend, replace(asked, timed=False) if time_fitting_only else asked)
+                        if time_fitting_only and plan.fits is not False:
+                            plan = plan_backend(split_backend, asked)
                     except LayoutError as exc:
                         not_laid_out[str(exc)] += 1
                         continue
@@ -212,6 +220,8 @@ def search(q: Question, names: list[str], global_batch: int) -> SearchResult:
                         flops_per_token,
                     )
                     (too_large if plan.fits is False else fitting).append(found)
+                    if time_fitting_only and plan.fits is False:
+                        break
     fitting.sort(key=lambda s: (-s.tokens_per_s_per_gpu, s.peak_bytes))
     return SearchResult(q, global_batch, fitting, too_large, dict(not_laid_out), listed_as, fewest)
 

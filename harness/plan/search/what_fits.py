@@ -63,7 +63,7 @@ def what_fits(q: Question, global_batch: int, names: list[str] | None = None) ->
         asked = q.with_gpus(gpus) if gpus != q.gpus else q
         batch = asked.global_batch if q.batch_defaulted else global_batch
         try:
-            result = search(asked, names, batch)
+            result = search(asked, names, batch, time_fitting_only=True)
         except PlanError:  # no layout can take the batch on this many GPUs: neither on more
             break
         if result.ranked:

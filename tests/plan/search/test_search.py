@@ -175,6 +175,29 @@ def test_the_cli_prints_the_ten_fastest_and_writes_json(capsys, tmp_path):
     assert code == 0 and len(doc["layouts"]) == 3 == doc["top"] < doc["fit"]
 
 
+@pytest.mark.parametrize("capacity_gib", [80, 6, 3])
+def test_timing_only_what_fits_ranks_the_same_layouts_and_finds_the_same_leanest(capacity_gib):
+    """what_fits' search plans memory first and times only what fits, trying checkpointing leanest
+    first: it must rank what the whole search ranks, in the same order at the same speeds, and name
+    the same leanest layout that does not fit (on cards where all, some or none of it fits)."""
+    cfg = PlanConfig(**SMALL)
+    q, global_batch = search_question(cfg)
+    q = replace(q, capacity_bytes=capacity_gib * 2**30)
+    names = strategy_names(cfg, q.gpus)
+    whole, pruned = search(q, names, global_batch), search(q, names, global_batch, time_fitting_only=True)
+
+    def ranked(r: SearchResult) -> list[tuple]:
+        return [(s.arguments(), s.tokens_per_s_per_gpu, s.peak_bytes) for s in r.ranked]
+
+    assert ranked(pruned) == ranked(whole)
+    assert all(s.plan.time is None for s in pruned.too_large)
+    if whole.too_large:
+        leanest = min(whole.too_large, key=lambda s: s.peak_bytes)
+        assert min(s.peak_bytes for s in pruned.too_large) == leanest.peak_bytes
+        assert len(pruned.too_large) < len(whole.too_large)  # the fatter modes of a split that does not fit
+    assert whole.ranked or whole.too_large
+
+
 def test_when_nothing_fits_it_says_what_would(capsys):
     code, out, _ = _cli(
         capsys,
@@ -263,7 +286,8 @@ def test_what_fits_grows_a_batch_the_question_did_not_give_with_the_gpus(monkeyp
     not give is a sequence a GPU there (Question.with_gpus)."""
     tried: list[tuple[int, int]] = []
 
-    def nothing_fits(q, names, batch):
+    def nothing_fits(q, names, batch, time_fitting_only):
+        assert time_fitting_only  # a search for what fits times only the layouts that do
         tried.append((q.gpus, batch))
         return SimpleNamespace(ranked=[], too_large=[])
 
