@@ -82,20 +82,31 @@ def _expert_meshes(root: DeviceMesh, dims: ParallelDims, engine: str) -> tuple[D
     return sparse["ep"], sparse[EXPERT_REPLICATE]
 
 
-def apply_tp(part: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> None:
+def apply_tp(part: nn.Module, mesh: DeviceMesh, plan: dict[str, str], split: set[int] | None = None) -> None:
     """Split `part` (the model, or a pipeline stage of it under the model's names) by the model's
     plan, pattern by pattern on the modules the part holds: a stage's stand-ins for other stages'
-    modules (models/stages.py) are left alone."""
+    modules (models/stages.py) are left alone.
+
+    `split` holds the ids of the modules already split on this rank, and gains those split here.
+    A rank's stages (two under the interleaved schedules) share the modules without weights, which
+    run on every stage (models/stages.py): the GPT's dropout, whose sequence_scatter hook, put on
+    twice, would cut the sequence twice. Each module is split once, by the first stage to hold it."""
     from models.stages import SUBSTITUTES
     from models.tensor_parallel import parallelize, pattern_matches
 
     # The gradient norm of the 2D parameters is reduced over one mesh dimension, then the other:
     # DTensor warns that one collective would be quicker; for a scalar once a step it is not.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
-    held = [name for name, module in part.named_modules() if not isinstance(module, SUBSTITUTES)]
+    done = set() if split is None else split
+    held = {
+        name: module
+        for name, module in part.named_modules()
+        if not isinstance(module, SUBSTITUTES) and id(module) not in done
+    }
     mine = {name: style for pattern, style in plan.items() for name in held if pattern_matches(pattern, name)}
     if mine:
         parallelize(part, mesh, mine)
+        done.update(id(held[name]) for name in mine)
 
 
 def fsdp_shard_dim(param: Any) -> Any:

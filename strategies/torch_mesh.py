@@ -385,8 +385,9 @@ class MeshStrategy(FSDPStrategy):
                 self.dims, meshes, self.ctx.rank, cuts, self.schedule_name, self.microbatches, self.cp_attention
             )
             roots = self._pipeline.cut(model)
+            split: set[int] = set()  # the modules tensor parallel split, which this rank's stages may share
             for index, root in roots.items():
-                self._parallelize(model, root, plan, meshes, self._pipeline.blocks_of(index, root))
+                self._parallelize(model, root, plan, meshes, self._pipeline.blocks_of(index, root), split)
             self.model = self._pipeline.start(model, roots, self.ctx.device, self.ctx.grad_accum)
             self.layout = self._describe(None, plan)
         else:
@@ -414,15 +415,17 @@ class MeshStrategy(FSDPStrategy):
         plan: dict[str, str] | None,
         meshes: Meshes,
         stage_blocks: list[nn.Module] | None = None,
+        split: set[int] | None = None,
     ) -> str | None:
         """Tensor parallel, context parallel, then the engine on `part`: `model`, or a pipeline stage
-        of it running `stage_blocks`. The model's units in words (None for a stage)."""
+        of it running `stage_blocks`. The model's units in words (None for a stage). `split`: the
+        modules tensor parallel split on this rank's earlier stages (apply_tp)."""
         from strategies.parallelize import apply_engine, apply_tp
 
         if not self.cpu_offload:
             part.to(self.ctx.device)
         if plan is not None and meshes.tp is not None:
-            apply_tp(part, meshes.tp, plan)
+            apply_tp(part, meshes.tp, plan, split)
         if meshes.cp is not None:
             from models.context_parallel import split_attention, split_sequences
 

@@ -1,10 +1,10 @@
 """fsdp-pp on a 2 x 2 mesh (CPU, gloo, world size 4: two pipeline ranks, FSDP over two inside each
 stage), in fp32: each schedule's loss curve on a four-block gpt-nano against `single` on the same
-global batches, and so the 1F1B curves of a Hugging Face Llama (tests.helpers.LLAMA_4) and of a
-user's model whose head is tied to its embedding across the stages (build_decoder); the mesh in the
-header and summary.json, what each rank holds, a rank killed mid-run and the job resumed from its
-step-2 checkpoint to the uninterrupted curve bit for bit, and the refusals a pipeline meets, in one
-line.
+global batches (the interleaved one also beside tensor parallel: pp 2 x tp 2), and so the 1F1B
+curves of a Hugging Face Llama (tests.helpers.LLAMA_4) and of a user's model whose head is tied to
+its embedding across the stages (build_decoder); the mesh in the header and summary.json, what each
+rank holds, a rank killed mid-run and the job resumed from its step-2 checkpoint to the
+uninterrupted curve bit for bit, and the refusals a pipeline meets, in one line.
 
 One run per schedule and model, shared by every check (module scope); gpipe and the interleaved
 schedules run two micro-steps of the loop's accumulation, each a run of the schedule over two
@@ -60,6 +60,8 @@ RUNS = {
     "1f1b": [*PIPELINE, "strategy_options.schedule=1f1b"],
     "interleaved-1f1b": [*INTERLEAVED, "checkpoint_every=2"],
     "zero-bubble": [*PIPELINE, "strategy_options.schedule=zero-bubble", "micro_batch=2"],
+    # pp 2 x tp 2: each rank's two stages share the GPT's dropout, which sequence parallel splits once.
+    "interleaved-1f1b-tp": [*INTERLEAVED, "strategy_options.tp_size=2"],
 }
 # Three DecoderLayers: blocks 0-1 and the embedding on the first stage, block 2 and the head tied to
 # the embedding on the last.
@@ -113,11 +115,10 @@ def model_runs(tmp_path_factory, llama_reference_run):
     return out
 
 
-# On every change 1F1B and the interleaved schedule (whose run the kill below resumes); GPipe's and
-# zero-bubble's curves, and the other models', under --all.
-SCHEDULES = [
-    name if name in ("1f1b", "interleaved-1f1b") else pytest.param(name, marks=pytest.mark.extended) for name in RUNS
-]
+# On every change 1F1B and the interleaved schedule (whose run the kill below resumes), alone and
+# beside tensor parallel; GPipe's and zero-bubble's curves, and the other models', under --all.
+EVERY_CHANGE = ("1f1b", "interleaved-1f1b", "interleaved-1f1b-tp")
+SCHEDULES = [name if name in EVERY_CHANGE else pytest.param(name, marks=pytest.mark.extended) for name in RUNS]
 
 
 @pytest.mark.parametrize("name", SCHEDULES)
@@ -128,6 +129,8 @@ def test_each_schedule_matches_single_at_every_step(runs, name, record_property)
     print(f"fsdp-pp {name}: largest relative loss deviation from single = {deviation:.2e}")
     assert deviation < TOLERANCE
     assert summary["world_size"] == NPROC
+    if name == "interleaved-1f1b-tp":  # sequence parallel cut each sequence once, not once per stage
+        assert summary["mesh"]["dims"] == ["pp", "shard", "tp"] and summary["mesh"]["shape"] == [2, 1, 2]
 
 
 @pytest.mark.extended
