@@ -38,6 +38,8 @@ class FileChoice:
     # and what sets them, in words: every strategy of a compare that leaves them unset trains with them.
     run_settings: dict[str, Any] = field(default_factory=dict)
     run_settings_from: str = ""
+    # The file's key each of `options` comes from: an error about the size names what the user wrote.
+    option_keys: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -56,6 +58,17 @@ class ConfigFile:
     def label(self) -> str:
         """How errors and notes name the file: the path as given."""
         return f"{self.kind}{SEPARATOR}{self.path}"
+
+    def named_in_file(self, message: str) -> str:
+        """A layout's error about an option the file fixes (`strategy_options.tp_size=4 does not
+        divide the world size 2`), led by the file's own key for it: the user set no strategy_options,
+        and the fix is in the file. Other messages as they are."""
+        for option, key in self.choice.option_keys.items():
+            written = f"strategy_options.{option}="
+            if written in message:
+                value = self.choice.options[option]
+                return f"{self.label} sets {key}: {value}, run as {written}{value} (change it in the file): {message}"
+        return message
 
 
 def split_spec(name: str) -> tuple[str, str] | None:

@@ -150,6 +150,7 @@ def choose(path: Path, label: str) -> FileChoice:
         options,
         run_settings=schedule,
         run_settings_from=f"its scheduler {config['scheduler']['type']}" if schedule else "",
+        option_keys={"zero_hpz_partition_size": "zero_optimization.zero_hpz_partition_size"},
     )
 
 

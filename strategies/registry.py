@@ -21,13 +21,14 @@ Nothing here imports torch: `runner.py list` and `runner.py plan` read the prese
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import functools
 import importlib
 import inspect
 import os
 import pkgutil
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -37,7 +38,7 @@ from typing import Any
 import strategies
 from strategies.base import Preset, RunContext, Strategy, StrategyError
 from strategies.config_files import ConfigFile, split_spec
-from strategies.mesh_layout import MeshLayout
+from strategies.mesh_layout import MeshError, MeshLayout
 from strategies.parallel_dims import ModelFacts
 from strategies.plan_model import PlanModel
 
@@ -219,7 +220,8 @@ class StrategyRegistry:
         assert entry.cls is not None
         if entry.config_file is not None:
             ctx = replace(ctx, config_file=entry.config_file)
-        strategy = entry.cls(ctx, **options)
+        with _named_in_file(entry):
+            strategy = entry.cls(ctx, **options)
         strategy.name = name
         return strategy
 
@@ -230,7 +232,8 @@ class StrategyRegistry:
         for a model of these facts where known (its blocks and heads: the sizes that default to them)."""
         entry, options = self._resolved(name, user_options)
         assert entry.cls is not None
-        return entry.cls.mesh_layout(world_size, local_world_size, options, model)
+        with _named_in_file(entry):
+            return entry.cls.mesh_layout(world_size, local_world_size, options, model)
 
     def _resolved(self, name: str, user_options: dict[str, Any]) -> tuple[StrategyEntry, dict[str, Any]]:
         """The entry of `name` and its options (presets overlaid by the user's), checked."""
@@ -273,6 +276,21 @@ class StrategyRegistry:
             raise StrategyError(f"strategy {name!r} has no option {', '.join(unknown)}: its options are {listed}")
         _check_option_types(name, user_options, _keyword_options(entry.cls))
         return {**entry.options, **user_options}
+
+
+@contextlib.contextmanager
+def _named_in_file(entry: StrategyEntry) -> Iterator[None]:
+    """A mesh error about a size a config file fixes (its parallelism_config_tp_size, say) raised
+    again, of the same class (a compare skips or stops on it alike), naming the file's key."""
+    try:
+        yield
+    except MeshError as exc:
+        if entry.config_file is None:
+            raise
+        message = entry.config_file.named_in_file(str(exc))
+        if message == str(exc):
+            raise
+        raise type(exc)(message) from None
 
 
 def _keyword_options(cls: type[Strategy]) -> dict[str, Any]:

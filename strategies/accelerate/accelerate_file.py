@@ -180,7 +180,8 @@ class AccelerateFile:
             )
         if tp > 1:
             summary += f", tensor parallel over {tp}"
-            return FileChoice("accelerate-fsdp-tp", summary, {"tp_size": tp}, plan_changes)
+            keys = {"tp_size": "parallelism_config.parallelism_config_tp_size"}
+            return FileChoice("accelerate-fsdp-tp", summary, {"tp_size": tp}, plan_changes, option_keys=keys)
         if replicate > 1:
             shard = sizes.get("dp_shard_size", 1)
             if shard == 1:  # Accelerate's own refusal, made before any process starts
@@ -190,7 +191,8 @@ class AccelerateFile:
                     "MULTI_GPU for replicas alone"
                 )
             summary += f", hybrid: {replicate} replicas x {shard} shards"
-            return FileChoice("accelerate-hsdp", summary, {"shard_size": shard}, plan_changes)
+            keys = {"shard_size": "parallelism_config.parallelism_config_dp_shard_size"}
+            return FileChoice("accelerate-hsdp", summary, {"shard_size": shard}, plan_changes, option_keys=keys)
         return FileChoice("accelerate-fsdp", summary, {}, plan_changes)
 
     def parallelism_sizes(self) -> dict[str, int]:

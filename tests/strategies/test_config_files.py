@@ -22,6 +22,7 @@ from configs.schema import RunConfig
 from strategies.accelerate.environment import check_launcher_settings, launcher_mode
 from strategies.base import RunContext, StrategyError
 from strategies.config_files import split_spec
+from strategies.mesh_layout import MeshError
 from strategies.registry import default_registry
 from tests.helpers import NANO, max_rel_diff, run_cli, train
 
@@ -443,6 +444,36 @@ def test_a_parallelism_config_must_lay_out_the_runs_processes(tmp_path):
     )
     with pytest.raises(StrategyError, match=r"lays out 2 x 4 x 1 = 8 processes .* but the run has 2"):
         created(f"accelerate:{write(tmp_path, 'hsdp.yaml', yaml)}")
+
+
+@pytest.mark.parametrize(
+    "name, content, key",
+    [
+        ("tp.yaml", FSDP2_YAML + "parallelism_config:\n  parallelism_config_tp_size: 4\n", "config_tp_size: 4"),
+        (
+            "hsdp.yaml",
+            FSDP2_YAML
+            + "parallelism_config:\n  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 3\n",
+            "parallelism_config_dp_shard_size: 3",
+        ),
+        ("hpz.json", {"zero_optimization": {"stage": 3, "zero_hpz_partition_size": 3}}, "zero_hpz_partition_size: 3"),
+    ],
+)
+def test_a_size_the_file_sets_that_the_world_cannot_lay_out_names_the_files_key(tmp_path, name, content, key):
+    """The user wrote no strategy_options: the size's error, where the run's preflight lays the mesh
+    out (and where a DeepSpeed file's strategy is built), leads with the file's key, in the layout
+    error's class (a compare skips the file on this world size, as it would the built-in)."""
+    kind = "deepspeed" if name.endswith(".json") else "accelerate"
+    spec = f"{kind}:{write(tmp_path, name, content)}"
+    refusals = [lambda: default_registry().mesh_layout(spec, 2, 2)]
+    if kind == "deepspeed":  # an Accelerate file's own check of its process count comes first there
+        refusals.append(lambda: created(spec))
+    for refused in refusals:
+        with pytest.raises(MeshError) as caught:
+            refused()
+        message = str(caught.value)
+        assert message.startswith(f"{spec} sets ") and key in message and "change it in the file" in message
+        assert "does not divide the world size 2" in message and "\n" not in message
 
 
 def test_a_wrapped_class_the_model_lacks_is_refused_naming_the_key(tmp_path):
