@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from strategies import deepspeed_file
 from strategies.accelerate.environment import ACCELERATE_PRECISION, PARALLELISM_SIZES, launched_by_accelerate
+from strategies.accelerate.wrap_classes import KEY as WRAP_KEY
+from strategies.accelerate.wrap_classes import check_wrap_classes
 from strategies.base import RunContext, StrategyError
 from strategies.config_files import FileChoice, follow_batch_split
 
@@ -169,7 +171,7 @@ class AccelerateFile:
         plan_changes = {} if _true(fsdp.get("fsdp_reshard_after_forward", True)) else {"reshard_after_forward": False}
         summary = "Accelerate driving FSDP2"
         summary += ", parameters kept gathered from forward to backward" if plan_changes else ""
-        wrap = fsdp.get("fsdp_transformer_layer_cls_to_wrap")
+        wrap = fsdp.get(WRAP_KEY)
         summary += f", one unit per {wrap}" if wrap else ""
         replicate, tp = sizes.get("dp_replicate_size", 1), sizes.get("tp_size", 1)
         if replicate > 1 and tp > 1:
@@ -418,19 +420,13 @@ class AccelerateFile:
             ) from None
         return {key: value for key, value in env.items() if key.startswith(ENV_PREFIXES)}
 
-    def check_model(self, model: nn.Module) -> None:
-        """The block classes the file wraps by name must be the model's."""
-        names = self.config.fsdp_config.get("fsdp_transformer_layer_cls_to_wrap")
+    def check_model(self, model: nn.Module, blocks: list[str] | None = None) -> None:
+        """The block classes the file wraps by name must be the model's (`blocks`: its blocks' classes,
+        offered first)."""
+        names = self.config.fsdp_config.get(WRAP_KEY)
         if self.distributed_type != "FSDP" or not names:
             return
-        present = {type(m).__name__ for m in model.modules()}
-        missing = [name.strip() for name in str(names).split(",") if name.strip() not in present]
-        if missing:
-            blocks = sorted(present - {type(model).__name__})
-            raise StrategyError(
-                f"{self.label} sets fsdp_config.fsdp_transformer_layer_cls_to_wrap: {missing[0]}, which the model has "
-                f"no module of: name one of its classes ({', '.join(blocks[:8])})"
-            )
+        check_wrap_classes(model, names, f"{self.label} sets fsdp_config.", blocks)
 
 
 def _true(value: Any) -> bool:

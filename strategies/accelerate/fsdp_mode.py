@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from strategies.accelerate.driver import AccelerateStrategy
 from strategies.accelerate.environment import launched_by_accelerate
+from strategies.accelerate.wrap_classes import check_wrap_classes, launched_wrap_classes
 from strategies.base import Preset, StrategyError, compile_blocks
 from strategies.plan_model import PlanModel
 
@@ -41,8 +42,23 @@ class AccelerateFSDPStrategy(AccelerateStrategy):
 
     def check_model(self, model: nn.Module) -> None:
         super().check_model(model)
+        blocks = self._block_classes(model)
         if self.file is not None:
-            self.file.check_model(model)
+            self.file.check_model(model, blocks)
+        elif launched_by_accelerate(os.environ):
+            names = launched_wrap_classes(os.environ)
+            if names:
+                where = "accelerate launch (its config file or --fsdp_transformer_layer_cls_to_wrap) sets "
+                check_wrap_classes(model, names, where, blocks)
+
+    def _block_classes(self, model: nn.Module) -> list[str]:
+        """The classes of the blocks the run finds, to offer where a wrapped class is not the model's."""
+        from models.blocks import BlocksError
+
+        try:
+            return self.find_blocks(model).classes
+        except BlocksError:  # model_blocks= names no class of it: its own line, where the run finds them
+            return []
 
     def compile(self, model: nn.Module) -> str:
         # FSDP hooks each block (gather and release its parameters): per block, as under the native fsdp.

@@ -67,6 +67,7 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
         return super().unavailable_reason() or accelerate_tp_blocker()
 
     def check_model(self, model: nn.Module) -> None:
+        super().check_model(model)  # the classes a launch or a file wraps
         from models.tensor_parallel import plan_of
 
         plan = plan_of(model, self.tp_size, sequence_parallel=False)

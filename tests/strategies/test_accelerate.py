@@ -454,3 +454,32 @@ def test_shipped_config_file_sets_up_its_mode(mode):
     check_launcher_settings(env, mode, _ctx())
     if mode == "fsdp":
         assert env["FSDP_TRANSFORMER_CLS_TO_WRAP"] == "Block" and env["FSDP_VERSION"] == "2"
+
+
+@needs_backends
+def test_a_launch_wrapping_a_class_the_model_lacks_is_refused_naming_the_setting(monkeypatch):
+    """configs/accelerate/fsdp.yaml wraps parabench's GPT's Block: under it a Llama stops before
+    prepare() in one line naming the setting and its decoder layer class, not in Accelerate's "Could
+    not find the transformer layer class Block in the model."."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    from models.zoo import build_model
+
+    args = launch_command_parser().parse_args(
+        ["--config_file", str(CONFIGS / "fsdp.yaml"), "--main_process_port", "0", "runner.py", "train"]
+    )
+    args, _, _ = _validate_launch_command(args)
+    for key, value in prepare_multi_gpu_env(args).items():
+        monkeypatch.setenv(key, value)
+    strategy = AccelerateFSDPStrategy(_ctx())
+    llama = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128}
+    with torch.device("meta"):
+        gpt, hf = build_model("gpt-nano", {}), build_model("hf:LlamaConfig", llama)
+    strategy.check_model(gpt)
+    with pytest.raises(StrategyError) as caught:
+        strategy.check_model(hf)
+    message = str(caught.value)
+    assert message.startswith("accelerate launch (its config file or --fsdp_transformer_layer_cls_to_wrap) sets ")
+    assert "fsdp_transformer_layer_cls_to_wrap: Block, which the model has no module of" in message
+    assert "its classes (LlamaDecoderLayer, " in message and "\n" not in message
