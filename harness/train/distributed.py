@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -37,6 +38,27 @@ class DistEnv:
 
 def launched_by_launcher() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+# Each launcher's count of the processes on this node (torchrun and accelerate launch, deepspeed).
+_LOCAL_COUNTS = ("LOCAL_WORLD_SIZE", "LOCAL_SIZE")
+
+
+def check_nproc_under_launcher(nproc: int | None, env: Mapping[str, str] = os.environ) -> None:
+    """nproc= starts processes only where no launcher did: under one, the launcher's count is the
+    run's, and an nproc= it does not match (`torchrun --nproc_per_node=2 ... nproc=4`) would be
+    dropped without a word, the run laid out for another world than asked. It may name the world
+    or this node's processes (parabench's own jobs pass the world size they launched)."""
+    if nproc is None:
+        return
+    counts = {int(env[key]) for key in ("WORLD_SIZE", *_LOCAL_COUNTS) if env.get(key, "").isdigit()}
+    if not counts or nproc in counts:
+        return
+    world = env.get("WORLD_SIZE", "?")
+    raise ConfigError(
+        f"nproc={nproc}, but the launcher started {world} processes: nproc= starts processes only where no "
+        f"launcher did; drop it, or have the launcher start {nproc} (torchrun --nproc_per_node={nproc})"
+    )
 
 
 def free_port() -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 from configs.schema import RunConfig, load_config
 from harness.common.writable import check_writable
 from harness.train.checkpoint import CHECKPOINTS, check_resume, refuse_earlier_run
-from harness.train.distributed import launched_by_launcher
+from harness.train.distributed import check_nproc_under_launcher, launched_by_launcher
 from harness.train.file_settings import adopt_file_settings
 from harness.train.launch import in_forked_worker, run_under_torchrun
 from harness.train.library_output import library_output
@@ -32,6 +32,7 @@ def main(args: list[str]) -> int:
     check_resume(cfg.resume)
     if launched_by_launcher():
         # No preflight under another launcher: every rank checks these, and stops with one line.
+        check_nproc_under_launcher(cfg.nproc)
         check_writable(cfg.out_dir)
         check_run_names(cfg.out_dir)
         check_trackers(cfg)

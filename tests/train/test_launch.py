@@ -74,3 +74,24 @@ def test_an_error_rank_0_meets_alone_is_its_one_line_not_its_peers_failure(tmp_p
     assert proc.returncode == 2, proc.stderr[-3000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("parabench: error: MLflow could not start a run at bogus://x"), lines
+
+
+def test_an_nproc_the_launcher_did_not_start_is_one_line_not_dropped(tmp_path):
+    """Under a launcher (its RANK and WORLD_SIZE: torchrun --nproc_per_node=2) nproc=4 was dropped
+    without a word and the run laid out for 2; it is refused before the run starts, and an nproc= that
+    names the launcher's world (as parabench's own jobs pass it) or this node's processes runs."""
+    from harness.train.distributed import check_nproc_under_launcher
+
+    launched = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    proc = run_cli([*ARGS, "nproc=4", f"out_dir={tmp_path / 'run'}"], timeout=120, env={**env_for_tests(), **launched})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        "parabench: error: nproc=4, but the launcher started 2 processes: nproc= starts processes only where no "
+        "launcher did; drop it, or have the launcher start 4 (torchrun --nproc_per_node=4)"
+    ]
+    assert not (tmp_path / "run").exists()
+    for nproc in (None, 2):
+        check_nproc_under_launcher(nproc, launched)
+    two_nodes = {"RANK": "0", "WORLD_SIZE": "16", "LOCAL_SIZE": "8"}  # the deepspeed launcher's names
+    for nproc in (8, 16):
+        check_nproc_under_launcher(nproc, two_nodes)
