@@ -245,9 +245,20 @@ NAME_KEYS = ("strategy", "strategies")
 QUOTES = "\"'"
 
 
+# The flags DeepSpeed's own scripts take (deepspeed.add_config_arguments), which users of the deepspeed
+# launcher put on its command line out of habit: read as arguments, they were "not key=value" alone.
+DEEPSPEED_FLAGS = ("--deepspeed", "--deepspeed_config", "--deepscale", "--deepscale_config")
+
+
 def parse_overrides(args: list[str]) -> list[str]:
     """Check that each argument is `key=value` and return them as an omegaconf dotlist."""
     for arg in args:
+        if arg.partition("=")[0] in DEEPSPEED_FLAGS:
+            raise ConfigError(
+                f"argument {arg!r} is a flag of DeepSpeed's own scripts, which parabench does not read: give the "
+                "JSON as strategy=deepspeed:<file.json> (its ZeRO stage picks the strategy), or as "
+                "deepspeed_config=<file.json> beside strategy=zero1, zero2 or zero3 (merged over their config)"
+            )
         if "=" not in arg or arg.startswith("="):
             raise ConfigError(f"argument {arg!r} is not key=value (for example steps=20)")
         key, _, value = arg.partition("=")

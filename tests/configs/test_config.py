@@ -20,6 +20,9 @@ from tests.helpers import run_cli
         (["steps=0"], "steps=0 must be a positive number"),
         (["lr=-1"], "lr=-1.0 must be positive"),
         (["steps"], "is not key=value"),
+        # What `deepspeed runner.py train ... --deepspeed --deepspeed_config ds.json` hands the runner.
+        (["--deepspeed", "--deepspeed_config", "ds.json"], "'--deepspeed' is a flag of DeepSpeed's own scripts"),
+        (["--deepspeed_config=ds.json"], "give the JSON as strategy=deepspeed:<file.json> (its ZeRO stage"),
         (["config=does-not-exist.yaml"], "config file 'does-not-exist.yaml' not found"),
         (["config=defaultt"], "config file 'defaultt' not found (did you mean config=default?)"),
         (["config=configs"], "config=configs is a folder: give a YAML file in it"),
