@@ -163,11 +163,17 @@ class AccelerateStrategy(Strategy):
         from accelerate import Accelerator
         from accelerate.utils import InitProcessGroupKwargs
 
+        # The mode's ParallelismConfig (hsdp, fsdp-tp), made while the environment is still the launch's:
+        # under `accelerate launch` its sizes are checked against the ones the launch set.
+        parallelism = self._parallelism_config()
         launch = dict(self._file_env or {})
         if self.ctx.device.type == "cpu":
-            # Told by this flag, Accelerate would build the file's ParallelismConfig and check it before FSDP
-            # is on; the mode attaches the same sizes (its mesh, from the file) once it is, as for its own.
+            # Told by this flag, Accelerate would build a ParallelismConfig from the launch's sizes and check
+            # it before FSDP is on, and refuse it ("got DistributedType.NO"); the mode attaches the same sizes
+            # (its mesh) once it is, as for its own. A file's flag is not set, a launcher's set false meanwhile.
             launch.pop("ACCELERATE_USE_PARALLELISM_CONFIG", None)
+            if os.environ.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").strip().lower() == "true":
+                launch["ACCELERATE_USE_PARALLELISM_CONFIG"] = "false"
         self._environment = AccelerateEnvironment(launch)
         plugins = self._plugins(model)
         handlers = self._handlers()
@@ -178,13 +184,13 @@ class AccelerateStrategy(Strategy):
             handlers.append(InitProcessGroupKwargs(backend=dist.get_backend(), timeout=timeout))
         # On a CPU, Accelerate refuses a ParallelismConfig before FSDP is switched on (its FSDP is
         # for accelerators): the FSDP mode attaches it after that (environment.py); on a GPU, as its users do.
-        parallelism = self._parallelism_config() if self.ctx.device.type != "cpu" else None
+        given = parallelism if self.ctx.device.type != "cpu" else None
         # DeepSpeed's notices (the CPU communication op it builds when Accelerate starts it) print on
         # stdout, which carries the run's own lines: to stderr, with the rest of what the libraries say.
         with contextlib.redirect_stdout(sys.stderr):
             accelerator = Accelerator(
                 mixed_precision=ACCELERATE_PRECISION[self.ctx.precision],
-                parallelism_config=parallelism,
+                parallelism_config=given,
                 gradient_accumulation_steps=self.ctx.grad_accum,
                 # MULTI_CPU (gloo DDP) is what cpu=True means; it would also drop FSDP and DeepSpeed.
                 cpu=self.distributed_type is None and self.ctx.device.type == "cpu",

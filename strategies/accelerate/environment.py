@@ -101,7 +101,9 @@ def check_launcher_settings(env: Mapping[str, str], mode: str, ctx: RunContext) 
         known = launched in LAUNCHABLE_MODES or launched in PARALLELISM_MODES
         fix = f"strategy=accelerate-{launched}" if known else "a config from configs/accelerate/"
         config = (
-            "configs/accelerate/fsdp.yaml --use_parallelism_config and its --parallelism_config_* sizes"
+            # Accelerate's CLI takes --use_parallelism_config only beside these flags, whatever the file says.
+            "configs/accelerate/fsdp.yaml --use_fsdp --fsdp_version 2 --use_parallelism_config and its "
+            "--parallelism_config_* sizes"
             if mode in PARALLELISM_MODES
             else f"configs/accelerate/{mode}.yaml"
         )

@@ -483,3 +483,24 @@ def test_a_launch_wrapping_a_class_the_model_lacks_is_refused_naming_the_setting
     assert message.startswith("accelerate launch (its config file or --fsdp_transformer_layer_cls_to_wrap) sets ")
     assert "fsdp_transformer_layer_cls_to_wrap: Block, which the model has no module of" in message
     assert "its classes (LlamaDecoderLayer, " in message and "\n" not in message
+
+
+@needs_backends
+def test_a_launch_with_a_parallelism_config_runs_hsdp_on_the_cpu_and_matches_single(tmp_path, reference_run):
+    """`accelerate launch` with a config holding a parallelism_config (the shipped fsdp.yaml plus 2 x 2)
+    sets ACCELERATE_USE_PARALLELISM_CONFIG, from which Accelerator() built and checked a
+    ParallelismConfig before FSDP was on, and refused it on a CPU ("got DistributedType.NO"): the
+    mode attaches its own once FSDP is on, as for a user's file, and trains single's curve."""
+    config = tmp_path / "hsdp.yaml"
+    shipped = (CONFIGS / "fsdp.yaml").read_text().replace("num_processes: 2", "num_processes: 4")
+    config.write_text(
+        shipped
+        + "parallelism_config:\n  parallelism_config_dp_replicate_size: 2\n  parallelism_config_dp_shard_size: 2\n"
+    )
+    launch = [str(ACCELERATE_CLI), "launch", "--config_file", str(config), "--main_process_port", str(free_port())]
+    out = tmp_path / "run"
+    args = ["train", "strategy=accelerate-hsdp", "strategy_options.shard_size=2", f"out_dir={out}", *NANO]
+    proc = run_cli(args, timeout=240, prefix=launch)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "accelerate: mode hsdp (accelerate launch config): FSDP v2, mesh 2 x 2: replicate x shard" in proc.stdout
+    assert max_rel_diff(read_run(out)[1], reference_run[1]) < TOLERANCE
