@@ -17,7 +17,7 @@ import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from strategies.base import RunContext, StrategyError
 
@@ -181,8 +181,12 @@ def _get(config: dict[str, Any], path: tuple[str, ...]) -> Any:
     return node
 
 
-def check_user_config(user: dict[str, Any], run: dict[str, Any], source: str) -> None:
-    """Refuse, in one line, anything in the user's JSON that contradicts the run."""
+def check_user_config(
+    user: dict[str, Any], run: dict[str, Any], source: str, batch_fixes: dict[str, Callable[[Any], str]] | None = None
+) -> None:
+    """Refuse, in one line, anything in the user's JSON that contradicts the run. `batch_fixes`: for a
+    strategy whose DeepSpeed batch keys are not the run's settings themselves (zero1-pp's micro-batch is
+    one pipeline micro-batch), what to set instead of a key's value, given that value."""
     user = normalized(user)
     for section in OWNED_SECTIONS:
         if section in user:
@@ -203,7 +207,9 @@ def check_user_config(user: dict[str, Any], run: dict[str, Any], source: str) ->
         ("gradient_clipping",): "set grad_clip= on the command line instead",
     }
     for path, fix in fixes.items():
-        _refuse_if_different(user, run, path, source, fix)
+        instead = (batch_fixes or {}).get(path[0])
+        value = _get(user, path)
+        _refuse_if_different(user, run, path, source, instead(value) if instead and value is not None else fix)
     for name in ("fp16", "bf16"):
         enabled = _get(user, (name, "enabled"))
         if enabled is not None and enabled != run[name]["enabled"]:

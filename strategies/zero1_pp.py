@@ -36,7 +36,7 @@ import contextlib
 import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from strategies.base import (
     ModelUnsupported,
@@ -120,7 +120,7 @@ class ZeroPipelineStrategy(Strategy):
         self.run_config = self._pipeline_config(ctx)
         source = getattr(ctx.config, "deepspeed_config", None)
         self.user_config = read_user_config(source) if source else {}
-        check_user_config(self.user_config, self.run_config, source or "")
+        check_user_config(self.user_config, self.run_config, source or "", self._batch_fixes())
         self.config: dict[str, Any] = {}  # what deepspeed.initialize is given, at setup
         self.engine: Any = None  # deepspeed's PipelineEngine after setup
         self._names: dict[int, list[str]] = {}  # id of each of this stage's parameters -> its names in the model
@@ -144,6 +144,29 @@ class ZeroPipelineStrategy(Strategy):
             train_batch_size=micro * accumulation * self.dp_size,
         )
         return config
+
+    def _batch_fixes(self) -> dict[str, Callable[[Any], str]]:
+        """What a user's DeepSpeed JSON must be told for its batch keys, which here count pipeline
+        micro-batches (_pipeline_config): "set micro_batch=" to the JSON's value would be cut into
+        `microbatches` again and refused again."""
+        pieces = self.microbatches
+
+        def micro(value: Any) -> str:
+            wanted = f"micro_batch={value * pieces}" if isinstance(value, int) else f"micro_batch= to it x {pieces}"
+            return (
+                f"zero1-pp hands DeepSpeed one pipeline micro-batch, micro_batch / strategy_options.microbatches="
+                f"{pieces}: set {wanted} on the command line instead"
+            )
+
+        def accumulation(value: Any) -> str:
+            how = (
+                f"set grad_accum={value // pieces} on the command line instead"
+                if isinstance(value, int) and value % pieces == 0
+                else f"give it as a multiple of {pieces}, or leave it out"
+            )
+            return f"zero1-pp's DeepSpeed accumulation is grad_accum x strategy_options.microbatches={pieces}: {how}"
+
+        return {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": accumulation}
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -12,6 +12,8 @@ checkpoints at step 5.
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -142,6 +144,31 @@ def test_a_pipeline_that_cannot_run_says_why_in_one_line(options, says):
     with pytest.raises(StrategyError) as err:
         constructed("zero1-pp", 4, **options).check_model(build_model("gpt-nano"))
     assert says in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "key, value, fix, following",
+    [
+        ("train_micro_batch_size_per_gpu", 2, "set micro_batch=4 on the command line instead", {"micro_batch": 4}),
+        ("gradient_accumulation_steps", 4, "set grad_accum=2 on the command line instead", {"grad_accum": 2}),
+    ],
+)
+def test_a_deepspeed_json_batch_key_it_refuses_says_a_fix_that_runs(tmp_path, key, value, fix, following):
+    """zero1-pp's DeepSpeed micro-batch is a pipeline micro-batch (micro_batch / microbatches) and its
+    accumulation grad_accum x microbatches: a JSON's value is refused with the setting that makes it,
+    which the generic "set micro_batch=" to the JSON's value did not (cut again, refused again)."""
+    from configs.schema import RunConfig
+
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({key: value, "zero_optimization": {"stage": 1}}))
+    config = RunConfig(deepspeed_config=str(path))
+    with pytest.raises(StrategyError) as err:
+        constructed("zero1-pp", 2, micro_batch=8, config=config, pp_size=2)
+    assert fix in str(err.value) and "microbatches=2" in str(err.value)
+    micro_batch = following.get("micro_batch", 8 // following.get("grad_accum", 1))
+    ctx = constructed("zero1-pp", 2, micro_batch=micro_batch, pp_size=2).ctx
+    ctx = replace(ctx, config=config, grad_accum=following.get("grad_accum", 1))
+    default_registry().create("zero1-pp", ctx, pp_size=2)  # what the fix said runs
 
 
 def test_a_model_it_cannot_cut_says_so():
