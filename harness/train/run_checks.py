@@ -7,7 +7,7 @@ from pathlib import Path
 
 from configs.schema import ConfigError, RunConfig
 from harness.common.writable import FolderError, check_writable
-from harness.train.checkpoint import CHECKPOINTS, SUMMARY, list_checkpoints
+from harness.train.checkpoint import CHECKPOINTS, MANIFEST, SUMMARY, list_checkpoints
 from harness.train.library_output import LOG_FILE
 from harness.train.trackers import check_trackers
 from models.data import TokenFileData
@@ -102,8 +102,23 @@ REMOVE_IT = "remove it or give another out_dir"
 
 def check_run_names(out_dir: str | Path) -> None:
     """An out_dir holding a folder where the run writes a file, or a file where it writes a folder,
-    is one line before the run starts, not a failure at its first write or after its last step."""
+    is one line before the run starts, not a failure at its first write or after its last step.
+
+    So is a checkpoint, or a run's checkpoints folder, given as out_dir (the folder `resume=` named,
+    say): the run's log.txt written into a checkpoint no longer matches its manifest, which damaged
+    the checkpoint for every later resume, and step_N folders would sit beside the run's files."""
     folder = Path(out_dir)
+    if (folder / MANIFEST).is_file():
+        raise FolderError(
+            f"out_dir={out_dir} is a checkpoint ({MANIFEST}), which the run's files would damage: give the run a "
+            "folder of its own (resume= names the checkpoint to start from)"
+        )
+    steps = list_checkpoints(folder)
+    if steps:
+        raise FolderError(
+            f"out_dir={out_dir} is a run's checkpoints folder ({steps[-1][1].name}): give the run's own folder "
+            f"({folder.parent}, with resume=auto to continue it) or a new one"
+        )
     for name in RUN_FILES:
         if (folder / name).exists() and not (folder / name).is_file():
             raise FolderError(f"out_dir={out_dir} holds a folder {name} where the run writes a file: {REMOVE_IT}")

@@ -71,3 +71,27 @@ def test_a_run_its_checks_stop_leaves_no_folder_it_made(tmp_path):
     (tmp_path / "kept").mkdir()
     assert run_cli(["train", "model=gpt-huge", f"out_dir={tmp_path / 'kept'}"], timeout=60).returncode == 2
     assert (tmp_path / "kept").is_dir()
+
+
+def test_a_checkpoint_or_checkpoints_folder_as_out_dir_is_refused_and_left_intact(tmp_path, tmp_path_factory):
+    """out_dir= the checkpoint resume= names wrote the run's log.txt into it, after which the checkpoint
+    no longer matched its manifest: damaged for this resume and every later one. A checkpoint, or a
+    run's checkpoints folder, given as out_dir is one line before the run starts, and left as it was."""
+    import shutil
+
+    from tests.train.test_checkpoint import straight_run
+
+    # A copy of the ddp checkpoints tests/train/test_checkpoint.py trains once a session.
+    checkpoints = tmp_path / "checkpoints"
+    shutil.copytree(straight_run("ddp", tmp_path_factory.getbasetemp()) / "checkpoints", checkpoints)
+    before = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    step = checkpoints / "step_10"
+    for out_dir, says in ((step, "is a checkpoint (manifest.json)"), (checkpoints, "is a run's checkpoints folder")):
+        args = ["train", "strategy=ddp", "nproc=2", *NANO, "steps=20", f"out_dir={out_dir}", f"resume={step}"]
+        proc = run_cli(args, timeout=120)
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.startswith(f"parabench: error: out_dir={out_dir} {says}") and proc.stderr.count("\n") == 1
+        assert proc.stdout == ""
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == before
+    resumed = run_cli(["train", "strategy=ddp", *NANO, "steps=20", f"out_dir={tmp_path / 'run'}", f"resume={step}"])
+    assert resumed.returncode == 0 and "resumed at step 10" in resumed.stdout, resumed.stderr[-2000:]
