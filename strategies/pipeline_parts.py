@@ -152,6 +152,45 @@ def sum_tied_gradients(model: RankStages, group: Any) -> None:
             dist.all_reduce(_local((first if copy is None else copy).grad), group=group)
 
 
+def tied_layouts(part: Any, ties: Any) -> dict[str, str]:
+    """The tensor-parallel layout (its DTensor placements, or "whole") of each tied weight a stage
+    `part` holds, under the weight's name: read between tensor parallel and the engine."""
+    from torch.distributed.tensor import DTensor
+
+    layouts = {}
+    for tie in ties:
+        for name in (tie.first, tie.copy):
+            try:
+                weight = part.get_parameter(name)
+            except AttributeError:  # another stage's
+                continue
+            layouts[name] = str(tuple(weight.placements)) if isinstance(weight, DTensor) else "whole"
+    return layouts
+
+
+def check_tied_layouts(layouts: dict[str, str], ties: Any, group: Any) -> None:
+    """Refuse, in one line, a tied weight whose two ends tensor parallel split differently: their
+    gradients, summed between the first and the last stage before each step (sum_tied_gradients),
+    would not even have the same size (gloo aborts the process on it). The ends' layouts are
+    exchanged over `group` (tie_group's; None where this rank holds both ends or neither). The
+    whole model's tied weights are held to the same rule as they are split (models/tensor_parallel.py)."""
+    import torch.distributed as dist
+
+    from strategies.base import StrategyError
+
+    if group is not None:
+        gathered: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, layouts, group=group)
+        layouts = {name: layout for other in gathered for name, layout in other.items()}
+    for tie in ties:
+        first, copy = layouts.get(tie.first), layouts.get(tie.copy)
+        if first is not None and copy is not None and first != copy:
+            raise StrategyError(
+                f"{tie.first} and {tie.copy} are one tied parameter, but the tensor-parallel plan splits them "
+                f"differently ({first} vs {copy}): give both the same split, or neither"
+            )
+
+
 def gather_full_state(model: RankStages, leads: bool, rank: int, world_size: int) -> dict[str, torch.Tensor]:
     """The consolidated weights of every stage under the model's names, on rank 0 ({} elsewhere).
     Every rank takes part (the stages' shards are gathered over their data-parallel groups);

@@ -386,8 +386,13 @@ class MeshStrategy(FSDPStrategy):
             )
             roots = self._pipeline.cut(model)
             split: set[int] = set()  # the modules tensor parallel split, which this rank's stages may share
+            tied: dict[str, str] = {}  # each tied weight's split on this rank's stages (check_tied_layouts)
             for index, root in roots.items():
-                self._parallelize(model, root, plan, meshes, self._pipeline.blocks_of(index, root), split)
+                self._parallelize(model, root, plan, meshes, self._pipeline.blocks_of(index, root), split, tied)
+            if plan is not None and cuts.ties:
+                from strategies.pipeline_parts import check_tied_layouts
+
+                check_tied_layouts(tied, cuts.ties, self._pipeline.tie_group)
             self.model = self._pipeline.start(model, roots, self.ctx.device, self.ctx.grad_accum)
             self.layout = self._describe(None, plan)
         else:
@@ -416,16 +421,22 @@ class MeshStrategy(FSDPStrategy):
         meshes: Meshes,
         stage_blocks: list[nn.Module] | None = None,
         split: set[int] | None = None,
+        tied: dict[str, str] | None = None,
     ) -> str | None:
         """Tensor parallel, context parallel, then the engine on `part`: `model`, or a pipeline stage
         of it running `stage_blocks`. The model's units in words (None for a stage). `split`: the
-        modules tensor parallel split on this rank's earlier stages (apply_tp)."""
+        modules tensor parallel split on this rank's earlier stages (apply_tp); `tied` gains the
+        split of each tied weight the stage holds, before the engine wraps it (tied_layouts)."""
         from strategies.parallelize import apply_engine, apply_tp
 
         if not self.cpu_offload:
             part.to(self.ctx.device)
         if plan is not None and meshes.tp is not None:
             apply_tp(part, meshes.tp, plan, split)
+            if tied is not None and self._pipeline is not None:
+                from strategies.pipeline_parts import tied_layouts
+
+                tied.update(tied_layouts(part, self._pipeline.plan.ties))
         if meshes.cp is not None:
             from models.context_parallel import split_attention, split_sequences
 

@@ -198,6 +198,23 @@ def test_a_pipeline_that_cannot_run_says_why_in_one_line(options, micro_batch, s
     assert says in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_tied_weight_tensor_parallel_splits_unlike_its_copy_is_one_line(tmp_path):
+    """A tied Llama's plan splits its head (colwise_rep) and leaves the embedding whole: the whole model
+    under tensor parallel refuses that tie in one line, and so does a pipeline, whose first stage holds
+    the embedding and last the head's copy; the two gradients summed before each step were of two
+    sizes, and gloo aborted every process (SIGABRT) instead."""
+    tied = [*NANO, *LLAMA_4, "model_kwargs.tie_word_embeddings=true", "steps=2"]
+    options = ["strategy_options.tp_size=2", *PIPELINE]
+    proc = run_cli(["train", "strategy=ddp-tp", f"nproc={NPROC}", f"out_dir={tmp_path}", *tied, *options])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("parabench: error:")]
+    assert lines and set(lines) == {
+        "parabench: error: hf.model.embed_tokens.weight and hf.lm_head.weight are one tied parameter, but the "
+        "tensor-parallel plan splits them differently (whole vs (Shard(dim=0),)): give both the same split, or neither"
+    }
+    assert "Aborted" not in proc.stderr
+
+
 def test_a_model_it_cannot_cut_says_so_in_one_line():
     with pytest.raises(ModelUnsupported) as err:
         constructed("fsdp-pp", 2, pp_size=2).check_model(build_model("tests.user_models:build_gru"))
