@@ -255,3 +255,10 @@ def test_an_empty_strategy_list_is_one_line_as_compare_says_it(capsys, search):
     """strategies=[] names none: compare refuses it, and a plan of every strategy would answer another question."""
     err = one_line_error(capsys, "model=gpt2-124m", "gpus=8", "strategies=[]", *search)
     assert "strategies=[] names no strategy: list some, or leave it out" in err
+
+
+@pytest.mark.parametrize("gpus, says", [(1, "| 1 GPU on "), (8, "| 8 GPUs on ")])
+def test_the_header_counts_one_gpu_in_the_singular(capsys, gpus, says):
+    assert runner.main(["plan", "model=gpt2-124m", f"gpus={gpus}"]) == 0
+    header = capsys.readouterr().out.splitlines()[1]
+    assert says in f"| {header.strip()}"

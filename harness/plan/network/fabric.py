@@ -510,7 +510,7 @@ class Topology:
         if self.per_domain > self.per_node:
             inside += f", {self.per_domain} GPUs on one NVLink domain"
         if self.nodes == 1:
-            return f"{self.gpus} GPUs on {inside}"
+            return f"{self.gpus} GPU{'s' if self.gpus != 1 else ''} on {inside}"
         hosts = f"{self.nodes} hosts x {self.per_node} GPUs" if self.per_domain > self.per_node else None
         between = f"{self.fabric.describe()} between"
         return f"{hosts or f'{self.nodes} nodes x {self.per_node} GPUs'}, {inside} inside, {between}"
