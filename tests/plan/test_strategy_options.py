@@ -243,3 +243,16 @@ def test_a_precision_train_does_not_run_is_said_to_be_a_what_if(capsys):
     args = ["plan", "search=true", "model=llama3.1-8b", "gpus=16", "batch_size=64", "precision=fp8"]
     assert runner.main(args) == 0
     assert "  precision=fp8 is a what-if of the planner for " in capsys.readouterr().out
+
+
+def test_a_dimension_of_size_1_is_planned_as_the_layout_without_it(capsys):
+    """ep_size=1 on fsdp is fsdp's own layout (its default, None, has no expert parallel): planned as
+    without it, where ep_size=2, which the planner does not price for fsdp, stays refused."""
+    mixtral = ["plan", "model=mixtral-8x7b", "gpus=16", "strategies=[fsdp]"]
+    assert runner.main(mixtral) == 0
+    without = capsys.readouterr().out
+    assert runner.main([*mixtral, "strategy_options.ep_size=1"]) == 0
+    row = next(line for line in without.splitlines() if line.startswith("fsdp "))
+    assert row in capsys.readouterr().out
+    assert runner.main([*mixtral, "strategy_options.ep_size=2"]) == 2
+    assert "does not price strategy_options.ep_size=2" in capsys.readouterr().err

@@ -131,6 +131,9 @@ def check_planned(name: str, given: Mapping[str, Any]) -> None:
             raise PlanError(f"{name}: strategy_options.{key}={value!r} must be a whole number of at least 1")
 
 
+UNIT_SIZES = ("tp_size", "pp_size", "cp_size", "ep_size")
+
+
 def check_priced(name: str, given: Mapping[str, Any]) -> None:
     """A LayoutError (one line: an error where `name` was asked for, a listed omission where it was
     planned by default) for an option of `given` the planner does not price for `name`'s layout at a
@@ -141,7 +144,9 @@ def check_priced(name: str, given: Mapping[str, Any]) -> None:
     defaults = _registry().get(name).option_values()
     for key, value in given.items():
         priced = key in MODELLED and MODELLED[key](model) and value in PRICED_VALUES.get(key, (value,))
-        if not priced and value != defaults.get(key):
+        # A dimension of size 1 is the layout without it, which the strategy's default (None) lays out.
+        unsplit = key in UNIT_SIZES and value == 1 and defaults.get(key) is None
+        if not priced and not unsplit and value != defaults.get(key):
             default = defaults.get(key)
             instead = f"as {key}={json.dumps(default)}" if default is not None else f"without {key}"
             raise LayoutError(
