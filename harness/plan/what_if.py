@@ -5,6 +5,8 @@ strategy that stays inside one node) ends the search with the reason, never the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from harness.plan.parallel.layout import LayoutError, reason_of
 from harness.plan.predict import Question, StrategyPlan, plan_default
 
@@ -27,8 +29,10 @@ def fewest_gpus(name: str, q: Question, limit: int = MAX_GPUS) -> tuple[int, Str
 
 
 def skipped(plans: list[StrategyPlan], q: Question) -> dict[str, str]:
-    """For each plan that does not fit, why its what-if on more GPUs stopped short, where it did."""
-    stops = {p.name: fewest_gpus(p.name, q) for p in plans if p.fits is False}
+    """For each plan that does not fit, why its what-if on more GPUs stopped short, where it did: where
+    it stops and whether it fits on the way ask for the memory alone, not the step time."""
+    memory_only = replace(q, timed=False)
+    stops = {p.name: fewest_gpus(p.name, memory_only) for p in plans if p.fits is False}
     return {name: why for name, why in stops.items() if isinstance(why, str)}
 
 
