@@ -33,17 +33,33 @@ def pipeline_stage(module: Any, index: int, count: int, device: torch.device, gr
     shapes a stage sends by running it once on the first micro-batch, a stage after the first on
     activations it makes from their shapes alone, uninitialised (torch.empty_strided): here they
     are zeros, so that a forward reading a value (a user's finiteness guard) sees a number, and an
-    MoE layer's router does not count that run as routed tokens."""
+    MoE layer's router does not count that run as routed tokens.
+
+    Under FSDP2 the stage's units are gathered before each half of a backward that zero-bubble
+    splits in two: torch finds the weights whose gradients the second half computes among the
+    parameters the stage has registered, and a unit resharded after forward has registered its
+    shards, not the gathered weights the forward's graph used, so those weights were left out of
+    both halves and their gradients of that micro-batch lost."""
     from torch.distributed.pipelining import PipelineStage
 
-    return _on_zeros(PipelineStage)(module, index, count, device, group=group)
+    return _stage_class(PipelineStage)(module, index, count, device, group=group)
+
+
+def gather_units(module: Any) -> None:
+    """Gather every FSDP2 unit of `module` that holds shards, so that its parameters are the gathered
+    weights a forward uses (a no-op for one gathered already, or not under FSDP2)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.unshard()
 
 
 @functools.cache
-def _on_zeros(base: type) -> type:
+def _stage_class(base: type) -> type:
     import torch
 
-    class OnZeros(base):  # type: ignore[misc, valid-type]
+    class Stage(base):  # type: ignore[misc, valid-type]
         def _to_tensor(self, arg: Any) -> torch.Tensor:
             made = super()._to_tensor(arg)
             if not isinstance(arg, torch.Tensor):  # made from metadata: its memory as it was
@@ -57,7 +73,18 @@ def _on_zeros(base: type) -> type:
             with tallies_paused():  # a forward for shapes, not a training step's
                 return super()._forward_metadata_inference(*args, **kwargs)
 
-    return OnZeros
+        def backward_maybe_with_nosync(self, backward_type: str, bwd_kwargs: dict, last_backward: bool = False) -> Any:
+            # The input half lists self.submod.parameters() before its autograd runs and keeps the
+            # gradient nodes of those among them the forward's graph reaches; the weight half
+            # assigns the gradients it computes to the parameters it finds registered then. Both
+            # must be the gathered weights: a unit resharded after forward (and again by a forward
+            # between the halves) has its shards registered. A full backward (autograd's own,
+            # whose hooks gather) needs nothing.
+            if backward_type in ("input", "weight"):
+                gather_units(self.submod)
+            return super().backward_maybe_with_nosync(backward_type, bwd_kwargs, last_backward=last_backward)
+
+    return Stage
 
 
 def build_schedule(stages: list[Any], schedule: str, microbatches: int, grad_accum: int) -> Any:

@@ -218,16 +218,6 @@ class MeshStrategy(FSDPStrategy):
             raise StrategyError(self._fp8_under_tp())
         self.cp_attention = self._attention(cp_attention)
         self.schedule_name = schedule or DEFAULT_SCHEDULE
-        if pipelined and self.schedule_name == "zero-bubble" and engine == "fsdp" and reshard_after_forward:
-            # Measured on the CPU against single: the weight gradients of the schedule's separate weight
-            # backward come out otherwise under FSDP2 resharded after forward, while fsdp-pp's and
-            # fsdp-grad-op's unit (not resharded) and replicate's train single's curve. A MeshError: a
-            # compare skips this name with the reason and runs the others.
-            raise MeshError(
-                "strategy_options.schedule=zero-bubble trains on other weight gradients than single under an FSDP2 "
-                "engine that reshards after forward (fsdp, fsdp-tp, fsdp-cp, hsdp, fsdp-offload, fsdp-ep): use "
-                "fsdp-pp or fsdp-grad-op (not resharded), ddp-tp, or schedule=interleaved-1f1b"
-            )
         self.microbatches = self._pipeline_options(microbatches)
         # A weight tied across stages has a copy with optimizer state of its own: not fsdp's layout.
         self.checkpoint_format = "dcp-pipeline" if pipelined else "dcp"
