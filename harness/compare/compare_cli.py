@@ -667,7 +667,9 @@ def _preflight(
         # default (runs/train) would be created in the working directory, or refused where it is read-only.
         config = RunConfig(**{**shared, **settings}, strategy=strategy, out_dir=cfg.out_dir)
         try:
-            followed[name] = preflight(config, processes).followed
+            # Under launcher=slurm the runs' device is the compute nodes', not this login node's.
+            elsewhere = _slurm_world(cfg)[0] if cfg.launcher == "slurm" else None
+            followed[name] = preflight(config, processes, device_type=elsewhere).followed
         except ModelUnsupported as exc:
             cannot[name] = f"cannot run {cfg.model} on {processes} process{'es' if processes > 1 else ''}: {exc}"
     return followed, cannot

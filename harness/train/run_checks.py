@@ -20,12 +20,17 @@ from strategies.registry import default_registry
 from strategies.single import started_more_than_one
 
 
-def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None) -> Strategy:
+def preflight(
+    cfg: RunConfig, world_size: int, ranks_per_node: int | None = None, device_type: str | None = None
+) -> Strategy:
     """_preflight(), and where it refuses the run, the out_dir folders it made for the run (empty) taken
-    away again: a run stopped by its checks leaves nothing behind (runs/train under the working directory)."""
+    away again: a run stopped by its checks leaves nothing behind (runs/train under the working directory).
+
+    `device_type`: the device of the machines the run will have, where they are not this one (a SLURM
+    compare's compute nodes, checked from a login node that may have no GPU); unset, this machine's."""
     made = [folder for folder in (Path(cfg.out_dir), *Path(cfg.out_dir).parents) if not folder.exists()]
     try:
-        return _preflight(cfg, world_size, ranks_per_node)
+        return _preflight(cfg, world_size, ranks_per_node, device_type)
     except BaseException:
         for folder in made:  # deepest first; only what this check made and nothing has written into
             if folder.is_dir() and not any(folder.iterdir()):
@@ -33,7 +38,7 @@ def preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None = None
         raise
 
 
-def _preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None) -> Strategy:
+def _preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None, device_type: str | None) -> Strategy:
     """Catch bad input in the parent, once, before any worker starts: one line, not N tracebacks.
 
     A strategy that cannot run on the run's device says why. Its mesh is laid out for the
@@ -58,14 +63,16 @@ def _preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None) -> S
     from harness.train.loop import create_strategy, prepare_model, run_schedule
 
     registry = default_registry()
-    if cfg.device == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(NO_CUDA)
-    use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    device_type = "cuda" if use_cuda else "cpu"
+    elsewhere = device_type is not None
+    if not elsewhere:
+        if cfg.device == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(NO_CUDA)
+        use_cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        device_type = "cuda" if use_cuda else "cpu"
     unsupported = registry.get(cfg.strategy).unsupported_reason(device_type, cfg.strategy_options)
     if unsupported:
         raise StrategyError(f"strategy {cfg.strategy!r} cannot run on {device_type} here: {unsupported}")
-    if cfg.precision == "fp8":
+    if cfg.precision == "fp8" and not elsewhere:  # the GPU's generation is known where it runs
         check_fp8(registry.get(cfg.strategy), torch.device(device_type))
     env = DistEnv(
         rank=0, world_size=world_size, local_rank=0, device=torch.device(device_type), local_world_size=ranks_per_node

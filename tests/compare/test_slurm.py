@@ -150,6 +150,15 @@ def test_slurm_without_sbatch_says_what_to_do(tmp_path):
     assert proc.returncode == 2 and "sbatch is not on PATH" in proc.stderr and "dry_run=true" in proc.stderr
 
 
+def test_dry_run_judges_the_compute_nodes_device_not_the_login_nodes(tmp_path):
+    # A login node often has no GPU: a GPU-only strategy is still scripted for the GPU nodes.
+    out = tmp_path / "cmp"
+    args = ["compare", "launcher=slurm", "nodes=2", "gpus_per_node=8", "dry_run=true", "model=gpt-nano"]
+    proc = run_cli([*args, "strategies=[single,zero3-zeropp]", f"out_dir={out}"], timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "slurm" / "parabench-zero3-zeropp.sbatch").is_file()
+
+
 def test_the_example_in_configs_is_what_the_generator_writes():
     """configs/slurm/train.sbatch is documentation: it must not drift from harness.compare.slurm."""
     example = (ROOT / "configs" / "slurm" / "train.sbatch").read_text().splitlines()
