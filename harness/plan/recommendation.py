@@ -249,9 +249,8 @@ def _why_best(best: StrategyPlan, plans: list[StrategyPlan], q: Question) -> str
 
 def _fewest_gpus(name: str, q: Question) -> tuple[int, StrategyPlan] | None:
     """The smallest power-of-two multiple of the GPU count at which `name` fits, with its plan;
-    None where none does or a GPU count on the way cannot be laid out (what_if.skipped says why). Its
-    memory alone: what is said of it is where it fits and what it holds there."""
-    found = fewest_gpus(name, replace(q, timed=False), MAX_GPUS)
+    None where none does or a GPU count on the way cannot be laid out (what_if.skipped says why)."""
+    found = fewest_gpus(name, q, MAX_GPUS)
     return found if isinstance(found, tuple) else None
 
 

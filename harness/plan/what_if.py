@@ -15,7 +15,10 @@ MAX_GPUS = 1024
 
 def fewest_gpus(name: str, q: Question, limit: int = MAX_GPUS) -> tuple[int, StrategyPlan] | str | None:
     """The smallest power-of-two multiple of the GPU count, up to `limit`, at which `name` fits, with
-    its plan; why the search stopped short where a GPU count cannot be laid out; None where none fits."""
+    its plan; why the search stopped short where a GPU count cannot be laid out; None where none fits.
+    The plans are of the memory alone (no step time): what is said of them is where one fits and what
+    it holds there."""
+    q = replace(q, timed=False)
     gpus = q.gpus * 2
     while gpus <= limit:
         try:
@@ -29,10 +32,8 @@ def fewest_gpus(name: str, q: Question, limit: int = MAX_GPUS) -> tuple[int, Str
 
 
 def skipped(plans: list[StrategyPlan], q: Question) -> dict[str, str]:
-    """For each plan that does not fit, why its what-if on more GPUs stopped short, where it did: where
-    it stops and whether it fits on the way ask for the memory alone, not the step time."""
-    memory_only = replace(q, timed=False)
-    stops = {p.name: fewest_gpus(p.name, memory_only) for p in plans if p.fits is False}
+    """For each plan that does not fit, why its what-if on more GPUs stopped short, where it did."""
+    stops = {p.name: fewest_gpus(p.name, q) for p in plans if p.fits is False}
     return {name: why for name, why in stops.items() if isinstance(why, str)}
 
 
