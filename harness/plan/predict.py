@@ -406,7 +406,8 @@ def prepared(backend: Backend, q: Question) -> tuple[Backend, Question]:
     """`backend` with the recipe's buffers and `q` with the experts as this backend holds them."""
     backend = with_recipe(backend, q.recipe)
     if not backend.expert_parallel:  # its experts held, reduced and stepped among the rest (expert_memory.py)
-        q = replace(q, shape=with_experts_held(q.shape))
+        held = with_experts_held(q.shape)
+        q = q if held is q.shape else replace(q, shape=held)  # a dense model's shape is its own
     return backend, q
 
 

@@ -39,7 +39,7 @@ from harness.plan.parallel.deepspeed_pipeline import (
     runs_deepspeed_pipeline,
     transfers_per_micro_batch,
 )
-from harness.plan.parallel.layout import Layout, LayoutError
+from harness.plan.parallel.layout import Layout, LayoutError, layout_of
 from harness.plan.parallel.nanotron_split import nanotron_split
 from harness.plan.parallel.pipeline_cost import (
     DEEPSPEED_RUNTIME,
@@ -59,6 +59,7 @@ from harness.plan.parallel.pipeline_cost import (
     stage_split,
     tied_head,
 )
+from harness.plan.parallel.planned_options import check_what_ifs_apply
 from harness.plan.predict import (
     Question,
     StrategyPlan,
@@ -156,30 +157,37 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
         split_global_batch=False,
         nearest_split=False,
     )
-    stage = plan_backend(inner, stage_q)
-    states, held, buffers, peak = stage.states, stage.activations, stage.buffers, stage.peak_bytes
-    if split is not None and held is not None:
-        states, held, buffers, peak = _fullest_gpu(inner, replace(stage_q, shape=q.shape), stage.layout, pipe, split)
+    if split is not None and not q.timed:
+        # The memory alone of a split model: each GPU's as _fullest_gpu plans it, the stage's own not needed.
+        stage_layout = layout_of(inner, stage_q.shape, stage_q.topology)
+        check_what_ifs_apply(inner, stage_layout)
+        stage_time, stage_collectives = None, []
+    else:
+        stage = plan_backend(inner, stage_q)
+        stage_layout, stage_time, stage_collectives = stage.layout, stage.time, stage.collectives
+        states, held, buffers, peak = stage.states, stage.activations, stage.buffers, stage.peak_bytes
+    if split is not None:
+        states, held, buffers, peak = _fullest_gpu(inner, replace(stage_q, shape=q.shape), stage_layout, pipe, split)
     elif held is not None and peak is not None:  # context parallel alone
         extra = int((pipe.in_flight - 1) * held.blocks)
         held, peak = replace(held, blocks=held.blocks + extra), peak + extra
-    room = headroom(q.capacity_bytes, communicators(stage.layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
+    room = headroom(q.capacity_bytes, communicators(stage_layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
     fits = plan_fits(room, peak, q.host, on_host_bytes(states, held))
-    parts = None if stage.time is None else _head_and_block(stage.time, q, stage_q, layout)
+    parts = None if stage_time is None else _head_and_block(stage_time, q, stage_q, layout)
     seconds = _stage_seconds(parts, q, split)
-    traffic = _traffic(q, stage_q, layout, pipe, cp, backend, stage.time is not None, seconds) if q.timed else []
-    timing = None if stage.time is None else _time(stage.time, q, stage_q, layout, pipe, split, cp, traffic, parts)
+    traffic = _traffic(q, stage_q, layout, pipe, cp, backend, stage_time is not None, seconds) if q.timed else []
+    timing = None if stage_time is None else _time(stage_time, q, stage_q, layout, pipe, split, cp, traffic, parts)
     return StrategyPlan(
         backend.name,
         backend,
-        replace(layout, hpz_group=stage.layout.hpz_group, shard_group=stage.layout.shard_group),
+        replace(layout, hpz_group=stage_layout.hpz_group, shard_group=stage_layout.shard_group),
         states,
         held,
         buffers,
         peak,
         room,
         fits,
-        stage.collectives + [c for c, _, _ in traffic],
+        stage_collectives + [c for c, _, _ in traffic],
         timing,
         q.micro_batch,
         q.grad_accum,

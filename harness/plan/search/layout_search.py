@@ -146,9 +146,10 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
 
     `time_fitting_only`: for a search after what would fit, where most layouts do not (what_fits.py).
     Each layout's memory is planned first and its step time only where it fits, so the layouts in
-    `too_large` carry no time; its checkpointing modes are tried leanest first, and those that keep
-    more than one that does not fit are not planned (they need more memory still), so `too_large`
-    holds the leanest of each split that does not fit, not every one."""
+    `too_large` carry no time. Its batch splits are tried smallest micro-batch first and each split's
+    checkpointing modes leanest first; what keeps more than a layout that does not fit is not planned
+    (it needs more memory still): the modes after one that does not fit, and the splits after one whose
+    leanest mode does not. So `too_large` holds the leanest that does not fit, not every one."""
     if q.gpu is None:
         raise PlanError(
             "search=true ranks layouts by speed: give a known gpu=, or gpu_mem_gb=, peak_tflops= and hbm_tb_s="
@@ -198,8 +199,11 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
                     "data-parallel ranks" + (f" into micro-batches for {layout.pp} stages" if layout.pp > 1 else "")
                 ] += 1
                 continue
+            if time_fitting_only:  # leanest first: a split whose leanest mode does not fit ends the layout's
+                splits.sort(key=lambda split_laid: _sequences_per_micro_batch(*split_laid))
             for split, laid in splits:
                 split_backend = replace(backend, options={**backend.options, **laid})
+                leanest_fits = True
                 for mode in reversed(CHECKPOINTING_ORDER) if time_fitting_only else CHECKPOINTING_ORDER:
                     asked = layout_question(q, {**fixed, **laid}, split.micro_batch, split.grad_accum, mode)
                     try:
@@ -221,7 +225,10 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
                     )
                     (too_large if plan.fits is False else fitting).append(found)
                     if time_fitting_only and plan.fits is False:
+                        leanest_fits = mode != CHECKPOINTING_ORDER[-1]
                         break
+                if not leanest_fits:
+                    break
     fitting.sort(key=lambda s: (-s.tokens_per_s_per_gpu, s.peak_bytes))
     return SearchResult(q, global_batch, fitting, too_large, dict(not_laid_out), listed_as, fewest)
 
@@ -235,6 +242,12 @@ def _splits(
     schedule = str(backend.options.get("schedule") or "1f1b")
     pipelined = pipeline_splits(global_batch, layout.data_parallel, layout.pp, schedule, fixed.get("microbatches"))
     return [(split, {**sizes, "microbatches": m}) for split, m in pipelined]
+
+
+def _sequences_per_micro_batch(split: BatchSplit, laid: dict[str, Any]) -> int:
+    """The sequences each forward of `split` takes: its micro-batch, or with a pipeline its share of the
+    rank's batch per pipeline micro-batch (what a layout's activations grow with)."""
+    return split.micro_batch // int(laid.get("microbatches") or 1)
 
 
 def _fewest_sequences(layout: Layout, backend: Backend, fixed: dict[str, Any], sizes: dict[str, Any]) -> int | None:
