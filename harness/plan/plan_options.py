@@ -28,6 +28,9 @@ from harness.plan.speed.step_time import SpeedFactors, for_card
 from models.gpt_config import beyond_positions
 
 FORMATS = ("table", "json")
+# gpus= not given: DEFAULT_GPUS, or where nodes= is given, that many whole hosts (default_gpus).
+GPUS_UNSET = "auto"
+DEFAULT_GPUS = 8
 # fp8: the projections' matmuls in fp8, the rest in bf16, as a run's precision=fp8; fp4: the projections'
 # matmuls in NVFP4 or MXFP4, the rest as under fp8 (TransformerEngine's and Megatron-LM's fp4 recipes).
 PLAN_PRECISIONS = (*PRECISIONS, "fp4")
@@ -49,8 +52,8 @@ class PlanConfig:
     ffn: Optional[int] = None  # MLP width (default: 4 x width for gpt, 8/3 x width for llama)
     vocab: Optional[int] = None
     arch: str = "gpt"  # a described model's block: gpt (LayerNorm, GELU) or llama (RMSNorm, SwiGLU, rotary)
-    # The machines; gpus=[8,64,512] plans each.
-    gpus: Any = 8
+    # The machines; gpus=[8,64,512] plans each. Unset: nodes= whole hosts where nodes= is given, else 8.
+    gpus: Any = GPUS_UNSET
     nodes: Optional[int] = None  # default: gpus / gpus_per_node
     gpus_per_node: Optional[int] = None  # GPUs per host; default the card's (8; 4 on a GB200/GB300 tray)
     # GPUs on one NVLink domain: a count or nvl72/nvl36 (default the card's: 72 for GB200 and GB300).
@@ -146,7 +149,18 @@ def check_strategies(cfg: PlanConfig) -> None:
         raise PlanError("strategies=[] names no strategy: list some, or leave it out to plan every one")
 
 
+def default_gpus(cfg: PlanConfig) -> int:
+    """The GPUs where gpus= is not given: nodes= alone means whole hosts (nodes=4 of H100s is 32 GPUs, of
+    GB200 trays 16), of gpus_per_node= or the card's host; with no nodes= either, DEFAULT_GPUS."""
+    if cfg.nodes is None:
+        return DEFAULT_GPUS
+    card = gpu_named(cfg.gpu) or GPUS["H100"]  # a custom card is planned on the H100's hosts
+    return cfg.nodes * (cfg.gpus_per_node or card.gpus_per_host)
+
+
 def gpu_counts(cfg: PlanConfig) -> list[int]:
+    if cfg.gpus == GPUS_UNSET:
+        return [default_gpus(cfg)]
     if cfg.gpus is None:  # `gpus=` with nothing after it (an unset shell variable): not a count to print back
         raise PlanError("gpus= is empty: give a GPU count (gpus=8) or a list of them (gpus=[8,64])")
     counts = _listed(cfg.gpus)

@@ -677,6 +677,23 @@ def test_a_what_if_fills_a_part_of_a_host_before_it_takes_more_hosts():
     assert given.with_gpus(4).topology.per_node == 2
 
 
+@pytest.mark.parametrize(
+    "asked, hosts",
+    [
+        ({"gpu": "GB200", "nodes": 4}, (4, 4)),  # four compute trays of 4, not four hosts of 2
+        ({"gpu": "H100", "nodes": 4}, (4, 8)),
+        ({"gpu": "H100", "nodes": 2, "gpus_per_node": 4}, (2, 4)),
+        ({"gpu": "H100", "nodes": 4, "gpus": 8}, (4, 2)),  # a gpus= given is split over the nodes, as before
+        ({"gpu": "H100"}, (1, 8)),
+    ],
+)
+def test_nodes_alone_plans_that_many_whole_hosts(asked, hosts):
+    """nodes= without gpus= means full hosts (gpus_per_node=, or the card's), not the default 8 GPUs
+    spread over them; gpus=8 alone stays one host of 8."""
+    topology = question(PlanConfig(model="llama3.1-8b", **asked)).topology
+    assert (topology.nodes, topology.per_node) == hosts
+
+
 def test_a_question_without_a_batch_keeps_one_sequence_a_gpu_on_more_gpus():
     """The what-if on more GPUs keeps a batch the question gave, and one it did not give stays a
     sequence a GPU: never "batch_size=256 does not divide over 512 ranks" for a batch no one asked."""

@@ -142,9 +142,9 @@ def test_an_out_dir_the_plots_cannot_go_to_is_one_line_before_planning(capsys, t
         # Not two hosts of 6 with 6 cards each: whole hosts of the card's 8 beyond one.
         (["gpus=12"], "gpus=12 is not whole hosts of 8 GPUs (the H100", "6 GPUs"),
         (["gpus=8", "nodes=3"], "does not split over nodes=3", "gpus_per_node"),
-        # Not four hosts of 2: gpus= (8 unless given) is not what nodes= and gpus_per_node= make.
+        # Not four hosts of 2: a gpus= given is not what nodes= and gpus_per_node= make.
         (
-            ["gpu=B200", "nodes=4", "gpus_per_node=8"],
+            ["gpu=B200", "gpus=8", "nodes=4", "gpus_per_node=8"],
             "nodes=4 of gpus_per_node=8 is 32 GPUs, not gpus=8: give gpus=32, or only one of nodes=",
             "does not split",
         ),
