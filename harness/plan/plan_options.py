@@ -265,16 +265,26 @@ def check_top(cfg: PlanConfig) -> None:
 
 def too_few_sequences(cfg: PlanConfig, global_batch: int, seq_len: int, fewest: int) -> str:
     """A global batch no layout can split, said in the option the user gave it by (global_batch_tokens=
-    or batch_size=), with the fewest sequences a layout here takes, as what to give."""
-    if cfg.global_batch_tokens is None:
-        given, least = f"batch_size={global_batch}", f"batch_size= of at least {fewest}"
-    else:
-        sequences = f"{global_batch} sequence{'s' if global_batch > 1 else ''} of {seq_len}"
-        given = f"global_batch_tokens={global_batch * seq_len:,} ({sequences})"
-        least = f"global_batch_tokens= of at least {fewest * seq_len:,} ({fewest} sequences)"
+    or batch_size=): fewer sequences than the fewest a layout here takes says that fewest; more that divide
+    over no layout's ranks (2048 over 288 GPUs) say the multiples of it nearest to the batch given."""
+    tokens = cfg.global_batch_tokens is not None
+
+    def said(sequences: int, of: str = "") -> str:
+        plural = "s" if sequences > 1 else ""
+        return f"{sequences * seq_len:,} ({sequences} sequence{plural}{of})" if tokens else f"{sequences}"
+
+    option = "global_batch_tokens=" if tokens else "batch_size="
+    given = f"{option}{said(global_batch, f' of {seq_len}')}"
+    if global_batch < fewest:
+        return (
+            f"{given} is too few to split over any layout's data-parallel ranks: give {option} of at least "
+            f"{said(fewest)}, the fewest a layout here takes, or fewer gpus="
+        )
+    below = global_batch // fewest * fewest
     return (
-        f"{given} is too few to split over any layout's data-parallel ranks: give {least}, the fewest a layout "
-        "here takes, or fewer gpus="
+        f"{given} does not divide over any layout's data-parallel ranks: give {option} a multiple of "
+        f"{said(fewest)}, the fewest a layout here takes, such as {said(below)} or {said(below + fewest)}, or "
+        "another gpus="
     )
 
 

@@ -255,6 +255,26 @@ def test_a_batch_too_small_for_every_layout_says_the_smallest_to_give(capsys, gi
     assert code == 2 and out == "" and err.count("\n") == 1 and len(err) < 300 and says in err, err
 
 
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        (
+            "global_batch_tokens=1M",
+            "global_batch_tokens=1,048,576 (1024 sequences of 1024) does not divide over any layout's data-parallel "
+            "ranks: give global_batch_tokens= a multiple of 73,728 (72 sequences), the fewest a layout here takes, "
+            "such as 1,032,192 (1008 sequences) or 1,105,920 (1080 sequences)",
+        ),
+        ("batch_size=1024", "batch_size=1024 does not divide over any layout's data-parallel ranks: give batch_size="),
+    ],
+)
+def test_a_batch_that_divides_over_no_layout_is_not_called_too_few(capsys, given, says):
+    # 72 GPUs (one NVL72 rack) and a power of two of sequences: more than any layout takes, yet ZeRO's layouts
+    # have 72 data-parallel ranks, which do not divide it; "too few, give at least 72" would be false.
+    asked = ("search=true", "model=llama3.1-8b", "gpu=GB200", "gpus=72", "strategies=[zero1,zero3]", given)
+    code, out, err = _cli(capsys, *asked)
+    assert code == 2 and out == "" and err.count("\n") == 1 and says in err and "too few" not in err, err
+
+
 def test_tensor_parallelism_across_nodes_is_searched_and_says_what_makes_it_lose():
     cfg = PlanConfig(**(SMALL | {"kv_heads": 16}))  # tp 8, over both nodes, divides every head
     q, global_batch = search_question(cfg)
