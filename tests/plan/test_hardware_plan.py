@@ -315,3 +315,21 @@ def test_the_search_names_a_groups_span_in_the_headers_words():
     hosts = question(PlanConfig(model="mixtral-8x7b", gpus=144 - 16)).topology
     assert span_words(Group(144, 2), rack) == "2 NVLink domains"
     assert span_words(Group(128, 16), hosts) == "16 nodes" and span_words(Group(8, 1), hosts) == "1 node"
+
+
+@pytest.mark.parametrize("ep, racks", [(8, 1), (16, 2), (32, 2)])
+def test_an_expert_parallel_group_that_does_not_tile_a_rack_straddles_two(ep, racks):
+    """ep groups fill consecutive ranks: 8 tiles an NVL72 rack's 72, while 16 and 32 leave a group over two
+    racks (ranks 64-95 of 288), whose all-to-all crosses the network and holds every other group's step."""
+    asked = {"model": "deepseek-v3", "gpus": 288, "gpu": "GB200", "strategies": ["fsdp-ep"]}
+    q = question(PlanConfig(**asked, strategy_options={"ep_size": ep}))
+    assert plan_strategy("fsdp-ep", q).layout.experts.ep_group.nodes == racks
+
+
+def test_a_strided_group_spans_the_domains_of_its_gpus_not_of_its_stride():
+    """The GPUs holding the same experts (edp) are ep apart: 32 of them over 2,048 H800s reach 32 nodes, not
+    the 256 nodes their block of 2,048 GPUs spans (a ring of 32 has 32 nodes to span at most)."""
+    asked = {"model": "deepseek-v3", "gpus": 2048, "gpu": "H800", "strategies": ["fsdp-ep"], "seq_len": 4096}
+    q = question(PlanConfig(**asked, strategy_options={"ep_size": 64}))
+    experts = plan_strategy("fsdp-ep", q).layout.experts
+    assert (experts.edp_group.size, experts.edp_group.nodes) == (32, 32)

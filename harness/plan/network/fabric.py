@@ -433,6 +433,15 @@ class Topology:
         they fit, else whole domains, whose collectives then cross the network."""
         return Group(size, max(1, -(-size // self.per_domain)))
 
+    def block(self, size: int, stride: int = 1) -> Group:
+        """A group of `size` GPUs `stride` apart, the groups laid side by side in blocks of size x stride
+        consecutive GPUs (an expert-parallel all-to-all, a hybrid shard): the most NVLink domains one
+        group reaches. Blocks that do not tile the domain straddle two: 32 GPUs of an NVL72 rack's 72 fill
+        ranks 0-31 and 32-63, and the third reaches 64-95, over both racks, every step waiting on that one."""
+        if size <= 1:
+            return Group(1, 1)
+        return Group(size, _most_domains(self.gpus, self.per_domain, size, stride))
+
     @property
     def library(self) -> str:
         return "rccl" if self.generation.startswith("cdna") else "nccl"
@@ -538,6 +547,19 @@ def topology_of(
         domain=parse_domain(nvlink_domain, gpu, per_node),
         generation=gpu.generation,
         nvlink_links=gpu.nvlink_links,
+    )
+
+
+@functools.cache
+def _most_domains(gpus: int, domain: int, size: int, stride: int) -> int:
+    """The most domains of `domain` consecutive GPUs that one group of `size` GPUs `stride` apart reaches,
+    the groups filling blocks of size x stride GPUs side by side (every offset inside a block alike)."""
+    span = size * stride
+    blocks = range(max(1, gpus // span))
+    return max(
+        len({(k * span + j * stride + offset) // domain for j in range(size)})
+        for k in blocks
+        for offset in (0, stride - 1)
     )
 
 

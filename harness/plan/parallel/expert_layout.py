@@ -52,13 +52,6 @@ def _size(backend: Backend, option: str, default: int) -> int:
     return backend.options[option] if backend.size_given(option) else default
 
 
-def _spread(topology: Topology, size: int, stride: int) -> Group:
-    """`size` GPUs `stride` apart: inside one NVLink domain where the span fits, else over as many domains."""
-    if size <= 1:
-        return Group(1, 1)
-    return Group(size, max(1, -(-(size * stride) // topology.per_domain)))
-
-
 def expert_layout(backend: Backend, shape: ModelShape, topology: Topology, ranks: int, tp: int) -> ExpertLayout:
     """The experts' layout over `ranks` GPUs of a stage (tp x cp x data parallel), `tp` of them a
     tensor-parallel group; NONE for a dense model under a strategy without expert parallel."""
@@ -82,4 +75,4 @@ def expert_layout(backend: Backend, shape: ModelShape, topology: Topology, ranks
     else:  # every expert on every GPU, split as the tensor-parallel group splits the MLP
         ep, etp = 1, tp
     edp = ranks // (ep * etp)
-    return ExpertLayout(ep, etp, edp, _spread(topology, ep, etp), _spread(topology, edp, ep * etp))
+    return ExpertLayout(ep, etp, edp, topology.block(ep, etp), topology.block(edp, ep * etp))
