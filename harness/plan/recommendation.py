@@ -191,10 +191,16 @@ def _why_not(p: StrategyPlan) -> str:
 
 
 def domain_lines(layout: Layout, topology: Topology) -> list[str]:
-    """Where a layout's tensor-parallel (or tensor- and context-parallel) GPUs span several hosts yet
-    stay on NVLink (a GB200/GB300 NVL72 rack's domain of 72, not a node's 8): said, since the domain
-    is why such a layout can win."""
-    for what, size in (("tensor-parallel", layout.tp), ("tensor- and context-parallel", layout.tp * layout.cp)):
+    """Where a layout's tensor-parallel (or tensor- and context-parallel) GPUs, or its experts' all-to-all
+    (expert_layout.py: ep x etp neighbours), span several hosts yet stay on NVLink (a GB200/GB300 NVL72
+    rack's domain of 72, not a node's 8): said, since the domain is why such a layout can win."""
+    experts = layout.experts.ep_group
+    groups = (
+        ("tensor-parallel", layout.tp),
+        ("tensor- and context-parallel", layout.tp * layout.cp),
+        ("expert-parallel all-to-all", experts.size if experts.nodes == 1 else 0),
+    )
+    for what, size in groups:
         if max(8, topology.per_node) < size <= topology.per_domain:
             return [
                 f"Its {what} group of {size} GPUs spans {size // topology.per_node} hosts but stays on NVLink: the "

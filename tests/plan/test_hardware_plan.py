@@ -333,3 +333,22 @@ def test_a_strided_group_spans_the_domains_of_its_gpus_not_of_its_stride():
     q = question(PlanConfig(**asked, strategy_options={"ep_size": 64}))
     experts = plan_strategy("fsdp-ep", q).layout.experts
     assert (experts.edp_group.size, experts.edp_group.nodes) == (32, 32)
+
+
+def test_an_expert_parallel_group_across_trays_on_nvlink_is_said_in_the_recommendation(capsys):
+    args = [
+        "model=deepseek-v3",
+        "gpus=576",
+        "gpu=GB200",
+        "seq_len=4096",
+        "batch_size=4608",
+        "activation_checkpointing=full",
+    ]
+    code, out, _ = run_plan(*args, "strategies=[fsdp-ep]", "strategy_options.ep_size=72", capsys=capsys)
+    assert code != 0  # 72 does not divide the 256 experts: the rack-wide group must be a power of two here
+    code, out, _ = run_plan(*args, "strategies=[fsdp-ep]", "strategy_options.ep_size=8", capsys=capsys)
+    assert code == 0 and "stays on NVLink" not in out  # 8 is two trays, as an 8-GPU node would hold it
+    code, out, _ = run_plan(
+        *args, "nvlink_domain=64", "strategies=[fsdp-ep]", "strategy_options.ep_size=64", capsys=capsys
+    )
+    assert code == 0 and "expert-parallel all-to-all group of 64 GPUs spans 16 hosts but stays on NVLink" in out
