@@ -213,11 +213,21 @@ def test_a_gb200_rack_is_one_nvlink_domain_of_four_gpu_trays():
         (dict(gpu="GB200", nvlink_domain="nvl99"), "nvl72"),
         (dict(gpu="GB200", nvlink_domain=6), "multiple of 4"),
         (dict(gpu="GB200", nvlink_domain=0), "give 4, 8 or another positive multiple of 4"),
+        (dict(gpu="GB200", interconnect="pcie", nvlink_domain="nvl72"), "PCIe links stay inside a host of 4 GPUs"),
     ],
 )
 def test_a_bad_nvlink_domain_is_one_line(options, says):
     with pytest.raises(PlanError, match=says):
         question(PlanConfig(model="llama3.1-8b", **{"gpus": 72, **options}))
+
+
+def test_a_rack_planned_on_pcie_keeps_its_links_inside_each_tray():
+    """interconnect=pcie on GB200 trays: no NVLink reaches another tray, so 72 GPUs are 18 hosts whose rings
+    cross the network, not one NVLink domain of 72 at PCIe's rate."""
+    pcie = question(PlanConfig(model="llama3.1-8b", gpu="GB200", gpus=72, interconnect="pcie")).topology
+    assert (pcie.per_domain, pcie.domains) == (4, 18)
+    slower = question(PlanConfig(model="llama3.1-8b", gpu="GB200", gpus=72, interconnect="100")).topology
+    assert slower.per_domain == 72  # a slower NVLink is still NVLink
 
 
 def test_tensor_parallel_across_trays_stays_on_nvlink_and_the_recommendation_says_why(capsys):

@@ -286,12 +286,13 @@ def parse_fabric(value: str, gpus_per_node: int | None = None) -> Fabric:
 NAMED_DOMAINS = {"nvl72": 72, "nvl36": 36, "nvl8": 8}
 
 
-def parse_domain(value: object, gpu: GPUSpec, gpus_per_node: int) -> int:
+def parse_domain(value: object, gpu: GPUSpec, gpus_per_node: int, intra: str = "nvlink") -> int:
     """`nvlink_domain=`: GPUs on one NVLink domain, a whole number of hosts (nvl72, nvl36 or a
     count; default the card's platform: 72 for GB200 and GB300, else the host's GPUs). A card
-    without an NVLink switch keeps its links inside its host."""
+    without an NVLink switch keeps its links inside its host, and so does a host planned on PCIe
+    (interconnect=pcie: no NVLink to reach another tray by)."""
     if value in (None, "", "auto"):
-        rack = gpu.scale_up == "nvswitch" and gpu.nvlink_domain > gpu.gpus_per_host
+        rack = gpu.scale_up == "nvswitch" and gpu.nvlink_domain > gpu.gpus_per_host and intra != "pcie"
         return gpu.nvlink_domain if rack and gpu.nvlink_domain % gpus_per_node == 0 else gpus_per_node
     key = str(value).strip().lower()
     domain = NAMED_DOMAINS.get(key)
@@ -306,6 +307,11 @@ def parse_domain(value: object, gpu: GPUSpec, gpus_per_node: int) -> int:
         raise PlanError(
             f"nvlink_domain={value}: a domain is one or more whole hosts of {gpus_per_node} GPUs: give "
             f"{gpus_per_node}, {2 * gpus_per_node} or another positive multiple of {gpus_per_node}"
+        )
+    if domain > gpus_per_node and intra == "pcie":
+        raise PlanError(
+            f"nvlink_domain={value} with interconnect=pcie: PCIe links stay inside a host of {gpus_per_node} GPUs: "
+            "leave one of them out"
         )
     if domain > gpus_per_node and gpu.scale_up != "nvswitch":
         raise PlanError(
@@ -544,7 +550,7 @@ def topology_of(
         intra,
         fabric,
         sharp,
-        domain=parse_domain(nvlink_domain, gpu, per_node),
+        domain=parse_domain(nvlink_domain, gpu, per_node, intra.name),
         generation=gpu.generation,
         nvlink_links=gpu.nvlink_links,
     )
