@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from configs.schema import load_config
+from harness.common.hardware import GPUS
 from harness.common.units import GB, GIB
 from harness.plan.memory.batch_limit import fitting_micro_batch, micro_batch_limit
 from harness.plan.memory.model_states import zero_paper_bytes_per_gpu
@@ -53,7 +54,7 @@ from harness.plan.predict import (
     tries_accumulation,
 )
 from harness.plan.recommendation import Recommendation, recommend
-from harness.plan.speed.gemm import sustained_share
+from harness.plan.speed.gemm import REFERENCE_CARD, sustained_share
 from harness.plan.speed.host_issue import host_slowdown
 from harness.plan.speed.step_time import SpeedFactors
 from harness.plan.speed.stragglers import SPREAD, straggler_share
@@ -369,11 +370,18 @@ def basis_lines(q: Question) -> list[str]:
         compute = f"compute at {f.fixed_mfu:.0%} MFU of {_mfu_peak(q) / 1e12:.0f} TFLOP/s (mfu=, as given)"
     else:
         efficiency = {"fp8": gpu.fp8_efficiency, "fp4": gpu.fp4_efficiency}.get(q.precision)
+        sixteen_bit = storage_precision(q.precision)
+        own = sustained_share(gpu, q.precision)  # fp4's measured rate takes its own share (gemm.sustained_share)
         fp8 = (
             f" (the blocks' projections in {q.precision}: up to {efficiency:.0%} of "
-            f"{gpu.peak_flops[q.precision] / 1e12:.0f})"
+            f"{gpu.peak_flops[q.precision] / 1e12:.0f}"
+            + (f", {own:.0%} of that sustained" if own != sustained_share(gpu, sixteen_bit) else "")
+            + ")"
             if efficiency
             else ""
+        )
+        settled = (
+            "" if gpu.long_run_matmul else f" (the {GPUS[REFERENCE_CARD].name}'s: no long run measured on this card)"
         )
         slowest = (
             f"; the slowest of {q.gpus} GPUs +{straggler_share(q.gpus):.1%} (stragglers: each GPU's speed "
@@ -383,7 +391,7 @@ def basis_lines(q: Question) -> list[str]:
         )
         compute = (
             f"compute by shape: matmuls up to {gpu.matmul_efficiency:.0%} of {_mfu_peak(q) / 1e12:.0f} TFLOP/s"
-            f"{fp8}, {sustained_share(gpu, q.precision):.0%} of that sustained under load, attention "
+            f"{fp8}, {sustained_share(gpu, sixteen_bit):.0%} of that sustained under load{settled}, attention "
             f"({q.attention}) by its published rate, memory-bound work at {gpu.hbm_bytes_per_s / 1e12:.2g} TB/s"
             f"{slowest}; {_scale_basis(f, gpu.name, where)}"
         )

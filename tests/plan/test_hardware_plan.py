@@ -362,3 +362,16 @@ def test_an_expert_parallel_group_across_trays_on_nvlink_is_said_in_the_recommen
         *args, "nvlink_domain=64", "strategies=[fsdp-ep]", "strategy_options.ep_size=64", capsys=capsys
     )
     assert code == 0 and "expert-parallel all-to-all group of 64 GPUs spans 16 hosts but stays on NVLink" in out
+
+
+def test_the_header_gives_the_sustained_share_of_each_precision_and_says_whose_it_is(capsys):
+    """An fp4 run's 16-bit matmuls (the head, the rest of the model) keep the card's long-run share and its fp4
+    projections their own: the header said fp4's 92% for all of them. A card with no long run measured
+    takes the H100's settling, which the header now says instead of passing it off as the card's."""
+    asked = ["model=llama3.1-8b", "gpus=8", "strategies=[fsdp]"]
+    code, out, _ = run_plan(*asked, "gpu=GB200", "precision=fp4", capsys=capsys)
+    assert code == 0 and "(the blocks' projections in fp4: up to 76% of 10000, 92% of that sustained), 75% of" in out
+    code, out, _ = run_plan(*asked, "gpu=GB300", capsys=capsys)
+    assert code == 0 and "92% of that sustained under load (the H100 SXM 80GB's: no long run measured" in out
+    code, out, _ = run_plan(*asked, "gpu=GB200", capsys=capsys)
+    assert code == 0 and "75% of that sustained under load, attention" in out
