@@ -178,6 +178,11 @@ def host_lines(q: Question, given: bool = False) -> list[str]:
         return []
     if given:
         source = f" (host_mem_gb=, in place of the {q.gpu.name}'s reference host)" if q.gpu else " (host_mem_gb=)"
+    elif q.gpu and q.hosts_per_node > 1:
+        source = (
+            f" ({q.gpu.name}'s reference host of {q.host_memory_gpus} GPUs, as much per GPU: x {q.hosts_per_node:g}; "
+            "host_mem_gb= for another)"
+        )
     else:
         source = f" ({q.gpu.name}'s reference host; host_mem_gb= for another)" if q.gpu else ""
     return [f"  host: {q.host.describe()}{source}; a layout whose host memory exceeds it does not fit"]

@@ -567,6 +567,7 @@ def question(
         topology=topology,
         capacity_bytes=gpu.capacity_bytes,
         host_memory_bytes=gpu.host_memory_bytes,
+        host_memory_gpus=None if cfg.host_mem_gb is not None else gpu.gpus_per_host,
         host_gpus=None if cfg.nodes is not None else cfg.gpus_per_node or gpu.gpus_per_host,
         micro_batch=micro_batch,
         grad_accum=grad_accum,

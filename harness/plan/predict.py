@@ -116,6 +116,10 @@ class Question:
     core_attention_recompute: bool = False
     # One host's memory, bytes (the card's reference system, or host_mem_gb=); None: not checked.
     host_memory_bytes: float | None = None
+    # The GPUs of the reference host host_memory_bytes is (a GB200 tray's 4): a planned host of more GPUs
+    # (gpus_per_node=8 of GB200s) has as much per GPU, not one tray's for all; None: one host's memory
+    # whatever its GPUs (host_mem_gb=).
+    host_memory_gpus: int | None = None
     # The GPUs of one full host (the card's, or gpus_per_node=): a question on part of a host grows
     # into the rest of it before it takes more hosts (with_gpus); None: as many a host as now.
     host_gpus: int | None = None
@@ -130,7 +134,16 @@ class Question:
     @property
     def host(self) -> HostRoom | None:
         """The host memory its GPUs' processes share: one node's GPUs."""
-        return host_room(self.host_memory_bytes, self.topology.per_node)
+        return host_room(
+            self.host_memory_bytes and self.host_memory_bytes * self.hosts_per_node, self.topology.per_node
+        )
+
+    @property
+    def hosts_per_node(self) -> float:
+        """How many of the reference host's memory a planned node has: more than one where the node holds more
+        GPUs than the reference host (host_memory_gpus) does."""
+        reference = self.host_memory_gpus
+        return max(1.0, self.topology.per_node / reference) if reference else 1.0
 
     @property
     def batch_defaulted(self) -> bool:

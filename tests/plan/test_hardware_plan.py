@@ -375,3 +375,18 @@ def test_the_header_gives_the_sustained_share_of_each_precision_and_says_whose_i
     assert code == 0 and "92% of that sustained under load (the H100 SXM 80GB's: no long run measured" in out
     code, out, _ = run_plan(*asked, "gpu=GB200", capsys=capsys)
     assert code == 0 and "75% of that sustained under load, attention" in out
+
+
+def test_a_host_of_more_gpus_than_the_reference_tray_has_as_much_memory_per_gpu(capsys):
+    """gpus_per_node=8 of GB200s is two trays' worth of GPUs on one planned host: the reference tray's memory
+    (2 Graces, 894 GiB for 4 GPUs) per GPU, not one tray's shared by 8. A host_mem_gb= given is one host's."""
+    asked = {"model": "llama3.1-70b", "gpu": "GB200", "gpus": 72, "strategies": ["zero3-offload"]}
+    tray = question(PlanConfig(**asked)).host
+    eight = question(PlanConfig(**asked, gpus_per_node=8)).host
+    assert eight.gpus == 8 and eight.capacity == pytest.approx(2 * tray.capacity)
+    given = question(PlanConfig(**asked, gpus_per_node=8, host_mem_gb=1000)).host
+    assert given.capacity == pytest.approx(1000e9)
+    part = question(PlanConfig(**asked | {"gpus": 8}, nodes=4)).host  # 2 GPUs of each tray: still a tray's memory
+    assert part.capacity == pytest.approx(tray.capacity)
+    code, out, _ = run_plan("model=llama3.1-70b", "gpu=GB200", "gpus=72", "gpus_per_node=8", capsys=capsys)
+    assert code == 0 and "1.7 TiB per 8-GPU host" in out and "reference host of 4 GPUs, as much per GPU: x 2" in out
