@@ -390,3 +390,13 @@ def test_a_host_of_more_gpus_than_the_reference_tray_has_as_much_memory_per_gpu(
     assert part.capacity == pytest.approx(tray.capacity)
     code, out, _ = run_plan("model=llama3.1-70b", "gpu=GB200", "gpus=72", "gpus_per_node=8", capsys=capsys)
     assert code == 0 and "1.7 TiB per 8-GPU host" in out and "reference host of 4 GPUs, as much per GPU: x 2" in out
+
+
+@pytest.mark.parametrize("cp, racks", [(8, 1), (16, 2)])
+def test_a_context_parallel_group_that_does_not_tile_a_rack_straddles_two(cp, racks):
+    """cp 16 over 128 GB200s fills ranks 64-79 across the first NVL72 rack's end: its exchange crosses the
+    network for that group, which every other waits on; cp 8 tiles the rack."""
+    asked = {"model": "llama3.1-70b", "gpus": 128, "gpu": "GB200", "seq_len": 131072, "strategies": ["fsdp-cp"]}
+    q = question(PlanConfig(**asked, strategy_options={"cp_size": cp}, activation_checkpointing="full"))
+    [group] = {c.group for c in plan_strategy("fsdp-cp", q).collectives if "context parallel" in c.what}
+    assert (group.size, group.nodes) == (cp, racks)

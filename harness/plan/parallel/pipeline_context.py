@@ -108,8 +108,8 @@ def stage_topology(topology: Topology, pp: int) -> Topology:
 
 def _cp_group(topology: Topology, cp: int, tp: int) -> Group:
     """Context parallel's GPUs: next to the tensor-parallel ones, inside the NVLink domain (a node,
-    or a GB200 NVL72 rack) while tp x cp fits one."""
-    return Group(cp, max(1, -(-(cp * tp) // topology.per_domain)))
+    or a GB200 NVL72 rack) while the blocks of tp x cp tile one (Topology.block: cp 16 of 72 straddles)."""
+    return topology.block(cp, tp)
 
 
 def runtime_of(backend: Backend) -> str | None:
