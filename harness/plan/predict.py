@@ -393,7 +393,7 @@ def plan_backend(backend: Backend, q: Question) -> StrategyPlan:
     held = storage_precision(q.precision)
     backend, q = prepared(backend, q)
     states, memory = held_memory(backend, q, layout)
-    room = headroom(q.capacity_bytes, communicators(layout, q.gpus))
+    room = headroom(q.capacity_bytes, communicators(layout, q.gpus), q.topology.library)
     fit = plan_fits(room, memory.peak, q.host, on_host_bytes(states, memory.activations))
     fp8 = q.precision in LOW_PRECISION
     tokens = q.micro_batch * q.seq_len

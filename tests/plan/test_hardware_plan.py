@@ -400,3 +400,13 @@ def test_a_context_parallel_group_that_does_not_tile_a_rack_straddles_two(cp, ra
     q = question(PlanConfig(**asked, strategy_options={"cp_size": cp}, activation_checkpointing="full"))
     [group] = {c.group for c in plan_strategy("fsdp-cp", q).collectives if "context parallel" in c.what}
     assert (group.size, group.nodes) == (cp, racks)
+
+
+def test_an_amd_cards_memory_line_names_its_runtime_and_says_whose_figures_it_takes(capsys):
+    """An MI300X's room was 'less 0.5 GiB CUDA context and 1.45 GiB NCCL': on ROCm it is HIP's and RCCL's,
+    whose sizes the sources do not measure, so CUDA's and NCCL's are taken and said to be."""
+    code, out, _ = run_plan("model=llama3.1-8b", "gpu=MI300X", "gpus=8", "strategies=[fsdp]", capsys=capsys)
+    assert code == 0 and "HIP context and 1.45 GiB RCCL (CUDA's and NCCL's figures, assumed)" in out
+    assert "CUDA context" not in out
+    code, out, _ = run_plan("model=llama3.1-8b", "gpu=H100", "gpus=8", "strategies=[fsdp]", capsys=capsys)
+    assert code == 0 and "less 0.5 GiB CUDA context and 1.45 GiB NCCL = " in out

@@ -52,6 +52,7 @@ class Headroom:
     capacity: float  # bytes, as torch reports the card
     context: float
     nccl: float
+    library: str = "nccl"  # "rccl" on AMD's cards: the same figures, CUDA's and NCCL's, assumed for HIP and RCCL
 
     @property
     def usable(self) -> float:
@@ -65,14 +66,17 @@ class Headroom:
         return self.reserved(peak_allocated) <= self.usable
 
     def describe(self) -> str:
+        amd = self.library == "rccl"
         return (
-            f"{self.capacity / GIB:.1f} GiB as torch reports the card, less {self.context / GIB:.1f} GiB CUDA context"
-            + (f" and {self.nccl / GIB:.2f} GiB NCCL" if self.nccl else "")
+            f"{self.capacity / GIB:.1f} GiB as torch reports the card, less {self.context / GIB:.1f} GiB "
+            f"{'HIP' if amd else 'CUDA'} context"
+            + (f" and {self.nccl / GIB:.2f} GiB {'RCCL' if amd else 'NCCL'}" if self.nccl else "")
+            + (" (CUDA's and NCCL's figures, assumed)" if amd else "")
             + f" = {self.usable / GIB:.1f} GiB for the allocator, which reserves "
             f"{ALLOCATOR_ALLOWANCE:.1%} over its peak"
         )
 
 
-def headroom(capacity: float, communicators: int) -> Headroom:
+def headroom(capacity: float, communicators: int, library: str = "nccl") -> Headroom:
     nccl = 0.0 if communicators <= 0 else NCCL_FIRST_BYTES + (communicators - 1) * NCCL_FURTHER_BYTES
-    return Headroom(capacity, CUDA_CONTEXT_BYTES, nccl)
+    return Headroom(capacity, CUDA_CONTEXT_BYTES, nccl, library)

@@ -171,7 +171,8 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     elif held is not None and peak is not None:  # context parallel alone
         extra = int((pipe.in_flight - 1) * held.blocks)
         held, peak = replace(held, blocks=held.blocks + extra), peak + extra
-    room = headroom(q.capacity_bytes, communicators(stage_layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1))
+    rings = communicators(stage_layout, stage_q.gpus) + (layout.pp > 1) + (cp.size > 1)
+    room = headroom(q.capacity_bytes, rings, q.topology.library)
     fits = plan_fits(room, peak, q.host, on_host_bytes(states, held))
     parts = None if stage_time is None else _head_and_block(stage_time, q, stage_q, layout)
     seconds = _stage_seconds(parts, q, split)
