@@ -410,3 +410,20 @@ def test_an_amd_cards_memory_line_names_its_runtime_and_says_whose_figures_it_ta
     assert "CUDA context" not in out
     code, out, _ = run_plan("model=llama3.1-8b", "gpu=H100", "gpus=8", "strategies=[fsdp]", capsys=capsys)
     assert code == 0 and "less 0.5 GiB CUDA context and 1.45 GiB NCCL = " in out
+
+
+def test_hpzs_copy_may_span_trays_of_an_nvlink_domain():
+    """hpZ's secondary copy is gathered inside its group: on NVL72 trays of 4 a group of 8 or 72 stays on
+    NVLink (it was refused past one tray), one of 16 straddles two racks and is refused; an 8-GPU node keeps
+    its group inside the node."""
+    asked = {"model": "llama3.1-70b", "gpu": "GB200", "gpus": 144, "strategies": ["zero3-hpz"]}
+    for hpz in (8, 72):
+        q = question(PlanConfig(**asked, strategy_options={"zero_hpz_partition_size": hpz}))
+        layout = plan_strategy("zero3-hpz", q).layout
+        assert (layout.hpz, layout.hpz_group.nodes) == (hpz, 1)
+    with pytest.raises(PlanError, match="tile an NVLink domain of 72: use one of 1, 2, 3, 4, 6, 8, 9, 12, 18"):
+        q = question(PlanConfig(**asked, strategy_options={"zero_hpz_partition_size": 16}))
+        plan_strategy("zero3-hpz", q)
+    h100 = {**asked, "gpu": "H100", "gpus": 64, "strategy_options": {"zero_hpz_partition_size": 16}}
+    with pytest.raises(PlanError, match="tile a node of 8: use one of 1, 2, 4, 8"):
+        plan_strategy("zero3-hpz", question(PlanConfig(**h100)))

@@ -135,10 +135,12 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
     hpz = 1
     if backend.secondary_partition:
         hpz = _size(backend, "zero_hpz_partition_size", per_node)
-        if gpus % hpz or hpz > per_node:
+        domain = min(topology.per_domain, gpus)  # a node's GPUs, or an NVL72 rack's: the copy's gathers on NVLink
+        if gpus % hpz or domain % hpz:
+            where = "a node" if domain == per_node else "an NVLink domain"
             raise LayoutError(
-                f"{backend.name}: zero_hpz_partition_size={hpz} must divide gpus={gpus} and stay inside a node: "
-                f"use one of {_divisors(per_node)}"
+                f"{backend.name}: zero_hpz_partition_size={hpz} must divide gpus={gpus} and tile {where} of {domain}: "
+                f"use one of {_divisors(domain)}"
             )
     replicas = data_parallel // shard
     _check_mixture_split(backend, shape, max(tp, pp, cp))
@@ -151,7 +153,7 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
         shard_group=topology.block(shard, tp),
         replica_group=_dp_group(topology, replicas, tp * shard) if replicas > 1 else Group(1, 1),
         tp_group=topology.consecutive(tp),
-        hpz_group=topology.in_node(hpz),
+        hpz_group=topology.block(hpz),
         pp=pp,
         cp=cp,
     )

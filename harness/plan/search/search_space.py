@@ -134,7 +134,7 @@ def pipeline_splits(
 def layout_options(
     backend: Backend,
     gpus: int,
-    per_node: int,
+    per_domain: int,
     fixed: dict[str, Any],
     layers: int | None = None,
     seq_len: int | None = None,
@@ -158,7 +158,7 @@ def layout_options(
         for split in _split_sizes(backend, gpus // tp, fixed, layers, seq_len, takes):
             ranks = gpus // (split.get("pp_size", 1))
             for ep in _expert_sizes(backend, ranks, fixed, experts, takes):
-                yield from _sharded(backend, gpus, per_node, fixed, takes, tp_option | split | ep)
+                yield from _sharded(backend, gpus, per_domain, fixed, takes, tp_option | split | ep)
 
 
 def _expert_sizes(
@@ -173,15 +173,15 @@ def _expert_sizes(
 
 
 def _sharded(
-    backend: Backend, gpus: int, per_node: int, fixed: dict[str, Any], takes: Collection[str], sizes: dict[str, Any]
+    backend: Backend, gpus: int, per_domain: int, fixed: dict[str, Any], takes: Collection[str], sizes: dict[str, Any]
 ) -> Iterator[dict[str, Any]]:
-    """`sizes` with each hybrid shard group and hpZ group the strategy takes."""
+    """`sizes` with each hybrid shard group and hpZ group (inside an NVLink domain) the strategy takes."""
     hybrid = backend.hybrid_shard and "shard_size" in takes
     # Hybrid sharding's groups among the data-parallel ranks the split leaves (tp, pp and cp take theirs).
     ranks = gpus // (sizes.get("tp_size", 1) * sizes.get("pp_size", 1) * sizes.get("cp_size", 1))
     shards = _sizes(fixed, "shard_size", divisors(ranks)[:-1]) if hybrid else [0]
     hpzs = (
-        _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_node, gpus)))
+        _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_domain, gpus)))
         if backend.secondary_partition and "zero_hpz_partition_size" in takes
         else [0]
     )
