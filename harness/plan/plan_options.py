@@ -34,6 +34,13 @@ DEFAULT_GPUS = 8
 # fp8: the projections' matmuls in fp8, the rest in bf16, as a run's precision=fp8; fp4: the projections'
 # matmuls in NVFP4 or MXFP4, the rest as under fp8 (TransformerEngine's and Megatron-LM's fp4 recipes).
 PLAN_PRECISIONS = (*PRECISIONS, "fp4")
+# The formats people name, as the options that plan them: fp4 is NVFP4 or MXFP4 (hardware.py's fp4 peak and
+# measured rate), MXFP8 block-scaled fp8.
+PRECISION_FORMATS = {
+    "nvfp4": "precision=fp4 (NVFP4 and MXFP4 are both planned as fp4)",
+    "mxfp4": "precision=fp4 (NVFP4 and MXFP4 are both planned as fp4)",
+    "mxfp8": "precision=fp8 fp8_block_scaling=true",
+}
 CHECKPOINTING_WORDS = {True: "full", False: "none", "true": "full", "false": "none"}
 
 
@@ -222,7 +229,12 @@ def check(cfg: PlanConfig) -> None:
     if cfg.mfu is not None and not 0 < cfg.mfu <= 1:
         raise PlanError(f"mfu={cfg.mfu} must be in (0, 1]: the share of the peak flops the compute reaches")
     if cfg.precision not in PLAN_PRECISIONS:
-        raise PlanError(f"precision={cfg.precision!r} is not one of {', '.join(PLAN_PRECISIONS)}")
+        spelled = str(cfg.precision).strip().lower()
+        said = PRECISION_FORMATS.get(spelled) or (f"precision={spelled}" if spelled in PLAN_PRECISIONS else "")
+        raise PlanError(
+            f"precision={cfg.precision!r} is not one of {', '.join(PLAN_PRECISIONS)}"
+            + (f": give {said}" if said else "")
+        )
     if cfg.format not in FORMATS:
         raise PlanError(f"format={cfg.format!r} is not one of {', '.join(FORMATS)}")
     if cfg.attention is not None and cfg.attention not in KERNELS:

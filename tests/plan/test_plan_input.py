@@ -154,6 +154,13 @@ def test_an_out_dir_the_plots_cannot_go_to_is_one_line_before_planning(capsys, t
             "nodes=",
         ),
         (["gpus=[8,64]", "gpus_per_node=16"], "gpus=8 is less than one node of gpus_per_node=16", "nodes="),
+        (["gpu=B200", "precision=nvfp4"], "give precision=fp4 (NVFP4 and MXFP4 are both planned as fp4)", "Traceback"),
+        (["gpu=B200", "precision=MXFP8"], "give precision=fp8 fp8_block_scaling=true", "Traceback"),
+        (
+            ["gpu=B200", "precision=BF16"],
+            "precision='BF16' is not one of fp32, bf16, fp16, fp8, fp4: give precision=bf16",
+            "T",
+        ),
         (
             ["strategy_options.nosuch.tp_size=2"],
             "unknown strategy 'nosuch' in strategy_options.nosuch.*: known strategies are single, ddp",
