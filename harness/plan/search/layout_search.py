@@ -175,7 +175,10 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
         except LayoutError as exc:
             not_laid_out[str(exc)] += 1
             continue
-        laid_out = layout_options(model, q.gpus, q.topology.per_domain, fixed, layers, q.seq_len, takes(name), experts)
+        t = q.topology
+        laid_out = layout_options(
+            model, q.gpus, t.per_node, fixed, layers, q.seq_len, takes(name), experts, per_domain=t.per_domain
+        )
         for sizes in laid_out:
             options = {**fixed, **sizes}
             try:

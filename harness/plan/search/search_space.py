@@ -134,14 +134,16 @@ def pipeline_splits(
 def layout_options(
     backend: Backend,
     gpus: int,
-    per_domain: int,
+    per_node: int,
     fixed: dict[str, Any],
     layers: int | None = None,
     seq_len: int | None = None,
     takes: Collection[str] = (),
     experts: int | None = None,
+    per_domain: int | None = None,
 ) -> Iterator[dict[str, Any]]:
-    """The layout sizes `backend` can take on `gpus` GPUs, as strategy options; layout.py decides
+    """The layout sizes `backend` can take on `gpus` GPUs (`per_node` a host, `per_domain` on one NVLink domain),
+    as strategy options; layout.py decides
     which of them the model and the cluster allow. Only the options the strategy takes (`takes`:
     planned_options.takes, what `train` takes) are varied, so that every layout runs under its name.
     Given the model's blocks and the sequence length, pipeline stages and context-parallel GPUs too;
@@ -158,7 +160,8 @@ def layout_options(
         for split in _split_sizes(backend, gpus // tp, fixed, layers, seq_len, takes):
             ranks = gpus // (split.get("pp_size", 1))
             for ep in _expert_sizes(backend, ranks, fixed, experts, takes):
-                yield from _sharded(backend, gpus, per_domain, fixed, takes, tp_option | split | ep)
+                hosts = (per_node, per_domain or per_node)
+                yield from _sharded(backend, gpus, hosts, fixed, takes, tp_option | split | ep)
 
 
 def _expert_sizes(
@@ -173,21 +176,35 @@ def _expert_sizes(
 
 
 def _sharded(
-    backend: Backend, gpus: int, per_domain: int, fixed: dict[str, Any], takes: Collection[str], sizes: dict[str, Any]
+    backend: Backend,
+    gpus: int,
+    hosts: tuple[int, int],
+    fixed: dict[str, Any],
+    takes: Collection[str],
+    sizes: dict[str, Any],
 ) -> Iterator[dict[str, Any]]:
-    """`sizes` with each hybrid shard group and hpZ group (inside an NVLink domain) the strategy takes."""
+    """`sizes` with each hybrid shard group and hpZ group the strategy takes: hpZ's the divisors of a node's
+    GPUs and, where an NVLink domain spans several nodes (a GB200 rack), the whole domain (`hosts`: the GPUs
+    of a node and of a domain)."""
     hybrid = backend.hybrid_shard and "shard_size" in takes
     # Hybrid sharding's groups among the data-parallel ranks the split leaves (tp, pp and cp take theirs).
     ranks = gpus // (sizes.get("tp_size", 1) * sizes.get("pp_size", 1) * sizes.get("cp_size", 1))
     shards = _sizes(fixed, "shard_size", divisors(ranks)[:-1]) if hybrid else [0]
     hpzs = (
-        _sizes(fixed, "zero_hpz_partition_size", divisors(min(per_domain, gpus)))
+        _sizes(fixed, "zero_hpz_partition_size", _hpz_sizes(gpus, *hosts))
         if backend.secondary_partition and "zero_hpz_partition_size" in takes
         else [0]
     )
     for shard in shards:
         for hpz in hpzs:
             yield sizes | ({"shard_size": shard} if shard else {}) | ({"zero_hpz_partition_size": hpz} if hpz else {})
+
+
+def _hpz_sizes(gpus: int, per_node: int, per_domain: int) -> list[int]:
+    """hpZ groups searched: a node's divisors, and a whole NVLink domain wider than a node."""
+    node = divisors(min(per_node, gpus))
+    domain = min(per_domain, gpus)
+    return node + [domain] if domain > node[-1] and gpus % domain == 0 else node
 
 
 def batch_splits(global_batch: int, data_parallel: int) -> list[BatchSplit]:

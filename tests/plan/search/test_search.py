@@ -345,3 +345,12 @@ def test_the_against_column_is_what_its_legend_says(capsys):
     assert rows and any(float(against) > 100 for _, _, against in rows)
     for _, tokens, against in rows:
         assert first / float(tokens.replace(",", "")) - 1 == pytest.approx(float(against) / 100, abs=2e-3)
+
+
+def test_the_search_tries_hpzs_copy_over_a_whole_nvl72_rack():
+    """On GB200 trays of 4 in an NVL72 rack hpZ's group may be the rack: the search tries a tray's sizes and
+    the whole domain (72), not every divisor of it."""
+    cfg = PlanConfig(model="llama3.1-8b", gpu="GB200", gpus=144, search=True, batch_size=144, strategies=["zero3-hpz"])
+    q, global_batch = search_question(cfg)
+    result = search(q, ["zero3-hpz"], global_batch)
+    assert {s.plan.layout.hpz for s in result.ranked + result.too_large} == {2, 4, 72}
