@@ -331,6 +331,56 @@ def test_automodels_moe_layer_is_planned_as_megatron_cores_with_fused_norms():
     assert ran.tokens_per_s > 1.2 * eager.tokens_per_s
 
 
+def test_published_moe_runs_name_the_dispatcher_their_quoted_configs_leave():
+    """Megatron-Bridge's DGX functions for Qwen3 set `moe_token_dispatcher_type = "alltoall"` after the recipe's
+    apply_flex_dispatcher_backend made it 'flex' (scripts/performance/configs/qwen/qwen3_llm_pretrain.py @
+    c0b9a00031b), so the preset's flex backend goes unused: a per-pair all-to-all, not DeepEP's node forwarding."""
+    import re
+
+    from bench import plan_vs_published as published
+    from bench.moe_rows import moe_head
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    quoted = [r for r in rows if re.search(r"moe_token_dispatcher_type ?= ?['\"]", r["notes"])]
+    assert len(quoted) >= 40
+    for row in quoted:
+        last = re.findall(r"moe_token_dispatcher_type ?= ?['\"](\w+)", row["notes"])[-1]
+        assert (last == "alltoall") == (moe_head(row)["dispatcher"] == "alltoall"), row["source"]
+    # Qwen3-235B at EP 32 over four DGX H100s: the per-pair exchange sends 6 of a token's 8 copies across nodes
+    # where node forwarding sends 2.7, so the run that ran alltoall is planned slower than node forwarding would be.
+    row = next(
+        r for r in quoted if r["model"] == "qwen3-235b-a22b" and r["gpu"] == "H100-80" and "c0b9a00031b" in r["source"]
+    )
+    forwarded = {**row, "notes": row["notes"].replace("dispatcher=alltoall", "dispatcher=deepep", 1)}
+    ran, would = published.question(row)[1].time, published.question(forwarded)[1].time
+    assert ran.wire_bytes > 1.5 * would.wire_bytes
+    assert ran.tokens_per_s < would.tokens_per_s
+
+
+def test_qwen3_235b_runs_count_the_embedding_and_the_loss_in_their_pipeline_split():
+    """Megatron-Bridge's Qwen3-235B-A22B recipe and the Model Zoo's yaml set account_for_embedding_in_pipeline_split
+    and account_for_loss_in_pipeline_split: 94 blocks + 2 cut over PP x VP, the first and last GPUs a block short."""
+    from bench import plan_vs_published as published
+    from bench.layout_kinds import degrees
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    pipelined = [
+        r
+        for r in rows
+        if r["model"] == "qwen3-235b-a22b" and r["sharding"].startswith("megatron") and degrees(r["sharding"]).pp > 1
+    ]
+    assert len(pipelined) == 47
+    for row in pipelined:
+        assert {"embedding_in_pipeline_split", "loss_in_pipeline_split"} <= set(row["sharding"].split()), row["source"]
+        assert "ccount_for_embedding_in_pipeline_split" in row["notes"] or "account-for-embedding" in row["notes"]
+    # PP 8 without virtual stages: the last GPU holds 11 blocks beside the head where an even cut gives it 12.
+    row = next(r for r in pipelined if r["gpu"] == "B200" and "vp=" not in r["sharding"])
+    even = {**row, "sharding": row["sharding"].replace(" embedding_in_pipeline_split loss_in_pipeline_split", "")}
+    split, whole = published.question(row)[1].time, published.question(even)[1].time
+    assert split.imbalance_s < whole.imbalance_s
+    assert split.tokens_per_s > whole.tokens_per_s
+
+
 def test_a_node_forwarding_dispatcher_sends_fewer_bytes_across_nodes():
     from harness.plan.network.expert_comm import forwarded_copies
     from harness.plan.parallel.expert_layout import ExpertLayout
