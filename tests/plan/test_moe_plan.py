@@ -475,3 +475,46 @@ def test_the_docs_deepseek_v3_example_is_what_the_plan_gives(capsys):
         f"fsdp-ep at {fsdp_ep.group(2)} tokens/s per GPU ({fsdp_ep.group(3)}% MFU, {float(fsdp_ep.group(1)):.1f} GiB), "
         f"zero1-ep {zero1_ep.group(1)} but {reserved.group(1)} GiB with the allocator's reserve"
     )
+
+
+def test_megatron_runs_gpt_oss_clamped_glu_through_its_fused_kernel(monkeypatch):
+    """Megatron-core's TEGroupedMLP runs gpt-oss's clamped GLU as weighted_bias_quick_geglu_impl (the clamps and
+    their concatenation eager, then one fused kernel): 11 elements of F moved each way a token-expert pair where
+    the reference code's eager operators move 16 and 32."""
+    from bench import plan_vs_published as published
+    from harness.plan.speed import expert_compute
+    from harness.plan.speed.compute import memory_bytes_per_s
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    row = next(r for r in rows if r["model"] == "gpt-oss-120b" and r["gpu"] == "GB300" and r["precision"] == "bf16")
+    q, fused, _ = published.question(row)
+    monkeypatch.setattr(expert_compute, "MEGATRON_CLAMPED_ELEMENTS", expert_compute.CLAMPED_SWIGLU_ELEMENTS)
+    eager = published.question(row)[1]
+    moe = q.shape.dims.moe
+    assert moe.clamped_swiglu and fused.layout.experts.ep == 64 and "recompute=" not in row["sharding"]
+    pairs = q.micro_batch * q.seq_len * moe.top_k  # EP 64, TP 1: every token's top-k pairs, balanced
+    moved = (16 + 32 - 11 - 11) * moe.expert_ffn * 2 * pairs * moe.moe_layers
+    saved_s = eager.time.work.elementwise_s - fused.time.work.elementwise_s
+    assert saved_s == pytest.approx(moved / memory_bytes_per_s(q.gpu), rel=0.01)
+    assert fused.time.tokens_per_s > eager.time.tokens_per_s
+    # What it keeps: the clamps the projection's output (2F), the fused kernel its clamped input (2F), the down
+    # projection the product (F), where the eager operators keep 6F.
+    from harness.plan.memory import expert_memory
+
+    kept = {
+        megatron: expert_memory.ffn_bytes(
+            q.shape.dims,
+            tokens=q.micro_batch * q.seq_len,
+            tp=1,
+            experts=fused.layout.experts,
+            precision="bf16",
+            mixed_precision="bf16",
+            megatron=megatron,
+            fp8_inputs=False,
+            imbalance=1.0,
+            recompute=frozenset(),
+        )[2]
+        for megatron in (True, False)
+    }
+    one_f = pairs * moe.expert_ffn * 2
+    assert kept[False] - kept[True] == pytest.approx(one_f + pairs * q.shape.dims.width * 2, rel=1e-6)

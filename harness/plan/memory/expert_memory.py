@@ -47,6 +47,10 @@ from strategies.memory import CATEGORIES, MemoryBreakdown
 
 ROUTER_BYTES_PER_EXPERT = 2 * 4  # fp32 logits and probabilities, per token and expert
 CLAMPED_SWIGLU_SAVED = 6  # gpt-oss: gate and up, their clamped copies, the sigmoid's output, the product
+# Megatron-core's weighted_bias_quick_geglu_impl (megatron/core/fusions/fused_bias_geglu.py @ d98e8a64): the clamps
+# keep the gate and up projections' output, the fused kernel its clamped, concatenated input, the down projection
+# the product.
+MEGATRON_CLAMPED_SAVED = 5
 FP8_BYTES = 1
 
 
@@ -210,7 +214,9 @@ def ffn_bytes(
     swiglu = 3 if megatron else 4  # gate, up (and SiLU's output eager), the product
     # gpt-oss's clamped SwiGLU keeps its clamped gate and up, the sigmoid's output and the product too;
     # recomputing the experts' activation (moe_act) keeps the gate and up projections' output alone
-    routed_swiglu = CLAMPED_SWIGLU_SAVED if moe.clamped_swiglu else swiglu
+    routed_swiglu = swiglu
+    if moe.clamped_swiglu:
+        routed_swiglu = MEGATRON_CLAMPED_SAVED if megatron else CLAMPED_SWIGLU_SAVED
     if "moe_act" in recompute:
         routed_swiglu = 2
     local_tokens = tokens / tp

@@ -116,12 +116,23 @@ def _mlp(tokens: float, width: int, ffn: float, gated: bool, gpu: GPUSpec, preci
 # scaled, through the sigmoid and multiplied by it (2 + 2 + 3), the up offset by one and the product
 # (2 + 3): 16 elements moved forward; the backward's gradients through each about twice that.
 CLAMPED_SWIGLU_ELEMENTS = (16, 32)
+# Megatron-core's TEGroupedMLP runs it as weighted_bias_quick_geglu_impl where bias_activation_fusion is on
+# (megatron/core/transformer/moe/experts.py, megatron/core/fusions/fused_bias_geglu.py @ d98e8a64; Megatron-Bridge's
+# GPTOSSProvider sets it with the clamp and the offset): the gate and the up clamped eagerly (a read and a write
+# each) and concatenated (2F read, 2F written), then one fused kernel of the sigmoid, the offset, the product and
+# the routing weight (2F read, F written): 11 elements; backward the fused kernel's (the gradient and its 2F
+# input read, 2F written) and each clamp's mask (its gradient and input read, its gradient written): 11.
+MEGATRON_CLAMPED_ELEMENTS = (11, 11)
 
 
-def _activation_bytes(ffn: float, gated: bool, fused: bool, a: int, clamped: bool = False) -> tuple[float, float]:
-    """(forward, backward) bytes of the MLP's activation per token, as compute.py counts them."""
+def _activation_bytes(
+    ffn: float, gated: bool, fused: bool, a: int, clamped: bool = False, megatron: bool = False
+) -> tuple[float, float]:
+    """(forward, backward) bytes of the MLP's activation per token, as compute.py counts them; `megatron`:
+    Megatron-core's fused kernels."""
     if clamped:
-        return CLAMPED_SWIGLU_ELEMENTS[0] * ffn * a, CLAMPED_SWIGLU_ELEMENTS[1] * ffn * a
+        forward, backward = MEGATRON_CLAMPED_ELEMENTS if megatron else CLAMPED_SWIGLU_ELEMENTS
+        return forward * ffn * a, backward * ffn * a
     if gated:
         return (3 * ffn * a, 5 * ffn * a) if fused else (5 * ffn * a, 9 * ffn * a)
     return 2 * ffn * a, 3 * ffn * a
@@ -185,7 +196,7 @@ def expert_work(
     matmul = _times(moe.moe_layers, _again(routed + router, layer_again) + _again(shared, layer_again or mlp_again))
     matmul += _times(moe.dense_layers, _again(dense, mlp_again))
 
-    act_f, act_b = _activation_bytes(f, True, fused or megatron, a, moe.clamped_swiglu)
+    act_f, act_b = _activation_bytes(f, True, fused or megatron, a, moe.clamped_swiglu, megatron)
     swiglu = Kernels(pairs * act_f, pairs * act_b)
     passes = PERMUTATION_PASSES[_permutation(megatron, local, experts.ep)]
     permute = Kernels(passes * a * h * (local_tokens + pairs), passes * a * h * (local_tokens + pairs))
