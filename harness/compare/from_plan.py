@@ -30,7 +30,16 @@ if TYPE_CHECKING:
 DEFAULT_TOP = 3
 REFERENCE = "single"  # what each layout is measured beside
 # Settings a plan compare takes from the plan: given beside plan= they would measure something else.
-FROM_PLAN = ("model", "seq_len", "batch_size", "micro_batch", "grad_accum", "activation_checkpointing")
+FROM_PLAN = (
+    "model",
+    "model_kwargs",
+    "model_blocks",
+    "seq_len",
+    "batch_size",
+    "micro_batch",
+    "grad_accum",
+    "activation_checkpointing",
+)
 SEARCH_COMMAND = "runner.py plan search=true model=... gpus=... global_batch_tokens=... format=json > plan.json"
 KEEPING = " format=json"  # where a top= to keep more layouts goes in SEARCH_COMMAND
 # fp32 weights, gradients and two Adam moments in one process: what `single` holds at the least.
@@ -161,6 +170,8 @@ def _wrong_question(q: Any) -> str | None:
         return "its question is not an object"
     if not isinstance(q.get("model"), str) or not q["model"]:
         return "its question names no model"
+    if not isinstance(q.get("model_kwargs") or {}, dict):
+        return f"its question's model_kwargs is {q['model_kwargs']!r}"
     return next((f"its question's {key} is {q.get(key)!r}" for key in SEARCH_SIZES if not is_whole(q.get(key))), None)
 
 
@@ -185,9 +196,13 @@ def _wrong_layout(layout: Any) -> str | None:
 
 
 def plan_settings(search: dict[str, Any]) -> dict[str, Any]:
-    """The compare settings every run shares, from the plan: its model, seq_len and global batch."""
+    """The compare settings every run shares, from the plan: its model (with the model_kwargs and
+    model_blocks that size it: `hf:LlamaConfig` alone is another model), seq_len and global batch."""
     q = search["question"]
-    return {"model": q["model"], "seq_len": q["seq_len"], "batch_size": q["global_batch_sequences"]}
+    model = {"model": q["model"], "model_kwargs": dict(q.get("model_kwargs") or {})}
+    if q.get("model_blocks"):
+        model["model_blocks"] = list(q["model_blocks"])
+    return {**model, "seq_len": q["seq_len"], "batch_size": q["global_batch_sequences"]}
 
 
 def check_fits_here(search: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ from configs.schema import ConfigError, RunConfig
 from harness.common.testing_hooks import AVAILABLE_MEMORY_ENV
 from harness.compare import compare_cli as compare
 from harness.compare.fit_here import USABLE_SHARE, needed_bytes
-from harness.compare.from_plan import layouts_of
+from harness.compare.from_plan import layouts_of, plan_settings
 from harness.compare.run_names import safe_name
 from harness.plan import peak_for_run, plan_cli
 from tests.helpers import env_for_tests, run_cli
@@ -240,3 +240,19 @@ def test_a_plan_in_which_nothing_fits_says_so(tmp_path: Path) -> None:
 def test_an_empty_plan_is_one_line_not_a_whole_default_compare(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="plan= is empty: give a value, or leave plan= out"):
         compare.main(["plan=", f"out_dir={tmp_path / 'out'}"])
+
+
+def test_the_plans_model_kwargs_size_every_run(tmp_path: Path) -> None:
+    """A plan of `hf:LlamaConfig model_kwargs.hidden_size=64 ...` is a plan of that small model: its runs
+    build it, not the config class's default (a 7B Llama, out of memory), and a model_kwargs given beside
+    plan= is refused as model= is."""
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        assert plan_cli.main([*SEARCH, "model_kwargs.n_layer=3"]) == 0
+    search = json.loads(printed.getvalue())
+    settings = plan_settings(search)
+    assert settings == {"model": "gpt-nano", "model_kwargs": {"n_layer": 3}, "seq_len": 32, "batch_size": 8}
+    plan = tmp_path / "plan.json"
+    plan.write_text(printed.getvalue())
+    with pytest.raises(ConfigError, match="plan= sets model_kwargs from the plan"):
+        compare.main([f"plan={plan}", "model_kwargs.n_layer=4", f"out_dir={tmp_path / 'out'}"])
