@@ -187,6 +187,14 @@ class Strategy(ABC):
         return False
 
     @classmethod
+    def takes_deepspeed_config(cls, config_file: ConfigFile | None) -> bool:
+        """Whether a run's `deepspeed_config=<file.json>` reaches this backend, merged over the DeepSpeed
+        config it builds; `config_file`: the file the run's name gives it (`deepspeed:<file>`), if any.
+        False for a backend that runs no DeepSpeed: train refuses the option there, and a compare gives it
+        only to the strategies that take it."""
+        return False
+
+    @classmethod
     def unsupported_reason(cls, device_type: str, options: dict[str, Any]) -> str | None:
         """Why this backend, with these options (the run's, then its preset's), cannot run on
         `device_type` ("cpu" or "cuda"), or None when it can. Compare skips such names with the

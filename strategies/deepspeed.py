@@ -70,6 +70,7 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from models.blocks import Blocks
+    from strategies.config_files import ConfigFile
 
 CONFIG_FILE = "deepspeed_config.json"  # written to the run's out_dir
 CHECKPOINT_TAG = "zero"  # the sub-directory of state/ that engine.save_checkpoint writes
@@ -184,6 +185,11 @@ class DeepSpeedStrategy(Strategy):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         return missing_package_reason("deepspeed", "pip install deepspeed")
+
+    @classmethod
+    def takes_deepspeed_config(cls, config_file: ConfigFile | None) -> bool:
+        # `deepspeed:<file.json>` is the whole config already: another merged over it is refused (deepspeed_file.py).
+        return config_file is None
 
     @classmethod
     def resolve_config_file(cls, path: Path) -> FileChoice:

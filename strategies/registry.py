@@ -90,6 +90,10 @@ class StrategyEntry:
         """Whether a compare runs this name as one process, whatever its process count."""
         return self.cls is not None and bool(vars(self.cls).get("one_process", False))
 
+    def takes_deepspeed_config(self) -> bool:
+        """Whether a run's deepspeed_config= reaches this name (Strategy.takes_deepspeed_config)."""
+        return self.cls is not None and self.cls.takes_deepspeed_config(self.config_file)
+
     def recovers_from_oom(self) -> bool:
         """Whether the batch search may probe several micro-batches of this name in one process."""
         return self.cls is not None and self.cls.recovers_from_oom(self.options)

@@ -72,6 +72,7 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from models.stage_plan import CutPlan
+    from strategies.config_files import ConfigFile
     from strategies.memory import MemoryBreakdown
     from strategies.parallel_dims import ModelFacts
 
@@ -171,6 +172,10 @@ class ZeroPipelineStrategy(Strategy):
     @classmethod
     def unavailable_reason(cls) -> str | None:
         return missing_package_reason("deepspeed", "pip install deepspeed")
+
+    @classmethod
+    def takes_deepspeed_config(cls, config_file: ConfigFile | None) -> bool:
+        return True  # merged over the pipeline engine's config, by zero1-3's rules
 
     @classmethod
     def mesh_layout(

@@ -67,6 +67,7 @@ def collect(out: Path, plan: SweepPlan, state: str) -> tuple[dict[str, Any], lis
         "nproc": plan.nproc,
         "kept": plan.kept,
         "compare_wide_options": plan.compare_wide_options,
+        "deepspeed_config": plan.deepspeed_config,
         "from_plan": plan.from_plan,
         "loss_floor": summary.get("loss_floor"),
         "model": {

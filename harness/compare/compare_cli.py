@@ -42,11 +42,13 @@ from harness.compare.collect import collect
 from harness.compare.compare_config import (
     CompareConfig,
     check_own_options,
+    deepspeed_config_for,
     load_compare_config,
     option_args,
     options_for,
     out_dir_named,
     takers_of_compare_wide_options,
+    takers_of_deepspeed_config,
     train_options,
 )
 from harness.compare.fit_here import usable_bytes
@@ -101,6 +103,8 @@ def main(args: list[str]) -> int:
     shown = run_names(strategies, registry) | {key: RunName(key, layout.folder) for key, layout in layouts.items()}
     check_own_options(cfg, strategies, registry.names())
     takers = takers_of_compare_wide_options(cfg, strategies, registry)
+    runs_as = {name: run_settings(cfg, name, layouts)[0] for name in names}
+    deepspeed_takers = takers_of_deepspeed_config(cfg, runs_as, registry)
     shared = train_options(cfg, registry.names())
     # A plan's layouts are preflighted against the compare's own out_dir, as _preflight's runs are.
     checked = {**shared, "out_dir": cfg.out_dir}
@@ -155,6 +159,11 @@ def main(args: list[str]) -> int:
             key: {"value": cfg.strategy_options[key], "taken_by": [shown[name].label for name in names]}
             for key, names in takers.items()
         },
+        deepspeed_config=(
+            {"value": cfg.deepspeed_config, "taken_by": [shown[name].label for name in deepspeed_takers]}
+            if deepspeed_takers
+            else None
+        ),
         from_plan=from_plan.plan_facts(str(cfg.plan), searched_plan, list(layouts.values())) if searched_plan else None,
     )
     sweep.start(plan, decisions)
@@ -170,6 +179,9 @@ def main(args: list[str]) -> int:
         print(line)
     for key, taken in plan.compare_wide_options.items():
         print(f"strategy_options.{key}={json.dumps(taken['value'])} reaches {', '.join(taken['taken_by'])}")
+    if plan.deepspeed_config:
+        taken = plan.deepspeed_config
+        print(f"deepspeed_config={taken['value']} reaches {', '.join(taken['taken_by'])} (the others run no DeepSpeed)")
     for entry in plan.strategies:
         if entry.runs_as is not None:
             print(f"{entry.shown} ({entry.name}): {entry.description}")
@@ -260,12 +272,14 @@ class Sweep:
 
     def train_args(self, name: str, run_dir: Path, command: str = "train") -> list[str]:
         layout = self.layouts.get(name)
+        deepspeed = run_settings(self.cfg, name, self.layouts)[1].get("deepspeed_config")
         return [
             command,
             f"config={self.train_config}",
             f"strategy={layout.strategy if layout else name}",
             f"out_dir={run_dir}",
             *(layout.train_args() if layout else option_args(self.cfg, name, default_registry())),
+            *([f"deepspeed_config={deepspeed}"] if deepspeed else []),
         ]
 
     def what_to_lower(self, name: str, nproc: int) -> str:
@@ -625,9 +639,12 @@ def run_settings(cfg: CompareConfig, name: str, layouts: dict[str, PlannedLayout
     options, and for a plan's layout its micro-batch, accumulation and checkpointing too."""
     layout = layouts.get(name)
     reference = {"precision": FP8_REFERENCE_PRECISION} if name == REFERENCE and cfg.precision == "fp8" else {}
+    registry = default_registry()
     if layout is None:
-        return name, {"strategy_options": options_for(cfg, name, default_registry()), **reference}
-    return layout.strategy, {**layout.run_settings(), **reference}
+        options = options_for(cfg, name, registry)
+        return name, {"strategy_options": options, **deepspeed_config_for(cfg, name, registry), **reference}
+    deepspeed = deepspeed_config_for(cfg, layout.strategy, registry)
+    return layout.strategy, {**layout.run_settings(), **deepspeed, **reference}
 
 
 def _plan_layouts(

@@ -142,8 +142,10 @@ def train_options(cfg: CompareConfig, strategy_names: Collection[str]) -> dict[s
     # A run's whole output is its log.txt already (harness/compare/supervise.py), libraries' included.
     options["verbose"] = True
     # Every strategy option travels on its run's own command line (options_for): a compare-wide one
-    # reaches only the strategies that have it.
+    # reaches only the strategies that have it. So does deepspeed_config (deepspeed_config_for), which
+    # train refuses beside a strategy that runs no DeepSpeed.
     options["strategy_options"] = {}
+    options["deepspeed_config"] = None
     return options
 
 
@@ -178,6 +180,29 @@ def options_for(cfg: CompareConfig, name: str, registry: StrategyRegistry) -> di
     has = registry.get(name).user_options()
     wide = compare_wide_options(cfg, registry.names())
     return {**{k: v for k, v in wide.items() if k in has}, **own_options(cfg, name)}
+
+
+def deepspeed_config_for(cfg: CompareConfig, name: str, registry: StrategyRegistry) -> dict[str, Any]:
+    """The compare's deepspeed_config= as strategy `name`'s run takes it: set where the strategy merges it
+    over the DeepSpeed config it builds, absent elsewhere (the run, its identity included, is as without it)."""
+    if cfg.deepspeed_config and registry.get(name).takes_deepspeed_config():
+        return {"deepspeed_config": cfg.deepspeed_config}
+    return {}
+
+
+def takers_of_deepspeed_config(cfg: CompareConfig, runs: dict[str, str], registry: StrategyRegistry) -> list[str]:
+    """The runs (by name, each with the strategy it runs as) deepspeed_config= reaches; none of them is a
+    mistake worth one line."""
+    if not cfg.deepspeed_config:
+        return []
+    takers = [name for name, strategy in runs.items() if deepspeed_config_for(cfg, strategy, registry)]
+    if not takers:
+        runs = [name for name in registry.names() if registry.get(name).takes_deepspeed_config()]
+        raise ConfigError(
+            f"deepspeed_config={cfg.deepspeed_config} configures DeepSpeed, and no strategy of this compare takes it: "
+            f"add one that does to strategies= ({', '.join(runs)}), or drop deepspeed_config="
+        )
+    return takers
 
 
 def option_args(cfg: CompareConfig, name: str, registry: StrategyRegistry) -> list[str]:

@@ -24,7 +24,8 @@ RESULTS_FILE = "results.json"
 # 4: rewritten after every run: the sweep's state, each run's configuration hash, the runs kept from before.
 # 5: config files as strategies: an entry's strategy as given, the built-in it ran as, what it followed.
 # 6: compare plan=: the sweep's "from_plan" (the search file, each layout's planned figures and settings here).
-FORMAT_VERSION = 6
+# 7: the sweep's "deepspeed_config": the file given and the strategies it reached.
+FORMAT_VERSION = 7
 # Figures copied from each run's summary.json.
 SUMMARY_FIELDS = (
     "final_loss",

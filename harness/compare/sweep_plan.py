@@ -58,6 +58,9 @@ class SweepPlan:
     # `strategy_options.<key>=` given for the whole compare: {key: {"value": ..., "taken_by": [labels]}},
     # the strategies that have the option (the others run without it).
     compare_wide_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # deepspeed_config= given for the compare: {"value": ..., "taken_by": [labels]}, the strategies that run
+    # DeepSpeed (the others run without it); None where none was given.
+    deepspeed_config: dict[str, Any] | None = None
     # compare plan=: the plan file, the question it answered and each layout's planned figures
     # and settings here (harness/compare/from_plan.py plan_facts).
     from_plan: dict[str, Any] | None = None

@@ -475,8 +475,12 @@ def _config_files(results: list[StrategyResult]) -> list[Element]:
 
 
 def _compare_wide_options(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Element]:
-    """The `strategy_options.<key>=` given for the whole compare, and which strategies took each."""
+    """The `strategy_options.<key>=` and `deepspeed_config=` given for the whole compare, and which
+    strategies took each."""
     options = sweep.get("compare_wide_options") or {}
+    deepspeed = sweep.get("deepspeed_config")
+    if deepspeed:
+        options = {**options, "deepspeed_config": deepspeed}
     if not options:
         return []
     names = [r.name for r in results]
@@ -493,8 +497,8 @@ def _compare_wide_options(sweep: dict[str, Any], results: list[StrategyResult]) 
     return [
         Heading("Compare-wide options"),
         Paragraph(
-            "Each `strategy_options.<key>=` given for the whole compare reached the strategies that have that option; "
-            "the others ran without it."
+            "Each `strategy_options.<key>=` given for the whole compare reached the strategies that have that option, "
+            "and `deepspeed_config=` those that run DeepSpeed; the others ran without it."
         ),
         Table(["option", "taken by", "not an option of"], rows),
     ]

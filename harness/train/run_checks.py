@@ -62,6 +62,7 @@ def _preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None, devi
     from harness.train.distributed import NO_CUDA, DistEnv
     from harness.train.loop import create_strategy, prepare_model, run_schedule
 
+    check_deepspeed_config(cfg)
     registry = default_registry()
     elsewhere = device_type is not None
     if not elsewhere:
@@ -99,6 +100,27 @@ def _preflight(cfg: RunConfig, world_size: int, ranks_per_node: int | None, devi
     if cfg.data != "markov":
         TokenFileData(cfg.data, cfg.seq_len)
     return strategy
+
+
+def check_deepspeed_config(cfg: RunConfig) -> None:
+    """deepspeed_config= beside a strategy it does not reach is one line, not a run that ignores it."""
+    if not cfg.deepspeed_config:
+        return
+    registry = default_registry()
+    entry = registry.get(cfg.strategy)
+    if entry.takes_deepspeed_config():
+        return
+    given = f"deepspeed_config={cfg.deepspeed_config}"
+    if entry.config_file is not None and entry.cls is not None and entry.cls.takes_deepspeed_config(None):
+        raise ConfigError(
+            f"strategy {cfg.strategy} has a DeepSpeed config file of its own, which {given} would merge over: "
+            "drop one of the two"
+        )
+    takers = [name for name in registry.names() if registry.get(name).takes_deepspeed_config()]
+    raise ConfigError(
+        f"{given} configures DeepSpeed, and strategy {cfg.strategy} runs no DeepSpeed: drop deepspeed_config=, "
+        f"or run a strategy that takes it ({', '.join(takers)})"
+    )
 
 
 # What a run writes in its out_dir, files then folders (metrics.py, loop.py, library_output.py, checkpoint.py).

@@ -22,7 +22,7 @@ from harness.train.distributed import check_nproc_under_launcher, launched_by_la
 from harness.train.file_settings import adopt_file_settings
 from harness.train.launch import in_forked_worker, run_under_torchrun
 from harness.train.library_output import library_output
-from harness.train.run_checks import check_run_names, preflight
+from harness.train.run_checks import check_deepspeed_config, check_run_names, preflight
 from harness.train.trackers import check_trackers
 
 
@@ -33,6 +33,7 @@ def main(args: list[str]) -> int:
     if launched_by_launcher():
         # No preflight under another launcher: every rank checks these, and stops with one line.
         check_nproc_under_launcher(cfg.nproc)
+        check_deepspeed_config(cfg)
         check_writable(cfg.out_dir)
         check_run_names(cfg.out_dir)
         check_trackers(cfg)

@@ -14,6 +14,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from strategies import deepspeed_file
+from strategies.accelerate.accelerate_file import DEEPSPEED_FILE_KEY
 from strategies.accelerate.driver import AccelerateStrategy
 from strategies.accelerate.environment import launched_by_accelerate
 from strategies.base import Preset, RunContext, StrategyError, compile_blocks, missing_package_reason
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     import torch.nn as nn
 
     from models.blocks import Blocks
+    from strategies.config_files import ConfigFile
     from strategies.memory import MemoryBreakdown
 
 # The loop measures memory between backward and step of its second step (harness/train/loop.py).
@@ -66,6 +68,12 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
     @property
     def mode(self) -> str:
         return f"zero{self.stage}"
+
+    @classmethod
+    def takes_deepspeed_config(cls, config_file: ConfigFile | None) -> bool:
+        # Merged over the plugin's config as zero1-3 merge it; an Accelerate file naming a DeepSpeed JSON of its
+        # own (deepspeed_config_file) has its whole config already, and another merged over it is refused.
+        return config_file is None or DEEPSPEED_FILE_KEY not in config_file.choice.files
 
     @classmethod
     def unavailable_reason(cls) -> str | None:

@@ -141,3 +141,60 @@ def test_a_strategy_that_refuses_this_model_or_mesh_is_skipped_with_its_reason(t
     assert runner.main(alone) == 2
     err = capsys.readouterr().err.strip()
     assert "cp_size=4 does not share out the model's 2 attention heads" in err and "\n" not in err
+
+
+def _deepspeed_json(tmp_path) -> str:
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"zero_optimization": {"overlap_comm": false}}')
+    return str(ds)
+
+
+def test_deepspeed_config_reaches_the_strategies_that_run_deepspeed_alone(tmp_path, capsys):
+    """It used to go to every run in the shared config, which all but DeepSpeed's ignored (and which train
+    now refuses beside them): it travels on the command line of the runs that merge it."""
+    ds = _deepspeed_json(tmp_path)
+    code = runner.main(
+        [
+            "compare",
+            "launcher=slurm",
+            "dry_run=true",
+            "nodes=1",
+            "gpus_per_node=2",
+            "device=cpu",
+            "strategies=[single,ddp,zero2,accelerate-zero1]",
+            f"deepspeed_config={ds}",
+            f"out_dir={tmp_path / 'cmp'}",
+        ]
+    )
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    launches = {line.split("strategy=")[1].split()[0]: line for line in out.splitlines() if " train " in line}
+    assert set(launches) == {"single", "ddp", "zero2", "accelerate-zero1"}
+    for name, line in launches.items():
+        assert (f"deepspeed_config={ds}" in line) == (name in ("zero2", "accelerate-zero1")), line
+
+
+def test_deepspeed_config_is_no_part_of_the_identity_of_a_run_it_does_not_reach(tmp_path):
+    """resume=auto keeps a finished ddp run when deepspeed_config= is added, changed or dropped: it changes
+    nothing ddp measures; a zero2 run it reaches is another configuration."""
+    from harness.compare.progress import SweepProgress
+
+    def identity(name: str, *args: str) -> dict:
+        cfg = load_compare_config([f"strategies=[{name}]", "nproc=2", f"out_dir={tmp_path / 'cmp'}", *args])
+        shared = train_options(cfg, default_registry().names())
+        sweep = compare_cli.Sweep(cfg, shared, tmp_path / "cmp", 2, SweepProgress([name], cfg.steps))
+        return sweep.planned_run(name, versions={}).identity
+
+    given = f"deepspeed_config={_deepspeed_json(tmp_path)}"
+    assert identity("ddp", given) == identity("ddp")
+    assert identity("zero2", given) != identity("zero2")
+    assert "file.deepspeed_config" in identity("zero2", given)
+
+
+def test_deepspeed_config_no_compared_strategy_takes_is_one_line(tmp_path, capsys):
+    ds = _deepspeed_json(tmp_path)
+    code = runner.main(["compare", "strategies=[single,ddp]", f"deepspeed_config={ds}", f"out_dir={tmp_path / 'c'}"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.strip().count("\n") == 0, err
+    assert f"deepspeed_config={ds} configures DeepSpeed, and no strategy of this compare takes it" in err
+    assert not (tmp_path / "c").exists()

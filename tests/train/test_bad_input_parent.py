@@ -56,3 +56,23 @@ def test_a_name_the_run_writes_held_by_the_wrong_kind_stops_it_first(name, kind,
     err = capsys.readouterr().err
     assert code == 2 and not launched
     assert err.count("\n") == 1 and f"out_dir={tmp_path} {says}: remove it or give another out_dir" in err, err
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp-tp", "accelerate-ddp"])
+@pytest.mark.parametrize("launcher", [False, True])
+def test_a_deepspeed_config_beside_a_strategy_without_deepspeed_is_refused(
+    strategy, launcher, tmp_path, capsys, monkeypatch
+):
+    """deepspeed_config= used to be ignored by every strategy but DeepSpeed's: the run trained without it,
+    and said nothing. Refused in one line, from torchrun's workers too."""
+    ds = tmp_path / "ds.json"
+    ds.write_text('{"zero_optimization": {"overlap_comm": false}}')
+    monkeypatch.setattr("harness.train.train_cli.launched_by_launcher", lambda: launcher)
+    monkeypatch.setattr("harness.train.train_cli.run_under_torchrun", lambda *a, **k: pytest.fail("launched"))
+    monkeypatch.setattr("harness.train.train_cli._train", lambda cfg: pytest.fail("trained"))
+    args = [f"strategy={strategy}", *NANO, f"deepspeed_config={ds}", f"out_dir={tmp_path / 'run'}"]
+    code = runner.main(["train", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert f"deepspeed_config={ds} configures DeepSpeed, and strategy {strategy} runs no DeepSpeed" in err, err
+    assert "zero1, zero2, zero3" in err and "accelerate-zero1" in err
