@@ -307,7 +307,7 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
 
     Returns an instance of `schema` (a plain dataclass), checked key by key.
     """
-    overrides = parse_overrides(args)
+    overrides = _checkpointing_words(parse_overrides(args), schema)
     _check_booleans(overrides, schema)
     preset = [a.split("=", 1)[1] for a in overrides if a.startswith("config=")]
     overrides = [a for a in overrides if not a.startswith("config=")]
@@ -330,6 +330,31 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
 
 # How YAML spells a boolean; omegaconf also takes any integer for one (2 as true), which is a typo.
 BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0", "null")
+
+
+# The planner's words for the two checkpointing modes train runs (`plan search=true` prints them in the
+# arguments of its pick): read as train's boolean, so a plan's line runs as printed.
+CHECKPOINTING_WORDS = {"none": "false", "full": "true"}
+
+
+def _checkpointing_words(overrides: list[str], schema: type) -> list[str]:
+    """activation_checkpointing=none|full as false|true where the schema's is a boolean (train's, compare's);
+    the planner's selective, which train does not run, one line."""
+    if get_type_hints(schema).get("activation_checkpointing") is not bool:
+        return overrides
+    read = []
+    for override in overrides:
+        key, _, value = override.partition("=")
+        word = value.strip().strip(QUOTES).lower()
+        if key == "activation_checkpointing" and word == "selective":
+            raise ConfigError(
+                "activation_checkpointing=selective is the planner's op-level policy, which train does not run: "
+                "give full (each block recomputed whole, as true) or none"
+            )
+        if key == "activation_checkpointing" and word in CHECKPOINTING_WORDS:
+            override = f"{key}={CHECKPOINTING_WORDS[word]}"
+        read.append(override)
+    return read
 
 
 def _check_booleans(overrides: list[str], schema: type) -> None:

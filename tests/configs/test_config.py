@@ -188,3 +188,18 @@ def test_a_libraries_several_line_error_is_printed_as_one_line(capsys, monkeypat
 def test_profile_steps_takes_one_step_without_brackets():
     assert load_config(["profile_steps=2"]).profile_steps == [2]
     assert load_config(["profile_steps=[6,7,8]"]).profile_steps == [6, 7, 8]
+
+
+@pytest.mark.parametrize("load", [load_config, load_compare_config])
+def test_the_planners_checkpointing_words_read_as_trains(load):
+    """`plan search=true` prints its pick's arguments with activation_checkpointing=none|full|selective:
+    pasted into train or compare, none and full run as false and true, and selective is one line."""
+    assert load(["activation_checkpointing=none"]).activation_checkpointing is False
+    assert load(["activation_checkpointing=full"]).activation_checkpointing is True
+    with pytest.raises(ConfigError, match="activation_checkpointing=selective is the planner's op-level policy"):
+        load(["activation_checkpointing=selective"])
+
+
+def test_the_planner_keeps_its_own_checkpointing_words():
+    planned = load_config(["activation_checkpointing=selective"], schema=PlanConfig)
+    assert planned.activation_checkpointing == "selective"
