@@ -63,8 +63,17 @@ class Searched:
 
     def arguments(self) -> str:
         """The layout as `plan` arguments: pasted in place of search=true, they plan it alone at the same
-        global batch (its accumulation follows from that batch and the micro-batch)."""
-        options = "".join(f" strategy_options.{key}={value}" for key, value in self.options.items())
+        global batch (its accumulation follows from that batch and the micro-batch). A pipeline's stages and
+        the context-parallel GPUs its strategy chose by default are written out: that default follows the
+        nodes and GPUs a run has, so the line trains the planned layout on any machine (`train`, `compare`)."""
+        layout = self.plan.layout
+        chosen = {"pp_size": layout.pp, "cp_size": layout.cp}
+        defaulted = {
+            key: size
+            for key, size in chosen.items()
+            if size > 1 and key not in self.options and key in takes(self.strategy)
+        }
+        options = "".join(f" strategy_options.{key}={value}" for key, value in {**self.options, **defaulted}.items())
         return (
             f"strategies=[{self.strategy}]{options} micro_batch={self.micro_batch} "
             f"activation_checkpointing={self.checkpointing}"

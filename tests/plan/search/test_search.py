@@ -354,3 +354,17 @@ def test_the_search_tries_hpzs_copy_over_a_whole_nvl72_rack():
     q, global_batch = search_question(cfg)
     result = search(q, ["zero3-hpz"], global_batch)
     assert {s.plan.layout.hpz for s in result.ranked + result.too_large} == {2, 4, 72}
+
+
+def test_stages_left_to_the_strategys_default_are_written_out_in_the_pick(capsys):
+    """zero1-pp's pick at its default pp 2 was printed without pp_size: `train` on another machine (more nodes,
+    or one node where the plan had several) defaults to another count of stages. The line names them, and
+    still plans alone to the search's figure."""
+    asked = ["model=gpt-micro", "gpus=8", "seq_len=64", "batch_size=32", "strategies=[zero1-pp]"]
+    code, out, _ = _cli(capsys, "search=true", *asked)
+    use = next(line for line in out.splitlines() if line.startswith("Use "))
+    pasted = use.split("in place of search=true: ")[1].split()
+    assert code == 0 and "strategy_options.pp_size=2" in pasted, use
+    code, alone, _ = _cli(capsys, *asked, *pasted)
+    tokens = re.search(r"Use \S+: ([\d,]+) tokens/s per GPU", use).group(1)
+    assert code == 0 and f" {tokens} " in alone
