@@ -137,6 +137,12 @@ def read_search(path: str, top: int) -> dict[str, Any]:
         raise ConfigError(f"plan={path} holds no layout that fits: search a larger cluster or a smaller model")
     if found < top:
         raise ConfigError(_too_few(path, search, top))
+    question = search["question"]
+    if isinstance(question, dict) and not question.get("model") and question.get("layers"):
+        raise ConfigError(
+            f"plan={path} plans a model described by its sizes (layers=, width=, ...), which train cannot build: "
+            "search a model it builds (model=<a zoo preset>, hf:<ConfigClass> with model_kwargs.*, or pkg.mod:fn)"
+        )
     wrong = _wrong_question(search["question"]) or next(
         (
             f"layout {rank} {why}"

@@ -256,3 +256,16 @@ def test_the_plans_model_kwargs_size_every_run(tmp_path: Path) -> None:
     plan.write_text(printed.getvalue())
     with pytest.raises(ConfigError, match="plan= sets model_kwargs from the plan"):
         compare.main([f"plan={plan}", "model_kwargs.n_layer=4", f"out_dir={tmp_path / 'out'}"])
+
+
+def test_a_plan_of_a_model_described_by_its_sizes_says_train_cannot_build_it(tmp_path: Path) -> None:
+    """`plan search=true layers=2 width=64 ...` is a search result, not a hand-edited file: it was refused as
+    "not a search result"; the line now says why it cannot be measured and what to search instead."""
+    printed = io.StringIO()
+    with redirect_stdout(printed):
+        described = ["layers=2", "width=64", "heads=2", "vocab=128", "ffn=256"]
+        assert plan_cli.main([a for a in SEARCH if not a.startswith("model=")] + described) == 0
+    plan = tmp_path / "plan.json"
+    plan.write_text(printed.getvalue())
+    with pytest.raises(ConfigError, match="plans a model described by its sizes .* which train cannot build"):
+        compare.main([f"plan={plan}", "top=1", f"out_dir={tmp_path / 'out'}"])
