@@ -73,7 +73,8 @@ class Searched:
             for key, size in chosen.items()
             if size > 1 and key not in self.options and key in takes(self.strategy)
         }
-        options = "".join(f" strategy_options.{key}={value}" for key, value in {**self.options, **defaulted}.items())
+        written = {key: _written(value) for key, value in {**self.options, **defaulted}.items()}
+        options = "".join(f" strategy_options.{key}={value}" for key, value in written.items())
         return (
             f"strategies=[{self.strategy}]{options} micro_batch={self.micro_batch} "
             f"activation_checkpointing={self.checkpointing}"
@@ -103,6 +104,11 @@ class Searched:
             "usable_bytes": self.plan.headroom.usable,
             "fits": self.plan.fits,
         }
+
+
+def _written(value: Any) -> str:
+    """An option's value as a user writes it: true and false as YAML and the docs spell them."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 @dataclass(frozen=True)

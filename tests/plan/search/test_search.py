@@ -368,3 +368,11 @@ def test_stages_left_to_the_strategys_default_are_written_out_in_the_pick(capsys
     code, alone, _ = _cli(capsys, *asked, *pasted)
     tokens = re.search(r"Use \S+: ([\d,]+) tokens/s per GPU", use).group(1)
     assert code == 0 and f" {tokens} " in alone
+
+
+def test_a_boolean_option_of_the_pick_is_written_as_the_docs_write_it(capsys):
+    """sequence_parallel=false given to the search came back as `strategy_options.sequence_parallel=False`."""
+    asked = ["model=gpt-micro", "gpus=4", "seq_len=64", "batch_size=16", "strategies=[ddp-tp]"]
+    code, out, _ = _cli(capsys, "search=true", *asked, "strategy_options.sequence_parallel=false")
+    use = next(line for line in out.splitlines() if line.startswith("Use "))
+    assert code == 0 and "strategy_options.sequence_parallel=false " in use, use
