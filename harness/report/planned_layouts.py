@@ -5,6 +5,8 @@ the measured memory is the model states a rank holds."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from harness.common.units import human_bytes
@@ -24,8 +26,15 @@ HEADERS = [
 ]
 
 
-def planned_layouts(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Element]:
-    """The section, or nothing for a compare not made from a plan."""
+# The mesh dimensions a run records (strategies/parallel_dims.py, its summary's mesh) that a plan's layout fixes.
+SPLIT_DIMS = ("tp", "pp", "cp", "ep")
+
+
+def planned_layouts(
+    sweep: dict[str, Any], results: list[StrategyResult], compare_dir: Path | None = None
+) -> list[Element]:
+    """The section, or nothing for a compare not made from a plan. With `compare_dir`, each run's recorded
+    layout (its summary.json) is held to the one it was sent to run: a difference is said in its row."""
     plan = sweep.get("from_plan")
     if not plan:
         return []
@@ -38,7 +47,10 @@ def planned_layouts(sweep: dict[str, Any], results: list[StrategyResult]) -> lis
     }
     measured_order = {label: place for place, label in enumerate(sorted(speeds, key=lambda k: -speeds[k]), start=1)}
     on_cpu = sweep.get("device_type") != "cuda"
-    rows = [_row(layout, by_label.get(layout["label"]), measured_order, on_cpu) for layout in layouts]
+    rows = [
+        _row(layout, by_label.get(layout["label"]), measured_order, on_cpu, _recorded(compare_dir, by_label, layout))
+        for layout in layouts
+    ]
     scaled = [f"`{layout['label']}` {layout['scaled']}." for layout in layouts if layout.get("scaled")]
     if plan.get("reference_fitted"):
         scaled.append(f"{plan['reference_fitted']}.")
@@ -62,6 +74,71 @@ def planned_layouts(sweep: dict[str, Any], results: list[StrategyResult]) -> lis
     ]
 
 
+def _recorded(
+    compare_dir: Path | None, by_label: dict[str, StrategyResult], layout: dict[str, Any]
+) -> dict[str, Any] | None:
+    """The summary.json of the layout's finished run; None where there is none."""
+    result = by_label.get(layout["label"])
+    if compare_dir is None or result is None or not result.ran or not result.run_dir:
+        return None
+    path = compare_dir / result.run_dir / "summary.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _sizes(layout: dict[str, Any]) -> dict[str, int]:
+    """The layout's tp, pp, cp and ep as planned (a compare of before they were recorded: as its
+    strategy options pin them)."""
+    planned, options = layout["planned"], layout.get("strategy_options") or {}
+    return {dim: planned[dim] if dim in planned else options.get(f"{dim}_size") or 1 for dim in SPLIT_DIMS}
+
+
+def layout_words(layout: dict[str, Any]) -> str:
+    """How a layout is sent to run: its processes, mesh sizes, pipeline schedule, micro-batch x
+    accumulation and checkpointing."""
+    options = layout.get("strategy_options") or {}
+    sizes = _sizes(layout)
+    split = " x ".join(f"{dim} {size}" for dim, size in sizes.items() if size > 1 or dim == "tp")
+    if options.get("shard_size"):
+        split += f" x shard {options['shard_size']}"
+    if sizes["pp"] > 1:
+        schedule = options.get("schedule") or "1f1b"
+        count = options.get("microbatches")
+        split += f" ({schedule}" + (f", {count} micro-batches)" if count else ")")
+    return (
+        f"{layout['nproc']} proc, {split}, {layout['micro_batch']} x {layout['grad_accum']}, "
+        f"ckpt {layout['checkpointing']}"
+    )
+
+
+def ran_otherwise(layout: dict[str, Any], summary: dict[str, Any]) -> str | None:
+    """How the run recorded in `summary` differs from the layout it was sent to run, in words; None: it
+    ran as sent (its tp, pp, cp and ep, data-parallel ranks, micro-batch, accumulation, checkpointing)."""
+    mesh = summary.get("mesh") or {}
+    dims = dict(zip(mesh.get("dims", []), mesh.get("shape", []), strict=False))
+    sent = _sizes(layout)
+    split = 1
+    for size in sent.values():
+        split *= size
+    sent_ep = sent["ep"]
+    sent |= {
+        "data-parallel ranks": layout["nproc"] // (split // sent_ep),
+        "micro-batch": layout["micro_batch"],
+        "accumulation": layout["grad_accum"],
+        "checkpointing": layout["checkpointing"] == "full",
+    }
+    ran = {dim: dims.get(dim, 1) for dim in SPLIT_DIMS} | {
+        "data-parallel ranks": summary.get("data_parallel_size", summary.get("world_size")),
+        "micro-batch": summary.get("micro_batch"),
+        "accumulation": summary.get("grad_accum"),
+        "checkpointing": (summary.get("config") or {}).get("activation_checkpointing"),
+    }
+    differs = [f"{key} {ran[key]} (sent {sent[key]})" for key in sent if ran[key] != sent[key]]
+    return "ran with " + ", ".join(differs) if differs else None
+
+
 def _per_process(result: StrategyResult | None) -> float | None:
     if result is None or not result.ran or not result.tokens_per_s or not result.nproc:
         return None
@@ -69,7 +146,11 @@ def _per_process(result: StrategyResult | None) -> float | None:
 
 
 def _row(
-    layout: dict[str, Any], result: StrategyResult | None, measured_order: dict[str, int], on_cpu: bool
+    layout: dict[str, Any],
+    result: StrategyResult | None,
+    measured_order: dict[str, int],
+    on_cpu: bool,
+    summary: dict[str, Any] | None = None,
 ) -> list[str]:
     label, planned = layout["label"], layout["planned"]
     speed = _per_process(result)
@@ -82,8 +163,7 @@ def _row(
         f"`{label}`",
         str(planned["rank"]),
         str(measured_order.get(label, "-")),
-        f"{layout['nproc']} proc, tp {planned['tp']}, {layout['micro_batch']} x {layout['grad_accum']}, "
-        f"ckpt {layout['checkpointing']}",
+        layout_words(layout) + (f"; {otherwise}" if summary and (otherwise := ran_otherwise(layout, summary)) else ""),
         f"{planned['tokens_per_s_per_gpu']:,.0f}",
         "n/a" if speed is None else f"{speed:,.0f}",
         human_bytes(planned["peak_allocated_bytes"]),

@@ -189,7 +189,7 @@ def _elements(compare_dir: Path, sweep: dict[str, Any], results: list[StrategyRe
         if path is not None:
             elements += [Heading(heading), Figure(path, caption)]
     elements += _predictions(ran)
-    elements += planned_layouts(sweep, results)
+    elements += planned_layouts(sweep, results, compare_dir)
     elements += _calibration(compare_dir, sweep)
     elements += _batch_search(sweep.get("batch_search"))
     elements += _problems(results)

@@ -17,6 +17,7 @@ from harness.compare.fit_here import USABLE_SHARE, needed_bytes
 from harness.compare.from_plan import layouts_of, plan_settings
 from harness.compare.run_names import safe_name
 from harness.plan import peak_for_run, plan_cli
+from harness.report.planned_layouts import layout_words, ran_otherwise
 from tests.helpers import env_for_tests, run_cli
 
 # Strategies whose layouts `train` runs on a CPU: what is tested is how a plan's layouts run, not which wins.
@@ -116,6 +117,7 @@ def test_report_shows_planned_beside_measured(measured: tuple[dict, Path, str]) 
         assert cells[1] == str(rank)
         assert cells[4] == f"{layout['tokens_per_s_per_gpu']:,.0f}"
         assert cells[5] != "n/a" and cells[7].endswith("states")  # measured speed; on a CPU the model states
+        assert "ran with" not in cells[3]  # each run recorded the layout it was sent to run
 
 
 def _layout(strategy: str, tp: int, micro: int, accum: int, checkpointing: str = "none", pp: int = 1) -> dict:
@@ -269,3 +271,29 @@ def test_a_plan_of_a_model_described_by_its_sizes_says_train_cannot_build_it(tmp
     plan.write_text(printed.getvalue())
     with pytest.raises(ConfigError, match="plans a model described by its sizes .* which train cannot build"):
         compare.main([f"plan={plan}", "top=1", f"out_dir={tmp_path / 'out'}"])
+
+
+def test_a_run_that_recorded_another_layout_than_it_was_sent_is_said_in_the_report() -> None:
+    """The plan's table said what each layout was sent to run; what the run recorded (its summary's mesh,
+    micro-batch, accumulation, checkpointing) was never held to it, so a layout silently laid out otherwise
+    read as measured as planned."""
+    layout = {
+        "label": "ddp-tp#1",
+        "nproc": 4,
+        "micro_batch": 8,
+        "grad_accum": 1,
+        "checkpointing": "full",
+        "strategy_options": {"tp_size": 2, "pp_size": 2, "schedule": "interleaved-1f1b", "microbatches": 2},
+        "planned": {"tp": 2, "pp": 2, "cp": 1, "ep": 1},
+    }
+    as_sent = {
+        "mesh": {"dims": ["pp", "replicate", "tp"], "shape": [2, 1, 2]},
+        "data_parallel_size": 1,
+        "micro_batch": 8,
+        "grad_accum": 1,
+        "config": {"activation_checkpointing": True},
+    }
+    assert layout_words(layout) == "4 proc, tp 2 x pp 2 (interleaved-1f1b, 2 micro-batches), 8 x 1, ckpt full"
+    assert ran_otherwise(layout, as_sent) is None
+    otherwise = {**as_sent, "mesh": {"dims": ["replicate", "tp"], "shape": [2, 2]}, "data_parallel_size": 2}
+    assert ran_otherwise(layout, otherwise) == "ran with pp 1 (sent 2), data-parallel ranks 2 (sent 1)"
