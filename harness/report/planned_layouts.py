@@ -28,6 +28,8 @@ HEADERS = [
 
 # The mesh dimensions a run records (strategies/parallel_dims.py, its summary's mesh) that a plan's layout fixes.
 SPLIT_DIMS = ("tp", "pp", "cp", "ep")
+# Group sizes a layout gives as strategy options, by the mesh dimension a run records them as.
+GROUP_OPTIONS = {"shard": "shard_size", "hpz": "zero_hpz_partition_size"}
 
 
 def planned_layouts(
@@ -96,40 +98,42 @@ def _sizes(layout: dict[str, Any]) -> dict[str, int]:
 
 
 def layout_words(layout: dict[str, Any]) -> str:
-    """How a layout is sent to run: its processes, mesh sizes, pipeline schedule, micro-batch x
-    accumulation and checkpointing."""
+    """How a layout is sent to run: its processes, mesh sizes (a pipeline's with its schedule), micro-batch
+    x accumulation and checkpointing."""
     options = layout.get("strategy_options") or {}
-    sizes = _sizes(layout)
-    split = " x ".join(f"{dim} {size}" for dim, size in sizes.items() if size > 1 or dim == "tp")
-    if options.get("shard_size"):
-        split += f" x shard {options['shard_size']}"
-    if sizes["pp"] > 1:
-        schedule = options.get("schedule") or "1f1b"
-        count = options.get("microbatches")
-        split += f" ({schedule}" + (f", {count} micro-batches)" if count else ")")
+    parts = [f"{dim} {size}" for dim, size in _sizes(layout).items() if size > 1 or dim == "tp"]
+    parts = [part + _schedule(options) if part.startswith("pp ") else part for part in parts]
+    parts += [f"{dim} {options[key]}" for dim, key in GROUP_OPTIONS.items() if options.get(key)]
     return (
-        f"{layout['nproc']} proc, {split}, {layout['micro_batch']} x {layout['grad_accum']}, "
+        f"{layout['nproc']} proc, {' x '.join(parts)}, {layout['micro_batch']} x {layout['grad_accum']}, "
         f"ckpt {layout['checkpointing']}"
     )
 
 
+def _schedule(options: dict[str, Any]) -> str:
+    count = options.get("microbatches")
+    return f" ({options.get('schedule') or '1f1b'}" + (f", {count} micro-batches)" if count else ")")
+
+
 def ran_otherwise(layout: dict[str, Any], summary: dict[str, Any]) -> str | None:
     """How the run recorded in `summary` differs from the layout it was sent to run, in words; None: it
-    ran as sent (its tp, pp, cp and ep, data-parallel ranks, micro-batch, accumulation, checkpointing)."""
+    ran as sent (its tp, pp, cp, ep, shard and hpZ groups, data-parallel ranks, micro-batch, accumulation,
+    checkpointing)."""
     mesh = summary.get("mesh") or {}
     dims = dict(zip(mesh.get("dims", []), mesh.get("shape", []), strict=False))
-    sent = _sizes(layout)
-    split = 1
-    for size in sent.values():
-        split *= size
-    sent_ep = sent["ep"]
-    sent |= {
-        "data-parallel ranks": layout["nproc"] // (split // sent_ep),
+    options = layout.get("strategy_options") or {}
+    groups = {dim: options[key] for dim, key in GROUP_OPTIONS.items() if options.get(key)}
+    sizes = _sizes(layout)
+    sharing = sizes["tp"] * sizes["pp"] * sizes["cp"]  # the ranks of one micro-batch (ep borrows data-parallel ones)
+    sent = {
+        **sizes,
+        **groups,
+        "data-parallel ranks": layout["nproc"] // sharing,
         "micro-batch": layout["micro_batch"],
         "accumulation": layout["grad_accum"],
         "checkpointing": layout["checkpointing"] == "full",
     }
-    ran = {dim: dims.get(dim, 1) for dim in SPLIT_DIMS} | {
+    ran = {dim: dims.get(dim, 1) for dim in (*sizes, *groups)} | {
         "data-parallel ranks": summary.get("data_parallel_size", summary.get("world_size")),
         "micro-batch": summary.get("micro_batch"),
         "accumulation": summary.get("grad_accum"),

@@ -297,3 +297,6 @@ def test_a_run_that_recorded_another_layout_than_it_was_sent_is_said_in_the_repo
     assert ran_otherwise(layout, as_sent) is None
     otherwise = {**as_sent, "mesh": {"dims": ["replicate", "tp"], "shape": [2, 2]}, "data_parallel_size": 2}
     assert ran_otherwise(layout, otherwise) == "ran with pp 1 (sent 2), data-parallel ranks 2 (sent 1)"
+    hybrid = {**layout, "strategy_options": {"shard_size": 2}, "planned": {"tp": 1}, "checkpointing": "none"}
+    flat = {**as_sent, "mesh": {"dims": ["replicate", "shard"], "shape": [1, 4]}, "data_parallel_size": 4}
+    assert ran_otherwise(hybrid, {**flat, "config": {"activation_checkpointing": False}}) == "ran with shard 4 (sent 2)"
