@@ -153,6 +153,8 @@ def test_deepspeed_config_reaches_the_strategies_that_run_deepspeed_alone(tmp_pa
     """It used to go to every run in the shared config, which all but DeepSpeed's ignored (and which train
     now refuses beside them): it travels on the command line of the runs that merge it."""
     ds = _deepspeed_json(tmp_path)
+    whole = tmp_path / "whole.json"  # a strategy's whole DeepSpeed config: the other is not merged over it
+    whole.write_text('{"zero_optimization": {"stage": 2}}')
     code = runner.main(
         [
             "compare",
@@ -161,7 +163,7 @@ def test_deepspeed_config_reaches_the_strategies_that_run_deepspeed_alone(tmp_pa
             "nodes=1",
             "gpus_per_node=2",
             "device=cpu",
-            "strategies=[single,ddp,zero2,accelerate-zero1]",
+            f"strategies=[single,ddp,zero2,accelerate-zero1,deepspeed:{whole}]",
             f"deepspeed_config={ds}",
             f"out_dir={tmp_path / 'cmp'}",
         ]
@@ -169,7 +171,7 @@ def test_deepspeed_config_reaches_the_strategies_that_run_deepspeed_alone(tmp_pa
     out, err = capsys.readouterr()
     assert code == 0, err[-2000:]
     launches = {line.split("strategy=")[1].split()[0]: line for line in out.splitlines() if " train " in line}
-    assert set(launches) == {"single", "ddp", "zero2", "accelerate-zero1"}
+    assert set(launches) == {"single", "ddp", "zero2", "accelerate-zero1", f"deepspeed:{whole}"}
     for name, line in launches.items():
         assert (f"deepspeed_config={ds}" in line) == (name in ("zero2", "accelerate-zero1")), line
 
