@@ -13,6 +13,7 @@ strategy refuses) is refused with the reason, and the others run.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -272,14 +273,20 @@ def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLa
         return entry
     if gpus <= nproc:
         return entry
-    # Expert parallel takes ep of the data-parallel ranks (train refuses an ep_size that does not divide
-    # them): fewer processes must still hold ep of them, or the layout would run another ep than planned.
-    ep = layout.get("ep") or 1
-    fewer = [d for d in range(nproc, 0, -1) if gpus % d == 0 and d % split == 0 and (d // split) % ep == 0]
+    # Expert parallel takes ep of the data-parallel ranks, hybrid sharding shard groups of them, hpZ its
+    # partitions (train refuses a size that does not divide them): fewer processes must still hold whole
+    # groups, or the layout would run other groups than planned, or be refused by train after all.
+    groups = (
+        ("ep", layout.get("ep") or 1),
+        ("shard", entry.strategy_options.get("shard_size") or 1),
+        ("hpz", entry.strategy_options.get("zero_hpz_partition_size") or 1),
+    )
+    group = math.lcm(*(size for _, size in groups))
+    fewer = [d for d in range(nproc, 0, -1) if gpus % d == 0 and d % split == 0 and (d // split) % group == 0]
     kept = " x ".join(f"{name} {size}" for name, size in (("tp", tp), ("pp", pp), ("cp", cp)) if size > 1) or "tp 1"
     if not fewer:
-        sizes = (("tp", tp), ("pp", pp), ("cp", cp), ("ep", ep))
-        needs, least = " x ".join(f"{name} {size}" for name, size in sizes if size > 1) or "tp 1", split * ep
+        sizes = (("tp", tp), ("pp", pp), ("cp", cp), *groups)
+        needs, least = " x ".join(f"{name} {size}" for name, size in sizes if size > 1) or "tp 1", split * group
         return replace(
             entry,
             nproc=nproc,

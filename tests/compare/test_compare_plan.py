@@ -300,3 +300,19 @@ def test_a_run_that_recorded_another_layout_than_it_was_sent_is_said_in_the_repo
     hybrid = {**layout, "strategy_options": {"shard_size": 2}, "planned": {"tp": 1}, "checkpointing": "none"}
     flat = {**as_sent, "mesh": {"dims": ["replicate", "shard"], "shape": [1, 4]}, "data_parallel_size": 4}
     assert ran_otherwise(hybrid, {**flat, "config": {"activation_checkpointing": False}}) == "ran with shard 4 (sent 2)"
+
+
+def test_a_hybrid_or_hpz_group_wider_than_the_processes_is_refused_before_it_is_scaled() -> None:
+    """hsdp planned at shard 4 on 8 GPUs was said to run on 2 processes, then refused by train with
+    `shard_size=4 does not divide the world size 2: use one of 1, 2`, a fix the plan's layout cannot take.
+    Like ep, a shard or hpZ group is kept whole: the processes it needs, or a run that keeps it."""
+    hybrid, partitioned = (
+        _layout(name, 1, 2, 1) | {"strategy_options": {key: 4}, "data_parallel": 8}
+        for name, key in (("hsdp", "shard_size"), ("zero3-hpz", "zero_hpz_partition_size"))
+    )
+    for layout, group in ((hybrid, "shard 4"), (partitioned, "hpz 4")):
+        too_wide, kept = (layouts_of({"question": {"gpus": 8}, "layouts": [layout]}, 1, nproc=n)[0] for n in (2, 4))
+        assert too_wide.scaled is None and too_wide.refused == (
+            f"{group} needs 4 processes and this compare has 2: give nproc=4 or more"
+        )
+        assert kept.refused is None and kept.nproc == 4 and kept.grad_accum == 2
