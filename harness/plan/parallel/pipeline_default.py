@@ -110,9 +110,12 @@ def _fewest(name: str, q: Question, tp: int) -> StrategyPlan | None:
     if dims is None:
         return None
     ranks = q.gpus // tp
+    # The memory alone: interleaving holds at least 1F1B's micro-batches in flight (Pipeline.in_flight_at),
+    # so it fits only where 1F1B does, and among plans without a time the first planned, 1F1B, is kept.
+    schedules = SCHEDULES if q.timed else SCHEDULES[:1]
     for stages in (d for d in range(2, min(ranks, dims.layers) + 1) if ranks % d == 0):
         fitting = []
-        for schedule in SCHEDULES:
+        for schedule in schedules:
             try:
                 p = _pipelined(name, q, stages, schedule)
             except LayoutError:

@@ -545,3 +545,23 @@ def test_megatron_without_sequence_parallelism_runs_the_residual_stream_whole_on
     assert plans[False].time.work.elementwise_s > plans[True].time.work.elementwise_s
     assert plans[False].activations.blocks > plans[True].activations.blocks
     assert plans[False].time.work.matmul_s == plans[True].time.work.matmul_s
+
+
+@pytest.mark.parametrize(
+    "model,gpu", [("llama3.1-70b", "H100"), ("llama3.1-405b", "A100-40"), ("llama3.1-8b", "GB200")]
+)
+def test_an_interleaved_pipeline_holds_at_least_what_1f1b_holds(model: str, gpu: str) -> None:
+    """The default plan's memory-only searches for the fewest stages plan 1F1B alone (pipeline_default._fewest):
+    that holds only while interleaving never fits where 1F1B does not, on every stage count and strategy."""
+    from harness.plan.parallel.pipeline_default import _pipelined
+
+    q = replace(question(PlanConfig(model=model, gpus=64, seq_len=8192, gpu=gpu)), timed=False)
+    pairs = 0
+    for name in ("fsdp-pp", "zero1-pp", "fsdp-tp", "zero1-tp"):
+        for stages in (2, 4, 8, 16):
+            one, looped = (_pipelined(name, q, stages, schedule) for schedule in ("1f1b", "interleaved-1f1b"))
+            if one is None or looped is None:
+                continue
+            pairs += 1
+            assert looped.peak_bytes >= one.peak_bytes and not (looped.fits and not one.fits), (name, stages)
+    assert pairs >= 8
