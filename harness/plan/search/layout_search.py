@@ -164,7 +164,8 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
     `too_large` carry no time. Its batch splits are tried smallest micro-batch first and each split's
     checkpointing modes leanest first; what keeps more than a layout that does not fit is not planned
     (it needs more memory still): the modes after one that does not fit, and the splits after one whose
-    leanest mode does not. So `too_large` holds the leanest that does not fit, not every one."""
+    leanest mode does not, and an interleaved pipeline whose 1F1B twin fits nowhere (interleaving holds at
+    least 1F1B's micro-batches in flight). So `too_large` holds the leanest that does not fit, not every one."""
     if q.gpu is None:
         raise PlanError(
             "search=true ranks layouts by speed: give a known gpu=, or gpu_mem_gb=, peak_tflops= and hbm_tb_s="
@@ -177,6 +178,7 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
     first_of: dict[tuple, str] = {}  # each layout searched (_layout_key) -> the strategy it is listed under
     listed_as: dict[str, str] = {}
     fewest: int | None = None  # the fewest sequences a layout refused for its batch takes
+    misfits: set[tuple] = set()  # with time_fitting_only: the 1F1B layouts none of whose splits fits
     experts = q.shape.dims.moe.experts if q.shape.dims and q.shape.dims.moe else None
     for name in names:
         model = model_of(name)
@@ -207,6 +209,8 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
             if first_of.setdefault(key, name) != name:
                 listed_as[f"{name} at {_dims(layout)}"] = first_of[key]
                 continue
+            if time_fitting_only and _one_f_one_b_twin(name, options) in misfits:
+                continue  # interleaving holds at least its 1F1B twin's micro-batches in flight: it cannot fit either
             splits = _splits(global_batch, layout, backend, fixed, sizes)
             if not splits:
                 least = _fewest_sequences(layout, backend, fixed, sizes)
@@ -219,6 +223,7 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
                 continue
             if time_fitting_only:  # leanest first: a split whose leanest mode does not fit ends the layout's
                 splits.sort(key=lambda split_laid: _sequences_per_micro_batch(*split_laid))
+            fits_any = False
             for split, laid in splits:
                 split_backend = replace(backend, options={**backend.options, **laid})
                 leanest_fits = True
@@ -242,11 +247,14 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
                         flops_per_token,
                     )
                     (too_large if plan.fits is False else fitting).append(found)
+                    fits_any = fits_any or plan.fits is not False
                     if time_fitting_only and plan.fits is False:
                         leanest_fits = mode != CHECKPOINTING_ORDER[-1]
                         break
                 if not leanest_fits:
                     break
+            if time_fitting_only and not fits_any and options.get("schedule") == "1f1b":
+                misfits.add(_one_f_one_b_twin(name, options))
     fitting.sort(key=lambda s: (-s.tokens_per_s_per_gpu, s.peak_bytes))
     return SearchResult(q, global_batch, fitting, too_large, dict(not_laid_out), listed_as, fewest)
 
@@ -260,6 +268,12 @@ def _splits(
     schedule = str(backend.options.get("schedule") or "1f1b")
     pipelined = pipeline_splits(global_batch, layout.data_parallel, layout.pp, schedule, fixed.get("microbatches"))
     return [(split, {**sizes, "microbatches": m}) for split, m in pipelined]
+
+
+def _one_f_one_b_twin(name: str, options: dict[str, Any]) -> tuple:
+    """What names a pipelined layout's 1F1B twin: `name` and its options but the schedule, which for an
+    interleaved layout is enumerated after it (search_space._split_sizes)."""
+    return name, tuple(sorted((k, repr(v)) for k, v in options.items() if k != "schedule"))
 
 
 def _sequences_per_micro_batch(split: BatchSplit, laid: dict[str, Any]) -> int:
