@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from harness.common.peer_lost import PEER_LOST
+from harness.train.fork_gate import after_every_fork
 
 RUNNER = str(Path(__file__).resolve().parents[2] / "runner.py")
 _FORKED = False  # whether this process is a worker forked_worker started
@@ -165,7 +166,8 @@ def _launch_forked(nproc: int, runner_args: list[str]) -> None:
 
 def launch_forked(torchrun_argv: list[str], entry: Callable[..., object], entry_args: list[str]) -> None:
     """torchrun's launch as `torchrun_argv` (its command line's arguments) makes it, each worker forked
-    from this process to run `entry(*entry_args)`: what this process has imported, its workers have."""
+    from this process to run `entry(*entry_args)`: what this process has imported, its workers have.
+    Each starts once the last is forked (harness/train/fork_gate.py)."""
     import uuid
 
     from torch.distributed.launcher.api import elastic_launch
@@ -176,7 +178,7 @@ def launch_forked(torchrun_argv: list[str], entry: Callable[..., object], entry_
     config, _, _ = config_from_args(args)
     sys.stdout.flush()  # what is buffered here would be written again by every worker
     sys.stderr.flush()
-    elastic_launch(config, entry)(*entry_args)
+    elastic_launch(config, after_every_fork(entry, config.nproc_per_node))(*entry_args)
 
 
 def in_forked_worker() -> bool:
