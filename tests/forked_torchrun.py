@@ -6,6 +6,11 @@ rank would import them again in each (seconds a rank on a busy core), and what t
 measure does not depend on how they were started. How parabench itself starts its workers is
 tests/train/test_launch.py's to check, not these scripts'. With --backends, the libraries of every
 registered strategy (DeepSpeed, Accelerate) are imported here too, for workers that set many up.
+
+A rank not in its process group JOIN_WITHIN_S after its start (`--join-within=<s>` for another
+bound) writes its stacks and ends (harness/train/join_watch.py): a fork can leave a rank blocked on
+a lock a thread of the agent held, and its peers would wait for it for their whole process-group
+timeout. Such a launch formed no process group, so it did no work: it is launched again, once.
 """
 
 from __future__ import annotations
@@ -16,7 +21,15 @@ import os
 import runpy
 import sys
 
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from harness.train.join_watch import group_never_formed
 from harness.train.launch import EVERY_WORKER_IMPORTS, launch_forked, start_as_a_fresh_worker
+
+# A rank joins its process group within seconds of its fork even on a busy machine: its imports are
+# this process's. Well under the process-group timeouts the workers set (120 s and more).
+JOIN_WITHIN_S = 60.0
+JOIN_WITHIN = "--join-within="
 
 
 def _worker(script: str, *args: str) -> None:
@@ -27,8 +40,10 @@ def _worker(script: str, *args: str) -> None:
 
 
 def main() -> None:
-    backends = sys.argv[1] == "--backends"
-    nproc, script, *args = sys.argv[1 + backends :]
+    argv = sys.argv[1:]
+    join_within_s = float(argv.pop(0).removeprefix(JOIN_WITHIN)) if argv[0].startswith(JOIN_WITHIN) else JOIN_WITHIN_S
+    backends = argv[0] == "--backends"
+    nproc, script, *args = argv[backends:]
     script = os.path.abspath(script)
     sys.path[0] = os.path.dirname(script)  # as `python <script>` has it
     for name in EVERY_WORKER_IMPORTS:  # what every rank imports, once here, as the runner's launcher does
@@ -44,7 +59,20 @@ def main() -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         entries = [default_registry().get(name) for name in default_registry().names()]
         import_backends({m for e in entries if e.unavailable_reason is None for m in e.cls.backend_modules})
-    launch_forked(["--standalone", f"--nproc_per_node={nproc}", script, *args], _worker, [script, *args])
+    launch = ["--standalone", f"--nproc_per_node={nproc}", script, *args]
+    for attempt in (1, 2):
+        try:
+            launch_forked(launch, _worker, [script, *args], join_within_s=join_within_s)
+            return
+        except ChildFailedError as failed:
+            if attempt == 2 or not group_never_formed(failed):
+                raise
+        print(
+            f"forked_torchrun: the process group did not form within {join_within_s:g} s of the ranks' start "
+            "(their stacks are above): launching again, once",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 
 from harness.common.peer_lost import PEER_LOST
 from harness.train.fork_gate import after_every_fork
+from harness.train.join_watch import watching_join
 
 RUNNER = str(Path(__file__).resolve().parents[2] / "runner.py")
 _FORKED = False  # whether this process is a worker forked_worker started
@@ -164,10 +165,17 @@ def _launch_forked(nproc: int, runner_args: list[str]) -> None:
     launch_forked(torchrun_args(nproc, runner_args), forked_worker, runner_args)
 
 
-def launch_forked(torchrun_argv: list[str], entry: Callable[..., object], entry_args: list[str]) -> None:
+def launch_forked(
+    torchrun_argv: list[str],
+    entry: Callable[..., object],
+    entry_args: list[str],
+    *,
+    join_within_s: float | None = None,
+) -> None:
     """torchrun's launch as `torchrun_argv` (its command line's arguments) makes it, each worker forked
     from this process to run `entry(*entry_args)`: what this process has imported, its workers have.
-    Each starts once the last is forked (harness/train/fork_gate.py)."""
+    Each starts once the last is forked (harness/train/fork_gate.py). `join_within_s`: a worker not in
+    its process group that long after its start writes its stacks and ends (harness/train/join_watch.py)."""
     import uuid
 
     from torch.distributed.launcher.api import elastic_launch
@@ -178,6 +186,8 @@ def launch_forked(torchrun_argv: list[str], entry: Callable[..., object], entry_
     config, _, _ = config_from_args(args)
     sys.stdout.flush()  # what is buffered here would be written again by every worker
     sys.stderr.flush()
+    if join_within_s is not None:
+        entry = watching_join(entry, join_within_s)
     elastic_launch(config, after_every_fork(entry, config.nproc_per_node))(*entry_args)
 
 

@@ -1,5 +1,6 @@
-"""The forked launch's own guards (harness/train/fork_gate.py), through tests/forked_torchrun.py: no
-worker starts before its launch's last fork."""
+"""The forked launch's own guards (harness/train/fork_gate.py, harness/train/join_watch.py), through
+tests/forked_torchrun.py: no worker starts before its launch's last fork, and a rank that never joins
+its process group ends in seconds with its stacks, the launch made again once."""
 
 from __future__ import annotations
 
@@ -13,6 +14,11 @@ from tests.helpers import FORKED_TORCHRUN, ROOT, env_for_tests, run_bounded
 pytestmark = pytest.mark.timeout(300)
 
 HERE = Path(__file__).parent
+JOIN_WITHIN = "--join-within=2"
+# What the launcher says of a launch whose process group did not form; the stuck rank's stack names
+# the function it blocked in.
+NOT_FORMED = "forked_torchrun: the process group did not form within 2 s of the ranks' start"
+STUCK_IN = "in _block_forever"
 
 
 def test_no_worker_starts_before_its_launchs_last_fork(tmp_path):
@@ -25,3 +31,24 @@ def test_no_worker_starts_before_its_launchs_last_fork(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert log.read_text().split() == ["forking", "forking", "started", "started"]
+
+
+def _never_joins(folder: Path, launches: int):
+    cmd = [sys.executable, FORKED_TORCHRUN, JOIN_WITHIN, "2", str(HERE / "never_joins_worker.py")]
+    return run_bounded([*cmd, str(folder), str(launches)], timeout=90, env=env_for_tests(), cwd=ROOT)
+
+
+def test_a_rank_that_never_joins_ends_in_seconds_and_the_launch_is_made_again(tmp_path):
+    proc = _never_joins(tmp_path, launches=1)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "joined").exists()
+    assert proc.stderr.count(NOT_FORMED) == 1
+    assert STUCK_IN in proc.stderr
+
+
+def test_a_rank_that_never_joins_again_fails_the_launch_in_seconds(tmp_path):
+    proc = _never_joins(tmp_path, launches=2)
+    assert proc.returncode != 0
+    assert not (tmp_path / "joined").exists()
+    assert proc.stderr.count(NOT_FORMED) == 1
+    assert STUCK_IN in proc.stderr
