@@ -14,10 +14,10 @@ from tests.helpers import FORKED_TORCHRUN, ROOT, env_for_tests, run_bounded
 pytestmark = pytest.mark.timeout(300)
 
 HERE = Path(__file__).parent
-JOIN_WITHIN = "--join-within=2"
+JOIN_WITHIN = "--join-within=5"  # a healthy launch joins in about a second, here on a loaded CPU too
 # What the launcher says of a launch whose process group did not form; the stuck rank's stack names
 # the function it blocked in.
-NOT_FORMED = "forked_torchrun: the process group did not form within 2 s of the ranks' start"
+NOT_FORMED = "forked_torchrun: the process group did not form within 5 s of the ranks' start"
 STUCK_IN = "in _block_forever"
 
 
