@@ -399,7 +399,8 @@ def check_model_fits(dims: ParallelDims, facts: ModelFacts, virtual: int = 1, at
     counts = facts.head_counts()
     if not splits_heads(dims.tp, facts):
         fits = [d for d in divisors(max(counts.values())) if splits_heads(d, facts)]
-        what = " and ".join(f"{count} {name}" for name, count in counts.items())
+        # Name only the counts tp leaves uneven: the ones it divides are not the trouble.
+        what = " and ".join(f"{count} {name}" for name, count in counts.items() if count % dims.tp)
         raise MeshError(
             f"strategy_options.tp_size={dims.tp} does not divide the model's {what}: use strategy_options.tp_size="
             f"{' or '.join(map(str, fits))} (each rank of a tensor-parallel group computes whole heads)"

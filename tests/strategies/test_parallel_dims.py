@@ -166,6 +166,13 @@ def test_every_combination_that_divides_the_world_lays_out_as_asked(name, tp, pp
         ),
         (
             "fsdp-tp",
+            {"tp_size": 4},
+            ModelFacts(heads=4, kv_heads=2),
+            "strategy_options.tp_size=4 does not divide the model's 2 key/value heads: use "
+            "strategy_options.tp_size=1 or 2",
+        ),
+        (
+            "fsdp-tp",
             {"tp_size": 2, "cp_size": 4},
             ModelFacts(heads=4, kv_heads=4),
             "strategy_options.cp_size=4 does not share out each tensor-parallel rank's 2 attention heads (the "
