@@ -194,10 +194,9 @@ def _check_tensor_parallel(backend: Backend, shape: ModelShape, topology: Topolo
     if shape.dims is None:
         raise LayoutError(f"{backend.name}: tensor parallelism needs a transformer the planner knows the layers of")
     undivided = _undivided(shape.dims, tp)
-    if undivided is not None:
-        what, count = undivided
+    if undivided:
         raise LayoutError(
-            f"{backend.name}: tp_size={tp} does not divide the model's {count} {what}: "
+            f"{backend.name}: tp_size={tp} does not divide the model's {undivided}: "
             f"use one of {_tensor_parallel_sizes(shape, topology)}"
         )
 
@@ -209,10 +208,13 @@ def _splits_domain(topology: Topology, tp: int) -> bool:
     return tp > per_node and bool(domain % tp if tp <= domain else tp % domain)
 
 
-def _undivided(dims: TransformerDims, tp: int) -> tuple[str, int] | None:
-    """The first of the model's heads, key/value heads and MLP width that `tp` does not divide, and its count."""
-    counts = (("heads", dims.heads), ("kv_heads", dims.kv_heads), ("ffn width", dims.ffn_width))
-    return next(((what, count) for what, count in counts if count % tp), None)
+def _undivided(dims: TransformerDims, tp: int) -> str:
+    """The model's counts `tp` does not divide, named as the run's refusal names them ('2 key/value
+    heads'; the key/value heads only where they differ from the heads): those it divides are no
+    trouble, so naming them would mislead. Empty where tp divides all."""
+    kv_heads = [("key/value heads", dims.kv_heads)] if dims.kv_heads != dims.heads else []
+    counts = [("attention heads", dims.heads), *kv_heads, ("MLP width", dims.ffn_width)]
+    return " and ".join(f"{count} {what}" for what, count in counts if count % tp)
 
 
 def _tensor_parallel_sizes(shape: ModelShape, topology: Topology) -> str:
@@ -223,7 +225,7 @@ def _tensor_parallel_sizes(shape: ModelShape, topology: Topology) -> str:
         for d in range(1, gpus + 1)
         if gpus % d == 0
         and not _splits_domain(topology, d)
-        and (d == 1 or (dims is not None and _undivided(dims, d) is None))
+        and (d == 1 or (dims is not None and not _undivided(dims, d)))
     ]
     return ", ".join(map(str, sizes))
 

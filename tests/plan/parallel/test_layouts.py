@@ -189,7 +189,15 @@ def test_dataparallel_shows_the_gpu0_gather_that_makes_it_slow():
         ),
         (
             dict(gpus=8, heads=12, strategy_options={"tp_size": 8}),
-            "does not divide the model's 12 heads: use one of 1, 2, 4",
+            "does not divide the model's 12 attention heads: use one of 1, 2, 4",
+        ),
+        (  # only what tp leaves uneven: 4 divides the 8 heads, not the 2 key/value heads
+            dict(gpus=8, heads=8, kv_heads=2, strategy_options={"tp_size": 4}),
+            "tp_size=4 does not divide the model's 2 key/value heads: use one of 1, 2",
+        ),
+        (
+            dict(gpus=8, heads=4, kv_heads=2, strategy_options={"tp_size": 8}),
+            "tp_size=8 does not divide the model's 4 attention heads and 2 key/value heads: use one of 1, 2",
         ),
         (dict(gpus=16, strategies=["test-hsdp"], strategy_options={"shard_size": 3}), "shard_size=3 does not divide"),
         (  # not the world's divisors 3, 6, 12, 24, which the heads refuse next

@@ -70,7 +70,7 @@ def test_the_search_covers_every_dimension(result):
     assert {s.plan.layout.hpz for s in everything if s.strategy == "zero3-hpz"} == {2, 4}
     assert {s.micro_batch for s in everything if s.strategy == "ddp"} == {1, 2, 4}
     # tp 8 is whole nodes but does not divide the 4 kv heads: listed, not planned.
-    assert any("tp_size=8 does not divide the model's 4 kv_heads" in why for why in result.not_laid_out)
+    assert any("tp_size=8 does not divide the model's 4 key/value heads" in why for why in result.not_laid_out)
 
 
 def test_every_ranked_layout_fits_makes_the_batch_and_is_sorted(result):
