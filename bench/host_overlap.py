@@ -18,6 +18,9 @@ optimizer, the gradients' reduction), p a layer pass with its share of the embed
 And the step of the same run on more data-parallel ranks (the same model, TP, micro-batch and
 accumulation on 8 GPUs against 2 or 4), which the gradients' all-reduce after the backward lengthens.
 
+And every published run the plan scores (bench/plan_vs_published.py's CSVs), planned both ways too, by
+source: whether the runs that are not vTrain's follow the same form.
+
     python bench/host_overlap.py > bench/results/host_overlap.md
 """
 
@@ -32,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.layout_kinds import step_seconds  # noqa: E402
-from bench.plan_vs_published import DATA, line_fit, question, read_rows  # noqa: E402
+from bench.plan_vs_published import DATA, line_fit, plan_rows, question, read_rows, runs_csvs  # noqa: E402
 from harness.plan.predict import StrategyPlan  # noqa: E402
 from harness.plan.speed.host_issue import LAUNCH_BLOCKING  # noqa: E402
 
@@ -110,6 +113,26 @@ def data_parallel_growth(rows: list[dict[str, str]]) -> tuple[list[float], list[
     return published_growth, planned_growth
 
 
+def every_csv() -> dict[str, tuple[list[float], list[float]]]:
+    """For each source (its owner/name or paper), the planned over published tokens/s of every run the plan
+    scores, overlapped and with every launch blocking: the second the first's times the ratio of the two plans'
+    throughputs, so that each run is held to its published figure as bench/plan_vs_published.py holds it."""
+    out: dict[str, tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    for path in runs_csvs():
+        for o in plan_rows(read_rows(path)):
+            if o.error is None or o.plan is None or o.plan.time is None:
+                continue
+            blocked = _plan(o.row, blocking=True)
+            overlapped, blocking = out[o.row["source"].split(":")[0].split("@")[0]]
+            overlapped.append(1 + o.error)
+            blocking.append((1 + o.error) * blocked.time.tokens_per_s / o.plan.time.tokens_per_s)
+    return out
+
+
+def _within(ratios: list[float]) -> str:
+    return f"{sum(abs(r - 1) <= 0.15 for r in ratios) / len(ratios):.0%}"
+
+
 def _error(ratios: list[float]) -> str:
     return f"{100 * statistics.median(abs(r - 1) for r in ratios):.1f}%"
 
@@ -171,6 +194,21 @@ def main() -> None:
         f"{max(published_growth):.3f}), planned {statistics.median(planned_growth):.3f} "
         f"({min(planned_growth):.3f}-{max(planned_growth):.3f})."
     )
+
+    by_source = every_csv()
+    print("\nEvery published run the plan scores (bench/plan_vs_published.py's CSVs), planned over published")
+    print("tokens/s per GPU overlapped and blocking: the median, the median |error| and the share within 15%.\n")
+    print("| runs of | runs | overlapped | median abs error | within 15% | blocking | median abs error | within 15% |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    everything = ([r for o, _ in by_source.values() for r in o], [r for _, b in by_source.values() for r in b])
+    others = [(o, b) for source, (o, b) in by_source.items() if source != SOURCE]
+    rest = ([r for o, _ in others for r in o], [r for _, b in others for r in b])
+    ranked = sorted(by_source.items(), key=lambda item: -len(item[1][0]))
+    for name, (overlapped, blocking) in [("every CSV", everything), (f"all but {SOURCE}", rest), *ranked]:
+        print(
+            f"| {name} | {len(overlapped)} | {statistics.median(overlapped):.2f} | {_error(overlapped)} | "
+            f"{_within(overlapped)} | {statistics.median(blocking):.2f} | {_error(blocking)} | {_within(blocking)} |"
+        )
 
 
 if __name__ == "__main__":
