@@ -14,10 +14,12 @@ from tests.helpers import FORKED_TORCHRUN, ROOT, env_for_tests, run_bounded
 pytestmark = pytest.mark.timeout(300)
 
 HERE = Path(__file__).parent
-JOIN_WITHIN = "--join-within=5"  # a healthy launch joins in about a second, here on a loaded CPU too
+# A healthy launch joins in about a second, on a loaded CPU too: 5 s where the launch made again must join;
+# 1 s where no launch ever does (only the stuck rank's wait is bounded).
+JOINS_WITHIN_S, NEVER_JOINS_WITHIN_S = 5, 1
 # What the launcher says of a launch whose process group did not form; the stuck rank's stack names
 # the function it blocked in.
-NOT_FORMED = "forked_torchrun: the process group did not form within 5 s of the ranks' start"
+NOT_FORMED = "forked_torchrun: the process group did not form within {} s of the ranks' start"
 STUCK_IN = "in _block_forever"
 
 
@@ -33,22 +35,22 @@ def test_no_worker_starts_before_its_launchs_last_fork(tmp_path):
     assert log.read_text().split() == ["forking", "forking", "started", "started"]
 
 
-def _never_joins(folder: Path, launches: int):
-    cmd = [sys.executable, FORKED_TORCHRUN, JOIN_WITHIN, "2", str(HERE / "never_joins_worker.py")]
+def _never_joins(folder: Path, launches: int, within_s: int):
+    cmd = [sys.executable, FORKED_TORCHRUN, f"--join-within={within_s}", "2", str(HERE / "never_joins_worker.py")]
     return run_bounded([*cmd, str(folder), str(launches)], timeout=90, env=env_for_tests(), cwd=ROOT)
 
 
 def test_a_rank_that_never_joins_ends_in_seconds_and_the_launch_is_made_again(tmp_path):
-    proc = _never_joins(tmp_path, launches=1)
+    proc = _never_joins(tmp_path, launches=1, within_s=JOINS_WITHIN_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "joined").exists()
-    assert proc.stderr.count(NOT_FORMED) == 1
+    assert proc.stderr.count(NOT_FORMED.format(JOINS_WITHIN_S)) == 1
     assert STUCK_IN in proc.stderr
 
 
 def test_a_rank_that_never_joins_again_fails_the_launch_in_seconds(tmp_path):
-    proc = _never_joins(tmp_path, launches=2)
+    proc = _never_joins(tmp_path, launches=2, within_s=NEVER_JOINS_WITHIN_S)
     assert proc.returncode != 0
     assert not (tmp_path / "joined").exists()
-    assert proc.stderr.count(NOT_FORMED) == 1
+    assert proc.stderr.count(NOT_FORMED.format(NEVER_JOINS_WITHIN_S)) == 1
     assert STUCK_IN in proc.stderr
