@@ -313,7 +313,8 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
     overrides = [a for a in overrides if not a.startswith("config=")]
     base = OmegaConf.structured(schema)
     try:
-        layers = [base] + [_read_yaml(p) for p in preset] + [_read_overrides(overrides)]
+        layers = [base] + [_preset_checkpointing_words(_read_yaml(p), schema) for p in preset]
+        layers.append(_read_overrides(overrides))
         merged = OmegaConf.merge(*layers)
         cfg = OmegaConf.to_object(merged)
     except ConfigError:
@@ -337,24 +338,41 @@ BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0", "null")
 CHECKPOINTING_WORDS = {"none": "false", "full": "true"}
 
 
+def _checkpointing_word(value: str) -> str | None:
+    """train's boolean, as YAML writes it, for the planner's checkpointing word `value`; None for any other
+    value; the planner's selective, which train does not run, one line."""
+    word = value.strip().strip(QUOTES).lower()
+    if word == "selective":
+        raise ConfigError(
+            "activation_checkpointing=selective is the planner's op-level policy, which train does not run: "
+            "give full (each block recomputed whole, as true) or none"
+        )
+    return CHECKPOINTING_WORDS.get(word)
+
+
+def _takes_checkpointing_words(schema: type) -> bool:
+    return get_type_hints(schema).get("activation_checkpointing") is bool
+
+
 def _checkpointing_words(overrides: list[str], schema: type) -> list[str]:
-    """activation_checkpointing=none|full as false|true where the schema's is a boolean (train's, compare's);
-    the planner's selective, which train does not run, one line."""
-    if get_type_hints(schema).get("activation_checkpointing") is not bool:
+    """activation_checkpointing=none|full as false|true where the schema's is a boolean (train's, compare's)."""
+    if not _takes_checkpointing_words(schema):
         return overrides
     read = []
     for override in overrides:
         key, _, value = override.partition("=")
-        word = value.strip().strip(QUOTES).lower()
-        if key == "activation_checkpointing" and word == "selective":
-            raise ConfigError(
-                "activation_checkpointing=selective is the planner's op-level policy, which train does not run: "
-                "give full (each block recomputed whole, as true) or none"
-            )
-        if key == "activation_checkpointing" and word in CHECKPOINTING_WORDS:
-            override = f"{key}={CHECKPOINTING_WORDS[word]}"
-        read.append(override)
+        word = _checkpointing_word(value) if key == "activation_checkpointing" else None
+        read.append(f"{key}={word}" if word else override)
     return read
+
+
+def _preset_checkpointing_words(preset: DictConfig, schema: type) -> DictConfig:
+    """A preset's `activation_checkpointing: none|full` as false|true, as on the command line."""
+    value = preset.get("activation_checkpointing") if _takes_checkpointing_words(schema) else None
+    word = _checkpointing_word(value) if isinstance(value, str) else None
+    if word:
+        preset.activation_checkpointing = word == "true"
+    return preset
 
 
 def _check_booleans(overrides: list[str], schema: type) -> None:

@@ -200,6 +200,20 @@ def test_the_planners_checkpointing_words_read_as_trains(load):
         load(["activation_checkpointing=selective"])
 
 
+@pytest.mark.parametrize("load", [load_config, load_compare_config])
+def test_a_presets_checkpointing_words_read_as_the_command_lines(load, tmp_path):
+    """A YAML preset with the planner's `activation_checkpointing: full` was refused as not a boolean, where
+    the same word on the command line runs; selective is the same one line."""
+    for word, expected in (("full", True), ("none", False)):
+        preset = tmp_path / f"{word}.yaml"
+        preset.write_text(f"activation_checkpointing: {word}\n")
+        assert load([f"config={preset}"]).activation_checkpointing is expected
+    selective = tmp_path / "selective.yaml"
+    selective.write_text("activation_checkpointing: selective\n")
+    with pytest.raises(ConfigError, match="activation_checkpointing=selective is the planner's op-level policy"):
+        load([f"config={selective}"])
+
+
 def test_the_planner_keeps_its_own_checkpointing_words():
     planned = load_config(["activation_checkpointing=selective"], schema=PlanConfig)
     assert planned.activation_checkpointing == "selective"
