@@ -14,6 +14,7 @@ _EXPORTS = {
     "load_metrics": "results",
     "read_results": "results",
     "RESULTS_FILE": "results",
+    "run_summary": "results",
     "results_for_report": "collect",
     "NoiseBand": "verdict",
     "bound_at": "verdict",

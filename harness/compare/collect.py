@@ -10,7 +10,6 @@ again, and is listed as not run.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from harness.compare.results import (
     load_metrics,
     pick_reference,
     read_results,
+    run_summary,
     write_results,
 )
 from harness.compare.run_record import RUN_RECORD, RunRecord, read_record
@@ -219,7 +219,7 @@ def _band(
 
 def _first_summary(out: Path, results: list[StrategyResult]) -> dict[str, Any]:
     for result in results:
-        path = out / str(result.run_dir) / "summary.json"
-        if result.ran and path.is_file():
-            return json.loads(path.read_text())
+        summary = run_summary(out, result) if result.ran else {}
+        if summary:
+            return summary
     return {}

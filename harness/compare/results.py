@@ -188,11 +188,15 @@ def assign_verdicts(
     return reference.name
 
 
+def run_summary(compare_dir: Path, result: StrategyResult) -> dict[str, Any]:
+    """The summary.json a compare's run wrote in its folder; {} where it wrote none."""
+    path = compare_dir / str(result.run_dir) / "summary.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def _capacity_factor(compare_dir: Path, result: StrategyResult) -> Any:
     """The capacity factor a run's experts dropped tokens at (its summary's router); None: dropless or no experts."""
-    path = compare_dir / str(result.run_dir) / "summary.json"
-    summary = json.loads(path.read_text()) if path.is_file() else {}
-    return (summary.get("router") or {}).get("capacity_factor")
+    return (run_summary(compare_dir, result).get("router") or {}).get("capacity_factor")
 
 
 def from_record(name: str, description: str, run_dir: Path, compare_dir: Path, record: RunRecord) -> StrategyResult:

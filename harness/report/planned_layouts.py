@@ -5,12 +5,11 @@ the measured memory is the model states a rank holds."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from harness.common.units import human_bytes
-from harness.compare import StrategyResult
+from harness.compare import StrategyResult, run_summary
 from harness.report.document import Element, Heading, Paragraph, Table
 
 HEADERS = [
@@ -83,9 +82,8 @@ def _recorded(
     result = by_label.get(layout["label"])
     if compare_dir is None or result is None or not result.ran or not result.run_dir:
         return None
-    path = compare_dir / result.run_dir / "summary.json"
     try:
-        return json.loads(path.read_text())
+        return run_summary(compare_dir, result) or None
     except (OSError, ValueError):
         return None
 

@@ -22,6 +22,7 @@ from harness.compare import (
     floor_of,
     load_metrics,
     results_for_report,
+    run_summary,
 )
 from harness.report import figures
 from harness.report.advice import advice_from_results
@@ -376,8 +377,7 @@ def _meshes(compare_dir: Path, ran: list[StrategyResult]) -> list[Element]:
     the data-parallel degree is what split the global batch."""
     rows, any_declared = [], False
     for r in ran:
-        summary_path = compare_dir / str(r.run_dir) / "summary.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        summary = run_summary(compare_dir, r)
         mesh = summary.get("mesh")
         if not mesh:
             continue
@@ -410,8 +410,7 @@ def _routing(compare_dir: Path, ran: list[StrategyResult]) -> list[Element]:
     router), beside the memory and throughput it cost: nothing for a model without experts."""
     rows = []
     for r in sorted(ran, key=lambda r: -(r.tokens_per_s or 0)):
-        summary_path = compare_dir / str(r.run_dir) / "summary.json"
-        router = (json.loads(summary_path.read_text()) if summary_path.is_file() else {}).get("router")
+        router = run_summary(compare_dir, r).get("router")
         if not router:
             continue
         counts = router["router_tokens_per_expert"]
