@@ -177,6 +177,8 @@ def main(args: list[str]) -> int:
     )
     for line in adopted:
         print(line)
+    if note := untimed_note(cfg.steps, cfg.timing_warmup):
+        print(note)
     for key, taken in plan.compare_wide_options.items():
         print(f"strategy_options.{key}={json.dumps(taken['value'])} reaches {', '.join(taken['taken_by'])}")
     if plan.deepspeed_config:
@@ -532,6 +534,17 @@ def predicted(run_dir: Path) -> dict[str, Any]:
     except Exception as exc:  # a planner defect must not end a sweep whose runs are measured
         return {"note": f"the planner failed on this run ({type(exc).__name__}: {exc}); the measurement stands"}
     return {**prediction, "planned_as": runs_as} if runs_as is not None else prediction
+
+
+def untimed_note(steps: int, timing_warmup: int) -> str | None:
+    """Why a sweep will show no tokens/s: throughput leaves out the first `timing_warmup` steps, and
+    `steps` leaves none after them; None where some step is timed."""
+    if steps > timing_warmup:
+        return None
+    return (
+        f"steps={steps} leaves no step past the first {timing_warmup} (timing_warmup), which throughput leaves "
+        f"out: tokens/s and step time will read n/a; give steps={timing_warmup + 1} or more to time them"
+    )
 
 
 def _finish_detail(result: StrategyResult) -> str:
