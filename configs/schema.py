@@ -108,6 +108,9 @@ class RunConfig:
     deepspeed_config: Optional[str] = None  # a user's DeepSpeed JSON, merged over the built one
     compile: bool = False
     activation_checkpointing: bool = False
+    # With activation_checkpointing, torchtitan's op-level policy in each block instead of the block recomputed
+    # whole (models/selective_checkpointing.py): what activation_checkpointing=selective sets.
+    selective_checkpointing: bool = False
     # Checkpoints.
     checkpoint_every: int = 0  # 0: never
     keep_last: int = 2
@@ -195,6 +198,11 @@ def _validate(cfg: RunConfig) -> None:
             raise ConfigError(f"trackers=[{name}]: unknown tracker: {hint}trackers are {', '.join(TRACKERS)}")
     if cfg.tensorboard is False and "tensorboard" in cfg.trackers:
         raise ConfigError("tensorboard=false but trackers= lists tensorboard: drop one of the two")
+    if cfg.selective_checkpointing and not cfg.activation_checkpointing:
+        raise ConfigError(
+            "selective_checkpointing=true is a way of activation checkpointing, which is off: "
+            "give activation_checkpointing=selective"
+        )
     steps = list(cfg.profile_steps)
     if steps and (steps != list(range(steps[0], steps[0] + len(steps))) or steps[0] < 1 or steps[-1] > cfg.steps):
         raise ConfigError(
@@ -333,21 +341,26 @@ def load_config(args: list[str], schema: type = RunConfig) -> Any:
 BOOLEAN_WORDS = ("true", "false", "yes", "no", "on", "off", "1", "0", "null")
 
 
-# The planner's words for the two checkpointing modes train runs (`plan search=true` prints them in the
-# arguments of its pick): read as train's boolean, so a plan's line runs as printed.
-CHECKPOINTING_WORDS = {"none": "false", "full": "true"}
+# The planner's words for the checkpointing modes (`plan search=true` prints them in the arguments of its
+# pick), as train's two booleans: activation_checkpointing and selective_checkpointing, so a plan's line
+# runs as printed.
+CHECKPOINTING_WORDS = {"none": ("false", "false"), "full": ("true", "false"), "selective": ("true", "true")}
 
 
-def _checkpointing_word(value: str) -> str | None:
-    """train's boolean, as YAML writes it, for the planner's checkpointing word `value`; None for any other
-    value; the planner's selective, which train does not run, one line."""
-    word = value.strip().strip(QUOTES).lower()
-    if word == "selective":
-        raise ConfigError(
-            "activation_checkpointing=selective is the planner's op-level policy, which train does not run: "
-            "give full (each block recomputed whole, as true) or none"
-        )
-    return CHECKPOINTING_WORDS.get(word)
+def checkpointing_mode(activation_checkpointing: Any, selective: Any = False) -> str:
+    """The planner's word (none, full or selective) for a run's activation_checkpointing and
+    selective_checkpointing; a word (the planner's own setting) is returned as it is."""
+    if isinstance(activation_checkpointing, str):
+        return activation_checkpointing
+    if not activation_checkpointing:
+        return "none"
+    return "selective" if selective else "full"
+
+
+def _checkpointing_word(value: str) -> tuple[str, str] | None:
+    """train's (activation_checkpointing, selective_checkpointing), as YAML writes them, for the planner's
+    checkpointing word `value`; None for any other value."""
+    return CHECKPOINTING_WORDS.get(value.strip().strip(QUOTES).lower())
 
 
 def _takes_checkpointing_words(schema: type) -> bool:
@@ -361,17 +374,22 @@ def _checkpointing_words(overrides: list[str], schema: type) -> list[str]:
     read = []
     for override in overrides:
         key, _, value = override.partition("=")
-        word = _checkpointing_word(value) if key == "activation_checkpointing" else None
-        read.append(f"{key}={word}" if word else override)
+        words = _checkpointing_word(value) if key == "activation_checkpointing" else None
+        if key == "activation_checkpointing" and value.strip().lower() in ("false", "no", "off", "0"):
+            words = CHECKPOINTING_WORDS["none"]  # no checkpointing, whatever a preset's selective said
+        if words:
+            read += [f"activation_checkpointing={words[0]}", f"selective_checkpointing={words[1]}"]
+        else:
+            read.append(override)
     return read
 
 
 def _preset_checkpointing_words(preset: DictConfig, schema: type) -> DictConfig:
     """A preset's `activation_checkpointing: none|full` as false|true, as on the command line."""
     value = preset.get("activation_checkpointing") if _takes_checkpointing_words(schema) else None
-    word = _checkpointing_word(value) if isinstance(value, str) else None
-    if word:
-        preset.activation_checkpointing = word == "true"
+    words = _checkpointing_word(value) if isinstance(value, str) else None
+    if words:
+        preset.activation_checkpointing, preset.selective_checkpointing = (word == "true" for word in words)
     return preset
 
 

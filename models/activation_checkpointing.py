@@ -1,5 +1,6 @@
 """activation_checkpointing=true for any model: each block keeps only its input in the
-forward and is recomputed in the backward.
+forward and is recomputed in the backward; =selective keeps what torchtitan's op-level policy
+keeps besides (models/selective_checkpointing.py) and recomputes the rest.
 
 A model with its own switch (parabench's GPT, `hf:` models: an `activation_checkpointing`
 attribute) checkpoints its own blocks. Any other model has the blocks models/blocks.py
@@ -18,23 +19,33 @@ from typing import Any, Callable
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from models.blocks import FOUND_BY_METHOD, FOUND_BY_NAMES, Blocks
+from models.selective_checkpointing import selective_context
 
 
 class CheckpointingError(ValueError):
     """activation_checkpointing=true on a model with neither blocks nor its own switch."""
 
 
-def enable_checkpointing(model: nn.Module, blocks: Blocks) -> str:
-    """Turn activation checkpointing on; returns what is checkpointed, for the run's report.
-    Blocks named with model_blocks= are checkpointed here even where the model has a switch:
-    the run asked for those blocks."""
+def enable_checkpointing(model: nn.Module, blocks: Blocks, selective: bool = False) -> str:
+    """Turn activation checkpointing on, whole blocks or (`selective`) torchtitan's op-level policy
+    inside each; returns what is checkpointed, for the run's report. Blocks named with model_blocks=
+    are checkpointed here even where the model has a switch: the run asked for those blocks."""
+    context_fn = selective_context if selective else noop_context_fn
+    policy = ", selective: every second matmul and the attention kept" if selective else ""
     if hasattr(model, "activation_checkpointing") and blocks.found_by != FOUND_BY_NAMES:
+        if selective and not hasattr(model, "checkpoint_context_fn"):
+            raise CheckpointingError(
+                "activation_checkpointing=selective: this model's own activation_checkpointing switch recomputes whole "
+                "blocks: name its blocks with model_blocks=<ClassName> to checkpoint them selectively, or give full"
+            )
+        if selective:
+            model.checkpoint_context_fn = context_fn  # before the switch: HF's reads it as it turns on
         model.activation_checkpointing = True
         own = f" ({blocks.describe()})" if blocks.found_by == FOUND_BY_METHOD else ""
-        return f"the model's own switch{own}"
+        return f"the model's own switch{own}{policy}"
     if not blocks.modules:
         raise CheckpointingError(
             "activation_checkpointing=true needs blocks to recompute, and this model has no repeated layers and no "
@@ -42,8 +53,8 @@ def enable_checkpointing(model: nn.Module, blocks: Blocks) -> str:
             f"{', '.join(blocks.model_classes)})"
         )
     for block in blocks.modules:
-        block.forward = _checkpointed(block, block.forward)
-    return blocks.describe()
+        block.forward = _checkpointed(block, block.forward, context_fn)
+    return blocks.describe() + policy
 
 
 def is_checkpointed(block: nn.Module) -> bool:
@@ -51,12 +62,12 @@ def is_checkpointed(block: nn.Module) -> bool:
     return getattr(block.forward, "_parabench_checkpointed", False)
 
 
-def _checkpointed(block: nn.Module, forward: Callable[..., Any]) -> Callable[..., Any]:
+def _checkpointed(block: nn.Module, forward: Callable[..., Any], context_fn: Callable[[], Any]) -> Callable[..., Any]:
     @functools.wraps(forward)
     def run(*args: Any, **kwargs: Any) -> Any:
         if not (block.training and torch.is_grad_enabled()):
             return forward(*args, **kwargs)  # nothing is saved for a backward that will not come
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+        return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
     run._parabench_checkpointed = True  # type: ignore[attr-defined]
     return run

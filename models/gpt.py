@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import checkpoint, noop_context_fn
 
 from models.gpt_config import PRESETS, GPTConfig, check_sizes  # noqa: F401 (PRESETS: the zoo reads it from here)
 from models.tensor_parallel import heads_check
@@ -80,6 +80,8 @@ class CausalLM(nn.Module):
     def _build(self, cfg: GPTConfig | MoEConfig, block: Callable[[int], nn.Module]) -> None:
         """The modules, registered in the order init draws their values: `block(i)` makes the i-th block."""
         self.activation_checkpointing = False
+        # What each recomputed block keeps beside its input (models/selective_checkpointing.py); noop: nothing.
+        self.checkpoint_context_fn: Callable[[], Any] = noop_context_fn
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
@@ -106,7 +108,7 @@ class CausalLM(nn.Module):
         x = self.drop(self.wte(inputs) + self.wpe(pos))
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False)
+                x = checkpoint(block, x, use_reentrant=False, context_fn=self.checkpoint_context_fn)
             else:
                 x = block(x)
         logits = self.lm_head(self.ln_f(x))

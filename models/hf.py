@@ -113,6 +113,8 @@ class HFCausalLM(nn.Module):
         self.hf.tie_weights()
         self.config = config
         self._checkpointing = False
+        # What each recomputed layer keeps beside its input (models/selective_checkpointing.py); None: nothing.
+        self.checkpoint_context_fn: Callable[[], Any] | None = None
         self._experts = [m for _, m in experts_modules(self.hf)]
         for experts in self._experts:
             experts.router_tally = RouterTally(experts.num_experts)
@@ -137,7 +139,10 @@ class HFCausalLM(nn.Module):
         # transformers 5 renamed gradient_checkpointing_* to activation_checkpointing_*.
         if on:
             enable = getattr(self.hf, "activation_checkpointing_enable", None) or self.hf.gradient_checkpointing_enable
-            enable({"use_reentrant": False})
+            kwargs: dict[str, Any] = {"use_reentrant": False}
+            if self.checkpoint_context_fn is not None:
+                kwargs["context_fn"] = self.checkpoint_context_fn
+            enable(kwargs)
         else:
             disable = (
                 getattr(self.hf, "activation_checkpointing_disable", None) or self.hf.gradient_checkpointing_disable

@@ -69,15 +69,16 @@ class PositionEmbedding(nn.Module):
 
 
 class BlockLayer(nn.Module):
-    """One of the GPT's blocks, recomputed in the backward where the GPT's own switch says so."""
+    """One of the GPT's blocks, recomputed in the backward where the GPT's own switch says so, keeping
+    what its checkpoint context keeps."""
 
-    def __init__(self, block: nn.Module, recompute: bool):
+    def __init__(self, block: nn.Module, recompute: bool, context_fn: Callable[[], Any]):
         super().__init__()
-        self.block, self.recompute = block, recompute
+        self.block, self.recompute, self.context_fn = block, recompute, context_fn
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute and self.training:
-            return checkpoint(self.block, x, use_reentrant=False)
+            return checkpoint(self.block, x, use_reentrant=False, context_fn=self.context_fn)
         return self.block(x)
 
 
@@ -96,7 +97,7 @@ def _layers(gpt: GPT) -> list[tuple[type[nn.Module], tuple[Any, ...]]]:
     return [
         (TokenEmbedding, (gpt.wte,)),
         (PositionEmbedding, (gpt.wpe, gpt.drop)),
-        *((BlockLayer, (block, gpt.activation_checkpointing)) for block in gpt.blocks),
+        *((BlockLayer, (block, gpt.activation_checkpointing, gpt.checkpoint_context_fn)) for block in gpt.blocks),
         (FinalNorm, (gpt.ln_f,)),
         (TokenEmbedding, (gpt.wte,)),
     ]

@@ -79,7 +79,9 @@ def prepare_model(cfg: RunConfig) -> tuple[torch.nn.Module, Blocks, str | None]:
     seed_everything(cfg.seed)
     model = build_model(cfg.model, cfg.model_kwargs)
     blocks = find_blocks(model, cfg.model_blocks)
-    checkpointed = enable_checkpointing(model, blocks) if cfg.activation_checkpointing else None
+    checkpointed = (
+        enable_checkpointing(model, blocks, cfg.selective_checkpointing) if cfg.activation_checkpointing else None
+    )
     return model, blocks, checkpointed
 
 

@@ -193,25 +193,26 @@ def test_profile_steps_takes_one_step_without_brackets():
 @pytest.mark.parametrize("load", [load_config, load_compare_config])
 def test_the_planners_checkpointing_words_read_as_trains(load):
     """`plan search=true` prints its pick's arguments with activation_checkpointing=none|full|selective:
-    pasted into train or compare, none and full run as false and true, and selective is one line."""
-    assert load(["activation_checkpointing=none"]).activation_checkpointing is False
-    assert load(["activation_checkpointing=full"]).activation_checkpointing is True
-    with pytest.raises(ConfigError, match="activation_checkpointing=selective is the planner's op-level policy"):
-        load(["activation_checkpointing=selective"])
+    pasted into train or compare, none and full run as false and true, selective as true with
+    selective_checkpointing, and false turns a preset's selective off with it."""
+    for word, expected in (("none", (False, False)), ("full", (True, False)), ("selective", (True, True))):
+        cfg = load([f"activation_checkpointing={word}"])
+        assert (cfg.activation_checkpointing, cfg.selective_checkpointing) == expected
+    cfg = load(["activation_checkpointing=selective", "activation_checkpointing=false"])
+    assert (cfg.activation_checkpointing, cfg.selective_checkpointing) == (False, False)
+    with pytest.raises(ConfigError, match="give activation_checkpointing=selective"):
+        load(["selective_checkpointing=true"])
 
 
 @pytest.mark.parametrize("load", [load_config, load_compare_config])
 def test_a_presets_checkpointing_words_read_as_the_command_lines(load, tmp_path):
     """A YAML preset with the planner's `activation_checkpointing: full` was refused as not a boolean, where
-    the same word on the command line runs; selective is the same one line."""
-    for word, expected in (("full", True), ("none", False)):
+    the same word on the command line runs; selective reads as on the command line too."""
+    for word, expected in (("full", (True, False)), ("none", (False, False)), ("selective", (True, True))):
         preset = tmp_path / f"{word}.yaml"
         preset.write_text(f"activation_checkpointing: {word}\n")
-        assert load([f"config={preset}"]).activation_checkpointing is expected
-    selective = tmp_path / "selective.yaml"
-    selective.write_text("activation_checkpointing: selective\n")
-    with pytest.raises(ConfigError, match="activation_checkpointing=selective is the planner's op-level policy"):
-        load([f"config={selective}"])
+        cfg = load([f"config={preset}"])
+        assert (cfg.activation_checkpointing, cfg.selective_checkpointing) == expected
 
 
 def test_the_planner_keeps_its_own_checkpointing_words():
