@@ -2,12 +2,12 @@
 on this machine, beside `single`, on the plan's model, seq_len and global batch.
 
 Each layout runs as its strategy with its settings (strategy options such as tp_size or
-shard_size, micro-batch, accumulation, activation checkpointing), labelled by its strategy and its
-place in the plan (`ddp-tp#1`), so two layouts of one strategy are two runs. A layout planned on
-more GPUs than this compare has processes runs on fewer, keeping its tp, its micro-batch and the
-global batch (the accumulation grows by as much as the data-parallel ranks shrink); one this
-machine cannot run as planned (tp wider than its processes, selective checkpointing, a setting the
-strategy refuses) is refused with the reason, and the others run.
+shard_size, micro-batch, accumulation, activation checkpointing: none, full or selective),
+labelled by its strategy and its place in the plan (`ddp-tp#1`), so two layouts of one strategy
+are two runs. A layout planned on more GPUs than this compare has processes runs on fewer, keeping
+its tp, its micro-batch and the global batch (the accumulation grows by as much as the
+data-parallel ranks shrink); one this machine cannot run as planned (tp wider than its processes,
+a setting the strategy refuses) is refused with the reason, and the others run.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ FROM_PLAN = (
     "micro_batch",
     "grad_accum",
     "activation_checkpointing",
+    "selective_checkpointing",
 )
 SEARCH_COMMAND = "runner.py plan search=true model=... gpus=... global_batch_tokens=... format=json > plan.json"
 KEEPING = " format=json"  # where a top= to keep more layouts goes in SEARCH_COMMAND
@@ -74,7 +75,8 @@ class PlannedLayout:
             "strategy_options": dict(self.strategy_options),
             "micro_batch": self.micro_batch,
             "grad_accum": self.grad_accum,
-            "activation_checkpointing": self.checkpointing == "full",
+            "activation_checkpointing": self.checkpointing != "none",
+            "selective_checkpointing": self.checkpointing == "selective",
         }
 
     def train_args(self) -> list[str]:
@@ -261,16 +263,8 @@ def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLa
         nproc=gpus,
         planned=planned,
     )
-    if _one_process(strategy):  # one process drives every GPU, refused or not
-        entry = replace(entry, nproc=1)
-    if entry.checkpointing == "selective":
-        return replace(
-            entry,
-            refused="selective checkpointing is planned, and `train` checkpoints whole blocks only "
-            "(activation_checkpointing=true is `full`)",
-        )
-    if _one_process(strategy):
-        return entry
+    if _one_process(strategy):  # one process drives every GPU
+        return replace(entry, nproc=1)
     if gpus <= nproc:
         return entry
     # Expert parallel takes ep of the data-parallel ranks, hybrid sharding shard groups of them, hpZ its

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from configs.schema import checkpointing_mode
 from harness.common import hardware
 from harness.plan.model.model_shape import shape_of_spec
 from harness.plan.network.fabric import FABRICS, IntraNode, Topology, default_fabric, topology_of
@@ -15,13 +16,6 @@ from harness.plan.speed.attention import sdpa_kernel
 from harness.plan.speed.calibration import default_factors
 from harness.plan.speed.step_time import SpeedFactors, for_card
 from strategies.memory import CATEGORIES
-
-
-def checkpointing_mode(value: Any) -> str:
-    """A run's activation_checkpointing (true/false, or none/full/selective) as the planner's mode."""
-    if isinstance(value, str):
-        return value
-    return "full" if value else "none"
 
 
 def question_for_run(
@@ -50,7 +44,7 @@ def question_for_run(
         precision=cfg.precision,
         gpu=spec,
         factors=for_card(default_factors(), spec.name) if spec else SpeedFactors(),  # no speed off a known GPU
-        checkpointing=checkpointing_mode(cfg.activation_checkpointing),
+        checkpointing=checkpointing_mode(cfg.activation_checkpointing, getattr(cfg, "selective_checkpointing", False)),
         compiled=cfg.compile,
         strategy_options=dict(cfg.strategy_options),
         attention=sdpa_kernel(spec),  # parabench's models call torch's SDPA

@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from configs.schema import checkpointing_mode
 from harness.common.units import human_bytes
 from harness.compare import StrategyResult, run_summary
 from harness.report.document import Element, Heading, Paragraph, Table
@@ -117,7 +118,8 @@ def ran_otherwise(layout: dict[str, Any], summary: dict[str, Any]) -> str | None
     """How the run recorded in `summary` differs from the layout it was sent to run, in words; None: it
     ran as sent (its tp, pp, cp, ep, shard and hpZ groups, data-parallel ranks, micro-batch, accumulation,
     checkpointing)."""
-    mesh = summary.get("mesh") or {}
+    mesh, config = summary.get("mesh") or {}, summary.get("config") or {}
+    checkpointing = checkpointing_mode(config.get("activation_checkpointing"), config.get("selective_checkpointing"))
     dims = dict(zip(mesh.get("dims", []), mesh.get("shape", []), strict=False))
     options = layout.get("strategy_options") or {}
     groups = {dim: options[key] for dim, key in GROUP_OPTIONS.items() if options.get(key)}
@@ -129,13 +131,13 @@ def ran_otherwise(layout: dict[str, Any], summary: dict[str, Any]) -> str | None
         "data-parallel ranks": layout["nproc"] // sharing,
         "micro-batch": layout["micro_batch"],
         "accumulation": layout["grad_accum"],
-        "checkpointing": layout["checkpointing"] == "full",
+        "checkpointing": layout["checkpointing"],
     }
     ran = {dim: dims.get(dim, 1) for dim in (*sizes, *groups)} | {
         "data-parallel ranks": summary.get("data_parallel_size", summary.get("world_size")),
         "micro-batch": summary.get("micro_batch"),
         "accumulation": summary.get("grad_accum"),
-        "checkpointing": (summary.get("config") or {}).get("activation_checkpointing"),
+        "checkpointing": checkpointing,
     }
     differs = [f"{key} {ran[key]} (sent {sent[key]})" for key in sent if ran[key] != sent[key]]
     return "ran with " + ", ".join(differs) if differs else None

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from configs.schema import ConfigError, RunConfig
+from configs.schema import ConfigError, RunConfig, checkpointing_mode
 from harness.common.testing_hooks import AVAILABLE_MEMORY_ENV
 from harness.compare import compare_cli as compare
 from harness.compare.fit_here import USABLE_SHARE, needed_bytes
@@ -27,9 +27,8 @@ TOP = 3
 
 
 def _measured_layouts(search: dict) -> list[tuple[int, dict]]:
-    """(rank, layout) of the plan's TOP that a compare runs: selective checkpointing it skips."""
-    ranked = enumerate(search["layouts"][:TOP], start=1)
-    return [(rank, layout) for rank, layout in ranked if layout["activation_checkpointing"] != "selective"]
+    """(rank, layout) of the plan's TOP, each of which the compare runs (selective checkpointing too)."""
+    return list(enumerate(search["layouts"][:TOP], start=1))
 
 
 def _tight_memory(search: dict) -> int:
@@ -77,7 +76,8 @@ def test_each_layout_runs_with_its_planned_settings(measured: tuple[dict, Path, 
         here = ran[f"{layout['strategy']}#{rank}"]
         assert (summary["micro_batch"], summary["grad_accum"]) == (here["micro_batch"], here["grad_accum"])
         assert summary["micro_batch"] * summary["grad_accum"] == layout["micro_batch"] * layout["grad_accum"]
-        assert config["activation_checkpointing"] == (layout["activation_checkpointing"] == "full")
+        ran_checkpointing = checkpointing_mode(config["activation_checkpointing"], config["selective_checkpointing"])
+        assert ran_checkpointing == layout["activation_checkpointing"]
         assert (config["seq_len"], config["batch_size"]) == (32, 8)
         assert summary["world_size"] == 2
 
@@ -151,12 +151,15 @@ def test_a_layout_planned_on_more_gpus_keeps_its_micro_batch_and_the_global_batc
         ],
     }
     fewer, split, too_wide, selective, pinned, deep, threads = layouts_of(search, 7, nproc=2)
-    assert threads.nproc == 1 and "selective" in str(threads.refused)  # one process, refused or not
+    assert threads.nproc == 1 and threads.refused is None  # one process drives every GPU
     assert (fewer.nproc, fewer.micro_batch, fewer.grad_accum) == (2, 2, 2)
     assert "planned on 4 GPUs" in str(fewer.scaled)
     assert (fewer.label, split.label) == ("ddp#1", "ddp#2") and fewer.folder != split.folder
     assert "tp 4 needs 4 processes" in str(too_wide.refused) and "nproc=4" in str(too_wide.refused)
-    assert "selective" in str(selective.refused)
+    assert selective.refused is None
+    assert selective.run_settings() | {"activation_checkpointing": True, "selective_checkpointing": True} == (
+        selective.run_settings()
+    )
     assert pinned.strategy_options == {"tp_size": 1, "pp_size": 1, "cp_size": 1}
     assert "tp 2 x pp 2 needs 4 processes" in str(deep.refused)
 

@@ -32,6 +32,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from configs.schema import checkpointing_mode
 from harness.common.hardware import gpu_spec
 from harness.plan.memory.memory_correction import MemoryCorrection, MissPoint, fit_correction
 from harness.plan.model.model_shape import ModelShape, PlanError, shape_of_spec
@@ -201,7 +202,6 @@ def _settings(config: dict[str, Any], nproc: int, device: str, nodes: int, path:
             "calibrate from a run on a GPU"
         )
     micro_batch = config.get("micro_batch") or config["batch_size"] // nproc
-    checkpointing = config.get("activation_checkpointing")
     return RunSettings(
         model=config["model"],
         model_kwargs=config.get("model_kwargs") or {},
@@ -213,7 +213,7 @@ def _settings(config: dict[str, Any], nproc: int, device: str, nodes: int, path:
         world_size=nproc,
         device=device,
         compiled=bool(config.get("compile")),
-        checkpointing=checkpointing if isinstance(checkpointing, str) else ("full" if checkpointing else "none"),
+        checkpointing=checkpointing_mode(config.get("activation_checkpointing"), config.get("selective_checkpointing")),
         nodes=nodes,
         strategy_options=config.get("strategy_options") or {},
     )
