@@ -303,6 +303,10 @@ def test_a_run_that_recorded_another_layout_than_it_was_sent_is_said_in_the_repo
     hybrid = {**layout, "strategy_options": {"shard_size": 2}, "planned": {"tp": 1}, "checkpointing": "none"}
     flat = {**as_sent, "mesh": {"dims": ["replicate", "shard"], "shape": [1, 4]}, "data_parallel_size": 4}
     assert ran_otherwise(hybrid, {**flat, "config": {"activation_checkpointing": False}}) == "ran with shard 4 (sent 2)"
+    selective = {**layout, "checkpointing": "selective"}
+    assert ran_otherwise(selective, as_sent) == "ran with checkpointing full (sent selective)"
+    ran_selective = {**as_sent, "config": {"activation_checkpointing": True, "selective_checkpointing": True}}
+    assert ran_otherwise(selective, ran_selective) is None
 
 
 def test_a_hybrid_or_hpz_group_wider_than_the_processes_is_refused_before_it_is_scaled() -> None:
