@@ -398,7 +398,8 @@ def _check_booleans(overrides: list[str], schema: type) -> None:
     for override in overrides:
         key, _, value = override.partition("=")
         if hints.get(key) in (bool, Optional[bool]) and value.strip().strip(QUOTES).lower() not in BOOLEAN_WORDS:
-            raise ConfigError(f"{key}={value}: give true or false")
+            words = f" (or {', '.join(CHECKPOINTING_WORDS)})" if key == "activation_checkpointing" else ""
+            raise ConfigError(f"{key}={value}: give true or false{words}")
 
 
 def _check_finite(cfg: Any) -> None:

@@ -48,8 +48,9 @@ def enable_checkpointing(model: nn.Module, blocks: Blocks, selective: bool = Fal
         return f"the model's own switch{own}{policy}"
     if not blocks.modules:
         raise CheckpointingError(
-            "activation_checkpointing=true needs blocks to recompute, and this model has no repeated layers and no "
-            f"activation_checkpointing switch: name them with model_blocks=<ClassName> (classes in this model: "
+            f"activation_checkpointing={'selective' if selective else 'true'} needs blocks to recompute, and this "
+            "model has no repeated layers and no activation_checkpointing switch: name them with "
+            f"model_blocks=<ClassName> (classes in this model: "
             f"{', '.join(blocks.model_classes)})"
         )
     for block in blocks.modules:

@@ -32,6 +32,7 @@ from tests.helpers import run_cli
         (["grad_clip=inf"], "grad_clip=inf must be a finite number"),
         # omegaconf reads any integer as a boolean.
         (["deterministic=5"], "deterministic=5: give true or false"),
+        (["activation_checkpointing=selectiv"], "give true or false (or none, full, selective)"),
         (["steps=abc"], "could not be converted to Integer: give a whole number"),
         (["data.path=x.bin"], "it takes one value, not named entries: give data=<value>"),
         (["strategy=[fsdp,ddp]"], "strategy= takes one name: to run several, use runner.py compare"),
