@@ -295,11 +295,23 @@ def _here(rank: int, layout: dict[str, Any], gpus: int, nproc: int) -> PlannedLa
         nproc=here,
         grad_accum=accum_here,
         scaled=(
-            f"planned on {gpus} GPUs ({kept} x data parallel {data_parallel}), runs on {here} processes "
-            f"({kept} x {here_data_parallel}) with micro-batch {micro} x accumulation {accum_here} (planned {micro} "
-            f"x {accum}): the same micro-batch and global batch"
+            f"planned on {gpus} GPUs ({kept} x data parallel {_data_parallel_words(data_parallel, groups)}), runs on "
+            f"{here} processes ({kept} x {_data_parallel_words(here_data_parallel, groups)}) with micro-batch {micro} "
+            f"x accumulation {accum_here} (planned {micro} x {accum}): the same micro-batch and global batch"
         ),
     )
+
+
+def _data_parallel_words(ranks: int, groups: tuple[tuple[str, int], ...]) -> str:
+    """`ranks` data-parallel ranks with the groups they hold: a hybrid shard's replicas are what fewer
+    processes drop (shard 4 x 2 replicas on 8, x 1 on 4), the groups themselves kept whole."""
+    held = []
+    for name, size in groups:
+        if size > 1:
+            replicas = ranks // size
+            plural = "replica" if replicas == 1 else "replicas"
+            held.append(f"shard {size} x {replicas} {plural}" if name == "shard" else f"{name} {size}")
+    return f"{ranks}: {', '.join(held)}" if held else str(ranks)
 
 
 def _pinned(strategy: str, layout: dict[str, Any]) -> dict[str, Any]:

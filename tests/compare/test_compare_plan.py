@@ -323,3 +323,7 @@ def test_a_hybrid_or_hpz_group_wider_than_the_processes_is_refused_before_it_is_
             f"{group} needs 4 processes and this compare has 2: give nproc=4 or more"
         )
         assert kept.refused is None and kept.nproc == 4 and kept.grad_accum == 2
+    # The replicas are what fewer processes drop, and the scaled layout says so.
+    kept_hybrid = layouts_of({"question": {"gpus": 8}, "layouts": [hybrid]}, 1, nproc=4)[0]
+    assert "data parallel 8: shard 4 x 2 replicas" in str(kept_hybrid.scaled)
+    assert "(tp 1 x 4: shard 4 x 1 replica)" in str(kept_hybrid.scaled)
