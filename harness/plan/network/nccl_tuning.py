@@ -20,7 +20,8 @@ network hops between nodes (with what the network plugin reports as its own late
 InfiniBand, 35-75 us for AWS's EFA in aws-ofi-nccl's `platform-aws.cpp`, added once per network
 hop, twice for Simple, as NCCL adds its flush). On EFA that report is a figure that steers NCCL's
 choice, not the wire's latency: the way chosen with it is timed with what a hop takes there
-(`Links.wire_hop_us`, fabric.py).
+(`Links.wire_hop_us`, fabric.py), and a ring across nodes no sooner than its steps at the report
+(`RING_STEPS_AT_REPORT`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ HOP_LATENCY_US = {
     },
 }
 NET_POST_US = 1.0  # the proxy's cost to post a network send (x86), three per Simple step
+# On EFA a ring's steps take, end to end, what NCCL's latency model charges them with the plugin's
+# report (a figure AWS set from its runs of NCCL on p4d and p5: aws/aws-ofi-nccl commit d87d61e0): the p5
+# sweep's all-gather at 32 MiB, nearly all latency, takes it within 3-14% on 4 to 32 nodes
+# (docs/planner.md), where the wire's hop gives under half. Its bytes overlap those steps, so such
+# a ring takes the longer of the two. Trees keep the wire's hop alone: on two p5 nodes the sweeps'
+# tree/LL128 runs 21-41% faster than the report would give.
+RING_STEPS_AT_REPORT = ("all-reduce", "all-gather", "reduce-scatter")
 RING_PLATEAU = 1.4  # a multi-node Simple ring all-reduce's latency once every channel has work
 
 # GB/s caps by generation; the three columns: one node, two nodes, more.
@@ -322,9 +330,16 @@ def choose(kind: str, payload: float, links: Links) -> Choice:
     if tuned is None:
         best = min(ways, key=lambda c: c.seconds)
         tuned = (best.algorithm, best.protocol)
-    if links.wire_hop_us is not None:  # chosen with the plugin's report, timed with the wire's hop
-        ways = candidates(kind, payload, replace(links, timing=True))
-    return next(c for c in ways if (c.algorithm, c.protocol) == tuned)
+    chosen = next(c for c in ways if (c.algorithm, c.protocol) == tuned)
+    if links.wire_hop_us is None:
+        return chosen
+    # Chosen with the plugin's report, timed with the wire's hop; a ring across nodes no sooner than
+    # its steps take at the report, which its bytes overlap (RING_STEPS_AT_REPORT).
+    timed = next(c for c in candidates(kind, payload, replace(links, timing=True)) if c.describe() == chosen.describe())
+    if chosen.algorithm == "ring" and kind in RING_STEPS_AT_REPORT and links.nodes > 1:
+        latency = max(timed.latency_s, chosen.latency_s)
+        return replace(timed, latency_s=latency, seconds=max(timed.seconds, latency))
+    return timed
 
 
 def bus_bandwidth(kind: str, payload: float, seconds: float, ranks: int) -> float:
