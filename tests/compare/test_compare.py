@@ -63,9 +63,9 @@ ENTRY_POINTS = {
     "hangs": "Hangs",
     "gpu-only": "GpuOnly",
 }
-# Per run: five times and more what the runs that finish take (a one-process NANO run, or a crash
-# soon after start-up: 3-4 s each on two idle cores, under 9 s seen on two loaded ones), short for a hang.
-TIMEOUT_S = 20
+# Per run: four times and more what the runs that finish take (a one-process NANO run, or a crash
+# soon after start-up: 3-4 s each on two idle cores, 5-6 s on two cores loaded twice over), short for a hang.
+TIMEOUT_S = 15
 
 
 @pytest.fixture
