@@ -148,7 +148,10 @@ class DeepSpeedMoELayer(nn.Module):
         if self.computes_balance_loss:
             self.aux_loss = balance_loss(probs.view(batch, seq, -1), routed, self.n_experts)
         layer = self.moe.deepspeed_moe
-        layer.wall_clock_breakdown = ALL_TO_ALL_CLOCK.enabled
+        # Not in a recompute (activation checkpointing, inside the backward): DeepSpeed times the forward's
+        # all-to-alls, and torch's checkpoint stops a recompute once it has what the backward needs, inside
+        # DeepSpeed's forward, leaving its timers running for the next timed forward to trip on.
+        layer.wall_clock_breakdown = ALL_TO_ALL_CLOCK.enabled and torch._C._current_graph_task_id() == -1
         out, _, _ = self.moe(x)
         if ALL_TO_ALL_CLOCK.enabled and layer.ep_size > 1:
             # DeepSpeed times its forward all-to-alls only (its timers synchronise the device).
