@@ -196,6 +196,14 @@ def check_user_config(
                 "set lr=, min_lr=, warmup_steps=, lr_schedule=, weight_decay=, beta1=, beta2= on the command line, "
                 f"or run the file as strategy deepspeed:{source}, which runs an AdamW and a scheduler of the run's"
             )
+    asked = _get(user, ("activation_checkpointing",))
+    asked = [key for key, value in asked.items() if value] if isinstance(asked, dict) else []
+    if asked:
+        raise DeepSpeedConfigError(
+            f"deepspeed_config {source} sets activation_checkpointing.{asked[0]}, which configures "
+            "deepspeed.checkpointing, and no parabench model calls it (every strategy recomputes the blocks with "
+            "torch's checkpoint): remove the section, and give activation_checkpointing=true or selective instead"
+        )
     if "zero_optimization" in user and not isinstance(user["zero_optimization"], dict):
         raise DeepSpeedConfigError(
             f'deepspeed_config {source}: zero_optimization must be an object such as {{"stage": 2}}'

@@ -261,6 +261,7 @@ def _run(stage: int = 2, **kw) -> dict:
         ({"scheduler": {"type": "WarmupLR"}}, "has a section 'scheduler'"),
         ({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}}, "offload comes from the strategy name"),
         ({"zero_optimization": 2}, "zero_optimization must be an object"),
+        ({"activation_checkpointing": {"cpu_checkpointing": True}}, "no parabench model calls it"),
     ],
 )
 def test_user_json_that_contradicts_the_run_is_refused(user, expected):
