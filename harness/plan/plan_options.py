@@ -91,7 +91,8 @@ class PlanConfig:
     top: Optional[int] = None  # search=true: how many of the fastest layouts it lists and its JSON keeps (default 10)
     seq_len: Optional[int] = None  # unset: DEFAULT_SEQ_LEN, or the model's learned positions where fewer
     precision: str = "bf16"
-    activation_checkpointing: Any = "none"  # none | full | selective (true/false: full/none)
+    # none | full | selective (true/false: full/none); unset: none, and search=true tries all three
+    activation_checkpointing: Any = None
     fused_loss: bool = False  # a fused or chunked cross-entropy that never holds the whole fp32 logits
     fused_norm: bool = False  # a fused RMSNorm kernel (torchtitan's Triton one, Apex's, Liger's)
     complex_rope: bool = False  # rotary embedding in complex numbers (torchtitan's): compile runs it eager
@@ -190,6 +191,8 @@ def _positive(cfg: PlanConfig, *names: str) -> None:
 
 def checkpointing_of(cfg: PlanConfig) -> str:
     value = cfg.activation_checkpointing
+    if value is None:
+        return "none"
     mode = CHECKPOINTING_WORDS.get(value.lower() if isinstance(value, str) else value, value)
     if mode not in CHECKPOINTING:
         raise PlanError(

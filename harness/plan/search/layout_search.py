@@ -156,8 +156,15 @@ def layout_question(q: Question, options: dict[str, Any], micro_batch: int, grad
     )
 
 
-def search(q: Question, names: list[str], global_batch: int, time_fitting_only: bool = False) -> SearchResult:
-    """Plan every layout of `names` that makes `global_batch` sequences on `q`'s cluster.
+def search(
+    q: Question,
+    names: list[str],
+    global_batch: int,
+    time_fitting_only: bool = False,
+    modes: tuple[str, ...] = CHECKPOINTING_ORDER,
+) -> SearchResult:
+    """Plan every layout of `names` that makes `global_batch` sequences on `q`'s cluster, under each
+    checkpointing mode of `modes` (a subsequence of CHECKPOINTING_ORDER: the question asked for one).
 
     `time_fitting_only`: for a search after what would fit, where most layouts do not (what_fits.py).
     Each layout's memory is planned first and its step time only where it fits, so the layouts in
@@ -227,7 +234,7 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
             for split, laid in splits:
                 split_backend = replace(backend, options={**backend.options, **laid})
                 leanest_fits = True
-                for mode in reversed(CHECKPOINTING_ORDER) if time_fitting_only else CHECKPOINTING_ORDER:
+                for mode in reversed(modes) if time_fitting_only else modes:
                     asked = layout_question(q, {**fixed, **laid}, split.micro_batch, split.grad_accum, mode)
                     try:
                         plan = plan_backend(split_backend, replace(asked, timed=False) if time_fitting_only else asked)
@@ -249,7 +256,7 @@ def search(q: Question, names: list[str], global_batch: int, time_fitting_only: 
                     (too_large if plan.fits is False else fitting).append(found)
                     fits_any = fits_any or plan.fits is not False
                     if time_fitting_only and plan.fits is False:
-                        leanest_fits = mode != CHECKPOINTING_ORDER[-1]
+                        leanest_fits = mode != modes[-1]
                         break
                 if not leanest_fits:
                     break

@@ -322,7 +322,13 @@ def run_search(cfg: PlanConfig) -> int:
     names = strategy_names(cfg, q.gpus)
     routed = routed_options(names, cfg.strategy_options, verb="search")
     started = time.perf_counter()
-    result = search(q, names, global_batch)
+    # activation_checkpointing= given: the layouts under that mode alone; unset: under each.
+    result = search(
+        q,
+        names,
+        global_batch,
+        modes=CHECKPOINTING_ORDER if cfg.activation_checkpointing is None else (q.checkpointing,),
+    )
     seconds = time.perf_counter() - started
     if not result.planned:
         raise PlanError(nothing_laid_out(cfg, result))

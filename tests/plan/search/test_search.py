@@ -376,3 +376,12 @@ def test_a_boolean_option_of_the_pick_is_written_as_the_docs_write_it(capsys):
     code, out, _ = _cli(capsys, "search=true", *asked, "strategy_options.sequence_parallel=false")
     use = next(line for line in out.splitlines() if line.startswith("Use "))
     assert code == 0 and "strategy_options.sequence_parallel=false " in use, use
+
+
+@pytest.mark.parametrize("given, modes", [(None, {"none", "selective", "full"}), ("selective", {"selective"})])
+def test_a_checkpointing_given_to_the_search_is_the_one_it_ranks(capsys, given, modes):
+    """activation_checkpointing=selective given to the search was dropped: it ranked every mode, none first."""
+    asked = ["model=gpt-micro", "gpus=2", "seq_len=64", "batch_size=16", "strategies=[ddp,fsdp]", "format=json"]
+    code, out, _ = _cli(capsys, "search=true", *asked, *([f"activation_checkpointing={given}"] if given else []))
+    doc = json.loads(out)
+    assert code == 0 and {s["activation_checkpointing"] for s in doc["layouts"]} == modes
