@@ -240,8 +240,8 @@ def search(
                         plan = plan_backend(split_backend, replace(asked, timed=False) if time_fitting_only else asked)
                         if time_fitting_only and plan.fits is not False:
                             plan = plan_backend(split_backend, asked)
-                    except LayoutError as exc:
-                        not_laid_out[str(exc)] += 1
+                    except PlanError as exc:  # a layout's, or a mode the model or recipe refuses (selective
+                        not_laid_out[str(exc)] += 1  # without transformer layers): the other modes still rank
                         continue
                     found = Searched(
                         {**options, **laid},

@@ -385,3 +385,13 @@ def test_a_checkpointing_given_to_the_search_is_the_one_it_ranks(capsys, given, 
     code, out, _ = _cli(capsys, "search=true", *asked, *([f"activation_checkpointing={given}"] if given else []))
     doc = json.loads(out)
     assert code == 0 and {s["activation_checkpointing"] for s in doc["layouts"]} == modes
+
+
+def test_a_mode_the_recipe_refuses_is_not_laid_out_and_the_others_still_rank(capsys):
+    """Beside activation_offload_layers= (none alone) or a model without transformer layers (no selective),
+    the search's first refused mode was the whole search's error."""
+    asked = ["model=llama3.1-8b", "gpus=8", "seq_len=8192", "global_batch_tokens=512K", "strategies=[fsdp]"]
+    code, out, _ = _cli(capsys, "search=true", *asked, "activation_offload_layers=4", "format=json")
+    doc = json.loads(out)
+    assert code == 0 and {s["activation_checkpointing"] for s in doc["layouts"]} == {"none"}
+    assert any("not selective" in reason for reason in doc["not_laid_out"])
