@@ -10,8 +10,8 @@ whose sizes are not multiples of 16 stays too (float8 matmuls need them).
 
 Under FSDP2 with tensorwise scaling, parameters are all-gathered in float8 (`fp8_all_gather`,
 on by default): half the bytes of a bf16 gather. Their scales are then computed for every layer
-at once after each optimizer step (torchao's precompute_float8_dynamic_scale_for_fsdp), one
-all-reduce instead of one per layer.
+at once before the first step and after each optimizer step (torchao's
+precompute_float8_dynamic_scale_for_fsdp), one all-reduce instead of one per layer.
 
 Where it runs: a CUDA GPU with float8 tensor cores (compute capability 8.9 or newer: H100, H200,
 L40S, RTX 4090...), and the CPU, where torch's scaled matmul gives float8's numerics with no speed
@@ -122,11 +122,15 @@ def convert_to_float8(model: nn.Module, blocks: Blocks, scaling: str, all_gather
 
 
 def float8_scales_hook(model: nn.Module) -> Callable[..., None]:
-    """An optimizer step post-hook that computes the float8 scales of every FSDP2-sharded weight
-    at once, for the next step's float8 all-gathers."""
+    """Computes the float8 scales of every FSDP2-sharded weight at once for the first step's float8
+    all-gathers, and returns an optimizer step post-hook that does so for the next step's. The first
+    step's too: an all-gather left to scale its weight itself takes a `max` in the block's forward,
+    inside the block's checkpoint where the model checkpoints its own blocks, and selective
+    checkpointing saves every `max` there for the recompute (which gathers nothing) to read as its own."""
     precompute = _torchao_float8().precompute_float8_dynamic_scale_for_fsdp
 
     def hook(*_: object) -> None:
         precompute(model)
 
+    hook()
     return hook

@@ -8,12 +8,15 @@ import importlib.util
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.fsdp import fully_shard
 
 from configs.schema import ConfigError, load_config
 from harness.compare.compare_cli import REFERENCE, run_settings
 from harness.compare.compare_config import load_compare_config
 from harness.train.checkpoint import _changes_numbers
+from models.activation_checkpointing import enable_checkpointing
 from models.blocks import find_blocks
 from models.zoo import build_model
 from strategies import float8
@@ -133,3 +136,31 @@ def test_list_says_where_fp8_runs_and_who_trains_it(monkeypatch):
     assert "fsdp" in trained_by and "zero2" not in trained_by and "fsdp-tp" not in trained_by
     monkeypatch.setattr(list_cli, "fp8_unavailable_reason", lambda device: "torchao is not installed: pip install x")
     assert list_cli.fp8_lines(default_registry())[1] == "  [unavailable: torchao is not installed: pip install x]"
+
+
+def _fsdp_fp8_gradients(selective: bool) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = build_model("gpt-nano", {})
+    blocks = find_blocks(model)
+    float8.convert_to_float8(model, blocks, "tensorwise", all_gather=True)
+    if selective:
+        enable_checkpointing(model, blocks, selective=True)
+    for block in blocks.modules:
+        fully_shard(block)
+    fully_shard(model)
+    float8.float8_scales_hook(model)  # as the run sets it up, before its first step
+    tokens = torch.randint(0, 128, (2, 17), generator=torch.Generator().manual_seed(1))
+    model(tokens[:, :-1], tokens[:, 1:]).backward()
+    return [p.grad.full_tensor() for p in model.parameters()]
+
+
+def test_selective_checkpointing_under_float8_all_gathers_keeps_the_gradients():
+    """The first step's all-gathers scaled their weights themselves, inside the GPT's own checkpoint: selective
+    checkpointing saved those `max`es and the recompute read them as its activations', so fsdp's first step's
+    gradients (and every loss after it) were not ddp's."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        plain, selective = _fsdp_fp8_gradients(False), _fsdp_fp8_gradients(True)
+    finally:
+        dist.destroy_process_group()
+    assert all(torch.equal(a, b) for a, b in zip(plain, selective, strict=True))
