@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from configs.schema import checkpointing_mode
 from harness.common.colours import strategy_colours
 from harness.common.units import human_bytes
 from harness.common.writable import FolderError, check_writable
@@ -216,7 +217,8 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Elem
     elements.append(
         Paragraph(
             f"Every strategy trained the same model on the same data from the same seed, with global batch "
-            f"{config.get('batch_size')} x {config.get('seq_len')} tokens for {config.get('steps')} steps, on "
+            f"{config.get('batch_size')} x {config.get('seq_len')} tokens for {config.get('steps')} steps"
+            f"{_checkpointing_words(config)}, on "
             f"{sweep.get('nproc')} {sweep.get('device_type')} processes (`single`: one). "
             f"{len(ran)} of {len(results)} strategies finished; {len(agreeing)} of the others learn what the reference "
             f"learns ({len(agreeing) - within} match it, {within} within noise)"
@@ -231,6 +233,19 @@ def _overview(sweep: dict[str, Any], results: list[StrategyResult]) -> list[Elem
         )
     )
     return elements
+
+
+# What a compare-wide activation_checkpointing recomputes, as the overview says it (none: nothing said).
+RECOMPUTED = {
+    "full": " under activation checkpointing (full: each block recomputed in the backward from its input)",
+    "selective": " under activation checkpointing (selective: torchtitan's op-level policy in each block, every "
+    "second matmul's output and the attention's kept, the rest recomputed)",
+}
+
+
+def _checkpointing_words(config: dict[str, Any]) -> str:
+    mode = checkpointing_mode(config.get("activation_checkpointing"), config.get("selective_checkpointing"))
+    return RECOMPUTED.get(mode, "")
 
 
 STATE_LINES = {

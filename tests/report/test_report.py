@@ -243,6 +243,24 @@ def test_cpu_report_says_peak_memory_is_unknown(tmp_path):
     assert "Peak memory is not measured on CPU" in markdown and "n/a (CPU)" in markdown
 
 
+@pytest.mark.parametrize(
+    "checkpointing, says",
+    [
+        ({"activation_checkpointing": True, "selective_checkpointing": True}, "(selective: torchtitan's op-level"),
+        ({}, ""),
+    ],
+)
+def test_the_overview_says_what_activation_checkpointing_recomputed(tmp_path, checkpointing, says):
+    """The report said nothing of it: a selective compare read as one without checkpointing."""
+    make_compare_dir(tmp_path, "cpu")
+    doc = json.loads((tmp_path / "results.json").read_text())
+    doc["config"].update(checkpointing)
+    (tmp_path / "results.json").write_text(json.dumps(doc))
+    md_path, _ = build_report(tmp_path)
+    overview = next(line for line in md_path.read_text().splitlines() if line.startswith("Every strategy trained"))
+    assert f"for 20 steps{' under activation checkpointing ' + says if says else ','}" in overview
+
+
 def test_report_cli_rebuilds_and_refuses_a_folder_without_results(tmp_path):
     make_compare_dir(tmp_path / "sweep", "cuda")
     proc = run_cli(["report", str(tmp_path / "sweep")], timeout=120)
