@@ -6,8 +6,9 @@ work from those and the block's input.
 
 It runs as torch.utils.checkpoint's selective checkpointing (`create_selective_checkpoint_contexts`):
 a policy asked for every op the block runs, in the forward and again in the recompute, each counting
-its own matmuls so both keep the same ones. A matmul is `mm` or `addmm`: torchtitan's Llama has no
-biases, and a linear layer with a bias runs as `addmm` (parabench's GPT, GPT-2's).
+its own matmuls so both keep the same ones. A matmul is `mm`, `addmm` or `_scaled_mm`: torchtitan's
+Llama has no biases, a linear layer with a bias runs as `addmm` (parabench's GPT, GPT-2's), and an fp8
+one as `_scaled_mm` (torchao's Float8Linear), each still one of the matmuls the planner counts.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _ops(*names: str) -> frozenset[Any]:
     return frozenset(found)
 
 
-MATMULS = _ops("aten.mm.default", "aten.addmm.default")
+MATMULS = _ops("aten.mm.default", "aten.addmm.default", "aten._scaled_mm.default")
 SAVED = MATMULS | _ops(
     "aten._scaled_dot_product_flash_attention.default",
     "aten._scaled_dot_product_efficient_attention.default",
