@@ -31,7 +31,7 @@ from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import known_backends, model_of, planned_as
 from harness.plan.parallel.batch_split import BatchSplitError
 from harness.plan.parallel.engines import engine_differences
-from harness.plan.parallel.layout import LayoutError, sizes_tp_itself
+from harness.plan.parallel.layout import LayoutError, heads_tp, sizes_tp_itself
 from harness.plan.parallel.pipeline_default import pipeline_line
 from harness.plan.parallel.planned_options import routed_options, what_if_lines
 from harness.plan.plan_options import (
@@ -59,6 +59,7 @@ from harness.plan.speed.host_issue import host_slowdown
 from harness.plan.speed.step_time import SpeedFactors
 from harness.plan.speed.stragglers import SPREAD, straggler_share
 from harness.plan.what_if import skipped, skipped_lines
+from strategies.accelerate.fsdp_tp_mode import accelerate_tp_reason
 from strategies.parallel_dims import MAX_DEFAULT_TP
 
 __all__ = ["PlanConfig", "main", "question", "strategy_names"]
@@ -270,16 +271,20 @@ def narrowed_tp_lines(q: Question, plans: list[StrategyPlan]) -> list[str]:
         return []
     cap = min(MAX_DEFAULT_TP, per_node)
     by_tp: dict[int, list[str]] = {}
+    below_shards: list[str] = []
     for p in plans:
         if sizes_tp_itself(p.backend) and not p.backend.size_given("tp_size") and p.layout.tp < cap:
-            by_tp.setdefault(p.layout.tp, []).append(p.name)
+            if p.backend.via_accelerate and p.layout.tp < heads_tp(q.shape, q.topology):
+                below_shards.append(f"{p.name} at tp {p.layout.tp}: {accelerate_tp_reason(p.layout.tp, q.gpus)}")
+            else:
+                by_tp.setdefault(p.layout.tp, []).append(p.name)
     heads = f"{dims.heads} heads" + (f" and {dims.kv_heads} key/value heads" if dims.kv_heads != dims.heads else "")
     return [
         f"{', '.join(names)} at tp {tp}: the largest tp up to {cap} that splits the model's {heads} and divides "
         f"a node's {per_node} GPUs, as {'their runs size' if len(names) > 1 else 'its run sizes'} it; "
         "strategy_options.tp_size= sets another."
         for tp, names in by_tp.items()
-    ]
+    ] + below_shards
 
 
 def _split_lines(q: Question, plans: list[StrategyPlan]) -> list[str]:

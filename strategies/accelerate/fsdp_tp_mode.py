@@ -22,7 +22,7 @@ from packaging.version import Version
 from strategies.accelerate.fsdp_mode import AccelerateFSDPStrategy
 from strategies.accelerate.hsdp_mode import parallelism_config
 from strategies.base import ModelUnsupported, Preset, RunContext, missing_package_reason
-from strategies.mesh_layout import MeshLayout
+from strategies.mesh_layout import MeshError, MeshLayout
 from strategies.parallel_dims import ModelFacts, mesh_layout
 from strategies.plan_model import PlanModel
 
@@ -59,8 +59,16 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
     def mesh_layout(
         cls, world_size: int, local_world_size: int, options: dict[str, Any], model: ModelFacts | None = None
     ) -> MeshLayout:
-        """fsdp-tp's layout (strategies/parallel_dims.py), tp_size defaulting as fsdp-tp's does."""
-        return mesh_layout("fsdp", "shard x tp", options, world_size, local_world_size, model)
+        """fsdp-tp's layout (strategies/parallel_dims.py), tp_size defaulting as fsdp-tp's does where that
+        leaves FSDP ranks to shard over, else the largest below it that does."""
+        layout = mesh_layout("fsdp", "shard x tp", options, world_size, local_world_size, model)
+        tp = layout.shape[layout.dims.index("tp")] if "tp" in layout.dims else 1
+        if shard_ranks_left(tp, world_size):
+            return layout
+        if options.get("tp_size") is not None:
+            raise MeshError(no_shard_ranks(tp, world_size))
+        fewer = {**options, "tp_size": accelerate_tp(tp, world_size)}
+        return mesh_layout("fsdp", "shard x tp", fewer, world_size, local_world_size, model)
 
     @classmethod
     def unavailable_reason(cls) -> str | None:
@@ -86,11 +94,48 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
     def _before_optimizer(self, model: nn.Module) -> None:
         from models.tensor_parallel import parallelize, plan_of
 
+        if self.tp_size == 1:  # Accelerate's mesh has no "tp" dimension then: FSDP2 alone, as planned
+            return
         tp_mesh = self.accelerator.torch_device_mesh["tp"]
         parallelize(model, tp_mesh, plan_of(model, self.tp_size, sequence_parallel=False))
 
     def _mode_detail(self) -> str:
         return f"{super()._mode_detail()}, {self.mesh.describe()}"
+
+
+# Accelerate's ParallelismConfig refuses FSDP with no dimension to shard over (dp_shard_size and cp_size
+# both 1: accelerate/parallelism_config.py, whose comment says prepare() would otherwise fail on the mesh
+# dimension it lacks), so tensor parallel must leave it two or more ranks of the world.
+MIN_SHARD_RANKS = 2
+
+
+def shard_ranks_left(tp: int, world_size: int) -> bool:
+    """Whether tp leaves Accelerate's FSDP2 ranks to shard over (one process alone has no mesh to lay out)."""
+    return world_size < MIN_SHARD_RANKS or world_size // tp >= MIN_SHARD_RANKS
+
+
+def accelerate_tp(tp: int, world_size: int) -> int:
+    """The largest tp, halving from `tp`, that leaves Accelerate's FSDP2 ranks to shard over: a default
+    tp that took the whole world would be refused by Accelerate."""
+    while tp > 1 and not shard_ranks_left(tp, world_size):
+        tp //= 2
+    return tp
+
+
+def accelerate_tp_reason(tp: int, world_size: int) -> str:
+    """Why accelerate-fsdp-tp runs at `tp` where the heads would take more: in words, for the plan."""
+    return (
+        f"twice that would leave Accelerate's FSDP2 fewer than {MIN_SHARD_RANKS} of the {world_size} GPUs to shard "
+        "over, which its ParallelismConfig refuses, so its run sizes it so; strategy_options.tp_size= sets another."
+    )
+
+
+def no_shard_ranks(tp: int, world_size: int) -> str:
+    return (
+        f"accelerate-fsdp-tp: tp_size={tp} takes all {world_size} ranks and leaves Accelerate's FSDP2 none to shard "
+        f"over (its ParallelismConfig needs dp_shard_size of {MIN_SHARD_RANKS} or more): give a tp_size of at most "
+        f"{world_size // MIN_SHARD_RANKS}, more GPUs, or fsdp-tp"
+    )
 
 
 def accelerate_tp_blocker() -> str | None:

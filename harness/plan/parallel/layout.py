@@ -18,6 +18,7 @@ from harness.plan.model.model_shape import ModelShape, PlanError, TransformerDim
 from harness.plan.network.fabric import Group, Topology
 from harness.plan.parallel.backends import Backend, planner_models
 from harness.plan.parallel.expert_layout import NONE, ExpertLayout, ExpertLayoutError, expert_layout
+from strategies.accelerate.fsdp_tp_mode import accelerate_tp, no_shard_ranks, shard_ranks_left
 from strategies.mesh_layout import MeshError, default_stages
 from strategies.parallel_dims import TENSOR, ModelFacts, dims_for, mesh_dims
 
@@ -74,11 +75,19 @@ def _size(backend: Backend, option: str, default: int) -> int:
 
 def _default_tp(backend: Backend, shape: ModelShape, topology: Topology) -> int:
     """tp where tp_size is not given. Accelerate's tensor parallel sizes its mesh as fsdp-tp does
-    (strategies/accelerate/fsdp_tp_mode.py): dims_for's largest tp up to a node that splits the heads, so
-    that it is planned at the tp its run takes. A published run's layout: a node's GPUs."""
+    (strategies/accelerate/fsdp_tp_mode.py): dims_for's largest tp up to a node that splits the heads, lowered
+    where it would leave Accelerate's FSDP2 no ranks to shard over, so that it is planned at the tp its run
+    takes. A published run's layout: a node's GPUs."""
     per_node = min(topology.per_node, topology.gpus)
     if not backend.via_accelerate or shape.dims is None:
         return per_node
+    return accelerate_tp(heads_tp(shape, topology), topology.gpus)
+
+
+def heads_tp(shape: ModelShape, topology: Topology) -> int:
+    """fsdp-tp's default tp (strategies/parallel_dims.py): the largest up to a node that splits the heads."""
+    if shape.dims is None:
+        return 1
     facts = ModelFacts(shape.dims.layers, shape.dims.heads, shape.dims.kv_heads)
     return dims_for("fsdp", "shard x tp", {}, topology.gpus, topology.per_node, facts).tp
 
@@ -109,6 +118,8 @@ def layout_of(backend: Backend, shape: ModelShape, topology: Topology) -> Layout
             f"{_tensor_parallel_sizes(shape, topology)}"
         )
     _check_tensor_parallel(backend, shape, topology, tp)
+    if backend.via_accelerate and not shard_ranks_left(tp, gpus):
+        raise LayoutError(no_shard_ranks(tp, gpus))
     # DeepSpeed's pipeline and a published run's pipeline and context-parallel sizes (others leave
     # them, as tp_size is left by a strategy without tensor parallelism).
     pp = cp = 1

@@ -16,6 +16,7 @@ from harness.plan.network.fabric import Group, span_efficiency
 from harness.plan.plan_cli import PlanConfig, question
 from harness.plan.predict import plan_strategy
 from harness.plan.recommendation import recommend
+from strategies.mesh_layout import MeshError
 from tests.helpers import env_for_tests, run_cli
 
 PLUGIN = "tests.plan.layout_strategies"
@@ -253,3 +254,21 @@ def test_fsdp_tp_and_accelerates_say_the_tp_the_heads_leave_them(capsys):
     # Given, tp_size is the user's: nothing to explain.
     runner.main(["plan", "model=gpt2-1.5b", "gpus=8", "strategies=[fsdp-tp]", "strategy_options.tp_size=1"])
     assert " at tp 1: " not in capsys.readouterr().out
+
+
+def test_accelerates_tensor_parallel_leaves_its_fsdp_ranks_to_shard(capsys):
+    """Accelerate's ParallelismConfig refuses FSDP2 with no rank to shard over: accelerate-fsdp-tp at tp 2 on
+    2 GPUs was planned, recommended and then refused by Accelerate in its run. The run and the plan now
+    default it to tp 1 there, and say why, and a tp_size=2 given is one line in both."""
+    _, planned = plans(model="gpt2-124m", gpus=2, strategies=["accelerate-fsdp-tp", "fsdp-tp"])
+    assert (planned["accelerate-fsdp-tp"].layout.tp, planned["fsdp-tp"].layout.tp) == (1, 2)
+    mesh = registry_module.default_registry().mesh_layout("accelerate-fsdp-tp", 2, 2)
+    assert mesh.shape[mesh.dims.index("tp")] == 1
+    with pytest.raises(MeshError, match="leaves Accelerate's FSDP2 none to shard over"):
+        registry_module.default_registry().mesh_layout("accelerate-fsdp-tp", 2, 2, tp_size=2)
+    assert runner.main(["plan", "model=gpt2-124m", "gpus=2", "strategies=[accelerate-fsdp-tp]"]) == 0
+    said = capsys.readouterr().out
+    assert "accelerate-fsdp-tp at tp 1: twice that would leave Accelerate's FSDP2 fewer than 2" in said
+    given = ["plan", "model=gpt2-124m", "gpus=2", "strategies=[accelerate-fsdp-tp]", "strategy_options.tp_size=2"]
+    assert runner.main(given) != 0
+    assert "give a tp_size of at most 1, more GPUs, or fsdp-tp" in capsys.readouterr().err
