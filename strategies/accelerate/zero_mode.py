@@ -50,7 +50,8 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
     description = "Accelerate driving DeepSpeed ZeRO"
     presets = (_zero(1), _zero(2), _zero(3))
     distributed_type = "DEEPSPEED"
-    backend_modules = ("accelerate", "deepspeed")
+    # Accelerate's DeepSpeed plugin imports transformers' HfDeepSpeedConfig in every prepare (3 s a rank).
+    backend_modules = ("accelerate", "deepspeed", "transformers.integrations.deepspeed")
     # DeepSpeed's partitions load only at the world size that wrote them, as under zero1-3.
     checkpoint_reshards = False
 
