@@ -65,6 +65,9 @@ def _dim0_shard(t: ParamTensor, world: int) -> int:
     return math.ceil(rows / world) * (t.numel // max(rows, 1))
 
 
+# Kept: a model's tensors repeat over its blocks, and a plan slices them for every layout it weighs.
+# A ParamTensor is frozen, so the slice of equal tensors is one object.
+@functools.lru_cache(maxsize=65536)
 def tp_slice(t: ParamTensor, tp: int) -> ParamTensor:
     """What one of `tp` tensor-parallel GPUs holds of a tensor: a matrix split, a vector (or a matrix
     every GPU holds whole, ParamTensor.tp_whole) whole."""

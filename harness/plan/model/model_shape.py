@@ -386,6 +386,10 @@ def _positive(name: str, value: float | None) -> None:
         raise PlanError(f"{name}={value} must be a positive number")
 
 
+# One object per description: a plan's per-model caches (memory/model_states.py) key on the shape's
+# tensors, so the published runs of one model (hundreds of rows) share their work, as a plan's
+# searches over one shape do. The shape is frozen: sharing it changes no answer.
+@functools.lru_cache(maxsize=256)
 def shape_of_description(
     *,
     params: float | None,

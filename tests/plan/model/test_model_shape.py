@@ -9,8 +9,9 @@ import sys
 
 import pytest
 
+from harness.plan.memory.model_states import tp_slice
 from harness.plan.model.model_build import built_shape
-from harness.plan.model.model_shape import PlanError, shape_of_description, shape_of_spec
+from harness.plan.model.model_shape import ParamTensor, PlanError, shape_of_description, shape_of_spec
 from tests.helpers import ROOT, env_for_tests
 
 TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4, vocab_size=128)
@@ -85,6 +86,19 @@ def test_a_described_gpt_with_biases_has_one_tensor_more_for_each_linear_and_nor
     assert biased.dims == plain.dims and "biases" in biased.name
     with pytest.raises(PlanError, match="biases are described for arch=gpt only"):
         shape_of_description(params=None, layers=2, width=64, heads=4, vocab=10, seq_len=8, arch="llama", biases=True)
+
+
+def test_one_description_is_one_shape_and_equal_tensors_slice_to_one_tensor():
+    """A plan's per-model caches key on the shape's tensors: the published rows of one model, hundreds
+    of them, share the work only if they share the shape, and its tensors' slices."""
+    llama = dict(params=None, layers=4, width=256, heads=8, kv_heads=2, vocab=1000, seq_len=512, arch="llama")
+    shape = shape_of_description(**llama)
+    assert shape_of_description(**llama) is shape
+    assert shape_of_description(**{**llama, "layers": 5}) is not shape
+    matrix = next(t for t in shape.tensors if len(t.shape) == 2 and t.block is not None)
+    copy = ParamTensor(matrix.shape, matrix.block)
+    assert copy is not matrix and tp_slice(copy, 2) is tp_slice(matrix, 2)
+    assert tp_slice(matrix, 2).shape == (matrix.shape[0] // 2, matrix.shape[1])
 
 
 def test_a_plan_imports_no_torch():
