@@ -13,7 +13,7 @@ overlapped with the other micro-batch's compute: Megatron-core's
 says whether its all-to-all forwards a token once per node (deepep, hybridep, flex) or sends every
 copy (alltoall; expert_comm.py). Every run is planned
 balanced (`moe_imbalance` 1.0): Megatron-Bridge's and AutoModel's benchmarks force balanced routing
-(bench/data/README.md); the others do not say. `repeats_a_moe_run` says which shapeless MoE rows of the
+(bench/data/README.md); the others do not say. `moe_runs_held` says which shapeless MoE rows of the
 other CSVs are runs this one holds, so each run is counted once.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
-from typing import Any
+from typing import Any, Callable
 
 from harness.plan.model.deepseek_shape import deepseek_shape, is_deepseek
 from harness.plan.model.model_shape import ModelShape, PlanError
@@ -197,13 +197,13 @@ def _repository(row: dict[str, str]) -> str:
     return row["source"].split(":")[0].split("@")[0].strip()
 
 
-def repeats_a_moe_run(row: dict[str, str], moe_rows: list[dict[str, str]]) -> bool:
-    """Whether `row`, a mixture of experts without its notes' moe head, is a run one of `moe_rows` (moe_runs.csv's,
-    with their heads) holds: counted once, there, where runs are counted."""
-    if moe_head(row) is not None:
-        return False
-    key = (_repository(row), *(row[c].strip() for c in SAME_RUN_COLUMNS))
-    return any(
-        moe_head(other) is not None and (_repository(other), *(other[c].strip() for c in SAME_RUN_COLUMNS)) == key
-        for other in moe_rows
-    )
+def _run_key(row: dict[str, str]) -> tuple[str, ...]:
+    return (_repository(row), *(row[c].strip() for c in SAME_RUN_COLUMNS))
+
+
+def moe_runs_held(moe_rows: list[dict[str, str]]) -> Callable[[dict[str, str]], bool]:
+    """Whether a row, a mixture of experts without its notes' moe head, is a run one of `moe_rows` (moe_runs.csv's,
+    with their heads) holds: counted once, there, where runs are counted. `moe_rows`' runs are gathered once, for
+    every row a report asks about."""
+    held = {_run_key(other) for other in moe_rows if moe_head(other) is not None}
+    return lambda row: moe_head(row) is None and _run_key(row) in held

@@ -45,10 +45,10 @@ from bench.moe_rows import (  # noqa: E402
     MoERowError,
     graph_options,
     moe_head,
+    moe_runs_held,
     moe_shape_of_row,
     qk_norm,
     recompute_modules,
-    repeats_a_moe_run,
     with_experts,
 )
 from bench.published_breakdown import (  # noqa: E402
@@ -1202,8 +1202,8 @@ def sweep_lines(outcomes: list[Outcome], measured: list[Outcome]) -> list[str]:
 def goal_runs(sections: list[tuple[Path, list[Outcome]]]) -> list[Outcome]:
     """Every CSV's runs together, as the goals count them: a run two CSVs hold (model_parallel_nvidia.csv's
     MoE rows, moe_runs.csv's with their shape) once."""
-    moe_rows = [o.row for path, outcomes in sections if path.name == MOE_CSV for o in outcomes]
-    return [o for _, outcomes in sections for o in outcomes if not repeats_a_moe_run(o.row, moe_rows)]
+    repeated = moe_runs_held([o.row for path, outcomes in sections if path.name == MOE_CSV for o in outcomes])
+    return [o for _, outcomes in sections for o in outcomes if not repeated(o.row)]
 
 
 # How a recommendation names the sweep beside the goals' figures (harness/plan/published_accuracy.py).

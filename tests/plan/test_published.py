@@ -16,7 +16,7 @@ import pytest
 from bench import plan_vs_published as published
 from bench import published_breakdown
 from bench.layout_kinds import Degrees, degrees, kinds_of, scale_of
-from bench.moe_rows import repeats_a_moe_run
+from bench.moe_rows import moe_runs_held
 from harness.common.hardware import GPUS
 from harness.plan import published_accuracy
 from harness.plan.network.comm import PIPELINED
@@ -469,10 +469,10 @@ def test_a_moe_run_both_csvs_hold_counts_once():
     moe_rows = published.read_rows(published.DATA / published.MOE_CSV)
     nvidia = published.read_rows(published.DATA / "model_parallel_nvidia.csv")
     shapeless = [r for r in nvidia if r["arch"] == "moe"]
-    repeated = [r for r in shapeless if repeats_a_moe_run(r, moe_rows)]
-    assert len(repeated) == len(shapeless) - 1
-    assert not any(repeats_a_moe_run(r, moe_rows) for r in nvidia if r["arch"] != "moe")
-    assert not any(repeats_a_moe_run(r, moe_rows) for r in moe_rows)  # a row with its shape is the one counted
+    repeats = moe_runs_held(moe_rows)
+    assert len([r for r in shapeless if repeats(r)]) == len(shapeless) - 1
+    assert not any(repeats(r) for r in nvidia if r["arch"] != "moe")
+    assert not any(repeats(r) for r in moe_rows)  # a row with its shape is the one counted
 
 
 def test_megatron_fsdp_holds_its_root_its_head_gradient_and_fp8_weights_as_its_source_says():
