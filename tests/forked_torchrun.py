@@ -1,11 +1,13 @@
-"""`python tests/forked_torchrun.py [--backends] <nproc> <worker.py> [args...]`: torchrun's standalone launch of
-one of the tests' worker scripts, as `python -m torch.distributed.run --standalone
+"""`python tests/forked_torchrun.py [--backends] <nproc>[,<nproc>...] <worker.py> [args...]`: torchrun's
+standalone launch of one of the tests' worker scripts, as `python -m torch.distributed.run --standalone
 --nproc_per_node=<nproc> <worker.py> [args...]` starts it, but with each rank forked from this
 process once torch, dynamo and the script's own imports are loaded here: a new interpreter per
 rank would import them again in each (seconds a rank on a busy core), and what the workers
-measure does not depend on how they were started. How parabench itself starts its workers is
-tests/train/test_launch.py's to check, not these scripts'. With --backends, the libraries of every
-registered strategy (DeepSpeed, Accelerate) are imported here too, for workers that set many up.
+measure does not depend on how they were started. Several process counts: one launch after
+another, each of that many ranks, from this one process and its one set of imports. How
+parabench itself starts its workers is tests/train/test_launch.py's to check, not these
+scripts'. With --backends, the libraries of every registered strategy (DeepSpeed, Accelerate)
+are imported here too, for workers that set many up.
 
 A rank not in its process group JOIN_WITHIN_S after its start (`--join-within=<s>` for another
 bound) writes its stacks and ends (harness/train/join_watch.py): a fork can leave a rank blocked on
@@ -43,7 +45,7 @@ def main() -> None:
     argv = sys.argv[1:]
     join_within_s = float(argv.pop(0).removeprefix(JOIN_WITHIN)) if argv[0].startswith(JOIN_WITHIN) else JOIN_WITHIN_S
     backends = argv[0] == "--backends"
-    nproc, script, *args = argv[backends:]
+    nprocs, script, *args = argv[backends:]
     script = os.path.abspath(script)
     sys.path[0] = os.path.dirname(script)  # as `python <script>` has it
     for name in EVERY_WORKER_IMPORTS:  # what every rank imports, once here, as the runner's launcher does
@@ -59,10 +61,15 @@ def main() -> None:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
         entries = [default_registry().get(name) for name in default_registry().names()]
         import_backends({m for e in entries if e.unavailable_reason is None for m in e.cls.backend_modules})
-    launch = ["--standalone", f"--nproc_per_node={nproc}", script, *args]
+    for nproc in nprocs.split(","):
+        _launch(["--standalone", f"--nproc_per_node={nproc}", script, *args], [script, *args], join_within_s)
+
+
+def _launch(launch: list[str], worker_args: list[str], join_within_s: float) -> None:
+    """One launch, made again once where its process group never formed."""
     for attempt in (1, 2):
         try:
-            launch_forked(launch, _worker, [script, *args], join_within_s=join_within_s)
+            launch_forked(launch, _worker, worker_args, join_within_s=join_within_s)
             return
         except ChildFailedError as failed:
             if attempt == 2 or not group_never_formed(failed):

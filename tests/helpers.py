@@ -126,11 +126,13 @@ def run_bounded(
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def forked_torchrun(nproc: int, worker: Path | str, *args: str, backends: bool = False) -> list[str]:
+def forked_torchrun(nproc: int | tuple[int, ...], worker: Path | str, *args: str, backends: bool = False) -> list[str]:
     """The command that runs one of the tests' worker scripts on `nproc` ranks, as torchrun's
     standalone launch would, each rank forked after the imports they share (tests/forked_torchrun.py);
-    `backends`: every strategy's libraries among them, for a worker that sets many strategies up."""
-    return [sys.executable, FORKED_TORCHRUN, *(["--backends"] if backends else []), str(nproc), str(worker), *args]
+    several counts: one launch after another, the imports paid once. `backends`: every strategy's
+    libraries among them, for a worker that sets many strategies up."""
+    counts = ",".join(map(str, nproc)) if isinstance(nproc, tuple) else str(nproc)
+    return [sys.executable, FORKED_TORCHRUN, *(["--backends"] if backends else []), counts, str(worker), *args]
 
 
 def run_cli(

@@ -7,10 +7,11 @@ take `memory_breakdown`, finish the step and tear down.
         <strategies,comma,separated> <precisions,comma,separated>
 
 A strategy may carry options as `<name>@<key>=<value>@...` (`ddp-tp@pp_size=2`: a combination of
-the torch mesh), each value a whole number.
+the torch mesh, skipped on one rank), each value a whole number.
 
-Each rank writes <out.json>.rank<r>: {"<strategy>/<precision>": {"params": {...}, ...}
-or {"skipped": reason} or {"error": message}}.
+Each rank writes <out.json>.world<N>.rank<r> (one launch at each world size may share the
+arguments): {"<strategy>/<precision>": {"params": {...}, ...} or {"skipped": reason} or
+{"error": message}}.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def measure(name: str, precision: str, model_spec: str, model_kwargs: dict, env:
         return {"skipped": reason}
     if name == "single" and env.world_size > 1:
         return {"skipped": "single runs in one process"}
+    if options and env.world_size == 1:
+        return {"skipped": "a combination of the mesh lays out two ranks or more"}
     torch.manual_seed(0)
     model = build_model(model_spec, model_kwargs)
     ctx = RunContext(
@@ -90,7 +93,7 @@ def main() -> None:
                         "traceback": traceback.format_exc()[-2000:],
                     }
     finally:
-        Path(f"{out}.rank{env.rank}").write_text(json.dumps(results, indent=1))
+        Path(f"{out}.world{env.world_size}.rank{env.rank}").write_text(json.dumps(results, indent=1))
         distributed.shutdown_distributed()
 
 

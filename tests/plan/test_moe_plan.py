@@ -109,7 +109,7 @@ def measured() -> dict[str, dict[str, int]]:
     )
     proc = run_bounded(cmd, timeout=420, env=env_for_tests(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = [json.loads(Path(f"{path}.rank{r}").read_text()) for r in range(2)]
+    ranks = [json.loads(Path(f"{path}.world2.rank{r}").read_text()) for r in range(2)]
     return {
         k: {c: max(sum(r[k][c].values()) for r in ranks) for c in ("params", "grads", "optimizer")} for k in ranks[0]
     }
