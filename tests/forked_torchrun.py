@@ -7,7 +7,8 @@ measure does not depend on how they were started. Several process counts: one la
 another, each of that many ranks, from this one process and its one set of imports. How
 parabench itself starts its workers is tests/train/test_launch.py's to check, not these
 scripts'. With --backends, the libraries of every registered strategy (DeepSpeed, Accelerate)
-are imported here too, for workers that set many up.
+are imported here too, for workers that set many up; with --backends=<name>[,<name>...], those of
+the strategies named only.
 
 A rank not in its process group JOIN_WITHIN_S after its start (`--join-within=<s>` for another
 bound) writes its stacks and ends (harness/train/join_watch.py): a fork can leave a rank blocked on
@@ -32,6 +33,7 @@ from harness.train.launch import EVERY_WORKER_IMPORTS, launch_forked, start_as_a
 # this process's. Well under the process-group timeouts the workers set (120 s and more).
 JOIN_WITHIN_S = 60.0
 JOIN_WITHIN = "--join-within="
+BACKENDS = "--backends"
 
 
 def _worker(script: str, *args: str) -> None:
@@ -44,8 +46,8 @@ def _worker(script: str, *args: str) -> None:
 def main() -> None:
     argv = sys.argv[1:]
     join_within_s = float(argv.pop(0).removeprefix(JOIN_WITHIN)) if argv[0].startswith(JOIN_WITHIN) else JOIN_WITHIN_S
-    backends = argv[0] == "--backends"
-    nprocs, script, *args = argv[backends:]
+    backends = argv.pop(0) if argv[0].partition("=")[0] == BACKENDS else None
+    nprocs, script, *args = argv
     script = os.path.abspath(script)
     sys.path[0] = os.path.dirname(script)  # as `python <script>` has it
     for name in EVERY_WORKER_IMPORTS:  # what every rank imports, once here, as the runner's launcher does
@@ -53,13 +55,14 @@ def main() -> None:
     # The script's own imports, once here: its body runs again, as __main__, in each rank.
     spec = importlib.util.spec_from_file_location("_forked_torchrun_preload", script)
     spec.loader.exec_module(importlib.util.module_from_spec(spec))
-    if backends:
+    if backends is not None:
         from strategies.backend_imports import import_backends
         from strategies.registry import default_registry
 
         # As the runner's launcher does before it forks CPU workers: DeepSpeed need not look for a device.
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        entries = [default_registry().get(name) for name in default_registry().names()]
+        names = backends.partition("=")[2].split(",") if "=" in backends else default_registry().names()
+        entries = [default_registry().get(name) for name in names]
         import_backends({m for e in entries if e.unavailable_reason is None for m in e.cls.backend_modules})
     for nproc in nprocs.split(","):
         _launch(["--standalone", f"--nproc_per_node={nproc}", script, *args], [script, *args], join_within_s)

@@ -126,13 +126,16 @@ def run_bounded(
     return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
 
 
-def forked_torchrun(nproc: int | tuple[int, ...], worker: Path | str, *args: str, backends: bool = False) -> list[str]:
+def forked_torchrun(
+    nproc: int | tuple[int, ...], worker: Path | str, *args: str, backends: bool | Iterable[str] = False
+) -> list[str]:
     """The command that runs one of the tests' worker scripts on `nproc` ranks, as torchrun's
     standalone launch would, each rank forked after the imports they share (tests/forked_torchrun.py);
     several counts: one launch after another, the imports paid once. `backends`: every strategy's
-    libraries among them, for a worker that sets many strategies up."""
+    libraries among them (True), or those of the strategies named, for a worker that sets them up."""
     counts = ",".join(map(str, nproc)) if isinstance(nproc, tuple) else str(nproc)
-    return [sys.executable, FORKED_TORCHRUN, *(["--backends"] if backends else []), counts, str(worker), *args]
+    flag = [] if backends is False else ["--backends"] if backends is True else [f"--backends={','.join(backends)}"]
+    return [sys.executable, FORKED_TORCHRUN, *flag, counts, str(worker), *args]
 
 
 def run_cli(

@@ -103,9 +103,9 @@ def test_unread_families_are_one_line():
 def measured() -> dict[str, dict[str, int]]:
     """What each strategy holds on two CPU ranks training moe-nano (tests/plan_worker.py), max over ranks."""
     path = Path(__import__("tempfile").mkdtemp()) / "measured.json"
-    names = "ddp-ep,zero1-ep,zero2-ep,fsdp,zero1"
+    names = ("ddp-ep", "zero1-ep", "zero2-ep", "fsdp", "zero1")
     cmd = forked_torchrun(
-        2, ROOT / "tests" / "plan_worker.py", str(path), "moe-nano", "{}", names, "fp32,bf16", backends=True
+        2, ROOT / "tests" / "plan_worker.py", str(path), "moe-nano", "{}", ",".join(names), "fp32,bf16", backends=names
     )
     proc = run_bounded(cmd, timeout=420, env=env_for_tests(), cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]

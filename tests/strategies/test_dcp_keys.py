@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, env_for_tests, forked_torchrun, run_bounded
+from tests.strategies.dcp_keys_worker import PRESETS
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -30,7 +31,7 @@ TIED_COPY_STATE = {f"optimizer.state.lm_head.weight.{key}" for key in ("exp_avg"
 def saved(tmp_path_factory) -> dict[str, dict]:
     out = tmp_path_factory.mktemp("dcp_keys")
     worker = ROOT / "tests" / "strategies" / "dcp_keys_worker.py"
-    cmd = forked_torchrun(4, worker, str(out / "keys.json"), str(out / "checkpoints"), backends=True)
+    cmd = forked_torchrun(4, worker, str(out / "keys.json"), str(out / "checkpoints"), backends=PRESETS)
     proc = run_bounded(cmd, timeout=500, env=env_for_tests())
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     keys = json.loads((out / "keys.json").read_text())
