@@ -68,6 +68,8 @@ def _checkpointed(block: nn.Module, forward: Callable[..., Any], context_fn: Cal
     def run(*args: Any, **kwargs: Any) -> Any:
         if not (block.training and torch.is_grad_enabled()):
             return forward(*args, **kwargs)  # nothing is saved for a backward that will not come
+        if context_fn is noop_context_fn:  # passed at all, torch.compile cannot trace the checkpoint around it
+            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
         return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
 
     run._parabench_checkpointed = True  # type: ignore[attr-defined]
