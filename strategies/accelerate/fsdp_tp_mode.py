@@ -80,7 +80,7 @@ class AccelerateFSDPTensorParallelStrategy(AccelerateFSDPStrategy):
 
         plan = plan_of(model, self.tp_size, sequence_parallel=False)
         packed = [pattern for pattern, style in plan.items() if style == "packed_colwise_qkv"]
-        if packed:
+        if packed and self.tp_size > 1:  # at tp 1 nothing is split before FSDP2's own split
             # Accelerate's FSDP2 splits every parameter along dimension 0, which the strided split of a
             # fused q;k;v already splits: DTensor cannot put that back together (fsdp-tp splits it along 1).
             raise ModelUnsupported(
