@@ -83,12 +83,13 @@ def test_a_bad_strategy_spelling_is_one_line(tmp_path, capsys, args, words):
 
 
 def test_a_strategy_that_cannot_lay_out_the_model_is_skipped_with_why(tmp_path):
-    """accelerate-fsdp-tp cannot split the GPT's fused q;k;v: the compare runs the rest."""
-    cfg = load_compare_config(["strategies=[single,accelerate-fsdp-tp]", "nproc=2", f"out_dir={tmp_path}"])
+    """accelerate-fsdp-tp at tp 2 (4 processes: 2 left for FSDP2 to shard over) cannot split the GPT's fused
+    q;k;v: the compare runs the rest."""
+    cfg = load_compare_config(["strategies=[single,accelerate-fsdp-tp]", "nproc=4", f"out_dir={tmp_path}"])
     shared = train_options(cfg, default_registry().names())
-    followed, cannot = compare_cli._preflight(cfg, shared, ["single", "accelerate-fsdp-tp"], 2)
+    followed, cannot = compare_cli._preflight(cfg, shared, ["single", "accelerate-fsdp-tp"], 4)
     assert list(followed) == ["single"]
-    assert cannot["accelerate-fsdp-tp"].startswith(f"cannot run {cfg.model} on 2 processes: accelerate-fsdp-tp cannot")
+    assert cannot["accelerate-fsdp-tp"].startswith(f"cannot run {cfg.model} on 4 processes: accelerate-fsdp-tp cannot")
 
 
 def test_the_preflight_writes_nothing_outside_the_compares_out_dir(tmp_path, monkeypatch):
