@@ -58,6 +58,17 @@ def enable_checkpointing(model: nn.Module, blocks: Blocks, selective: bool = Fal
     return blocks.describe() + policy
 
 
+def recompute(
+    fn: Callable[..., Any], *args: Any, context_fn: Callable[[], Any] = noop_context_fn, **kwargs: Any
+) -> Any:
+    """`fn(*args, **kwargs)` under non-reentrant torch.utils.checkpoint, keeping what `context_fn` keeps. The
+    no-op context is not passed: given at all, torch.compile cannot trace a checkpoint around it (it reads
+    the argument only as a function it has already resolved), which compiles the model whole or a block."""
+    if context_fn is noop_context_fn:
+        return checkpoint(fn, *args, use_reentrant=False, **kwargs)
+    return checkpoint(fn, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+
+
 def is_checkpointed(block: nn.Module) -> bool:
     """Whether enable_checkpointing wrapped this block's forward."""
     return getattr(block.forward, "_parabench_checkpointed", False)
@@ -68,9 +79,7 @@ def _checkpointed(block: nn.Module, forward: Callable[..., Any], context_fn: Cal
     def run(*args: Any, **kwargs: Any) -> Any:
         if not (block.training and torch.is_grad_enabled()):
             return forward(*args, **kwargs)  # nothing is saved for a backward that will not come
-        if context_fn is noop_context_fn:  # passed at all, torch.compile cannot trace the checkpoint around it
-            return checkpoint(forward, *args, use_reentrant=False, **kwargs)
-        return checkpoint(forward, *args, use_reentrant=False, context_fn=context_fn, **kwargs)
+        return recompute(forward, *args, context_fn=context_fn, **kwargs)
 
     run._parabench_checkpointed = True  # type: ignore[attr-defined]
     return run

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint, noop_context_fn
+from torch.utils.checkpoint import noop_context_fn
 
+from models.activation_checkpointing import recompute
 from models.gpt_config import PRESETS, GPTConfig, check_sizes  # noqa: F401 (PRESETS: the zoo reads it from here)
 from models.tensor_parallel import heads_check
 
@@ -108,7 +109,7 @@ class CausalLM(nn.Module):
         x = self.drop(self.wte(inputs) + self.wpe(pos))
         for block in self.blocks:
             if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, use_reentrant=False, context_fn=self.checkpoint_context_fn)
+                x = recompute(block, x, context_fn=self.checkpoint_context_fn)
             else:
                 x = block(x)
         logits = self.lm_head(self.ln_f(x))

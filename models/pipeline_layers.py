@@ -25,8 +25,8 @@ from typing import Any, Callable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
+from models.activation_checkpointing import recompute
 from models.gpt import GPT
 from models.stage_plan import CutPlan
 from models.stages import cut
@@ -78,7 +78,7 @@ class BlockLayer(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.recompute and self.training:
-            return checkpoint(self.block, x, use_reentrant=False, context_fn=self.context_fn)
+            return recompute(self.block, x, context_fn=self.context_fn)
         return self.block(x)
 
 
