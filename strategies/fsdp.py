@@ -67,6 +67,7 @@ class FSDPStrategy(SingleDeviceStrategy):
                 "(0: FSDP2's own one-block prefetch)"
             )
         self.prefetch_blocks = prefetch_blocks
+        self._parameters: list[Any] | None = None
 
     def _policies(self) -> dict:
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
@@ -113,11 +114,13 @@ class FSDPStrategy(SingleDeviceStrategy):
             self.scaler.unscale_(self.optimizer)
         if self.ctx.grad_clip <= 0:
             return
-        counted, across = self._gradient_norm_groups()
+        clipped = [p for p in self._model_parameters() if p.grad is not None]
+        counted, across = self._gradient_norm_groups(clipped)
+        clipped_by_mesh = _by_mesh(clipped)
         # Per device mesh (under tensor parallel the split layers live on another mesh than the rest):
         # DTensor's foreach kernels take one mesh at a time. Each norm is over every rank's shard.
         norms = []
-        for params in _by_mesh(counted).values():
+        for params in (clipped_by_mesh if counted is clipped else _by_mesh(counted)).values():
             norm = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
             norms.append(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         if across is not None:  # each of these ranks holds other parameters: the norm sums over them
@@ -127,14 +130,22 @@ class FSDPStrategy(SingleDeviceStrategy):
             total = squared.sqrt()
         else:
             total = torch.linalg.vector_norm(torch.stack(norms)) if len(norms) > 1 else norms[0]
-        clipped = [p for p in self.model.parameters() if p.grad is not None]
-        for params in _by_mesh(clipped).values():
+        for params in clipped_by_mesh.values():
             torch.nn.utils.clip_grads_with_norm_(params, self.ctx.grad_clip, total, foreach=True)
 
-    def _gradient_norm_groups(self) -> tuple[list[Any], Any]:
-        """The parameters whose gradients the clipping norm counts, and the process group over which
-        their squared norms are summed besides (None: every rank holds a share of each already)."""
-        return [p for p in self.model.parameters() if p.grad is not None], None
+    def _model_parameters(self) -> list[Any]:
+        """The model's parameters, listed once: FSDP2 keeps the same sharded parameter objects from
+        setup on (a checkpoint loads into them), and walking the module tree on every step is host
+        time that an FSDP step, near host-bound on a fast GPU, pays in full."""
+        if self._parameters is None:
+            self._parameters = list(self.model.parameters())
+        return self._parameters
+
+    def _gradient_norm_groups(self, with_gradients: list[Any]) -> tuple[list[Any], Any]:
+        """Of the parameters `with_gradients`, those whose gradients the clipping norm counts, and the
+        process group over which their squared norms are summed besides (None: every rank holds a
+        share of each already)."""
+        return with_gradients, None
 
     @contextlib.contextmanager
     def _gradient_sync_off(self) -> Iterator[None]:

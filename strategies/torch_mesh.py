@@ -519,16 +519,15 @@ class MeshStrategy(FSDPStrategy):
             sum_tied_gradients(self.model, self._pipeline.tie_group)
         super().clip_gradients()
 
-    def _gradient_norm_groups(self) -> tuple[list[Any], Any]:
+    def _gradient_norm_groups(self, with_gradients: list[Any]) -> tuple[list[Any], Any]:
         """Under a pipeline: the gradients of this rank's stages, a tied weight's copy left out (the
         norm counts each weight once), summed over the pipeline's ranks."""
         if self._pipeline is None:
-            return super()._gradient_norm_groups()
+            return super()._gradient_norm_groups(with_gradients)
         from strategies.pipeline_parts import tied_copies
 
         copies = tied_copies(self.model)
-        counted = [p for p in self.model.parameters() if p.grad is not None and id(p) not in copies]
-        return counted, self._pipeline.group
+        return [p for p in with_gradients if id(p) not in copies], self._pipeline.group
 
     def step(self) -> None:
         if self._zero1 is None:
