@@ -4,19 +4,23 @@ written where the planner reads it for this card (harness/plan/speed/kernel_tabl
 file and what each part replaces).
 
   host_s_per_kernel  an eager and a compiled training step's host time per kernel: parabench's GPT
-                     (12 blocks 64 wide, one sequence of 32 tokens, so the GPU idles on the host),
-                     forward and backward, its kernels counted once under torch.profiler and the
-                     steps timed without it; host time = wall time per step / kernels
+                     (64 wide, one sequence of 32 tokens, so the GPU idles on the host), forward and
+                     backward, at 12 and at 24 blocks, its kernels counted once under torch.profiler
+                     and the steps timed without it; host time = the two step times' difference
+                     over the two kernel counts' difference (a step's fixed cost cancels)
   memory_efficiency  eager elementwise kernels over 256 MiB tensors (add, mul, GELU, LayerNorm
-                     forward), bytes read and written over the time, over the data sheet's bandwidth:
-                     their median
+                     forward), bytes read and written over the kernel's time, over the data sheet's
+                     bandwidth: their median
   matmuls            bf16 matmuls of the shapes tensor parallelism's splits give a GPT block's four
                      projections (width x 3 width, x width, x 4 width, 4 width x width, the output
                      or input over tp), forward and both gradients, by width, tp and tokens
   attention          SDPA's FlashAttention-2 and cuDNN backends, causal, bf16, 16k tokens a call at
                      hidden 2048, by sequence and head dim, at the rate attention.py counts
 
-On a GPU machine, from the repository root (about 3 minutes on an H100; --quick: under one):
+Every kernel is timed on the device (the profiler's kernel durations): a launch and a wait for
+the result are the host's, which host_s_per_kernel measures on its own.
+
+On a GPU machine, from the repository root (about a minute on an H200):
 
     python bench/kernel_table.py                 # writes harness/plan/speed/kernel_tables/<card>.json
     python bench/kernel_table.py --out my.json   # elsewhere
@@ -28,6 +32,7 @@ A card the planner does not know (harness/common/hardware.py) is one line saying
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import statistics
@@ -52,12 +57,16 @@ WIDTHS, TPS, TOKENS = (1024, 2048, 4096, 8192), (1, 2, 4, 8), (512, 2048, 8192, 
 QUICK = dict(widths=(1024, 4096), tps=(1, 8), tokens=(2048,))
 SEQS, HEAD_DIMS, ATTENTION_TOKENS, ATTENTION_HIDDEN = (512, 1024, 2048, 4096, 8192, 16384), (64, 128), 16384, 2048
 HOST_MODEL = GPTConfig(n_layer=12, n_head=4, n_embd=64, vocab_size=256, block_size=64)
+HOST_LAYERS = (12, 24)
 ELEMENTWISE_BYTES = 256 * 2**20
 REPEATS = 5
 
 
 class Timer:
-    """Device time of a callable: CUDA events on a GPU, the wall clock on the CPU (--dry-run)."""
+    """Device time of a callable: on a GPU the summed durations of the kernels it runs, as
+    torch.profiler reads them from the device, so that neither the launch nor the host's wait for
+    the result counts (a wall clock around one small matmul reads the launch: 33 us for a 5 us
+    kernel behind an H200's host); the wall clock on the CPU (--dry-run), which has no such split."""
 
     def __init__(self, device: torch.device):
         self.device = device
@@ -66,23 +75,40 @@ class Timer:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
 
-    def best(self, once: Callable[[], object], repeats: int = REPEATS) -> float:
+    def seconds(self, once: Callable[[], object], repeats: int = REPEATS) -> float:
         once()  # warm-up: kernel selection, allocator
-        best = float("inf")
-        for _ in range(repeats):
+        if self.device.type != "cuda":
+            best = float("inf")
+            for _ in range(repeats):
+                start = time.perf_counter()
+                once()
+                best = min(best, time.perf_counter() - start)
+            return best
+        self.sync()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(repeats):
+                once()
             self.sync()
-            start = time.perf_counter()
-            once()
-            self.sync()
-            best = min(best, time.perf_counter() - start)
-        return best
+        busy_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+        return busy_us / repeats / 1e6
 
 
 def host_per_kernel(device: torch.device, timer: Timer, compiled: bool, steps: int) -> float:
-    """Host seconds per kernel of a training step that is all host: the wall time of `steps` steps
-    over the kernels one step launches (counted under the profiler)."""
+    """Host seconds per kernel of training steps that are all host: the step time of the deeper of
+    HOST_LAYERS' models less the shallower's, over the kernels the extra blocks launch (counted under
+    the profiler). What a step costs whatever its size (autograd's start, a compiled graph's guards
+    and wrapper) cancels, as it does in a large model's step, where it is spread over many kernels."""
+    (shallow_s, shallow_kernels), (deep_s, deep_kernels) = (
+        _host_step(device, timer, compiled, steps, layers) for layers in HOST_LAYERS
+    )
+    return (deep_s - shallow_s) / max(deep_kernels - shallow_kernels, 1)
+
+
+def _host_step(device: torch.device, timer: Timer, compiled: bool, steps: int, layers: int) -> tuple[float, int]:
+    """Wall seconds a step of a `layers`-block HOST_MODEL takes, forward and backward, and the
+    kernels it launches."""
     torch.manual_seed(0)
-    model = GPT(HOST_MODEL).to(device)
+    model = GPT(dataclasses.replace(HOST_MODEL, n_layer=layers)).to(device)
     # On the CPU (--dry-run) only Dynamo's capture, no code generation: the path, not the figure.
     run = torch.compile(model, backend="inductor" if device.type == "cuda" else "eager") if compiled else model
     inputs = torch.randint(0, HOST_MODEL.vocab_size, (1, 32), device=device)
@@ -103,7 +129,7 @@ def host_per_kernel(device: torch.device, timer: Timer, compiled: bool, steps: i
     for _ in range(steps):
         step()
     timer.sync()
-    return (time.perf_counter() - start) / steps / max(kernels, 1)
+    return (time.perf_counter() - start) / steps, kernels
 
 
 def memory_efficiency(device: torch.device, timer: Timer, data_sheet: float, size: int) -> float:
@@ -117,7 +143,7 @@ def memory_efficiency(device: torch.device, timer: Timer, data_sheet: float, siz
         "gelu": (lambda: F.gelu(x), 2 * size),
         "layer_norm": (lambda: F.layer_norm(rows, (1024,)), 2 * size),
     }
-    rates = [moved / timer.best(call) / data_sheet for call, moved in kernels.values()]
+    rates = [moved / timer.seconds(call) / data_sheet for call, moved in kernels.values()]
     return statistics.median(rates)
 
 
@@ -142,7 +168,7 @@ def matmuls(device: torch.device, timer: Timer, shapes) -> list[list[float]]:
     for m, n, k in shapes:
         a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
         b = torch.randn(k, n, device=device, dtype=torch.bfloat16)
-        out.append([m, n, k, timer.best(lambda a=a, b=b: a @ b)])
+        out.append([m, n, k, timer.seconds(lambda a=a, b=b: a @ b)])
     return out
 
 
@@ -167,7 +193,7 @@ def attention(device: torch.device, timer: Timer, seqs, head_dims, tokens: int, 
                         F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
                 try:
-                    table[name].append([seq, dim, flops / timer.best(once) / 1e12])
+                    table[name].append([seq, dim, flops / timer.seconds(once) / 1e12])
                 except RuntimeError:  # the backend does not take this shape on this card
                     continue
     return {name: points for name, points in table.items() if points}

@@ -37,7 +37,7 @@ fi
 "$py" -c "import torch; assert torch.cuda.is_available(), 'no GPU'; print(torch.cuda.get_device_name())" || exit 1
 # 1. The planner's kernel table for this card (matmul rates by shape, attention, memory-bound work,
 #    launch and collective latency): what every plan on the card uses in place of published figures.
-step kernel-table 200 "$py" bench/kernel_table.py --quick --out "$OUT/kernel_table.json"
+step kernel-table 200 "$py" bench/kernel_table.py --out "$OUT/kernel_table.json"
 # 2. Attention by sequence length and head dim, beside the rate the plan gives it.
 step attention 120 "$py" bench/attention_kernels.py --out "$OUT/attention.md"
 # 3. Unfused attention's matmuls at misaligned head dims (BigScience's 108, 150, 225, 450).
