@@ -167,7 +167,7 @@ def test_the_search_lists_one_layout_once(capsys):
     doc = json.loads(capsys.readouterr().out)
     assert {s["strategy"] for s in doc["layouts"]}.isdisjoint({"fsdp-pp", "fsdp-cp"})
     shown = [(s["strategy"], s["micro_batch"], s["activation_checkpointing"]) for s in doc["layouts"]]
-    assert len(shown) == len(set(shown)) and shown[0][0] == "fsdp-grad-op"
+    assert len(shown) == len(set(shown)) and "fsdp-grad-op" in {strategy for strategy, _, _ in shown}
     assert doc["listed_as"] == {"fsdp-pp at pp 2": "fsdp-grad-op", "fsdp-cp at pp 2": "fsdp"}
 
 

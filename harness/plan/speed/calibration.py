@@ -20,8 +20,10 @@ question (model, micro-batch, precision, world size, device) and predicts it; th
 Every strategy is priced from its own measurement, so two that drive the same engine with the
 same settings but measured apart (accelerate-zero3 and zero3) are planned apart, and the plan
 says by how much. Without a measurement of its own the planner uses the factors fitted the same
-way to the reference compare shipped with parabench (reference_h100.json: 15 strategies at
-gpt2-124m on one H100) and says they are assumed.
+way to the reference runs shipped with parabench and says they are assumed: an H200's runs of
+12 strategies at the current code (reference_h200.json: each backend's overhead and memory
+correction), and an H100 compare of 15 strategies (reference_h100.json) for the offload strategies'
+host steps and the H100's compute scale, which the H200's runs did not measure.
 """
 
 from __future__ import annotations
@@ -43,6 +45,11 @@ from harness.plan.speed.attention import sdpa_kernel
 from harness.plan.speed.step_time import HOST_ADAM_S_PER_PARAM, SpeedFactors
 
 REFERENCE = Path(__file__).with_name("reference_h100.json")
+CURRENT_REFERENCE = Path(__file__).with_name("reference_h200.json")
+REFERENCE_BASIS = (
+    "parabench's reference runs (gpt2-124m, bf16, micro-batch 16 x 1024, one GPU: an H200's of 2026-11-30; "
+    "an H100's of 2026-11-23 for offloading)"
+)
 SCALE_RANGE = (0.5, 2.0)  # a compute scale outside it means the model misdescribes the machine
 MEMORY_CORRECTION_LIMIT = 0.25  # of the measured peak: a larger miss is a model to fix, not to patch
 
@@ -94,10 +101,19 @@ def default_factors() -> SpeedFactors:
 
 @lru_cache(maxsize=1)
 def _reference_factors() -> SpeedFactors:
-    settings, measurements, _ = _read_results(json.loads(REFERENCE.read_text()), REFERENCE)
-    basis = "the reference H100 80GB HBM3 compare of 2026-11-23 (gpt2-124m, bf16, micro-batch 16 x 1024, one GPU)"
-    factors, _ = fit(settings, measurements, basis)
-    return replace(factors, measured=False)
+    """The H100 compare's compute scale (for plans on that card) and offload host steps; each backend
+    the H200 runs measured takes its overhead and memory correction from them instead: they ran the
+    current DeepSpeed and Accelerate configurations, which the H100 compare predates."""
+    compare, _ = fit(*_read_results(json.loads(REFERENCE.read_text()), REFERENCE)[:2], "")
+    runs, _ = fit(*_read_results(json.loads(CURRENT_REFERENCE.read_text()), CURRENT_REFERENCE)[:2], "")
+    return replace(
+        compare,
+        overhead_s={**compare.overhead_s, **runs.overhead_s},
+        memory={**compare.memory, **runs.memory},
+        unused=compare.unused + runs.unused,
+        basis=REFERENCE_BASIS,
+        measured=False,
+    )
 
 
 def calibrate_from(path: Path, *more: Path) -> tuple[SpeedFactors, list[FitRow]]:
