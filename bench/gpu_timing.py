@@ -1,6 +1,7 @@
 """What the GPU kernel benchmarks share (attention_kernels.py, ring_attention_rank.py,
-misaligned_matmul.py): a best-of-N timer that waits for the GPU, and their command line: a GPU
-required, the table printed as it grows and, with --out, written as Markdown."""
+misaligned_matmul.py, kernel_table.py): a best-of-N timer that waits for the GPU, a timer of the
+device's own kernel time, and their command line: a GPU required, the table printed as it grows
+and, with --out, written as Markdown."""
 
 from __future__ import annotations
 
@@ -24,6 +25,22 @@ def best_seconds(once: Callable[[], None], repeats: int) -> float:
         torch.cuda.synchronize()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def device_seconds(once: Callable[[], object], repeats: int) -> float:
+    """The GPU's time for one call of `once` (warmed up by the caller): the summed durations of the
+    kernels it runs, as the profiler reads them from the device, over `repeats` calls. A wall clock
+    around one call adds the launch and the wait for the result (about 30 us behind an H200's host:
+    three to five times a small matmul's work), which best_seconds keeps and this leaves out."""
+    from torch.autograd import DeviceType
+
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            once()
+        torch.cuda.synchronize()
+    busy_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
+    return busy_us / repeats / 1e6
 
 
 def gpu_command(description: str, script: str) -> Path | None:

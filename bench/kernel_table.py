@@ -48,6 +48,7 @@ from torch.autograd import DeviceType
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.gpu_timing import device_seconds  # noqa: E402
 from harness.common.hardware import GPUS, gpu_spec  # noqa: E402
 from harness.plan.speed.attention import causal_attention_flops  # noqa: E402
 from harness.plan.speed.kernel_table import TABLES  # noqa: E402
@@ -84,13 +85,7 @@ class Timer:
                 once()
                 best = min(best, time.perf_counter() - start)
             return best
-        self.sync()
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(repeats):
-                once()
-            self.sync()
-        busy_us = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA)
-        return busy_us / repeats / 1e6
+        return device_seconds(once, repeats)
 
 
 def host_per_kernel(device: torch.device, timer: Timer, compiled: bool, steps: int) -> float:
