@@ -36,15 +36,16 @@ fi
 
 "$py" -c "import torch; assert torch.cuda.is_available(), 'no GPU'; print(torch.cuda.get_device_name())" || exit 1
 # 1. The planner's kernel table for this card (matmul rates by shape, attention, memory-bound work,
-#    launch and collective latency): what every plan on the card uses in place of published figures.
+#    launch and collective latency), each kernel timed on the device: check it with
+#    bench/kernel_table_vs_plan.py before copying it to harness/plan/speed/kernel_tables/<card>.json.
 step kernel-table 200 "$py" bench/kernel_table.py --out "$OUT/kernel_table.json"
-# 2. Attention by sequence length and head dim, beside the rate the plan gives it.
-step attention 120 "$py" bench/attention_kernels.py --out "$OUT/attention.md"
-# 3. Unfused attention's matmuls at misaligned head dims (BigScience's 108, 150, 225, 450).
-step misaligned-matmul 60 "$py" bench/misaligned_matmul.py --out "$OUT/misaligned_matmul.md"
-# 4. One rank of load-balanced ring attention against the plan's 1/cp share.
-step ring-attention-rank 60 "$py" bench/ring_attention_rank.py --out "$OUT/ring_attention.md"
-# 5. The GPU tests that run on one card (those needing 2 or 4 GPUs skip themselves).
+# 2. FSDP against its hand-written loop, three times each (the runs whose parity is open:
+#    docs/benchmarks.md), the sections appended to $OUT/fsdp_parity.md.
+step overhead-fsdp 240 "$py" bench/overhead.py --only fsdp,fsdp-grad-op,accelerate-fsdp --repeat 3 \
+    --time-budget 220 --out "$OUT/fsdp_parity.md"
+# 3. The GPU tests that run on one card (those needing 2 or 4 GPUs skip themselves).
 step gpu-tests 240 "$py" -m pytest -q -p no:cacheprovider -n 0 -m gpu tests
-# 6. parabench's loop against a hand-written one, native torch (tokens/s at least 0.97 of it).
-step overhead-torch 280 "$py" bench/overhead.py --group torch --repeat 1
+# 4. Unfused attention's matmuls at misaligned head dims (BigScience's 108, 150, 225, 450).
+step misaligned-matmul 60 "$py" bench/misaligned_matmul.py --out "$OUT/misaligned_matmul.md"
+# 5. Attention by sequence length and head dim, beside the rate the plan gives it.
+step attention 120 "$py" bench/attention_kernels.py --out "$OUT/attention.md"
