@@ -363,7 +363,12 @@ def _fused_loss(backend: Backend, q: Question) -> bool:
     model, as a strategy that shards no blocks compiles it (sharding strategies, and replicate's units,
     compile each block, leaving the head and loss eager: strategies/base.py compile_blocks, torchtitan
     alike)."""
-    return q.fused_loss or (q.compiled and backend.stage == 0 and not backend.fsdp2_units)
+    return q.fused_loss or _whole_model_compiled(backend, q)
+
+
+def _whole_model_compiled(backend: Backend, q: Question) -> bool:
+    """Whether the final norm, the head and the loss are compiled in one graph with the blocks (see _fused_loss)."""
+    return q.compiled and backend.stage == 0 and not backend.fsdp2_units
 
 
 def params_held(shape: ModelShape, backend: Backend, layout: Layout) -> float:
@@ -469,6 +474,8 @@ def memory_at(backend: Backend, q: Question, layout: Layout, states: MemoryBreak
         linear_loss=q.recipe.fused_linear_loss,
         attention_dropout=q.recipe.attention_dropout > 0,
         hidden_dropout=q.recipe.hidden_dropout > 0,
+        compiled=q.compiled,
+        head_compiled=_whole_model_compiled(backend, q),
     )
     acts = _with_experts(acts, backend, q, layout)
     buffers = backend_buffers(q.shape, backend, held, layout, q.grad_accum, q.micro_batch * q.seq_len, q.recipe)

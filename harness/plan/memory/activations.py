@@ -22,11 +22,11 @@ width, v and the output at the value width.
 SDPA's flash and memory-efficient kernels keep no T x T scores (the unfused `math` kernel keeps
 its softmax, heads x T per token). The loss adds 12 bytes per token per vocabulary entry at the
 start of backward: the fp32 log-softmax output, its incoming gradient and the gradient it makes;
-a fused or chunked cross-entropy (fused_loss=true, or compiled) keeps the logits and their
-gradient in the compute dtype instead; one that writes the gradient over the logits in its forward
-(loss_in_place=true: TransformerEngine's parallel cross-entropy, its Triton kernel storing the
-gradient into the logits, transformer_engine/common/triton/cross_entropy.py @ 42d22740) keeps the
-logits alone; one fused with the head's matmul, a chunk of tokens at a time (linear_loss=true:
+a fused or chunked cross-entropy (fused_loss=true) keeps the logits and their gradient in the
+compute dtype instead (compiled with the model: below); one that writes the gradient over the
+logits in its forward (loss_in_place=true: TransformerEngine's parallel cross-entropy, its Triton
+kernel storing the gradient into the logits, transformer_engine/common/triton/cross_entropy.py
+@ 42d22740) keeps the logits alone; one fused with the head's matmul, a chunk of tokens at a time (linear_loss=true:
 Liger-Kernel's fused linear cross-entropy, recipe.py's fused_linear_loss) keeps no logits: the
 hidden states' gradient it makes in its forward and one chunk's logits, as many as the hidden
 states have elements, each in the compute dtype (LINEAR_LOSS_WIDTHS widths a token), and the
@@ -45,6 +45,25 @@ freed only when that fails (c10/cuda/CUDACachingAllocator.cpp, its header commen
 is `logits_cached`: in torch's max reserved beside the peak, not in the fit. Under autocast the
 residual stream stays fp32 (the embeddings' dtype) and matmuls run in bf16; FSDP's policy and
 DeepSpeed run everything in the low precision.
+
+Compiled (compile=true): torch.compile's AOTAutograd traces forward and backward as one graph and
+inductor's partitioner (pytorch/pytorch:torch/_inductor/compile_fx.py@cf30153c `partition_fn`, its
+joint-graph passes then torch/_functorch/partitioners.py `min_cut_rematerialization_partition`)
+chooses what the forward saves: the cheapest cut, an op recomputed in the backward only if it is in
+`get_default_op_list`'s recomputable ops (pointwise, casts, views; never a matmul or the attention
+kernel) and its output is not read by a backward op it cannot fuse into (`should_ban_recomputation`,
+`is_materialized_backwards`). So a matmul's input stays saved, its weight gradient reading it: the
+MLP keeps GELU's input and output (2f, as eager) but SwiGLU's SiLU is rebuilt from the gate (3f, not
+4f), and the projections' 16-bit input of each norm is one cast, shared (eager autocast casts it once
+per projection). Each norm keeps its input (LayerNorm: the normalised tensor, as large) and 1/std or
+1/rms (4 bytes; eager RMSNorm's fp32 copy and normalised tensor are rebuilt), the per-head norms on
+queries and keys and latent attention's norms alike. With the loss in the
+graph (the whole model compiled) the forward keeps the logits in the compute dtype and each token's
+maximum and log-sum-exp (fp32), and the backward writes the logits' gradient over them: AOTAutograd
+donates saved tensors no output aliases to the backward (torch/_functorch/_aot_autograd/graph_compile.py
+`collect_bw_donated_buffer_idxs`, on by `torch._functorch.config.donated_buffer`) and inductor reuses
+the logits' buffer for it. tests/plan/memory/test_compiled_activations.py counts the saved tensors of
+the partitioned graph on the CPU: the partitioner decides by op, not device.
 
 Checkpointing: `full` keeps each block's input and rebuilds one block at a time in the backward;
 `selective` (torchtitan's op-level policy) keeps each block's input, the outputs of every second
@@ -94,6 +113,10 @@ LOSS_GRADIENT_BYTES_PER_LOGIT = 8
 LOGSUMEXP_BYTES = 4
 FP8_BYTES = 1
 NORM_STATS_BYTES = {False: 8, True: 4}  # per token: LayerNorm's mean and 1/std; RMSNorm's 1/rms (fp32)
+# Compiled, per token: a norm's 1/std or 1/rms alone (fp32), LayerNorm's mean folded into its saved
+# normalised tensor; the loss's row maximum and log-sum-exp (fp32) beside the logits (module docstring).
+COMPILED_NORM_STATS_BYTES = 4
+COMPILED_LOSS_STATS_BYTES = 8
 
 
 @dataclass(frozen=True)
@@ -121,9 +144,12 @@ def _dtypes(precision: str, mixed_precision: str) -> tuple[int, int]:
     return (4, low) if mixed_precision == "autocast" else (low, low)
 
 
-def norm_bytes_per_token(dims: TransformerDims, residual: int, fused_norm: bool = False) -> int:
+def norm_bytes_per_token(dims: TransformerDims, residual: int, fused_norm: bool = False, compiled: bool = False) -> int:
     """What one norm saves per token: its input and statistics, and eager RMSNorm's fp32 copy
-    and normalised tensor besides."""
+    and normalised tensor besides; `compiled`: its input (LayerNorm: the normalised tensor, as large)
+    and 1/std or 1/rms, the rest recomputed in the backward."""
+    if compiled:
+        return dims.width * residual + COMPILED_NORM_STATS_BYTES
     if dims.rms_norm and not fused_norm:
         return dims.width * (4 + residual) + NORM_STATS_BYTES[True]
     return dims.width * residual + NORM_STATS_BYTES[dims.rms_norm]
@@ -152,6 +178,7 @@ def block_bytes_per_token(
     core_attention_kept: bool = True,
     attention_dropout: bool = False,
     hidden_dropout: bool = False,
+    compiled: bool = False,
 ) -> float:
     """What one block saves for backward, per token, on one of `tp` GPUs. `fp8_inputs`: the
     projections keep their inputs as the fp8 cast (recipe.py fp8_saved_inputs); `megatron`:
@@ -159,21 +186,23 @@ def block_bytes_per_token(
     whole sequence's input on every tensor-parallel GPU (Korthikanti et al. 2022, section 4.1);
     without `core_attention_kept` the attention kernel's own tensors beyond q, k, v (its
     log-sum-exp, the unfused kernel's softmax) are not kept (core_attention_bytes_per_token);
-    `attention_dropout`, `hidden_dropout`: their masks (the module's account)."""
+    `attention_dropout`, `hidden_dropout`: their masks (the module's account); `compiled`: what
+    AOTAutograd's partitioner saves of the block's graph (the module's account)."""
     residual, matmul = _dtypes(precision, mixed_precision)
     h, f = dims.width, dims.ffn_width
     q, kv = dims.q_width, dims.kv_width
-    autocast_copies = precision != "fp32" and mixed_precision == "autocast"
+    # Compiled, the projections reading one norm's output share a single cast of it (common subexpressions).
+    autocast_copies = precision != "fp32" and mixed_precision == "autocast" and not compiled
     attention_inputs = 1 if dims.fused_qkv or not autocast_copies else 3
     mlp_inputs = 2 if dims.gated_mlp and autocast_copies else 1
     projection_input = FP8_BYTES if fp8_inputs else matmul
     gathered = (attention_inputs + mlp_inputs) * h * projection_input  # whole on every tensor-parallel GPU
-    mlp = (3 if megatron else 4) if dims.gated_mlp else 2
+    mlp = (3 if megatron or compiled else 4) if dims.gated_mlp else 2
     split = (q + 2 * kv + q + mlp * f) * matmul
     if dims.mla is not None:  # its own attention account (mla_shape.py); the latents whole as the inputs are
         attention_inputs = len(dims.mla.latents) if autocast_copies else 1
         gathered = (attention_inputs + mlp_inputs) * h * projection_input
-        eager_norm = not (fused_norm or megatron)
+        eager_norm = not (fused_norm or megatron or compiled)
         gathered += latent_kept_per_token(dims.mla, matmul, projection_input, eager_norm, NORM_STATS_BYTES[True])
         # The log-sum-exp is the kernel's own, counted with it below (core_attention_bytes_per_token).
         split = attention_kept_per_token(dims.heads, dims.mla, matmul, 0) + mlp * f * matmul
@@ -184,8 +213,8 @@ def block_bytes_per_token(
     if core_attention_kept:
         split += core_attention_bytes_per_token(dims, matmul, attention, seq_len, attention_dropout)
     if qk_norm:
-        split += qk_norm_bytes_per_token(dims, matmul, fused_norm)
-    norms = 2 * norm_bytes_per_token(dims, residual, fused_norm)
+        split += qk_norm_bytes_per_token(dims, matmul, fused_norm or compiled)
+    norms = 2 * norm_bytes_per_token(dims, residual, fused_norm, compiled)
     if hidden_dropout:
         norms += HIDDEN_SITES * dims.width * MASK_BYTES
     return norms / (tp if sequence_parallel else 1) + split / tp + gathered
@@ -247,13 +276,19 @@ def head_bytes_per_token(
     megatron: bool = False,
     loss_in_place: bool = False,
     linear_loss: bool = False,
+    compiled: bool = False,
 ) -> float:
+    """What the final norm, the head and the loss hold per token at the start of backward; `compiled`:
+    in one graph with the loss, whose gradient the backward writes over the saved logits."""
     residual, matmul = _dtypes(precision, mixed_precision)
     vocab_parallel = dims.head_split(tp) > 1 and not megatron
-    norm = norm_bytes_per_token(dims, residual, fused_norm) / (tp if sequence_parallel else 1)
+    norm = norm_bytes_per_token(dims, residual, fused_norm, compiled) / (tp if sequence_parallel else 1)
     if linear_loss:  # no whole logits: the hidden states' gradient, a chunk's logits, the loss
         loss = LINEAR_LOSS_WIDTHS * dims.width * compute_bytes(precision) + LOSS_PER_TOKEN_BYTES
         return norm + loss + dims.width * matmul
+    if compiled and not vocab_parallel:
+        logits = compute_bytes(precision) * dims.vocab / dims.head_split(tp)
+        return norm + logits + COMPILED_LOSS_STATS_BYTES + dims.width * matmul
     loss = loss_bytes_per_logit(precision, fused_loss, vocab_parallel, loss_in_place) * dims.vocab
     return norm + loss / dims.head_split(tp) + dims.width * matmul
 
@@ -282,6 +317,8 @@ def activations(
     linear_loss: bool = False,
     attention_dropout: bool = False,
     hidden_dropout: bool = False,
+    compiled: bool = False,
+    head_compiled: bool = False,
 ) -> Activations | None:
     """One micro-batch's activations on one GPU; None where they are unknown (a model neither
     a known transformer nor traceable on the meta device: shape.note says which). `offload`: what
@@ -293,7 +330,9 @@ def activations(
     without `with_head` (a pipeline's stages before the last) no final norm, head or loss, so nothing of
     theirs is freed before a block is rebuilt; `loss_in_place`: the fused cross-entropy writes the
     logits' gradient over them; `linear_loss`: it runs with the head's matmul a chunk at a time, no
-    whole logits held; `attention_dropout`, `hidden_dropout`: their masks kept."""
+    whole logits held; `attention_dropout`, `hidden_dropout`: their masks kept; `compiled`: each block
+    compiled (what the partitioner saves, the module's account); `head_compiled`: the final norm, the
+    head and the loss compiled with them, as one graph."""
     if loss_in_place and not fused_loss:
         raise PlanError(
             "loss_in_place=true is a fused cross-entropy that writes the logits' gradient over them: give "
@@ -342,6 +381,7 @@ def activations(
         core_attention_kept=not core_attention_recompute,
         attention_dropout=attention_dropout,
         hidden_dropout=hidden_dropout,
+        compiled=compiled,
     )
     block = per_token * tokens
     head = 0.0
@@ -358,6 +398,7 @@ def activations(
             megatron=megatron,
             loss_in_place=loss_in_place,
             linear_loss=linear_loss,
+            compiled=head_compiled,
         )
         head *= tokens
         cached = logits_cached_per_token(dims, precision, fused_loss, tp) * tokens
