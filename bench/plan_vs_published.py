@@ -1271,7 +1271,7 @@ def main(argv: list[str] | None = None) -> int:
         out.write_text(
             "# The plan against published training runs\n\n"
             "Written by `bench/plan_vs_published.py` from the CSVs in `bench/data/` (sources in its README). The plan "
-            "uses its default factors (the reference H100 compare shipped with parabench) for every row. No constant "
+            "uses its default factors (fitted to the reference runs shipped with parabench) for every row. No constant "
             "of the planner was fitted to these runs: each comes from a cited measurement of a kernel, a link or a "
             "card, or from parabench's own H100 measurements (docs/planner.md lists them). The model's form was "
             "revised while its errors on these runs were in view (which terms count: contention beside a "
