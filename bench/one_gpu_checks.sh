@@ -38,7 +38,7 @@ fi
 # 1. The planner's kernel table for this card (matmul rates by shape, attention, memory-bound work,
 #    launch and collective latency), each kernel timed on the device: check it with
 #    bench/kernel_table_vs_plan.py before copying it to harness/plan/speed/kernel_tables/<card>.json.
-step kernel-table 200 "$py" bench/kernel_table.py --out "$OUT/kernel_table.json"
+step kernel-table 300 "$py" bench/kernel_table.py --out "$OUT/kernel_table.json"
 # 2. FSDP against its hand-written loop, three times each (the runs whose parity is open:
 #    docs/benchmarks.md), the sections appended to $OUT/fsdp_parity.md.
 step overhead-fsdp 240 "$py" bench/overhead.py --only fsdp,fsdp-grad-op,accelerate-fsdp --repeat 3 \
