@@ -59,9 +59,7 @@ def _compiled_saved_bytes(model: torch.nn.Module, rows: torch.Tensor, autocast: 
             if not isinstance(value, torch.Tensor) or not value.is_floating_point():
                 continue
             base = _base(node)
-            weight_copy = (
-                base.target is torch.ops.prims.convert_element_type.default and base.args[0].op == "placeholder"
-            )
+            weight_copy = base.target is CAST and base.args[0].op == "placeholder"
             if base.op != "placeholder" and not weight_copy and tuple(value.shape[-2:]) != (seq, seq):
                 saved.append(value.numel() * value.element_size())
         return gm
