@@ -65,7 +65,9 @@ class GPUSpec:
     # Pinned host <-> GPU copies as measured (nvbandwidth) where the host link is not PCIe
     # (NVLink-C2C to a Grace CPU); None: PCIe, at step_time's share of its rate.
     host_copy_bytes_per_s: float | None = None
-    host_link: str = "PCIe Gen5 x16"
+    # The link to the host CPU where it is not the card's PCIe x16 (pcie_bytes_per_s): "NVLink-C2C to a
+    # Grace CPU" on GB200 and GB300, whose host issues kernels slower (host_issue.py); "": PCIe.
+    host_link: str = ""
     nic_gbps: float = 400  # the platform's scale-out card per GPU (the default inter_node=)
     power_w: float | None = None  # the board's power limit (data sheet)
     sources: str = ""  # where each figure of this card comes from (said in the plan's header)
