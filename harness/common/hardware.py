@@ -68,6 +68,9 @@ class GPUSpec:
     # The link to the host CPU where it is not the card's PCIe x16 (pcie_bytes_per_s): "NVLink-C2C to a
     # Grace CPU" on GB200 and GB300, whose host issues kernels slower (host_issue.py); "": PCIe.
     host_link: str = ""
+    # An eager kernel's host time on this card's host, us, where the plan was given it (host_us_per_kernel=):
+    # the host's own pace in place of the reference x86 host's (host_issue.py); None: not given.
+    host_us_per_kernel: float | None = None
     nic_gbps: float = 400  # the platform's scale-out card per GPU (the default inter_node=)
     power_w: float | None = None  # the board's power limit (data sheet)
     sources: str = ""  # where each figure of this card comes from (said in the plan's header)

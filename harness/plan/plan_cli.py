@@ -55,7 +55,7 @@ from harness.plan.predict import (
 )
 from harness.plan.recommendation import Recommendation, recommend
 from harness.plan.speed.gemm import REFERENCE_CARD, sustained_share
-from harness.plan.speed.host_issue import host_slowdown
+from harness.plan.speed.host_issue import host_slowdown, issue_rates
 from harness.plan.speed.step_time import SpeedFactors
 from harness.plan.speed.stragglers import SPREAD, straggler_share
 from harness.plan.what_if import skipped, skipped_lines
@@ -424,9 +424,20 @@ def basis_lines(q: Question) -> list[str]:
                 f", mid-sized collectives at the share of it published {t.fabric.kind} sweeps reached "
                 f"({half:.0%} where the bytes take 256 us at it)"
             )
-    slower = 1.0 if f.measured else host_slowdown(gpu.host_link)
-    host = f"; the backends' own host work x {slower:.2f} on this card's slower host" if slower != 1.0 else ""
-    lines = [f"speed: {compute}", f"backend overheads and offload host steps {where} from {f.basis}{host}", network]
+    slower = 1.0 if f.measured else host_slowdown(gpu)
+    host = f"; the backends' own host work x {slower:.2f} at this card's host's pace" if slower != 1.0 else ""
+    rates, rates_basis = issue_rates(gpu)
+    yours = "" if gpu.host_us_per_kernel is not None else "; host_us_per_kernel= gives your host's"
+    issue = (
+        f"host issue: {rates['eager'] * 1e6:.1f} us of CPU an eager kernel, {rates['compiled'] * 1e6:.1f} a "
+        f"compiled one ({rates_basis}){yours}"
+    )
+    lines = [
+        f"speed: {compute}",
+        f"backend overheads and offload host steps {where} from {f.basis}{host}",
+        issue,
+        network,
+    ]
     if gpu.sources:
         lines.append(f"card: {gpu.sources}")
     if gpu.attention_assumed:

@@ -70,6 +70,12 @@ class PlanConfig:
     # One host's memory, GB (what offload keeps its state in); default: the card's reference system's
     # (a DGX H100's 2 TB, a GB200 tray's two Graces), hardware.py.
     host_mem_gb: Optional[float] = None
+    # The CPU time, us, the host takes to issue one eager kernel (the Python, dispatch and launch): your host's
+    # where it is slower or faster than the x86 server the default was measured on (speed/host_issue.py:
+    # 24 us; 2.75 times that on a Grace CPU); a profile's host time a step over its kernels, or the eager
+    # `host_s_per_kernel` that `python bench/kernel_table.py` writes, gives it. Compiled launches and the
+    # backends' own host work go at the same pace.
+    host_us_per_kernel: Optional[float] = None
     peak_tflops: Optional[float] = None  # default: the card's dense peak at this precision
     hbm_tb_s: Optional[float] = None  # default: the card's memory bandwidth, TB/s
     interconnect: str = "auto"  # inside a node: nvlink | pcie | GB/s per GPU (auto: the card's)
@@ -217,6 +223,7 @@ def check(cfg: PlanConfig) -> None:
         "gpus_per_node",
         "gpu_mem_gb",
         "host_mem_gb",
+        "host_us_per_kernel",
         "peak_tflops",
         "hbm_tb_s",
         "micro_batch",
@@ -322,6 +329,8 @@ def gpu_of(cfg: PlanConfig) -> GPUSpec:
         check_custom_card(cfg, spec)
     if cfg.host_mem_gb is not None:  # the host's, not the card's: the card keeps its name
         spec = replace(spec, host_memory_gib=cfg.host_mem_gb * GB / 2**30)
+    if cfg.host_us_per_kernel is not None:
+        spec = replace(spec, host_us_per_kernel=cfg.host_us_per_kernel)
     check_precision(spec, cfg.precision)
     if cfg.fp8_block_scaling and spec.generation not in BLOCK_SCALED:
         raise PlanError(

@@ -61,10 +61,9 @@ from harness.plan.speed.host_issue import (
     LAUNCH_BLOCKING,
     HostIssue,
     host_issue,
-    host_rates,
     host_slowdown,
+    issue_rates,
 )
-from harness.plan.speed.kernel_table import kernel_table
 from harness.plan.speed.masked_softmax import (
     FUSED_SOFTMAX,
     SWAPPED_SOFTMAX_CHECK,
@@ -701,7 +700,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         pipelined=_async_tp(q, layout, backend) if pipelined else None,
         host=_host(backend, q, layout, comms),
         gpus=layout.gpus,
-        host_scale=1.0 if q.factors.measured else host_slowdown(q.gpu.host_link),
+        host_scale=1.0 if q.factors.measured else host_slowdown(q.gpu),
     )
 
 
@@ -722,9 +721,8 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         kernels += _softmax_fallback_kernels(backend, q, layout.tp)
     grouped = _megatron_moe_layer(backend)  # grouped matmuls, not a Python loop
     kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing)
-    table = kernel_table(q.gpu) if q.gpu is not None else None
     compiled = q.compiled and not q.eager_launches
-    measured = table.host_s_per_kernel if table else host_rates(q.gpu.host_link) if q.gpu is not None else None
+    measured = issue_rates(q.gpu)[0] if q.gpu is not None else None
     if backend.options.get(FULL_ITERATION_GRAPH):  # the step replayed from one graph, nothing read back mid-way
         replay = {"eager": GRAPH_REPLAY_S_PER_KERNEL, "compiled": GRAPH_REPLAY_S_PER_KERNEL}
         return host_issue(kernels, comms, compiled, q.grad_accum, replay)

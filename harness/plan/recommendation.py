@@ -124,6 +124,11 @@ def _largest_loss(p: StrategyPlan, q: Question) -> str:
         return (
             f"waiting on the host is {share} ({t.host.describe()}); a larger micro-batch gives each kernel more "
             "work, compile=true issues fewer"
+            + (
+                ""
+                if q.gpu is None or q.gpu.host_us_per_kernel is not None
+                else ", host_us_per_kernel= prices your host"
+            )
         )
     if largest == "offload":
         return f"the CPU optimizer step and host copies are {share}; more GPUs or no offload where it fits remove it"

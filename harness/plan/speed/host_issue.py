@@ -67,8 +67,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from harness.common.hardware import GPUSpec
 from harness.plan.network.comm import PIPELINED, Collective
 from harness.plan.speed.compute import Kernels
+from harness.plan.speed.kernel_table import kernel_table
 
 HOST_S_PER_KERNEL = {"eager": 24e-6, "compiled": 4.7e-6}
 GRACE_HOST_SLOWDOWN = 37.08 / 13.48  # a torch operator's host time, GB200's Grace over DGX H100's Xeon
@@ -80,17 +82,31 @@ COLLECTIVE_KERNELS = 2  # a collective and the stream's events around it, priced
 HOST_S_PER_COLLECTIVE = COLLECTIVE_KERNELS * HOST_S_PER_KERNEL["eager"]
 
 
-def host_slowdown(host_link: str) -> float:
-    """How much longer the host of a card reached over `host_link` takes for the same Python and
-    dispatch as the x86 hosts the rates here (and the reference compare's backend overheads) were
-    measured on: GRACE_HOST_SLOWDOWN for a Grace CPU, else 1."""
-    return GRACE_HOST_SLOWDOWN if GRACE_HOST in host_link else 1.0
+def host_slowdown(gpu: GPUSpec) -> float:
+    """How much longer `gpu`'s host takes for the same Python and dispatch as the x86 hosts the rates
+    here (and the reference compare's backend overheads) were measured on: the given eager rate over
+    HOST_S_PER_KERNEL's (host_us_per_kernel=), else GRACE_HOST_SLOWDOWN for a Grace CPU, else 1."""
+    if gpu.host_us_per_kernel is not None:
+        return gpu.host_us_per_kernel * 1e-6 / HOST_S_PER_KERNEL["eager"]
+    return GRACE_HOST_SLOWDOWN if GRACE_HOST in gpu.host_link else 1.0
 
 
-def host_rates(host_link: str) -> dict[str, float]:
-    """Host seconds per kernel, eager and compiled, for a card reached over `host_link`: the x86
-    figures times host_slowdown."""
-    return {kind: rate * host_slowdown(host_link) for kind, rate in HOST_S_PER_KERNEL.items()}
+def host_rates(gpu: GPUSpec) -> dict[str, float]:
+    """Host seconds per kernel, eager and compiled, on `gpu`'s host: the x86 figures times host_slowdown
+    (the same CPU runs a compiled graph's launches at the same pace against the x86 host's)."""
+    return {kind: rate * host_slowdown(gpu) for kind, rate in HOST_S_PER_KERNEL.items()}
+
+
+def issue_rates(gpu: GPUSpec) -> tuple[dict[str, float], str]:
+    """Host seconds per kernel, eager and compiled, on `gpu`'s host, and where they come from: the pace
+    given (host_us_per_kernel=), else the card's measured kernel table, else host_rates."""
+    table = kernel_table(gpu)
+    if gpu.host_us_per_kernel is not None:
+        return host_rates(gpu), "host_us_per_kernel=, as given"
+    if table is not None and table.host_s_per_kernel:
+        return table.host_s_per_kernel, f"measured on the card: {table.source}"
+    grace = f", x {GRACE_HOST_SLOWDOWN:.2f} on this card's Grace CPU" if host_slowdown(gpu) != 1.0 else ""
+    return host_rates(gpu), f"an x86 server's under torch 2.11, host_issue.py{grace}"
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from harness.plan.model.model_shape import shape_of_description, shape_of_spec
+from harness.common.hardware import GPUS
+from harness.plan.model.model_shape import PlanError, shape_of_description, shape_of_spec
 from harness.plan.plan_cli import PlanConfig, question
 from harness.plan.predict import plan_backend, plan_strategy
 from harness.plan.speed.compute import ACCUMULATE_KERNELS, BIAS_GRAD_KERNELS, ROOT_KERNELS, micro_step_kernels
@@ -20,7 +21,9 @@ from harness.plan.speed.host_issue import (
     HOST_S_PER_KERNEL,
     LAUNCH_BLOCKING,
     host_rates,
+    issue_rates,
 )
+from harness.plan.speed.kernel_table import KernelTable
 
 # A GPT of 1,024 wide on one node: at tensor parallel 8 and one sequence, each GPU's share of a
 # block is tens of microseconds of GPU work against the block's ~100 kernels to issue.
@@ -112,7 +115,7 @@ def test_fused_kernels_issued_from_python_pay_eagers_rate():
 
 
 def test_a_grace_host_issues_each_kernel_slower_than_an_x86_one():
-    x86, grace = host_rates("PCIe Gen5 x16"), host_rates("NVLink-C2C to a Grace CPU")
+    x86, grace = host_rates(GPUS["B200"]), host_rates(GPUS["GB200"])
     assert x86 == HOST_S_PER_KERNEL
     assert grace["eager"] == pytest.approx(x86["eager"] * GRACE_HOST_SLOWDOWN) and GRACE_HOST_SLOWDOWN > 2
     on_b200 = _plan("ddp-tp", micro_batch=1, tp=4, **{**SMALL, "gpu": "B200"}).time.host
@@ -154,3 +157,48 @@ def test_dataparallel_waits_on_its_host_as_single_does():
     assert threads.step_s == pytest.approx(single.step_s)
     two = question(PlanConfig(model="gpt2-124m", gpus=2, strategies=["dataparallel"]))
     assert plan_strategy("dataparallel", two).time.step_s > single.step_s
+
+
+def test_a_given_host_pace_prices_every_kernel_and_the_backends_own_work_at_it():
+    """host_us_per_kernel= is the user's host: twice the x86 rate doubles the host's issue, compiled
+    launches and the backend's own host work alike, and it stands in place of a Grace host's slowdown."""
+    x86 = _plan("ddp-tp", micro_batch=1, tp=4)
+    slow = _plan("ddp-tp", micro_batch=1, tp=4, **{**SMALL, "host_us_per_kernel": 48})
+    assert slow.time.host.kernels == x86.time.host.kernels
+    assert slow.time.host.seconds == pytest.approx(2 * x86.time.host.seconds)
+    zero3_x86 = _plan("zero3", micro_batch=1).time
+    zero3_slow = _plan("zero3", micro_batch=1, **{**SMALL, "host_us_per_kernel": 48}).time
+    assert zero3_slow.overhead_s == pytest.approx(2 * zero3_x86.overhead_s) and zero3_x86.overhead_s > 0
+    assert slow.time.tokens_per_s < x86.time.tokens_per_s
+    compiled = _plan("ddp-tp", micro_batch=1, tp=4, compile=True, **{**SMALL, "host_us_per_kernel": 48})
+    compiled_x86 = _plan("ddp-tp", micro_batch=1, tp=4, compile=True)
+    assert compiled.time.host.seconds == pytest.approx(2 * compiled_x86.time.host.seconds)
+    on_b200 = _plan("ddp-tp", micro_batch=1, tp=4, **{**SMALL, "gpu": "B200"}).time.host
+    given_on_gb200 = _plan("ddp-tp", micro_batch=1, tp=4, **{**SMALL, "gpu": "GB200", "host_us_per_kernel": 24})
+    assert given_on_gb200.time.host.seconds == pytest.approx(on_b200.seconds)
+
+
+def test_a_given_host_pace_stands_before_the_cards_measured_table(monkeypatch):
+    table = KernelTable(card="A100", source="a test's table", host_s_per_kernel={"eager": 30e-6, "compiled": 6e-6})
+    monkeypatch.setattr("harness.plan.speed.host_issue.kernel_table", lambda gpu: table)
+    a100 = GPUS["A100"]
+    assert issue_rates(a100) == (table.host_s_per_kernel, "measured on the card: a test's table")
+    given, basis = issue_rates(replace(a100, host_us_per_kernel=12.0))
+    assert given["eager"] == pytest.approx(12e-6) and basis == "host_us_per_kernel=, as given"
+    assert given["compiled"] == pytest.approx(HOST_S_PER_KERNEL["compiled"] / 2)
+
+
+def test_the_plan_says_which_host_pace_it_priced_and_refuses_a_pace_that_is_none():
+    from harness.plan.plan_cli import basis_lines
+
+    default = next(line for line in basis_lines(question(PlanConfig(**SMALL))) if line.startswith("host issue"))
+    assert "24.0 us of CPU an eager kernel" in default and "host_us_per_kernel= gives your host's" in default
+    given = next(
+        line
+        for line in basis_lines(question(PlanConfig(**SMALL, host_us_per_kernel=40)))
+        if line.startswith("host issue")
+    )
+    assert "40.0 us of CPU an eager kernel" in given and "as given" in given
+    for bad in (0, -3.0, float("nan")):
+        with pytest.raises(PlanError, match="host_us_per_kernel=.* must be a positive, finite number"):
+            question(PlanConfig(**SMALL, host_us_per_kernel=bad))
