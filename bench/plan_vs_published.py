@@ -88,7 +88,7 @@ from harness.plan.speed.attention import KERNELS as ATTENTION_KERNELS  # noqa: E
 from harness.plan.speed.calibration import default_factors  # noqa: E402
 from harness.plan.speed.compute import kernel_launches  # noqa: E402
 from harness.plan.speed.dropout import SOFTMAX_DROPOUT_FUSION  # noqa: E402
-from harness.plan.speed.host_issue import LAUNCH_BLOCKING  # noqa: E402
+from harness.plan.speed.host_issue import LAUNCH_BLOCKING, host_slowdown  # noqa: E402
 from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK  # noqa: E402
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE  # noqa: E402
 from harness.plan.speed.step_time import HOST_S_PER_LAUNCH, for_card  # noqa: E402
@@ -635,12 +635,17 @@ def _described(row: dict[str, str]) -> ModelShape:
     )
 
 
-def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | None]:
-    """The plan of one published row, as it ran."""
+def question(
+    row: dict[str, str], host_us_per_kernel: float | None = None
+) -> tuple[Question, StrategyPlan | None, str | None]:
+    """The plan of one published row, as it ran; `host_us_per_kernel`: an x86 host's eager pace in place of
+    the default's (a Grace host's at the same ratio to it), for bench/host_pace.py."""
     gpu = _card(row)
     why_not = gpu if isinstance(gpu, str) else _not_modelled(row)
     if why_not is not None:
         return None, None, why_not  # type: ignore[return-value]
+    if host_us_per_kernel is not None:
+        gpu = replace(gpu, host_us_per_kernel=host_us_per_kernel * host_slowdown(gpu))
     precision = _precision(row)
     if precision not in PLAN_PRECISIONS:
         return None, None, precision  # type: ignore[return-value]
@@ -709,11 +714,11 @@ def question(row: dict[str, str]) -> tuple[Question, StrategyPlan | None, str | 
     return q, plan_backend(backend, q), None
 
 
-def plan_rows(rows: list[dict[str, str]]) -> list[Outcome]:
+def plan_rows(rows: list[dict[str, str]], host_us_per_kernel: float | None = None) -> list[Outcome]:
     out = []
     for row in rows:
         try:
-            _, plan, skipped = question(row)
+            _, plan, skipped = question(row, host_us_per_kernel)
         except PlanError as exc:
             plan, skipped = None, f"the planner refused it: {exc}"
         except ValueError as exc:  # a size or count that is not a number
