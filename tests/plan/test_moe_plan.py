@@ -359,7 +359,8 @@ def test_published_moe_runs_name_the_dispatcher_their_quoted_configs_leave():
 
 def test_qwen3_235b_runs_count_the_embedding_and_the_loss_in_their_pipeline_split():
     """Megatron-Bridge's Qwen3-235B-A22B recipe and the Model Zoo's yaml set account_for_embedding_in_pipeline_split
-    and account_for_loss_in_pipeline_split: 94 blocks + 2 cut over PP x VP, the first and last GPUs a block short."""
+    and account_for_loss_in_pipeline_split: 94 blocks + 2 cut over PP x VP, the first and last GPUs a block short
+    (xtuner's H800 benchmark states that cut, the flags read from it)."""
     from bench import plan_vs_published as published
     from bench.layout_kinds import degrees
 
@@ -369,7 +370,7 @@ def test_qwen3_235b_runs_count_the_embedding_and_the_loss_in_their_pipeline_spli
         for r in rows
         if r["model"] == "qwen3-235b-a22b" and r["sharding"].startswith("megatron") and degrees(r["sharding"]).pp > 1
     ]
-    assert len(pipelined) == 47
+    assert len(pipelined) == 63
     for row in pipelined:
         assert {"embedding_in_pipeline_split", "loss_in_pipeline_split"} <= set(row["sharding"].split()), row["source"]
         assert "ccount_for_embedding_in_pipeline_split" in row["notes"] or "account-for-embedding" in row["notes"]
