@@ -20,8 +20,9 @@ network hops between nodes (with what the network plugin reports as its own late
 InfiniBand, 35-75 us for AWS's EFA in aws-ofi-nccl's `platform-aws.cpp`, added once per network
 hop, twice for Simple, as NCCL adds its flush). On EFA that report is a figure that steers NCCL's
 choice, not the wire's latency: the way chosen with it is timed with what a hop takes there
-(`Links.wire_hop_us`, fabric.py), and a ring across nodes no sooner than its steps at the report
-(`RING_STEPS_AT_REPORT`).
+(`Links.wire_hop_us`, fabric.py), a ring across nodes no sooner than its steps at the report
+(`RING_STEPS_AT_REPORT`), and a tree across more than two nodes at the report, as NCCL's model times it
+(`TREE_HOPS_AT_WIRE_NODES`).
 """
 
 from __future__ import annotations
@@ -63,9 +64,14 @@ NET_POST_US = 1.0  # the proxy's cost to post a network send (x86), three per Si
 # report (a figure AWS set from its runs of NCCL on p4d and p5: aws/aws-ofi-nccl commit d87d61e0): the p5
 # sweep's all-gather at 32 MiB, nearly all latency, takes it within 3-14% on 4 to 32 nodes
 # (docs/planner.md), where the wire's hop gives under half. Its bytes overlap those steps, so such
-# a ring takes the longer of the two. Trees keep the wire's hop alone: on two p5 nodes the sweeps'
-# tree/LL128 runs 21-41% faster than the report would give.
+# a ring takes the longer of the two. A tree on two nodes keeps the wire's hop: the p5 sweeps' tree/LL128
+# there runs 21-41% faster than the report would give. Across more nodes a tree's network hops take the
+# report too, and its bytes add to them as NCCL's model has it: the 4 to 32-node sweep's tree/LL128
+# all-reduce at 32 MiB on 8, 16 and 32 nodes takes 71-81 us a network hop past its bytes at the model's rate, where the
+# report gives 83.5 and the wire 20 (docs/planner.md).
 RING_STEPS_AT_REPORT = ("all-reduce", "all-gather", "reduce-scatter")
+TREES = ("tree", "nvls-tree")
+TREE_HOPS_AT_WIRE_NODES = 2  # the most nodes a tree's network hops take at the wire's hop
 RING_PLATEAU = 1.4  # a multi-node Simple ring all-reduce's latency once every channel has work
 
 # GB/s caps by generation; the three columns: one node, two nodes, more.
@@ -333,9 +339,14 @@ def choose(kind: str, payload: float, links: Links) -> Choice:
     chosen = next(c for c in ways if (c.algorithm, c.protocol) == tuned)
     if links.wire_hop_us is None:
         return chosen
-    # Chosen with the plugin's report, timed with the wire's hop; a ring across nodes no sooner than
-    # its steps take at the report, which its bytes overlap (RING_STEPS_AT_REPORT).
+    # Chosen with the plugin's report; a tree across more than two nodes timed with it too, as NCCL's
+    # model times it (TREE_HOPS_AT_WIRE_NODES); else timed with the wire's hop, a ring across nodes no
+    # sooner than its steps take at the report, which its bytes overlap (RING_STEPS_AT_REPORT).
+    if chosen.algorithm in TREES and links.nodes > TREE_HOPS_AT_WIRE_NODES:
+        return chosen
     timed = next(c for c in candidates(kind, payload, replace(links, timing=True)) if c.describe() == chosen.describe())
+    if chosen.algorithm in ("tree", "nvls-tree") and links.nodes > 2:
+        return chosen
     if chosen.algorithm == "ring" and kind in RING_STEPS_AT_REPORT and links.nodes > 1:
         latency = max(timed.latency_s, chosen.latency_s)
         return replace(timed, latency_s=latency, seconds=max(timed.seconds, latency))

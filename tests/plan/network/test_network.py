@@ -294,6 +294,29 @@ def test_an_efa_ring_across_nodes_takes_its_steps_at_the_plugins_report():
     assert tree.describe() == "tree/LL128" and tree.seconds < reported.latency_s
 
 
+def test_an_efa_tree_across_more_than_two_nodes_takes_its_hops_at_the_plugins_report():
+    """16 x 8 H100 on p5: P5's tuner regions pick tree/LL128 for a 256 MiB all-reduce, and across more
+    than two nodes a tree takes what NCCL's model gives with the 75 us report (its latency plus its
+    bytes), not the wire's hop; on two nodes NVLS-tree keeps the wire's."""
+    for nodes, kind in ((16, "tree/LL128"), (32, "nvls-tree/Simple")):
+        t = topology("H100", 8 * nodes, nodes, "p5")
+        links = t.links(t.world())
+        size = 2**28 if kind == "tree/LL128" else GIB
+        reported = next(c for c in candidates("all-reduce", size, links) if c.describe() == kind)
+        wired = next(
+            c for c in candidates("all-reduce", size, fabric.replace(links, timing=True)) if c.describe() == kind
+        )
+        chosen = choose("all-reduce", size, links)
+        assert chosen.describe() == kind
+        assert chosen.seconds == pytest.approx(reported.latency_s + size / reported.algbw)
+        assert chosen.latency_s > 2 * wired.latency_s
+    two = topology("H100", 16, 2, "p5")
+    links = two.links(two.world())
+    chosen = choose("all-reduce", GIB, links)
+    reported = next(c for c in candidates("all-reduce", GIB, links) if c.describe() == chosen.describe())
+    assert chosen.describe() == "nvls-tree/Simple" and chosen.latency_s < reported.latency_s
+
+
 def test_rails_a_node_with_fewer_cards_and_the_default_one_card_per_gpu():
     """Between nodes a ring runs at the node's cards: half the cards, half the bus bandwidth; the
     default fabric gives a node one card per GPU at its platform's rate."""
