@@ -11,7 +11,10 @@ overlapped with the other micro-batch's compute: Megatron-core's
 `--overlap-moe-expert-parallel-comm`, Megatron-Bridge's `moe_a2a_overlap`) and `megatron_moe_layer`
 (Megatron-core's MoE layer on another engine: AutoModel's; expert_compute.py); the head's `dispatcher=`
 says whether its all-to-all forwards a token once per node (deepep, hybridep, flex) or sends every
-copy (alltoall; expert_comm.py). Every run is planned
+copy (alltoall; expert_comm.py); with a `capacity=`, an alltoall row's experts are padded to it (each such
+row's notes quote --moe-pad-expert-input-to-capacity or the table's padding), a forwarding dispatcher's
+drop what is over it unpadded (Megatron-core's MoEFlexTokenDispatcher refuses
+--moe-pad-expert-input-to-capacity: megatron/core/transformer/moe/token_dispatcher.py @ 6a6cd478). Every run is planned
 balanced (`moe_imbalance` 1.0): Megatron-Bridge's and AutoModel's benchmarks force balanced routing
 (bench/data/README.md); the others do not say. `moe_runs_held` says which shapeless MoE rows of the
 other CSVs are runs this one holds, so each run is counted once.
@@ -74,7 +77,8 @@ def moe_shape_of_row(row: dict[str, str]) -> ModelShape:
     capacity = head.get("capacity", "dropless")
     if capacity != "dropless":
         assert shape.dims is not None and shape.dims.moe is not None
-        dims = replace(shape.dims, moe=replace(shape.dims.moe, capacity=float(capacity)))
+        padded = head.get("dispatcher") not in FORWARDING_DISPATCHERS
+        dims = replace(shape.dims, moe=replace(shape.dims.moe, capacity=float(capacity), padded=padded))
         shape = replace(shape, dims=dims)
     return shape
 

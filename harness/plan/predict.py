@@ -777,12 +777,17 @@ def _megatron_moe_layer(backend: Backend) -> bool:
 
 
 def _synced_long_forward(q: Question, layout: Layout, grouped: bool) -> float | None:
-    """Where a mixture of experts' forward waits on the host for its experts' token counts (dropless
-    routing; the zoo's experts read them whatever the capacity; host_issue.py), how many of its forward
-    kernels are long ones: the blocks' projections and attention, the head, the experts' matmuls."""
+    """Where a mixture of experts' forward waits on the host for its experts' token counts (host_issue.py),
+    how many of its forward kernels are long ones: the blocks' projections and attention, the head, the
+    experts' matmuls. Megatron-core's layer skips the wait only with its experts' inputs padded to their
+    capacity, whose sizes are then fixed: a capacity that drops makes its sizes dynamic ("Need to sync
+    output size GPU->CPU before allocating output buffer"), and its flex dispatcher, which cannot pad, reads
+    the received count with `.item()` (megatron/core/transformer/moe/token_dispatcher.py @ 6a6cd478,
+    MoEAlltoAllTokenDispatcher.preprocess, _DeepepManager.get_permuted_hidden_states_by_experts). The
+    zoo's experts read the counts whatever the capacity."""
     dims = q.shape.dims
     moe = dims.moe if dims is not None else None
-    if moe is None or not moe.moe_layers or (moe.capacity is not None and grouped):
+    if moe is None or not moe.moe_layers or (moe.capacity is not None and moe.padded and grouped):
         return None
     dense = dims.layers * (len(block_projections(dims, 1)) + 1) + 1
     return dense + expert_long_forward(q.shape, layout.experts, grouped)

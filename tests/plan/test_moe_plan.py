@@ -519,3 +519,26 @@ def test_megatron_runs_gpt_oss_clamped_glu_through_its_fused_kernel(monkeypatch)
     }
     one_f = pairs * moe.expert_ffn * 2
     assert kept[False] - kept[True] == pytest.approx(one_f + pairs * q.shape.dims.width * 2, rel=1e-6)
+
+
+def test_a_capacity_that_drops_caps_the_busiest_gpu_and_one_padded_runs_every_expert_full():
+    from bench import plan_vs_published as published
+    from harness.plan.memory.expert_memory import routed_pairs
+    from harness.plan.parallel.expert_layout import ExpertLayout
+
+    # Megatron-core's flex dispatcher (DeepEP) cannot pad: tokens over 5x the mean drop, none are added
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    row = next(r for r in rows if "capacity=5.0" in r["notes"] and "dispatcher=deepep" in r["notes"])
+    dropless = {**row, "notes": row["notes"].replace("capacity=5.0", "capacity=dropless")}
+    padded = {**row, "notes": row["notes"].replace("dispatcher=deepep", "dispatcher=alltoall")}
+    dropping_plan, dropless_plan = published.question(row)[1], published.question(dropless)[1]
+    assert dropping_plan.time.work.matmul_s == pytest.approx(dropless_plan.time.work.matmul_s)
+    # its sizes are dynamic, so its forward waits on the host for them as a dropless one does
+    assert dropping_plan.time.host.synced_forward_short_s is not None
+    padded_plan = published.question(padded)[1]
+    assert padded_plan.time.work.matmul_s > 2 * dropless_plan.time.work.matmul_s  # the experts at 5x
+    assert padded_plan.time.host.synced_forward_short_s is None  # padded: fixed sizes, no wait
+    moe = published.shape_of_row(row).dims.moe
+    layout = ExpertLayout(ep=8, etp=1, edp=1)
+    assert routed_pairs(moe, 1024, layout, 1.5) == pytest.approx(1.5 * 1024 * 8)  # under 5x: the router's own
+    assert routed_pairs(moe, 1024, layout, 9.0) == pytest.approx(5 * 1024 * 8)  # capped at the capacity

@@ -10,13 +10,13 @@ over the edp GPUs holding the same experts (DeepSpeed's expert data-parallel gro
 over dp_shard / EP more). They are priced by model_states.py on a shape of this GPU's expert
 tensors, the states' group the edp GPUs, so each engine's own accounting holds for them too.
 
-Activations, per token routed to an expert on this GPU (P = the GPU's tokens x top_k x etp
-assignments, x the busiest GPU's load over the mean, `moe_imbalance`; under token dropping each
-expert padded to its capacity): the permuted input (H), the gate and up projections' outputs (2F /
-etp, the SwiGLU's input), the SwiGLU's output (F / etp, the down projection's input; Megatron's
-fused SwiGLU recomputes it from its input, as the dense MLP's, activations.py), the expert's output
-(H, kept for the probabilities' gradient in the combine; Megatron-core multiplies the probabilities
-in its fused SwiGLU, `weighted_bias_swiglu`, and keeps none); per token the router's fp32 logits and
+Activations, per token routed to an expert on this GPU (P = the GPU's tokens x top_k x etp assignments,
+x the busiest GPU's load over the mean, `moe_imbalance`, capped by the capacity where tokens over it
+drop, each expert at its capacity where padded): the permuted input (H), the gate and up projections'
+outputs (2F / etp, the SwiGLU's input), the SwiGLU's output (F / etp, the down projection's input;
+Megatron's fused SwiGLU recomputes it from its input, as the dense MLP's, activations.py), the expert's
+output (H, kept for the probabilities' gradient in the combine; Megatron-core multiplies the
+probabilities in its fused SwiGLU, `weighted_bias_swiglu`, and keeps none); per token the router's fp32 logits and
 probabilities (2 x 4 E); the shared experts and the dense blocks' FFN as the dense MLP keeps its
 (3 or 4 F / tp, tensor parallel splitting it). Checkpointing: `full` keeps each block's input (the
 dense part's account) and rebuilds the heaviest block, experts included; `selective` keeps the
@@ -182,13 +182,13 @@ class ExpertActivations:
 
 def routed_pairs(moe: MoEDims, tokens: float, experts: ExpertLayout, imbalance: float) -> float:
     """Token-expert assignments the busiest GPU computes in one MoE block of a micro-step: its `tokens`
-    (after sequence parallel's split) times top-k, gathered over etp, at the busiest GPU's load; under
-    token dropping its experts padded to their capacity."""
+    (after sequence parallel's split) times top-k, gathered over etp, at the busiest GPU's load
+    (moe_shape.busiest_load: padded to the capacity, or capped by it where tokens over it drop)."""
     local = moe.experts // experts.ep
     sent = tokens * experts.etp * experts.ep  # the tokens of the GPUs sending to this one
-    if moe.capacity is not None:
+    if moe.capacity is not None and moe.padded:
         return local * moe.tokens_per_expert(sent)
-    return sent * moe.top_k / experts.ep * imbalance
+    return sent * moe.top_k / experts.ep * moe.busiest_load(imbalance)
 
 
 def ffn_bytes(

@@ -50,7 +50,11 @@ class MoEDims:
     shared_ffn: int = 0  # the shared experts' SwiGLU width together, on every MoE block (0: none)
     dense_ffn: int = 0  # the dense blocks' FFN width
     dense_gated: bool = True  # the dense blocks' FFN is a SwiGLU (False: a GELU MLP, the zoo's GPT)
-    capacity: float | None = None  # None: dropless; else each expert takes capacity x its even share, padded
+    # None: dropless; else each expert keeps at most capacity x its even share of a rank's assignments, the
+    # rest dropped (Megatron-core's topk_softmax_with_capacity, the zoo's over_capacity), and, where `padded`,
+    # every expert's input filled up to that capacity (Megatron-core's --moe-pad-expert-input-to-capacity)
+    capacity: float | None = None
+    padded: bool = False
     router: str = "softmax"
     expert_bias: bool = False  # biases on the experts' projections (gpt-oss)
     # gpt-oss's SwiGLU: its gate and up clamped, the gate through sigmoid(1.702 x), the up offset by 1,
@@ -104,14 +108,24 @@ class MoEDims:
 
     def tokens_per_expert(self, tokens: float) -> float:
         """Assignments one expert takes of `tokens` routed tokens, balanced: k T / E, or the capacity
-        it is padded to under token dropping."""
+        it is padded to."""
         even = tokens * self.top_k / self.experts
-        return even if self.capacity is None else math.ceil(self.capacity * even)
+        return math.ceil(self.capacity * even) if self.capacity is not None and self.padded else even
+
+    def busiest_load(self, imbalance: float) -> float:
+        """The busiest GPU's assignments over the mean, its router's being `imbalance`: padded, every expert
+        runs its capacity; dropping unpadded, no expert keeps more than its capacity, so no GPU more than
+        capacity x its mean, and a balanced router drops nothing; dropless, the router's own."""
+        if self.capacity is None:
+            return imbalance
+        return self.capacity if self.padded else min(imbalance, self.capacity)
 
     def describe(self) -> str:
         shared = f", shared experts {self.shared_ffn} wide" if self.shared_ffn else ""
         dense = f", {self.dense_layers} dense blocks (FFN {self.dense_ffn})" if self.dense_layers else ""
         routing = "dropless" if self.capacity is None else f"capacity {self.capacity:g}"
+        if self.capacity is not None:
+            routing += ", padded" if self.padded else ", dropped over it"
         if self.topk_groups < self.groups:
             routing += f", within {self.topk_groups} of {self.groups} expert groups"
         return (

@@ -1,14 +1,16 @@
 """What a mixture of experts communicates beyond its dense part (moe_shape.py), per step on one GPU.
 
-Dispatch and combine: every MoE block sends each token to the GPUs of its top_k experts and brings
-their outputs back, an all-to-all over the ep GPUs each way (all_to_all.py prices it); the backward
-sends the gradients the same two ways. Each GPU exchanges its tokens x top_k x H elements each
-time, in the activations' dtype (the busiest GPU's receipt is `moe_imbalance` times the mean, and
-every GPU waits on it). They sit in the block's critical path, as tensor parallelism's collectives
-do: the expert computes on what the dispatch brought, the next block on what the combine returned.
-Full checkpointing, and Megatron-core's `moe` recompute module, run the forward's two again. With
-one GPU per expert group (ep 1) nothing is exchanged: each GPU routes its own tokens to its own
-copy of every expert.
+Dispatch and combine: every MoE block sends each token to the GPUs of its top_k experts and brings their
+outputs back, an all-to-all over the ep GPUs each way (all_to_all.py prices it); the backward sends the
+gradients the same two ways. Each GPU exchanges its tokens x top_k x H elements each time, in the
+activations' dtype (the busiest GPU's receipt is `moe_imbalance` times the mean, and every GPU waits on
+it; a capacity that drops caps it, one padded sends every expert its capacity: Megatron-core's alltoall
+dispatcher under --moe-pad-expert-input-to-capacity exchanges capacity x experts tokens a rank,
+megatron/core/transformer/moe/token_dispatcher.py @ 6a6cd478, `preprocess`). They sit in the block's
+critical path, as tensor parallelism's collectives do: the expert computes on what the dispatch brought,
+the next block on what the combine returned. Full checkpointing, and Megatron-core's `moe` recompute
+module, run the forward's two again. With one GPU per expert group (ep 1) nothing is exchanged: each GPU
+routes its own tokens to its own copy of every expert.
 
 The experts' gradients are reduced over the edp GPUs holding the same experts by the strategy's own
 engine, as comm.py reduces the rest over the data-parallel GPUs (DeepSpeed's ZeRO-1/2 all-reducing
@@ -104,7 +106,7 @@ def all_to_alls(
     copies = moe.top_k
     if backend.options.get(DISPATCHER) == NODE_FORWARDING:
         copies = forwarded_copies(moe.top_k, experts, moe.groups, moe.topk_groups)
-    sent = tokens / tp * copies * dims.width * BYTES[precision] * recipe.moe_imbalance
+    sent = tokens / tp * copies * dims.width * BYTES[precision] * moe.busiest_load(recipe.moe_imbalance)
     forward, backward = moe.moe_layers * (2 + (2 if again else 0)), moe.moe_layers * 2
     group = experts.ep_group
     if not backend.options.get(A2A_OVERLAP):

@@ -2,11 +2,11 @@
 the router, the routed experts, the shared experts and the dense blocks' FFN, and the experts'
 optimizer step.
 
-Routed experts: the busiest GPU's assignments (expert_memory.routed_pairs: its tokens x top_k x etp,
-x `moe_imbalance`; padded to capacity under token dropping), m = P / (E / ep) a local expert, each
-local expert's matmuls on its own: the gate and up projections (m x 2F/etp x H), the down projection
-(m x H x F/etp), each backward its input's and its weight's gradient, timed by gemm.py's model at
-its shape with its own launch. That is how every path here runs them: TransformerEngine's
+Routed experts: the busiest GPU's assignments (expert_memory.routed_pairs: its tokens x top_k x etp, x
+`moe_imbalance`, capped by a capacity that drops, at the capacity where padded: moe_shape.busiest_load),
+m = P / (E / ep) a local expert, each local expert's matmuls on its own: the gate and up projections (m
+x 2F/etp x H), the down projection (m x H x F/etp), each backward its input's and its weight's gradient,
+timed by gemm.py's model at its shape with its own launch. That is how every path here runs them: TransformerEngine's
 GroupedLinear under Megatron-core's `--moe-grouped-gemm` launches "multiple local GEMM kernels in
 multiple streams" (megatron/core/transformer/moe/README.md), the zoo's and transformers' experts a
 loop of matmuls. A single grouped kernel would be no faster at the same shapes: MegaBlocks' grouped
@@ -37,6 +37,7 @@ from harness.plan.memory.model_states import BYTES
 from harness.plan.memory.recipe import Recipe
 from harness.plan.model.mla_shape import UP_PROJ_MODULE, assembled_elements, rotary_elements, up_projections
 from harness.plan.model.model_shape import ModelShape
+from harness.plan.model.moe_shape import MoEDims
 from harness.plan.parallel.expert_layout import ExpertLayout
 from harness.plan.speed.attention import every_layer_attention_seconds
 from harness.plan.speed.compute import (
@@ -231,8 +232,13 @@ def expert_work(
     # An expert-parallel strategy steps its experts apart; one without steps them with the rest (compute.py).
     stepped = expert_shape(moe, h, experts.ep, experts.etp).params / (experts.edp if stage else 1) if held_apart else 0
     optimizer = OPTIMIZER_BYTES[engine] * stepped / bandwidth
-    imbalance = moe.moe_layers * (routed.forward + routed.backward) * (1 - 1 / recipe.moe_imbalance)
+    imbalance = moe.moe_layers * (routed.forward + routed.backward) * (1 - 1 / _uneven(moe, recipe.moe_imbalance))
     return ExpertWork(matmul, seconds, attention_again, optimizer, imbalance)
+
+
+def _uneven(moe: MoEDims, imbalance: float) -> float:
+    """The busiest GPU's expert load over the mean that others wait on: padded, every GPU runs the same."""
+    return 1.0 if moe.capacity is not None and moe.padded else moe.busiest_load(imbalance)
 
 
 def _permutation(megatron: bool, local: int, ep: int) -> str:
