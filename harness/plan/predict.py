@@ -601,6 +601,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             sequence_parallel=backend.sequence_parallel,
             fp8_block_scaling=q.recipe.fp8_block_scaling,
             fp8_attention=q.recipe.fp8_attention,
+            accumulate=_fused_accumulation(backend, q),
             copy_bytes=local_copy_bytes(
                 q.shape,
                 backend,
@@ -629,6 +630,7 @@ def _time(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             recipe=q.recipe,
             megatron=_megatron_moe_layer(backend),
             held_apart=backend.expert_parallel,
+            accumulate=_fused_accumulation(backend, q),
         )
         work = ffn.added_to(work) if ffn is not None else work
         if q.core_attention_recompute and q.shape.dims is not None:
@@ -768,6 +770,12 @@ def _dropout(backend: Backend, q: Question) -> Dropout:
         hidden_fused=softmax_fused or bool(backend.options.get(MEGATRON_ENGINE)),
         attention_fused=softmax_fused,
     )
+
+
+def _fused_accumulation(backend: Backend, q: Question) -> bool:
+    """Whether the weight gradients are added into fp32 buffers by the matmuls that compute them: Megatron-LM
+    accumulating in fp32 (--bf16's default) with its gradient_accumulation_fusion, on by default (gemm.py)."""
+    return bool(backend.options.get(MEGATRON_ENGINE)) and q.recipe.fp32_grad_accum
 
 
 def _megatron_moe_layer(backend: Backend) -> bool:

@@ -542,3 +542,21 @@ def test_a_capacity_that_drops_caps_the_busiest_gpu_and_one_padded_runs_every_ex
     layout = ExpertLayout(ep=8, etp=1, edp=1)
     assert routed_pairs(moe, 1024, layout, 1.5) == pytest.approx(1.5 * 1024 * 8)  # under 5x: the router's own
     assert routed_pairs(moe, 1024, layout, 9.0) == pytest.approx(5 * 1024 * 8)  # capped at the capacity
+
+
+def test_megatrons_fp32_accumulation_makes_a_few_tokens_an_expert_weight_gradient_memory_bound():
+    from bench import plan_vs_published as published
+    from harness.plan.speed.gemm import gemm_seconds
+
+    h100 = gpu_spec("H100")
+    # 512 tokens an expert: the fp32 result read and written outweighs the matmul's flops; 8192: it does not
+    assert gemm_seconds(3072, 4096, 512, h100, "bf16", accumulate=True) > 1.5 * gemm_seconds(
+        3072, 4096, 512, h100, "bf16"
+    )
+    assert gemm_seconds(3072, 4096, 8192, h100, "bf16", accumulate=True) == gemm_seconds(3072, 4096, 8192, h100, "bf16")
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    row = next(r for r in rows if "tp=4 pp=8 vp=4 ep=8" in r["sharding"] and "H800" in r["gpu"])
+    assert "fp32 main parameters and gradient reduction" in row["mp_mode"]  # Megatron's --bf16
+    bf16_grads = {**row, "mp_mode": "bf16 gradients"}
+    fused, plain = published.question(row)[1].time.work, published.question(bf16_grads)[1].time.work
+    assert fused.matmul_s > 1.02 * plain.matmul_s  # its experts see 512 tokens each at TP 4

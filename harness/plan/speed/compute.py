@@ -246,21 +246,31 @@ def recomputed(index: int, checkpointing: str) -> bool:
 
 
 def _matmuls(
-    dims: TransformerDims, tokens: int, gpu: GPUSpec, precision: str, checkpointing: str, tp: int, projections: str
+    dims: TransformerDims,
+    tokens: int,
+    gpu: GPUSpec,
+    precision: str,
+    checkpointing: str,
+    tp: int,
+    projections: str,
+    accumulate: bool = False,
 ) -> Kernels:
     """The matmuls of a micro-step: the blocks' projections at `projections` (fp8 or the run's
-    precision), the head at the run's."""
+    precision), the head at the run's; `accumulate`: the weight gradients added into fp32 buffers by
+    their matmuls (gemm.py)."""
     block = Kernels()
     for index, (out, into) in enumerate(block_projections(dims, tp)):
         forward = gemm_seconds(tokens, out, into, gpu, projections)
-        backward = gemm_seconds(tokens, into, out, gpu, projections) + gemm_seconds(out, into, tokens, gpu, projections)
+        backward = gemm_seconds(tokens, into, out, gpu, projections) + gemm_seconds(
+            out, into, tokens, gpu, projections, accumulate=accumulate
+        )
         again = forward if recomputed(index, checkpointing) else 0.0
         block += Kernels(forward, backward, again)
     head_out = dims.vocab // dims.head_split(tp)
     head = Kernels(
         gemm_seconds(tokens, head_out, dims.width, gpu, precision),
         gemm_seconds(tokens, dims.width, head_out, gpu, precision)
-        + gemm_seconds(head_out, dims.width, tokens, gpu, precision),
+        + gemm_seconds(head_out, dims.width, tokens, gpu, precision, accumulate=accumulate),
     )
     return Kernels(block.forward * dims.layers, block.backward * dims.layers, block.again * dims.layers) + head
 
@@ -386,12 +396,14 @@ def compute_work(
     sequence_parallel: bool = True,
     fp8_block_scaling: bool = False,
     fp8_attention: bool = False,
+    accumulate: bool = False,
 ) -> ComputeWork:
     """The parts of one micro-step of micro_batch x seq_len tokens on one GPU, and the step's
     optimizer over `optimizer_params` parameters; `qk_norm`: an RMSNorm on each head's queries
     and keys, moving their elements as a norm of the matmuls' dtype does; `te_fp8`: fp8 projections
     cast as TransformerEngine casts them (te_fp8_cast_bytes); `fp8_attention`: the attention in fp8, its
-    kernel's fp8 rate beside its casts (fp8_attention_cast_bytes)."""
+    kernel's fp8 rate beside its casts (fp8_attention_cast_bytes); `accumulate`: the weight gradients
+    added into fp32 buffers by their matmuls (Megatron's gradient accumulation fusion, gemm.py)."""
     tokens = micro_batch * seq_len
     regime = Regime.of(precision, mixed_precision)
     bandwidth = memory_bytes_per_s(gpu)
@@ -402,7 +414,7 @@ def compute_work(
         matmul = flops / (gpu.matmul_efficiency * gpu.peak_flops[precision])
         return ComputeWork(matmul, 0.0, 0.0, 0.0, 0.0, matmul / 3, optimizer)
     projections = matmul_precision or precision
-    matmuls = _matmuls(dims, tokens, gpu, precision, checkpointing, tp, projections)
+    matmuls = _matmuls(dims, tokens, gpu, precision, checkpointing, tp, projections, accumulate)
     kernel = FP8_KERNELS[attention] if fp8_attention else attention
     attn = _attention(dims, micro_batch, seq_len, gpu, kernel, precision, checkpointing, tp)
     elementwise = _elementwise(

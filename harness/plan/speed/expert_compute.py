@@ -97,17 +97,27 @@ class ExpertWork:
         )
 
 
-def _mlp(tokens: float, width: int, ffn: float, gated: bool, gpu: GPUSpec, precision: str, batch: int = 1) -> Kernels:
-    """A (batch of) dense or expert MLP's matmuls on `tokens` tokens: forward, and both gradients."""
+def _mlp(
+    tokens: float,
+    width: int,
+    ffn: float,
+    gated: bool,
+    gpu: GPUSpec,
+    precision: str,
+    batch: int = 1,
+    accumulate: bool = False,
+) -> Kernels:
+    """A (batch of) dense or expert MLP's matmuls on `tokens` tokens: forward, and both gradients;
+    `accumulate`: the weights' gradients added into fp32 buffers by the matmuls (gemm.py)."""
     up = 2 * ffn if gated else ffn
     forward = gemm_seconds(tokens, up, width, gpu, precision, batch) + gemm_seconds(
         tokens, width, ffn, gpu, precision, batch
     )
     backward = (
         gemm_seconds(tokens, width, up, gpu, precision, batch)
-        + gemm_seconds(up, width, tokens, gpu, precision, batch)
+        + gemm_seconds(up, width, tokens, gpu, precision, batch, accumulate=accumulate)
         + gemm_seconds(tokens, ffn, width, gpu, precision, batch)
-        + gemm_seconds(width, ffn, tokens, gpu, precision, batch)
+        + gemm_seconds(width, ffn, tokens, gpu, precision, batch, accumulate=accumulate)
     )
     return Kernels(forward, backward)
 
@@ -165,11 +175,13 @@ def expert_work(
     recipe: Recipe,
     megatron: bool = False,
     held_apart: bool = True,
+    accumulate: bool = False,
 ) -> ExpertWork | None:
     """The FFNs' work of one micro-step on one GPU (the module's account); None for a dense model.
     `fused`: elementwise chains fused (compiled, or TransformerEngine's and Megatron's kernels);
     `megatron`: Megatron-core's MoE layer (its dispatcher's copies, TransformerEngine's GroupedLinear, its fused
-    weighted SwiGLU: Megatron-LM's --bias-swiglu-fusion default, Megatron-Bridge's bias_activation_fusion)."""
+    weighted SwiGLU: Megatron-LM's --bias-swiglu-fusion default, Megatron-Bridge's bias_activation_fusion);
+    `accumulate`: the routed experts' weight gradients added into fp32 buffers by their matmuls (gemm.py)."""
     dims = shape.dims
     if dims is None or dims.moe is None:
         return None
@@ -185,7 +197,7 @@ def expert_work(
     f = moe.expert_ffn / experts.etp
     per_expert = pairs / local
     projections = matmul_precision
-    routed = _times(local, _mlp(per_expert, h, f, True, gpu, projections))
+    routed = _times(local, _mlp(per_expert, h, f, True, gpu, projections, accumulate=accumulate))
     router = Kernels(
         gemm_seconds(local_tokens, moe.experts, h, gpu, precision),
         2 * gemm_seconds(local_tokens, h, moe.experts, gpu, precision),

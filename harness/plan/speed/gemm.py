@@ -29,6 +29,11 @@ from harness.plan.speed.kernel_table import kernel_table
 
 LAUNCH_S = 6.0e-6  # a kernel's fixed cost: 2^25-flop matmuls take 5.2 us in the table
 OPERAND_TRAFFIC = 1.10  # operand bytes moved over the minimum, tiles re-read from HBM
+# A weight gradient accumulated into fp32 in the matmul itself (beta = 1): Megatron-core's
+# gradient_accumulation_fusion hands TransformerEngine's layers, its GroupedLinear's experts included, the
+# fp32 main_grad as the output (fuse_wgrad_accumulation, megatron/core/extensions/transformer_engine.py
+# @ 6a6cd478), so each result element is read and written in fp32 where a plain matmul writes it once.
+ACCUMULATED_RESULT_BYTES = 4 + 4
 INNER_OVERHEAD = 96  # elements of k each output tile's prologue and epilogue cost
 # A training step runs tensor-core work back to back, as the largest sizes of a square-matmul
 # sweep do, and the card's clocks settle under its power limit: the largest size each sweep of
@@ -68,15 +73,23 @@ def sustained_share(gpu: GPUSpec, precision: str) -> float:
 
 
 def gemm_seconds(
-    m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float = 1, sustained: float | None = None
+    m: float,
+    n: float,
+    k: float,
+    gpu: GPUSpec,
+    precision: str,
+    batch: float = 1,
+    sustained: float | None = None,
+    accumulate: bool = False,
 ) -> float:
     """Seconds of `batch` matmuls of (m x k) by (k x n) at `precision` in a training step (at the
     card's sustained_share; a lone kernel, as a benchmark times it: sustained=1). Where the card has
     a measured kernel table (kernel_table.py), a 16-bit matmul is the model's time scaled by the
-    measured over the modelled time of the nearest shape the table holds."""
+    measured over the modelled time of the nearest shape the table holds. `accumulate`: the result
+    added into an fp32 buffer (ACCUMULATED_RESULT_BYTES)."""
     if sustained is None:
         sustained = sustained_share(gpu, precision)
-    seconds = _modelled(m, n, k, gpu, precision, batch, sustained)
+    seconds = _modelled(m, n, k, gpu, precision, batch, sustained, accumulate)
     table = kernel_table(gpu) if precision in ("bf16", "fp16") and seconds else None
     nearest = table.nearest_matmul(m, n, k) if table else None
     if nearest is None:
@@ -90,7 +103,9 @@ def gemm_seconds(
 _MEASURED_OVER_MODELLED: dict[tuple[str, tuple[float, ...]], float] = {}
 
 
-def _modelled(m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float, sustained: float) -> float:
+def _modelled(
+    m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float, sustained: float, accumulate: bool = False
+) -> float:
     if min(m, n, k, batch) <= 0:
         return 0.0
     rate = gpu.matmul_efficiency * gpu.peak_flops[precision]
@@ -99,7 +114,8 @@ def _modelled(m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch:
         low_rate = low_precision_efficiency(gpu, precision) * gpu.peak_flops[precision]
         inner, rate = INNER_OVERHEAD * low_rate / (gpu.matmul_efficiency * gpu.tensor_flops), low_rate
     flops = 2.0 * batch * m * n * k * (1 + inner / k)
-    moved = OPERAND_TRAFFIC * batch * (m * k + k * n + m * n) * BYTES[precision] / gpu.hbm_bytes_per_s
+    result = ACCUMULATED_RESULT_BYTES if accumulate else BYTES[precision]
+    moved = OPERAND_TRAFFIC * batch * ((m * k + k * n) * BYTES[precision] + m * n * result) / gpu.hbm_bytes_per_s
     return LAUNCH_S + max(flops / (sustained * rate), moved)
 
 
