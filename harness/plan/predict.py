@@ -774,8 +774,10 @@ def _dropout(backend: Backend, q: Question) -> Dropout:
 
 def _fused_accumulation(backend: Backend, q: Question) -> bool:
     """Whether the weight gradients are added into fp32 buffers by the matmuls that compute them: Megatron-LM
-    accumulating in fp32 (--bf16's default) with its gradient_accumulation_fusion, on by default (gemm.py)."""
-    return bool(backend.options.get(MEGATRON_ENGINE)) and q.recipe.fp32_grad_accum
+    accumulating in fp32 (--bf16's default) with its gradient_accumulation_fusion, on by default (gemm.py);
+    not nanotron, whose matmuls write bf16 gradients that its accumulator adds after (nanotron_step.py)."""
+    engine = backend.options.get(MEGATRON_ENGINE) and not backend.options.get(NANOTRON_ENGINE)
+    return bool(engine) and q.recipe.fp32_grad_accum
 
 
 def _megatron_moe_layer(backend: Backend) -> bool:

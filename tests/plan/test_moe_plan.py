@@ -560,3 +560,9 @@ def test_megatrons_fp32_accumulation_makes_a_few_tokens_an_expert_weight_gradien
     bf16_grads = {**row, "mp_mode": "bf16 gradients"}
     fused, plain = published.question(row)[1].time.work, published.question(bf16_grads)[1].time.work
     assert fused.matmul_s > 1.02 * plain.matmul_s  # its experts see 512 tokens each at TP 4
+    # nanotron's matmuls write bf16 gradients its own accumulator adds after (nanotron_step.py)
+    sweep = published.read_rows(published.DATA / "sweeps" / "nanotron_ultrascale_playbook.csv")
+    nanotron = next(r for r in sweep if "tp=8 " in r["sharding"] and r["micro_batch"] == "1")
+    assert "fp32 main parameters and gradient reduction" in nanotron["mp_mode"]
+    unfused = {**nanotron, "mp_mode": "bf16 gradients"}
+    assert published.question(nanotron)[1].time.work.matmul_s == published.question(unfused)[1].time.work.matmul_s
