@@ -722,7 +722,7 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         kernels += dropout_kernels(q.shape.dims, _dropout(backend, q), q.attention, q.checkpointing)
         kernels += _softmax_fallback_kernels(backend, q, layout.tp)
     grouped = _megatron_moe_layer(backend)  # grouped matmuls, not a Python loop
-    kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing)
+    kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing, q.recipe.recompute_modules)
     compiled = q.compiled and not q.eager_launches
     measured = issue_rates(q.gpu)[0] if q.gpu is not None else None
     if backend.options.get(FULL_ITERATION_GRAPH):  # the step replayed from one graph, nothing read back mid-way

@@ -566,3 +566,15 @@ def test_megatrons_fp32_accumulation_makes_a_few_tokens_an_expert_weight_gradien
     assert "fp32 main parameters and gradient reduction" in nanotron["mp_mode"]
     unfused = {**nanotron, "mp_mode": "bf16 gradients"}
     assert published.question(nanotron)[1].time.work.matmul_s == published.question(unfused)[1].time.work.matmul_s
+
+
+def test_megatrons_moe_recompute_module_issues_the_moe_blocks_forward_again():
+    from harness.plan.parallel.expert_layout import ExpertLayout
+    from harness.plan.speed.expert_compute import expert_kernels
+
+    shape = shape_of_spec("qwen3-235b-a22b")
+    layout = ExpertLayout(ep=8, etp=1, edp=1)
+    kept = expert_kernels(shape, layout, True, "none")
+    again = expert_kernels(shape, layout, True, "none", ("moe", "layernorm"))
+    assert kept.again == 0 and again.again == pytest.approx(kept.forward)  # no shared experts, no dense blocks
+    assert expert_kernels(shape, layout, True, "full").again == pytest.approx(kept.forward)

@@ -293,9 +293,12 @@ MATMULS_PER_EXPERT = (2, 4)
 LOOPED_EXPERT_KERNELS = (4, 7)
 
 
-def expert_kernels(shape: ModelShape, experts: ExpertLayout, grouped: bool, checkpointing: str) -> Kernels:
+def expert_kernels(
+    shape: ModelShape, experts: ExpertLayout, grouped: bool, checkpointing: str, recompute_modules: tuple[str, ...] = ()
+) -> Kernels:
     """Kernels the FFNs of a micro-step launch beyond the dense part's (what the host issues), the C++
-    launches of a grouped layer's matmuls counted as the eager kernels that take as long to issue."""
+    launches of a grouped layer's matmuls counted as the eager kernels that take as long to issue; full
+    checkpointing issues the forward's again, Megatron-core's `moe` recompute module its MoE blocks'."""
     dims = shape.dims
     if dims is None or dims.moe is None:
         return Kernels()
@@ -316,7 +319,12 @@ def expert_kernels(shape: ModelShape, experts: ExpertLayout, grouped: bool, chec
     dense = moe.dense_layers + (moe.moe_layers if moe.shared_ffn else 0)  # a dense MLP's: 2 matmuls and 3 others
     forward = moe.moe_layers * block[0] + dense * 5
     backward = moe.moe_layers * block[1] + dense * 9
-    again = forward if checkpointing == "full" else 0.0
+    if checkpointing == "full":
+        again = forward
+    elif "moe" in recompute_modules:
+        again = moe.moe_layers * (block[0] + (5 if moe.shared_ffn else 0))
+    else:
+        again = 0.0
     return Kernels(forward, backward, again)
 
 
