@@ -729,9 +729,21 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         replay = {"eager": GRAPH_REPLAY_S_PER_KERNEL, "compiled": GRAPH_REPLAY_S_PER_KERNEL}
         return host_issue(kernels, comms, compiled, q.grad_accum, replay)
     blocking = bool(backend.options.get(LAUNCH_BLOCKING))
-    return host_issue(
-        kernels, comms, compiled, q.grad_accum, measured, _synced_long_forward(q, layout, grouped), blocking
-    )
+    synced = _synced_long_forward(q, layout, grouped)
+    again = None if synced is None else _synced_long_again(q, layout, grouped, synced)
+    return host_issue(kernels, comms, compiled, q.grad_accum, measured, synced, blocking, again)
+
+
+def _synced_long_again(q: Question, layout: Layout, grouped: bool, synced_forward: float) -> float | None:
+    """Of the kernels checkpointing runs again, how many are long, where the recomputed forward reaches the
+    experts' sync: full checkpointing's (the forward's own), Megatron-core's `moe` module's (the MoE blocks'
+    router and experts' matmuls); None where nothing recomputed syncs."""
+    if q.checkpointing == "full":
+        return synced_forward
+    moe = q.shape.dims.moe if q.shape.dims is not None else None
+    if moe is None or "moe" not in q.recipe.recompute_modules:
+        return None
+    return expert_long_forward(q.shape, layout.experts, grouped) - 2 * moe.dense_layers
 
 
 def _softmax_fallback_kernels(backend: Backend, q: Question, tp: int) -> Kernels:

@@ -578,3 +578,20 @@ def test_megatrons_moe_recompute_module_issues_the_moe_blocks_forward_again():
     again = expert_kernels(shape, layout, True, "none", ("moe", "layernorm"))
     assert kept.again == 0 and again.again == pytest.approx(kept.forward)  # no shared experts, no dense blocks
     assert expert_kernels(shape, layout, True, "full").again == pytest.approx(kept.forward)
+
+
+def test_a_recomputed_moe_forward_waits_on_its_host_as_the_forward_does():
+    from bench import plan_vs_published as published
+    from harness.plan.speed.host_issue import HostIssue
+
+    host = HostIssue(100, 0, 0.010, synced_forward_short_s=0.002, backward_s=0.006, synced_again_short_s=0.003)
+    # the forward: 3 ms of matmuls then 2 ms of short kernels' issue against its 4 ms; the recomputation: 1.5 ms
+    # of matmuls and 3 ms of issue against its 2 ms; the rest of the backward's 3 ms of issue hide in its 6 ms
+    assert host.wait(0.004, 0.003, 0.012, 0.0, again_s=0.002, long_share=0.75) == pytest.approx(0.001 + 0.0025)
+    unsynced = HostIssue(100, 0, 0.010, synced_forward_short_s=0.002, backward_s=0.006)
+    assert unsynced.wait(0.004, 0.003, 0.012, 0.0, again_s=0.002, long_share=0.75) == pytest.approx(0.001)
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    moe = next(r for r in rows if "recompute=moe " in r["sharding"] and "H800" in r["gpu"])
+    act = next(r for r in rows if "recompute=layernorm+moe_act " in r["sharding"] and "H800" in r["gpu"])
+    assert published.question(moe)[1].time.host.synced_again_short_s is not None
+    assert published.question(act)[1].time.host.synced_again_short_s is None  # the SwiGLU alone: no sync again

@@ -40,7 +40,12 @@ overlaps the two:
 
     synced forward = long kernels' GPU time + short kernels x HOST_S_PER_KERNEL
 
-and the backward, issued without a sync, takes the longer of its host and GPU time as before.
+and the backward, issued without a sync, takes the longer of its host and GPU time as before, but for
+the forward it runs again (full checkpointing, Megatron-core's `moe` recompute module), which reaches the
+same sync (the dispatcher's `preprocess` runs again, megatron/core/transformer/moe/token_dispatcher.py @
+6a6cd478) and costs the same way:
+
+    synced recomputation = its long kernels' GPU time + its short kernels x HOST_S_PER_KERNEL
 
 A Grace CPU (GB200's and GB300's host, over NVLink-C2C) issues each operator slower than the
 x86 hosts the rates above were measured on: PyTorch's nn.Linear forward takes 37.08 us of host
@@ -121,19 +126,34 @@ class HostIssue:
     synced_forward_short_s: float | None = None
     backward_s: float = 0.0  # of `seconds`, the backward's and what checkpointing runs again
     blocking: bool = False  # every launch waits for its kernel (LAUNCH_BLOCKING): nothing overlaps
+    # Where the forward run again in the backward synchronises too: its short kernels' issue; None: no sync.
+    synced_again_short_s: float | None = None
 
-    def wait(self, forward_s: float, forward_long_s: float, micro_compute_s: float, recurring_s: float) -> float:
+    def wait(
+        self,
+        forward_s: float,
+        forward_long_s: float,
+        micro_compute_s: float,
+        recurring_s: float,
+        again_s: float = 0.0,
+        long_share: float = 1.0,
+    ) -> float:
         """Seconds a micro-step's GPU waits on this host: the longer of the two over the step, or, with a
-        synchronised forward, its short kernels' issue beside the long kernels' run, then the backward;
-        with blocking launches, the whole issue time."""
+        synchronised forward, its short kernels' issue beside the long kernels' run, then the backward, whose
+        synchronised recomputation (`again_s` of GPU time, `long_share` of it long kernels') is paid the
+        forward's way; with blocking launches, the whole issue time."""
         if self.blocking:
             return self.seconds
         overall = max(0.0, self.seconds - micro_compute_s - recurring_s)
         if self.synced_forward_short_s is None:
             return overall
         forward = max(0.0, forward_long_s + self.synced_forward_short_s - forward_s)
-        backward = max(0.0, self.backward_s - (micro_compute_s - forward_s))
-        return max(overall, forward + backward)
+        backward_gpu = micro_compute_s - forward_s
+        if self.synced_again_short_s is None:
+            return max(overall, forward + max(0.0, self.backward_s - backward_gpu))
+        again = max(0.0, again_s * long_share + self.synced_again_short_s - again_s)
+        rest = max(0.0, self.backward_s - self.synced_again_short_s - (backward_gpu - again_s))
+        return max(overall, forward + again + rest)
 
     def describe(self) -> str:
         return (
@@ -150,12 +170,14 @@ def host_issue(
     measured: dict[str, float] | None = None,
     synced_long_forward: float | None = None,
     blocking: bool = False,
+    synced_long_again: float | None = None,
 ) -> HostIssue:
     """The host's time for one micro-step of `kernels`, beside the collectives each micro-step issues
     (those issued once a step are spread over its `grad_accum` micro-steps); `measured`: the card's
     own host times per kernel (kernel_table.py), in place of HOST_S_PER_KERNEL; `synced_long_forward`:
     where the forward synchronises with the host, how many of its kernels are long ones (matmuls,
-    attention), the rest short; `blocking`: every launch waits for its kernel (LAUNCH_BLOCKING)."""
+    attention), the rest short; `blocking`: every launch waits for its kernel (LAUNCH_BLOCKING);
+    `synced_long_again`: likewise of the kernels checkpointing runs again, where they reach the sync."""
     issued = 0.0
     for c in collectives:
         if c.kind == "host-copy" or c.window == PIPELINED:
@@ -167,4 +189,5 @@ def host_issue(
     seconds = kernels.total * rate + collective_s
     backward = (kernels.backward + kernels.again) * rate + collective_s / 2
     short = None if synced_long_forward is None else max(0.0, kernels.forward - synced_long_forward) * rate
-    return HostIssue(kernels.total, issued, seconds, short, backward, blocking)
+    again = None if synced_long_again is None else max(0.0, kernels.again - synced_long_again) * rate
+    return HostIssue(kernels.total, issued, seconds, short, backward, blocking, again)

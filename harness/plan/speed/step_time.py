@@ -301,7 +301,10 @@ def step_time(
     # replicas' launches priced above): on one GPU DataParallel is single's step, never without its host.
     if host is not None:
         long_share = (work.matmul_s + work.attention_s) / work.micro_step_s if work and work.micro_step_s else 1.0
-        host_wait = grad_accum * host.wait(forward_s, forward_s * long_share, micro_compute, recurring / grad_accum)
+        again_s = work.recompute_s * factors.compute_scale if work else 0.0
+        host_wait = grad_accum * host.wait(
+            forward_s, forward_s * long_share, micro_compute, recurring / grad_accum, again_s, long_share
+        )
     straggle = straggler_share(gpus) if work is not None else 0.0
     step_s = step_compute * (1 + straggle) + contended + exposed + offload_s + overhead + host_wait
     tokens = data_parallel * grad_accum * micro_tokens
