@@ -538,6 +538,8 @@ def test_a_capacity_that_drops_caps_the_busiest_gpu_and_one_padded_runs_every_ex
     padded_plan = published.question(padded)[1]
     assert padded_plan.time.work.matmul_s > 2 * dropless_plan.time.work.matmul_s  # the experts at 5x
     assert padded_plan.time.host.synced_forward_short_s is None  # padded: fixed sizes, no wait
+    exchange = "all-to-all send and receive buffers of one block"
+    assert padded_plan.buffers.backward[exchange] == pytest.approx(5 * dropping_plan.buffers.backward[exchange], 1e-6)
     moe = published.shape_of_row(row).dims.moe
     layout = ExpertLayout(ep=8, etp=1, edp=1)
     assert routed_pairs(moe, 1024, layout, 1.5) == pytest.approx(1.5 * 1024 * 8)  # under 5x: the router's own

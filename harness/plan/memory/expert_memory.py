@@ -167,7 +167,8 @@ def expert_buffers(
     step = {f"experts: {k}": v for k, v in own.step.items()}
     if experts.ep > 1:  # one block's exchange in flight: what it sends and what it receives
         sent = tokens * dims.moe.top_k * dims.width * BYTES[precision]
-        backward["all-to-all send and receive buffers of one block"] = int(2 * sent * recipe.moe_imbalance)
+        load = dims.moe.busiest_load(recipe.moe_imbalance)  # padded: every expert's capacity sent and received
+        backward["all-to-all send and receive buffers of one block"] = int(2 * sent * load)
     return Buffers(backward=backward, hooks=hooks, step=step)
 
 
