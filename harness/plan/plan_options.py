@@ -24,6 +24,7 @@ from harness.plan.search.search_space import parse_tokens, sequences_in
 from harness.plan.speed.attention import KERNELS, UNFUSED, kernels_on, sdpa_kernel
 from harness.plan.speed.calibration import calibrate_from, default_factors
 from harness.plan.speed.compute import CHECKPOINTING
+from harness.plan.speed.host_issue import HOST_S_PER_KERNEL
 from harness.plan.speed.step_time import SpeedFactors, for_card
 from models.gpt_config import beyond_positions
 
@@ -186,6 +187,11 @@ def gpu_counts(cfg: PlanConfig) -> list[int]:
     return counts
 
 
+# host_us_per_kernel='s sensible span, us: a launch alone takes about 2.5 (host_issue.py's compiled rate) and
+# the slowest eager hosts measured 45; a figure outside it is another unit (seconds, milliseconds) or a typo.
+HOST_US_PER_KERNEL_RANGE = (1.0, 1000.0)
+
+
 def _positive(cfg: PlanConfig, *names: str) -> None:
     """Each of `names` unset or a finite number above 0: NaN passes a `<= 0` check (`0 < nan` is
     false, so this refuses it) and infinity is no size, capacity or rate to plan with."""
@@ -236,6 +242,12 @@ def check(cfg: PlanConfig) -> None:
     checkpointing_of(cfg)
     calibration_paths(cfg)
     check_top(cfg)
+    low, high = HOST_US_PER_KERNEL_RANGE
+    if cfg.host_us_per_kernel is not None and not low <= cfg.host_us_per_kernel <= high:
+        raise PlanError(
+            f"host_us_per_kernel={cfg.host_us_per_kernel:g} is microseconds of CPU to issue one eager kernel: give "
+            f"{low:g} to {high:g} (the default is {HOST_S_PER_KERNEL['eager'] * 1e6:g})"
+        )
     if cfg.mfu is not None and not 0 < cfg.mfu <= 1:
         raise PlanError(f"mfu={cfg.mfu} must be in (0, 1]: the share of the peak flops the compute reaches")
     if cfg.precision not in PLAN_PRECISIONS:

@@ -202,3 +202,6 @@ def test_the_plan_says_which_host_pace_it_priced_and_refuses_a_pace_that_is_none
     for bad in (0, -3.0, float("nan")):
         with pytest.raises(PlanError, match="host_us_per_kernel=.* must be a positive, finite number"):
             question(PlanConfig(**SMALL, host_us_per_kernel=bad))
+    for other_unit in (24e-6, 0.024e6):  # seconds, nanoseconds
+        with pytest.raises(PlanError, match="is microseconds of CPU to issue one eager kernel: give 1 to 1000"):
+            question(PlanConfig(**SMALL, host_us_per_kernel=other_unit))
