@@ -480,7 +480,7 @@ def _head_and_block(t: StepTime, q: Question, stage_q: Question, layout: Layout)
     out = dims.vocab // dims.head_split(layout.tp)
     held = storage_precision(q.precision)
     head = t.work.loss_s + sum(
-        gemm_seconds(m, n, k, q.gpu, held)
+        gemm_seconds(m, n, k, q.gpu, held, widths=(out, dims.width))
         for m, n, k in ((tokens, out, dims.width), (tokens, dims.width, out), (out, dims.width, tokens))
     )
     return head, max(0.0, t.work.micro_step_s - head) / dims.layers

@@ -53,6 +53,7 @@ import math
 from typing import TYPE_CHECKING
 
 from harness.common.hardware import BLACKWELL_EXP, GPUSpec
+from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.kernel_table import kernel_table
 
 if TYPE_CHECKING:
@@ -299,4 +300,29 @@ def attention_seconds(
     else:
         rate = attention_tflops(gpu, kernel, head_dim, seq) * 1e12
     total = total_flops / rate
-    return total * (1 - BACKWARD_SHARE), total * BACKWARD_SHARE
+    forward, backward = total * (1 - BACKWARD_SHARE), total * BACKWARD_SHARE
+    if kernel in UNFUSED:
+        extra_forward, extra_backward = misaligned_head_seconds(gpu, precision, batch * heads, seq, head_dim)
+        forward, backward = forward + extra_forward, backward + extra_backward
+    return forward, backward
+
+
+def misaligned_head_seconds(
+    gpu: GPUSpec, precision: str, batch: float, seq: float, head_dim: int
+) -> tuple[float, float]:
+    """(forward, backward) seconds the unfused kernels' batched matmuls take beyond the tables' when the
+    head dim is not a multiple of 8: their rows are the head dim (q, k and v, the context) and the
+    sequence (the scores) long, so cuBLAS runs them in its narrower-load kernels (gemm.py's
+    main_loop_share). Forward the scores (inner dimension the head dim) and the context (output width
+    the head dim); backward the probabilities' gradient (inner the head dim) and q's, k's and v's (output
+    width the head dim). The tables' own rates are at aligned head dims; the fused kernels pad a head to
+    their tile and have no such loads."""
+    aligned = (seq,)
+    misaligned = (head_dim, seq)
+
+    def extra(m: float, n: float, k: float) -> float:
+        slow = gemm_seconds(m, n, k, gpu, precision, batch, sustained=1.0, widths=misaligned)
+        return slow - gemm_seconds(m, n, k, gpu, precision, batch, sustained=1.0, widths=aligned)
+
+    inner, outer = extra(seq, seq, head_dim), extra(seq, head_dim, seq)
+    return inner + outer, inner + 3 * outer

@@ -262,7 +262,7 @@ def _matmuls(
     for index, (out, into) in enumerate(block_projections(dims, tp)):
         forward = gemm_seconds(tokens, out, into, gpu, projections)
         backward = gemm_seconds(tokens, into, out, gpu, projections) + gemm_seconds(
-            out, into, tokens, gpu, projections, accumulate=accumulate
+            out, into, tokens, gpu, projections, accumulate=accumulate, widths=(out, into)
         )
         again = forward if recomputed(index, checkpointing) else 0.0
         block += Kernels(forward, backward, again)
@@ -270,7 +270,9 @@ def _matmuls(
     head = Kernels(
         gemm_seconds(tokens, head_out, dims.width, gpu, precision),
         gemm_seconds(tokens, dims.width, head_out, gpu, precision)
-        + gemm_seconds(head_out, dims.width, tokens, gpu, precision, accumulate=accumulate),
+        + gemm_seconds(
+            head_out, dims.width, tokens, gpu, precision, accumulate=accumulate, widths=(head_out, dims.width)
+        ),
     )
     return Kernels(block.forward * dims.layers, block.backward * dims.layers, block.again * dims.layers) + head
 

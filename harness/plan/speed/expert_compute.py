@@ -115,9 +115,9 @@ def _mlp(
     )
     backward = (
         gemm_seconds(tokens, width, up, gpu, precision, batch)
-        + gemm_seconds(up, width, tokens, gpu, precision, batch, accumulate=accumulate)
+        + gemm_seconds(up, width, tokens, gpu, precision, batch, accumulate=accumulate, widths=(up, width))
         + gemm_seconds(tokens, ffn, width, gpu, precision, batch)
-        + gemm_seconds(width, ffn, tokens, gpu, precision, batch, accumulate=accumulate)
+        + gemm_seconds(width, ffn, tokens, gpu, precision, batch, accumulate=accumulate, widths=(width, ffn))
     )
     return Kernels(forward, backward)
 

@@ -20,6 +20,14 @@ card's fp8 peak and fp8 MAMF, its operands a byte each; the fixed time of an out
 same, so its inner overhead is as many more elements of k as fp8's rate is over bf16's. An fp4
 matmul (NVFP4: e2m1 elements, an fp8 scale per 16 of them) likewise at the card's fp4 peak and
 measured fp4 rate, its operands 9/16 of a byte.
+
+A 16-bit matmul whose operands' rows are not 16 bytes apart (a width not a multiple of 8 elements)
+cannot use cuBLAS's kernels that load 128 bits at a time: it runs a CUTLASS kernel that loads two
+elements at a time where every width is even, one where one is odd (JihaoXin/GAC Latex/main.tex @
+2b0a2a41, "cuBLAS GEMM kernel tiers", Nsight Compute on an A100). Its main loop runs at
+MISALIGNED_SHARE of the aligned rate; each output tile's fixed start and finish (INNER_OVERHEAD) is
+the same. The widths are the operands' row lengths as X·W reads them, n and k; a weight's gradient
+(its inner dimension the tokens) passes its own, m and n.
 """
 
 from __future__ import annotations
@@ -45,6 +53,16 @@ SUSTAINED = 0.92
 # 5%): another card's long-run matmul (hardware.py's long_run_matmul, one benchmark run alike on every card)
 # is taken relative to this one's, so the settling both measure is counted once.
 REFERENCE_CARD = "H100"
+
+# The main loop's rate by the elements every width is a multiple of, 2 (align2 kernels) or 1 (align1),
+# over the aligned (8) rate: fp16 matmuls of 512 x 4096 x K and 512 x N x 4096 swept one element at a
+# time from 4000 to 4100 (JihaoXin/GAC scripts/tensor_core_alignment_sweep.py, its figures
+# Latex/figures/fig_tc_{k,n}_alignment.png and Latex/figures_h100/fig_tc_{k,n}_alignment_h100.png
+# @ 2b0a2a41): A100 aligned 165-172 TFLOP/s, even 102-105, odd 56; H100 aligned 340-345, even 162,
+# odd 100-105. A width a multiple of 4 runs as an even one in both sweeps. Cards of other generations
+# have no such measurement and none is planned for them.
+MISALIGNED_SHARE = {"ampere": {2: 0.62, 1: 0.33}, "hopper": {2: 0.47, 1: 0.30}}
+ALIGNED_ELEMENTS = 8  # 16 bytes of a 16-bit element: cuBLAS's vectorized loads
 
 BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "fp4": 0.5 + 1 / 16}
 # Precisions the blocks' projections run in below the 16-bit one the rest of the model keeps.
@@ -72,6 +90,22 @@ def sustained_share(gpu: GPUSpec, precision: str) -> float:
     return SUSTAINED * gpu.long_run_matmul / reference
 
 
+def alignment(widths: tuple[float, ...]) -> int:
+    """The elements every width is a multiple of: ALIGNED_ELEMENTS, 2 or 1. A width that is not a
+    whole number is an average over shards, not a layout, and counts as aligned."""
+    whole = [int(w) for w in widths if float(w).is_integer()]
+    return next((a for a in (ALIGNED_ELEMENTS, 2) if all(w % a == 0 for w in whole)), 1)
+
+
+def main_loop_share(gpu: GPUSpec, precision: str, widths: tuple[float, ...]) -> float:
+    """The share of the aligned rate a 16-bit matmul's main loop runs at with operand rows `widths`
+    elements long (MISALIGNED_SHARE); 1 for other precisions and for cards without a measurement."""
+    tier = alignment(widths)
+    if precision not in ("bf16", "fp16") or tier == ALIGNED_ELEMENTS:
+        return 1.0
+    return MISALIGNED_SHARE.get(gpu.generation, {}).get(tier, 1.0)
+
+
 def gemm_seconds(
     m: float,
     n: float,
@@ -81,15 +115,18 @@ def gemm_seconds(
     batch: float = 1,
     sustained: float | None = None,
     accumulate: bool = False,
+    widths: tuple[float, ...] | None = None,
 ) -> float:
     """Seconds of `batch` matmuls of (m x k) by (k x n) at `precision` in a training step (at the
     card's sustained_share; a lone kernel, as a benchmark times it: sustained=1). Where the card has
     a measured kernel table (kernel_table.py), a 16-bit matmul is the model's time scaled by the
     measured over the modelled time of the nearest shape the table holds. `accumulate`: the result
-    added into an fp32 buffer (ACCUMULATED_RESULT_BYTES)."""
+    added into an fp32 buffer (ACCUMULATED_RESULT_BYTES). `widths`: the operands' row lengths in
+    elements (default n and k, as X·W reads them), which set the main loop's share (main_loop_share)."""
     if sustained is None:
         sustained = sustained_share(gpu, precision)
-    seconds = _modelled(m, n, k, gpu, precision, batch, sustained, accumulate)
+    share = main_loop_share(gpu, precision, (n, k) if widths is None else widths)
+    seconds = _modelled(m, n, k, gpu, precision, batch, sustained, accumulate, share)
     table = kernel_table(gpu) if precision in ("bf16", "fp16") and seconds else None
     nearest = table.nearest_matmul(m, n, k) if table else None
     if nearest is None:
@@ -104,7 +141,15 @@ _MEASURED_OVER_MODELLED: dict[tuple[str, tuple[float, ...]], float] = {}
 
 
 def _modelled(
-    m: float, n: float, k: float, gpu: GPUSpec, precision: str, batch: float, sustained: float, accumulate: bool = False
+    m: float,
+    n: float,
+    k: float,
+    gpu: GPUSpec,
+    precision: str,
+    batch: float,
+    sustained: float,
+    accumulate: bool = False,
+    share: float = 1.0,
 ) -> float:
     if min(m, n, k, batch) <= 0:
         return 0.0
@@ -113,7 +158,7 @@ def _modelled(
     if precision in LOW_PRECISION:  # the tile's fixed time is worth as many more elements of k as it runs faster
         low_rate = low_precision_efficiency(gpu, precision) * gpu.peak_flops[precision]
         inner, rate = INNER_OVERHEAD * low_rate / (gpu.matmul_efficiency * gpu.tensor_flops), low_rate
-    flops = 2.0 * batch * m * n * k * (1 + inner / k)
+    flops = 2.0 * batch * m * n * (k / share + inner)  # the main loop at its share, the tile's fixed time not
     result = ACCUMULATED_RESULT_BYTES if accumulate else BYTES[precision]
     moved = OPERAND_TRAFFIC * batch * ((m * k + k * n) * BYTES[precision] + m * n * result) / gpu.hbm_bytes_per_s
     return LAUNCH_S + max(flops / (sustained * rate), moved)
