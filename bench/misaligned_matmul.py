@@ -1,7 +1,7 @@
 """Unfused attention's batched matmuls on this GPU at head dims that are and are not a multiple of 8:
 what a head dim like BigScience's 108, 150, 225 or 450 costs cuBLAS in fp16 and bf16, beside the
-aligned head dims next to it (the plan has no figure for it: docs/planner.md, "Kernel rates where the
-runs planned fast").
+aligned head dims next to it (the plan prices it from a third party's plain matmul sweeps, gemm.py's
+MISALIGNED_SHARE: docs/planner.md, "Widths not a multiple of 8"; this checks them on Megatron's own calls).
 
 Each point times Megatron-LM's unfused core attention's two matmuls as it calls them, forward and
 backward: the scores, baddbmm of q [b·heads, s, d] by kᵀ [b·heads, d, s] (inner dimension d), and
