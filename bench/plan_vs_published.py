@@ -91,6 +91,7 @@ from harness.plan.speed.dropout import SOFTMAX_DROPOUT_FUSION  # noqa: E402
 from harness.plan.speed.host_issue import LAUNCH_BLOCKING, host_slowdown  # noqa: E402
 from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK  # noqa: E402
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE  # noqa: E402
+from harness.plan.speed.scaled_scores import SCALED_SCORES  # noqa: E402
 from harness.plan.speed.step_time import HOST_S_PER_LAUNCH, for_card  # noqa: E402
 from strategies.plan_model import PlanModel  # noqa: E402
 
@@ -330,6 +331,7 @@ PLAN_FLAGS = (
     SWAPPED_SOFTMAX_CHECK,
     SOFTMAX_DROPOUT_FUSION,
     ALIBI,
+    SCALED_SCORES,
     HYBRID_ZERO,
     FP8_ATTENTION,
     BIASES,
@@ -659,6 +661,8 @@ def question(
         options = {**options, SWAPPED_SOFTMAX_CHECK: True}  # masked_softmax.py: the fused kernel refused or not
     if ALIBI in _plan_tokens(row):
         options = {**options, ALIBI: True}  # alibi_scores.py: the bias copied into the scores and read back
+    if SCALED_SCORES in _plan_tokens(row):
+        options = {**options, SCALED_SCORES: True}  # scaled_scores.py: the scale and the mask as passes of their own
     if SOFTMAX_DROPOUT_FUSION in _plan_tokens(row):
         options = {**options, SOFTMAX_DROPOUT_FUSION: True}  # dropout.py: OneFlow's softmax draws the dropout
     if NANOTRON in _plan_tokens(row):

@@ -71,6 +71,12 @@ from harness.plan.speed.masked_softmax import (
     fused_softmax_kernels,
 )
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE, with_nanotron_step
+from harness.plan.speed.scaled_scores import (
+    SCALED_SCORES,
+    SCALED_SCORES_BACKWARD_BYTES,
+    SCALED_SCORES_FORWARD_BYTES,
+    scaled_scores_kernels,
+)
 from harness.plan.speed.score_traffic import with_score_traffic
 from harness.plan.speed.step_time import SpeedFactors, StepTime, host_bytes_per_s, step_time, waiting_on
 from strategies.memory import CATEGORIES, MemoryBreakdown
@@ -721,6 +727,8 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     if q.shape.dims is not None:
         kernels += dropout_kernels(q.shape.dims, _dropout(backend, q), q.attention, q.checkpointing)
         kernels += _softmax_fallback_kernels(backend, q, layout.tp)
+        if q.attention in UNFUSED and backend.options.get(SCALED_SCORES):
+            kernels += scaled_scores_kernels(q.shape.dims.layers, q.checkpointing == "full")
     grouped = _megatron_moe_layer(backend)  # grouped matmuls, not a Python loop
     kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing, q.recipe.recompute_modules)
     compiled = q.compiled and not q.eager_launches
@@ -760,7 +768,8 @@ def _softmax_fallback_kernels(backend: Backend, q: Question, tp: int) -> Kernels
 
 def _unfused_score_bytes(backend: Backend, q: Question, tp: int) -> tuple[float, float]:
     """(forward, backward) bytes a score element the unfused attention moves beyond its rate: Megatron's
-    softmax as its kernel runs (masked_softmax.py), ALiBi's bias through the scores' matmul (alibi_scores.py)."""
+    softmax as its kernel runs (masked_softmax.py), ALiBi's bias through the scores' matmul (alibi_scores.py),
+    a scale and a mask applied as passes of their own (scaled_scores.py)."""
     forward, backward = 0.0, 0.0
     if q.attention == FUSED_SOFTMAX:
         heads = q.shape.dims.heads // tp
@@ -768,6 +777,9 @@ def _unfused_score_bytes(backend: Backend, q: Question, tp: int) -> tuple[float,
         forward, backward = fused_softmax_bytes(q.micro_batch, heads, q.seq_len, swapped)
     if backend.options.get(ALIBI):
         forward += ALIBI_SCORE_BYTES
+    if backend.options.get(SCALED_SCORES):
+        forward += SCALED_SCORES_FORWARD_BYTES
+        backward += SCALED_SCORES_BACKWARD_BYTES
     return forward, backward
 
 
