@@ -193,6 +193,9 @@ TP_RECOMPUTED["selective"] = {"all-gather": 1, "reduce-scatter": 0}
 # result the MLP's norm reads (the policy saves no all-reduce, and recomputation stops before the
 # MLP's, which nothing in the block's backward reads).
 TP_ALL_REDUCES_RECOMPUTED = {"none": 0, "full": 2, "selective": 1}
+# The calls of each of a micro-step's tensor-parallel collectives outside the blocks: the embedding's
+# and the head's, once each, whatever the blocks (a pipeline's stage_seconds tells them apart).
+TP_ROOT_CALLS = 2
 
 
 def _tensor_parallel(
@@ -230,7 +233,7 @@ def _tensor_parallel(
     layers = shape.dims.layers
     held = compute_bytes(precision)
     if not sequence_parallel:
-        calls = (2 * 2 + TP_ALL_REDUCES_RECOMPUTED[checkpointing]) * layers + 2
+        calls = (2 * 2 + TP_ALL_REDUCES_RECOMPUTED[checkpointing]) * layers + TP_ROOT_CALLS
         what = "tensor-parallel all-reduce of activations (no sequence parallel)"
         return [
             Collective(what, "all-reduce", element * calls * held, calls, None, layout.tp_group, per_micro_step=True)
@@ -247,7 +250,7 @@ def _tensor_parallel(
             inputs = passes - 1 if kind == "all-gather" else 1  # the passes on the input's side
             widths -= layers * inputs * (1 - tp_gathered_width(mla) / shape.dims.width)
         block_bytes = 1 if fp8 and kind == "all-gather" else held
-        payload = element * (widths * block_bytes + 2 * held)
+        payload = element * (widths * block_bytes + TP_ROOT_CALLS * held)
         mine = [f for f in fused if f.kind == kind]
         pipelined = element * layers * sum(f.element_bytes(held, fp8) for f in mine)
         calls = layers * len(mine)
@@ -265,14 +268,22 @@ def _tensor_parallel(
                     per_micro_step=True,
                 )
             )
-        rest, rest_bytes = blocks + 2 - calls, payload - pipelined
+        rest, rest_bytes = blocks + TP_ROOT_CALLS - calls, payload - pipelined
         if rest > 0 and megatron and async_tp:  # userbuffers' bulk overlaps; the head's and the embedding's exposed
-            root = 2 * element * held
+            root = TP_ROOT_CALLS * element * held
             bulk = f"{what}, beside the backward's GEMMs (userbuffers' bulk overlap)"
             out.append(
-                Collective(bulk, kind, rest_bytes - root, rest - 2, "backward", layout.tp_group, per_micro_step=True)
+                Collective(
+                    bulk,
+                    kind,
+                    rest_bytes - root,
+                    rest - TP_ROOT_CALLS,
+                    "backward",
+                    layout.tp_group,
+                    per_micro_step=True,
+                )
             )
-            rest, rest_bytes = 2, root
+            rest, rest_bytes = TP_ROOT_CALLS, root
         if rest > 0:
             out.append(Collective(what, kind, rest_bytes, rest, None, layout.tp_group, per_micro_step=True))
     return out
