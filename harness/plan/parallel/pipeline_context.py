@@ -13,7 +13,7 @@ schedule=1F1B`) as these options, for bench/plan_vs_published.py.
 from __future__ import annotations
 
 import re
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from harness.plan.memory.activations import Activations
@@ -60,6 +60,7 @@ from harness.plan.parallel.pipeline_cost import (
     tied_head,
 )
 from harness.plan.parallel.planned_options import check_what_ifs_apply
+from harness.plan.parallel.stage_comm import block_recurring_s
 from harness.plan.predict import (
     Question,
     StrategyPlan,
@@ -73,7 +74,7 @@ from harness.plan.predict import (
 )
 from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE
-from harness.plan.speed.step_time import StepTime
+from harness.plan.speed.step_time import StepTime, host_bytes_per_s
 from strategies.memory import CATEGORIES, MemoryBreakdown
 from strategies.plan_model import PlanModel
 
@@ -175,9 +176,17 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     room = headroom(q.capacity_bytes, rings, q.topology.library)
     fits = plan_fits(room, peak, q.host, on_host_bytes(states, held))
     parts = None if stage_time is None else _head_and_block(stage_time, q, stage_q, layout)
-    seconds = _stage_seconds(parts, q, split)
-    traffic = _traffic(q, stage_q, layout, pipe, cp, backend, stage_time is not None, seconds) if q.timed else []
-    timing = None if stage_time is None else _time(stage_time, q, stage_q, layout, pipe, split, cp, traffic, parts)
+    timed = stage_time is not None
+    context = _context_traffic(q, stage_q, layout, cp, timed) if q.timed else []
+    block_comm = (
+        None if stage_time is None else _block_comm(stage_time, stage_collectives, q, stage_q, layout, cp, context)
+    )
+    seconds = _stage_seconds(parts, q, split, block_comm)
+    between = _pipeline_traffic(q, stage_q, layout, pipe, backend, timed, seconds) if q.timed else []
+    timing = None
+    if stage_time is not None:
+        timing = _time(stage_time, q, stage_q, layout, pipe, split, cp, between, context, parts, block_comm)
+    traffic = between + context
     return StrategyPlan(
         backend.name,
         backend,
@@ -234,26 +243,24 @@ def _fullest_gpu(
     return most[0], highest[1], highest[2], highest[3]
 
 
-def _traffic(
+def _pipeline_traffic(
     q: Question,
     stage_q: Question,
     layout: Layout,
     pipe: Pipeline,
-    cp: ContextParallel,
     backend: Backend,
     timed: bool,
     stage_seconds: tuple[float, float, float] | None = None,
 ) -> list[tuple[Collective, float, float]]:
-    """The pipeline's and context parallel's transfers of one step, each with its seconds per step
-    and, of those, what every micro-batch runs (0 where the plan is not timed: a question without a
-    GPU's links, as a CPU run's is); `stage_seconds` a micro-batch's compute on the first GPU, those
-    between and the last (`_stage_seconds`), where the split is known."""
+    """The pipeline's transfers of one step, each with its seconds per step and, of those, what every
+    micro-batch runs (0 where the plan is not timed: a question without a GPU's links, as a CPU
+    run's is); `stage_seconds` a micro-batch's length on the first GPU, those between and the last
+    (`_stage_seconds`), where the split is known. A micro-batch's exchanges with its neighbours (and
+    DeepSpeed's gathers of them) are one per micro-batch, whatever a stage's blocks."""
     assert stage_q.shape.dims is not None
     dims = stage_q.shape.dims
     element = BYTES[storage_precision(q.precision)]
-    tokens = stage_q.micro_batch * stage_q.seq_len  # one GPU's tokens of one micro-step
     micro_steps = stage_q.grad_accum
-    forwards = 2 if q.checkpointing == "full" else 1
     out: list[tuple[Collective, float, float]] = []
     if layout.pp > 1:
         across = stage_q.topology.gpus >= q.topology.per_domain
@@ -286,6 +293,21 @@ def _traffic(
         tied = _tied_embedding_reduce(q, layout, across, timed)
         if tied is not None:
             out.append(tied)
+    return out
+
+
+def _context_traffic(
+    q: Question, stage_q: Question, layout: Layout, cp: ContextParallel, timed: bool
+) -> list[tuple[Collective, float, float]]:
+    """Context parallel's transfers of one step, as `_pipeline_traffic`'s: every block's attention
+    exchanges, the planned stage's blocks'."""
+    assert stage_q.shape.dims is not None
+    dims = stage_q.shape.dims
+    element = BYTES[storage_precision(q.precision)]
+    tokens = stage_q.micro_batch * stage_q.seq_len  # one GPU's tokens of one micro-step
+    micro_steps = stage_q.grad_accum
+    forwards = 2 if q.checkpointing == "full" else 1
+    out: list[tuple[Collective, float, float]] = []
     if cp.size > 1:
         group = _cp_group(q.topology, cp.size, layout.tp)
         if cp.attention == "all-to-all":
@@ -397,70 +419,53 @@ def _time(
     pipe: Pipeline,
     split: StageSplit | None,
     cp: ContextParallel,
-    traffic: list[tuple[Collective, float, float]],
+    between: list[tuple[Collective, float, float]],
+    context: list[tuple[Collective, float, float]],
     parts: tuple[float, float] | None = None,
+    block_comm: BlockComm | None = None,
 ) -> StepTime:
-    """The stage's step with the bubble, context parallel's attention and the exposed transfers added,
-    its compute the slowest GPU's (`_stage_work`, `_stage_seconds`); `parts` the head's and a block's
-    seconds (`_head_and_block`)."""
-    assert q.gpu is not None and stage_q.shape.dims is not None
-    dims = stage_q.shape.dims
+    """The stage's step with the bubble, context parallel's attention and the exposed transfers added
+    (`between` the pipeline's, `context` context parallel's), its compute and its blocks'
+    communication the slowest GPU's (`_stage_work`, `_stage_seconds`); `parts` the head's and a
+    block's seconds (`_head_and_block`), `block_comm` what the planned stage's blocks exchange in
+    their micro-batches' critical path (`_block_comm`)."""
     scale = q.factors.compute_scale
-    attention_extra = 0.0
-    if cp.size > 1:
-        full = q.checkpointing == "full"
-        if t.work is not None:
-            per_micro = extra_attention_s(
-                dims,
-                q.gpu,
-                q.attention,
-                storage_precision(q.precision),
-                micro_batch=stage_q.micro_batch,
-                seq_len=q.seq_len,
-                cp=cp.size,
-                tp=layout.tp,
-                layers=dims.layers,
-                recompute=full,
-            )
-            attention_extra = per_micro * scale * stage_q.grad_accum
-        elif q.factors.fixed_mfu is not None:
-            flops = 12 * dims.layers * dims.heads * dims.head_dim * (q.seq_len - stage_q.seq_len)
-            tokens = stage_q.micro_batch * stage_q.seq_len * stage_q.grad_accum
-            again = 4 / 3 if full else 1.0
-            peak = q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu
-            attention_extra = flops * tokens * again / layout.tp / peak
-    overplanned, uneven = _stage_work(parts, q, stage_q, layout, split)
+    attention_extra = _context_attention(t, q, stage_q, layout, cp)
+    overplanned, uneven, blocks = _stage_work(parts, q, stage_q, layout, split, block_comm)
     compute = t.compute_s + attention_extra - overplanned * scale
     optimizer = t.work.step_s * scale if t.work is not None else 0.0
     uneven *= scale
-    exposed = recurring = 0.0
-    attention = (t.work.attention_s * scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
-    for c, seconds, every_micro_batch in traffic:
-        if c.window is None or "pipeline" in c.what:
-            exposed += seconds
-            recurring += every_micro_batch
-        elif c.what == GATHERED_KV:  # each gather beside the first of the cp sub-steps of its pass
-            exposed += max(0.0, seconds - attention / cp.size)
-            recurring += max(0.0, seconds - attention / cp.size)
-        else:  # the ring's passes hide behind the attention they run beside
-            exposed += max(0.0, seconds - attention)
-            recurring += max(0.0, seconds - attention)
+    # Every block's exchanges in the critical path run on the slowest GPU's blocks, not the planned
+    # stage's: its tensor parallelism's and experts' (of t's recurring and exposed communication),
+    # and context parallel's.
+    kept = blocks / split.fullest if split is not None else 1.0
+    fewer = block_comm.recurring_s * (1 - kept) if block_comm is not None else 0.0
+    context_s = _context_exposed(context, _attention_seconds(t, q, stage_q, attention_extra), cp) * kept
+    # Once a micro-batch, whatever the blocks, and left as planned: the exchanges between stages (each
+    # micro-batch's, the fill's and the drain's: `_pipeline_traffic`), the tied embedding's reduction
+    # (`_tied_embedding_reduce`), and in t's the embedding's and the head's own tensor-parallel
+    # collectives (comm.py's `_tensor_parallel`, TP_ROOT_CALLS calls of each). The vocabulary-parallel
+    # loss's own all-reduces of a token's maximum and sums are not priced anywhere (comm.py lists none).
+    exposed = sum(seconds for _, seconds, _ in between) + context_s
+    recurring = sum(every_micro_batch for _, _, every_micro_batch in between) + context_s
+    recurring_comm = t.recurring_comm_s - fewer
     # The bubble idles a stage for the length of its micro-batches' work: their compute, the
     # communication in each one's critical path (tensor parallelism's, context parallelism's) and
     # the wait on the host to issue them (host_issue.py); the slowest GPU idles for the others'.
-    idle = pipe.idle_share(_stage_seconds(parts, q, split))
-    bubble = pipe.bubble * idle * (compute - optimizer + t.recurring_comm_s + recurring + t.host_wait_s)
+    idle = pipe.idle_share(_stage_seconds(parts, q, split, block_comm))
+    bubble = pipe.bubble * idle * (compute - optimizer + recurring_comm + recurring + t.host_wait_s)
     tokens = t.tokens_per_s * t.step_s
     bubble_what = (
         f"{pipe.schedule}, {pipe.stages} stages, {micro_batches(pipe.microbatches)}: {idle_words(pipe.bubble * idle)}"
         if layout.pp > 1
         else ""
     )
+    traffic = between + context
     timed = replace(
         t,
         compute_s=compute,
-        exposed_comm_s=t.exposed_comm_s + exposed,
-        recurring_comm_s=t.recurring_comm_s + recurring,
+        exposed_comm_s=t.exposed_comm_s - fewer + exposed,
+        recurring_comm_s=recurring_comm + recurring,
         bubble_s=bubble,
         bubble_what=bubble_what,
         imbalance_s=uneven,
@@ -468,6 +473,92 @@ def _time(
         comm_s=t.comm_s + sum(seconds for _, seconds, _ in traffic),
     )
     return replace(timed, tokens_per_s=tokens / timed.step_s)
+
+
+def _context_attention(t: StepTime, q: Question, stage_q: Question, layout: Layout, cp: ContextParallel) -> float:
+    """Seconds a step the planned stage's attention adds under context parallelism (each GPU's
+    queries against the whole sequence's keys), at its compute scale."""
+    assert q.gpu is not None and stage_q.shape.dims is not None
+    if cp.size <= 1:
+        return 0.0
+    dims = stage_q.shape.dims
+    full = q.checkpointing == "full"
+    if t.work is not None:
+        per_micro = extra_attention_s(
+            dims,
+            q.gpu,
+            q.attention,
+            storage_precision(q.precision),
+            micro_batch=stage_q.micro_batch,
+            seq_len=q.seq_len,
+            cp=cp.size,
+            tp=layout.tp,
+            layers=dims.layers,
+            recompute=full,
+        )
+        return per_micro * q.factors.compute_scale * stage_q.grad_accum
+    if q.factors.fixed_mfu is not None:
+        flops = 12 * dims.layers * dims.heads * dims.head_dim * (q.seq_len - stage_q.seq_len)
+        tokens = stage_q.micro_batch * stage_q.seq_len * stage_q.grad_accum
+        again = 4 / 3 if full else 1.0
+        peak = q.gpu.peak_flops[storage_precision(q.precision)] * q.factors.fixed_mfu
+        return flops * tokens * again / layout.tp / peak
+    return 0.0
+
+
+def _attention_seconds(t: StepTime, q: Question, stage_q: Question, attention_extra: float) -> float:
+    """The planned stage's attention of a step, what context parallel's ring passes hide behind."""
+    return (t.work.attention_s * q.factors.compute_scale * stage_q.grad_accum if t.work else 0.0) + attention_extra
+
+
+def _context_exposed(context: list[tuple[Collective, float, float]], attention: float, cp: ContextParallel) -> float:
+    """Seconds a step of context parallel's transfers (`_context_traffic`) no compute hides, all of
+    them in every micro-batch's critical path: its all-to-alls whole, each gather beyond the first
+    of the cp sub-steps of its pass, the ring's passes beyond the attention they run beside."""
+    exposed = 0.0
+    for c, seconds, _ in context:
+        if c.window is None:
+            exposed += seconds
+        elif c.what == GATHERED_KV:
+            exposed += max(0.0, seconds - attention / cp.size)
+        else:
+            exposed += max(0.0, seconds - attention)
+    return exposed
+
+
+@dataclass(frozen=True)
+class BlockComm:
+    """What the planned stage's blocks (the fullest GPU's) exchange in their micro-batches' critical
+    path, seconds a step: of its step's recurring communication (stage_comm.block_recurring_s), and
+    context parallel's exposed transfers."""
+
+    recurring_s: float
+    context_s: float
+    blocks: int  # the planned stage's
+    micro_steps: int
+
+    @property
+    def per_block(self) -> float:
+        """Seconds one block adds to a micro-batch's critical path."""
+        return (self.recurring_s + self.context_s) / (self.blocks * self.micro_steps) if self.blocks else 0.0
+
+
+def _block_comm(
+    t: StepTime,
+    collectives: list[Collective],
+    q: Question,
+    stage_q: Question,
+    layout: Layout,
+    cp: ContextParallel,
+    context: list[tuple[Collective, float, float]],
+) -> BlockComm:
+    """The planned stage's BlockComm from its step `t` and its `collectives`, as its plan prices
+    them (its GPUs' topology, its host's copies)."""
+    assert q.gpu is not None and stage_q.shape.dims is not None
+    recurring = block_recurring_s(t, collectives, stage_q.topology, host_bytes_per_s(q.gpu), stage_q.grad_accum)
+    attention = _attention_seconds(t, q, stage_q, _context_attention(t, q, stage_q, layout, cp))
+    context_s = _context_exposed(context, attention, cp)
+    return BlockComm(recurring, context_s, stage_q.shape.dims.layers, stage_q.grad_accum)
 
 
 def _head_and_block(t: StepTime, q: Question, stage_q: Question, layout: Layout) -> tuple[float, float] | None:
@@ -487,35 +578,50 @@ def _head_and_block(t: StepTime, q: Question, stage_q: Question, layout: Layout)
 
 
 def _stage_seconds(
-    parts: tuple[float, float] | None, q: Question, split: StageSplit | None
+    parts: tuple[float, float] | None, q: Question, split: StageSplit | None, block_comm: BlockComm | None = None
 ) -> tuple[float, float, float] | None:
-    """A micro-batch's compute, scaled, on the first GPU (its blocks; the embedding's lookup is
-    negligible), the fullest between (their blocks) and the last (its blocks, the head's matmuls
-    and the loss), from `parts` (`_head_and_block`); None where the split is not known."""
+    """A micro-batch's length on the first GPU (its blocks; the embedding's lookup is negligible),
+    the fullest between (their blocks) and the last (its blocks, the head's matmuls and the loss):
+    its compute, scaled, from `parts` (`_head_and_block`), and its blocks' exchanges in its critical
+    path (`block_comm`); None where the split is not known."""
     if split is None or parts is None:
         return None
     head, block = parts
     scale = q.factors.compute_scale
-    return split.first * block * scale, split.middle * block * scale, (split.last * block + head) * scale
+    exchanged = block_comm.per_block if block_comm is not None else 0.0
+    one = block * scale + exchanged
+    return split.first * one, split.middle * one, split.last * one + head * scale
 
 
 def _stage_work(
-    parts: tuple[float, float] | None, q: Question, stage_q: Question, layout: Layout, split: StageSplit | None
-) -> tuple[float, float]:
-    """Unscaled seconds a step: what the stage planned (the fullest GPU's blocks with the head and
-    the loss) computes beyond the slowest GPU, and what the slowest computes beyond an even share of
-    the model's work, which the others idle. Each micro-batch waits on the slowest GPU
-    (`_stage_seconds`). Under an even split the last is the slowest and the planned stage is it;
-    under Megatron-LM's counted embedding and loss, or the runtime's cut with fewer blocks on the
-    last stages, a GPU between may be, without the head."""
+    parts: tuple[float, float] | None,
+    q: Question,
+    stage_q: Question,
+    layout: Layout,
+    split: StageSplit | None,
+    block_comm: BlockComm | None = None,
+) -> tuple[float, float, int]:
+    """The slowest GPU, the one whose micro-batch (its compute and its blocks' exchanges,
+    `_stage_seconds`) each micro-batch waits on: unscaled seconds a step the stage planned (the
+    fullest GPU's blocks with the head and the loss) computes beyond it; what it computes beyond an
+    even share of the model's compute, which the others idle (StepTime.imbalance_s); and its
+    blocks. Under an even split the last is the slowest and the planned stage is it; under
+    Megatron-LM's counted embedding and loss, or the runtime's cut with fewer blocks on the last
+    stages, a GPU between may be, without the head, and where a GPU between holds more blocks than
+    the last its exchanges may make it the slowest though the last computes more."""
     whole = q.shape.dims
     if split is None or parts is None or whole is None:
-        return 0.0, 0.0
+        return 0.0, 0.0, split.fullest if split is not None else 0
     head, block = parts
+    lengths = _stage_seconds(parts, q, split, block_comm)
+    assert lengths is not None
+    stages = ((split.first, 0.0), (split.middle, 0.0), (split.last, head))
+    blocks, own_head = max(zip(lengths, stages, strict=True), key=lambda pair: pair[0])[1]
     planned = split.fullest * block + head
-    slowest = max(split.first * block, split.middle * block, split.last * block + head)
+    slowest = blocks * block + own_head
     even = (whole.layers * block + head) / layout.pp
-    return stage_q.grad_accum * max(0.0, planned - slowest), stage_q.grad_accum * max(0.0, slowest - even)
+    micro_steps = stage_q.grad_accum
+    return micro_steps * max(0.0, planned - slowest), micro_steps * max(0.0, slowest - even), blocks
 
 
 def published_layout(

@@ -119,8 +119,9 @@ class StepTime:
     # schedule, stages and micro-batches.
     bubble_s: float = 0.0
     bubble_what: str = ""
-    # Of compute_s, what a pipeline's fullest stage computes beyond an even share (its head and loss,
-    # blocks that do not divide evenly), which every other stage waits out.
+    # Of compute_s, what a pipeline's slowest stage (its compute and its blocks' exchanges the longest:
+    # parallel/pipeline_context.py) computes beyond an even share of the model's compute (its head and
+    # loss, blocks that do not divide evenly), which every other stage waits out; 0 where it computes less.
     imbalance_s: float = 0.0
     # The share of compute_s the step waits beyond the median GPU's for the slowest of its GPUs (stragglers.py).
     straggle: float = 0.0

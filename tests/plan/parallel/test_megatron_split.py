@@ -84,8 +84,10 @@ def _planned(sharding: str, **extra: str):
 def test_a_gpu_between_without_the_head_sets_the_pace() -> None:
     """62 blocks over 4 stages: split evenly as far as known, the fullest GPU holds 16 blocks with the
     head; with the embedding and loss counted (64 / 4) the GPUs between hold 16 and the last 15 with
-    the head, so the slowest computes 16 blocks and no head: less compute, and a lower peak, the
-    first GPU holding 15 blocks beside the embedding where it held 16."""
+    the head. The last computes more (its head, about one and a half blocks here, beyond one block)
+    but each block's tensor-parallel exchanges (tp 8) make the GPUs between the slowest, so the step
+    computes 16 blocks and no head: less compute, and a lower peak, the first GPU holding 15 blocks
+    beside the embedding where it held 16."""
     plain = _planned("megatron tp=8 pp=4 dp=1 distributed_optimizer")
     counted = _planned(
         "megatron tp=8 pp=4 dp=1 embedding_in_pipeline_split loss_in_pipeline_split distributed_optimizer"
@@ -94,6 +96,6 @@ def test_a_gpu_between_without_the_head_sets_the_pace() -> None:
     assert counted.time.imbalance_s < plain.time.imbalance_s
     assert counted.time.tokens_per_s > plain.time.tokens_per_s
     assert counted.peak_bytes < plain.peak_bytes  # the first GPU's peak: one block fewer beside its table
-    # The head's share: what the plain plan computes beyond the counted one is its head, a step's micro-batches.
+    # What the plain plan computes beyond the counted one is its head, between one block's and two.
     head_share = (plain.time.compute_s - counted.time.compute_s) / plain.time.compute_s
-    assert 0.0 < head_share < 1 / 16
+    assert 1 / 17 < head_share < 2 / 18

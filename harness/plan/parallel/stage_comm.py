@@ -1,0 +1,46 @@
+"""Which of a pipeline stage's critical-path communication scales with its blocks. The stage is
+planned as the fullest GPU's blocks with the head and the loss (pipeline_context.py); a GPU with
+fewer blocks runs fewer of each block's exchanges, so the slowest GPU's micro-batch is its compute
+plus its own blocks' share of them. Told apart from each collective's own fields: tensor
+parallelism's collectives in the critical path run TP_ROOT_CALLS calls for the embedding and the
+head beside the blocks', every call priced alike (fabric.collective_seconds: `calls` equal shares of
+the payload), so the blocks' share of their seconds is their calls'; a mixture's expert all-to-alls
+run in its MoE blocks alone; async TP's unhidden copies are those of the blocks' fused matmuls; the
+wait tensor parallelism across nodes adds (SharedCards) is its tensor-parallel collectives' and
+scales as they do. What else a micro-step runs in its critical path is not a block's and stays the
+planned stage's."""
+
+from __future__ import annotations
+
+from harness.plan.network.comm import TP_ROOT_CALLS, Collective, SharedCards
+from harness.plan.network.expert_comm import DISPATCH_WHAT
+from harness.plan.network.fabric import Topology
+from harness.plan.speed.step_time import StepTime
+
+
+def block_share(c: Collective, topology: Topology, host_bytes_per_s: float) -> float:
+    """The share of `c`'s seconds that a stage's blocks run (0 for what does not scale with them)."""
+    if isinstance(c, SharedCards):
+        tensor = [
+            (block_share(t, topology, host_bytes_per_s), t.seconds(topology, host_bytes_per_s))
+            for t in c.tensor_parallel
+        ]
+        total = sum(seconds for _, seconds in tensor)
+        return sum(share * seconds for share, seconds in tensor) / total if total > 0 else 0.0
+    if c.what.startswith(DISPATCH_WHAT):
+        return 1.0
+    if c.what.startswith("tensor-parallel") and c.calls > 0:
+        return max(0, c.calls - TP_ROOT_CALLS) / c.calls
+    return 0.0
+
+
+def block_recurring_s(
+    t: StepTime, collectives: list[Collective], topology: Topology, host_bytes_per_s: float, micro_steps: int
+) -> float:
+    """Of `t.recurring_comm_s` (step_time's: async TP's unhidden copies and the critical-path
+    collectives every micro-step runs), the seconds a step that the planned stage's blocks run."""
+    exposed = [c for c in collectives if c.window is None and c.per_micro_step]
+    listed = sum(c.seconds(topology, host_bytes_per_s) for c in exposed)
+    copies = max(0.0, t.recurring_comm_s - micro_steps * listed)  # async TP's, beside the blocks' fused matmuls
+    blocks = sum(block_share(c, topology, host_bytes_per_s) * c.seconds(topology, host_bytes_per_s) for c in exposed)
+    return copies + micro_steps * blocks
