@@ -9,8 +9,8 @@ import pytest
 from harness.common.hardware import GPUS
 from harness.plan.model.model_shape import shape_of_description
 from harness.plan.speed.attention import attention_seconds
-from harness.plan.speed.compute import compute_work
 from harness.plan.speed.gemm import alignment, gemm_seconds, gemm_tflops
+from tests.plan.speed.work import step_work
 
 H100, A100 = GPUS["H100"], GPUS["A100"]
 
@@ -64,20 +64,7 @@ def test_no_share_is_planned_without_a_measurement(gpu, precision):
 
 def _matmul_per_flop(vocab):
     shape = shape_of_description(params=None, layers=12, width=768, heads=12, vocab=vocab, seq_len=1024)
-    work = compute_work(
-        shape,
-        micro_batch=16,
-        seq_len=1024,
-        precision="bf16",
-        mixed_precision="autocast",
-        compiled=False,
-        checkpointing="none",
-        fused_loss=False,
-        attention="flash",
-        gpu=A100,
-        optimizer_params=shape.params,
-        engine="torch",
-    )
+    work = step_work(shape, gpu=A100)
     return work.matmul_s / (12 * 12 * 768 * 768 + vocab * 768)
 
 

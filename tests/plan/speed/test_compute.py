@@ -13,9 +13,10 @@ import pytest
 from harness.common.hardware import GPUS, gpu_spec
 from harness.plan.model.model_shape import shape_of_description, shape_of_spec
 from harness.plan.speed.attention import attention_seconds, attention_tflops
-from harness.plan.speed.compute import MEMORY_EFFICIENCY, Regime, compute_work, elementwise_bytes_per_token
+from harness.plan.speed.compute import MEMORY_EFFICIENCY, Regime, elementwise_bytes_per_token
 from harness.plan.speed.gemm import gemm_tflops
 from tests.helpers import ROOT
+from tests.plan.speed.work import step_work
 
 XLA_TABLE = ROOT / "bench" / "data" / "xla_sm90_matmul_bf16.csv"
 H100, A100 = GPUS["H100"], GPUS["A100"]
@@ -99,30 +100,13 @@ def test_attention_by_kernel_head_dim_and_sequence():
     assert backward == pytest.approx(2.5 * forward)  # the benchmark's flop split
 
 
-def _work(shape, **kw):
-    base = dict(
-        micro_batch=16,
-        seq_len=1024,
-        precision="bf16",
-        mixed_precision="autocast",
-        compiled=False,
-        checkpointing="none",
-        fused_loss=False,
-        attention="flash",
-        gpu=H100,
-        optimizer_params=shape.params,
-        engine="torch",
-    )
-    return compute_work(shape, **{**base, **kw})
-
-
 def test_the_memory_bound_share_is_what_eager_and_compiled_single_measured_apart():
     """docs/benchmarks.md, 2026-11-23, H100: single eager 319,108 and single+compile 469,415 tokens/s at
     gpt2-124m, micro-batch 16 x 1024. Compile changes only the memory-bound work (the matmuls and
     attention are the same kernels), so the model's difference at the data sheet's bandwidth over
     the measured one is the share of it eager kernels reach."""
     shape = shape_of_spec("gpt2-124m")
-    eager, compiled = _work(shape), _work(shape, compiled=True, fused_loss=True)
+    eager, compiled = step_work(shape), step_work(shape, compiled=True, fused_loss=True)
     memory_bound = lambda w: (w.elementwise_s + w.loss_s) * MEMORY_EFFICIENCY  # noqa: E731 (at the data sheet's bandwidth)
     measured = 16 * 1024 / 319_108 - 16 * 1024 / 469_415
     assert (memory_bound(eager) - memory_bound(compiled)) / measured == pytest.approx(MEMORY_EFFICIENCY, abs=0.01)
@@ -135,7 +119,7 @@ def test_selective_checkpointing_costs_between_none_and_full(arch):
         params=None, layers=8, width=2048, heads=16, vocab=32000, seq_len=4096, kv_heads=4, arch=arch
     )
     kw = dict(micro_batch=2, seq_len=4096, mixed_precision="low_precision")
-    none, selective, full = (_work(shape, checkpointing=m, **kw) for m in ("none", "selective", "full"))
+    none, selective, full = (step_work(shape, checkpointing=m, **kw) for m in ("none", "selective", "full"))
     assert none.recompute_s == 0 < selective.recompute_s < full.recompute_s
     assert none.micro_step_s < selective.micro_step_s < full.micro_step_s
     assert selective.attention_s == none.attention_s < full.attention_s  # selective keeps attention's output
@@ -145,7 +129,7 @@ def test_selective_checkpointing_costs_between_none_and_full(arch):
 
 def test_compile_fuses_the_elementwise_work_and_fused_loss_the_loss():
     shape = shape_of_description(params=None, layers=8, width=2048, heads=16, vocab=128256, seq_len=2048, arch="llama")
-    eager, compiled, fused = _work(shape), _work(shape, compiled=True), _work(shape, fused_loss=True)
+    eager, compiled, fused = step_work(shape), step_work(shape, compiled=True), step_work(shape, fused_loss=True)
     assert compiled.elementwise_s < eager.elementwise_s / 2
     assert fused.loss_s == pytest.approx(eager.loss_s * 6 / 36)
     assert fused.matmul_s == eager.matmul_s
@@ -161,7 +145,7 @@ def test_a_fused_rms_norm_moves_what_layer_norm_does():
     fused = elementwise_bytes_per_token(shape.dims, regime, compiled=False, tp=1, fused_norm=True)
     two_norms = 2 * shape.dims.width
     assert eager[0] - fused[0] == (36 - 4) * two_norms and eager[1] - fused[1] == (72 - 6) * two_norms
-    assert _work(shape, fused_norm=True).elementwise_s < _work(shape).elementwise_s
+    assert step_work(shape, fused_norm=True).elementwise_s < step_work(shape).elementwise_s
 
 
 def test_compile_leaves_a_complex_rotary_at_eagers_cost():
@@ -193,6 +177,6 @@ def test_tensor_parallel_splits_each_blocks_elementwise_work_once(compiled):
 def test_a_model_without_layers_costs_its_six_n_flops_at_the_matmul_rate():
     shape = shape_of_description(params=1e9, layers=None, width=None, heads=None, vocab=None, seq_len=1024)
     plain = shape.__class__(shape.name, shape.params, shape.flops_params, None, None)
-    work = _work(plain, micro_batch=4)
+    work = step_work(plain, micro_batch=4)
     assert work.matmul_s == pytest.approx(6e9 * 4096 / (H100.matmul_efficiency * H100.peak_flops["bf16"]))
     assert work.attention_s == work.elementwise_s == 0
