@@ -432,13 +432,14 @@ def _time(
     scale = q.factors.compute_scale
     attention_extra = _context_attention(t, q, stage_q, layout, cp)
     overplanned, uneven, blocks = _stage_work(parts, q, stage_q, layout, split, block_comm)
-    compute = t.compute_s + attention_extra - overplanned * scale
+    # Every block's work and exchanges run on the slowest GPU's blocks, not the planned stage's: context
+    # parallel's extra attention (each block's queries against the whole sequence), its tensor
+    # parallelism's and experts' exchanges (of t's recurring and exposed communication), and context
+    # parallel's transfers.
+    kept = blocks / split.fullest if split is not None else 1.0
+    compute = t.compute_s + attention_extra * kept - overplanned * scale
     optimizer = t.work.step_s * scale if t.work is not None else 0.0
     uneven *= scale
-    # Every block's exchanges in the critical path run on the slowest GPU's blocks, not the planned
-    # stage's: its tensor parallelism's and experts' (of t's recurring and exposed communication),
-    # and context parallel's.
-    kept = blocks / split.fullest if split is not None else 1.0
     fewer = block_comm.recurring_s * (1 - kept) if block_comm is not None else 0.0
     context_s = _context_exposed(context, _attention_seconds(t, q, stage_q, attention_extra), cp) * kept
     # Once a micro-batch, whatever the blocks, and left as planned: the exchanges between stages (each

@@ -71,3 +71,21 @@ def test_only_the_blocks_calls_of_a_tensor_parallel_collective_scale_with_them()
     assert block_share(tp, None, 1.0) == pytest.approx(64 / 66)
     assert block_share(experts, None, 1.0) == 1.0
     assert block_share(loss, None, 1.0) == 0.0
+
+
+def test_context_parallels_extra_attention_is_the_slowest_gpus_blocks() -> None:
+    """Under context parallelism (tp 2 x pp 4 x cp 2 on 16 GPUs) the same last GPU (14 blocks and the
+    head) paces both splits, so the extra attention of its queries against the whole sequence is its
+    14 blocks', whichever the fullest GPU between holds (17 blocks or 16): one block's is 0.2% of the
+    step's compute; the optimizer's step, the planned stage's parameters', is left out of the match."""
+
+    def blocks_compute(first: int) -> float:
+        sharding = f"megatron tp=2 pp=4 cp=2 dp=1 first_pipeline_layers={first} last_pipeline_layers=14"
+        row = _megatron_row(
+            f"{sharding} distributed_optimizer", n_layers="62", vocab="256000", gpus="16", nodes="2", grad_accum="16"
+        )
+        q, plan, skipped = published.question(row)
+        assert skipped is None and plan is not None and plan.time is not None and plan.time.work is not None
+        return plan.time.compute_s - plan.time.work.step_s * q.factors.compute_scale
+
+    assert blocks_compute(14) == pytest.approx(blocks_compute(16), rel=2e-4)
