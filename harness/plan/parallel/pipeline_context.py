@@ -21,7 +21,7 @@ from harness.plan.memory.buffers import Buffers
 from harness.plan.memory.capacity import headroom
 from harness.plan.memory.model_states import BYTES
 from harness.plan.model.model_shape import TransformerDims
-from harness.plan.network.comm import Collective
+from harness.plan.network.comm import TP_ROOT_CALLS, Collective
 from harness.plan.network.fabric import Group, Topology, collective_seconds
 from harness.plan.parallel.async_tp_cost import MEGATRON_ENGINE, TP_COMM_OVERLAP
 from harness.plan.parallel.backends import Backend, model_of
@@ -60,7 +60,7 @@ from harness.plan.parallel.pipeline_cost import (
     tied_head,
 )
 from harness.plan.parallel.planned_options import check_what_ifs_apply
-from harness.plan.parallel.stage_comm import block_recurring_s
+from harness.plan.parallel.stage_comm import block_recurring_s, root_recurring_s
 from harness.plan.predict import (
     Question,
     StrategyPlan,
@@ -441,12 +441,15 @@ def _time(
     optimizer = t.work.step_s * scale if t.work is not None else 0.0
     uneven *= scale
     fewer = block_comm.recurring_s * (1 - kept) if block_comm is not None else 0.0
+    fewer += _root_calls_left(split, parts, q, block_comm)
     context_s = _context_exposed(context, _attention_seconds(t, q, stage_q, attention_extra), cp) * kept
-    # Once a micro-batch, whatever the blocks, and left as planned: the exchanges between stages (each
-    # micro-batch's, the fill's and the drain's: `_pipeline_traffic`), the tied embedding's reduction
-    # (`_tied_embedding_reduce`), and in t's the embedding's and the head's own tensor-parallel
-    # collectives (comm.py's `_tensor_parallel`, TP_ROOT_CALLS calls of each). The vocabulary-parallel
-    # loss's own all-reduces of a token's maximum and sums are not priced anywhere (comm.py lists none).
+    # The embedding's and the head's own tensor-parallel calls (comm.py's `_tensor_parallel`, one of
+    # TP_ROOT_CALLS apiece), which t charges both, are the slowest GPU's: the first's the embedding's,
+    # the last's the head's, none between (`_root_calls_left`). Once a micro-batch, whatever the
+    # blocks, and left as planned: the exchanges between stages (each micro-batch's, the fill's and
+    # the drain's: `_pipeline_traffic`) and the tied embedding's reduction (`_tied_embedding_reduce`).
+    # The vocabulary-parallel loss's own all-reduces of a token's maximum and sums are not priced
+    # anywhere (comm.py lists none).
     exposed = sum(seconds for _, seconds, _ in between) + context_s
     recurring = sum(every_micro_batch for _, _, every_micro_batch in between) + context_s
     recurring_comm = t.recurring_comm_s - fewer
@@ -537,6 +540,12 @@ class BlockComm:
     context_s: float
     blocks: int  # the planned stage's
     micro_steps: int
+    root_s: float = 0.0  # of its recurring communication, the embedding's and the head's (stage_comm.root_recurring_s)
+
+    @property
+    def per_root(self) -> float:
+        """Seconds the embedding's calls, or the head's, add to a micro-batch's critical path."""
+        return self.root_s / (TP_ROOT_CALLS * self.micro_steps) if self.micro_steps else 0.0
 
     @property
     def per_block(self) -> float:
@@ -556,10 +565,12 @@ def _block_comm(
     """The planned stage's BlockComm from its step `t` and its `collectives`, as its plan prices
     them (its GPUs' topology, its host's copies)."""
     assert q.gpu is not None and stage_q.shape.dims is not None
-    recurring = block_recurring_s(t, collectives, stage_q.topology, host_bytes_per_s(q.gpu), stage_q.grad_accum)
+    host = host_bytes_per_s(q.gpu)
+    recurring = block_recurring_s(t, collectives, stage_q.topology, host, stage_q.grad_accum)
+    root = root_recurring_s(collectives, stage_q.topology, host, stage_q.grad_accum)
     attention = _attention_seconds(t, q, stage_q, _context_attention(t, q, stage_q, layout, cp))
     context_s = _context_exposed(context, attention, cp)
-    return BlockComm(recurring, context_s, stage_q.shape.dims.layers, stage_q.grad_accum)
+    return BlockComm(recurring, context_s, stage_q.shape.dims.layers, stage_q.grad_accum, root)
 
 
 def _head_and_block(t: StepTime, q: Question, stage_q: Question, layout: Layout) -> tuple[float, float] | None:
@@ -590,8 +601,27 @@ def _stage_seconds(
     head, block = parts
     scale = q.factors.compute_scale
     exchanged = block_comm.per_block if block_comm is not None else 0.0
+    root = block_comm.per_root if block_comm is not None else 0.0  # the embedding's calls, or the head's
     one = block * scale + exchanged
-    return split.first * one, split.middle * one, split.last * one + head * scale
+    return split.first * one + root, split.middle * one, split.last * one + head * scale + root
+
+
+def _slowest(lengths: tuple[float, float, float]) -> int:
+    """Which of `_stage_seconds`' GPUs (0 the first, 1 the fullest between, 2 the last) is the slowest."""
+    return max(range(3), key=lambda i: lengths[i])
+
+
+def _root_calls_left(
+    split: StageSplit | None, parts: tuple[float, float] | None, q: Question, block_comm: BlockComm | None
+) -> float:
+    """Seconds a step of the embedding's and the head's tensor-parallel calls the slowest GPU does not
+    run of the planned stage's both: the first runs the embedding's alone, the last the head's, a GPU
+    between neither."""
+    lengths = _stage_seconds(parts, q, split, block_comm)
+    if lengths is None or block_comm is None:
+        return 0.0
+    own = 0 if _slowest(lengths) == 1 else 1
+    return block_comm.per_root * (TP_ROOT_CALLS - own) * block_comm.micro_steps
 
 
 def _stage_work(
@@ -617,7 +647,7 @@ def _stage_work(
     lengths = _stage_seconds(parts, q, split, block_comm)
     assert lengths is not None
     stages = ((split.first, 0.0), (split.middle, 0.0), (split.last, head))
-    blocks, own_head = max(zip(lengths, stages, strict=True), key=lambda pair: pair[0])[1]
+    blocks, own_head = stages[_slowest(lengths)]
     planned = split.fullest * block + head
     slowest = blocks * block + own_head
     even = (whole.layers * block + head) / layout.pp

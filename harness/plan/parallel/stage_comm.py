@@ -7,8 +7,9 @@ head beside the blocks', every call priced alike (fabric.collective_seconds: `ca
 the payload), so the blocks' share of their seconds is their calls'; a mixture's expert all-to-alls
 run in its MoE blocks alone; async TP's unhidden copies are those of the blocks' fused matmuls; the
 wait tensor parallelism across nodes adds (SharedCards) is its tensor-parallel collectives' and
-scales as they do. What else a micro-step runs in its critical path is not a block's and stays the
-planned stage's."""
+scales as they do. The embedding's and the head's calls run on the GPU that holds each, one of the
+TP_ROOT_CALLS apiece (`root_recurring_s`). What else a micro-step runs in its critical path is not a
+block's and stays the planned stage's."""
 
 from __future__ import annotations
 
@@ -44,3 +45,29 @@ def block_recurring_s(
     copies = max(0.0, t.recurring_comm_s - micro_steps * listed)  # async TP's, beside the blocks' fused matmuls
     blocks = sum(block_share(c, topology, host_bytes_per_s) * c.seconds(topology, host_bytes_per_s) for c in exposed)
     return copies + micro_steps * blocks
+
+
+def _root_share(c: Collective, topology: Topology, host_bytes_per_s: float) -> float:
+    """The share of a tensor-parallel collective's seconds that the embedding's and the head's calls run."""
+    if isinstance(c, SharedCards):
+        tensor = [
+            (_root_share(t, topology, host_bytes_per_s), t.seconds(topology, host_bytes_per_s))
+            for t in c.tensor_parallel
+        ]
+        total = sum(seconds for _, seconds in tensor)
+        return sum(share * seconds for share, seconds in tensor) / total if total > 0 else 0.0
+    if c.what.startswith("tensor-parallel") and c.calls > 0:
+        return min(c.calls, TP_ROOT_CALLS) / c.calls
+    return 0.0
+
+
+def root_recurring_s(
+    collectives: list[Collective], topology: Topology, host_bytes_per_s: float, micro_steps: int
+) -> float:
+    """Of the critical-path collectives every micro-step runs, the seconds a step of the embedding's and
+    the head's tensor-parallel calls (TP_ROOT_CALLS of each, one apiece), which the planned stage runs
+    both of and a pipeline's first GPU only the embedding's, its last only the head's."""
+    exposed = [c for c in collectives if c.window is None and c.per_micro_step]
+    return micro_steps * sum(
+        _root_share(c, topology, host_bytes_per_s) * c.seconds(topology, host_bytes_per_s) for c in exposed
+    )

@@ -13,9 +13,9 @@ from bench import plan_vs_published as published
 from harness.plan.network.comm import TP_ROOT_CALLS, Collective
 from harness.plan.network.expert_comm import DISPATCH_WHAT
 from harness.plan.network.fabric import Group
-from harness.plan.parallel.pipeline_context import BlockComm, _stage_work
+from harness.plan.parallel.pipeline_context import BlockComm, _root_calls_left, _stage_work
 from harness.plan.parallel.pipeline_cost import StageSplit
-from harness.plan.parallel.stage_comm import block_share
+from harness.plan.parallel.stage_comm import block_share, root_recurring_s
 from tests.plan.test_published import _megatron_row
 
 
@@ -89,3 +89,32 @@ def test_context_parallels_extra_attention_is_the_slowest_gpus_blocks() -> None:
         return plan.time.compute_s - plan.time.work.step_s * q.factors.compute_scale
 
     assert blocks_compute(14) == pytest.approx(blocks_compute(16), rel=2e-4)
+
+
+def test_the_first_gpu_runs_the_embeddings_calls_the_last_the_heads_and_one_between_neither() -> None:
+    """Blocks of 1 s, a head of 0.5 s, the embedding's and the head's tensor-parallel calls 0.8 s each:
+    the last GPU (15 blocks, the head and its calls, 16.3 s) is slower than the 16 blocks between,
+    which run neither; the first (15 blocks and the embedding's calls, 15.8 s) is not."""
+    q, stage_q, layout = _question(62, 4)
+    split = StageSplit(15, 16, 15)
+    parts = (0.5, 1.0)
+    roots = BlockComm(recurring_s=0.0, context_s=0.0, blocks=16, micro_steps=1, root_s=TP_ROOT_CALLS * 0.8)
+    _, _, blocks = _stage_work(parts, q, stage_q, layout, split, roots)
+    assert blocks == 15
+    assert _root_calls_left(split, parts, q, roots) == pytest.approx(0.8)  # the embedding's, not the last's
+    between = StageSplit(15, 17, 15)  # 17 s between, 16.3 s last: a GPU between runs neither
+    assert _root_calls_left(between, parts, q, roots) == pytest.approx(1.6)
+
+
+def test_the_embeddings_and_the_heads_calls_are_the_root_share_of_a_tensor_parallel_collective(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every call priced alike (1 s a collective here): of 66 calls the embedding's and the head's are 2."""
+    monkeypatch.setattr(Collective, "seconds", lambda self, topology, host, tail=False: 1.0)
+    group = Group(8, 1)
+    calls = 4 * 16 + TP_ROOT_CALLS
+    tp = Collective(
+        "tensor-parallel all-gather of activations", "all-gather", 1e9, calls, None, group, per_micro_step=True
+    )
+    experts = Collective(DISPATCH_WHAT, "all-to-all", 1e9, 32, None, group, per_micro_step=True)
+    assert root_recurring_s([tp, experts], None, 1.0, micro_steps=3) == pytest.approx(3 * 2 / 66)
