@@ -13,21 +13,28 @@ block's and stays the planned stage's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from harness.plan.network.comm import TP_ROOT_CALLS, Collective, SharedCards
 from harness.plan.network.expert_comm import DISPATCH_WHAT
 from harness.plan.network.fabric import Topology
 from harness.plan.speed.step_time import StepTime
 
 
-def block_share(c: Collective, topology: Topology, host_bytes_per_s: float) -> float:
-    """The share of `c`'s seconds that a stage's blocks run (0 for what does not scale with them)."""
+def _share(c: Collective, plain: Callable[[Collective], float], topology: Topology, host_bytes_per_s: float) -> float:
+    """The share of `c`'s seconds that `plain` gives a collective of its own; a SharedCards wait, its
+    tensor-parallel collectives' shares weighted by their seconds (the wait scales as they do)."""
     if isinstance(c, SharedCards):
         tensor = [
-            (block_share(t, topology, host_bytes_per_s), t.seconds(topology, host_bytes_per_s))
+            (_share(t, plain, topology, host_bytes_per_s), t.seconds(topology, host_bytes_per_s))
             for t in c.tensor_parallel
         ]
         total = sum(seconds for _, seconds in tensor)
         return sum(share * seconds for share, seconds in tensor) / total if total > 0 else 0.0
+    return plain(c)
+
+
+def _blocks_part(c: Collective) -> float:
     if c.what.startswith(DISPATCH_WHAT):
         return 1.0
     if c.what.startswith("tensor-parallel") and c.calls > 0:
@@ -35,30 +42,32 @@ def block_share(c: Collective, topology: Topology, host_bytes_per_s: float) -> f
     return 0.0
 
 
+def _roots_part(c: Collective) -> float:
+    if c.what.startswith("tensor-parallel") and c.calls > 0:
+        return min(c.calls, TP_ROOT_CALLS) / c.calls
+    return 0.0
+
+
+def _critical_path(collectives: list[Collective]) -> list[Collective]:
+    """The collectives every micro-step runs in its critical path."""
+    return [c for c in collectives if c.window is None and c.per_micro_step]
+
+
+def block_share(c: Collective, topology: Topology, host_bytes_per_s: float) -> float:
+    """The share of `c`'s seconds that a stage's blocks run (0 for what does not scale with them)."""
+    return _share(c, _blocks_part, topology, host_bytes_per_s)
+
+
 def block_recurring_s(
     t: StepTime, collectives: list[Collective], topology: Topology, host_bytes_per_s: float, micro_steps: int
 ) -> float:
     """Of `t.recurring_comm_s` (step_time's: async TP's unhidden copies and the critical-path
     collectives every micro-step runs), the seconds a step that the planned stage's blocks run."""
-    exposed = [c for c in collectives if c.window is None and c.per_micro_step]
+    exposed = _critical_path(collectives)
     listed = sum(c.seconds(topology, host_bytes_per_s) for c in exposed)
     copies = max(0.0, t.recurring_comm_s - micro_steps * listed)  # async TP's, beside the blocks' fused matmuls
     blocks = sum(block_share(c, topology, host_bytes_per_s) * c.seconds(topology, host_bytes_per_s) for c in exposed)
     return copies + micro_steps * blocks
-
-
-def _root_share(c: Collective, topology: Topology, host_bytes_per_s: float) -> float:
-    """The share of a tensor-parallel collective's seconds that the embedding's and the head's calls run."""
-    if isinstance(c, SharedCards):
-        tensor = [
-            (_root_share(t, topology, host_bytes_per_s), t.seconds(topology, host_bytes_per_s))
-            for t in c.tensor_parallel
-        ]
-        total = sum(seconds for _, seconds in tensor)
-        return sum(share * seconds for share, seconds in tensor) / total if total > 0 else 0.0
-    if c.what.startswith("tensor-parallel") and c.calls > 0:
-        return min(c.calls, TP_ROOT_CALLS) / c.calls
-    return 0.0
 
 
 def root_recurring_s(
@@ -67,7 +76,7 @@ def root_recurring_s(
     """Of the critical-path collectives every micro-step runs, the seconds a step of the embedding's and
     the head's tensor-parallel calls (TP_ROOT_CALLS of each, one apiece), which the planned stage runs
     both of and a pipeline's first GPU only the embedding's, its last only the head's."""
-    exposed = [c for c in collectives if c.window is None and c.per_micro_step]
     return micro_steps * sum(
-        _root_share(c, topology, host_bytes_per_s) * c.seconds(topology, host_bytes_per_s) for c in exposed
+        _share(c, _roots_part, topology, host_bytes_per_s) * c.seconds(topology, host_bytes_per_s)
+        for c in _critical_path(collectives)
     )
