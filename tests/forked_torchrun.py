@@ -24,14 +24,13 @@ import os
 import runpy
 import sys
 
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+from harness.train.launch import (
+    EVERY_WORKER_IMPORTS,
+    JOIN_WITHIN_S,
+    launch_forked_until_formed,
+    start_as_a_fresh_worker,
+)
 
-from harness.train.join_watch import group_never_formed
-from harness.train.launch import EVERY_WORKER_IMPORTS, launch_forked, start_as_a_fresh_worker
-
-# A rank joins its process group within seconds of its fork even on a busy machine: its imports are
-# this process's. Well under the process-group timeouts the workers set (120 s and more).
-JOIN_WITHIN_S = 60.0
 JOIN_WITHIN = "--join-within="
 BACKENDS = "--backends"
 
@@ -65,24 +64,8 @@ def main() -> None:
         entries = [default_registry().get(name) for name in names]
         import_backends({m for e in entries if e.unavailable_reason is None for m in e.cls.backend_modules})
     for nproc in nprocs.split(","):
-        _launch(["--standalone", f"--nproc_per_node={nproc}", script, *args], [script, *args], join_within_s)
-
-
-def _launch(launch: list[str], worker_args: list[str], join_within_s: float) -> None:
-    """One launch, made again once where its process group never formed."""
-    for attempt in (1, 2):
-        try:
-            launch_forked(launch, _worker, worker_args, join_within_s=join_within_s)
-            return
-        except ChildFailedError as failed:
-            if attempt == 2 or not group_never_formed(failed):
-                raise
-        print(
-            f"forked_torchrun: the process group did not form within {join_within_s:g} s of the ranks' start "
-            "(their stacks are above): launching again, once",
-            file=sys.stderr,
-            flush=True,
-        )
+        launch = ["--standalone", f"--nproc_per_node={nproc}", script, *args]
+        launch_forked_until_formed(launch, _worker, [script, *args], join_within_s, "forked_torchrun")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Callable, Iterator
 
 from harness.common.peer_lost import PEER_LOST
 from harness.train.fork_gate import after_every_fork
-from harness.train.join_watch import watching_join
+from harness.train.join_watch import group_never_formed, print_stacks, watching_join
 
 RUNNER = str(Path(__file__).resolve().parents[2] / "runner.py")
 _FORKED = False  # whether this process is a worker forked_worker started
@@ -25,6 +25,17 @@ _FORKED = False  # whether this process is a worker forked_worker started
 # waits some of the agent's polls (0.1 s apart) before it ends, so the report names the rank
 # that died first.
 FAILED_WORKER_GRACE_S = 1.0
+
+# A forked worker joins its process group within seconds of its fork, on a busy machine too: its
+# imports are the launcher's, and joining is the first thing a run does (loop.run). One still outside
+# it this long after its start is blocked (harness/train/join_watch.py), well before the process-group
+# timeout (pg_timeout_s, 300 s by default) would end its peers' wait.
+JOIN_WITHIN_S = 60.0
+
+# torchrun's agent keeps each worker's error file in a folder of its own, a new one in the temporary
+# folder for every launch unless --log-dir names one; a launch here gives it one that it removes after
+# (the failure it reports has read the files by then).
+LAUNCH_LOGS = "parabench-launch-"
 
 # What every worker imports whatever its strategy: torch disables dynamo around an optimizer's
 # constructor, which imports torch._dynamo (1.5 s of CPU) on its first call in a process.
@@ -82,7 +93,8 @@ def run_under_torchrun(
                 import_backends((*EVERY_WORKER_IMPORTS, *backend_modules))
                 _launch_forked(nproc, runner_args)
             else:
-                torchrun_main(torchrun_args(nproc, runner_args))
+                with tempfile.TemporaryDirectory(prefix=LAUNCH_LOGS) as logs:
+                    torchrun_main([f"--log-dir={logs}", *torchrun_args(nproc, runner_args)])
         except ChildFailedError as failed:
             # A rank's one-line error is the cause even where a peer failed first: a rank that
             # stops alone (rank 0's tracker, its checkpoint check) leaves its peers to fail in their
@@ -92,6 +104,14 @@ def run_under_torchrun(
                 print(line, file=sys.stderr)
             if lines:
                 return USER_ERROR
+            if group_never_formed(failed):
+                print(
+                    f"parabench: error: a worker was still outside its process group {JOIN_WITHIN_S:g} s after its "
+                    "start, in two launches (its stacks are above): run again, or launch with torchrun "
+                    "(`torchrun --nproc_per_node=N runner.py train ...`), whose workers are new processes, not forks",
+                    file=sys.stderr,
+                )
+                return 1
             print(failed.format_msg(), file=sys.stderr)
             return 1
         except SignalException as stopped:  # the agent stopped its workers first
@@ -161,8 +181,35 @@ def _quiet_user_errors() -> Iterator[None]:
 
 def _launch_forked(nproc: int, runner_args: list[str]) -> None:
     """torchrun's standalone launch, as its command line would make it, with `forked_worker` as
-    each worker's entry point and the fork start method."""
-    launch_forked(torchrun_args(nproc, runner_args), forked_worker, runner_args)
+    each worker's entry point and the fork start method, made again once where its process group
+    never formed."""
+    launch_forked_until_formed(
+        torchrun_args(nproc, runner_args), forked_worker, runner_args, JOIN_WITHIN_S, "parabench"
+    )
+
+
+def launch_forked_until_formed(
+    torchrun_argv: list[str], entry: Callable[..., object], entry_args: list[str], join_within_s: float, who: str
+) -> None:
+    """`launch_forked` with its workers' join bounded by `join_within_s`, made again once where a
+    worker never joined its process group: such a launch did no work a second one would lose, and
+    what blocked it (a lock a thread of this process held at a fork) need not happen twice. `who`
+    names the launcher in the line that says so."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    for attempt in (1, 2):
+        try:
+            launch_forked(torchrun_argv, entry, entry_args, join_within_s=join_within_s)
+            return
+        except ChildFailedError as failed:
+            if attempt == 2 or not group_never_formed(failed):
+                raise
+        print(
+            f"{who}: the process group did not form within {join_within_s:g} s of the ranks' start "
+            "(their stacks are above): launching again, once",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def launch_forked(
@@ -178,17 +225,24 @@ def launch_forked(
     its process group that long after its start writes its stacks and ends (harness/train/join_watch.py)."""
     import uuid
 
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
     from torch.distributed.run import config_from_args, parse_args
 
-    args = parse_args(["--start-method=fork", *torchrun_argv])
-    args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    config, _, _ = config_from_args(args)
-    sys.stdout.flush()  # what is buffered here would be written again by every worker
-    sys.stderr.flush()
-    if join_within_s is not None:
-        entry = watching_join(entry, join_within_s)
-    elastic_launch(config, after_every_fork(entry, config.nproc_per_node))(*entry_args)
+    with tempfile.TemporaryDirectory(prefix=LAUNCH_LOGS) as logs:
+        args = parse_args(["--start-method=fork", f"--log-dir={logs}", *torchrun_argv])
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+        config, _, _ = config_from_args(args)
+        sys.stdout.flush()  # what is buffered here would be written again by every worker
+        sys.stderr.flush()
+        if join_within_s is not None:
+            entry = watching_join(entry, join_within_s, Path(logs))
+        try:
+            elastic_launch(config, after_every_fork(entry, config.nproc_per_node))(*entry_args)
+        except ChildFailedError as failed:
+            if join_within_s is not None and group_never_formed(failed):
+                print_stacks(Path(logs), join_within_s)
+            raise
 
 
 def in_forked_worker() -> bool:
