@@ -59,6 +59,7 @@ def test_a_rank_that_never_joins_ends_in_seconds_and_the_launch_is_made_again(tm
     assert _stuck_ranks(proc.stderr) == [1], proc.stderr[-3000:]
 
 
+@pytest.mark.extended  # the runner's own launch fails so on every change, through the same function
 def test_a_rank_that_never_joins_again_fails_the_launch_in_seconds(tmp_path):
     proc = _never_joins(tmp_path, launches=2, within_s=NEVER_JOINS_WITHIN_S)
     assert proc.returncode != 0
