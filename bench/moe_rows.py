@@ -31,7 +31,7 @@ from harness.plan.model.model_shape import ModelShape, PlanError
 from harness.plan.model.moe_shape import hf_moe_shape, moe_architecture, refuse_unmodelled
 from harness.plan.network.expert_comm import A2A_OVERLAP, DISPATCHER, NODE_FORWARDING
 from harness.plan.speed.expert_compute import MEGATRON_MOE_LAYER
-from harness.plan.speed.host_issue import FULL_ITERATION_GRAPH
+from harness.plan.speed.host_issue import FULL_ITERATION_GRAPH, LAYER_GRAPHS
 from strategies.plan_model import PlanModel
 
 MOE_HEAD = re.compile(r"^moe ([^;]*);")
@@ -39,9 +39,11 @@ MOE_HEAD = re.compile(r"^moe ([^;]*);")
 # HybridEP's, and Megatron-core's flex dispatcher, which runs one of them.
 FORWARDING_DISPATCHERS = ("deepep", "hybridep", "flex")
 RECOMPUTE_TOKEN = "recompute="
-# Megatron-core's cuda_graph_impl='full_iteration': the whole step captured and replayed (host_issue.py).
+# Megatron-core's CUDA graphs as a row's `cuda_graph=` names them, and the plan option each is
+# (host_issue.py): `full_iteration` (cuda_graph_impl='full_iteration') the whole step captured and
+# replayed, `layers` (enable_cuda_graph with cuda_graph_scope 'full') each layer's passes.
 CUDA_GRAPH_TOKEN = "cuda_graph="
-CUDA_GRAPH_MODELLED = "full_iteration"
+CUDA_GRAPHS_MODELLED = {"full_iteration": FULL_ITERATION_GRAPH, "layers": LAYER_GRAPHS}
 
 
 class MoERowError(ValueError):
@@ -158,22 +160,22 @@ def recompute_modules(row: dict[str, str]) -> tuple[str, ...] | None:
 
 
 def graph_options(row: dict[str, str]) -> dict[str, Any]:
-    """The plan option of a step replayed from one CUDA graph where the row's `cuda_graph=` says so."""
+    """The plan option of the CUDA graphs the row's `cuda_graph=` names: the whole step's, or each layer's."""
     options: dict[str, Any] = {}
     for graph in (w[len(CUDA_GRAPH_TOKEN) :] for w in row["sharding"].split() if w.startswith(CUDA_GRAPH_TOKEN)):
-        if graph != CUDA_GRAPH_MODELLED:
+        if graph not in CUDA_GRAPHS_MODELLED:
             raise MoERowError(
-                f"{row['model']}: cuda_graph={graph} is not one the planner models: only {CUDA_GRAPH_MODELLED} "
-                "(bench/data/README.md)"
+                f"{row['model']}: cuda_graph={graph} is not one the planner models: only "
+                f"{', '.join(CUDA_GRAPHS_MODELLED)} (bench/data/README.md)"
             )
-        options[FULL_ITERATION_GRAPH] = True
+        options[CUDA_GRAPHS_MODELLED[graph]] = True
     return options
 
 
 def with_experts(row: dict[str, str], model: PlanModel, options: dict[str, Any]) -> tuple[PlanModel, dict[str, Any]]:
     """The layout with the row's expert parallel (`ep=`, `etp=`), its stated `edp=` checked, its all-to-all
     overlap (`a2a_overlap`), Megatron-core's MoE layer where another engine runs it (`megatron_moe_layer`) and a
-    step replayed from one CUDA graph (`cuda_graph=full_iteration`)."""
+    step or its layers replayed from CUDA graphs (`cuda_graph=`)."""
     sizes = {key: int(value) for key, value in re.findall(r"\b(ep|etp|edp|pp)=(\d+)", row["sharding"])}
     ep, etp = sizes.get("ep", 1), sizes.get("etp", 1)
     edp = int(row["gpus"]) // (ep * etp * sizes.get("pp", 1))

@@ -43,6 +43,7 @@ from harness.plan.parallel.planned_options import check_priced, check_what_ifs_a
 from harness.plan.speed.alibi_scores import ALIBI, ALIBI_SCORE_BYTES
 from harness.plan.speed.attention import UNFUSED
 from harness.plan.speed.compute import (
+    ROOT_KERNELS,
     Kernels,
     Regime,
     block_projections,
@@ -58,11 +59,14 @@ from harness.plan.speed.gemm import LOW_PRECISION, gemm_seconds
 from harness.plan.speed.host_issue import (
     FULL_ITERATION_GRAPH,
     GRAPH_REPLAY_S_PER_KERNEL,
+    HOST_S_PER_KERNEL,
     LAUNCH_BLOCKING,
+    LAYER_GRAPHS,
     HostIssue,
     host_issue,
     host_slowdown,
     issue_rates,
+    layer_graph_issue,
 )
 from harness.plan.speed.masked_softmax import (
     FUSED_SOFTMAX,
@@ -736,6 +740,9 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
     if backend.options.get(FULL_ITERATION_GRAPH):  # the step replayed from one graph, nothing read back mid-way
         replay = {"eager": GRAPH_REPLAY_S_PER_KERNEL, "compiled": GRAPH_REPLAY_S_PER_KERNEL}
         return host_issue(kernels, comms, compiled, q.grad_accum, replay)
+    if backend.options.get(LAYER_GRAPHS) and q.shape.dims is not None:  # each layer's passes a graph's replay
+        rate = (measured or HOST_S_PER_KERNEL)["compiled" if compiled else "eager"]
+        return layer_graph_issue(kernels, Kernels(*ROOT_KERNELS), comms, q.grad_accum, rate, q.shape.dims.layers)
     blocking = bool(backend.options.get(LAUNCH_BLOCKING))
     synced = _synced_long_forward(q, layout, grouped)
     again = None if synced is None else _synced_long_again(q, layout, grouped, synced)

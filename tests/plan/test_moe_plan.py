@@ -314,6 +314,23 @@ def test_a_step_replayed_from_one_cuda_graph_issues_at_the_replays_rate_without_
         published.question(wrong)
 
 
+def test_layers_replayed_from_cuda_graphs_issue_between_a_graphed_step_and_an_eager_one():
+    from bench import plan_vs_published as published
+
+    rows = published.read_rows(published.DATA / "moe_runs.csv")
+    for row in rows:  # the token where Megatron-Bridge's perf matrix turned enable_cuda_graph on, and only there
+        assert ("cuda_graph=layers" in row["sharding"].split()) == ("sets cuda_graphs: true" in row["notes"])
+    row = next(r for r in rows if "cuda_graph=layers" in r["sharding"] and r["model"] == "qwen3-235b-a22b")
+    eager = {**row, "sharding": row["sharding"].replace(" cuda_graph=layers", "")}
+    step = {**row, "sharding": row["sharding"].replace("cuda_graph=layers", "cuda_graph=full_iteration")}
+    layers, eager_plan, step_plan = (published.question(r)[1].time for r in (row, eager, step))
+    # The embedding, head and loss still eager, and a launch a layer's pass: more than the whole step's
+    # one graph, far less than every kernel issued on the Grace host; the layers' shapes fixed, no sync.
+    assert step_plan.host.seconds < layers.host.seconds < eager_plan.host.seconds / 10
+    assert layers.host.synced_forward_short_s is None and layers.host_wait_s == 0
+    assert eager_plan.host_wait_s > 0 and layers.step_s < eager_plan.step_s
+
+
 def test_automodels_moe_layer_is_planned_as_megatron_cores_with_fused_norms():
     from bench import plan_vs_published as published
 

@@ -58,8 +58,15 @@ replay a captured step at about 0.6 us a kernel (ahrefs/ocannl#488, 0.58 us per 
 GRAPH_REPLAY_S_PER_KERNEL). The planner's own plans run eager or torch.compile's default mode; a
 published run whose whole step replays one graph (Megatron-core's `cuda_graph_impl='full_iteration'`,
 its MoE layers made capturable by static per-rank token budgets: FULL_ITERATION_GRAPH) issues its
-kernels and collectives at that rate, and no forward waits on the host for token counts. Graphs of
-parts of a layer (`cuda_graph_scope`) are not modelled.
+kernels and collectives at that rate, and no forward waits on the host for token counts. Layerwise
+graphs (Megatron-core's `enable_cuda_graph` with its default `cuda_graph_scope='full'`: "one CUDA graph
+per layer", megatron/core/transformer/transformer_config.py @ 1584dca2: LAYER_GRAPHS) replay each
+transformer layer's forward and its backward from a graph of its own, its kernels and the collectives
+inside it (tensor parallelism's, the experts' exchanges) at that rate, and each replay's fixed launch
+(about 15 us, GRAPH_LAUNCH_S, the same measurement); the embedding, the head and the loss stay eager,
+as do the collectives issued once a step; a captured layer has fixed shapes, so nothing in it waits on
+the host either (Megatron-core refuses graphs beside recomputation). Graphs of parts of a layer
+(`cuda_graph_scope='attn'`, TransformerEngine's modules) are not modelled.
 
 Under CUDA_LAUNCH_BLOCKING=1 (LAUNCH_BLOCKING, a published run's option) every launch returns only
 once its kernel has finished, so the host issues the next kernel only then: the GPU waits out the
@@ -81,7 +88,9 @@ HOST_S_PER_KERNEL = {"eager": 24e-6, "compiled": 4.7e-6}
 GRACE_HOST_SLOWDOWN = 37.08 / 13.48  # a torch operator's host time, GB200's Grace over DGX H100's Xeon
 GRACE_HOST = "Grace"  # in a card's host_link (harness/common/hardware.py): its host is a Grace CPU
 GRAPH_REPLAY_S_PER_KERNEL = 0.58e-6
+GRAPH_LAUNCH_S = 15e-6  # a replay's fixed cost beside its kernels' (ahrefs/ocannl#488: about 15 us)
 FULL_ITERATION_GRAPH = "full_iteration_graph"  # a published layout's option: every micro-step one graph's replay
+LAYER_GRAPHS = "layer_graphs"  # a published layout's option: each layer's forward and backward one graph's replay
 LAUNCH_BLOCKING = "launch_blocking"  # a published layout's option: the run set CUDA_LAUNCH_BLOCKING=1
 COLLECTIVE_KERNELS = 2  # a collective and the stream's events around it, priced as two eager kernels
 HOST_S_PER_COLLECTIVE = COLLECTIVE_KERNELS * HOST_S_PER_KERNEL["eager"]
@@ -191,3 +200,24 @@ def host_issue(
     short = None if synced_long_forward is None else max(0.0, kernels.forward - synced_long_forward) * rate
     again = None if synced_long_again is None else max(0.0, kernels.again - synced_long_again) * rate
     return HostIssue(kernels.total, issued, seconds, short, backward, blocking, again)
+
+
+def layer_graph_issue(
+    kernels: Kernels, eager: Kernels, collectives: list[Collective], grad_accum: int, eager_rate: float, layers: int
+) -> HostIssue:
+    """The host's time for one micro-step whose `layers` transformer layers replay their forward and
+    backward from graphs of their own (LAYER_GRAPHS): the `eager` kernels (the embedding, the head, the
+    loss) and the collectives issued once a step at `eager_rate`, the rest of `kernels` and the
+    collectives of every micro-step (the layers' own) at the replay's rate, and two replays' launches a
+    layer. Nothing waits on the host mid-way: a captured layer has fixed shapes."""
+    issued = [c for c in collectives if c.kind != "host-copy" and c.window != PIPELINED]
+    in_layers = sum(c.calls for c in issued if c.per_micro_step)
+    once = sum(c.calls for c in issued if not c.per_micro_step) / grad_accum
+    collective_s = COLLECTIVE_KERNELS * (once * eager_rate + in_layers * GRAPH_REPLAY_S_PER_KERNEL)
+
+    def issue(eager_kernels: float, every_kernel: float) -> float:
+        return eager_kernels * eager_rate + (every_kernel - eager_kernels) * GRAPH_REPLAY_S_PER_KERNEL
+
+    seconds = issue(eager.total, kernels.total) + collective_s + 2 * layers * GRAPH_LAUNCH_S
+    backward = issue(eager.backward + eager.again, kernels.backward + kernels.again) + collective_s / 2
+    return HostIssue(kernels.total, in_layers + once, seconds, backward_s=backward + layers * GRAPH_LAUNCH_S)
