@@ -23,6 +23,14 @@ model states sharded by FSDP over the data-parallel and context-parallel ranks t
     way and passes the k and v gradients round the ring (its `dkv_rotater` is always all-to-all),
     hidden behind the backward's sub-steps; a recomputed forward gathers once more.
 
+torch's ring (parabench's strategies and torchtitan's, not Megatron-LM's TransformerEngine ring) calls
+SDPA with as many key and value heads as query heads, so its callers repeat grouped key/value heads to the
+query heads first (models/hf_context_parallel.py `_ring`, torchtitan's Llama `repeat_kv`) and every shard
+it gathers or passes is the query heads' width; its backward accumulates the k and v gradients in fp32
+and passes them so (`_ContextParallelOptions.convert_to_f32`, True by default:
+torch/distributed/tensor/experimental/_context_parallel/_attention.py). TransformerEngine's ring passes
+the key/value heads themselves, its gradients in the activations' precision.
+
 Attention's work: each GPU computes 1/cp of the whole sequence's causal attention (the chunks
 load-balanced, as torchtitan's and Megatron's CP order them), at the kernel's rate for the whole
 sequence's length.
@@ -52,11 +60,15 @@ CP_ROTATE = {"allgather": "all-gather", "alltoall": "passes"}
 ULYSSES_EXCHANGES = 4  # q, k, v before attention, its output after
 
 
+FP32_BYTES = 4  # torch's ring accumulates and passes the k and v gradients in fp32
+
+
 @dataclass(frozen=True)
 class ContextParallel:
     size: int  # cp_size: GPUs one sequence is split over
     attention: str  # all-to-all | ring
     rotate: str = "passes"  # a ring's k and v: passes | all-gather
+    torch_ring: bool = False  # torch's ring: k and v at the query heads' width, their gradients in fp32
 
     def __post_init__(self) -> None:
         if self.attention not in CP_ATTENTION:
@@ -66,17 +78,23 @@ class ContextParallel:
 
 
 def context_parallel_of(
-    options: dict, dims: TransformerDims | None, seq_len: int, tp: int, size: int, rotate: str = "passes"
+    options: dict,
+    dims: TransformerDims | None,
+    seq_len: int,
+    tp: int,
+    size: int,
+    rotate: str = "passes",
+    torch_ring: bool = False,
 ) -> ContextParallel:
     """Context parallelism over `size` GPUs (the layout's cp) as the strategy's options run it
-    (cp_attention, and a ring's cp_rotate where given, else `rotate`: its engine's); a size that does
-    not split the sequence, or, for all-to-all, the heads left on each tensor-parallel rank, is a
-    one-line error."""
+    (cp_attention, and a ring's cp_rotate where given, else `rotate`: its engine's; `torch_ring`: a
+    ring is torch's); a size that does not split the sequence, or, for all-to-all, the heads left on
+    each tensor-parallel rank, is a one-line error."""
     attention = str(options.get("cp_attention") or "all-to-all").lower()
     named = options.get("cp_rotate")
     if named is not None and named not in CP_ROTATE:
         raise LayoutError(f"cp_rotate={named!r} is not one of {', '.join(CP_ROTATE)}")
-    cp = ContextParallel(size, attention, CP_ROTATE[named] if named else rotate)
+    cp = ContextParallel(size, attention, CP_ROTATE[named] if named else rotate, torch_ring and attention == "ring")
     if size <= 1:
         return cp
     if dims is None:
@@ -95,9 +113,15 @@ def exchange_bytes(dims: TransformerDims, tokens: float, tp: int, element_bytes:
     return tokens * width * element_bytes / tp
 
 
-def ring_pass_bytes(dims: TransformerDims, tokens: float, tp: int, element_bytes: int) -> float:
-    """Bytes of one ring pass in the forward: this GPU's k and v."""
-    return tokens * 2 * dims.kv_width * element_bytes / tp
+def ring_pass_bytes(dims: TransformerDims, tokens: float, tp: int, element_bytes: int, cp: ContextParallel) -> float:
+    """Bytes of one ring pass in the forward: this GPU's k and v, at the query heads' width in torch's ring."""
+    width = dims.q_width if cp.torch_ring else dims.kv_width
+    return tokens * 2 * width * element_bytes / tp
+
+
+def ring_gradient_bytes(pass_bytes: float, element_bytes: int, cp: ContextParallel) -> float:
+    """Bytes of one ring pass of the k and v gradients in the backward: fp32 in torch's ring."""
+    return pass_bytes * FP32_BYTES / element_bytes if cp.torch_ring else pass_bytes
 
 
 def extra_attention_s(

@@ -31,6 +31,7 @@ from harness.plan.parallel.context_parallel_cost import (
     context_parallel_of,
     exchange_bytes,
     extra_attention_s,
+    ring_gradient_bytes,
     ring_pass_bytes,
 )
 from harness.plan.parallel.deepspeed_pipeline import (
@@ -130,7 +131,8 @@ def plan_split_model(backend: Backend, q: Question, layout: Layout) -> StrategyP
     pipe = pipeline_of(backend.options, q.micro_batch, layout.pp, runtime_of(backend)) if layout.pp > 1 else NO_PIPELINE
     # torch's context parallel gathers k and v by default; Megatron-LM's TransformerEngine passes them.
     rotate = "passes" if backend.context_parallel_engine else "all-gather"
-    cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp, rotate)
+    torch_ring = not backend.context_parallel_engine
+    cp = context_parallel_of(backend.options, dims, q.seq_len, layout.tp, layout.cp, rotate, torch_ring)
     # parabench's strategies cut the blocks as its runtime does; a published Megatron run as it names,
     # a published Megatron-DeepSpeed one as DeepSpeed's PipelineModule balances its GPTModelPipe.
     runtime_cut = model_of(backend.name) is not None and not backend.pipeline_engine
@@ -330,13 +332,17 @@ def _context_traffic(
             out += _gathered_ring(q, stage_q, layout, cp, group, element, timed)
         else:
             passes = (cp.size - 1) * dims.layers
-            one = ring_pass_bytes(dims, tokens, layout.tp, element)
-            payload = one * passes * (forwards + 2)
+            one = ring_pass_bytes(dims, tokens, layout.tp, element, cp)
+            grad = ring_gradient_bytes(one, element, cp)
+            payload = (one * (forwards + 1) + grad) * passes
             # Each pass is one send to the next GPU of the ring (two in the backward: k, v and their
             # gradients), at NCCL's price for two GPUs: across the network where the ring leaves a node.
             hop = Group(2, 2 if group.nodes > 1 else 1)
-            sends = passes * (forwards + 2)
-            seconds = collective_seconds(q.topology, hop, "broadcast", one) * sends * micro_steps if timed else 0.0
+
+            def sent(size: float) -> float:
+                return collective_seconds(q.topology, hop, "broadcast", size) * passes * micro_steps
+
+            seconds = sent(one) * (forwards + 1) + sent(grad) if timed else 0.0
             c = Collective(
                 "ring attention k and v passes (context parallel)",
                 "broadcast",
@@ -366,15 +372,16 @@ def _gathered_ring(
     tokens = stage_q.micro_batch * stage_q.seq_len
     micro_steps = stage_q.grad_accum
     forwards = 2 if q.checkpointing == "full" else 1
-    local = ring_pass_bytes(dims, tokens, layout.tp, element)
+    local = ring_pass_bytes(dims, tokens, layout.tp, element, cp)
     calls = dims.layers * (forwards + 1)
     gather = collective_seconds(q.topology, group, "all-gather", local * cp.size) if timed else 0.0
     payload = local * cp.size * calls
     gathers = Collective(GATHERED_KV, "all-gather", payload, calls, "attention", group, per_micro_step=True)
     passes = (cp.size - 1) * dims.layers
     hop = Group(2, 2 if group.nodes > 1 else 1)
-    one = collective_seconds(q.topology, hop, "broadcast", local) if timed else 0.0
-    grads = Collective(GATHERED_KV_GRADS, "broadcast", local * passes, passes, "backward", group, per_micro_step=True)
+    grad = ring_gradient_bytes(local, element, cp)
+    one = collective_seconds(q.topology, hop, "broadcast", grad) if timed else 0.0
+    grads = Collective(GATHERED_KV_GRADS, "broadcast", grad * passes, passes, "backward", group, per_micro_step=True)
     gathered = gather * calls * micro_steps
     return [(gathers, gathered, gathered), (grads, one * passes * micro_steps, 0.0)]
 

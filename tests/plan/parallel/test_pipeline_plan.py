@@ -306,6 +306,27 @@ def test_ring_attention_hides_behind_attention() -> None:
     assert gathered.time.exposed_comm_s >= passed.time.exposed_comm_s
 
 
+def test_torchs_ring_moves_k_and_v_at_the_query_heads_width_and_their_gradients_in_fp32() -> None:
+    from harness.plan.parallel.pipeline_context import GATHERED_KV, GATHERED_KV_GRADS
+
+    # torch's ring (a torch strategy's): SMALL_LLAMA's 4 key/value heads repeated to its 16 query heads
+    q, gathered = _plan("fsdp", micro_batch=1, cp_size=4, seq_len=32768, cp_attention="ring")
+    dims = q.shape.dims
+    assert dims.q_width == 4 * dims.kv_width
+    local = 1 * 32768 // 4 * 2 * dims.q_width * 2  # a GPU's k and v in bf16, at the query heads' width
+    by_what = {c.what: c for c in gathered.collectives}
+    assert by_what[GATHERED_KV].payload_bytes == pytest.approx(local * 4 * by_what[GATHERED_KV].calls)
+    assert by_what[GATHERED_KV_GRADS].payload_bytes == pytest.approx(local * 2 * by_what[GATHERED_KV_GRADS].calls)
+    # TransformerEngine's ring (a published Megatron run's): the key/value heads, gradients in bf16
+    q, _ = _plan()
+    sharding = "megatron tp=2 cp=2 dp=4 distributed_optimizer"
+    model, options = published_layout(sharding, True)
+    megatron = plan_backend(filled_in(backend_of(model, sharding, options), q.shape, "bf16", q.gpus, options), q)
+    passes = next(c for c in megatron.collectives if c.what.startswith("ring attention k and v passes"))
+    one = 8 * 4096 // 2 * 2 * dims.kv_width * 2 / 2  # micro-batch 8, half the sequence, bf16, over tp 2
+    assert passes.payload_bytes == pytest.approx(one * 3 * passes.calls)  # forward, backward, gradients
+
+
 def test_pp_and_cp_only_for_fsdp2_and_must_divide() -> None:
     _, zero3 = _plan("zero3", pp_size=2, cp_size=2)
     assert (zero3.layout.pp, zero3.layout.cp) == (1, 1)  # left, as tp_size by a strategy without it
