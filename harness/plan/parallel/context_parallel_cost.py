@@ -107,10 +107,12 @@ def context_parallel_of(
     return cp
 
 
-def exchange_bytes(dims: TransformerDims, tokens: float, tp: int, element_bytes: int) -> float:
-    """Bytes of one layer's forward all-to-alls on one GPU (its part of q, k, v and the output)."""
-    width = 2 * dims.q_width + 2 * dims.kv_width
-    return tokens * width * element_bytes / tp
+def exchange_bytes(dims: TransformerDims, tokens: float, tp: int, element_bytes: int, size: int) -> float:
+    """Bytes of one layer's forward all-to-alls on one GPU (its part of q, k, v and the output): k and v
+    at least a head for each of the `size` GPUs, fewer key/value heads than GPUs each repeated first
+    (models/all_to_all_attention.py `spread_kv_heads`)."""
+    kv_heads = max(dims.kv_heads / tp, size)
+    return tokens * (2 * dims.q_width / tp + 2 * kv_heads * dims.head_dim) * element_bytes
 
 
 def ring_pass_bytes(dims: TransformerDims, tokens: float, tp: int, element_bytes: int, cp: ContextParallel) -> float:

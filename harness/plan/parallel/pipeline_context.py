@@ -313,7 +313,7 @@ def _context_traffic(
     if cp.size > 1:
         group = _cp_group(q.topology, cp.size, layout.tp)
         if cp.attention == "all-to-all":
-            per_layer = exchange_bytes(dims, tokens, layout.tp, element)
+            per_layer = exchange_bytes(dims, tokens, layout.tp, element, cp.size)
             calls = ULYSSES_EXCHANGES * dims.layers * (forwards + 1)
             payload = per_layer * dims.layers * (forwards + 1)
             seconds = collective_seconds(q.topology, group, "all-gather", payload, calls) if timed else 0.0

@@ -11,6 +11,7 @@ import pytest
 import strategies.registry as registry_module
 from harness.plan.network.fabric import collective_seconds
 from harness.plan.parallel.backends import backend_for, backend_of, filled_in
+from harness.plan.parallel.context_parallel_cost import ULYSSES_EXCHANGES
 from harness.plan.parallel.layout import LayoutError
 from harness.plan.parallel.pipeline_context import megatron_layout, published_layout, published_options
 from harness.plan.parallel.pipeline_cost import (
@@ -325,6 +326,19 @@ def test_torchs_ring_moves_k_and_v_at_the_query_heads_width_and_their_gradients_
     passes = next(c for c in megatron.collectives if c.what.startswith("ring attention k and v passes"))
     one = 8 * 4096 // 2 * 2 * dims.kv_width * 2 / 2  # micro-batch 8, half the sequence, bf16, over tp 2
     assert passes.payload_bytes == pytest.approx(one * 3 * passes.calls)  # forward, backward, gradients
+
+
+def test_ulysses_moves_at_least_a_key_value_head_for_each_gpu() -> None:
+    # SMALL_LLAMA's 4 key/value heads over 8 GPUs: each repeated to 8 before the exchange
+    q, eight = _plan("fsdp", micro_batch=1, cp_size=8, seq_len=32768, gpus=16)
+    q, four = _plan("fsdp", micro_batch=1, cp_size=4, seq_len=32768, gpus=16)
+    dims = q.shape.dims
+    exchange = {
+        plan.layout.cp: next(c for c in plan.collectives if "all-to-all q, k, v" in c.what) for plan in (eight, four)
+    }
+    per_token = {cp: c.payload_bytes / c.calls * ULYSSES_EXCHANGES / (32768 // cp) for cp, c in exchange.items()}
+    assert per_token[4] == pytest.approx((2 * dims.q_width + 2 * dims.kv_width) * 2)
+    assert per_token[8] == pytest.approx((2 * dims.q_width + 2 * 8 * dims.head_dim) * 2)
 
 
 def test_pp_and_cp_only_for_fsdp2_and_must_divide() -> None:
