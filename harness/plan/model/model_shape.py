@@ -116,6 +116,11 @@ class ModelShape:
 
     def matrix_width(self) -> int | None:
         """The size most weight matrices share, as strategies/deepspeed_config.model_size counts it."""
+        return self._matrix_width
+
+    @functools.cached_property
+    def _matrix_width(self) -> int | None:
+        # Counted once per shape: DeepSpeed's sizing asks for it on every layout a plan weighs.
         if self.tensors is None:
             return self.dims.width if self.dims else None
         dims = Counter(d for t in self.tensors if len(t.shape) == 2 for d in t.shape)
