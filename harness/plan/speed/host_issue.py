@@ -171,6 +171,15 @@ class HostIssue:
         )
 
 
+def _issued_calls(collectives: list[Collective], grad_accum: int) -> tuple[float, float]:
+    """The collective calls the host issues a micro-step: those of every micro-step, and those issued
+    once a step spread over its `grad_accum` micro-steps. A host copy is a copy engine's work, and
+    async TP's pipelined calls are issued by its compiled graph."""
+    issued = [c for c in collectives if c.kind != "host-copy" and c.window != PIPELINED]
+    every = sum(c.calls for c in issued if c.per_micro_step)
+    return every, sum(c.calls for c in issued if not c.per_micro_step) / grad_accum
+
+
 def host_issue(
     kernels: Kernels,
     collectives: list[Collective],
@@ -187,11 +196,7 @@ def host_issue(
     where the forward synchronises with the host, how many of its kernels are long ones (matmuls,
     attention), the rest short; `blocking`: every launch waits for its kernel (LAUNCH_BLOCKING);
     `synced_long_again`: likewise of the kernels checkpointing runs again, where they reach the sync."""
-    issued = 0.0
-    for c in collectives:
-        if c.kind == "host-copy" or c.window == PIPELINED:
-            continue  # a copy engine's work, or async TP's pipelines (their host is the compiled graph's)
-        issued += c.calls if c.per_micro_step else c.calls / grad_accum
+    issued = sum(_issued_calls(collectives, grad_accum))
     rates = measured or HOST_S_PER_KERNEL
     rate = rates["compiled" if compiled else "eager"]
     collective_s = issued * COLLECTIVE_KERNELS * rates["eager"]
@@ -210,9 +215,7 @@ def layer_graph_issue(
     loss) and the collectives issued once a step at `eager_rate`, the rest of `kernels` and the
     collectives of every micro-step (the layers' own) at the replay's rate, and two replays' launches a
     layer. Nothing waits on the host mid-way: a captured layer has fixed shapes."""
-    issued = [c for c in collectives if c.kind != "host-copy" and c.window != PIPELINED]
-    in_layers = sum(c.calls for c in issued if c.per_micro_step)
-    once = sum(c.calls for c in issued if not c.per_micro_step) / grad_accum
+    in_layers, once = _issued_calls(collectives, grad_accum)
     collective_s = COLLECTIVE_KERNELS * (once * eager_rate + in_layers * GRAPH_REPLAY_S_PER_KERNEL)
 
     def issue(eager_kernels: float, every_kernel: float) -> float:
