@@ -189,8 +189,16 @@ def _zero_redundancy_share(shape: ModelShape, tp: int, world: int) -> tuple[int,
 
 @_per_model
 def _torch_elements(shape: ModelShape, tp: int, shards: int) -> tuple[int, ...]:
-    """Elements one GPU holds of each tensor, sharded on dim 0 over `shards`."""
-    return tuple(_dim0_shard(t, shards) if shards > 1 else t.numel for t in _tensors(shape, tp))
+    """Elements one GPU holds of each tensor, sharded on dim 0 over `shards`: each distinct shape's
+    shard worked out once, the blocks repeating the same few."""
+    tensors = _tensors(shape, tp)
+    if shards <= 1:
+        return tuple(t.numel for t in tensors)
+    by_shape: dict[tuple[int, ...], int] = {}
+    for t in tensors:
+        if t.shape not in by_shape:
+            by_shape[t.shape] = _dim0_shard(t, shards)
+    return tuple(by_shape[t.shape] for t in tensors)
 
 
 def _rank_overlaps(numels: list[int], world: int) -> list[int]:
