@@ -367,9 +367,9 @@ def import_deepspeed(ctx: RunContext) -> Any:
         if type(handler) is logging.StreamHandler and handler.stream in (sys.stdout, sys.__stdout__):
             handler.setStream(sys.stderr)
     if device == "cpu":
-        from strategies.deepspeed_cpu_op import build_cpu_comm_op
+        from strategies.deepspeed_cpu_op import skip_cpu_comm_op
 
-        build_cpu_comm_op(ctx.local_rank)
+        skip_cpu_comm_op()
     return deepspeed
 
 

@@ -1,4 +1,3 @@
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -25,19 +24,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "extended" in item.keywords:
             item.add_marker(skip)
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    """Build DeepSpeed's CPU op once, before any test: built inside a test, a run that the test's
-    timeout kills midway would leave its build lock for every later DeepSpeed run to wait on."""
-    if hasattr(session.config, "workerinput") or importlib.util.find_spec("deepspeed") is None:
-        return  # an xdist worker (the controller built it), or nothing to build
-    from tests.helpers import env_for_tests, run_bounded
-
-    build = "from strategies.deepspeed_cpu_op import build_cpu_comm_op; build_cpu_comm_op(0)"
-    proc = run_bounded([sys.executable, "-c", build], timeout=900, env=env_for_tests(DS_ACCELERATOR="cpu"))
-    if proc.returncode != 0:  # the DeepSpeed tests then fail with the reason; the rest still run
-        print(f"DeepSpeed's CPU op did not build:\n{proc.stderr[-2000:]}", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")

@@ -102,9 +102,9 @@ class AccelerateDeepSpeedStrategy(AccelerateStrategy):
         from strategies.deepspeed_config import model_size, sizing_config
 
         if self.ctx.device.type == "cpu":  # DeepSpeed comes up with the Accelerator
-            from strategies.deepspeed_cpu_op import build_cpu_comm_op
+            from strategies.deepspeed_cpu_op import skip_cpu_comm_op
 
-            build_cpu_comm_op(self.ctx.local_rank)
+            skip_cpu_comm_op()
         if launched_by_accelerate(os.environ):
             plugin = DeepSpeedPlugin()  # stage, offload, config file: from the launcher's environment
         else:

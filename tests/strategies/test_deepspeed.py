@@ -46,8 +46,7 @@ USER_JSON = {
     "zero_optimization": {"stage": 2, "overlap_comm": False, "reduce_bucket_size": 2048},
 }
 EXTRA_ARGS = {"zero1": ["grad_accum=2"], "zero2-offload": [], "zero3-offload": ["grad_accum=2"]}
-# On a fresh machine the first DeepSpeed run JIT-builds its shared-memory op with g++
-# (~80 s of CPU, minutes on a loaded two-core host): room for that in the run that pays it.
+# A DeepSpeed run's import and engine set-up take a while on a loaded two-core host.
 RUN_TIMEOUT = 480
 runs_deepspeed = pytest.mark.timeout(600)
 
