@@ -1,5 +1,6 @@
 """vTrain's one-node runs (bench/data/small_model_tp.csv) planned twice: as the plan runs them, the
-host issuing ahead while the GPU works (host_issue.py: a micro-step takes the longer of the two), and
+host issuing ahead while the GPU works (host_issue.py: a micro-step takes the longer of the two, but
+for each layer's forward, which waits on its copies: the rows' `layer_syncs`), and
 with every launch blocking, as under CUDA_LAUNCH_BLOCKING=1 (the `launch_blocking` token: the host's
 issue and the GPU's work one after the other). Which of the two the published times follow says how
 much of the host's issue the runs overlapped: the question the small-work regime's miss turns on

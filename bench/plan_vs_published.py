@@ -88,7 +88,7 @@ from harness.plan.speed.attention import KERNELS as ATTENTION_KERNELS  # noqa: E
 from harness.plan.speed.calibration import default_factors  # noqa: E402
 from harness.plan.speed.compute import kernel_launches  # noqa: E402
 from harness.plan.speed.dropout import SOFTMAX_DROPOUT_FUSION  # noqa: E402
-from harness.plan.speed.host_issue import LAUNCH_BLOCKING, host_slowdown  # noqa: E402
+from harness.plan.speed.host_issue import LAUNCH_BLOCKING, LAYER_SYNCS, host_slowdown  # noqa: E402
 from harness.plan.speed.masked_softmax import SWAPPED_SOFTMAX_CHECK  # noqa: E402
 from harness.plan.speed.nanotron_step import NANOTRON_ENGINE  # noqa: E402
 from harness.plan.speed.scaled_scores import SCALED_SCORES  # noqa: E402
@@ -328,6 +328,7 @@ PLAN_FLAGS = (
     FUSED_NORM,
     DEEPSPEED_PIPELINE,
     LAUNCH_BLOCKING,
+    LAYER_SYNCS,
     SWAPPED_SOFTMAX_CHECK,
     SOFTMAX_DROPOUT_FUSION,
     ALIBI,
@@ -657,6 +658,8 @@ def question(
     model, options = layout
     if LAUNCH_BLOCKING in _plan_tokens(row):
         options = {**options, LAUNCH_BLOCKING: True}  # host_issue.py: every launch waits for its kernel
+    if LAYER_SYNCS in _plan_tokens(row):
+        options = {**options, LAYER_SYNCS: True}  # host_issue.py: each layer's forward waits on blocking copies
     if SWAPPED_SOFTMAX_CHECK in _plan_tokens(row):
         options = {**options, SWAPPED_SOFTMAX_CHECK: True}  # masked_softmax.py: the fused kernel refused or not
     if ALIBI in _plan_tokens(row):

@@ -62,11 +62,13 @@ from harness.plan.speed.host_issue import (
     HOST_S_PER_KERNEL,
     LAUNCH_BLOCKING,
     LAYER_GRAPHS,
+    LAYER_SYNCS,
     HostIssue,
     host_issue,
     host_slowdown,
     issue_rates,
     layer_graph_issue,
+    layer_sync_copies,
 )
 from harness.plan.speed.masked_softmax import (
     FUSED_SOFTMAX,
@@ -735,6 +737,9 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
             kernels += scaled_scores_kernels(q.shape.dims.layers, q.checkpointing == "full")
     grouped = _megatron_moe_layer(backend)  # grouped matmuls, not a Python loop
     kernels += expert_kernels(q.shape, layout.experts, grouped, q.checkpointing, q.recipe.recompute_modules)
+    layer_syncs = bool(backend.options.get(LAYER_SYNCS)) and q.shape.dims is not None
+    if layer_syncs:
+        kernels += layer_sync_copies(q.shape.dims.layers, q.checkpointing == "full")
     compiled = q.compiled and not q.eager_launches
     measured = issue_rates(q.gpu)[0] if q.gpu is not None else None
     if backend.options.get(FULL_ITERATION_GRAPH):  # the step replayed from one graph, nothing read back mid-way
@@ -744,7 +749,7 @@ def _host(backend: Backend, q: Question, layout: Layout, comms: list[Collective]
         rate = (measured or HOST_S_PER_KERNEL)["compiled" if compiled else "eager"]
         return layer_graph_issue(kernels, Kernels(*ROOT_KERNELS), comms, q.grad_accum, rate, q.shape.dims.layers)
     blocking = bool(backend.options.get(LAUNCH_BLOCKING))
-    synced = _synced_long_forward(q, layout, grouped)
+    synced = _synced_long_forward(q, layout, grouped, layer_syncs)
     again = None if synced is None else _synced_long_again(q, layout, grouped, synced)
     return host_issue(kernels, comms, compiled, q.grad_accum, measured, synced, blocking, again)
 
@@ -817,10 +822,11 @@ def _megatron_moe_layer(backend: Backend) -> bool:
     return bool(backend.options.get(MEGATRON_ENGINE) or backend.options.get(MEGATRON_MOE_LAYER))
 
 
-def _synced_long_forward(q: Question, layout: Layout, grouped: bool) -> float | None:
-    """Where a mixture of experts' forward waits on the host for its experts' token counts (host_issue.py),
-    how many of its forward kernels are long ones: the blocks' projections and attention, the head, the
-    experts' matmuls. Megatron-core's layer skips the wait only with its experts' inputs padded to their
+def _synced_long_forward(q: Question, layout: Layout, grouped: bool, layer_syncs: bool) -> float | None:
+    """Where the forward waits on the host (host_issue.py), how many of its forward kernels are long ones:
+    the blocks' projections and attention, the head, the experts' matmuls. Each layer of `layer_syncs`
+    waits on its blocking copies (LAYER_SYNCS); a mixture of experts' forward waits for its experts' token
+    counts. Megatron-core's layer skips that wait only with its experts' inputs padded to their
     capacity, whose sizes are then fixed: a capacity that drops makes its sizes dynamic ("Need to sync
     output size GPU->CPU before allocating output buffer"), and its flex dispatcher, which cannot pad, reads
     the received count with `.item()` (megatron/core/transformer/moe/token_dispatcher.py @ 6a6cd478,
@@ -828,10 +834,12 @@ def _synced_long_forward(q: Question, layout: Layout, grouped: bool) -> float | 
     zoo's experts read the counts whatever the capacity."""
     dims = q.shape.dims
     moe = dims.moe if dims is not None else None
-    if moe is None or not moe.moe_layers or (moe.capacity is not None and moe.padded and grouped):
+    experts_wait = moe is not None and moe.moe_layers and not (moe.capacity is not None and moe.padded and grouped)
+    if not (experts_wait or layer_syncs):
         return None
     dense = dims.layers * (len(block_projections(dims, 1)) + 1) + 1
-    return dense + expert_long_forward(q.shape, layout.experts, grouped)
+    has_experts = moe is not None and moe.moe_layers
+    return dense + (expert_long_forward(q.shape, layout.experts, grouped) if has_experts else 0)
 
 
 def plan_strategy(name: str, q: Question) -> StrategyPlan:

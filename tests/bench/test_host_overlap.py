@@ -23,11 +23,12 @@ def rows() -> list[dict[str, str]]:
 
 def test_blocking_launches_never_plan_faster_and_slow_the_host_bound_runs(rows):
     """Blocking adds the host's issue to the GPU's work: never a faster plan, and on a run whose
-    micro-step the host bounds (width 1,024, TP 8, micro-batch 1) a markedly slower one."""
+    micro-step the host bounds (width 1,024, TP 8, micro-batch 1) a markedly slower one, though each
+    of its layers' forwards already waits on its copies (`layer_syncs`)."""
     for row in rows[::97]:
         assert planned_over_published(row, blocking=True) <= planned_over_published(row, blocking=False) + 1e-9
     small = next(r for r in rows if r["d_model"] == "1024" and "tp=8 " in r["sharding"] and r["micro_batch"] == "1")
-    assert planned_over_published(small, blocking=True) < 0.8 * planned_over_published(small, blocking=False)
+    assert planned_over_published(small, blocking=True) < 0.9 * planned_over_published(small, blocking=False)
 
 
 def test_a_layer_pass_is_the_step_over_the_layers_and_micro_steps(rows):

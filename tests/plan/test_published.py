@@ -397,6 +397,16 @@ def test_a_run_with_blocking_launches_waits_on_its_host_every_micro_batch():
     assert blocking.time.tokens_per_s < asynchronous.time.tokens_per_s
 
 
+def test_a_run_whose_layers_wait_on_blocking_copies_issues_them_and_waits_on_its_host():
+    plain = _megatron_row("megatron tp=8 pp=1 dp=1 ddp", micro_batch="1")
+    row = _megatron_row("megatron tp=8 pp=1 dp=1 ddp layer_syncs", micro_batch="1")
+    assert published._layout_sharding(row) == published._layout_sharding(plain)
+    free, synced = published.question(plain)[1].time, published.question(row)[1].time
+    assert synced.host.kernels == free.host.kernels + 2 * 24  # two copies in each of its 24 layers' forward
+    assert synced.host.synced_forward_short_s is not None and free.host.synced_forward_short_s is None
+    assert synced.tokens_per_s < free.tokens_per_s
+
+
 @pytest.mark.parametrize(
     ("token", "message"),
     [

@@ -47,6 +47,16 @@ same sync (the dispatcher's `preprocess` runs again, megatron/core/transformer/m
 
     synced recomputation = its long kernels' GPU time + its short kernels x HOST_S_PER_KERNEL
 
+A dense layer can read back too. Megatron-DeepSpeed's ParallelTransformerLayer builds two scalars on the
+GPU in the middle of every forward, before its MLP (`moe_loss` and `mlp_bias` as `torch.tensor(0.0,
+device=...)`, megatron/model/transformer.py from 50b32515, 2022-06-07, to f4157bea, 2024-12-24), whatever
+its experts and whether or not DeepSpeed's pipeline engine runs it. A tensor made from host data on the
+GPU is a blocking copy, which PyTorch issues as a copy and a wait for the stream (pytorch/pytorch
+aten/src/ATen/native/cuda/Copy.cu @ 007aa8ae, `copy_kernel_cuda`: `memcpy_and_sync`, cudaMemcpyAsync then
+cudaStreamSynchronize; torch's sync debug mode warns on it). So each layer's forward, and under full
+checkpointing its recomputed forward, runs as the synchronised forward above, and each such copy is one
+more operation the host issues (LAYER_SYNCS, a published run's option: `layer_sync_copies`).
+
 A Grace CPU (GB200's and GB300's host, over NVLink-C2C) issues each operator slower than the
 x86 hosts the rates above were measured on: PyTorch's nn.Linear forward takes 37.08 us of host
 time on GB200 against 13.48 us on a DGX H100's Xeon Platinum 8480C, the same script and library
@@ -92,6 +102,8 @@ GRAPH_LAUNCH_S = 15e-6  # a replay's fixed cost beside its kernels' (ahrefs/ocan
 FULL_ITERATION_GRAPH = "full_iteration_graph"  # a published layout's option: every micro-step one graph's replay
 LAYER_GRAPHS = "layer_graphs"  # a published layout's option: each layer's forward and backward one graph's replay
 LAUNCH_BLOCKING = "launch_blocking"  # a published layout's option: the run set CUDA_LAUNCH_BLOCKING=1
+LAYER_SYNCS = "layer_syncs"  # a published layout's option: each layer's forward waits on blocking copies
+LAYER_SYNC_COPIES = 2  # the blocking copies in each layer's forward (Megatron-DeepSpeed's two scalars)
 COLLECTIVE_KERNELS = 2  # a collective and the stream's events around it, priced as two eager kernels
 HOST_S_PER_COLLECTIVE = COLLECTIVE_KERNELS * HOST_S_PER_KERNEL["eager"]
 
@@ -169,6 +181,13 @@ class HostIssue:
             f"the host issues {self.kernels:,.0f} kernels and {self.collectives:,.0f} collectives a micro-step "
             f"in {self.seconds * 1e3:.1f} ms"
         )
+
+
+def layer_sync_copies(layers: int, full_checkpointing: bool) -> Kernels:
+    """The blocking copies a micro-step of `layers` LAYER_SYNCS layers issues: LAYER_SYNC_COPIES in each
+    layer's forward and, under full checkpointing, in its recomputed forward."""
+    copies = LAYER_SYNC_COPIES * layers
+    return Kernels(forward=copies, again=copies if full_checkpointing else 0)
 
 
 def _issued_calls(collectives: list[Collective], grad_accum: int) -> tuple[float, float]:

@@ -20,6 +20,8 @@ from harness.plan.speed.host_issue import (
     HOST_S_PER_COLLECTIVE,
     HOST_S_PER_KERNEL,
     LAUNCH_BLOCKING,
+    LAYER_SYNC_COPIES,
+    LAYER_SYNCS,
     host_rates,
     issue_rates,
 )
@@ -146,6 +148,25 @@ def test_blocking_launches_add_the_hosts_whole_issue_time_to_every_micro_step():
     assert asynchronous.time.host_wait_s == 0.0
     assert blocking.host_wait_s == pytest.approx(blocking.host.seconds)
     assert blocking.step_s == pytest.approx(asynchronous.time.step_s + blocking.host.seconds)
+
+
+def test_layers_that_wait_on_blocking_copies_pay_their_forwards_issue_beside_its_long_kernels():
+    # Megatron-DeepSpeed's layer (a published run's option): each forward, and each recomputed one,
+    # waits on its copies, so a small micro-step's forward cannot be issued ahead of the GPU; a large
+    # one's long kernels still hide the issue of its short ones.
+    def planned(micro_batch: int, option: str | None):
+        config = PlanConfig(
+            **SMALL, gpus=8, micro_batch=micro_batch, strategies=["ddp"], activation_checkpointing="full"
+        )
+        plan = plan_strategy("ddp", question(config))
+        options = {**plan.backend.options, option: True} if option else plan.backend.options
+        return plan_backend(replace(plan.backend, options=options), question(config)).time
+
+    free, synced, blocking = (planned(1, option) for option in (None, LAYER_SYNCS, LAUNCH_BLOCKING))
+    assert synced.host.kernels == free.host.kernels + 2 * LAYER_SYNC_COPIES * SMALL["layers"]
+    assert free.host_wait_s == 0.0 < synced.host_wait_s
+    assert free.step_s < synced.step_s < blocking.step_s
+    assert planned(8, LAYER_SYNCS).step_s == pytest.approx(planned(8, None).step_s)
 
 
 def test_dataparallel_waits_on_its_host_as_single_does():
