@@ -6,8 +6,9 @@ file and what each part replaces).
   host_s_per_kernel  an eager and a compiled training step's host time per kernel: parabench's GPT
                      (64 wide, one sequence of 32 tokens, so the GPU idles on the host), forward and
                      backward, at 12 and at 24 blocks, its kernels counted once under torch.profiler
-                     and the steps timed without it; host time = the two step times' difference
-                     over the two kernel counts' difference (a step's fixed cost cancels)
+                     and the steps timed without it (each model's fastest of five rounds, the two
+                     models' rounds in turn); host time = the two step times' difference over the two
+                     kernel counts' difference (a step's fixed cost cancels)
   memory_efficiency  eager elementwise kernels over 256 MiB tensors (add, mul, GELU, LayerNorm
                      forward), bytes read and written over the kernel's time, over the data sheet's
                      bandwidth: their median
@@ -59,6 +60,7 @@ QUICK = dict(widths=(1024, 4096), tps=(1, 8), tokens=(2048,))
 SEQS, HEAD_DIMS, ATTENTION_TOKENS, ATTENTION_HIDDEN = (512, 1024, 2048, 4096, 8192, 16384), (64, 128), 16384, 2048
 HOST_MODEL = GPTConfig(n_layer=12, n_head=4, n_embd=64, vocab_size=256, block_size=64)
 HOST_LAYERS = (12, 24)
+HOST_ROUNDS = 5
 ELEMENTWISE_BYTES = 256 * 2**20
 REPEATS = 5
 
@@ -92,16 +94,26 @@ def host_per_kernel(device: torch.device, timer: Timer, compiled: bool, steps: i
     """Host seconds per kernel of training steps that are all host: the step time of the deeper of
     HOST_LAYERS' models less the shallower's, over the kernels the extra blocks launch (counted under
     the profiler). What a step costs whatever its size (autograd's start, a compiled graph's guards
-    and wrapper) cancels, as it does in a large model's step, where it is spread over many kernels."""
-    (shallow_s, shallow_kernels), (deep_s, deep_kernels) = (
-        _host_step(device, timer, compiled, steps, layers) for layers in HOST_LAYERS
+    and wrapper) cancels, as it does in a large model's step, where it is spread over many kernels.
+    Each model's time is its fastest of HOST_ROUNDS rounds of `steps` steps, the two models' rounds
+    taken in turn, so that another process's work on the host slows some rounds of both, not one model."""
+    (shallow, shallow_kernels), (deep, deep_kernels) = (
+        _host_step(device, timer, compiled, layers) for layers in HOST_LAYERS
     )
-    return (deep_s - shallow_s) / max(deep_kernels - shallow_kernels, 1)
+    rounds: tuple[list[float], list[float]] = ([], [])
+    for _ in range(HOST_ROUNDS):
+        for step, times in zip((shallow, deep), rounds, strict=True):
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            timer.sync()
+            times.append((time.perf_counter() - start) / steps)
+    return (min(rounds[1]) - min(rounds[0])) / max(deep_kernels - shallow_kernels, 1)
 
 
-def _host_step(device: torch.device, timer: Timer, compiled: bool, steps: int, layers: int) -> tuple[float, int]:
-    """Wall seconds a step of a `layers`-block HOST_MODEL takes, forward and backward, and the
-    kernels it launches."""
+def _host_step(device: torch.device, timer: Timer, compiled: bool, layers: int) -> tuple[Callable[[], None], int]:
+    """A training step of a `layers`-block HOST_MODEL, forward and backward, warmed up, and the kernels it
+    launches."""
     torch.manual_seed(0)
     model = GPT(dataclasses.replace(HOST_MODEL, n_layer=layers)).to(device)
     # On the CPU (--dry-run) only Dynamo's capture, no code generation: the path, not the figure.
@@ -119,12 +131,7 @@ def _host_step(device: torch.device, timer: Timer, compiled: bool, steps: int, l
         step()
         timer.sync()
     launched = DeviceType.CUDA if on_gpu else DeviceType.CPU  # the CPU's operators stand for kernels there
-    kernels = sum(1 for e in prof.events() if e.device_type == launched)
-    start = time.perf_counter()
-    for _ in range(steps):
-        step()
-    timer.sync()
-    return (time.perf_counter() - start) / steps, kernels
+    return step, sum(1 for e in prof.events() if e.device_type == launched)
 
 
 def memory_efficiency(device: torch.device, timer: Timer, data_sheet: float, size: int) -> float:
