@@ -31,6 +31,7 @@ step() {  # step <name> <seconds> <command...>
 if [ "$DRY" = "--dry-run" ]; then
     step kernel-table 300 "$py" bench/kernel_table.py --dry-run --out "$OUT/kernel_table.json"
     step overhead 300 "$py" bench/overhead.py --dry-run --only single,ddp,fsdp
+    step layer-syncs 120 "$py" bench/layer_syncs.py --dry-run
     exit 0
 fi
 
@@ -45,7 +46,10 @@ step overhead-fsdp 240 "$py" bench/overhead.py --only fsdp,fsdp-grad-op,accelera
     --time-budget 220 --out "$OUT/fsdp_parity.md"
 # 3. The GPU tests that run on one card (those needing 2 or 4 GPUs skip themselves).
 step gpu-tests 240 "$py" -m pytest -q -p no:cacheprovider -n 0 -m gpu tests
-# 4. Unfused attention's matmuls at misaligned head dims (BigScience's 108, 150, 225, 450).
+# 4. Megatron-DeepSpeed's two blocking copies a layer forward (vTrain's rows' `layer_syncs`): the
+#    micro-step with and without them at micro-batch 1-8, beside the plan's.
+step layer-syncs 120 "$py" bench/layer_syncs.py --out "$OUT/layer_syncs.md"
+# 5. Unfused attention's matmuls at misaligned head dims (BigScience's 108, 150, 225, 450).
 step misaligned-matmul 60 "$py" bench/misaligned_matmul.py --out "$OUT/misaligned_matmul.md"
-# 5. Attention by sequence length and head dim, beside the rate the plan gives it.
+# 6. Attention by sequence length and head dim, beside the rate the plan gives it.
 step attention 120 "$py" bench/attention_kernels.py --out "$OUT/attention.md"
