@@ -87,18 +87,9 @@ def micro_step_seconds(cfg: GPTConfig, micro_batch: int, copies: bool, device: t
 def planned_seconds(cfg: GPTConfig, micro_batch: int, card: str, copies: bool) -> float:
     """The plan's micro-step of `cfg` on `card` (strategy `single`, full checkpointing, bf16), with or
     without the layers' copies."""
-    config = PlanConfig(
-        layers=cfg.n_layer,
-        width=cfg.n_embd,
-        heads=cfg.n_head,
-        vocab=cfg.vocab_size,
-        seq_len=cfg.block_size,
-        gpu=card,
-        gpus=1,
-        micro_batch=micro_batch,
-        activation_checkpointing="full",
-        strategies=["single"],
-    )
+    shape = dict(layers=cfg.n_layer, width=cfg.n_embd, heads=cfg.n_head, vocab=cfg.vocab_size, seq_len=cfg.block_size)
+    run = dict(gpu=card, gpus=1, micro_batch=micro_batch, activation_checkpointing="full", strategies=["single"])
+    config = PlanConfig(**shape, **run)
     plan = plan_strategy("single", question(config))
     if copies:
         plan = plan_backend(
