@@ -341,6 +341,15 @@ PLAN_FLAGS = (
     ZERO3_LIST_COLLECTIVES,
     "megatron_moe_layer",
 )
+# The plan tokens that are the backend's options as they stand, each priced where it is defined.
+BACKEND_FLAGS = (
+    LAUNCH_BLOCKING,  # host_issue.py: every launch waits for its kernel
+    LAYER_SYNCS,  # host_issue.py: each layer's forward waits on blocking copies
+    SWAPPED_SOFTMAX_CHECK,  # masked_softmax.py: the fused kernel refused or not
+    ALIBI,  # alibi_scores.py: the bias copied into the scores and read back
+    SCALED_SCORES,  # scaled_scores.py: the scale and the mask as passes of their own
+    SOFTMAX_DROPOUT_FUSION,  # dropout.py: OneFlow's softmax draws the dropout
+)
 PLAN_KEYS = (
     ATTENTION_TOKEN,
     TIED_TOKEN,
@@ -656,19 +665,9 @@ def question(
     if isinstance(layout, str):
         return None, None, layout  # type: ignore[return-value]
     model, options = layout
-    if LAUNCH_BLOCKING in _plan_tokens(row):
-        options = {**options, LAUNCH_BLOCKING: True}  # host_issue.py: every launch waits for its kernel
-    if LAYER_SYNCS in _plan_tokens(row):
-        options = {**options, LAYER_SYNCS: True}  # host_issue.py: each layer's forward waits on blocking copies
-    if SWAPPED_SOFTMAX_CHECK in _plan_tokens(row):
-        options = {**options, SWAPPED_SOFTMAX_CHECK: True}  # masked_softmax.py: the fused kernel refused or not
-    if ALIBI in _plan_tokens(row):
-        options = {**options, ALIBI: True}  # alibi_scores.py: the bias copied into the scores and read back
-    if SCALED_SCORES in _plan_tokens(row):
-        options = {**options, SCALED_SCORES: True}  # scaled_scores.py: the scale and the mask as passes of their own
-    if SOFTMAX_DROPOUT_FUSION in _plan_tokens(row):
-        options = {**options, SOFTMAX_DROPOUT_FUSION: True}  # dropout.py: OneFlow's softmax draws the dropout
-    if NANOTRON in _plan_tokens(row):
+    tokens = _plan_tokens(row)
+    options = {**options, **{flag: True for flag in BACKEND_FLAGS if flag in tokens}}
+    if NANOTRON in tokens:
         if not row["sharding"].lower().startswith("megatron"):
             raise PublishedError(
                 f"{row['model']}: nanotron: give it beside a `megatron tp=...` layout (its layers' split)"

@@ -834,11 +834,11 @@ def _synced_long_forward(q: Question, layout: Layout, grouped: bool, layer_syncs
     zoo's experts read the counts whatever the capacity."""
     dims = q.shape.dims
     moe = dims.moe if dims is not None else None
-    experts_wait = moe is not None and moe.moe_layers and not (moe.capacity is not None and moe.padded and grouped)
+    has_experts = moe is not None and bool(moe.moe_layers)
+    experts_wait = has_experts and not (moe.capacity is not None and moe.padded and grouped)
     if not (experts_wait or layer_syncs):
         return None
     dense = dims.layers * (len(block_projections(dims, 1)) + 1) + 1
-    has_experts = moe is not None and moe.moe_layers
     return dense + (expert_long_forward(q.shape, layout.experts, grouped) if has_experts else 0)
 
 
