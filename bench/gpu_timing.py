@@ -16,13 +16,14 @@ import torch
 
 def best_seconds(once: Callable[[], None], repeats: int) -> float:
     """The shortest of `repeats` calls of `once` (warmed up by the caller), each timed to the end
-    of its GPU work."""
+    of its GPU work (of itself, where no GPU is visible: a script's CPU dry run)."""
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else lambda: None
     best = float("inf")
     for _ in range(repeats):
-        torch.cuda.synchronize()
+        sync()
         start = time.perf_counter()
         once()
-        torch.cuda.synchronize()
+        sync()
         best = min(best, time.perf_counter() - start)
     return best
 

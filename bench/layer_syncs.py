@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -26,6 +25,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gpu_timing import best_seconds  # noqa: E402
 from harness.common.hardware import GPUS, gpu_spec  # noqa: E402
 from harness.plan.plan_cli import PlanConfig, question  # noqa: E402
 from harness.plan.predict import plan_backend, plan_strategy  # noqa: E402
@@ -69,19 +69,8 @@ def micro_step_seconds(cfg: GPTConfig, micro_batch: int, copies: bool, device: t
             loss = model(tokens, tokens)
         loss.backward()
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-
     once()
-    best = float("inf")
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        once()
-        sync()
-        best = min(best, time.perf_counter() - start)
-    return best
+    return best_seconds(once, repeats)
 
 
 def planned_seconds(cfg: GPTConfig, micro_batch: int, card: str, copies: bool) -> float:
