@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""How fast a collective across nodes, or NVLS inside one, reaches its large-size bus bandwidth, as
-published nccl-tests sweeps measured it: for each network kind, the share of a sweep's highest busbw that each size ran
-at, by the time the size takes at that highest rate, the median over the sweeps in each doubling.
+"""How fast a collective across nodes, or NVLS or an NVLink ring inside one, reaches its large-size bus
+bandwidth, as published nccl-tests sweeps measured it: for each network kind, the share of a sweep's
+highest busbw that each size ran at, by the time the size takes at that highest rate, the median over
+the sweeps in each doubling.
 The planner reads the table (harness/plan/network/collective_ramp.json) to time mid-sized
 collectives (collective_ramp.py says how).
 
@@ -26,19 +27,17 @@ sys.path.insert(0, str(ROOT))
 
 from bench.nccl_vs_published import SWEEPS, Row, read_rows  # noqa: E402
 from harness.common.hardware import gpu_spec  # noqa: E402
-from harness.plan.network.collective_ramp import NVLS, TABLE  # noqa: E402
+from harness.plan.network.collective_ramp import NVLS, TABLE, ring_kind  # noqa: E402
 from harness.plan.network.fabric import NVLS_EFFICIENCY, parse_fabric  # noqa: E402
 
 
 def _read(row: Row) -> bool:
-    """An all-reduce's bus bandwidth across nodes, or inside one NVSwitch node that has NVLS (Hopper
-    on); one node of another card (an A100's NVSwitch without SHARP, RCCL's Infinity Fabric mesh)
-    has no NVLS to measure."""
+    """An all-reduce's bus bandwidth across nodes, or inside one NVSwitch node (NVLS from Hopper on,
+    NCCL's ring on an A100's); one node of RCCL's Infinity Fabric mesh is RCCL's own model's."""
     if row.collective != "all-reduce" or not row.busbw_gbs:
         return False
     spec = gpu_spec(row.gpu)
-    nvls = spec is not None and spec.scale_up == "nvswitch" and spec.generation in NVLS_EFFICIENCY
-    return row.nodes > 1 or nvls
+    return row.nodes > 1 or (spec is not None and spec.scale_up == "nvswitch")
 
 
 def _sweeps(rows: list[Row]) -> dict[tuple[str, int], list[Row]]:
@@ -49,8 +48,12 @@ def _sweeps(rows: list[Row]) -> dict[tuple[str, int], list[Row]]:
 
 
 def _kind(row: Row) -> str:
-    """A sweep's network kind; one NVSwitch node's is NVLS (NCCL runs NVLS there from 2 MiB)."""
-    return NVLS if row.nodes == 1 else parse_fabric(row.inter_node).kind
+    """A sweep's network kind; one NVSwitch node's is NVLS where the card has it (NCCL runs NVLS there
+    from 2 MiB), else the ring of the card's generation."""
+    if row.nodes > 1:
+        return parse_fabric(row.inter_node).kind
+    generation = gpu_spec(row.gpu).generation
+    return NVLS if generation in NVLS_EFFICIENCY else ring_kind(generation)
 
 
 def ramp_table(rows: list[Row]) -> dict[str, list[list[float]]]:

@@ -12,8 +12,8 @@ issues the collective) holds that call's issue on the host as well: it is planne
 
 Then, apart from those rows, whole size sweeps (1 MiB up) published on other clusters
 (bench/data/nccl_tests_sweeps.csv): the plan's bandwidth against each sweep by size band. The
-planner's measured share of the large-size rate across nodes is read from them
-(bench/collective_ramp.py).
+planner's measured share of the large-size rate across nodes, and inside one node for NVLS and an
+A100's ring, is read from them (bench/collective_ramp.py).
 
 No torch, on the CPU, in well under a second. One constant of the network model is fitted to
 rows of it, the fat tree's span loss (fabric.RING_SPAN_LOSS) to the NDR cluster's reduce-scatter
@@ -188,8 +188,8 @@ def sweep_lines(planned: list[Planned]) -> list[str]:
         "",
         "Every size from 1 MiB of all-reduce sweeps published on other clusters "
         "(`bench/data/nccl_tests_sweeps.csv`, sources and systems in bench/data/README.md), planned as above. "
-        "The share of its large-size rate a collective across nodes runs at below it "
-        "(harness/plan/network/collective_ramp.json) is read from these sweeps past one node "
+        "The share of its large-size rate a collective runs at below it across nodes, and as NVLS or an A100 "
+        "node's ring inside one (harness/plan/network/collective_ramp.json), is read from these sweeps "
         "(`python bench/collective_ramp.py`), so here they check that reading; the rows above are from other "
         "sources. Columns: the median of planned over published bus bandwidth in each size band "
         "(above 1: planned fast).",

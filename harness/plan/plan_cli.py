@@ -26,7 +26,7 @@ from harness.plan.memory.model_states import zero_paper_bytes_per_gpu
 from harness.plan.memory.recipe_plan import fp8_gathers
 from harness.plan.model.model_shape import PlanError
 from harness.plan.model.moe_shape import total_params
-from harness.plan.network.collective_ramp import measured_share
+from harness.plan.network.collective_ramp import measured_share, ring_kind
 from harness.plan.network.fabric import Group
 from harness.plan.parallel.backends import known_backends, model_of, planned_as
 from harness.plan.parallel.batch_split import BatchSplitError
@@ -412,6 +412,12 @@ def basis_lines(q: Question) -> list[str]:
         f"network: rings inside {inside} at {t.busbw(Group(t.per_domain, 1), 'all-gather') / 1e9:.0f} GB/s bus "
         f"bandwidth ({library})"
     )
+    ring_half = measured_share(ring_kind(t.tuning_generation), 64.0) if t.intra.name == "nvlink" else None
+    if ring_half is not None and t.library != "rccl":
+        network += (
+            f", mid-sized ones at the share of it a published {t.tuning_generation} node's sweeps reached "
+            f"({ring_half:.0%} where the bytes take 64 us at it)"
+        )
     if t.domains > 1:
         network += (
             f"; across {'domains' if t.per_domain > t.per_node else 'nodes'} "

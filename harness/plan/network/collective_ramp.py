@@ -15,11 +15,15 @@ are all-reduces; all-gathers, reduce-scatters and a pipeline's sends take the sa
 all-gather rows of bench/data/nccl_tests_published.csv, another source, ramp alike: 2 nodes at 256
 MiB planned 42% fast with the model alone, 7% with the shares).
 
-Inside a node one sweep measured it, a DGX H100's, which runs NVLS from 2 MiB: NVLS there takes
-that sweep's shares (`nvls`; the B200 node's NVLS rows of bench/data/nccl_tests_published.csv, from
-another source, run slower than the model as it does: 64 MiB planned 76% fast, 1 GiB 13%). Rings and
-trees inside a node keep the model: no sweep measured them, and GB200's four-GPU ring rows run at the
-model's rate. RCCL and network kinds no sweep measured keep the model too.
+Inside a node two kinds were measured. A DGX H100's sweep runs NVLS from 2 MiB: NVLS takes that
+sweep's shares (`nvls`; the B200 node's NVLS rows of bench/data/nccl_tests_published.csv, from another
+source, run slower than the model as it does: 64 MiB planned 76% fast, 1 GiB 13%). An A100 node's
+sweeps over 2, 4 and 8 of its GPUs (the node vTrain's runs trained on) measure NCCL's ring over
+NVSwitch, which an A100 runs without NVLS: a ring inside one node of that generation takes their shares
+(`ring_kind("ampere")`), which rise with the time as NVLS's do (half the rate where the bytes take
+about 64 us at it). A ring of another generation keeps the model: none was swept, and GB200's
+four-GPU ring rows (nccl_tests_published.csv, NCCL 2.25) run at the model's rate, faster than the A100
+node's shares would give them. RCCL and network kinds no sweep measured keep the model too.
 """
 
 from __future__ import annotations
@@ -31,6 +35,12 @@ from pathlib import Path
 
 TABLE = Path(__file__).with_name("collective_ramp.json")
 NVLS = "nvls"  # the table's kind for NVLink SHARP inside one node, and NCCL's name of the algorithm
+
+
+def ring_kind(generation: str) -> str:
+    """The table's kind for NCCL's ring inside one NVSwitch node of cards of `generation` (NCCL's
+    tuning generation: ampere, hopper, ...)."""
+    return f"ring-{generation}"
 
 
 @functools.cache

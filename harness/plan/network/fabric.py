@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 from harness.common.hardware import GPUSpec
 from harness.plan.model.model_shape import PlanError
 from harness.plan.network import rccl_tuning
-from harness.plan.network.collective_ramp import NVLS, measured_share
+from harness.plan.network.collective_ramp import NVLS, measured_share, ring_kind
 from harness.plan.network.nccl_tuning import Choice, Links, choose
 
 NVLINK_EFFICIENCY = 0.80
@@ -505,13 +505,18 @@ class Topology:
 
     def choice(self, group: Group, kind: str, payload: float) -> Choice:
         """The algorithm and protocol NCCL (RCCL) runs for one collective of `payload` bytes, and its time:
-        across nodes, and as NVLS inside one, no less than its bytes at the share of its large-size rate
-        measured there (collective_ramp.py)."""
+        across nodes, and as NVLS or an NVLink ring inside one, no less than its bytes at the share of its
+        large-size rate measured there (collective_ramp.py; None where no sweep measured it)."""
         links = self.links(group)
         if self.library == "rccl":
             return rccl_tuning.choose(kind, payload, links)
         chosen = choose(kind, payload, links)
-        measured = self.fabric.kind if group.nodes > 1 else NVLS if chosen.algorithm == NVLS else None
+        if group.nodes > 1:
+            measured = self.fabric.kind
+        elif chosen.algorithm == NVLS:
+            measured = NVLS
+        else:
+            measured = ring_kind(links.generation) if links.intra == "nvlink" else None
         if measured is None:
             return chosen
         at_rate = payload / _large_size_algbw(kind, links)

@@ -62,7 +62,9 @@ def test_the_floor_leaves_large_micro_steps_alone():
 def test_the_smaller_each_gpus_work_the_more_of_the_step_waits_on_the_host():
     shares = [_plan("ddp-tp", micro_batch=mb, tp=8).time for mb in (8, 4, 2, 1)]
     waits = [t.host_wait_s / t.step_s for t in shares]
-    assert waits == sorted(waits) and waits[-1] > 0.2
+    # At micro-batch 1 a sixth or more of the step is the host's, beside 2 MiB rings at the A100 node's
+    # measured pace (collective_ramp.py).
+    assert waits == sorted(waits) and waits[-1] > 0.15
 
 
 def test_tensor_parallel_issues_its_collectives_on_every_micro_step():
