@@ -125,6 +125,10 @@ _MLPERF = "mlcommons/training_results_v5.1 @ 441d65f4 systems/"
 # The best fp4 matmul measured on a Blackwell card: cuBLASLt NVFP4 at 16384^3 on an Azure ND GB200 v6,
 # 7627.6 of 10000 TFLOP/s (Azure/AI-benchmarking-guide Azure_Results/ND_GB200_v6_results.md @ 2a370be6).
 _FP4_BLACKWELL = 0.763
+# Blackwell Ultra's die (B300; GB300 its own not measured): cuBLASLt NVFP4 at 8192^3 on a B300 SXM6 AC at its
+# 1100 W limit, 8333.1 of 15000 TFLOP/s (cuBLAS 13.8, CUDA-graph replays timed by CUPTI, median of 8 rounds:
+# vincentzed/gemm3 benchmarks/results/libraries-8192.json @ 60434445; cuDNN's and CUTLASS's within 2% of it).
+_FP4_B300 = 8333.1 / 15000
 # The B200's own: cuBLASLt's fp4 x fp4 (MXFP4) matmul at 8192^3 on a B200, 5239 TFLOP/s ("cublasTest 13.3
 # direct binary", CUDA 12.9: deepseek-ai/DeepGEMM pull request 348, its dense table), over the B200's dense
 # fp4 peak of 9000 (DGX B200 data sheet, ml-engineering's fp4 column): the share of its format's peak, as
@@ -326,16 +330,17 @@ GPUS = {
         PCIE5,
         148,
         0.745,
-        fp4_efficiency=_FP4_BLACKWELL,
+        fp4_efficiency=_FP4_B300,
         generation="blackwell",
         nic_gbps=800,
         power_w=1000,
         long_run_matmul=_LONG_RUN["GB200"],
         sources=(
             f"{_ML_ENG} (peaks 2250/4500 TF and NVFP4 15000, 288 GB, 8 TB/s, MAMF 78.6% bf16 and 74.5% fp8, 1000 W; "
-            f"148 and 152 SMs measured on two SKUs: 148 taken); {_MLPERF}nebius_b300_n1.json (275040 MiB); fp4's "
-            "efficiency and the long-run matmul the GB200's measured ones (a Blackwell die held to no more power "
-            "than the GB200's, as the B200 is, assumed)"
+            f"148 and 152 SMs measured on two SKUs: 148 taken); {_MLPERF}nebius_b300_n1.json (275040 MiB); fp4: "
+            "cuBLASLt NVFP4 at 8192^3 on a B300, 8333 of 15000 TF (vincentzed/gemm3 @ 60434445); the long-run "
+            "matmul the GB200's measured one (a Blackwell die held to no more power than the GB200's, as the "
+            "B200 is, assumed)"
         ),
         attention_assumed=_BLACKWELL_ULTRA_ATTENTION,
         exp_per_tensor_flop=BLACKWELL_ULTRA_EXP,
@@ -383,7 +388,7 @@ GPUS = {
         PCIE5,
         148,
         0.745,
-        fp4_efficiency=_FP4_BLACKWELL,
+        fp4_efficiency=_FP4_B300,
         generation="blackwell",
         nvlink_domain=72,
         gpus_per_host=4,
@@ -394,8 +399,8 @@ GPUS = {
         sources=(
             f"{_ML_ENG} (peaks 2500/5000/15000 TF, 1400 W); {_MLPERF}theia_ngpu72_ngc25.09_nemo.json (284208 "
             "MiB, 4 GPUs a tray, ConnectX-8 800G); stas00/ml-engineering network/README.md @ 744d01e1 (NVLink-C2C: "
-            "359 GB/s host-to-device on half a GB300 module); HBM bandwidth, SMs and MAMF not published: the "
-            "B300's (the same die) assumed, fp4's efficiency the GB200's"
+            "359 GB/s host-to-device on half a GB300 module); HBM bandwidth, SMs, MAMF and the fp4 matmul not "
+            "published: the B300's (the same die) assumed"
         ),
         attention_assumed=_BLACKWELL_ULTRA_ATTENTION,
         exp_per_tensor_flop=BLACKWELL_ULTRA_EXP,

@@ -192,6 +192,16 @@ def test_fp4_runs_the_projections_at_the_cards_nvfp4_rate():
     assert speeds["fp8"] < speeds["fp4"] < 1.6 * speeds["fp8"]  # attention, casts and the rest do not shrink
 
 
+def test_blackwell_ultra_runs_fp4_at_its_own_dies_measured_rate_not_the_gb200s():
+    """A B300's cuBLASLt NVFP4 matmul measured 8333 of its 15000 TFLOP/s; the GB300, the same die with no
+    measurement of its own, takes it: half again the GB200's peak, about a tenth over its measured rate."""
+    for card in ("B300", "GB300"):
+        assert GPUS[card].fp4_efficiency * 15000 == pytest.approx(8333.1)
+    assert GPUS["GB200"].fp4_efficiency * 10000 == pytest.approx(7630, rel=0.001)
+    ultra, gb200 = (gemm_tflops(16384, 16384, 16384, GPUS[card], "fp4") for card in ("B300", "GB200"))
+    assert 1.0 < ultra / gb200 < 1.2
+
+
 def test_a_gb200_rack_is_one_nvlink_domain_of_four_gpu_trays():
     q = question(PlanConfig(model="llama3.1-8b", gpu="GB200", gpus=144))
     t = q.topology
