@@ -83,6 +83,10 @@ class GPUSpec:
     # long load (a card without its own: its die's measured one); None: the H100's assumed (gemm.py's
     # sustained_share).
     long_run_matmul: float | None = None
+    # Its tensor cores' peak set below what its SMs give at their clock (an export-limited part: the
+    # H20's 148 TFLOP/s from the H100's SM): attention's work beside its matmuls runs at its SMs' own pace
+    # (attention.capped_card_rate), not at its tensor peak's share of the measured card's.
+    tensor_capped: bool = False
 
     @property
     def capacity_bytes(self) -> float:
@@ -276,7 +280,9 @@ GPUS = {
         ),
     ),
     # H20: a memory-rich, compute-poor Hopper; its square matmul runs at 95.8% of its 148 TF peak
-    # (zzc0721's sweep), far above the H100's: little compute under the same power limit.
+    # (zzc0721's sweep), far above the H100's: little compute under the same power limit. Its tensor peak
+    # is capped: its 44 TF of FP32, the H100 SM's lanes at its count and clock, would carry about 650 TF
+    # of bf16 uncapped.
     "H20": GPUSpec(
         "H20 96GB",
         _flops(148e12, 44e12, 296e12),
@@ -289,11 +295,17 @@ GPUS = {
         78,
         _FP8_RATIO * 0.958,
         power_w=400,
+        tensor_capped=True,
+        attention_assumed=(
+            "the H100's rates: cuDNN's and FlashAttention-3's FLOPs at this card's capped tensor peak and the "
+            "rest of their time at its SMs' pace (its FP32 peak over the H100's), FlashAttention-2's at the "
+            "H100's share of the tensor peak"
+        ),
         sources=(
             "volcengine/verl verl/utils/flops_counter.py @ b178a3cd (148 TF bf16); "
             f"{_ZZC} (best square matmul 141.86 TF: 95.8%); memory 96 GB, 4.0 TB/s, 400 W, NVLink 900 GB/s "
-            "duplex and 78 SMs from third-party pages; fp8 at twice bf16 (Hopper's ratio) and torch's capacity "
-            "as the H100-96's assumed"
+            "duplex, 44 TF FP32 and 78 SMs from third-party pages; fp8 at twice bf16 (Hopper's ratio) and "
+            "torch's capacity as the H100-96's assumed"
         ),
     ),
     "B200": GPUSpec(

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from harness.common.hardware import BLACKWELL_EXP, GPUSpec
+from harness.common.hardware import BLACKWELL_EXP, GPUS, GPUSpec
 from harness.plan.speed.gemm import gemm_seconds
 from harness.plan.speed.kernel_table import kernel_table
 
@@ -168,6 +168,12 @@ REFERENCE: dict[str, tuple[float, float | None]] = {
     "blackwell": (2250e12, BLACKWELL_EXP),
     "cdna": (1307e12, None),
 }
+# The card each family's tables were measured on, by its key in harness/common/hardware.py's GPUS.
+REFERENCE_CARD = {"ampere": "A100", "hopper": "H100", "blackwell": "B200", "cdna": "MI300X"}
+# The kernels that issue the family's full-rate tensor instructions (Hopper's warpgroup MMA: cuDNN's
+# fused attention and FlashAttention-3), and the precision of their matmuls. FlashAttention-2 and its
+# kind issue Ampere's warp-level MMA, whose rate on a card with capped tensor cores is not published.
+FULL_RATE_TENSOR = {"cudnn": "bf16", "flash3": "bf16", "cudnn-fp8": "fp8"}
 # A kernel not measured on a family's card is carried over from the family before it.
 EARLIER = {"blackwell": "hopper"}
 # The softmax's exponentials per FLOP as the benchmarks count them: each score element takes one in the
@@ -236,7 +242,10 @@ def carried(rate: float, family: str, gpu: GPUSpec, kernel: str, dim: int) -> fl
     the ratio of the tensor peaks. The exponentials run beside the matmuls but not under them: FlashAttention-3's
     forward on the H100 reaches 48-50% of the peak at head dim 64, 62-66% at 128 and 76% at 256, about
     the 50%, 67% and 80% its matmuls and exponentials allow one after the other. The unfused softmax is
-    memory-bound, not SFU-bound: it scales with the peak alone."""
+    memory-bound, not SFU-bound: it scales with the peak alone. On a card whose tensor peak is capped
+    below its SMs' (`tensor_capped`) a full-rate kernel is split otherwise: `capped_card_rate`."""
+    if gpu.tensor_capped and kernel in FULL_RATE_TENSOR:
+        return capped_card_rate(rate, family, gpu, kernel)
     peak, exp_ratio = REFERENCE[family]
     own_ratio = gpu.exp_per_tensor_flop if gpu.exp_per_tensor_flop is not None else REFERENCE[gpu.attention_family][1]
     if kernel not in FUSED or own_ratio == exp_ratio or own_ratio is None or exp_ratio is None:
@@ -248,6 +257,24 @@ def carried(rate: float, family: str, gpu: GPUSpec, kernel: str, dim: int) -> fl
     if rest <= 0:
         raise ValueError(f"{kernel} at {rate:.0f} TFLOP/s runs faster than {family}'s exponentials allow")
     return 1e-12 / (rest * peak / gpu.tensor_flops + exps_per_flop / (own_ratio * gpu.tensor_flops))
+
+
+def capped_card_rate(rate: float, family: str, gpu: GPUSpec, kernel: str) -> float:
+    """A full-rate kernel's `rate`, measured on `family`'s card, TFLOP/s, on a card of the same die whose
+    tensor peak is capped below what its SMs give at their clock (the H20: 148 TFLOP/s from SMs that on
+    the H100 give 989). Of each FLOP's time on the measured card, the tensor cores' at their full rate
+    is taken at the capped card's tensor peak; the rest (the softmax's exponentials, its other
+    arithmetic, the loads and the waits) is the SMs' own work, taken at the capped card's SMs' pace:
+    its FP32 peak over the measured card's, the same SM's lanes at its own count and clock. Carried by
+    the tensor peak alone, the rest would shrink with the cap too, and the H20's attention would run at
+    the H100's share of its peak, where an H20 runs it at a larger one (Dao-AILab/flash-attention #1310)."""
+    precision = FULL_RATE_TENSOR[kernel]
+    reference = GPUS[REFERENCE_CARD[family]]
+    per_flop = 1 / (rate * 1e12)
+    tensor_there = 1 / reference.peak_flops[precision]
+    rest = max(0.0, per_flop - tensor_there)
+    sm_pace = gpu.peak_flops["fp32"] / reference.peak_flops["fp32"]
+    return 1e-12 / (tensor_there * reference.peak_flops[precision] / gpu.peak_flops[precision] + rest / sm_pace)
 
 
 def causal_attention_flops(batch: float, seq: float, heads: int, head_dim: float) -> float:
